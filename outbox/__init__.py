@@ -1,0 +1,29 @@
+"""The outbox table protocol: schema, producer API, lease operations, stats.
+
+Applications need only the producer API::
+
+    from outbox import enqueue, enqueue_many, Event
+"""
+
+from outbox.models import Event, Message, Outcome, Status
+from outbox.producer import enqueue, enqueue_many
+from outbox.schema import SCHEMA_VERSION, SchemaError, migrate
+from outbox.stats import QueueStats, queue_stats, queue_stats_async, rates
+from outbox.table import Table
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Event",
+    "Message",
+    "Outcome",
+    "QueueStats",
+    "SchemaError",
+    "Status",
+    "Table",
+    "enqueue",
+    "enqueue_many",
+    "migrate",
+    "queue_stats",
+    "queue_stats_async",
+    "rates",
+]

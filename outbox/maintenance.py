@@ -1,0 +1,42 @@
+"""Retention: delete done rows in bounded batches so no statement holds locks for long."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from outbox.table import Table
+
+
+def purge_done(
+    conn: psycopg.Connection[Any],
+    table: Table,
+    *,
+    older_than: timedelta,
+    batch: int = 5000,
+    dry_run: bool = False,
+) -> int:
+    """Delete done rows finished more than `older_than` ago; returns how many (would) go."""
+    t = table.ident
+    if dry_run:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT count(*) FROM {t} WHERE status = 'done' AND done_at < now() - %(age)s"
+            ).format(t=t),
+            {"age": older_than},
+        ).fetchone()
+        return int(row[0]) if row else 0
+    delete = sql.SQL(
+        "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE status = 'done' "
+        "AND done_at < now() - %(age)s LIMIT %(batch)s)"
+    ).format(t=t)
+    total = 0
+    while True:
+        with conn.transaction():
+            deleted = conn.execute(delete, {"age": older_than, "batch": batch}).rowcount
+        total += deleted
+        if deleted < batch:
+            return total

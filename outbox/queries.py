@@ -1,0 +1,125 @@
+"""Every statement of the lease protocol, composed once per table with a quoted identifier.
+
+Parameters are named; times always come from the database's now(). The statements are
+written so that a generic (prepared) plan is as good as a custom one: the claim walks the
+partial indexes in order and the batched statements join `unnest` arrays to the primary key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+from psycopg import sql
+
+from outbox.table import Table
+
+REAPED_ERROR = "lease expired on the last attempt (worker crashed, or publish outlived the lease)"
+
+_CLAIMED_COLUMNS = sql.SQL(
+    "o.id, o.lease_version, o.attempts, o.aggregate_type, o.aggregate_id, o.event_type, "
+    "o.payload::text, o.created_at"
+)
+
+# Ordered mode: a row is claimable only if no earlier row of its aggregate is unfinished
+# (pending, processing or dead). One probe of the `aggregate` partial index.
+_HEAD_OF_AGGREGATE = sql.SQL(
+    " AND NOT EXISTS (SELECT 1 FROM {t} AS prev WHERE prev.aggregate_id = c.aggregate_id"
+    " AND prev.id < c.id AND prev.status <> 'done')"
+)
+
+
+@dataclass(frozen=True)
+class Queries:
+    claim: sql.Composed
+    claim_ordered: sql.Composed
+    finalize_done: sql.Composed
+    finalize: sql.Composed
+    extend: sql.Composed
+
+
+def _claim(t: sql.Identifier, ordered: bool) -> sql.Composed:
+    head = _HEAD_OF_AGGREGATE.format(t=t) if ordered else sql.SQL("")
+    return sql.SQL(
+        """WITH reaped AS (
+    UPDATE {t} SET status = 'dead', last_error = {reaped_error},
+                   lease_owner = NULL, lease_until = NULL
+     WHERE id IN (SELECT id FROM {t}
+                   WHERE status = 'processing' AND lease_until < now()
+                     AND attempts >= %(max_attempts)s
+                     FOR UPDATE SKIP LOCKED)
+), expired AS (
+    SELECT c.id FROM {t} AS c
+     WHERE c.status = 'processing' AND c.lease_until < now() AND c.attempts < %(max_attempts)s{head}
+     ORDER BY c.lease_until
+     LIMIT %(batch)s
+       FOR UPDATE OF c SKIP LOCKED
+), ready AS (
+    SELECT c.id FROM {t} AS c
+     WHERE c.status = 'pending' AND c.available_at <= now(){head}
+     ORDER BY c.available_at, c.id
+     LIMIT %(batch)s
+       FOR UPDATE OF c SKIP LOCKED
+), picked AS (
+    SELECT id FROM expired UNION ALL SELECT id FROM ready LIMIT %(batch)s
+)
+UPDATE {t} AS o
+   SET status = 'processing', lease_owner = %(owner)s, lease_until = now() + %(lease)s,
+       lease_version = o.lease_version + 1, attempts = o.attempts + 1
+  FROM picked
+ WHERE o.id = picked.id
+RETURNING {columns}"""
+    ).format(
+        t=t,
+        head=head,
+        reaped_error=sql.Literal(REAPED_ERROR),
+        columns=_CLAIMED_COLUMNS,
+    )
+
+
+@cache
+def queries(table: Table) -> Queries:
+    t = table.ident
+    fence = sql.SQL("o.id = f.id AND o.status = 'processing' AND o.lease_version = f.version")
+    return Queries(
+        claim=_claim(t, ordered=False),
+        claim_ordered=_claim(t, ordered=True),
+        # The common case, kept lean: a batch of successes.
+        finalize_done=sql.SQL(
+            """UPDATE {t} AS o
+   SET status = 'done', done_at = now(), last_error = NULL,
+       lease_owner = NULL, lease_until = NULL
+  FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[]) AS f(id, version)
+ WHERE {fence}
+RETURNING o.id"""
+        ).format(t=t, fence=fence),
+        # Any mix of outcomes, each row fenced on its own lease_version.
+        finalize=sql.SQL(
+            """UPDATE {t} AS o
+   SET status = CASE WHEN f.deferred AND o.created_at < now() - %(max_defer_age)s
+                     THEN 'dead' ELSE f.status END,
+       available_at = CASE WHEN f.status = 'pending'
+                           THEN now() + make_interval(secs => f.delay) ELSE o.available_at END,
+       attempts = o.attempts - f.refund::int,
+       last_error = CASE WHEN f.status = 'done' THEN NULL
+                         WHEN f.deferred AND o.created_at < now() - %(max_defer_age)s
+                         THEN 'maximum defer age exceeded; last ' || f.error
+                         ELSE coalesce(f.error, o.last_error) END,
+       done_at = CASE WHEN f.status = 'done' THEN now() END,
+       lease_owner = NULL, lease_until = NULL
+  FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[], %(statuses)s::text[],
+              %(delays)s::float8[], %(errors)s::text[], %(refunds)s::bool[],
+              %(deferreds)s::bool[])
+       AS f(id, version, status, delay, error, refund, deferred)
+ WHERE {fence}
+RETURNING o.id"""
+        ).format(t=t, fence=fence),
+        # Heartbeat: push the expiry of leases still held; a lost lease is left alone.
+        extend=sql.SQL(
+            """UPDATE {t} AS o
+   SET lease_until = now() + %(lease)s
+  FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[]) AS f(id, version)
+ WHERE {fence}
+RETURNING o.id"""
+        ).format(t=t, fence=fence),
+    )

@@ -1,0 +1,210 @@
+"""The outbox table's schema, its versioned migrations, and the checks run before using a table.
+
+The schema version is kept in the table's comment (`outbox-dispatcher schema vN`), so one
+database can hold several outbox tables, each at its own version, with no extra objects.
+Migrations run under a transaction-scoped advisory lock so that many replicas may run
+`outbox migrate` at start-up at the same time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import psycopg
+from psycopg import sql
+
+from outbox.table import Table
+
+SCHEMA_VERSION = 1
+_VERSION_COMMENT = re.compile(r"^outbox-dispatcher schema v(\d+)$")
+
+# The columns every component relies on: a contract. Extra columns are allowed.
+REQUIRED_COLUMNS = (
+    "id",
+    "aggregate_type",
+    "aggregate_id",
+    "event_type",
+    "payload",
+    "created_at",
+    "status",
+    "available_at",
+    "attempts",
+    "lease_owner",
+    "lease_until",
+    "lease_version",
+    "last_error",
+    "done_at",
+)
+
+
+class SchemaError(RuntimeError):
+    """The table is missing, has the wrong shape, or is newer than this code."""
+
+
+def _v1(table: Table) -> list[sql.Composed]:
+    t = table.ident
+    schema = (
+        [sql.SQL("CREATE SCHEMA IF NOT EXISTS {s}").format(s=sql.Identifier(table.schema))]
+        if table.schema
+        else []
+    )
+    return [
+        *schema,
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {t} (
+    id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    aggregate_type text        NOT NULL,
+    aggregate_id   text        NOT NULL,
+    event_type     text        NOT NULL,
+    payload        jsonb       NOT NULL,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    -- dispatcher state: see docs/protocol.md
+    status         text        NOT NULL DEFAULT 'pending'
+                   CHECK (status IN ('pending', 'processing', 'done', 'dead')),
+    available_at   timestamptz NOT NULL DEFAULT now(),
+    attempts       integer     NOT NULL DEFAULT 0,
+    lease_owner    text,
+    lease_until    timestamptz,
+    lease_version  bigint      NOT NULL DEFAULT 0,
+    last_error     text,
+    done_at        timestamptz
+)"""
+        ).format(t=t),
+        # The claim walks this index in order: ready rows first, oldest availability first.
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS {i} ON {t} (available_at, id) WHERE status = 'pending'"
+        ).format(i=table.index_name("ready"), t=t),
+        # Reaping, re-claiming and counting expired leases.
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS {i} ON {t} (lease_until) WHERE status = 'processing'"
+        ).format(i=table.index_name("leased"), t=t),
+        # Ordered mode asks "has this aggregate an unfinished earlier message?": one probe here,
+        # however many done rows the aggregate has.
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS {i} ON {t} (aggregate_id, id) WHERE status <> 'done'"
+        ).format(i=table.index_name("aggregate"), t=t),
+        # The oldest waiting message (the autoscaling signal) and the attempts distribution.
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS {i} ON {t} (id) "
+            "WHERE status IN ('pending', 'processing')"
+        ).format(i=table.index_name("waiting"), t=t),
+        # Dead letters: counted and listed newest first without touching done rows.
+        sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (id) WHERE status = 'dead'").format(
+            i=table.index_name("dead"), t=t
+        ),
+        # One notification per inserting statement wakes idle workers; polling stays the fallback.
+        sql.SQL(
+            """CREATE OR REPLACE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(TG_ARGV[0], '');
+    RETURN NULL;
+END
+$$"""
+        ).format(f=table.sibling("notify")),
+        sql.SQL(
+            "CREATE OR REPLACE TRIGGER {trg} AFTER INSERT ON {t} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION {f}({channel})"
+        ).format(
+            trg=sql.Identifier(f"{table.name}_notify"),
+            t=t,
+            f=table.sibling("notify"),
+            channel=sql.Literal(table.channel),
+        ),
+    ]
+
+
+# Index i holds the statements that bring a table from version i to version i + 1.
+MIGRATIONS: list[Callable[[Table], list[sql.Composed]]] = [_v1]
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+
+def migration_statements(table: Table, from_version: int = 0) -> list[sql.Composed]:
+    statements: list[sql.Composed] = []
+    for version in range(from_version, SCHEMA_VERSION):
+        statements.extend(MIGRATIONS[version](table))
+        statements.append(
+            sql.SQL("COMMENT ON TABLE {t} IS {c}").format(
+                t=table.ident, c=sql.Literal(f"outbox-dispatcher schema v{version + 1}")
+            )
+        )
+    return statements
+
+
+def render_migration(table: Table) -> str:
+    """The full migration as SQL text, for `outbox migrate --print` and for review."""
+    return "".join(f"{stmt.as_string(None)};\n\n" for stmt in migration_statements(table))
+
+
+def _state_query(table: Table) -> sql.Composed:
+    return sql.SQL(
+        "SELECT to_regclass({t}) IS NOT NULL, obj_description(to_regclass({t}), 'pg_class')"
+    ).format(t=table.regclass_literal)
+
+
+def _parse_state(row: tuple[object, ...] | None) -> tuple[bool, int | None]:
+    """(exists, version) where version is None for a table without our comment."""
+    assert row is not None
+    if not row[0]:
+        return False, None
+    match = _VERSION_COMMENT.match(str(row[1] or ""))
+    return True, int(match.group(1)) if match else None
+
+
+def _missing_columns(cur: psycopg.Cursor[tuple[object, ...]], table: Table) -> list[str]:
+    cur.execute(
+        sql.SQL(
+            "SELECT attname FROM pg_attribute WHERE attrelid = {t}::regclass "
+            "AND attnum > 0 AND NOT attisdropped"
+        ).format(t=table.regclass_literal)
+    )
+    present = {str(row[0]) for row in cur.fetchall()}
+    return [column for column in REQUIRED_COLUMNS if column not in present]
+
+
+def migrate(conn: psycopg.Connection[tuple[object, ...]], table: Table) -> tuple[int, int]:
+    """Bring the table to SCHEMA_VERSION; returns (version before, version after).
+
+    Safe to run concurrently and repeatedly. Refuses a table newer than this code and a
+    table of the right name but the wrong shape.
+    """
+    with conn.transaction(), conn.cursor() as cur:
+        cur.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('outbox-dispatcher migrate', 0))"
+        )
+        cur.execute(_state_query(table))
+        exists, version = _parse_state(cur.fetchone())
+        if exists and version is None:
+            missing = _missing_columns(cur, table)
+            if missing:
+                raise SchemaError(
+                    f"table {table} exists but is not an outbox table "
+                    f"(missing columns: {', '.join(missing)})"
+                )
+            version = 0  # adopt a hand-made table of the right shape: every step is idempotent
+        current = version or 0
+        if current > SCHEMA_VERSION:
+            raise SchemaError(
+                f"table {table} is at schema v{current}, newer than this outbox-dispatcher "
+                f"supports (v{SCHEMA_VERSION}); upgrade outbox-dispatcher"
+            )
+        for statement in migration_statements(table, current):
+            cur.execute(statement)
+        return current, SCHEMA_VERSION
+
+
+async def check_table(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table) -> None:
+    """Raise SchemaError unless the table exists at a version this code can use."""
+    async with conn.cursor() as cur:
+        await cur.execute(_state_query(table))
+        exists, version = _parse_state(await cur.fetchone())
+    if not exists:
+        raise SchemaError(f"table {table} does not exist; run `outbox migrate --table {table}`")
+    if version is None:
+        raise SchemaError(f"table {table} was not created by `outbox migrate`; run it first")
+    if version != SCHEMA_VERSION:
+        raise SchemaError(
+            f"table {table} is at schema v{version}, this outbox-dispatcher needs "
+            f"v{SCHEMA_VERSION}; run `outbox migrate` with the newer of the two"
+        )

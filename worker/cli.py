@@ -1,0 +1,86 @@
+"""`outbox-worker`: the dispatcher process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from outbox.cliutil import USAGE_ERROR, fail
+from outbox.schema import SchemaError
+from outbox.settings import SettingError
+from worker import logs
+from worker.dispatcher import Dispatcher
+from worker.metrics import HealthServer, Metrics
+from worker.publishers.base import Publisher
+from worker.publishers.http import HttpPublisher
+from worker.publishers.log import LogPublisher
+from worker.publishers.null import NullPublisher
+from worker.settings import WorkerSettings, load_settings
+
+log = logging.getLogger("outbox.worker")
+PROG = "outbox-worker"
+
+
+def make_publisher(settings: WorkerSettings) -> Publisher:
+    if settings.publisher == "http":
+        assert settings.http_url is not None
+        return HttpPublisher(
+            settings.http_url,
+            owner=settings.owner,
+            headers=dict(settings.http_headers),
+            max_connections=settings.concurrency,
+        )
+    if settings.publisher == "null":
+        return NullPublisher()
+    return LogPublisher()
+
+
+async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
+    metrics = Metrics()
+    publisher = make_publisher(settings)
+    health = HealthServer(metrics, settings.metrics_port) if settings.metrics_port is not None else None
+    if health is not None:
+        await health.start()
+    await publisher.start()
+    try:
+        await Dispatcher(settings, publisher, metrics).run(stop)
+    finally:
+        await publisher.close()
+        if health is not None:
+            await health.close()
+
+
+async def _main(settings: WorkerSettings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _request_stop, stop, sig)
+    await serve(settings, stop)
+
+
+def _request_stop(stop: asyncio.Event, sig: signal.Signals) -> None:
+    if stop.is_set():
+        log.warning("%s again: still shutting down", sig.name)
+        return
+    log.info("%s received: finishing in-flight messages", sig.name)
+    stop.set()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        settings = load_settings(argv)
+    except SettingError as exc:
+        fail(PROG, str(exc))
+    logs.configure(settings.log_format, settings.log_level)
+    for warning in settings.warnings():
+        log.warning("settings: %s", warning)
+    try:
+        asyncio.run(_main(settings))
+    except SchemaError as exc:
+        fail(PROG, str(exc), USAGE_ERROR)
+    except OSError as exc:  # e.g. the metrics port is taken
+        fail(PROG, str(exc), 1)
+    sys.exit(0)

@@ -1,0 +1,419 @@
+"""The lease loop: claim a batch, publish outside any transaction, finalize fenced.
+
+Three tasks share the work, each on its own pooled connection, so that database round trips
+overlap with publishing:
+
+- the claimer leases up to `batch` messages whenever there is room (at most
+  `batch + concurrency` messages are held at once) and wakes on NOTIFY or the poll timer;
+- one delivery task per message publishes it once a publish slot is free (`concurrency`)
+  and turns the result into an Outcome;
+- the finalizer writes outcomes as they arrive, all that are waiting in one statement,
+  each row fenced on its own lease_version.
+
+A heartbeat extends the leases of messages held for a third of the lease. On stop, claiming
+ends, unstarted messages are released at once (attempt refunded), in-flight publishes get
+the grace period, and the finalizer drains before the pool closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from outbox import lease
+from outbox.models import Message, Outcome, Status
+from outbox.schema import check_table
+from outbox.settings import redact_dsn
+from worker.backoff import retry_delay
+from worker.metrics import Metrics
+from worker.settings import WorkerSettings
+from worker.publishers.base import Defer, PermanentError, Publisher, RetryableError
+
+log = logging.getLogger("outbox.worker")
+
+T = TypeVar("T")
+
+# Most outcomes written by one finalize statement.
+FINALIZE_CHUNK = 1000
+# Idle back-off: the first empty claim waits this long, doubling up to the poll interval.
+IDLE_WAIT_START = 0.05
+# How long an operation waits for a pooled connection before it counts as a database error.
+POOL_TIMEOUT = 10.0
+# Reconnect back-off after a database error.
+DB_RETRY_START, DB_RETRY_CAP = 0.1, 5.0
+
+
+def _outcome_label(outcome: Outcome) -> str:
+    if outcome.status is Status.DONE:
+        return "done"
+    if outcome.status is Status.DEAD:
+        return "dead"
+    if outcome.deferred:
+        return "deferred"
+    return "released" if outcome.refund_attempt else "retried"
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        publisher: Publisher,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.publisher = publisher
+        self.metrics = metrics or Metrics()
+        self._held: dict[int, Message] = {}  # claimed, not finalized yet
+        self._renewed_at: dict[int, float] = {}  # monotonic time of claim or last extension
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._started: set[int] = set()  # publish began: not releasable without waiting
+        self._outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
+        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._room = asyncio.Event()  # set when finalizing frees room for a claim
+        self._wakeup = asyncio.Event()  # set by NOTIFY
+        self._drained = asyncio.Event()  # set when nothing is held
+        self._drained.set()
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[tuple[object, ...]]] | None = None
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Dispatch until `stop` is set, then shut down cleanly."""
+        s = self.settings
+        self._pool = AsyncConnectionPool(
+            s.dsn,
+            min_size=1,
+            max_size=4,
+            open=False,
+            name="outbox-worker",
+            # Auto-prepared statements may switch to generic plans that are many times slower
+            # for the batched unnest statements; every statement here is sent unprepared.
+            kwargs={"autocommit": True, "prepare_threshold": None, "application_name": s.owner},
+            timeout=POOL_TIMEOUT,
+        )
+        await self._pool.open(wait=False)
+        try:
+            if not await self._until_stopped(self._check_table, stop, "check table"):
+                return
+            self.metrics.ready = True
+            log.info(
+                "worker %s dispatching %s from %s (%s publisher, ordering %s)",
+                s.owner, s.table, redact_dsn(s.dsn) or "PG* environment", self.publisher.name,
+                s.ordering,
+            )  # fmt: skip
+            helpers = [
+                asyncio.create_task(self._finalizer(), name="finalizer"),
+                asyncio.create_task(self._heartbeat(), name="heartbeat"),
+                asyncio.create_task(self._listen(), name="listener"),
+            ]
+            try:
+                await self._claimer(stop)
+                await self._shutdown()
+            finally:
+                for task in helpers:
+                    task.cancel()
+                await asyncio.gather(*helpers, return_exceptions=True)
+        finally:
+            self.metrics.ready = False
+            await self._pool.close()
+
+    async def _check_table(self) -> None:
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            await check_table(conn, self.settings.table)
+
+    async def _shutdown(self) -> None:
+        s = self.settings
+        unstarted = [i for i in self._tasks if i not in self._started]
+        log.info(
+            "stopping: releasing %d unstarted messages, waiting up to %.1fs for %d in flight",
+            len(unstarted), s.shutdown_grace.total_seconds(), len(self._started),
+        )  # fmt: skip
+        for message_id in unstarted:
+            self._tasks[message_id].cancel()
+        pending = list(self._tasks.values())
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=s.shutdown_grace.total_seconds())
+            for task in late:
+                task.cancel()  # abandoned publishes are released too; the id dedups downstream
+            await asyncio.gather(*late, return_exceptions=True)
+        # Outcomes are queued; let the finalizer write them all (it retries database errors).
+        try:
+            await asyncio.wait_for(self._drained.wait(), timeout=max(10.0, s.lease.total_seconds()))
+        except TimeoutError:
+            log.error(
+                "stopping with %d messages unfinalized: their leases will expire and others "
+                "will take them over", len(self._held),
+            )  # fmt: skip
+
+    # -- claiming -----------------------------------------------------------------------------
+
+    async def _claimer(self, stop: asyncio.Event) -> None:
+        s = self.settings
+        limit = s.batch + s.concurrency
+        empty_claims = 0
+        db_failures = 0
+        while not stop.is_set():
+            room = limit - len(self._held)
+            if room < min(s.batch, max(1, s.batch // 2)) and self._held:
+                # Not enough room for a worthwhile claim: wait until finalizing frees some.
+                self._room.clear()
+                await _first_of(stop.wait(), self._room.wait())
+                continue
+            want = min(s.batch, room)
+            self._wakeup.clear()  # a NOTIFY during the claim must still wake the next wait
+            try:
+                messages = await self._claim(want)
+            except (psycopg.Error, OSError) as exc:
+                db_failures += 1
+                self._database_error("claim", exc, db_failures)
+                await _first_of(stop.wait(), asyncio.sleep(_db_backoff(db_failures)))
+                continue
+            if db_failures:
+                log.info("database reachable again")
+                db_failures = 0
+                self.metrics.ready = True
+            for message in messages:
+                self._hold(message)
+            if len(messages) == want:
+                empty_claims = 0
+                continue  # a full batch: more is probably waiting
+            if messages:
+                empty_claims = 0
+                continue
+            empty_claims += 1
+            idle = min(s.poll_interval.total_seconds(), IDLE_WAIT_START * 2 ** (empty_claims - 1))
+            woken = await _first_of(
+                stop.wait(), self._wakeup.wait(), asyncio.sleep(idle), first=self._wakeup.is_set
+            )
+            if woken:
+                empty_claims = 0
+
+    async def _claim(self, want: int) -> list[Message]:
+        s = self.settings
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            messages = await lease.claim(
+                conn,
+                s.table,
+                owner=s.owner,
+                batch=want,
+                lease=s.lease,
+                max_attempts=s.max_attempts,
+                ordered=s.ordered,
+            )
+        self.metrics.claim_batch.observe(len(messages))
+        return messages
+
+    def _hold(self, message: Message) -> None:
+        self._held[message.id] = message
+        self._renewed_at[message.id] = time.monotonic()
+        self._drained.clear()
+        self.metrics.in_flight.inc()
+        self._tasks[message.id] = asyncio.create_task(self._deliver(message))
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    async def _deliver(self, message: Message) -> None:
+        outcome: Outcome | None
+        try:
+            async with self._slots:
+                self._started.add(message.id)
+                started = time.perf_counter()
+                try:
+                    outcome = await self._publish(message)
+                finally:
+                    self.metrics.publish_seconds.observe(time.perf_counter() - started)
+        except asyncio.CancelledError:
+            # Shutdown: never started, or abandoned after the grace period.
+            outcome = Outcome.release(message)
+        except Exception:
+            # Fits no failure class: a bug. Leave the row to its lease; the attempt limit
+            # stops it if it keeps happening.
+            log.exception(
+                "unclassified error publishing message %s (lease_version %s); leaving it to "
+                "its lease", message.id, message.lease_version,
+                extra={"outbox_id": message.id, "lease_version": message.lease_version},
+            )  # fmt: skip
+            self.metrics.messages.labels("error").inc()
+            self._forget(message.id)
+            outcome = None
+        finally:
+            self._tasks.pop(message.id, None)
+        if outcome is not None:
+            self._outcomes.put_nowait(outcome)
+
+    async def _publish(self, message: Message) -> Outcome:
+        s = self.settings
+        try:
+            async with asyncio.timeout(s.publish_timeout.total_seconds()):
+                await self.publisher.publish(message)
+        except Defer as defer:
+            return Outcome.defer(message, defer.delay, str(defer))
+        except PermanentError as exc:
+            return Outcome.dead(message, f"permanent: {exc}")
+        except (RetryableError, TimeoutError) as exc:
+            if isinstance(exc, RetryableError):
+                error, retry_after = f"retryable: {exc}", exc.retry_after
+            else:
+                error = f"retryable: publish timed out after {s.publish_timeout.total_seconds():g}s"
+                retry_after = None
+            if message.attempts >= s.max_attempts:
+                return Outcome.dead(message, f"retries exhausted ({message.attempts}); last {error}")
+            delay = retry_delay(
+                message.attempts, retry_after=retry_after, base=s.backoff_base, cap=s.backoff_cap
+            )
+            return Outcome.retry(message, delay, error)
+        return Outcome.done(message)
+
+    # -- finalizing ---------------------------------------------------------------------------
+
+    async def _finalizer(self) -> None:
+        while True:
+            outcomes = [await self._outcomes.get()]
+            while not self._outcomes.empty() and len(outcomes) < FINALIZE_CHUNK:
+                outcomes.append(self._outcomes.get_nowait())
+            applied = await self._with_retries("finalize", self._finalize, outcomes)
+            for outcome in outcomes:
+                if outcome.message_id in applied:
+                    self.metrics.messages.labels(_outcome_label(outcome)).inc()
+                else:
+                    self._lost_lease(outcome)
+                self._forget(outcome.message_id)
+
+    async def _finalize(self, outcomes: list[Outcome]) -> set[int]:
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            return await lease.finalize(
+                conn, self.settings.table, outcomes, max_defer_age=self.settings.max_defer_age
+            )
+
+    def _lost_lease(self, outcome: Outcome) -> None:
+        self.metrics.lost_leases.inc()
+        log.warning(
+            "lost lease: message %s lease_version %s was taken over or reaped before its "
+            "outcome (%s) was written; the message may be delivered again",
+            outcome.message_id, outcome.lease_version, _outcome_label(outcome),
+            extra={"outbox_id": outcome.message_id, "lease_version": outcome.lease_version},
+        )  # fmt: skip
+
+    def _forget(self, message_id: int) -> None:
+        if self._held.pop(message_id, None) is not None:
+            self.metrics.in_flight.dec()
+        self._renewed_at.pop(message_id, None)
+        self._started.discard(message_id)
+        self._room.set()
+        if not self._held:
+            self._drained.set()
+
+    # -- heartbeat and notifications ----------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        s = self.settings
+        third = s.lease.total_seconds() / 3
+        while True:
+            await asyncio.sleep(third)
+            now = time.monotonic()
+            due = [m for i, m in self._held.items() if now - self._renewed_at.get(i, now) >= third]
+            if not due:
+                continue
+            try:
+                renewed = await self._extend(due)
+            except (psycopg.Error, OSError) as exc:
+                self._database_error("extend leases", exc, 1)
+                continue
+            for message_id in renewed:
+                if message_id in self._renewed_at:
+                    self._renewed_at[message_id] = now
+            log.debug("extended %d of %d leases", len(renewed), len(due))
+
+    async def _extend(self, messages: list[Message]) -> set[int]:
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            return await lease.extend(conn, self.settings.table, messages, lease=self.settings.lease)
+
+    async def _listen(self) -> None:
+        """Wake the claimer on NOTIFY; reconnects by itself. Polling covers any gap."""
+        s = self.settings
+        failures = 0
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    s.dsn, autocommit=True, application_name=f"{s.owner} listener"
+                ) as conn:
+                    await conn.execute(
+                        psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(s.table.channel))
+                    )
+                    failures = 0
+                    self._wakeup.set()  # anything may have arrived while we were not listening
+                    async for _ in conn.notifies():
+                        self._wakeup.set()
+            except (psycopg.Error, OSError) as exc:
+                failures += 1
+                self._database_error("listen", exc, failures)
+                await asyncio.sleep(_db_backoff(failures))
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    async def _with_retries(
+        self, operation: str, call: Callable[[list[Outcome]], Awaitable[T]], arg: list[Outcome]
+    ) -> T:
+        failures = 0
+        while True:
+            try:
+                return await call(arg)
+            except (psycopg.Error, OSError) as exc:
+                failures += 1
+                self._database_error(operation, exc, failures)
+                await asyncio.sleep(_db_backoff(failures))
+
+    async def _until_stopped(
+        self, call: Callable[[], Awaitable[None]], stop: asyncio.Event, operation: str
+    ) -> bool:
+        """Retry `call` on database errors until it succeeds (True) or stop is set (False)."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                await call()
+                return True
+            except (psycopg.Error, OSError) as exc:
+                failures += 1
+                self._database_error(operation, exc, failures)
+                await _first_of(stop.wait(), asyncio.sleep(_db_backoff(failures)))
+        return False
+
+    def _database_error(self, operation: str, exc: BaseException, failures: int) -> None:
+        self.metrics.db_errors.labels(operation).inc()
+        if operation != "listen":
+            self.metrics.ready = False
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # One line per streak start, then every 10th, so an outage does not flood the log.
+        if failures == 1 or failures % 10 == 0:
+            log.warning(
+                "%s failed (%s, attempt %d): %s; retrying in %.1fs",
+                operation, type(exc).__name__, failures, message, _db_backoff(failures),
+            )  # fmt: skip
+
+
+def _db_backoff(failures: int) -> float:
+    return float(min(DB_RETRY_CAP, DB_RETRY_START * 2 ** min(failures - 1, 10)))
+
+
+async def _first_of(*waits: Awaitable[object], first: Callable[[], bool] | None = None) -> bool:
+    """Wait until any awaitable finishes, cancel the others; returns first() if given."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)
+    return first() if first is not None else True

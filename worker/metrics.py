@@ -1,0 +1,100 @@
+"""Prometheus metrics and the /metrics, /healthz, /readyz endpoints."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+log = logging.getLogger("outbox.worker")
+
+OUTCOMES = ("done", "retried", "deferred", "released", "dead", "error")
+
+
+class Metrics:
+    """One registry per dispatcher, so that several can live in one process (tests)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.messages = Counter(
+            "outbox_messages",
+            "Messages finalized, by outcome (error = publisher bug, row left to its lease)",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in OUTCOMES:
+            self.messages.labels(outcome)
+        self.lost_leases = Counter(
+            "outbox_lost_leases",
+            "Finalizes rejected by the fence: the lease expired and was taken over or reaped",
+            registry=r,
+        )
+        self.publish_seconds = Histogram(
+            "outbox_publish_duration_seconds",
+            "Time spent in one publish, whatever its outcome",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.claim_batch = Histogram(
+            "outbox_claim_batch_size",
+            "Messages returned by one claim",
+            buckets=(0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "outbox_in_flight_messages", "Messages claimed by this worker and not finalized yet",
+            registry=r,
+        )  # fmt: skip
+        self.db_errors = Counter(
+            "outbox_database_errors", "Failed database operations", ["operation"], registry=r
+        )
+        self.ready = False
+
+
+class HealthServer:
+    """/healthz: the process is alive. /readyz: it reaches the database and claims."""
+
+    def __init__(self, metrics: Metrics, port: int) -> None:
+        self._metrics = metrics
+        self._port = port
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._serve_metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "0.0.0.0", self._port)  # noqa: S104 - scraped by Prometheus
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self._port
+        log.info("metrics and health on port %s", self.port)
+
+    async def _serve_metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self._metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        if self._metrics.ready:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready: database unreachable or not checked\n")
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()

@@ -1,0 +1,50 @@
+"""The boundary between the dispatch loop and the outside world.
+
+A publisher sends one message and either returns (success) or raises one of the three
+failure classes below. Translating a client library's exceptions into these classes is the
+publisher's job; the loop knows nothing of HTTP or brokers. Any other exception is a bug:
+the loop logs it with its traceback and leaves the row alone, so its lease expires and the
+attempt limit eventually sends it to dead.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Protocol
+
+from outbox.models import Message
+
+
+class RetryableError(Exception):
+    """A transient failure (timeout, 5xx, 429, connection refused): back off and retry.
+
+    `retry_after` is the downstream's own hint (e.g. HTTP Retry-After), honoured when given.
+    """
+
+    def __init__(self, reason: str, *, retry_after: timedelta | None = None) -> None:
+        super().__init__(reason)
+        self.retry_after = retry_after
+
+
+class PermanentError(Exception):
+    """A failure retrying will not fix (validation error, unknown destination): dead."""
+
+
+class Defer(Exception):
+    """Not yet, for a business reason: try again after `delay`; the attempt is refunded."""
+
+    def __init__(self, delay: timedelta, reason: str) -> None:
+        super().__init__(reason)
+        self.delay = delay
+
+
+class Publisher(Protocol):
+    """What every publisher implements. `start` and `close` bracket the worker's lifetime."""
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def publish(self, message: Message) -> None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,109 @@
+"""POSTs each message as JSON to one URL, with the outbox id as `Idempotency-Key`.
+
+The key is the same on every retry of a message, so a receiver that honours it applies the
+message once however many times it arrives. Responses are classified:
+
+| response                                   | class                         |
+|--------------------------------------------|-------------------------------|
+| 2xx                                        | success                       |
+| 408, 425, 429, 5xx, connection errors      | retryable (Retry-After honoured) |
+| other 4xx, 1xx/3xx (redirects not followed)| permanent                     |
+
+Timeouts are applied by the dispatch loop around every publish and are retryable.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
+
+import aiohttp
+
+from outbox.models import Message
+from worker.publishers.base import PermanentError, RetryableError
+from worker.publishers.envelope import envelope
+
+RETRYABLE_STATUSES = frozenset({408, 425, 429})
+_BODY_SNIPPET = 300
+
+
+def parse_retry_after(value: str | None, *, now: datetime | None = None) -> timedelta | None:
+    """Retry-After as delay-seconds or an HTTP-date; None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return timedelta(seconds=int(value))
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(when - (now or datetime.now(UTC)), timedelta(0))
+
+
+def classify(status: int, retry_after: str | None, body: bytes) -> None:
+    """Raise the failure class for a response status; return for success."""
+    if 200 <= status < 300:
+        return
+    snippet = body[:_BODY_SNIPPET].decode("utf-8", "replace").strip()
+    reason = f"HTTP {status}" + (f": {snippet}" if snippet else "")
+    if status in RETRYABLE_STATUSES or status >= 500:
+        raise RetryableError(reason, retry_after=parse_retry_after(retry_after))
+    raise PermanentError(reason)
+
+
+class HttpPublisher:
+    name = "http"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        owner: str,
+        headers: dict[str, str] | None = None,
+        max_connections: int = 100,
+    ) -> None:
+        self.url = url
+        self._owner = owner
+        self._headers = headers or {}
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=self._max_connections)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            headers={
+                "Content-Type": "application/json",
+                "User-Agent": "outbox-dispatcher",
+                "Outbox-Worker": self._owner,
+                **self._headers,
+            },
+        )
+
+    async def publish(self, message: Message) -> None:
+        assert self._session is not None, "start() first"
+        headers = {
+            "Idempotency-Key": str(message.id),
+            "Outbox-Event-Type": message.event_type,
+            "Outbox-Attempt": str(message.attempts),
+        }
+        try:
+            async with self._session.post(
+                self.url,
+                data=envelope(message).encode(),
+                headers=headers,
+                allow_redirects=False,
+            ) as response:
+                body = await response.read()
+                classify(response.status, response.headers.get("Retry-After"), body)
+        except aiohttp.ClientError as exc:
+            # Connection refused or reset, DNS failure, broken response: the receiver may or may
+            # not have the message; the same Idempotency-Key makes the retry safe.
+            raise RetryableError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()

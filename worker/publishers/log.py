@@ -1,0 +1,26 @@
+"""Writes each message as one JSON line to stdout: for trying things out and for piping."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from outbox.models import Message
+from worker.publishers.envelope import envelope
+
+
+class LogPublisher:
+    name = "log"
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream or sys.stdout
+
+    async def start(self) -> None:
+        pass
+
+    async def publish(self, message: Message) -> None:
+        self._stream.write(envelope(message) + "\n")
+        self._stream.flush()
+
+    async def close(self) -> None:
+        pass
