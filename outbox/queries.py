@@ -46,25 +46,25 @@ def _claim(t: sql.Identifier, ordered: bool) -> sql.Composed:
                    lease_owner = NULL, lease_until = NULL
      WHERE id IN (SELECT id FROM {t}
                    WHERE status = 'processing' AND lease_until < now()
-                     AND attempts >= %(max_attempts)s
+                     AND attempts >= %(max_attempts)s::int
                      FOR UPDATE SKIP LOCKED)
 ), expired AS (
     SELECT c.id FROM {t} AS c
-     WHERE c.status = 'processing' AND c.lease_until < now() AND c.attempts < %(max_attempts)s{head}
+     WHERE c.status = 'processing' AND c.lease_until < now() AND c.attempts < %(max_attempts)s::int{head}
      ORDER BY c.lease_until
-     LIMIT %(batch)s
+     LIMIT %(batch)s::int
        FOR UPDATE OF c SKIP LOCKED
 ), ready AS (
     SELECT c.id FROM {t} AS c
      WHERE c.status = 'pending' AND c.available_at <= now(){head}
      ORDER BY c.available_at, c.id
-     LIMIT %(batch)s
+     LIMIT %(batch)s::int
        FOR UPDATE OF c SKIP LOCKED
 ), picked AS (
-    SELECT id FROM expired UNION ALL SELECT id FROM ready LIMIT %(batch)s
+    SELECT id FROM expired UNION ALL SELECT id FROM ready LIMIT %(batch)s::int
 )
 UPDATE {t} AS o
-   SET status = 'processing', lease_owner = %(owner)s, lease_until = now() + %(lease)s,
+   SET status = 'processing', lease_owner = %(owner)s, lease_until = now() + %(lease)s::interval,
        lease_version = o.lease_version + 1, attempts = o.attempts + 1
   FROM picked
  WHERE o.id = picked.id
@@ -96,13 +96,13 @@ RETURNING o.id"""
         # Any mix of outcomes, each row fenced on its own lease_version.
         finalize=sql.SQL(
             """UPDATE {t} AS o
-   SET status = CASE WHEN f.deferred AND o.created_at < now() - %(max_defer_age)s
+   SET status = CASE WHEN f.deferred AND o.created_at < now() - %(max_defer_age)s::interval
                      THEN 'dead' ELSE f.status END,
        available_at = CASE WHEN f.status = 'pending'
                            THEN now() + make_interval(secs => f.delay) ELSE o.available_at END,
        attempts = o.attempts - f.refund::int,
        last_error = CASE WHEN f.status = 'done' THEN NULL
-                         WHEN f.deferred AND o.created_at < now() - %(max_defer_age)s
+                         WHEN f.deferred AND o.created_at < now() - %(max_defer_age)s::interval
                          THEN 'maximum defer age exceeded; last ' || f.error
                          ELSE coalesce(f.error, o.last_error) END,
        done_at = CASE WHEN f.status = 'done' THEN now() END,
@@ -117,7 +117,7 @@ RETURNING o.id"""
         # Heartbeat: push the expiry of leases still held; a lost lease is left alone.
         extend=sql.SQL(
             """UPDATE {t} AS o
-   SET lease_until = now() + %(lease)s
+   SET lease_until = now() + %(lease)s::interval
   FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[]) AS f(id, version)
  WHERE {fence}
 RETURNING o.id"""

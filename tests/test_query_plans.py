@@ -1,0 +1,102 @@
+"""Guards on the hot statements' plans (in the manner of pgqueuer's query-plan regression test).
+
+The claim must walk the pending index in order instead of scanning the primary key past done
+rows, and the batched statements must probe an index on id per row, also under a generic plan
+(which is what a prepared statement may switch to after five executions).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import psycopg
+import pytest
+from helpers import seed
+
+from outbox.queries import queries
+from outbox.stats import _query as stats_query
+
+DONE_ROWS = 10_000
+IN_FLIGHT = 2_000
+
+
+def _prepare(conn: psycopg.Connection[Any], name: str, statement: Any) -> list[str]:
+    """PREPARE the statement with $n parameters; returns parameter names in $n order."""
+    text = statement.as_string(conn)
+    order: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in order:
+            order.append(match.group(1))
+        return f"${order.index(match.group(1)) + 1}"
+
+    conn.execute(f"PREPARE {name} AS " + re.sub(r"%\((\w+)\)s", number, text))
+    return order
+
+
+def _plan(conn: psycopg.Connection[Any], name: str, args: list[str], *, generic: bool) -> str:
+    conn.execute(f"SET plan_cache_mode = {'force_generic_plan' if generic else 'force_custom_plan'}")
+    rows = conn.execute(f"EXPLAIN EXECUTE {name}({', '.join(args)})").fetchall()
+    return "\n".join(r[0] for r in rows)
+
+
+@pytest.fixture
+def half_drained(conn):
+    seed(conn, DONE_ROWS + IN_FLIGHT + 50, aggregates=500)
+    conn.execute(
+        "UPDATE outbox SET status = 'done', done_at = now() WHERE id <= %s", (DONE_ROWS,)
+    )
+    # What many busy workers hold at once.
+    conn.execute(
+        "UPDATE outbox SET status = 'processing', lease_until = now() + interval '1 minute', "
+        "attempts = 1, lease_version = 1 WHERE id > %s AND id <= %s",
+        (DONE_ROWS, DONE_ROWS + IN_FLIGHT),
+    )
+    conn.execute("VACUUM ANALYZE outbox")
+    return conn
+
+
+CLAIM_ARGS = {"max_attempts": "12", "batch": "100", "owner": "'w'", "lease": "'60 seconds'"}
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+def test_claim_walks_the_pending_index(half_drained, table, generic, ordered):
+    q = queries(table)
+    names = _prepare(half_drained, "claim", q.claim_ordered if ordered else q.claim)
+    plan = _plan(half_drained, "claim", [CLAIM_ARGS[n] for n in names], generic=generic)
+    assert "outbox_ready" in plan, plan
+    assert "Seq Scan on outbox" not in plan, plan
+    if ordered:
+        assert "outbox_aggregate" in plan, plan  # the head check is one index probe
+
+
+FINALIZE_ARGS = {
+    "ids": "'{1,2,3}'",
+    "versions": "'{1,1,1}'",
+    "statuses": "'{done,dead,pending}'",
+    "delays": "'{0,0,5}'",
+    "errors": "'{NULL,x,y}'",
+    "refunds": "'{f,f,f}'",
+    "deferreds": "'{f,f,f}'",
+    "max_defer_age": "'1 day'",
+    "lease": "'60 seconds'",
+}
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+@pytest.mark.parametrize("statement", ["finalize_done", "finalize", "extend"])
+def test_batched_statements_probe_the_primary_key(half_drained, table, generic, statement):
+    names = _prepare(half_drained, statement, getattr(queries(table), statement))
+    plan = _plan(half_drained, statement, [FINALIZE_ARGS[n] for n in names], generic=generic)
+    # One index probe per array element (primary key or a smaller partial index on id).
+    assert "Index Cond: (id = f.id)" in plan, plan
+    assert "Seq Scan on outbox" not in plan and "Hash" not in plan, plan
+
+
+def test_stats_never_scan_the_table(half_drained, table):
+    plan = "\n".join(
+        r[0] for r in half_drained.execute("EXPLAIN " + stats_query(table, False).as_string(half_drained))
+    )
+    assert "Seq Scan on outbox" not in plan, plan
