@@ -42,7 +42,8 @@ T = TypeVar("T")
 
 # Most outcomes written by one finalize statement.
 FINALIZE_CHUNK = 1000
-# Idle back-off: the first empty claim waits this long, doubling up to the poll interval.
+# Idle back-off without LISTEN: the first empty claim waits this long, doubling up to the
+# poll interval.
 IDLE_WAIT_START = 0.05
 # How long an operation waits for a pooled connection before it counts as a database error.
 POOL_TIMEOUT = 10.0
@@ -80,6 +81,7 @@ class Dispatcher:
         self._wakeup = asyncio.Event()  # set by NOTIFY
         self._drained = asyncio.Event()  # set when nothing is held
         self._drained.set()
+        self.listening = False  # a LISTEN connection is up
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[tuple[object, ...]]] | None = None
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -189,7 +191,11 @@ class Dispatcher:
                 empty_claims = 0
                 continue
             empty_claims += 1
-            idle = min(s.poll_interval.total_seconds(), IDLE_WAIT_START * 2 ** (empty_claims - 1))
+            # Listening, new rows announce themselves: poll only for retries coming due and
+            # expired leases. Not listening, back off from a short wait up to the interval.
+            idle = s.poll_interval.total_seconds()
+            if not self.listening:
+                idle = min(idle, IDLE_WAIT_START * 2 ** (empty_claims - 1))
             woken = await _first_of(
                 stop.wait(), self._wakeup.wait(), asyncio.sleep(idle), first=self._wakeup.is_set
             )
@@ -352,10 +358,12 @@ class Dispatcher:
                         psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(s.table.channel))
                     )
                     failures = 0
+                    self.listening = True
                     self._wakeup.set()  # anything may have arrived while we were not listening
                     async for _ in conn.notifies():
                         self._wakeup.set()
             except (psycopg.Error, OSError) as exc:
+                self.listening = False
                 failures += 1
                 self._database_error("listen", exc, failures)
                 await asyncio.sleep(_db_backoff(failures))

@@ -1,0 +1,218 @@
+"""The dispatch loop against real PostgreSQL and a real HTTP server, in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+
+import psycopg
+from helpers import row, seed, statuses, wait_until
+from workers import dispatching, settings
+
+from outbox import enqueue
+from outbox.lease import claim
+from outbox.models import Message
+from outbox.sink import Reply, Sink
+from worker.publishers.base import Defer, PermanentError, RetryableError
+from worker.publishers.http import HttpPublisher
+
+
+def _http(sink: Sink) -> HttpPublisher:
+    return HttpPublisher(sink.url, owner="test-worker")
+
+
+def _count(conn, where: str) -> int:
+    return conn.execute(f"SELECT count(*) FROM outbox WHERE {where}").fetchone()[0]
+
+
+async def test_delivers_everything_over_http_with_the_id_as_idempotency_key(conn, dsn, sink):
+    ids = seed(conn, 300, aggregates=17)
+    async with dispatching(settings(dsn), _http(sink)) as d:
+        await wait_until(lambda: _count(conn, "status = 'done'") == 300, what="all done")
+    assert sorted(sink.delivered_ids()) == ids
+    for request in sink.delivered():
+        assert request.key == str(request.body["id"])
+        assert request.headers["Content-Type"] == "application/json"
+        assert set(request.body) >= {"id", "aggregate_type", "aggregate_id", "event_type", "payload"}
+    first = next(r for r in sink.delivered() if r.body["id"] == ids[0])
+    assert first.body["payload"] == {"n": 0, "text": "x" * 20}
+    assert d.metrics.messages.labels("done")._value.get() == 300
+    assert _count(conn, "lease_owner IS NOT NULL") == 0
+
+
+async def test_http_classification_end_to_end(conn, dsn):
+    ids = seed(conn, 4)
+    replies = {
+        ids[0]: Reply(200),
+        ids[1]: Reply(422),
+        ids[2]: Reply(429, {"Retry-After": "120"}),
+        ids[3]: Reply(503),
+    }
+    with Sink(lambda body, nth: replies[body["id"]]) as sink:
+        async with dispatching(settings(dsn, backoff_base=timedelta(seconds=300), backoff_cap=timedelta(hours=1)), _http(sink)):
+            await wait_until(lambda: _count(conn, "status = 'processing'") == 0 and _count(conn, "attempts > 0") == 4)
+    assert row(conn, ids[0])["status"] == "done"
+    dead = row(conn, ids[1])
+    assert dead["status"] == "dead" and dead["last_error"].startswith("permanent: HTTP 422")
+    limited = row(conn, ids[2])
+    assert limited["status"] == "pending" and "HTTP 429" in limited["last_error"]
+    wait = (limited["available_at"] - limited["created_at"]).total_seconds()
+    assert 115 <= wait <= 130, wait  # Retry-After honoured, not the jittered backoff
+    failed = row(conn, ids[3])
+    assert failed["status"] == "pending" and failed["attempts"] == 1
+    assert "HTTP 503" in failed["last_error"]
+
+
+async def test_unreachable_endpoint_is_retried_not_dead(conn, dsn):
+    [message_id] = seed(conn, 1)
+    with Sink() as gone:
+        url = gone.url
+    async with dispatching(settings(dsn, backoff_base=timedelta(seconds=60)), HttpPublisher(url, owner="t")):
+        await wait_until(lambda: row(conn, message_id)["attempts"] == 1 and row(conn, message_id)["status"] == "pending")
+    assert "ClientConnectorError" in row(conn, message_id)["last_error"]
+
+
+class Scripted:
+    """A publisher whose behaviour per message is decided by the test."""
+
+    name = "scripted"
+
+    def __init__(self, behave) -> None:
+        self.behave = behave
+        self.calls: list[Message] = []
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def publish(self, message: Message) -> None:
+        self.calls.append(message)
+        result = self.behave(message)
+        if asyncio.iscoroutine(result):
+            await result
+
+
+async def test_retries_exhausted_goes_dead(conn, dsn):
+    [message_id] = seed(conn, 1)
+
+    def fail(m: Message) -> None:
+        raise RetryableError("downstream flaky")
+
+    publisher = Scripted(fail)
+    async with dispatching(settings(dsn, max_attempts=3), publisher):
+        await wait_until(lambda: row(conn, message_id)["status"] == "dead")
+    r = row(conn, message_id)
+    assert r["attempts"] == 3 and len(publisher.calls) == 3
+    assert r["last_error"].startswith("retries exhausted (3)") and "downstream flaky" in r["last_error"]
+
+
+async def test_business_defer_and_permanent_error(conn, dsn):
+    deferred, broken = seed(conn, 2)
+
+    def behave(m: Message) -> None:
+        if m.id == deferred:
+            raise Defer(timedelta(minutes=10), "customer not created yet")
+        raise PermanentError("schema mismatch")
+
+    async with dispatching(settings(dsn), Scripted(behave)):
+        await wait_until(lambda: _count(conn, "status = 'processing'") == 0 and _count(conn, "status = 'dead'") == 1 and _count(conn, "last_error LIKE 'deferred%'") == 1)
+    d = row(conn, deferred)
+    assert (d["status"], d["attempts"]) == ("pending", 0)
+    assert row(conn, broken)["last_error"] == "permanent: schema mismatch"
+
+
+async def test_unclassified_exception_leaves_the_row_to_its_lease_and_the_loop_goes_on(conn, dsn, caplog):
+    ids = seed(conn, 5)
+
+    def behave(m: Message) -> None:
+        if m.id == ids[2]:
+            raise ZeroDivisionError("bug in the publisher")
+
+    with caplog.at_level(logging.ERROR, logger="outbox.worker"):
+        async with dispatching(settings(dsn), Scripted(behave)) as d:
+            await wait_until(lambda: _count(conn, "status = 'done'") == 4)
+            assert d.metrics.messages.labels("error")._value.get() == 1
+    untouched = row(conn, ids[2])
+    assert untouched["status"] == "processing" and untouched["lease_version"] == 1
+    assert any("ZeroDivisionError" in (r.exc_text or "") and str(ids[2]) in r.getMessage() for r in caplog.records)
+
+
+async def test_lost_lease_is_logged_and_counted_and_never_overwrites(conn, dsn, caplog):
+    [message_id] = seed(conn, 1)
+    release = asyncio.Event()
+
+    async def behave(m: Message) -> None:
+        await release.wait()
+
+    with caplog.at_level(logging.WARNING, logger="outbox.worker"):
+        async with dispatching(settings(dsn), Scripted(behave)) as d:
+            await wait_until(lambda: row(conn, message_id)["status"] == "processing")
+            # Another worker took the message over (its lease had expired).
+            conn.execute("UPDATE outbox SET lease_version = lease_version + 1, lease_owner = 'other' WHERE id = %s", (message_id,))
+            release.set()
+            await wait_until(lambda: d.metrics.lost_leases._value.get() == 1)
+    r = row(conn, message_id)
+    assert (r["status"], r["lease_owner"], r["lease_version"]) == ("processing", "other", 2)
+    [line] = [rec.getMessage() for rec in caplog.records if "lost lease" in rec.getMessage()]
+    assert f"message {message_id} lease_version 1" in line
+
+
+async def test_heartbeat_keeps_a_slow_publish_from_losing_its_lease(conn, dsn, table):
+    [message_id] = seed(conn, 1)
+    release = asyncio.Event()
+
+    async def behave(m: Message) -> None:
+        await release.wait()
+
+    lease = timedelta(milliseconds=900)
+    async with dispatching(settings(dsn, lease=lease, publish_timeout=timedelta(seconds=30)), Scripted(behave)):
+        await wait_until(lambda: row(conn, message_id)["status"] == "processing")
+        first_expiry = row(conn, message_id)["lease_until"]
+        await wait_until(lambda: row(conn, message_id)["lease_until"] > first_expiry + lease, what="an extension")
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
+            for _ in range(3):  # well past the original lease, nobody can take it
+                assert await claim(other, table, owner="B", batch=5, lease=lease, max_attempts=5) == []
+                await asyncio.sleep(lease.total_seconds() / 2)
+        release.set()
+        await wait_until(lambda: row(conn, message_id)["status"] == "done")
+    assert row(conn, message_id)["lease_version"] == 1
+
+
+async def test_notify_wakes_an_idle_worker_without_waiting_for_the_poll(conn, dsn, sink):
+    async with dispatching(settings(dsn, poll_interval=timedelta(minutes=5)), _http(sink)) as d:
+        # Idle and listening: the next poll is minutes away.
+        await wait_until(lambda: d.listening and d.metrics.claim_batch._sum.get() == 0 and _claims(d) >= 2)
+        claims_before = _claims(d)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        message_id = enqueue(conn, aggregate_type="a", aggregate_id="1", event_type="E", payload={})
+        assert await asyncio.to_thread(sink.wait_for, lambda s: message_id in s.delivered_ids(), 60)
+        assert loop.time() - started < 60  # far sooner than the 5-minute poll
+        assert _claims(d) > claims_before
+
+
+def _claims(d) -> int:
+    return int(sum(s.value for s in d.metrics.claim_batch.collect()[0].samples if s.name.endswith("_count")))
+
+
+async def test_clean_stop_leaves_nothing_processing(conn, dsn):
+    seed(conn, 40)
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def behave(m: Message) -> None:
+        started.set()
+        await release.wait()
+
+    s = settings(dsn, batch=20, concurrency=2, shutdown_grace=timedelta(seconds=30))
+    publisher = Scripted(behave)
+    async with dispatching(s, publisher) as d:
+        await started.wait()
+        await wait_until(lambda: _count(conn, "status = 'processing'") >= 20)
+        asyncio.get_running_loop().call_later(0.3, release.set)  # in-flight ones finish within grace
+    assert statuses(conn).get("processing", 0) == 0
+    assert _count(conn, "status = 'done'") >= 2
+    released = _count(conn, "status = 'pending' AND attempts = 0 AND lease_version > 0")
+    assert released >= 18  # claimed but never started: given back with the attempt refunded
+    assert d.metrics.messages.labels("released")._value.get() == released
