@@ -158,4 +158,3 @@ def _run(
         count = purge_done(conn, table, **purge_options)
         verb = "would delete" if args.dry_run else "deleted"
         print(f"{table}: {verb} {count} done rows")
-

@@ -76,6 +76,6 @@ def add_dsn_and_table(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dsn", help="PostgreSQL connection string (env OUTBOX_DSN; else the PG* variables)"
     )
-    parser.add_argument("--table", help="outbox table, optionally SCHEMA.NAME (env OUTBOX_TABLE; default outbox)")
-
-
+    parser.add_argument(
+        "--table", help="outbox table, optionally SCHEMA.NAME (env OUTBOX_TABLE; default outbox)"
+    )

@@ -57,6 +57,7 @@ async def finalize(
     q = queries(table)
     ids = [o.message_id for o in outcomes]
     versions = [o.lease_version for o in outcomes]
+    params: dict[str, object]
     if all(o.status is Status.DONE for o in outcomes):
         statement, params = q.finalize_done, {"ids": ids, "versions": versions}
     else:

@@ -65,7 +65,9 @@ def _ids(rows: list[tuple[Any, ...]]) -> list[int]:
     return sorted(int(row[0]) for row in rows)
 
 
-def _run_sync(conn: psycopg.Connection[Any], statements: list[tuple[sql.Composed, dict[str, Any]]]) -> list[int]:
+def _run_sync(
+    conn: psycopg.Connection[Any], statements: list[tuple[sql.Composed, dict[str, Any]]]
+) -> list[int]:
     rows: list[tuple[Any, ...]] = []
     with conn.cursor() as cur:
         for statement, params in statements:

@@ -50,7 +50,8 @@ def _claim(t: sql.Identifier, ordered: bool) -> sql.Composed:
                      FOR UPDATE SKIP LOCKED)
 ), expired AS (
     SELECT c.id FROM {t} AS c
-     WHERE c.status = 'processing' AND c.lease_until < now() AND c.attempts < %(max_attempts)s::int{head}
+     WHERE c.status = 'processing' AND c.lease_until < now()
+       AND c.attempts < %(max_attempts)s::int{head}
      ORDER BY c.lease_until
      LIMIT %(batch)s::int
        FOR UPDATE OF c SKIP LOCKED

@@ -86,8 +86,7 @@ def _v1(table: Table) -> list[sql.Composed]:
         ).format(i=table.index_name("aggregate"), t=t),
         # The oldest waiting message (the autoscaling signal) and the attempts distribution.
         sql.SQL(
-            "CREATE INDEX IF NOT EXISTS {i} ON {t} (id) "
-            "WHERE status IN ('pending', 'processing')"
+            "CREATE INDEX IF NOT EXISTS {i} ON {t} (id) WHERE status IN ('pending', 'processing')"
         ).format(i=table.index_name("waiting"), t=t),
         # Dead letters: counted and listed newest first without touching done rows.
         sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (id) WHERE status = 'dead'").format(
@@ -117,7 +116,6 @@ $$"""
 # Index i holds the statements that bring a table from version i to version i + 1.
 MIGRATIONS: list[Callable[[Table], list[sql.Composed]]] = [_v1]
 assert len(MIGRATIONS) == SCHEMA_VERSION
-
 
 
 def migration_statements(table: Table, from_version: int = 0) -> list[sql.Composed]:

@@ -35,6 +35,11 @@ class Request:
     answered: float
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # clients that die or time out mid-request are part of the scenarios
+
+
 Behaviour = Callable[[dict[str, Any], int], Reply]  # (body, nth request for this key) -> reply
 
 
@@ -48,7 +53,7 @@ class Sink:
         self.requests: list[Request] = []
         self._seen: dict[str, int] = {}
         self._changed = threading.Condition()
-        self._server = ThreadingHTTPServer((host, 0), self._handler_class())
+        self._server = _QuietServer((host, 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -97,7 +102,7 @@ class Sink:
             body = {"invalid": raw.decode("utf-8", "replace")}
         key = handler.headers.get("Idempotency-Key")
         with self._changed:
-            nth = self._seen[key] = self._seen.get(key or "", 0) + 1
+            nth = self._seen[key or ""] = self._seen.get(key or "", 0) + 1
         reply = self.behaviour(body, nth)
         if reply.delay:
             time.sleep(reply.delay)  # the slow downstream being simulated

@@ -87,7 +87,11 @@ def _query(table: Table, exact: bool) -> sql.Composed:
        (SELECT coalesce(jsonb_object_agg(attempts, n), '{{}}') FROM
           (SELECT attempts, count(*) AS n FROM {t}
             WHERE status IN ('pending', 'processing') GROUP BY attempts) AS a)"""
-    ).format(t=table.ident, rc=table.regclass_literal, done=done.format(t=table.ident, rc=table.regclass_literal))
+    ).format(
+        t=table.ident,
+        rc=table.regclass_literal,
+        done=done.format(t=table.ident, rc=table.regclass_literal),
+    )
 
 
 def _build(table: Table, row: tuple[Any, ...], exact: bool) -> QueueStats:
@@ -112,9 +116,7 @@ def _build(table: Table, row: tuple[Any, ...], exact: bool) -> QueueStats:
     )
 
 
-def queue_stats(
-    conn: psycopg.Connection[Any], table: Table, *, exact: bool = False
-) -> QueueStats:
+def queue_stats(conn: psycopg.Connection[Any], table: Table, *, exact: bool = False) -> QueueStats:
     row = conn.execute(_query(table, exact)).fetchone()
     assert row is not None
     return _build(table, row, exact)

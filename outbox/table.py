@@ -13,7 +13,7 @@ _MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1
 
 
 def _split_name(name: str) -> list[str]:
-    """Split `schema.table` on unquoted dots; double quotes protect dots and are doubled to escape."""
+    """Split `schema.table` on unquoted dots; double quotes protect dots, `""` is a quote."""
     parts: list[str] = []
     current: list[str] = []
     quoted = False

@@ -75,7 +75,9 @@ def dsn(admin_dsn: str, template: str) -> Iterator[str]:
         )
     yield _with_dbname(admin_dsn, name)
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
 
 @pytest.fixture
@@ -86,7 +88,9 @@ def empty_dsn(admin_dsn: str) -> Iterator[str]:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     yield _with_dbname(admin_dsn, name)
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
 
 @pytest.fixture

@@ -12,7 +12,9 @@ import psycopg
 from outbox import Event, enqueue_many
 
 
-def seed(conn: psycopg.Connection[Any], count: int, *, aggregates: int = 1, event_type: str = "Tested") -> list[int]:
+def seed(
+    conn: psycopg.Connection[Any], count: int, *, aggregates: int = 1, event_type: str = "Tested"
+) -> list[int]:
     events = [
         Event("order", f"agg-{i % aggregates}", event_type, {"n": i, "text": "x" * 20})
         for i in range(count)

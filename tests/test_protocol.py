@@ -20,7 +20,13 @@ SHORT = timedelta(milliseconds=300)
 
 async def _claim(aconn, table, owner="A", batch=10, lease=LONG, max_attempts=12, ordered=False):
     return await claim(
-        aconn, table, owner=owner, batch=batch, lease=lease, max_attempts=max_attempts, ordered=ordered
+        aconn,
+        table,
+        owner=owner,
+        batch=batch,
+        lease=lease,
+        max_attempts=max_attempts,
+        ordered=ordered,
     )
 
 
@@ -32,7 +38,9 @@ def _claim_in_process(dsn: str, owner: str, queue, start) -> None:  # type: igno
         got: list[int] = []
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             start.wait()  # all four begin together
-            while batch := await claim(conn, table, owner=owner, batch=7, lease=LONG, max_attempts=5):
+            while batch := await claim(
+                conn, table, owner=owner, batch=7, lease=LONG, max_attempts=5
+            ):
                 got.extend(m.id for m in batch)
         return got
 
@@ -123,7 +131,9 @@ async def test_last_attempt_lease_expiry_reaps_to_dead_and_the_late_finalize_is_
 async def test_defer_refunds_the_attempt(conn, aconn, table):
     [message_id] = seed(conn, 1)
     [m] = await _claim(aconn, table)
-    assert await finalize(aconn, table, [Outcome.defer(m, timedelta(seconds=60), "stock not there")])
+    assert await finalize(
+        aconn, table, [Outcome.defer(m, timedelta(seconds=60), "stock not there")]
+    )
     r = row(conn, message_id)
     assert r["status"] == "pending" and r["attempts"] == 0
     assert r["last_error"] == "deferred: stock not there"
@@ -220,7 +230,9 @@ async def test_a_dead_head_blocks_its_aggregate_only(conn, aconn, table):
 async def test_broken_skip_locked_then_commit_design_double_publishes(conn, dsn):
     """Why the lease exists: row locks vanish at COMMIT, so a second worker takes the same rows."""
     seed(conn, 3)
-    pick = "SELECT id FROM outbox WHERE status = 'pending' ORDER BY id LIMIT 10 FOR UPDATE SKIP LOCKED"
+    pick = (
+        "SELECT id FROM outbox WHERE status = 'pending' ORDER BY id LIMIT 10 FOR UPDATE SKIP LOCKED"
+    )
     with psycopg.connect(dsn) as a, psycopg.connect(dsn) as b:
         with a.transaction():
             taken_by_a = [r[0] for r in a.execute(pick).fetchall()]
@@ -251,7 +263,9 @@ async def test_protocol_works_on_qualified_and_hostile_table_names(empty_dsn, na
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         migrate(c, table)
         c.execute("CREATE TABLE x (id int)")
-        message_id = enqueue(c, aggregate_type="a", aggregate_id="1", event_type="E", payload={}, table=table)
+        message_id = enqueue(
+            c, aggregate_type="a", aggregate_id="1", event_type="E", payload={}, table=table
+        )
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as ac:
         [m] = await _claim(ac, table)
         assert m.id == message_id

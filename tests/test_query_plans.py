@@ -36,7 +36,9 @@ def _prepare(conn: psycopg.Connection[Any], name: str, statement: Any) -> list[s
 
 
 def _plan(conn: psycopg.Connection[Any], name: str, args: list[str], *, generic: bool) -> str:
-    conn.execute(f"SET plan_cache_mode = {'force_generic_plan' if generic else 'force_custom_plan'}")
+    conn.execute(
+        f"SET plan_cache_mode = {'force_generic_plan' if generic else 'force_custom_plan'}"
+    )
     rows = conn.execute(f"EXPLAIN EXECUTE {name}({', '.join(args)})").fetchall()
     return "\n".join(r[0] for r in rows)
 
@@ -44,9 +46,7 @@ def _plan(conn: psycopg.Connection[Any], name: str, args: list[str], *, generic:
 @pytest.fixture
 def half_drained(conn):
     seed(conn, DONE_ROWS + IN_FLIGHT + 50, aggregates=500)
-    conn.execute(
-        "UPDATE outbox SET status = 'done', done_at = now() WHERE id <= %s", (DONE_ROWS,)
-    )
+    conn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id <= %s", (DONE_ROWS,))
     # What many busy workers hold at once.
     conn.execute(
         "UPDATE outbox SET status = 'processing', lease_until = now() + interval '1 minute', "
@@ -97,6 +97,9 @@ def test_batched_statements_probe_the_primary_key(half_drained, table, generic, 
 
 def test_stats_never_scan_the_table(half_drained, table):
     plan = "\n".join(
-        r[0] for r in half_drained.execute("EXPLAIN " + stats_query(table, False).as_string(half_drained))
+        r[0]
+        for r in half_drained.execute(
+            "EXPLAIN " + stats_query(table, False).as_string(half_drained)
+        )
     )
     assert "Seq Scan on outbox" not in plan, plan

@@ -34,7 +34,13 @@ async def test_delivers_everything_over_http_with_the_id_as_idempotency_key(conn
     for request in sink.delivered():
         assert request.key == str(request.body["id"])
         assert request.headers["Content-Type"] == "application/json"
-        assert set(request.body) >= {"id", "aggregate_type", "aggregate_id", "event_type", "payload"}
+        assert set(request.body) >= {
+            "id",
+            "aggregate_type",
+            "aggregate_id",
+            "event_type",
+            "payload",
+        }
     first = next(r for r in sink.delivered() if r.body["id"] == ids[0])
     assert first.body["payload"] == {"n": 0, "text": "x" * 20}
     assert d.metrics.messages.labels("done")._value.get() == 300
@@ -50,8 +56,15 @@ async def test_http_classification_end_to_end(conn, dsn):
         ids[3]: Reply(503),
     }
     with Sink(lambda body, nth: replies[body["id"]]) as sink:
-        async with dispatching(settings(dsn, backoff_base=timedelta(seconds=300), backoff_cap=timedelta(hours=1)), _http(sink)):
-            await wait_until(lambda: _count(conn, "status = 'processing'") == 0 and _count(conn, "attempts > 0") == 4)
+        async with dispatching(
+            settings(dsn, backoff_base=timedelta(seconds=300), backoff_cap=timedelta(hours=1)),
+            _http(sink),
+        ):
+            await wait_until(
+                lambda: (
+                    _count(conn, "status = 'processing'") == 0 and _count(conn, "attempts > 0") == 4
+                )
+            )
     assert row(conn, ids[0])["status"] == "done"
     dead = row(conn, ids[1])
     assert dead["status"] == "dead" and dead["last_error"].startswith("permanent: HTTP 422")
@@ -68,8 +81,15 @@ async def test_unreachable_endpoint_is_retried_not_dead(conn, dsn):
     [message_id] = seed(conn, 1)
     with Sink() as gone:
         url = gone.url
-    async with dispatching(settings(dsn, backoff_base=timedelta(seconds=60)), HttpPublisher(url, owner="t")):
-        await wait_until(lambda: row(conn, message_id)["attempts"] == 1 and row(conn, message_id)["status"] == "pending")
+    async with dispatching(
+        settings(dsn, backoff_base=timedelta(seconds=60)), HttpPublisher(url, owner="t")
+    ):
+        await wait_until(
+            lambda: (
+                row(conn, message_id)["attempts"] == 1
+                and row(conn, message_id)["status"] == "pending"
+            )
+        )
     assert "ClientConnectorError" in row(conn, message_id)["last_error"]
 
 
@@ -104,7 +124,10 @@ async def test_retries_exhausted_goes_dead(conn, dsn):
         await wait_until(lambda: row(conn, message_id)["status"] == "dead")
     r = row(conn, message_id)
     assert r["attempts"] == 3 and len(publisher.calls) == 3
-    assert r["last_error"].startswith("retries exhausted (3)") and "downstream flaky" in r["last_error"]
+    assert (
+        r["last_error"].startswith("retries exhausted (3)")
+        and "downstream flaky" in r["last_error"]
+    )
 
 
 async def test_business_defer_and_permanent_error(conn, dsn):
@@ -116,13 +139,21 @@ async def test_business_defer_and_permanent_error(conn, dsn):
         raise PermanentError("schema mismatch")
 
     async with dispatching(settings(dsn), Scripted(behave)):
-        await wait_until(lambda: _count(conn, "status = 'processing'") == 0 and _count(conn, "status = 'dead'") == 1 and _count(conn, "last_error LIKE 'deferred%'") == 1)
+        await wait_until(
+            lambda: (
+                _count(conn, "status = 'processing'") == 0
+                and _count(conn, "status = 'dead'") == 1
+                and _count(conn, "last_error LIKE 'deferred%'") == 1
+            )
+        )
     d = row(conn, deferred)
     assert (d["status"], d["attempts"]) == ("pending", 0)
     assert row(conn, broken)["last_error"] == "permanent: schema mismatch"
 
 
-async def test_unclassified_exception_leaves_the_row_to_its_lease_and_the_loop_goes_on(conn, dsn, caplog):
+async def test_unclassified_exception_leaves_the_row_to_its_lease_and_the_loop_goes_on(
+    conn, dsn, caplog
+):
     ids = seed(conn, 5)
 
     def behave(m: Message) -> None:
@@ -135,7 +166,10 @@ async def test_unclassified_exception_leaves_the_row_to_its_lease_and_the_loop_g
             assert d.metrics.messages.labels("error")._value.get() == 1
     untouched = row(conn, ids[2])
     assert untouched["status"] == "processing" and untouched["lease_version"] == 1
-    assert any("ZeroDivisionError" in (r.exc_text or "") and str(ids[2]) in r.getMessage() for r in caplog.records)
+    assert any(
+        "ZeroDivisionError" in (r.exc_text or "") and str(ids[2]) in r.getMessage()
+        for r in caplog.records
+    )
 
 
 async def test_lost_lease_is_logged_and_counted_and_never_overwrites(conn, dsn, caplog):
@@ -149,7 +183,11 @@ async def test_lost_lease_is_logged_and_counted_and_never_overwrites(conn, dsn, 
         async with dispatching(settings(dsn), Scripted(behave)) as d:
             await wait_until(lambda: row(conn, message_id)["status"] == "processing")
             # Another worker took the message over (its lease had expired).
-            conn.execute("UPDATE outbox SET lease_version = lease_version + 1, lease_owner = 'other' WHERE id = %s", (message_id,))
+            conn.execute(
+                "UPDATE outbox SET lease_version = lease_version + 1, lease_owner = 'other' "
+                "WHERE id = %s",
+                (message_id,),
+            )
             release.set()
             await wait_until(lambda: d.metrics.lost_leases._value.get() == 1)
     r = row(conn, message_id)
@@ -166,13 +204,19 @@ async def test_heartbeat_keeps_a_slow_publish_from_losing_its_lease(conn, dsn, t
         await release.wait()
 
     lease = timedelta(milliseconds=900)
-    async with dispatching(settings(dsn, lease=lease, publish_timeout=timedelta(seconds=30)), Scripted(behave)):
+    async with dispatching(
+        settings(dsn, lease=lease, publish_timeout=timedelta(seconds=30)), Scripted(behave)
+    ):
         await wait_until(lambda: row(conn, message_id)["status"] == "processing")
         first_expiry = row(conn, message_id)["lease_until"]
-        await wait_until(lambda: row(conn, message_id)["lease_until"] > first_expiry + lease, what="an extension")
+        await wait_until(
+            lambda: row(conn, message_id)["lease_until"] > first_expiry + lease, what="an extension"
+        )
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
             for _ in range(3):  # well past the original lease, nobody can take it
-                assert await claim(other, table, owner="B", batch=5, lease=lease, max_attempts=5) == []
+                assert (
+                    await claim(other, table, owner="B", batch=5, lease=lease, max_attempts=5) == []
+                )
                 await asyncio.sleep(lease.total_seconds() / 2)
         release.set()
         await wait_until(lambda: row(conn, message_id)["status"] == "done")
@@ -182,7 +226,9 @@ async def test_heartbeat_keeps_a_slow_publish_from_losing_its_lease(conn, dsn, t
 async def test_notify_wakes_an_idle_worker_without_waiting_for_the_poll(conn, dsn, sink):
     async with dispatching(settings(dsn, poll_interval=timedelta(minutes=5)), _http(sink)) as d:
         # Idle and listening: the next poll is minutes away.
-        await wait_until(lambda: d.listening and d.metrics.claim_batch._sum.get() == 0 and _claims(d) >= 2)
+        await wait_until(
+            lambda: d.listening and d.metrics.claim_batch._sum.get() == 0 and _claims(d) >= 2
+        )
         claims_before = _claims(d)
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -193,7 +239,11 @@ async def test_notify_wakes_an_idle_worker_without_waiting_for_the_poll(conn, ds
 
 
 def _claims(d) -> int:
-    return int(sum(s.value for s in d.metrics.claim_batch.collect()[0].samples if s.name.endswith("_count")))
+    return int(
+        sum(
+            s.value for s in d.metrics.claim_batch.collect()[0].samples if s.name.endswith("_count")
+        )
+    )
 
 
 async def test_clean_stop_leaves_nothing_processing(conn, dsn):
@@ -210,7 +260,9 @@ async def test_clean_stop_leaves_nothing_processing(conn, dsn):
     async with dispatching(s, publisher) as d:
         await started.wait()
         await wait_until(lambda: _count(conn, "status = 'processing'") >= 20)
-        asyncio.get_running_loop().call_later(0.3, release.set)  # in-flight ones finish within grace
+        asyncio.get_running_loop().call_later(
+            0.3, release.set
+        )  # in-flight ones finish within grace
     assert statuses(conn).get("processing", 0) == 0
     assert _count(conn, "status = 'done'") >= 2
     released = _count(conn, "status = 'pending' AND attempts = 0 AND lease_version > 0")

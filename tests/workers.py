@@ -50,7 +50,9 @@ async def dispatching(settings: WorkerSettings, publisher: Publisher) -> AsyncIt
         await publisher.close()
 
 
-def spawn_worker(dsn: str, *args: str, owner: str, log_path: str | None = None) -> subprocess.Popen[bytes]:
+def spawn_worker(
+    dsn: str, *args: str, owner: str, log_path: str | None = None
+) -> subprocess.Popen[bytes]:
     """A real `outbox-worker` process (python -m worker) with JSON logs to a file."""
     env = {**os.environ, "OUTBOX_DSN": dsn, "OUTBOX_LOG_FORMAT": "json"}
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
@@ -62,7 +64,9 @@ def spawn_worker(dsn: str, *args: str, owner: str, log_path: str | None = None) 
     )
 
 
-def stop_worker(proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGTERM, timeout: float = 60) -> int:
+def stop_worker(
+    proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGTERM, timeout: float = 60
+) -> int:
     if proc.poll() is None:
         proc.send_signal(sig)
     return proc.wait(timeout=timeout)

@@ -41,7 +41,9 @@ def make_publisher(settings: WorkerSettings) -> Publisher:
 async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
     metrics = Metrics()
     publisher = make_publisher(settings)
-    health = HealthServer(metrics, settings.metrics_port) if settings.metrics_port is not None else None
+    health = (
+        HealthServer(metrics, settings.metrics_port) if settings.metrics_port is not None else None
+    )
     if health is not None:
         await health.start()
     await publisher.start()

@@ -33,8 +33,8 @@ from outbox.schema import check_table
 from outbox.settings import redact_dsn
 from worker.backoff import retry_delay
 from worker.metrics import Metrics
-from worker.settings import WorkerSettings
 from worker.publishers.base import Defer, PermanentError, Publisher, RetryableError
+from worker.settings import WorkerSettings
 
 log = logging.getLogger("outbox.worker")
 
@@ -272,7 +272,9 @@ class Dispatcher:
                 error = f"retryable: publish timed out after {s.publish_timeout.total_seconds():g}s"
                 retry_after = None
             if message.attempts >= s.max_attempts:
-                return Outcome.dead(message, f"retries exhausted ({message.attempts}); last {error}")
+                return Outcome.dead(
+                    message, f"retries exhausted ({message.attempts}); last {error}"
+                )
             delay = retry_delay(
                 message.attempts, retry_after=retry_after, base=s.backoff_base, cap=s.backoff_cap
             )
@@ -343,7 +345,9 @@ class Dispatcher:
     async def _extend(self, messages: list[Message]) -> set[int]:
         assert self._pool is not None
         async with self._pool.connection() as conn:
-            return await lease.extend(conn, self.settings.table, messages, lease=self.settings.lease)
+            return await lease.extend(
+                conn, self.settings.table, messages, lease=self.settings.lease
+            )
 
     async def _listen(self) -> None:
         """Wake the claimer on NOTIFY; reconnects by itself. Polling covers any gap."""

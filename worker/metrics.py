@@ -76,7 +76,7 @@ class HealthServer:
         app.router.add_get("/readyz", self._readyz)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "0.0.0.0", self._port)  # noqa: S104 - scraped by Prometheus
+        site = web.TCPSite(self._runner, "0.0.0.0", self._port)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []

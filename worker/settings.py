@@ -203,7 +203,9 @@ def _check(settings: WorkerSettings) -> None:
         if getattr(settings, name) <= timedelta(0):
             raise SettingError(f"--{name.replace('_', '-')}: must be greater than zero")
     if settings.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise SettingError(f"--log-level: {settings.log_level!r} is not DEBUG, INFO, WARNING or ERROR")
+        raise SettingError(
+            f"--log-level: {settings.log_level!r} is not DEBUG, INFO, WARNING or ERROR"
+        )
 
 
 __all__ = ["WorkerSettings", "build_parser", "load_settings"]

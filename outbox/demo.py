@@ -1,0 +1,262 @@
+"""`outbox demo`: the whole system on an embedded PostgreSQL, with faults, and a report.
+
+Enqueues events across many aggregates, starts a local HTTP API that fails some requests and
+is slow on others, runs several `outbox-worker` processes, kills one with SIGKILL midway,
+and reports from the database and the API what was delivered, duplicated (and why), dead
+and lost.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import psycopg
+
+from outbox.embedded import EmbeddedPostgres
+from outbox.models import Event
+from outbox.producer import enqueue_many
+from outbox.schema import migrate
+from outbox.sink import Reply, Request, Sink
+from outbox.table import Table
+
+AGGREGATES = 200
+LEASE_SECONDS = 4
+PUBLISH_TIMEOUT = 1.0
+INVALID_EVENT = "InvalidAddressChanged"  # the API rejects these with 422: they go dead
+
+
+@dataclass(frozen=True)
+class Faults:
+    """What the demo's API does to the first request of a message, chosen by its id."""
+
+    unavailable: float = 0.08  # 503
+    rate_limited: float = 0.03  # 429 with Retry-After: 1
+    too_slow: float = 0.03  # answers 200 after the publish timeout: the worker retries
+    slow: float = 0.05  # answers 200 after 300 ms
+
+    def reply(self, body: dict[str, Any], nth: int) -> Reply:
+        if body.get("event_type") == INVALID_EVENT:
+            return Reply(422)
+        if nth > 1:
+            return Reply(200)
+        roll = (zlib.crc32(str(body.get("id")).encode()) % 10_000) / 10_000
+        for share, reply in (
+            (self.unavailable, Reply(503)),
+            (self.rate_limited, Reply(429, {"Retry-After": "1"})),
+            (self.too_slow, Reply(200, delay=PUBLISH_TIMEOUT * 1.5)),
+            (self.slow, Reply(200, delay=0.3)),
+        ):
+            if roll < share:
+                return reply
+            roll -= share
+        return Reply(200)
+
+
+class Progress:
+    """A one-line progress bar on a terminal; a line every few seconds otherwise."""
+
+    def __init__(self, total: int, stream: TextIO = sys.stdout) -> None:
+        self.total, self.stream = total, stream
+        self.tty = stream.isatty()
+        self._last_line = 0.0
+
+    def show(self, done: int, dead: int, note: str = "") -> None:
+        finished = done + dead
+        width = 30
+        filled = int(width * finished / max(self.total, 1))
+        text = (
+            f"[{'#' * filled}{'.' * (width - filled)}] {finished}/{self.total} "
+            f"(done {done}, dead {dead}) {note}"
+        )
+        if self.tty:
+            self.stream.write("\r" + text.ljust(100))
+            self.stream.flush()
+        elif time.monotonic() - self._last_line > 2 or finished == self.total:
+            self.stream.write(text + "\n")
+            self._last_line = time.monotonic()
+
+    def end(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+
+
+def _worker(dsn: str, url: str, owner: str, log_dir: Path) -> subprocess.Popen[bytes]:
+    log = open(log_dir / f"{owner}.log", "wb")  # noqa: SIM115 - the child keeps it
+    return subprocess.Popen(
+        [sys.executable, "-m", "worker", "--dsn", dsn, "--publisher", "http", "--http-url", url,
+         "--owner", owner, "--lease", f"{LEASE_SECONDS}s", "--publish-timeout",
+         f"{PUBLISH_TIMEOUT:g}s", "--batch", "50", "--concurrency", "32", "--max-attempts", "8",
+         "--backoff-base", "100ms", "--backoff-cap", "2s", "--poll-interval", "250ms",
+         "--log-format", "json"],
+        stdout=log, stderr=log,
+    )  # fmt: skip
+
+
+def _counts(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    rows = conn.execute("SELECT status, count(*) FROM outbox GROUP BY status").fetchall()
+    return {str(status): int(n) for status, n in rows}
+
+
+def _explain_duplicates(
+    requests: list[Request], killed: str | None
+) -> tuple[int, Counter[str], list[int]]:
+    """Every delivery after a message's first, with the reason it happened."""
+    by_id: dict[int, list[Request]] = {}
+    for request in requests:
+        if 200 <= request.status < 300:
+            by_id.setdefault(int(request.body["id"]), []).append(request)
+    reasons: Counter[str] = Counter()
+    unexplained: list[int] = []
+    duplicates = 0
+    for message_id, deliveries in by_id.items():
+        deliveries.sort(key=lambda r: r.received)
+        for earlier in deliveries[:-1]:
+            duplicates += 1
+            if earlier.answered - earlier.received >= PUBLISH_TIMEOUT:
+                reasons["the API answered after the publish timeout, so it was retried"] += 1
+            elif earlier.worker == killed:
+                reasons["sent by the SIGKILLed worker, which died before finalizing"] += 1
+            else:
+                unexplained.append(message_id)
+    return duplicates, reasons, unexplained
+
+
+def run_demo(events: int = 3000, workers: int = 4, keep: bool = False) -> int:
+    print(f"outbox demo: {events} events, {AGGREGATES} aggregates, {workers} worker processes")
+    server = EmbeddedPostgres()
+    server.start()
+    dsn = server.dsn()
+    log_dir = server.data_dir / "logs"
+    log_dir.mkdir()
+    print(f"  PostgreSQL 18 (embedded) at {dsn}")
+    faults = Faults()
+    sink = Sink(faults.reply).start()
+    print(
+        f"  HTTP API at {sink.url}: first tries fail with 503 ({faults.unavailable:.0%}) or 429 "
+        f"({faults.rate_limited:.0%}), answer late ({faults.too_slow:.0%}) or slowly "
+        f"({faults.slow:.0%}); {INVALID_EVENT} is rejected with 422"
+    )
+    procs: list[subprocess.Popen[bytes]] = []
+    killed: str | None = None
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrate(conn, Table.parse("outbox"))
+            batch = [
+                Event(
+                    "customer",
+                    f"customer-{i % AGGREGATES}",
+                    INVALID_EVENT if i % 500 == 499 else "CustomerUpdated",
+                    {"customer": i % AGGREGATES, "version": i // AGGREGATES, "note": "x" * 120},
+                )
+                for i in range(events)
+            ]
+            started = time.monotonic()
+            with conn.transaction():
+                committed = enqueue_many(conn, batch)
+            owners = [f"demo-worker-{n + 1}" for n in range(workers)]
+            procs = [_worker(dsn, sink.url, owner, log_dir) for owner in owners]
+            progress = Progress(events)
+            deadline = time.monotonic() + 300
+            while True:
+                counts = _counts(conn)
+                n_done, n_dead = counts.get("done", 0), counts.get("dead", 0)
+                if killed is None and n_done >= events * 0.4 and workers > 1:
+                    procs[0].send_signal(signal.SIGKILL)
+                    procs[0].wait()
+                    killed = owners[0]
+                note = f"- killed {killed} (SIGKILL)" if killed else ""
+                progress.show(n_done, n_dead, note)
+                if n_done + n_dead == events or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            elapsed = time.monotonic() - started
+            progress.end()
+            codes = [_stop(p) for p in procs]
+            counts = _counts(conn)
+            dead_rows = conn.execute("SELECT id, last_error FROM outbox WHERE status = 'dead'")
+            dead = {int(message_id): str(error) for message_id, error in dead_rows}
+        return _report(committed, sink, counts, dead, killed, elapsed, codes, owners, log_dir)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        sink.stop()
+        if keep:
+            server.detach()
+            print(f"\nPostgreSQL keeps running (pid {server.pid}), data in {server.data_dir}")
+            print(f"  connect:  psql '{dsn}'")
+            print(f"  state:    outbox stats --dsn '{dsn}'")
+            print(f"  stop:     kill -INT {server.pid}")
+        else:
+            server.stop()
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> int | None:
+    if proc.poll() is not None:
+        return proc.returncode
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return None
+
+
+def _lost_leases(log_dir: Path) -> int:
+    count = 0
+    for path in log_dir.glob("*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith("{") and "lost lease" in json.loads(line).get("message", ""):
+                count += 1
+    return count
+
+
+def _report(
+    committed: list[int],
+    sink: Sink,
+    counts: dict[str, int],
+    dead: dict[int, str],
+    killed: str | None,
+    elapsed: float,
+    codes: list[int | None],
+    owners: list[str],
+    log_dir: Path,
+) -> int:
+    requests = list(sink.requests)
+    delivered = {int(r.body["id"]) for r in requests if 200 <= r.status < 300}
+    lost = set(committed) - delivered - set(dead)
+    unexpected = delivered - set(committed)
+    duplicates, reasons, unexplained = _explain_duplicates(requests, killed)
+    failures = Counter(r.status for r in requests if not 200 <= r.status < 300)
+    print("\nReport (from the database and the HTTP API's own records)")
+    rows = [
+        ("events committed", str(len(committed))),
+        ("delivered (unique ids, 2xx)", str(len(delivered))),
+        ("dead", f"{len(dead)}" + "".join(
+            f"\n{'':32}{n} x {e}" for e, n in Counter(dead.values()).most_common())),
+        ("lost", str(len(lost))),
+        ("unexpected ids at the API", str(len(unexpected))),
+        ("requests to the API", f"{len(requests)} (" + ", ".join(
+            f"{n} x HTTP {s}" for s, n in sorted(failures.items())) + " refused)"),
+        ("duplicates", f"{duplicates} (unexplained: {len(unexplained)})"
+         + "".join(f"\n{'':32}{n} x {why}" for why, n in reasons.most_common())),
+        ("lost leases (worker logs)", str(_lost_leases(log_dir))),
+        ("still pending/processing", str(counts.get("pending", 0) + counts.get("processing", 0))),
+        ("worker exits", ", ".join(
+            f"{o}: {'SIGKILL' if o == killed else c}" for o, c in zip(owners, codes, strict=True))),
+        ("throughput", f"{len(delivered) / elapsed:,.0f} messages/s ({elapsed:.1f}s)"),
+    ]  # fmt: skip
+    for name, value in rows:
+        print(f"  {name:<30}{value}")
+    ok = not lost and not unexpected and not unexplained
+    print("\nResult: " + ("OK - nothing lost, every duplicate explained" if ok else "FAILED"))
+    return 0 if ok else 1
