@@ -81,11 +81,6 @@ class WorkerSettings:
                 f"lease {format_duration(self.lease)} is shorter than a database hiccup: "
                 "leases may expire while messages are in flight"
             )
-        if self.batch > 4 * self.concurrency:
-            found.append(
-                f"batch {self.batch} is much larger than concurrency {self.concurrency}: "
-                "claimed messages wait for a publish slot while their lease runs"
-            )
         return found
 
 
