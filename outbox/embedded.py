@@ -75,7 +75,10 @@ class EmbeddedPostgres:
         *,
         port: int | None = None,
         settings: dict[str, str] | None = None,
+        bin_dir: Path | None = None,
     ) -> None:
+        """`bin_dir` runs another installation's server (e.g. Debian's PostgreSQL 15)."""
+        self._bin = bin_dir or _bin_dir()
         self._owns_dir = data_dir is None
         self.data_dir = data_dir or Path(tempfile.mkdtemp(prefix="outbox-pg-"))
         self.port = port or free_port()
@@ -105,7 +108,7 @@ class EmbeddedPostgres:
         if self._user:
             shutil.chown(self.data_dir, self._user)
         subprocess.run(
-            [str(_bin_dir() / "initdb"), "-D", str(self.pgdata), "-U", "postgres",
+            [str(self._bin / "initdb"), "-D", str(self.pgdata), "-U", "postgres",
              "--auth=trust", "--encoding=UTF8", "--no-sync", "--no-instructions"],
             check=True, capture_output=True, user=self._user,
         )  # fmt: skip
@@ -113,7 +116,7 @@ class EmbeddedPostgres:
     def start(self, *, timeout: float = 60.0) -> EmbeddedPostgres:
         self._initdb()
         command = [
-            str(_bin_dir() / "postgres"), "-D", str(self.pgdata), "-p", str(self.port),
+            str(self._bin / "postgres"), "-D", str(self.pgdata), "-p", str(self.port),
             "-h", "127.0.0.1", "-k", str(self.data_dir),
         ]  # fmt: skip
         for name, value in self.settings.items():

@@ -40,9 +40,12 @@ def check_dsn(dsn: str) -> str:
     try:
         conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        # libpq's message can quote the DSN, password included: keep only its first clause.
+        # libpq's message can quote the DSN, password included: keep only its first clause,
+        # and only the quoted fragments that the redacted DSN shows anyway.
         reason = str(exc).split(":")[0].strip() or "cannot be parsed"
-        raise SettingError(f"invalid DSN ({reason}): {redact_dsn(dsn)}") from None
+        safe = redact_dsn(dsn)
+        reason = re.sub(r'"([^"]*)"', lambda m: m[0] if m[1] in safe else '"***"', reason)
+        raise SettingError(f"invalid DSN ({reason}): {safe}") from None
     return dsn
 
 
@@ -51,9 +54,11 @@ def redact_dsn(dsn: str) -> str:
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
-        # Unparseable: show only what cannot hold a secret.
-        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn.split("password")[0]) + (
-            " (password hidden)" if "password" in dsn else ""
+        # Unparseable: show only what cannot hold a secret (any case of the key, any `@` in
+        # a URL's password).
+        head = re.split("password", dsn, maxsplit=1, flags=re.IGNORECASE)[0]
+        return re.sub(r"(://[^:/@]*:).*@", r"\1***@", head) + (
+            " (password hidden)" if head != dsn else ""
         )
     if "password" in params:
         params["password"] = "***"

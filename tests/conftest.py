@@ -1,7 +1,8 @@
 """Fixtures: one real PostgreSQL per test session, a fresh database per test.
 
 The server is the embedded PostgreSQL 18 unless OUTBOX_TEST_DSN names another one (its
-user needs CREATEDB). A template database is migrated once; each test gets a copy of it,
+user needs CREATEDB), or OUTBOX_TEST_PG_BIN names another installation's binaries to start
+(e.g. /usr/lib/postgresql/15/bin). A template database is migrated once; each test gets a copy of it,
 which takes milliseconds (procrastinate's fixtures do the same).
 """
 
@@ -41,7 +42,10 @@ def admin_dsn() -> Iterator[str]:
     if external:
         yield external
         return
-    with EmbeddedPostgres(settings=TEST_SETTINGS) as server:
+    bin_dir = os.environ.get("OUTBOX_TEST_PG_BIN")
+    with EmbeddedPostgres(
+        settings=TEST_SETTINGS, bin_dir=Path(bin_dir) if bin_dir else None
+    ) as server:
         yield server.dsn()
 
 
