@@ -154,7 +154,7 @@ def run_demo(events: int = 3000, workers: int = 4, keep: bool = False) -> int:
                 Event(
                     "customer",
                     f"customer-{i % AGGREGATES}",
-                    INVALID_EVENT if i % 500 == 499 else "CustomerUpdated",
+                    INVALID_EVENT if i % 500 == 250 else "CustomerUpdated",
                     {"customer": i % AGGREGATES, "version": i // AGGREGATES, "note": "x" * 120},
                 )
                 for i in range(events)

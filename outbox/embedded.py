@@ -59,11 +59,16 @@ def _service_user() -> str | None:
         for name in files:
             path = Path(root, name)
             path.chmod(path.stat().st_mode | 0o044 | (0o011 if path.stat().st_mode & 0o100 else 0))
-    path = _install_dir()
-    while path != path.parent:
-        path.chmod(path.stat().st_mode | 0o011)  # traversable prefix
-        path = path.parent
+    _make_traversable(_install_dir())
     return SERVICE_USER
+
+
+def _make_traversable(path: Path) -> None:
+    """Let the unprivileged server user pass through every directory above `path`."""
+    for directory in (path, *path.parents):
+        mode = directory.stat().st_mode
+        if mode & 0o001 == 0:
+            directory.chmod(mode | 0o011)
 
 
 class EmbeddedPostgres:
@@ -104,14 +109,18 @@ class EmbeddedPostgres:
     def _initdb(self) -> None:
         if (self.pgdata / "PG_VERSION").exists():
             return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir.chmod(0o755)
         if self._user:
             shutil.chown(self.data_dir, self._user)
-        subprocess.run(
+            _make_traversable(self.data_dir.parent)
+        result = subprocess.run(
             [str(self._bin / "initdb"), "-D", str(self.pgdata), "-U", "postgres",
              "--auth=trust", "--encoding=UTF8", "--no-sync", "--no-instructions"],
-            check=True, capture_output=True, user=self._user,
+            capture_output=True, text=True, user=self._user,
         )  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(f"initdb failed: {result.stderr.strip() or result.stdout.strip()}")
 
     def start(self, *, timeout: float = 60.0) -> EmbeddedPostgres:
         self._initdb()

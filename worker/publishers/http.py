@@ -25,6 +25,7 @@ from worker.publishers.envelope import envelope
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
 _BODY_SNIPPET = 300
+_MAX_RETRY_AFTER_SECONDS = 10**9  # ~31 years
 
 
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> timedelta | None:
@@ -32,8 +33,10 @@ def parse_retry_after(value: str | None, *, now: datetime | None = None) -> time
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
-        return timedelta(seconds=int(value))
+    if value.isascii() and value.isdigit():
+        # An absurd hint must not overflow timedelta; the caller caps the delay anyway.
+        seconds = int(value) if len(value) <= 12 else _MAX_RETRY_AFTER_SECONDS
+        return timedelta(seconds=min(seconds, _MAX_RETRY_AFTER_SECONDS))
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError):

@@ -1,0 +1,66 @@
+"""The demo and the log publisher, run as a user would run them."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+from helpers import seed, wait_until
+from workers import stop_worker
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_delivers_everything_and_explains_every_duplicate():
+    result = subprocess.run(
+        [sys.executable, "-m", "outbox", "demo", "--events", "400", "--workers", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert re.search(r"events committed\s+400\b", out)
+    assert re.search(r"lost\s+0\b", out)
+    assert re.search(r"unexpected ids at the API\s+0\b", out)
+    assert "unexplained: 0" in out
+    delivered = int(re.search(r"delivered \(unique ids, 2xx\)\s+(\d+)", out).group(1))
+    dead = int(re.search(r"^\s+dead\s+(\d+)", out, re.MULTILINE).group(1))
+    assert delivered + dead == 400 and dead >= 1  # the 422 event type goes dead
+    assert "demo-worker-1: SIGKILL" in out
+    assert "Result: OK" in out
+
+
+async def test_log_publisher_writes_one_json_line_per_message(conn, dsn):
+    ids = seed(conn, 5)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "worker",
+            "--dsn",
+            dsn,
+            "--publisher",
+            "log",
+            "--log-format",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        await wait_until(
+            lambda: (
+                conn.execute("SELECT count(*) FROM outbox WHERE status = 'done'").fetchone()[0] == 5
+            )
+        )
+    finally:
+        assert stop_worker(proc, signal.SIGTERM) == 0
+    lines = [json.loads(line) for line in proc.stdout.read().decode().splitlines()]
+    assert [line["id"] for line in lines] == ids
+    assert lines[0]["payload"] == {"n": 0, "text": "x" * 20}
+    assert {"aggregate_type", "aggregate_id", "event_type", "created_at"} <= set(lines[0])
