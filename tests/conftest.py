@@ -2,8 +2,8 @@
 
 The server is the embedded PostgreSQL 18 unless OUTBOX_TEST_DSN names another one (its
 user needs CREATEDB), or OUTBOX_TEST_PG_BIN names another installation's binaries to start
-(e.g. /usr/lib/postgresql/15/bin). A template database is migrated once; each test gets a copy of it,
-which takes milliseconds (procrastinate's fixtures do the same).
+(e.g. /usr/lib/postgresql/15/bin). A template database is migrated once; each test gets a
+copy of it, which takes milliseconds (procrastinate's fixtures do the same).
 """
 
 from __future__ import annotations
