@@ -1,0 +1,599 @@
+"""The real console scripts as subprocesses: `outbox` (migrate, stats, purge), `outbox-worker`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psycopg
+import pytest
+from helpers import seed
+from workers import stop_worker
+
+from outbox.embedded import free_port
+from outbox.schema import REQUIRED_COLUMNS, migrate
+from outbox.table import Table
+
+# A clean environment: no OUTBOX_* or PG* variable of the caller's may change what is tested.
+BASE_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
+UNREACHABLE = "postgresql://u:s3cret@127.0.0.1:1/db"
+
+EXPECTED_TYPES = {
+    "id": "bigint",
+    "aggregate_type": "text",
+    "aggregate_id": "text",
+    "event_type": "text",
+    "payload": "jsonb",
+    "created_at": "timestamp with time zone",
+    "status": "text",
+    "available_at": "timestamp with time zone",
+    "attempts": "integer",
+    "lease_owner": "text",
+    "lease_until": "timestamp with time zone",
+    "lease_version": "bigint",
+    "last_error": "text",
+    "done_at": "timestamp with time zone",
+}
+NULLABLE = {"lease_owner", "lease_until", "last_error", "done_at"}
+INDEX_SUFFIXES = ("ready", "leased", "aggregate", "waiting", "dead")
+
+
+def run(
+    module: str, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**BASE_ENV, **(env or {})},
+    )
+
+
+def outbox(*args: str, **kwargs) -> subprocess.CompletedProcess[str]:
+    return run("outbox", *args, **kwargs)
+
+
+def one_line(text: str) -> str:
+    lines = text.splitlines()
+    assert len(lines) == 1, f"expected one line, got {len(lines)}: {text!r}"
+    assert text.endswith("\n")
+    return lines[0]
+
+
+def columns(conn: psycopg.Connection, regclass: str) -> list[tuple[str, str, bool]]:
+    return [
+        (str(name), str(type_), bool(not_null))
+        for name, type_, not_null in conn.execute(
+            "SELECT attname, format_type(atttypid, atttypmod), attnotnull FROM pg_attribute "
+            "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            (regclass,),
+        ).fetchall()
+    ]
+
+
+def indexes(conn: psycopg.Connection, regclass: str) -> set[str]:
+    return {
+        str(r[0])
+        for r in conn.execute(
+            "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE i.indrelid = %s::regclass",
+            (regclass,),
+        ).fetchall()
+    }
+
+
+def notify_triggers(conn: psycopg.Connection, regclass: str) -> list[tuple[str, str]]:
+    """(trigger name, function name) of the table's AFTER INSERT triggers."""
+    return [
+        (str(name), str(func))
+        for name, func in conn.execute(
+            "SELECT t.tgname, p.proname FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid "
+            "WHERE t.tgrelid = %s::regclass AND NOT t.tgisinternal",
+            (regclass,),
+        ).fetchall()
+    ]
+
+
+def comment(conn: psycopg.Connection, regclass: str) -> str | None:
+    row = conn.execute("SELECT obj_description(%s::regclass, 'pg_class')", (regclass,)).fetchone()
+    return row[0] if row else None
+
+
+# -- migrate ---------------------------------------------------------------------------------
+
+
+def test_migrate_creates_the_contract_table_and_is_idempotent(empty_dsn):
+    first = outbox("migrate", "--dsn", empty_dsn)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == "outbox: migrated from v0 to v1\n"
+    assert first.stderr == ""
+
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        cols = columns(conn, "outbox")
+        assert [c[0] for c in cols] == list(REQUIRED_COLUMNS)
+        assert {name: type_ for name, type_, _ in cols} == EXPECTED_TYPES
+        assert {name for name, _, not_null in cols if not not_null} == NULLABLE
+        identity = conn.execute(
+            "SELECT attidentity FROM pg_attribute WHERE attrelid = 'outbox'::regclass "
+            "AND attname = 'id'"
+        ).fetchone()
+        assert identity == ("a",)  # GENERATED ALWAYS
+        assert indexes(conn, "outbox") == {"outbox_pkey"} | {
+            f"outbox_{suffix}" for suffix in INDEX_SUFFIXES
+        }
+        assert notify_triggers(conn, "outbox") == [("outbox_notify", "outbox_notify")]
+        assert comment(conn, "outbox") == "outbox-dispatcher schema v1"
+        # The status CHECK constraint is part of the contract too.
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, status) "
+                "VALUES ('a', '1', 'E', '{}', 'lost')"
+            )
+
+    again = outbox("migrate", "--dsn", empty_dsn)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "outbox: already at schema v1\n"
+
+
+def test_migrate_reads_dsn_and_table_from_the_environment(empty_dsn):
+    result = outbox("migrate", env={"OUTBOX_DSN": empty_dsn, "OUTBOX_TABLE": "from_env"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "from_env: migrated from v0 to v1\n"
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert comment(conn, "from_env") == "outbox-dispatcher schema v1"
+        assert conn.execute("SELECT to_regclass('outbox')").fetchone() == (None,)
+
+
+def test_migrate_a_schema_qualified_table(empty_dsn):
+    result = outbox("migrate", "--dsn", empty_dsn, "--table", "app.events")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "app.events: migrated from v0 to v1\n"
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert [c[0] for c in columns(conn, "app.events")] == list(REQUIRED_COLUMNS)
+        assert conn.execute("SELECT to_regclass('public.events')").fetchone() == (None,)
+        index_schemas = conn.execute(
+            "SELECT DISTINCT schemaname FROM pg_indexes WHERE tablename = 'events'"
+        ).fetchall()
+        assert index_schemas == [("app",)]
+        assert indexes(conn, "app.events") == {"events_pkey"} | {
+            f"events_{suffix}" for suffix in INDEX_SUFFIXES
+        }
+        assert notify_triggers(conn, "app.events") == [("events_notify", "events_notify")]
+        # The trigger announces inserts on the table's own channel.
+        conn.execute('LISTEN "outbox:app.events"')
+        conn.execute(
+            "INSERT INTO app.events (aggregate_type, aggregate_id, event_type, payload) "
+            "VALUES ('a', '1', 'E', '{}')"
+        )
+        received = list(conn.notifies(timeout=5, stop_after=1))
+        assert [n.channel for n in received] == ["outbox:app.events"]
+
+    again = outbox("migrate", "--dsn", empty_dsn, "--table", "app.events")
+    assert again.stdout == "app.events: already at schema v1\n"
+    stats = outbox("stats", "--json", "--exact", "--dsn", empty_dsn, "--table", "app.events")
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["pending"] == 1
+
+
+def test_migrate_print_shows_quoted_sql_and_touches_no_database(empty_dsn):
+    # The DSN points nowhere: printing must not try to connect.
+    result = outbox("migrate", "--print", "--table", "x", "--dsn", UNREACHABLE, timeout=10)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    sql_text = result.stdout
+    assert 'CREATE TABLE IF NOT EXISTS "x" (' in sql_text
+    for suffix in INDEX_SUFFIXES:
+        assert f'CREATE INDEX IF NOT EXISTS "x_{suffix}" ON "x"' in sql_text
+    assert 'CREATE OR REPLACE FUNCTION "x_notify"()' in sql_text
+    assert "EXECUTE FUNCTION \"x_notify\"('outbox:x')" in sql_text
+    assert "COMMENT ON TABLE \"x\" IS 'outbox-dispatcher schema v1'" in sql_text
+
+    # The printed SQL is the migration: applied by hand, `outbox migrate` finds v1.
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(sql_text.encode())
+        assert comment(conn, "x") == "outbox-dispatcher schema v1"
+    again = outbox("migrate", "--dsn", empty_dsn, "--table", "x")
+    assert again.stdout == "x: already at schema v1\n"
+
+
+def test_migrate_print_quotes_awkward_names():
+    result = outbox("migrate", "--print", "--table", '"my schema"."we""ird"')
+    assert result.returncode == 0, result.stderr
+    assert 'CREATE SCHEMA IF NOT EXISTS "my schema"' in result.stdout
+    assert 'CREATE TABLE IF NOT EXISTS "my schema"."we""ird" (' in result.stdout
+    assert 'CREATE INDEX IF NOT EXISTS "we""ird_ready" ON "my schema"."we""ird"' in result.stdout
+
+
+def test_migrate_refuses_a_newer_schema_version(empty_dsn):
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, Table.parse("outbox"))
+        conn.execute("COMMENT ON TABLE outbox IS 'outbox-dispatcher schema v99'")
+    result = outbox("migrate", "--dsn", empty_dsn)
+    assert result.returncode != 0
+    assert result.stdout == ""
+    line = one_line(result.stderr)
+    assert line.startswith("outbox: error: table outbox is at schema v99")
+    assert "upgrade outbox-dispatcher" in line
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert comment(conn, "outbox") == "outbox-dispatcher schema v99"
+
+
+def test_migrate_refuses_a_table_of_the_wrong_shape(empty_dsn):
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE outbox (id int)")
+    result = outbox("migrate", "--dsn", empty_dsn)
+    assert result.returncode != 0
+    line = one_line(result.stderr)
+    assert "table outbox exists but is not an outbox table" in line
+    missing = line.split("missing columns: ", 1)[1].rstrip(")").split(", ")
+    assert missing == [c for c in REQUIRED_COLUMNS if c != "id"]
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        # Left exactly as it was.
+        assert columns(conn, "outbox") == [("id", "integer", False)]
+        assert indexes(conn, "outbox") == set()
+        assert comment(conn, "outbox") is None
+
+
+def test_migrate_adopts_a_hand_made_table_of_the_right_shape(empty_dsn):
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(
+            """CREATE TABLE outbox (
+                id bigserial PRIMARY KEY, tenant text, aggregate_type text NOT NULL,
+                aggregate_id text NOT NULL, event_type text NOT NULL, payload jsonb NOT NULL,
+                created_at timestamptz NOT NULL DEFAULT now(),
+                status text NOT NULL DEFAULT 'pending',
+                available_at timestamptz NOT NULL DEFAULT now(),
+                attempts integer NOT NULL DEFAULT 0, lease_owner text, lease_until timestamptz,
+                lease_version bigint NOT NULL DEFAULT 0, last_error text, done_at timestamptz)"""
+        )
+        conn.execute(
+            "INSERT INTO outbox (tenant, aggregate_type, aggregate_id, event_type, payload) "
+            "VALUES ('t1', 'a', '1', 'E', '{}')"
+        )
+    result = outbox("migrate", "--dsn", empty_dsn)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "outbox: migrated from v0 to v1\n"
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert comment(conn, "outbox") == "outbox-dispatcher schema v1"
+        assert {f"outbox_{s}" for s in INDEX_SUFFIXES} <= indexes(conn, "outbox")
+        assert notify_triggers(conn, "outbox") == [("outbox_notify", "outbox_notify")]
+        # The extra column and the existing row are kept.
+        assert conn.execute("SELECT tenant FROM outbox").fetchall() == [("t1",)]
+
+
+# -- stats -----------------------------------------------------------------------------------
+
+
+def _shape_queue(conn: psycopg.Connection) -> list[int]:
+    """10 rows: 2 ready, 1 waiting, 2 leased (1 expired), 1 dead, 4 done."""
+    ids = seed(conn, 10)
+    conn.execute("UPDATE outbox SET created_at = now() - interval '90 seconds', "
+                 "available_at = now() - interval '30 seconds' WHERE id = %s",
+                 (ids[0],))  # fmt: skip
+    conn.execute("UPDATE outbox SET available_at = now() + interval '1 hour', attempts = 2 "
+                 "WHERE id = %s", (ids[2],))  # fmt: skip
+    conn.execute("UPDATE outbox SET status = 'processing', attempts = 1, lease_owner = 'w', "
+                 "lease_until = now() + interval '1 minute' WHERE id = %s", (ids[3],))  # fmt: skip
+    conn.execute("UPDATE outbox SET status = 'processing', attempts = 1, lease_owner = 'w', "
+                 "lease_until = now() - interval '1 minute' WHERE id = %s", (ids[4],))  # fmt: skip
+    conn.execute("UPDATE outbox SET status = 'dead', attempts = 12 WHERE id = %s", (ids[5],))
+    conn.execute("UPDATE outbox SET status = 'done', done_at = now(), attempts = 1 "
+                 "WHERE id = ANY(%s)", (ids[6:],))  # fmt: skip
+    return ids
+
+
+def test_stats_json_reports_the_queue_state(conn, dsn):
+    ids = _shape_queue(conn)
+    result = outbox("stats", "--json", "--dsn", dsn)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(one_line(result.stdout))
+    assert data["table"] == "outbox"
+    assert data["pending"] == 3
+    assert data["ready"] == 2
+    assert data["processing"] == 2
+    assert data["expired_leases"] == 1
+    assert data["dead"] == 1
+    assert data["backlog"] == 5
+    assert data["max_id"] == max(ids)
+    assert data["attempts"] == {"0": 2, "1": 2, "2": 1}
+    assert data["done_is_estimate"] is True
+    assert isinstance(data["oldest_pending_age"], float)
+    assert isinstance(data["oldest_ready_age"], float)
+    assert data["oldest_pending_age"] == pytest.approx(90, abs=10)
+    assert data["oldest_ready_age"] == pytest.approx(30, abs=10)
+    assert "T" in data["sampled_at"]
+
+    exact = outbox("stats", "--json", "--exact", "--dsn", dsn)
+    assert exact.returncode == 0, exact.stderr
+    exact_data = json.loads(exact.stdout)
+    assert exact_data["done"] == 4
+    assert exact_data["done_is_estimate"] is False
+
+
+def test_stats_human_output_names_every_figure(conn, dsn):
+    _shape_queue(conn)
+    result = outbox("stats", "--exact", "--dsn", dsn)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for key in ("table", "pending", "processing", "done", "dead", "oldest pending age",
+                "oldest ready age", "highest id", "attempts"):  # fmt: skip
+        assert any(line.startswith(key) for line in out.splitlines()), (key, out)
+    assert "3 (2 ready)" in out
+    assert "2 (1 with expired lease)" in out
+    assert "0: 2, 1: 2, 2: 1" in out
+
+
+def test_stats_on_a_database_without_the_table(empty_dsn):
+    result = outbox("stats", "--dsn", empty_dsn)
+    assert result.returncode == 1
+    assert "outbox migrate" in one_line(result.stderr)
+
+
+# -- purge -----------------------------------------------------------------------------------
+
+
+def _done_rows(conn: psycopg.Connection, old: int, recent: int) -> None:
+    """`old` done rows finished 8 days ago, `recent` 6 days ago, plus undone old rows."""
+    ids = seed(conn, old + recent + 3)
+    conn.execute("UPDATE outbox SET status = 'done', done_at = now() - interval '8 days' "
+                 "WHERE id = ANY(%s)", (ids[:old],))  # fmt: skip
+    conn.execute("UPDATE outbox SET status = 'done', done_at = now() - interval '6 days' "
+                 "WHERE id = ANY(%s)", (ids[old : old + recent],))  # fmt: skip
+    # Old, but not done: never purged.
+    conn.execute("UPDATE outbox SET status = 'dead', created_at = now() - interval '30 days' "
+                 "WHERE id = %s", (ids[-1],))  # fmt: skip
+    conn.execute("UPDATE outbox SET created_at = now() - interval '30 days' WHERE id = %s",
+                 (ids[-2],))  # fmt: skip
+
+
+def _by_status(conn: psycopg.Connection) -> dict[str, int]:
+    return dict(conn.execute("SELECT status, count(*) FROM outbox GROUP BY status").fetchall())
+
+
+def test_purge_dry_run_counts_and_deletes_nothing(conn, dsn):
+    _done_rows(conn, old=4, recent=2)
+    result = outbox("purge", "--older-than", "7d", "--dry-run", "--dsn", dsn)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "outbox: would delete 4 done rows\n"
+    assert _by_status(conn) == {"done": 6, "pending": 2, "dead": 1}
+
+
+def test_purge_deletes_only_old_done_rows(conn, dsn):
+    _done_rows(conn, old=4, recent=2)
+    result = outbox("purge", "--older-than", "7d", "--dsn", dsn)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "outbox: deleted 4 done rows\n"
+    assert _by_status(conn) == {"done": 2, "pending": 2, "dead": 1}
+    oldest_done = conn.execute(
+        "SELECT min(done_at) > now() - interval '7 days' FROM outbox WHERE status = 'done'"
+    ).fetchone()
+    assert oldest_done == (True,)
+    again = outbox("purge", "--older-than", "7d", "--dsn", dsn)
+    assert again.stdout == "outbox: deleted 0 done rows\n"
+
+
+@pytest.mark.parametrize("old", [5, 4])  # a last partial batch, and batches that divide evenly
+def test_purge_in_small_batches_deletes_everything_due(conn, dsn, old):
+    _done_rows(conn, old=old, recent=1)
+    result = outbox("purge", "--older-than", "7d", "--batch", "2", "--dsn", dsn)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"outbox: deleted {old} done rows\n"
+    assert _by_status(conn) == {"done": 1, "pending": 2, "dead": 1}
+
+
+def test_purge_retention_from_hours(conn, dsn):
+    _done_rows(conn, old=2, recent=3)
+    # Everything done more than 5 days ago goes: the 8- and the 6-day-old rows.
+    result = outbox("purge", "--older-than", "120h", "--dsn", dsn)
+    assert result.stdout == "outbox: deleted 5 done rows\n"
+
+
+# -- usage errors ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["purge", "--older-than", "5x", "--dsn", "host=x"], {}, "--older-than"),
+        (["purge", "--older-than", "7d", "--batch", "0", "--dsn", "host=x"], {}, "--batch"),
+        (["purge", "--dsn", "host=x"], {}, "--older-than"),  # required
+        (["stats", "--bogus"], {}, "--bogus"),
+        (["stats", "--table", 'a"b', "--dsn", "host=x"], {}, "--table"),
+        (["stats", "--table", "a.b.c", "--dsn", "host=x"], {}, "--table"),
+        (["stats"], {"OUTBOX_TABLE": '"open'}, "OUTBOX_TABLE"),
+        (["stats", "--dsn", "host=x port"], {}, "--dsn"),
+        (["stats"], {"OUTBOX_DSN": "host=x port"}, "OUTBOX_DSN"),
+        (["migrate", "--print", "--table", 'a"b'], {}, "--table"),
+        (["frobnicate"], {}, "frobnicate"),
+        ([], {}, "COMMAND"),
+    ],
+)
+def test_outbox_usage_errors_exit_2_with_one_line(args, env, named):
+    result = outbox(*args, env=env, timeout=20)
+    assert result.returncode == 2, result
+    assert result.stdout == ""
+    line = one_line(result.stderr)
+    assert line.startswith("outbox: error: ")
+    assert named in line
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--lease", "5x"], {}, "--lease"),
+        (["--batch", "0"], {}, "--batch"),
+        ([], {"OUTBOX_BATCH": "abc"}, "OUTBOX_BATCH"),
+        (["--publisher", "http"], {}, "--http-url"),
+        (["--http-url", "ftp://x"], {}, "--http-url"),
+        (["--ordering", "sideways"], {}, "--ordering"),
+        (["--bogus"], {}, "--bogus"),
+        (["--table", 'a"b'], {}, "--table"),
+        (["--dsn", "host=x port"], {}, "--dsn"),
+    ],
+)
+def test_worker_usage_errors_exit_2_with_one_line(args, env, named):
+    result = run("worker", *args, env=env, timeout=20)
+    assert result.returncode == 2, result
+    assert result.stdout == ""
+    line = one_line(result.stderr)
+    assert line.startswith("outbox-worker: error: ")
+    assert named in line
+
+
+def test_the_console_scripts_are_installed():
+    bin_dir = Path(sys.executable).parent
+    for script in ("outbox", "outbox-worker"):
+        result = subprocess.run(
+            [str(bin_dir / script), "--bogus-flag"], capture_output=True, text=True,
+            timeout=20, env=BASE_ENV,
+        )  # fmt: skip
+        assert result.returncode == 2
+        assert one_line(result.stderr).startswith(f"{script}: error: ")
+
+
+# -- secrets ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["stats"], ["migrate"], ["purge", "--older-than", "7d"]])
+def test_unreachable_server_fails_fast_without_leaking_the_password(command):
+    started = time.monotonic()
+    result = outbox(*command, "--dsn", UNREACHABLE, timeout=20)
+    assert time.monotonic() - started < 10
+    assert result.returncode not in (0, 2)
+    assert "s3cret" not in result.stdout + result.stderr
+    line = one_line(result.stderr)
+    assert line.startswith("outbox: error: cannot connect to ")
+    assert "password=***" in line
+
+
+def test_password_in_a_malformed_dsn_is_not_echoed():
+    for dsn in ("postgresql://u:my s3cret@h/db", "host=h password=my s3cret"):
+        result = outbox("stats", "--dsn", dsn, timeout=20)
+        assert result.returncode == 2
+        assert "s3cret" not in result.stderr
+        assert "--dsn" in one_line(result.stderr)
+
+
+# -- the worker process ----------------------------------------------------------------------
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], port: int, log: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"worker exited with {proc.returncode}: {log.read_text()}")
+        try:
+            if _get(port, "/readyz")[0] == 200:
+                return
+        except OSError:
+            pass  # not listening yet
+        if time.monotonic() > deadline:
+            raise AssertionError(f"worker not ready after {timeout}s: {log.read_text()}")
+        time.sleep(0.05)
+
+
+def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "worker", *args],
+            env={**BASE_ENV, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _json_lines(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def test_worker_serves_health_and_metrics_and_never_logs_the_password(dsn, conn, tmp_path):
+    secret = "s3cret-worker-pw"
+    port = free_port()
+    log = tmp_path / "worker.log"
+    seed(conn, 3)
+    proc = _spawn(
+        ["--publisher", "null", "--log-format", "json", "--metrics-port", str(port),
+         "--poll-interval", "200ms"],
+        env={"OUTBOX_DSN": f"{dsn} password={secret}"},  # trust auth ignores it
+        log=log,
+    )  # fmt: skip
+    try:
+        _wait_ready(proc, port, log)
+        assert _get(port, "/healthz") == (200, "ok\n")
+        # The worker dispatches the seeded rows with the null publisher.
+        deadline = time.monotonic() + 20
+        while conn.execute("SELECT count(*) FROM outbox WHERE status = 'done'").fetchone()[0] < 3:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        status, metrics = _get(port, "/metrics")
+        assert status == 200
+        for name in ("outbox_messages_total", "outbox_lost_leases_total",
+                     "outbox_publish_duration_seconds", "outbox_claim_batch_size",
+                     "outbox_in_flight_messages"):  # fmt: skip
+            assert name in metrics, name
+        assert 'outbox_messages_total{outcome="done"} 3.0' in metrics
+    finally:
+        code = stop_worker(proc, signal.SIGTERM, timeout=30)
+    assert code == 0, log.read_text()
+    text = log.read_text()
+    assert secret not in text
+    entries = _json_lines(log)  # every line is JSON
+    started = [e for e in entries if "dispatching" in e["message"]]
+    assert len(started) == 1
+    assert "password=***" in started[0]["message"]
+    assert any("SIGTERM" in e["message"] for e in entries)
+
+
+def test_worker_warns_about_a_publish_timeout_close_to_the_lease(dsn, tmp_path):
+    port = free_port()
+    log = tmp_path / "worker.log"
+    proc = _spawn(
+        ["--publisher", "null", "--log-format", "json", "--metrics-port", str(port),
+         "--publish-timeout", "50s", "--lease", "60s"],
+        env={"OUTBOX_DSN": dsn},
+        log=log,
+    )  # fmt: skip
+    try:
+        _wait_ready(proc, port, log)
+        assert proc.poll() is None  # warned, not refused
+    finally:
+        code = stop_worker(proc, signal.SIGTERM, timeout=30)
+    assert code == 0, log.read_text()
+    warnings = [e for e in _json_lines(log) if e["level"] == "warning"]
+    assert len(warnings) == 1, warnings
+    assert "publish timeout 50s" in warnings[0]["message"]
+    assert "lease 1m" in warnings[0]["message"]
+
+
+def test_worker_without_the_table_exits_2_and_points_to_migrate(empty_dsn):
+    result = run("worker", "--dsn", empty_dsn, "--publisher", "null", timeout=30)
+    assert result.returncode == 2, result
+    line = one_line(result.stderr)
+    assert line.startswith("outbox-worker: error: ")
+    assert "outbox migrate" in line
+
+
+def test_worker_refuses_a_table_at_another_schema_version(empty_dsn):
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, Table.parse("outbox"))
+        conn.execute("COMMENT ON TABLE outbox IS 'outbox-dispatcher schema v99'")
+    result = run("worker", "--dsn", empty_dsn, "--publisher", "null", timeout=30)
+    assert result.returncode == 2, result
+    line = one_line(result.stderr)
+    assert "v99" in line and "outbox migrate" in line

@@ -1,0 +1,148 @@
+"""Response classification, Retry-After parsing and retry backoff."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+import pytest
+
+from worker.backoff import full_jitter, retry_delay
+from worker.publishers.base import PermanentError, RetryableError
+from worker.publishers.http import classify, parse_retry_after
+
+NOW = datetime(2025, 3, 14, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("status", [200, 201, 202, 204, 299])
+def test_2xx_is_success(status):
+    assert classify(status, None, b"ignored") is None
+
+
+@pytest.mark.parametrize("status", [408, 425, 429, 500, 502, 503, 504, 599])
+def test_retryable_statuses(status):
+    with pytest.raises(RetryableError, match=f"HTTP {status}") as info:
+        classify(status, None, b"")
+    assert info.value.retry_after is None
+
+
+def test_retry_after_in_seconds_is_carried_on_the_error():
+    with pytest.raises(RetryableError) as info:
+        classify(429, "7", b"slow down")
+    assert info.value.retry_after == timedelta(seconds=7)
+    assert str(info.value) == "HTTP 429: slow down"
+
+
+def test_retry_after_as_http_date_is_carried_on_the_error():
+    when = datetime.now(UTC) + timedelta(seconds=120)
+    with pytest.raises(RetryableError) as info:
+        classify(503, format_datetime(when, usegmt=True), b"")
+    assert info.value.retry_after is not None
+    # The date has one-second resolution and some time passes before parsing.
+    assert timedelta(seconds=115) <= info.value.retry_after <= timedelta(seconds=120)
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 409, 410, 422])
+def test_other_4xx_are_permanent(status):
+    with pytest.raises(PermanentError, match=f"^HTTP {status}"):
+        classify(status, "5", b"")
+
+
+@pytest.mark.parametrize("status", [100, 301, 302, 304, 307])
+def test_1xx_and_redirects_are_permanent(status):
+    with pytest.raises(PermanentError, match=f"HTTP {status}"):
+        classify(status, None, b"")
+
+
+def test_error_reason_holds_a_bounded_body_snippet():
+    with pytest.raises(PermanentError) as info:
+        classify(422, None, b'{"error": "amount must be positive"}' + b"x" * 5000)
+    reason = str(info.value)
+    assert reason.startswith('HTTP 422: {"error": "amount must be positive"}')
+    assert len(reason) < 400
+
+
+def test_undecodable_body_does_not_break_classification():
+    with pytest.raises(RetryableError, match="HTTP 500"):
+        classify(500, None, b"\xff\xfe\x00 broken")
+
+
+# -- Retry-After -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("0", timedelta(0)),
+        ("120", timedelta(seconds=120)),
+        (" 30 ", timedelta(seconds=30)),
+        ("Fri, 14 Mar 2025 12:01:30 GMT", timedelta(seconds=90)),
+        ("Fri, 14 Mar 2025 11:00:00 GMT", timedelta(0)),  # in the past: now
+        ("Fri, 14 Mar 2025 13:00:00 +0100", timedelta(0)),  # the same instant as NOW
+    ],
+)
+def test_parse_retry_after(value, expected):
+    assert parse_retry_after(value, now=NOW) == expected
+
+
+@pytest.mark.parametrize("value", [None, "", "soon", "-5", "1.5", "Fri, 32 Mar 2025 12:00:00 GMT"])
+def test_unreadable_retry_after_is_none(value):
+    assert parse_retry_after(value, now=NOW) is None
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999", "1" * 5000])
+def test_absurd_retry_after_is_a_long_delay_not_a_crash(value):
+    # A downstream's header must not make classification raise something unclassified.
+    delay = parse_retry_after(value, now=NOW)
+    assert delay is not None and delay > timedelta(days=365)
+    with pytest.raises(RetryableError):
+        classify(503, value, b"")
+    # The worker caps it like any other hint.
+    cap = timedelta(minutes=5)
+    assert retry_delay(3, retry_after=delay, base=timedelta(seconds=1), cap=cap) == cap
+
+
+def test_non_ascii_digits_are_not_seconds():
+    assert parse_retry_after("\u00b2", now=NOW) is None  # "²".isdigit() is True
+
+
+# -- backoff ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("attempt", "base", "cap"),
+    [
+        (0, timedelta(seconds=1), timedelta(minutes=5)),
+        (3, timedelta(seconds=1), timedelta(minutes=5)),
+        (6, timedelta(milliseconds=100), timedelta(seconds=2)),  # capped: 6.4s > 2s
+        (200, timedelta(seconds=1), timedelta(minutes=5)),  # huge attempt: no overflow
+    ],
+)
+def test_full_jitter_stays_within_bounds_and_spreads(attempt, base, cap):
+    rng = random.Random(1234)
+    ceiling = min(cap.total_seconds(), base.total_seconds() * 2.0 ** min(attempt, 62))
+    draws = [full_jitter(attempt, base=base, cap=cap, rng=rng).total_seconds() for _ in range(2000)]
+    assert all(0 <= d <= ceiling for d in draws)
+    assert len(set(draws)) > 1900  # not constant
+    # Spread over the whole range, not bunched at one end.
+    assert min(draws) < ceiling * 0.05
+    assert max(draws) > ceiling * 0.95
+    assert ceiling * 0.4 < sum(draws) / len(draws) < ceiling * 0.6
+
+
+def test_full_jitter_without_rng_uses_the_module_random():
+    draws = {
+        full_jitter(2, base=timedelta(seconds=1), cap=timedelta(seconds=10)) for _ in range(50)
+    }
+    assert len(draws) > 1
+    assert all(timedelta(0) <= d <= timedelta(seconds=4) for d in draws)
+
+
+def test_retry_delay_honours_retry_after_bounded_by_cap():
+    base, cap = timedelta(seconds=1), timedelta(seconds=30)
+    assert retry_delay(1, retry_after=timedelta(seconds=7), base=base, cap=cap) == timedelta(
+        seconds=7
+    )
+    assert retry_delay(1, retry_after=timedelta(hours=1), base=base, cap=cap) == cap
+    assert retry_delay(1, retry_after=None, base=base, cap=cap) <= timedelta(seconds=2)
