@@ -126,8 +126,8 @@ def test_load_settings_reads_every_outbox_variable():
     assert s.dsn == "host=db.example dbname=orders"
     assert s.table == Table("app", "events")
     assert s.publisher == "http"
-    assert s.http_url == "https://api.example/events"
-    assert s.http_headers == (("Authorization", "Bearer t0k"), ("X-Tenant", "acme"))
+    assert s.publisher_options["http_url"] == "https://api.example/events"
+    assert s.publisher_options["http_header"] == (("Authorization", "Bearer t0k"), ("X-Tenant", "acme"))
     assert s.lease == timedelta(minutes=2)
     assert s.batch == 25
     assert s.concurrency == 8
@@ -163,7 +163,7 @@ def test_flags_override_env():
     assert s.lease == timedelta(seconds=45)
     assert s.batch == 9
     assert s.table == Table(None, "other")
-    assert s.http_headers == (("X-A", "1"),)
+    assert s.publisher_options["http_header"] == (("X-A", "1"),)
     # Everything not given as a flag still comes from the environment.
     assert s.concurrency == 8
     assert s.publisher == "http"

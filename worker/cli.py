@@ -15,32 +15,26 @@ from worker import logs
 from worker.dispatcher import Dispatcher
 from worker.metrics import HealthServer, Metrics
 from worker.publishers.base import Publisher
-from worker.publishers.http import HttpPublisher
-from worker.publishers.log import LogPublisher
-from worker.publishers.null import NullPublisher
+from worker.publishers.registry import PublisherContext, load_publisher
 from worker.settings import WorkerSettings, load_settings
 
 log = logging.getLogger("outbox.worker")
 PROG = "outbox-worker"
 
 
-def make_publisher(settings: WorkerSettings) -> Publisher:
-    if settings.publisher == "http":
-        assert settings.http_url is not None
-        return HttpPublisher(
-            settings.http_url,
-            owner=settings.owner,
-            headers=dict(settings.http_headers),
-            max_connections=settings.concurrency,
-        )
-    if settings.publisher == "null":
-        return NullPublisher()
-    return LogPublisher()
+def make_publisher(settings: WorkerSettings, metrics: Metrics) -> Publisher:
+    context = PublisherContext(
+        owner=settings.owner,
+        concurrency=settings.concurrency,
+        publish_timeout=settings.publish_timeout.total_seconds(),
+        count_broker_duplicate=metrics.broker_duplicates.inc,
+    )
+    return load_publisher(settings.publisher).create(dict(settings.publisher_options), context)
 
 
 async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
     metrics = Metrics()
-    publisher = make_publisher(settings)
+    publisher = make_publisher(settings, metrics)
     health = (
         HealthServer(metrics, settings.metrics_port) if settings.metrics_port is not None else None
     )

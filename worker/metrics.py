@@ -54,6 +54,11 @@ class Metrics:
             "outbox_in_flight_messages", "Messages claimed by this worker and not finalized yet",
             registry=r,
         )  # fmt: skip
+        self.broker_duplicates = Counter(
+            "outbox_broker_duplicates",
+            "Publishes the broker acknowledged as duplicates and dropped (de-duplication at work)",
+            registry=r,
+        )
         self.db_errors = Counter(
             "outbox_database_errors", "Failed database operations", ["operation"], registry=r
         )

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
-import urllib.parse
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
-from outbox.cliutil import ArgumentParser, add_dsn_and_table, port, positive_int, resolve
+from outbox.cliutil import (
+    ArgumentParser,
+    add_dsn_and_table,
+    env_name,
+    port,
+    positive_int,
+    resolve,
+)
 from outbox.settings import SettingError, check_dsn, format_duration, parse_duration
 from outbox.table import Table
+from worker.publishers.registry import PublisherFactory, load_publisher
 
-PUBLISHERS = ("http", "log", "null")
+# Built-in publishers whose options every `--help` lists; a plugin's appear once selected.
+BUILTIN_PUBLISHERS = ("http", "log", "null")
 ORDERINGS = ("none", "aggregate")
 
 
@@ -28,11 +39,10 @@ class WorkerSettings:
     table: Table = field(default_factory=lambda: Table.parse("outbox"))
     """The outbox table, optionally schema-qualified."""
     publisher: str = "log"
-    """Where messages go: http, log (JSON lines on stdout) or null (discard)."""
-    http_url: str | None = None
-    """The URL the http publisher POSTs to."""
-    http_headers: tuple[tuple[str, str], ...] = ()
-    """Extra request headers for the http publisher (e.g. Authorization); never logged."""
+    """Where messages go: a registered publisher name (http, log, null, or a plugin's) or a
+    `package.module:Class` path."""
+    publisher_options: Mapping[str, Any] = field(default_factory=dict)
+    """The selected publisher's own settings, by option name (e.g. `http_url`)."""
     lease: timedelta = timedelta(seconds=60)
     """How long a claim owns a message before others may take it over."""
     batch: int = 100
@@ -90,46 +100,27 @@ def _ordering(text: str) -> str:
     return text
 
 
-def _publisher(text: str) -> str:
-    if text not in PUBLISHERS:
-        raise ValueError(f"{text!r} is not one of {', '.join(PUBLISHERS)}")
-    return text
-
-
-def _url(text: str) -> str:
-    parts = urllib.parse.urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{text!r} is not an http:// or https:// URL")
-    return text
-
-
-def _header(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition(":")
-    if not sep or not name.strip():
-        raise ValueError("expected 'Name: value'")
-    return name.strip(), value.strip()
-
-
 def _log_format(text: str) -> str:
     if text not in ("auto", "json", "text"):
         raise ValueError(f"{text!r} is not one of auto, json, text")
     return text
 
 
-def build_parser() -> ArgumentParser:
+def build_parser(publishers: Sequence[type[PublisherFactory]] = ()) -> ArgumentParser:
+    """The worker's flags, plus a group of options for each publisher given."""
     parser = ArgumentParser(
         prog="outbox-worker",
         description="Deliver outbox rows to HTTP APIs or brokers, safely with many replicas. "
         "Every flag can also be set with an OUTBOX_* environment variable "
-        "(--publish-timeout = OUTBOX_PUBLISH_TIMEOUT). Durations: 250ms, 60s, 5m.",
+        "(--publish-timeout = OUTBOX_PUBLISH_TIMEOUT). Durations: 250ms, 60s, 5m. "
+        "`--publisher NAME --help` shows that publisher's options.",
     )
     add_dsn_and_table(parser)
-    parser.add_argument("--publisher", help=f"one of {', '.join(PUBLISHERS)} (default log)")
-    parser.add_argument("--http-url", help="URL the http publisher POSTs to")
     parser.add_argument(
-        "--http-header", action="append", metavar="'NAME: VALUE'",
-        help="extra header for the http publisher, repeatable (env: one per line)",
-    )  # fmt: skip
+        "--publisher",
+        help=f"{', '.join(BUILTIN_PUBLISHERS)}, a plugin's name, or package.module:Class "
+        "(default log)",
+    )
     parser.add_argument("--lease", help="lease length (default 60s)")
     parser.add_argument("--batch", help="most messages per claim (default 100)")
     parser.add_argument("--concurrency", help="most publishes in flight (default 32)")
@@ -145,7 +136,67 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--max-defer-age", help="deferred this long after creation: dead (1d)")
     parser.add_argument("--log-format", help="auto (default), json or text")
     parser.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
+    for factory in publishers:
+        if factory.options:
+            group = parser.add_argument_group(f"{factory.name} publisher options")
+            for option in factory.options:
+                group.add_argument(
+                    option.flag,
+                    action="append" if option.repeatable else "store",
+                    help=option.help + (" (repeatable)" if option.repeatable else ""),
+                )
     return parser
+
+
+def _selected_publisher(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, bool]:
+    """(--publisher value, given explicitly) read ahead of the full parse."""
+    probe = argparse.ArgumentParser(add_help=False)
+    probe.add_argument("--publisher")
+    known, _ = probe.parse_known_args(argv)
+    if known.publisher:
+        return str(known.publisher), True
+    if env.get("OUTBOX_PUBLISHER"):
+        return env["OUTBOX_PUBLISHER"], True
+    return "log", False
+
+
+def _publishers_to_offer(
+    chosen: type[PublisherFactory], explicit: bool, argv: Sequence[str]
+) -> list[type[PublisherFactory]]:
+    """`--publisher X --help` shows X's options only; otherwise every built-in's too."""
+    if explicit and ("-h" in argv or "--help" in argv):
+        return [chosen]
+    offered = [load_publisher(name) for name in BUILTIN_PUBLISHERS]
+    return offered if chosen in offered else [*offered, chosen]
+
+
+def _publisher_options(
+    factory: type[PublisherFactory],
+    args: argparse.Namespace,
+    env: Mapping[str, str],
+    *,
+    check_required: bool = True,
+) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for option in factory.options:
+        if option.repeatable:
+            raw, source = getattr(args, option.dest), option.flag
+            if raw is None and env.get(env_name(option.flag)):
+                raw, source = env[env_name(option.flag)].splitlines(), env_name(option.flag)
+            try:
+                values[option.dest] = tuple(option.convert(item) for item in raw or ())
+            except ValueError as exc:
+                raise SettingError(f"{source}: {exc}") from None
+            missing = not values[option.dest]
+        else:
+            values[option.dest] = resolve(args, option.flag, option.convert, option.default, env)
+            missing = values[option.dest] is None
+        if check_required and option.required and missing:
+            raise SettingError(
+                f"{option.flag} (or {env_name(option.flag)}) is required with "
+                f"--publisher {factory.name}"
+            )
+    return values
 
 
 def load_settings(
@@ -153,24 +204,24 @@ def load_settings(
 ) -> WorkerSettings:
     """Parse flags and environment; raises SettingError naming the bad setting."""
     env = os.environ if env is None else env
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    selected, explicit = _selected_publisher(argv, env)
+    factory = load_publisher(selected)
+    offered = _publishers_to_offer(factory, explicit, argv)
+    args = build_parser(offered).parse_args(argv)
+    for other in offered:
+        if other is not factory:  # flags given for another publisher must still make sense
+            _publisher_options(other, args, {}, check_required=False)
     defaults = WorkerSettings(dsn="")
 
     def get(flag: str, convert, default):  # type: ignore[no-untyped-def]
         return resolve(args, flag, convert, default, env)
 
-    if args.http_header is None and env.get("OUTBOX_HTTP_HEADER"):
-        args.http_header = env["OUTBOX_HTTP_HEADER"].splitlines()
-    try:
-        headers = tuple(_header(h) for h in args.http_header or ())
-    except ValueError as exc:
-        raise SettingError(f"--http-header: {exc}") from None
     settings = WorkerSettings(
         dsn=get("--dsn", check_dsn, ""),
         table=get("--table", Table.parse, defaults.table),
-        publisher=get("--publisher", _publisher, defaults.publisher),
-        http_url=get("--http-url", _url, None),
-        http_headers=headers,
+        publisher=selected,
+        publisher_options=_publisher_options(factory, args, env),
         lease=get("--lease", parse_duration, defaults.lease),
         batch=get("--batch", positive_int, defaults.batch),
         concurrency=get("--concurrency", positive_int, defaults.concurrency),
@@ -192,8 +243,6 @@ def load_settings(
 
 
 def _check(settings: WorkerSettings) -> None:
-    if settings.publisher == "http" and not settings.http_url:
-        raise SettingError("--http-url (or OUTBOX_HTTP_URL) is required with --publisher http")
     for name in ("lease", "publish_timeout", "poll_interval"):
         if getattr(settings, name) <= timedelta(0):
             raise SettingError(f"--{name.replace('_', '-')}: must be greater than zero")

@@ -14,14 +14,17 @@ Timeouts are applied by the dispatch loop around every publish and are retryable
 
 from __future__ import annotations
 
+import urllib.parse
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
+from typing import Any
 
 import aiohttp
 
 from outbox.models import Message
 from worker.publishers.base import PermanentError, RetryableError
 from worker.publishers.envelope import envelope
+from worker.publishers.registry import Option, PublisherContext
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
 _BODY_SNIPPET = 300
@@ -57,8 +60,41 @@ def classify(status: int, retry_after: str | None, body: bytes) -> None:
     raise PermanentError(reason)
 
 
+def _url(text: str) -> str:
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{text!r} is not an http:// or https:// URL")
+    return text
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise ValueError("expected 'Name: value'")
+    return name.strip(), value.strip()
+
+
 class HttpPublisher:
     name = "http"
+    options = (
+        Option("--http-url", "URL the http publisher POSTs to", convert=_url, required=True),
+        Option(
+            "--http-header",
+            "extra request header 'Name: value', e.g. Authorization; never logged",
+            convert=_header,
+            repeatable=True,
+            secret=True,
+        ),
+    )
+
+    @classmethod
+    def create(cls, values: dict[str, Any], context: PublisherContext) -> HttpPublisher:
+        return cls(
+            values["http_url"],
+            owner=context.owner,
+            headers=dict(values.get("http_header") or ()),
+            max_connections=context.concurrency,
+        )
 
     def __init__(
         self,

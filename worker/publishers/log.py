@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 from outbox.models import Message
 from worker.publishers.envelope import envelope
+from worker.publishers.registry import Option, PublisherContext
 
 
 class LogPublisher:
     name = "log"
+    options: tuple[Option, ...] = ()
+
+    @classmethod
+    def create(cls, values: dict[str, Any], context: PublisherContext) -> LogPublisher:
+        return cls()
 
     def __init__(self, stream: TextIO | None = None) -> None:
         self._stream = stream or sys.stdout

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from outbox.models import Message
+from worker.publishers.registry import Option, PublisherContext
 
 
 class NullPublisher:
     name = "null"
+    options: tuple[Option, ...] = ()
+
+    @classmethod
+    def create(cls, values: dict[str, Any], context: PublisherContext) -> NullPublisher:
+        return cls()
 
     async def start(self) -> None:
         pass

@@ -1,0 +1,101 @@
+"""Finding publishers by name: built-ins and third-party plugins alike.
+
+A publisher is found by its name in the `outbox.publishers` entry-point group (the built-ins
+register there too, see pyproject.toml), or by a dotted path `package.module:Class`. Each
+publisher class declares its own options; they become `--flags` backed by `OUTBOX_*`
+variables, and `outbox-worker --publisher NAME --help` lists them.
+
+A third-party publisher is a class like this one, registered in its own package with
+`[project.entry-points."outbox.publishers"] sqs = "outbox_sqs:SqsPublisher"`::
+
+    class SqsPublisher:
+        name = "sqs"
+        options = (Option("--sqs-queue-url", "queue to send to", required=True),)
+
+        @classmethod
+        def create(cls, values: dict[str, Any], context: PublisherContext) -> "SqsPublisher":
+            return cls(values["sqs_queue_url"])
+
+        async def start(self) -> None: ...
+        async def publish(self, message: Message) -> None: ...  # raise RetryableError, ...
+        async def close(self) -> None: ...
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, ClassVar, Protocol
+
+from outbox.settings import SettingError
+from worker.publishers.base import Publisher
+
+ENTRY_POINT_GROUP = "outbox.publishers"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One publisher setting: `--flag`, or the `OUTBOX_FLAG` variable."""
+
+    flag: str
+    help: str
+    convert: Callable[[str], Any] = str
+    default: Any = None
+    required: bool = False
+    repeatable: bool = False  # flag given several times; in the variable, one value per line
+    secret: bool = False  # never echoed back in errors
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class PublisherContext:
+    """What every publisher may need from the worker's own settings."""
+
+    owner: str
+    concurrency: int
+    publish_timeout: float  # seconds
+    # A broker told us it dropped a message as a duplicate (e.g. a JetStream PubAck with
+    # duplicate=true): counted in outbox_broker_duplicates_total.
+    count_broker_duplicate: Callable[[], None] = lambda: None
+
+
+class PublisherFactory(Protocol):
+    name: ClassVar[str]
+    options: ClassVar[tuple[Option, ...]]
+
+    @classmethod
+    def create(cls, values: dict[str, Any], context: PublisherContext) -> Publisher: ...
+
+
+def builtin_names() -> list[str]:
+    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
+def load_publisher(name: str) -> type[PublisherFactory]:
+    """The publisher class for a registered name or a `package.module:Class` path."""
+    if ":" in name:
+        module_name, _, attribute = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError) as exc:
+            raise SettingError(f"--publisher: cannot load {name!r}: {exc}") from None
+    else:
+        found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+        if not found:
+            known = ", ".join(builtin_names())
+            raise SettingError(
+                f"--publisher: unknown publisher {name!r} (known: {known}; or package.module:Class)"
+            )
+        try:
+            factory = found[0].load()
+        except ImportError as exc:
+            raise SettingError(f"--publisher: {name!r} cannot be loaded: {exc}") from None
+    for attribute in ("name", "options", "create"):
+        if not hasattr(factory, attribute):
+            raise SettingError(f"--publisher: {name!r} is not a publisher (no {attribute!r})")
+    return factory  # type: ignore[no-any-return]
