@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         log.warning("settings: %s", warning)
     try:
         asyncio.run(_main(settings))
-    except SchemaError as exc:
+    except (SchemaError, SettingError) as exc:  # SettingError: a publisher's create() refused
         fail(PROG, str(exc), USAGE_ERROR)
     except OSError as exc:  # e.g. the metrics port is taken
         fail(PROG, str(exc), 1)

@@ -1,0 +1,507 @@
+"""Publishes each message to NATS JetStream and waits for the stream's acknowledgement (PubAck).
+
+The subject comes from a template (default `outbox.{aggregate_type}.{event_type}`); every
+substituted value is made a single valid subject token (whitespace, control characters,
+`.`, `*` and `>` become `_`). The body is the JSON envelope; the header `Nats-Msg-Id` is the
+outbox id, the same on every retry, so the stream's duplicate window drops a message it
+already stored: the PubAck then says `duplicate` and the worker counts it in
+`outbox_broker_duplicates_total`. Headers `Outbox-Event-Type`, `Outbox-Aggregate-Type` and
+`Outbox-Aggregate-Id` carry the unsanitized values.
+
+The connection is made in the background and kept up forever (`max_reconnect_attempts=-1`):
+a worker starts, and keeps running, while NATS is unreachable. A publish while not connected
+fails at once as retryable, so rows back off and are delivered once the server is back.
+
+| what happened                                                               | class     |
+|-----------------------------------------------------------------------------|-----------|
+| PubAck received; with `duplicate` true the stream dropped it as a duplicate | success   |
+| no responders: no stream bound to the subject (`NoStreamResponseError`)     | dead (1)  |
+| JetStream API 404, e.g. stream not found (`NotFoundError`)                  | dead (1)  |
+| server -ERR "permissions violation for publish to" the subject              | dead (1)  |
+| server -ERR "permissions violation for subscription to" the PubAck inbox    | dead (1)  |
+| the reply is not a PubAck: a plain NATS responder answered, not a stream    | dead (1)  |
+| JetStream API 503 (`ServiceUnavailableError`) or 500 (`ServerError`)        | retryable |
+| any other JetStream API error, e.g. 400 message over the `max_msg_size`     | dead      |
+| no PubAck in time (`nats.errors.TimeoutError`) (2)                          | retryable |
+| not connected: connecting, reconnecting, closed, no servers                 | retryable |
+| `ConnectionClosedError`, `NoServersError`, `StaleConnectionError`           | retryable |
+| `SlowConsumerError`, `OutboundBufferLimitError`, `ConnectionDrainingError`  | retryable |
+| socket errors (`OSError`) and any other `nats.errors.Error`                 | retryable |
+| body over the server's `max_payload` (`MaxPayloadError`)                    | dead      |
+| invalid subject or header (`BadSubjectError`, `BadHeaderError`)             | dead      |
+
+(1) `--nats-no-stream retry` makes these retryable instead: for a stream or a permission
+that will be added later. (2) Also what a connection lost mid-request, or PubAcks dropped by a
+slow consumer, look like. Authentication failures (wrong password, bad credentials) happen
+while connecting: publishes fail as retryable "not connected", and the cause is logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import re
+import ssl
+import string
+import urllib.parse
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+from nats.js.errors import (
+    APIError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServerError,
+    ServiceUnavailableError,
+)
+
+from outbox.models import Message
+from outbox.settings import SettingError
+from worker.publishers.base import PermanentError, RetryableError
+from worker.publishers.envelope import envelope
+from worker.publishers.registry import Option, PublisherContext
+
+log = logging.getLogger("outbox.worker")
+
+DEFAULT_URL = "nats://127.0.0.1:4222"
+DEFAULT_SUBJECT = "outbox.{aggregate_type}.{event_type}"
+PLACEHOLDERS = ("aggregate_type", "aggregate_id", "event_type")
+SCHEMES = ("nats", "tls", "ws", "wss")
+NO_STREAM_POLICIES = ("dead", "retry")
+RECONNECT_WAIT = 2.0  # seconds between attempts on one server (the client's default)
+CONNECT_TIMEOUT = 2.0  # one TCP + handshake attempt; also how long start() waits for it
+
+# Anything that cannot stand inside one subject token: whitespace and control characters
+# break the protocol line, `.` separates tokens, `*` and `>` are wildcards.
+_NOT_IN_TOKEN = re.compile(r"[\s\x00-\x1f\x7f.*>]")
+_VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]*)"')
+
+
+# -- subjects ----------------------------------------------------------------------------------
+
+
+def subject_token(value: str) -> str:
+    """`value` as one valid subject token: forbidden characters become `_`, never empty."""
+    return _NOT_IN_TOKEN.sub("_", value) or "_"
+
+
+def render_subject(template: str, message: Message) -> str:
+    return template.format(
+        aggregate_type=subject_token(message.aggregate_type),
+        aggregate_id=subject_token(message.aggregate_id),
+        event_type=subject_token(message.event_type),
+    )
+
+
+def subject_template(text: str) -> str:
+    """Check a subject template: known placeholders only, and a valid subject around them."""
+    try:
+        fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(text)]
+    except ValueError as exc:
+        raise ValueError(f"{text!r} is not a template: {exc}") from None
+    for name, spec, conversion in fields:
+        if name is None:
+            continue
+        if name not in PLACEHOLDERS or spec or conversion:
+            known = ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
+            raise ValueError(f"{text!r}: unknown placeholder {{{name}}} (use {known})")
+    sample = text.format(**dict.fromkeys(PLACEHOLDERS, "x"))
+    for token in sample.split("."):
+        if not token:
+            raise ValueError(f"{text!r}: empty subject token (leading, trailing or double dot)")
+        if token != subject_token(token):
+            raise ValueError(f"{text!r}: no whitespace, control characters, * or > allowed")
+    return text
+
+
+# -- settings ----------------------------------------------------------------------------------
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password (or a token given as user) replaced by `***`, safe to log."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, has_password, _ = userinfo.partition(":")
+    # nats://TOKEN@host carries a token in the user part: hide it as well.
+    safe = f"{user}:***" if has_password else "***"
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{safe}@{host}"))
+
+
+def server_urls(text: str) -> tuple[str, ...]:
+    """One or more comma-separated server URLs, e.g. `nats://a:4222,nats://b:4222`."""
+    urls = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not urls:
+        raise ValueError("no server URL given")
+    for url in urls:
+        try:
+            parts = urllib.parse.urlsplit(url)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError:
+            raise ValueError(f"{redact_url(url)!r} is not a URL") from None
+        if parts.scheme not in SCHEMES:
+            raise ValueError(
+                f"{redact_url(url)!r}: scheme {parts.scheme or '(none)'!r} is not one of "
+                + ", ".join(f"{s}://" for s in SCHEMES)
+            )
+        if not parts.hostname:
+            raise ValueError(f"{redact_url(url)!r} has no host")
+    return urls
+
+
+def readable_file(text: str) -> str:
+    if not Path(text).is_file():
+        raise ValueError(f"{text!r} is not a file")
+    return text
+
+
+def creds_file(text: str) -> str:
+    readable_file(text)
+    # nats-py signs the server's nonce with nkeys, an optional dependency of nats-py.
+    if importlib.util.find_spec("nkeys") is None:
+        raise ValueError("credentials files need the nkeys package (pip install nkeys)")
+    return text
+
+
+def no_stream_policy(text: str) -> str:
+    if text not in NO_STREAM_POLICIES:
+        raise ValueError(f"{text!r} is not one of {', '.join(NO_STREAM_POLICIES)}")
+    return text
+
+
+def _refuse_key_password() -> str:
+    # Without this, OpenSSL would prompt on the terminal for an encrypted key's passphrase.
+    raise ValueError("encrypted private keys are not supported")
+
+
+def tls_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """A client TLS context verifying the server (against `ca`, else the system's CAs)."""
+    if ca is None and cert is None and key is None:
+        return None  # tls:// URLs still get the client's default context
+    if key is not None and cert is None:
+        raise SettingError("--nats-tls-key: needs --nats-tls-cert")
+    try:
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    except (ssl.SSLError, OSError) as exc:
+        raise SettingError(f"--nats-tls-ca: cannot load {ca!r}: {exc}") from None
+    if cert is not None:
+        try:
+            context.load_cert_chain(cert, key, password=_refuse_key_password)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            raise SettingError(f"--nats-tls-cert: cannot load {cert!r}: {exc}") from None
+    return context
+
+
+# -- classification ----------------------------------------------------------------------------
+
+
+def _no_stream(reason: str, policy: str) -> PermanentError | RetryableError:
+    return RetryableError(reason) if policy == "retry" else PermanentError(reason)
+
+
+def classify(exc: Exception, subject: str, no_stream: str = "dead") -> Exception:
+    """The failure class (see the table above) for an exception from publishing to `subject`;
+    an exception of no known kind is returned as it is: a bug for the loop to report."""
+    if isinstance(exc, NoStreamResponseError | nats.errors.NoRespondersError):
+        return _no_stream(f"no stream bound to subject {subject!r} (no responders)", no_stream)
+    if isinstance(exc, ValueError | TypeError):
+        # json.loads or PubAck(**reply) failed: whatever answered is not a JetStream stream.
+        return _no_stream(
+            f"subject {subject!r} was answered by a plain NATS responder, not a stream ({exc})",
+            no_stream,
+        )
+    if isinstance(exc, NotFoundError):
+        return _no_stream(f"stream not found for subject {subject!r}: {exc.description}", no_stream)
+    if isinstance(exc, ServiceUnavailableError | ServerError):
+        return RetryableError(f"JetStream unavailable ({exc.code}): {exc.description}")
+    if isinstance(exc, APIError):
+        return PermanentError(
+            f"JetStream refused the message ({exc.code}, err_code {exc.err_code}): "
+            f"{exc.description}"
+        )
+    if isinstance(exc, nats.errors.TimeoutError):
+        return RetryableError(f"no PubAck for subject {subject!r} in time")
+    if isinstance(
+        exc, nats.errors.MaxPayloadError | nats.errors.BadSubjectError | nats.errors.BadHeaderError
+    ):
+        return PermanentError(f"{exc} (subject {subject!r})")
+    if isinstance(exc, nats.errors.Error | OSError):
+        # Connection states (closed, reconnecting, draining, no servers, stale, outbound buffer
+        # full, slow consumer) and socket errors: all pass once the connection is back.
+        return RetryableError(str(exc) or type(exc).__name__)
+    return exc
+
+
+# -- the publisher -----------------------------------------------------------------------------
+
+
+class NatsPublisher:
+    name = "nats"
+    options = (
+        Option(
+            "--nats-url",
+            f"NATS server URL, nats:// tls:// ws:// or wss://; several separated by commas "
+            f"(default {DEFAULT_URL})",
+            convert=server_urls,
+            repeatable=True,
+        ),
+        Option(
+            "--nats-subject",
+            "subject template; placeholders {aggregate_type}, {aggregate_id}, {event_type} "
+            f"(default {DEFAULT_SUBJECT})",
+            convert=subject_template,
+            default=DEFAULT_SUBJECT,
+        ),
+        Option("--nats-creds", "NATS credentials file (JWT + nkey seed)", convert=creds_file),
+        Option("--nats-user", "NATS user name; never logged", secret=True),
+        Option("--nats-password", "NATS password; never logged", secret=True),
+        Option("--nats-token", "NATS authentication token; never logged", secret=True),
+        Option(
+            "--nats-tls-ca", "CA certificate(s) to verify the server, PEM", convert=readable_file
+        ),
+        Option("--nats-tls-cert", "client certificate for mutual TLS, PEM", convert=readable_file),
+        Option("--nats-tls-key", "client certificate's private key, PEM", convert=readable_file),
+        Option(
+            "--nats-no-stream",
+            "no stream for the subject, or permission denied: dead (default) or retry",
+            convert=no_stream_policy,
+            default="dead",
+        ),
+    )
+
+    @classmethod
+    def create(cls, values: dict[str, Any], context: PublisherContext) -> NatsPublisher:
+        servers = [url for urls in values.get("nats_url") or () for url in urls] or [DEFAULT_URL]
+        websocket = {urllib.parse.urlsplit(url).scheme in ("ws", "wss") for url in servers}
+        if len(websocket) > 1:
+            raise SettingError("--nats-url: ws:// and wss:// URLs cannot be mixed with others")
+        user, password = values.get("nats_user"), values.get("nats_password")
+        if (user is None) != (password is None):
+            raise SettingError("--nats-user and --nats-password: give both or neither")
+        methods = [values.get("nats_creds"), user, values.get("nats_token")]
+        if sum(method is not None for method in methods) > 1:
+            raise SettingError(
+                "--nats-creds, --nats-user/--nats-password and --nats-token: give only one"
+            )
+        auth: dict[str, str] = {}
+        if values.get("nats_creds") is not None:
+            auth["user_credentials"] = values["nats_creds"]
+        if user is not None and password is not None:
+            auth.update(user=user, password=password)
+        if values.get("nats_token") is not None:
+            auth["token"] = values["nats_token"]
+        return cls(
+            servers,
+            subject=values.get("nats_subject") or DEFAULT_SUBJECT,
+            no_stream=values.get("nats_no_stream") or "dead",
+            # Our own deadline fires just before the loop's, so a lost PubAck is reported as
+            # such rather than as a generic publish timeout.
+            ack_timeout=context.publish_timeout * 0.9,
+            name=context.owner,
+            on_duplicate=context.count_broker_duplicate,
+            tls=tls_context(
+                values.get("nats_tls_ca"), values.get("nats_tls_cert"), values.get("nats_tls_key")
+            ),
+            auth=auth,
+        )
+
+    def __init__(
+        self,
+        servers: Sequence[str] = (DEFAULT_URL,),
+        *,
+        subject: str = DEFAULT_SUBJECT,
+        no_stream: str = "dead",
+        ack_timeout: float = 5.0,
+        name: str = "outbox-dispatcher",
+        on_duplicate: Callable[[], None] = lambda: None,
+        tls: ssl.SSLContext | None = None,
+        auth: dict[str, str] | None = None,
+        reconnect_wait: float = RECONNECT_WAIT,
+    ) -> None:
+        self.servers = list(servers)
+        self.subject_template = subject_template(subject)
+        self.no_stream = no_stream_policy(no_stream)
+        self._ack_timeout = ack_timeout
+        self._name = name
+        self._on_duplicate = on_duplicate
+        self._tls = tls
+        self._auth = auth or {}
+        self._reconnect_wait = reconnect_wait
+        self._shown = ", ".join(redact_url(url) for url in self.servers)
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._connecting: asyncio.Task[None] | None = None
+        self._connected = asyncio.Event()
+        self._closing = False
+        self._last_error = "not connected yet"
+        self._logged_error = ""
+        # Publishes waiting for a PubAck, by lower-cased subject (the client lower-cases the
+        # server's -ERR lines): a permissions violation for that subject ends them at once.
+        self._denied: dict[str, set[asyncio.Future[str | None]]] = {}
+        self._acks_denied: str | None = None
+
+    def subject(self, message: Message) -> str:
+        return render_subject(self.subject_template, message)
+
+    async def start(self) -> None:
+        self._connect()
+        # Wait briefly so the first claims do not all bounce off a connection still being set
+        # up; an unreachable server must not stop the worker from starting, though.
+        try:
+            await asyncio.wait_for(self._connected.wait(), CONNECT_TIMEOUT)
+        except TimeoutError:
+            log.warning(
+                "nats: not connected to %s yet (%s); publishes are retried until it is",
+                self._shown, self._last_error,
+            )  # fmt: skip
+
+    def _connect(self) -> None:
+        """Start a client that connects in the background and then reconnects forever."""
+        self._nc = Client()
+        self._js = self._nc.jetstream()
+        self._connected.clear()
+        self._connecting = asyncio.create_task(self._run_connect(self._nc), name="nats connect")
+
+    async def _run_connect(self, nc: Client) -> None:
+        try:
+            await nc.connect(
+                self.servers,
+                name=self._name,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,  # never give up: the server may be down for hours
+                reconnect_time_wait=self._reconnect_wait,  # type: ignore[arg-type]
+                connect_timeout=CONNECT_TIMEOUT,  # type: ignore[arg-type]
+                tls=self._tls,
+                error_cb=self._on_error,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
+                closed_cb=self._on_closed,
+                **self._auth,  # type: ignore[arg-type]
+            )
+        except Exception as exc:  # e.g. an unreadable credentials file: reported per publish
+            self._note_error(exc)
+            return
+        self._connected.set()
+        log.info("nats: connected to %s", self._current_url(nc))
+
+    def _current_url(self, nc: Client) -> str:
+        url = nc.connected_url
+        return redact_url(url.geturl()) if url is not None else self._shown
+
+    def _note_error(self, exc: BaseException) -> None:
+        self._last_error = (str(exc) or type(exc).__name__).removeprefix("nats: ")
+        if self._last_error != self._logged_error:  # once per streak, not once per attempt
+            self._logged_error = self._last_error
+            log.warning("nats: %s", self._last_error)
+
+    async def _on_error(self, exc: Exception) -> None:
+        violation = _VIOLATION.search(str(exc))
+        if violation is not None:
+            self._permission_denied(violation[1], violation[2])
+        self._note_error(exc)
+
+    def _permission_denied(self, kind: str, subject: str) -> None:
+        reason: str | None = None  # for a publish, _request names the subject as it was sent
+        if kind == "publish":
+            waiters = self._denied.get(subject, set())
+        else:
+            # The only subscription is the inbox PubAcks arrive on: no publish can succeed.
+            reason = f"permission denied: subscription to {subject!r}, where PubAcks arrive"
+            self._acks_denied = reason
+            waiters = {w for group in self._denied.values() for w in group}
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(reason)
+
+    async def _on_disconnected(self) -> None:
+        if not self._closing:
+            log.warning("nats: disconnected from %s; reconnecting", self._shown)
+
+    async def _on_reconnected(self) -> None:
+        self._acks_denied = None  # permissions may have changed; the next -ERR tells
+        if self._nc is not None:
+            log.info("nats: reconnected to %s", self._current_url(self._nc))
+
+    async def _on_closed(self) -> None:
+        # The client closes for good on some server errors; a worker must keep going.
+        if not self._closing:
+            log.warning("nats: connection closed (%s); connecting anew", self._last_error)
+            self._connect()
+
+    def _client(self) -> JetStreamContext:
+        if (
+            self._connecting is not None
+            and self._connecting.done()
+            and not self._connected.is_set()
+        ):
+            self._connect()  # the last attempt gave up with an error: try again
+        if self._nc is None or self._js is None or not self._nc.is_connected:
+            raise RetryableError(f"not connected to NATS ({self._shown}): {self._last_error}")
+        return self._js
+
+    async def publish(self, message: Message) -> None:
+        js = self._client()
+        subject = self.subject(message)
+        headers = {
+            "Nats-Msg-Id": str(message.id),
+            "Outbox-Event-Type": message.event_type,
+            "Outbox-Aggregate-Type": message.aggregate_type,
+            "Outbox-Aggregate-Id": message.aggregate_id,
+        }
+        try:
+            ack = await self._request(js, subject, envelope(message).encode(), headers)
+        except (PermanentError, RetryableError):
+            raise
+        except Exception as exc:
+            failure = classify(exc, subject, self.no_stream)
+            if failure is exc:
+                raise  # of no known kind: a bug, reported by the loop with its traceback
+            raise failure from exc
+        if ack.duplicate:
+            self._on_duplicate()  # the stream already had this id: nothing stored twice
+
+    async def _request(
+        self, js: JetStreamContext, subject: str, body: bytes, headers: dict[str, str]
+    ) -> PubAck:
+        """js.publish, ended early if the server reports a permissions violation for it: the
+        server drops such a message silently apart from an asynchronous -ERR."""
+        if self._acks_denied is not None:
+            raise self._refused(self._acks_denied)
+        denied: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        key = subject.lower()
+        self._denied.setdefault(key, set()).add(denied)
+        request = asyncio.ensure_future(
+            js.publish(subject, body, timeout=self._ack_timeout, headers=headers)
+        )
+        try:
+            await asyncio.wait((request, denied), return_when=asyncio.FIRST_COMPLETED)
+            if request.done():
+                return request.result()
+            raise self._refused(
+                denied.result() or f"permission denied: publish to subject {subject!r}"
+            )
+        finally:
+            request.cancel()  # no-op when done; on our own cancellation, stop waiting too
+            waiting = self._denied.get(key)
+            if waiting is not None:
+                waiting.discard(denied)
+                if not waiting:
+                    del self._denied[key]
+
+    def _refused(self, reason: str) -> Exception:
+        return _no_stream(reason, self.no_stream)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
+            await asyncio.gather(self._connecting, return_exceptions=True)
+        if self._nc is not None and not self._nc.is_closed:
+            await self._nc.close()
