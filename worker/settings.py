@@ -24,7 +24,7 @@ from outbox.table import Table
 from worker.publishers.registry import PublisherFactory, load_publisher
 
 # Built-in publishers whose options every `--help` lists; a plugin's appear once selected.
-BUILTIN_PUBLISHERS = ("http", "log", "nats", "null")
+BUILTIN_PUBLISHERS = ("http", "kafka", "log", "nats", "null")
 ORDERINGS = ("none", "aggregate")
 
 
