@@ -127,7 +127,10 @@ def test_load_settings_reads_every_outbox_variable():
     assert s.table == Table("app", "events")
     assert s.publisher == "http"
     assert s.publisher_options["http_url"] == "https://api.example/events"
-    assert s.publisher_options["http_header"] == (("Authorization", "Bearer t0k"), ("X-Tenant", "acme"))
+    assert s.publisher_options["http_header"] == (
+        ("Authorization", "Bearer t0k"),
+        ("X-Tenant", "acme"),
+    )
     assert s.lease == timedelta(minutes=2)
     assert s.batch == 25
     assert s.concurrency == 8
