@@ -268,3 +268,57 @@ async def test_clean_stop_leaves_nothing_processing(conn, dsn):
     released = _count(conn, "status = 'pending' AND attempts = 0 AND lease_version > 0")
     assert released >= 18  # claimed but never started: given back with the attempt refunded
     assert d.metrics.messages.labels("released")._value.get() == released
+
+
+class FuturePublisher:
+    """A publisher whose publish returns a plain awaitable (a Future), not a coroutine."""
+
+    name = "future"
+
+    def __init__(self, resolve: bool) -> None:
+        self.resolve = resolve
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def publish(self, message: Message) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.resolve:
+            future.set_result(None)
+        return future  # never resolved otherwise: only the publish timeout ends it
+
+
+async def test_publishers_returning_plain_awaitables_are_awaited_under_the_timeout(conn, dsn):
+    [done] = seed(conn, 1)
+    s = settings(
+        dsn, publish_timeout=timedelta(milliseconds=200), backoff_base=timedelta(minutes=1)
+    )
+    async with dispatching(s, FuturePublisher(resolve=True)):
+        await wait_until(lambda: row(conn, done)["status"] == "done")
+    [stuck] = seed(conn, 1)
+    async with dispatching(s, FuturePublisher(resolve=False)):
+        await wait_until(
+            lambda: row(conn, stuck)["attempts"] == 1 and row(conn, stuck)["status"] == "pending"
+        )
+    assert "publish timed out after 0.2s" in row(conn, stuck)["last_error"]
+
+
+async def test_a_publish_that_waits_then_overruns_is_timed_out_and_retried(conn, dsn):
+    [message_id] = seed(conn, 1)
+
+    async def behave(m: Message) -> None:
+        await asyncio.sleep(0)  # waits once, then keeps waiting far past the timeout
+        await asyncio.sleep(60)
+
+    s = settings(
+        dsn, publish_timeout=timedelta(milliseconds=200), backoff_base=timedelta(minutes=1)
+    )
+    async with dispatching(s, Scripted(behave)):
+        await wait_until(
+            lambda: (
+                row(conn, message_id)["status"] == "pending"
+                and row(conn, message_id)["attempts"] == 1
+            )
+        )
+    assert "publish timed out" in row(conn, message_id)["last_error"]

@@ -22,8 +22,9 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -272,8 +273,19 @@ class Dispatcher:
     async def _publish(self, message: Message) -> Outcome:
         s = self.settings
         try:
+            publish = self.publisher.publish(message)
+            if not isinstance(publish, Coroutine):  # an awaitable of another kind
+                async with asyncio.timeout(s.publish_timeout.total_seconds()):
+                    await publish
+                return Outcome.done(message)
+            try:
+                # Run it until it first waits: a publish that never waits (a buffering or a
+                # no-op publisher) cannot time out and needs no timer.
+                waiting_on = publish.send(None)
+            except StopIteration:
+                return Outcome.done(message)
             async with asyncio.timeout(s.publish_timeout.total_seconds()):
-                await self.publisher.publish(message)
+                await _resume(publish, waiting_on)
         except Defer as defer:
             return Outcome.defer(message, defer.delay, str(defer))
         except PermanentError as exc:
@@ -427,6 +439,30 @@ class Dispatcher:
                 "%s failed (%s, attempt %d): %s; retrying in %.1fs",
                 operation, type(exc).__name__, failures, message, _db_backoff(failures),
             )  # fmt: skip
+
+
+@types.coroutine
+def _resume(
+    coroutine: Coroutine[Any, Any, None], waiting_on: Any
+) -> Generator[Any, Any, None]:
+    """Finish a coroutine that has already run up to its first wait, as `await` would.
+
+    The event loop's task sees the future the coroutine is waiting on, and sends and throws
+    (cancellation, the timeout) reach the coroutine as usual.
+    """
+    while True:
+        try:
+            sent = yield waiting_on
+        except BaseException as exc:  # everything, cancellation included, goes to the coroutine
+            try:
+                waiting_on = coroutine.throw(exc)
+            except StopIteration:
+                return
+            continue
+        try:
+            waiting_on = coroutine.send(sent)
+        except StopIteration:
+            return
 
 
 def _db_backoff(failures: int) -> float:
