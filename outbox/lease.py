@@ -33,10 +33,11 @@ async def claim(
     """Lease up to `batch` messages, oldest first; reaps expired last attempts to dead."""
     q = queries(table)
     params = {"batch": batch, "owner": owner, "lease": lease, "max_attempts": max_attempts}
-    async with conn.cursor() as cur:
+    # Binary results: integers and timestamps decode faster than from text.
+    async with conn.cursor(binary=True) as cur:
         await cur.execute(q.claim_ordered if ordered else q.claim, params)
         rows = await cur.fetchall()
-    messages = [Message(*row) for row in rows]  # type: ignore[arg-type]
+    messages = [Message._make(row) for row in rows]
     messages.sort(key=lambda m: m.id)  # RETURNING order is unspecified
     return messages
 
@@ -55,8 +56,8 @@ async def finalize(
     if not outcomes:
         return set()
     q = queries(table)
-    ids = [o.message_id for o in outcomes]
-    versions = [o.lease_version for o in outcomes]
+    ids = _bigint_array([o.message_id for o in outcomes])
+    versions = _bigint_array([o.lease_version for o in outcomes])
     params: dict[str, object]
     if all(o.status is Status.DONE for o in outcomes):
         statement, params = q.finalize_done, {"ids": ids, "versions": versions}
@@ -72,9 +73,20 @@ async def finalize(
             "deferreds": [o.deferred for o in outcomes],
             "max_defer_age": max_defer_age,
         }
+    params["n"] = len(outcomes)
     async with conn.cursor() as cur:
         await cur.execute(statement, params)
-        return {int(row[0]) for row in await cur.fetchall()}  # type: ignore[call-overload]
+        row = await cur.fetchone()
+    assert row is not None
+    count, applied = row
+    if count == len(outcomes):  # every row applied: the common case sends no ids back
+        return {o.message_id for o in outcomes}
+    return {int(i) for i in applied or ()}  # type: ignore[attr-defined]
+
+
+def _bigint_array(values: list[int]) -> str:
+    """An array literal for `::bigint[]`: much cheaper than adapting a list element by element."""
+    return "{" + ",".join(map(str, values)) + "}"
 
 
 async def extend(

@@ -29,6 +29,13 @@ _HEAD_OF_AGGREGATE = sql.SQL(
 )
 
 
+# What a finalize returns: the applied ids only when some were not applied (lost leases), so
+# the common case sends back one small row instead of one row per message.
+_APPLIED = sql.SQL(
+    "SELECT count(*), CASE WHEN count(*) < %(n)s::int THEN array_agg(id) END FROM applied"
+)
+
+
 @dataclass(frozen=True)
 class Queries:
     claim: sql.Composed
@@ -87,16 +94,19 @@ def queries(table: Table) -> Queries:
         claim_ordered=_claim(t, ordered=True),
         # The common case, kept lean: a batch of successes.
         finalize_done=sql.SQL(
-            """UPDATE {t} AS o
+            """WITH applied AS (
+UPDATE {t} AS o
    SET status = 'done', done_at = now(), last_error = NULL,
        lease_owner = NULL, lease_until = NULL
   FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[]) AS f(id, version)
  WHERE {fence}
-RETURNING o.id"""
-        ).format(t=t, fence=fence),
+RETURNING o.id)
+{applied}"""
+        ).format(t=t, fence=fence, applied=_APPLIED),
         # Any mix of outcomes, each row fenced on its own lease_version.
         finalize=sql.SQL(
-            """UPDATE {t} AS o
+            """WITH applied AS (
+UPDATE {t} AS o
    SET status = CASE WHEN f.deferred AND o.created_at < now() - %(max_defer_age)s::interval
                      THEN 'dead' ELSE f.status END,
        available_at = CASE WHEN f.status = 'pending'
@@ -113,8 +123,9 @@ RETURNING o.id"""
               %(deferreds)s::bool[])
        AS f(id, version, status, delay, error, refund, deferred)
  WHERE {fence}
-RETURNING o.id"""
-        ).format(t=t, fence=fence),
+RETURNING o.id)
+{applied}"""
+        ).format(t=t, fence=fence, applied=_APPLIED),
         # Heartbeat: push the expiry of leases still held; a lost lease is left alone.
         extend=sql.SQL(
             """UPDATE {t} AS o

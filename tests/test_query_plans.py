@@ -81,6 +81,7 @@ FINALIZE_ARGS = {
     "refunds": "'{f,f,f}'",
     "deferreds": "'{f,f,f}'",
     "max_defer_age": "'1 day'",
+    "n": "3",
     "lease": "'60 seconds'",
 }
 
