@@ -1,0 +1,130 @@
+"""`python -m bench` (`make bench`): run every benchmark, print a table, write JSON and a plot.
+
+python -m bench                   # the full run (about 15 minutes on 2 cores)
+python -m bench --smoke           # tiny sizes, one repeat: checks the harness only
+python -m bench --repeat 4 --messages 20000 --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import scenarios
+from bench.ceiling import run_ceiling
+from bench.env import Bench
+from bench.profile import profile_worker
+from bench.report import plot, render
+from bench.throughput import CONTENDERS, run_contender
+
+
+def _summary(values: list[float]) -> dict[str, Any]:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "runs": values,
+    }
+
+
+def _log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    smoke = args.smoke
+    messages = args.messages or (2000 if smoke else 20_000)
+    repeat = 1 if smoke else args.repeat
+    report: dict[str, Any] = {"smoke": smoke, "messages": messages, "repeat": repeat}
+    with Bench() as bench:
+        report["environment"] = bench.environment()
+
+        throughput: dict[str, Any] = {}
+        for contender in CONTENDERS:
+            runs = []
+            for n in range(repeat):
+                _log(f"throughput: {contender.name} ({n + 1}/{repeat})")
+                runs.append(run_contender(bench, contender, messages))
+            throughput[contender.name] = {
+                "peer": contender.peer,
+                "processes": contender.processes,
+                "detail": contender.detail,
+                **_summary(runs),
+            }
+        for clients in (1, 2):
+            _log(f"ceiling: pgbench, {clients} client(s)")
+            runs = [run_ceiling(bench, messages, clients) for _ in range(repeat)]
+            throughput[f"SQL ceiling (pgbench), {clients} client(s)"] = {
+                "peer": "ceiling", "processes": clients,
+                "detail": "our claim + batched finalize, no Python", **_summary(runs),
+            }  # fmt: skip
+        report["throughput"] = throughput
+
+        _log("http: plain load generator, then the http publisher")
+        http_runs = [scenarios.http_throughput(bench, messages) for _ in range(repeat)]
+        report["http"] = {
+            "server_capacity": _summary([r["server_capacity"] for r in http_runs]),
+            "outbox_dispatcher": _summary([r["outbox_dispatcher"] for r in http_runs]),
+        }
+
+        latency_count = 200 if smoke else 1000
+        _log(f"latency: {latency_count} messages at 100/s, ours then pgqueuer")
+        report["latency"] = {
+            "rate_per_second": 100,
+            "outbox_dispatcher": scenarios.latency_ours(bench, latency_count, 100),
+            "pgqueuer": scenarios.latency_pgqueuer(bench, latency_count, 100),
+        }
+
+        done_rows = (1_000, 10_000) if smoke else (10_000, 100_000, 1_000_000, 5_000_000)
+        report["scale_done_rows"] = []
+        for count in done_rows:
+            _log(f"scale: claim + finalize with {count:,} done rows kept")
+            report["scale_done_rows"].append(scenarios.scale_done_rows(bench, count, messages))
+        report["ordered"] = []
+        for aggregates in (10, 100) if smoke else (10, 1_000, 100_000):
+            _log(f"ordered mode: {aggregates:,} aggregates")
+            report["ordered"].append(scenarios.ordered_aggregates(bench, aggregates, messages))
+
+        memory_messages = 20_000 if smoke else 1_000_000
+        _log(f"memory: RSS over a {memory_messages:,}-message drain")
+        report["memory"] = scenarios.memory_drain(bench, memory_messages)
+
+        report["publisher_bound"] = []
+        for concurrency in (1, 8) if smoke else (1, 8, 32, 128, 512):
+            _log(f"publisher-bound: 50 ms publishes, concurrency {concurrency}")
+            report["publisher_bound"].append(scenarios.publisher_bound(bench, concurrency))
+
+        if args.profile:
+            _log("profile: py-spy on one worker process draining")
+            report["profile"] = profile_worker(bench, messages * (1 if smoke else 5))
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat")
+    parser.add_argument("--messages", type=int, help="messages per throughput run (20000)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure (3)")
+    parser.add_argument("--out", default="bench/results", help="where report.json/.md/.png go")
+    parser.add_argument(
+        "--no-profile", dest="profile", action="store_false", help="skip the py-spy profile"
+    )
+    args = parser.parse_args()
+    report = run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    text = render(report)
+    (out / "report.md").write_text(text)
+    plot(report, out / "report.png")
+    print(text)
+    print(f"\nwritten: {out / 'report.json'}, {out / 'report.md'}, {out / 'report.png'}")
+
+
+if __name__ == "__main__":
+    main()

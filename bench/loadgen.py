@@ -1,0 +1,38 @@
+"""A plain HTTP load generator: what the local server can take without any dispatcher.
+
+python -m bench.loadgen URL REQUESTS CONCURRENCY   # prints requests per second
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import aiohttp
+
+BODY = b'{"id":1,"aggregate_type":"order","aggregate_id":"order-1","event_type":"OrderPlaced",' + (
+    b'"payload":{"order":1,"note":"' + b"x" * 160 + b'"}}'
+)
+
+
+async def run(url: str, requests: int, concurrency: int) -> float:
+    left = requests
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+
+        async def client() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                async with session.post(
+                    url, data=BODY, headers={"Content-Type": "application/json"}
+                ) as response:
+                    await response.read()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        return requests / (time.perf_counter() - started)
+
+
+if __name__ == "__main__":
+    print(asyncio.run(run(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))

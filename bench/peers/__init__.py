@@ -1,0 +1,1 @@
+"""Peers measured beside outbox-dispatcher, each run as its own worker process."""

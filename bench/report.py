@@ -1,0 +1,145 @@
+"""The benchmark report: a Markdown table for people, a PNG plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "-"
+
+
+def render(report: dict[str, Any]) -> str:
+    env = report["environment"]
+    t = report["throughput"]
+    lines = [
+        "# outbox-dispatcher benchmark report" + (" (smoke run)" if report["smoke"] else ""),
+        "",
+        f"PostgreSQL {env['postgresql']} (embedded, stock settings: "
+        f"{', '.join(f'{k}={v}' for k, v in sorted(env['postgresql_settings'].items()))}), "
+        f"{env['cores']} cores, Python {env['python']}, commit {env['commit']}, {env['started']}.",
+        f"{report['messages']:,} messages of ~200 bytes per throughput run, median of "
+        f"{report['repeat']} run(s) (min-max in brackets). All contenders ran in this one run.",
+        "",
+        "## Throughput, no-op publisher (messages/s)",
+        "",
+        "| contender | processes | messages/s | detail |",
+        "|---|---|---|---|",
+    ]
+    for name, row in t.items():
+        lines.append(
+            f"| {name} | {row['processes']} | {row['median']:,.0f} "
+            f"[{row['min']:,.0f}-{row['max']:,.0f}] | {row['detail']} |"
+        )
+    ours = {row["processes"]: row["median"] for row in t.values() if row["peer"] == "ours"}
+    best_ours = max(ours.values())
+    pgq_best = t["pgqueuer best"]["median"]
+    pgq_default = t["pgqueuer defaults"]["median"]
+    article = {row["processes"]: row["median"] for row in t.values() if row["peer"] == "article"}
+    ceiling = max(row["median"] for row in t.values() if row["peer"] == "ceiling")
+    http_ours = report["http"]["outbox_dispatcher"]["median"]
+    http_capacity = report["http"]["server_capacity"]["median"]
+    lines += [
+        "",
+        "| ratio | value |",
+        "|---|---|",
+        f"| best outbox-dispatcher / pgqueuer best | {_ratio(best_ours, pgq_best)} |",
+        f"| outbox-dispatcher 1 process / pgqueuer best | {_ratio(ours[1], pgq_best)} |",
+        f"| best outbox-dispatcher / pgqueuer defaults | {_ratio(best_ours, pgq_default)} |",
+        f"| outbox-dispatcher 1 process / article design 1 process | "
+        f"{_ratio(ours[1], article[1])} |",
+        f"| best outbox-dispatcher / article design 4 processes | "
+        f"{_ratio(best_ours, article[4])} |",
+        f"| best outbox-dispatcher / SQL ceiling | {_ratio(best_ours, ceiling)} |",
+        f"| SQL ceiling / pgqueuer best | {_ratio(ceiling, pgq_best)} |",
+        "",
+        "## HTTP publisher against a local HTTP server (messages/s)",
+        "",
+        f"- plain load generator, same server: {http_capacity:,.0f}",
+        f"- outbox-dispatcher, http publisher: {http_ours:,.0f} "
+        f"({_ratio(http_ours, http_capacity)} of the server's capacity)",
+        "",
+        f"## Latency, enqueue to publish, {report['latency']['rate_per_second']} messages/s",
+        "",
+        "| | p50 ms | p99 ms | max ms |",
+        "|---|---|---|---|",
+    ]
+    for name in ("outbox_dispatcher", "pgqueuer"):
+        row = report["latency"][name]
+        lines.append(
+            f"| {name.replace('_', '-')} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
+            f"{row['max_ms']:.1f} |"
+        )
+    lines += ["", "## Scale: claim + finalize with done rows kept", "",
+              "| done rows | µs per message |", "|---|---|"]  # fmt: skip
+    for row in report["scale_done_rows"]:
+        lines.append(f"| {row['done_rows']:,} | {row['us_per_message']:.1f} |")
+    lines += ["", "## Ordered mode", "", "| aggregates | messages/s (1 connection) |", "|---|---|"]
+    for row in report["ordered"]:
+        lines.append(f"| {row['aggregates']:,} | {row['messages_per_second']:,.0f} |")
+    memory = report["memory"]
+    lines += [
+        "",
+        f"## Memory over a {memory['messages']:,}-message drain",
+        "",
+        f"RSS early {memory['rss_mib_early']:.1f} MiB, late {memory['rss_mib_late']:.1f} MiB, "
+        f"peak {memory['rss_mib_peak']:.1f} MiB.",
+        "",
+        "## Publisher-bound (50 ms per publish), one worker",
+        "",
+        "| concurrency | messages/s | ideal |",
+        "|---|---|---|",
+    ]
+    for row in report["publisher_bound"]:
+        lines.append(
+            f"| {row['concurrency']} | {row['messages_per_second']:,.0f} | {row['ideal']:,.0f} |"
+        )
+    profile = report.get("profile")
+    if profile and "top_frames" in profile:
+        lines += [
+            "",
+            "## Where one worker's time goes (py-spy)",
+            "",
+            f"{profile['waiting_share']:.0%} of samples wait on sockets (the database); the "
+            "busiest Python frames:",
+            "",
+        ]
+        lines += [f"- {f['share']:.1%} {f['frame']}" for f in profile["top_frames"]]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return  # the plot needs the bench extra; the table and JSON are written regardless
+    t = report["throughput"]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
+    names = list(t)
+    colours = {"ours": "tab:green", "article": "tab:gray", "ceiling": "tab:blue"}
+    left.barh(
+        names,
+        [t[n]["median"] for n in names],
+        xerr=[
+            [t[n]["median"] - t[n]["min"] for n in names],
+            [t[n]["max"] - t[n]["median"] for n in names],
+        ],
+        color=[colours.get(t[n]["peer"], "tab:orange") for n in names],
+    )
+    left.invert_yaxis()
+    left.set_xlabel("messages/s (no-op publisher)")
+    left.set_title("Throughput, same PostgreSQL, same run")
+    scale = report["scale_done_rows"]
+    right.plot([r["done_rows"] for r in scale], [r["us_per_message"] for r in scale], marker="o")
+    right.set_xscale("log")
+    right.set_ylim(bottom=0)
+    right.set_xlabel("done rows kept in the table")
+    right.set_ylabel("µs of claim + finalize per message")
+    right.set_title("Claim and finalize stay flat as history grows")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -1,0 +1,304 @@
+"""The benchmark scenarios beyond raw throughput: HTTP, latency, scale, memory, slow publishers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from bench.env import Bench, measure_drain, python_module, seed_outbox
+from outbox.embedded import free_port
+from outbox.lease import claim, finalize
+from outbox.models import Outcome
+from outbox.sink import Sink
+from outbox.table import Table
+
+TABLE = Table.parse("outbox")
+
+
+def _remaining(dsn: str) -> Any:
+    conn = psycopg.connect(dsn, autocommit=True)
+    query = "SELECT count(*) FROM outbox WHERE status IN ('pending', 'processing')"
+    return lambda: int(conn.execute(query).fetchone()[0])  # type: ignore[index]
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait()
+
+
+def _wait_for_port(port: int, timeout: float = 20) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on port {port}")
+
+
+# -- HTTP publisher against what the server can take ---------------------------------------
+
+
+def http_throughput(bench: Bench, messages: int, concurrency: int = 64) -> dict[str, float]:
+    port = free_port()
+    server = python_module("bench.http_server", str(port))
+    url = f"http://127.0.0.1:{port}/events"
+    try:
+        _wait_for_port(port)
+        plain = subprocess.run(
+            [sys.executable, "-m", "bench.loadgen", url, str(messages), str(concurrency)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        server_capacity = float(plain.stdout.strip())
+        with bench.database() as dsn:
+            seed_outbox(dsn, messages)
+            worker = python_module(
+                "worker", "--dsn", dsn, "--publisher", "http", "--http-url", url,
+                "--batch", "500", "--concurrency", str(concurrency), "--log-level", "WARNING",
+            )  # fmt: skip
+            try:
+                ours = measure_drain(_remaining(dsn), messages, [worker], timeout=600)
+            finally:
+                _stop([worker])
+    finally:
+        _stop([server])
+    return {"server_capacity": server_capacity, "outbox_dispatcher": ours}
+
+
+# -- latency at light load --------------------------------------------------------------------
+
+
+def _pace(count: int, rate: float, send: Any) -> None:
+    interval = 1.0 / rate
+    next_at = time.perf_counter()
+    for n in range(count):
+        send(n)
+        next_at += interval
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+
+
+def _percentiles(latencies: list[float]) -> dict[str, float]:
+    ordered = sorted(latencies)
+    return {
+        "p50_ms": 1000 * ordered[len(ordered) // 2],
+        "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+        "max_ms": 1000 * ordered[-1],
+        "samples": len(ordered),
+    }
+
+
+def latency_ours(bench: Bench, count: int, rate: float) -> dict[str, float]:
+    received: dict[int, float] = {}
+    lock = threading.Lock()
+
+    def record(body: dict[str, Any], nth: int) -> Any:
+        from outbox.sink import Reply
+
+        with lock:
+            received.setdefault(int(body["payload"]["n"]), time.time())
+        return Reply()
+
+    sent: dict[int, float] = {}
+    with Sink(record) as sink, bench.database() as dsn:
+        worker = python_module(
+            "worker", "--dsn", dsn, "--publisher", "http", "--http-url", sink.url,
+            "--log-level", "WARNING",
+        )  # fmt: skip
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                _wait_listening(conn)
+
+                def send(n: int) -> None:
+                    sent[n] = time.time()
+                    conn.execute(
+                        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+                        "VALUES ('order', %s, 'OrderPlaced', jsonb_build_object('n', %s::int))",
+                        (f"order-{n}", n),
+                    )
+
+                _pace(count + WARM_UP, rate, send)
+            sink.wait_for(lambda s: len(received) >= count + WARM_UP, timeout=60)
+        finally:
+            _stop([worker])
+    return _percentiles([received[n] - sent[n] for n in sent if n in received and n >= WARM_UP])
+
+
+def _wait_listening(conn: psycopg.Connection[Any], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    query = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'"
+    while conn.execute(query).fetchone()[0] == 0:  # type: ignore[index]
+        if time.monotonic() > deadline:
+            raise TimeoutError("the worker never started listening")
+        time.sleep(0.05)
+
+
+WARM_UP = 50  # messages sent first and left out of the percentiles, for every contender
+
+
+def latency_pgqueuer(bench: Bench, count: int, rate: float) -> dict[str, float]:
+    with bench.database(outbox=False) as dsn:
+        from bench.peers.pgqueuer_worker import install_and_enqueue
+
+        asyncio.run(install_and_enqueue(dsn, 0, b""))
+        worker = python_module(
+            "bench.peers.pgqueuer_worker", dsn, "asyncpg", "10", "latency",
+            str(count + WARM_UP), stdout=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                _wait_connected(conn)
+
+                def send(n: int) -> None:
+                    body = json.dumps({"n": n, "t": time.time()}).encode()
+                    conn.execute(
+                        "INSERT INTO pgqueuer (priority, entrypoint, payload, status) "
+                        "VALUES (0, 'publish', %s, 'queued')",
+                        (body,),
+                    )
+
+                _pace(count + WARM_UP, rate, send)
+            out, _ = worker.communicate(timeout=120)
+        finally:
+            _stop([worker])
+    return _percentiles(json.loads(out)[WARM_UP:])
+
+
+def _wait_connected(conn: psycopg.Connection[Any], timeout: float = 30) -> None:
+    """pgqueuer shows no LISTEN we can see: wait for its connection, then for it to settle."""
+    deadline = time.monotonic() + timeout
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid()"
+    )
+    while conn.execute(query).fetchone()[0] == 0:  # type: ignore[index]
+        if time.monotonic() > deadline:
+            raise TimeoutError("the peer never connected")
+        time.sleep(0.05)
+    time.sleep(1.0)
+
+
+# -- scale: claim and finalize cost as done rows pile up; ordered mode ----------------------
+
+
+async def _drain_in_process(dsn: str, ordered: bool, batch: int = 500) -> tuple[float, int]:
+    """(microseconds of claim + finalize per message, messages) with one connection."""
+    async with await psycopg.AsyncConnection.connect(
+        dsn, autocommit=True, prepare_threshold=None
+    ) as conn:
+        total, spent = 0, 0.0
+        while True:
+            started = time.perf_counter()
+            messages = await claim(
+                conn, TABLE, owner="bench", batch=batch, lease=timedelta(minutes=1),
+                max_attempts=12, ordered=ordered,
+            )  # fmt: skip
+            if not messages:
+                return (1e6 * spent / max(total, 1), total)
+            await finalize(conn, TABLE, [Outcome.done(m) for m in messages])
+            spent += time.perf_counter() - started
+            total += len(messages)
+
+
+def scale_done_rows(bench: Bench, done_rows: int, messages: int) -> dict[str, float]:
+    with bench.database() as dsn:
+        seed_outbox(dsn, done_rows, status="done")
+        seed_outbox(dsn, messages)
+        micros, drained = asyncio.run(_drain_in_process(dsn, ordered=False))
+    return {"done_rows": done_rows, "us_per_message": micros, "messages": drained}
+
+
+def ordered_aggregates(bench: Bench, aggregates: int, messages: int) -> dict[str, float]:
+    with bench.database() as dsn:
+        seed_outbox(dsn, messages, aggregates=aggregates)
+        started = time.perf_counter()
+        micros, drained = asyncio.run(_drain_in_process(dsn, ordered=True))
+        elapsed = time.perf_counter() - started
+    return {
+        "aggregates": aggregates,
+        "us_per_message": micros,
+        "messages_per_second": drained / elapsed,
+    }
+
+
+# -- memory over a long drain -----------------------------------------------------------------
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def memory_drain(bench: Bench, messages: int) -> dict[str, Any]:
+    with bench.database() as dsn:
+        seed_outbox(dsn, messages)
+        worker = python_module(
+            "worker", "--dsn", dsn, "--publisher", "null", "--batch", "500",
+            "--concurrency", "64", "--log-level", "WARNING",
+        )  # fmt: skip
+        remaining = _remaining(dsn)
+        samples: list[tuple[int, int]] = []  # (messages left, RSS KiB)
+        try:
+            while True:
+                left = remaining()
+                samples.append((left, _rss_kib(worker.pid)))
+                if left == 0:
+                    break
+                if worker.poll() is not None:
+                    raise RuntimeError("the worker died")
+                time.sleep(0.25)
+        finally:
+            _stop([worker])
+    # Start-up (imports, first connections) is not the drain: compare the second tenth of the
+    # drain with the last one.
+    progress = [((messages - left) / messages, kib) for left, kib in samples if kib]
+    early = [kib for done, kib in progress if 0.1 <= done < 0.2] or [progress[0][1]]
+    late = [kib for done, kib in progress if done >= 0.9] or [progress[-1][1]]
+    return {
+        "messages": messages,
+        "rss_mib_early": statistics.median(early) / 1024,
+        "rss_mib_late": statistics.median(late) / 1024,
+        "rss_mib_peak": max(kib for _, kib in progress) / 1024,
+        "samples": [(messages - left, kib) for left, kib in samples],
+    }
+
+
+# -- publisher-bound workloads ------------------------------------------------------------------
+
+
+def publisher_bound(bench: Bench, concurrency: int, delay_ms: int = 50) -> dict[str, float]:
+    messages = max(200, concurrency * 20)
+    with bench.database() as dsn:
+        seed_outbox(dsn, messages)
+        worker = python_module(
+            "worker", "--dsn", dsn, "--publisher", "bench.publishers:SlowPublisher",
+            "--slow-publish-delay", f"{delay_ms}ms", "--concurrency", str(concurrency),
+            "--batch", str(min(500, concurrency * 2)), "--log-level", "WARNING",
+        )  # fmt: skip
+        try:
+            rate = measure_drain(_remaining(dsn), messages, [worker], timeout=600)
+        finally:
+            _stop([worker])
+    return {
+        "concurrency": concurrency,
+        "messages_per_second": rate,
+        "ideal": concurrency * 1000 / delay_ms,
+    }

@@ -1,0 +1,60 @@
+"""The benchmark harness, run at smoke size: every scenario produces a complete report.
+
+No timing is asserted: these machines are shared and noisy. The figures live in bench/.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_smoke_run_writes_a_complete_report(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    env = report["environment"]
+    assert env["postgresql"].startswith("18.") and env["cores"] >= 1 and env["commit"]
+    throughput = report["throughput"]
+    peers = {row["peer"] for row in throughput.values()}
+    assert peers == {"ours", "article", "pgqueuer-default", "pgqueuer-best", "ceiling"}
+    assert all(
+        row["median"] > 0 and row["min"] <= row["median"] <= row["max"]
+        for row in throughput.values()
+    )
+    assert report["http"]["server_capacity"]["median"] > 0
+    assert report["http"]["outbox_dispatcher"]["median"] > 0
+    for name in ("outbox_dispatcher", "pgqueuer"):
+        latency = report["latency"][name]
+        assert latency["samples"] == 200 and 0 < latency["p50_ms"] <= latency["p99_ms"]
+    assert [row["done_rows"] for row in report["scale_done_rows"]] == [1_000, 10_000]
+    assert all(row["messages"] == report["messages"] for row in report["scale_done_rows"])
+    assert [row["aggregates"] for row in report["ordered"]] == [10, 100]
+    assert report["memory"]["rss_mib_peak"] > 0
+    assert [row["concurrency"] for row in report["publisher_bound"]] == [1, 8]
+    text = (tmp_path / "report.md").read_text()
+    for heading in (
+        "Throughput",
+        "ratio",
+        "HTTP publisher",
+        "Latency",
+        "Scale",
+        "Ordered",
+        "Memory",
+    ):
+        assert heading in text
+    assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
