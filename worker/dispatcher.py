@@ -232,7 +232,9 @@ class Dispatcher:
         self.metrics.in_flight.set(len(self._held))
         # A few long-lived publishing tasks instead of one task per message: creating tasks
         # was a tenth of the worker's CPU time with a fast publisher.
-        wanted = min(self.settings.concurrency, len(self._waiting)) - len(self._publishers)
+        # A finished task may still be in the set until its done-callback runs: count live ones.
+        alive = sum(1 for task in self._publishers if not task.done())
+        wanted = min(self.settings.concurrency, len(self._waiting)) - alive
         for _ in range(wanted):
             task = asyncio.create_task(self._publish_waiting())
             self._publishers.add(task)
@@ -442,9 +444,7 @@ class Dispatcher:
 
 
 @types.coroutine
-def _resume(
-    coroutine: Coroutine[Any, Any, None], waiting_on: Any
-) -> Generator[Any, Any, None]:
+def _resume(coroutine: Coroutine[Any, Any, None], waiting_on: Any) -> Generator[Any, Any, None]:
     """Finish a coroutine that has already run up to its first wait, as `await` would.
 
     The event loop's task sees the future the coroutine is waiting on, and sends and throws
