@@ -16,7 +16,7 @@ import psycopg
 
 from bench.env import Bench, measure_drain, python_module, seed_outbox
 from outbox.embedded import free_port
-from outbox.lease import claim, finalize
+from outbox.lease import OrderedClaims, claim, finalize
 from outbox.models import Outcome
 from outbox.sink import Sink
 from outbox.table import Table
@@ -202,12 +202,14 @@ async def _drain_in_process(dsn: str, ordered: bool, batch: int = 500) -> tuple[
         dsn, autocommit=True, prepare_threshold=None
     ) as conn:
         total, spent = 0, 0.0
+        plan = OrderedClaims()  # the worker's own choice of ordered claim
         while True:
             started = time.perf_counter()
             messages = await claim(
                 conn, TABLE, owner="bench", batch=batch, lease=timedelta(minutes=1),
-                max_attempts=12, ordered=ordered,
+                max_attempts=12, ordered=ordered, by_aggregate=plan.by_aggregate,
             )  # fmt: skip
+            plan.observe(len(messages), batch)
             if not messages:
                 return (1e6 * spent / max(total, 1), total)
             await finalize(conn, TABLE, [Outcome.done(m) for m in messages])

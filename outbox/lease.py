@@ -29,17 +29,41 @@ async def claim(
     lease: timedelta,
     max_attempts: int,
     ordered: bool = False,
+    by_aggregate: bool = False,
 ) -> list[Message]:
-    """Lease up to `batch` messages, oldest first; reaps expired last attempts to dead."""
+    """Lease up to `batch` messages, oldest first; reaps expired last attempts to dead.
+
+    `ordered` claims only the head of each aggregate; `by_aggregate` finds the heads by
+    visiting aggregates rather than waiting rows (see OrderedClaims for when that is better).
+    """
     q = queries(table)
+    statement = (q.claim_heads if by_aggregate else q.claim_ordered) if ordered else q.claim
     params = {"batch": batch, "owner": owner, "lease": lease, "max_attempts": max_attempts}
     # Binary results: integers and timestamps decode faster than from text.
     async with conn.cursor(binary=True) as cur:
-        await cur.execute(q.claim_ordered if ordered else q.claim, params)
+        await cur.execute(statement, params)
         rows = await cur.fetchall()
     messages = [Message._make(row) for row in rows]
     messages.sort(key=lambda m: m.id)  # RETURNING order is unspecified
     return messages
+
+
+class OrderedClaims:
+    """Chooses, claim by claim, how ordered mode finds the heads of aggregates.
+
+    Walking ready rows in order stops once a batch of heads is found: cheap while heads are
+    plentiful, but when a few aggregates hold a deep backlog (and their heads are in flight)
+    it walks the whole backlog to find little. Visiting aggregates costs one index probe per
+    aggregate with work, whatever the backlog. So: walk rows while that fills batches; after a
+    short batch, visit aggregates; when visiting fills a batch (many aggregates), walk again.
+    """
+
+    def __init__(self) -> None:
+        self.by_aggregate = False
+
+    def observe(self, claimed: int, batch: int) -> None:
+        # A short batch from either plan means few claimable heads: visit aggregates next.
+        self.by_aggregate = claimed < batch
 
 
 async def finalize(

@@ -10,7 +10,7 @@ import pytest
 from helpers import row, seed, wait_until_db
 
 from outbox import Outcome, Status
-from outbox.lease import claim, extend, finalize, release
+from outbox.lease import OrderedClaims, claim, extend, finalize, release
 from outbox.queries import REAPED_ERROR
 from outbox.table import Table
 
@@ -204,27 +204,74 @@ async def test_claim_takes_ready_rows_oldest_first_and_respects_batch(conn, acon
     assert [m.id for m in second] == ids[4:]
 
 
-async def test_ordered_claim_takes_only_the_head_of_each_aggregate(conn, aconn, table):
+# Ordered mode finds heads two ways (walking ready rows, or visiting aggregates): both must
+# give the same answers.
+ORDERED_PLANS = pytest.mark.parametrize("by_aggregate", [False, True], ids=["rows", "aggregates"])
+
+
+@ORDERED_PLANS
+async def test_ordered_claim_takes_only_the_head_of_each_aggregate(
+    conn, aconn, table, by_aggregate
+):
     ids = seed(conn, 6, aggregates=2)  # agg-0: ids 0,2,4; agg-1: ids 1,3,5
-    heads = await _claim(aconn, table, ordered=True)
-    assert [m.id for m in heads] == [ids[0], ids[1]]
-    assert await _claim(aconn, table, ordered=True) == []  # heads in flight: nothing else
-    await finalize(aconn, table, [Outcome.done(heads[0])])
-    assert [m.id for m in await _claim(aconn, table, ordered=True)] == [ids[2]]
+
+    async def heads():
+        return await claim(aconn, table, owner="A", batch=10, lease=LONG, max_attempts=12,
+                           ordered=True, by_aggregate=by_aggregate)  # fmt: skip
+
+    first = await heads()
+    assert [m.id for m in first] == [ids[0], ids[1]]
+    assert await heads() == []  # heads in flight: nothing else
+    await finalize(aconn, table, [Outcome.done(first[0])])
+    assert [m.id for m in await heads()] == [ids[2]]
 
 
-async def test_a_dead_head_blocks_its_aggregate_only(conn, aconn, table):
+@ORDERED_PLANS
+async def test_a_dead_head_blocks_its_aggregate_only(conn, aconn, table, by_aggregate):
     ids = seed(conn, 4, aggregates=2)
-    heads = await _claim(aconn, table, ordered=True)
-    await finalize(aconn, table, [Outcome.dead(heads[0], "HTTP 422"), Outcome.done(heads[1])])
-    nxt = await _claim(aconn, table, ordered=True)
+
+    async def heads():
+        return await claim(aconn, table, owner="A", batch=10, lease=LONG, max_attempts=12,
+                           ordered=True, by_aggregate=by_aggregate)  # fmt: skip
+
+    first = await heads()
+    await finalize(aconn, table, [Outcome.dead(first[0], "HTTP 422"), Outcome.done(first[1])])
+    nxt = await heads()
     assert [m.id for m in nxt] == [ids[3]]  # agg-1 moves on; agg-0 waits for a person
     await finalize(aconn, table, [Outcome.done(nxt[0])])
-    assert await _claim(aconn, table, ordered=True) == []
+    assert await heads() == []
     assert row(conn, ids[2])["status"] == "pending"
     # A person skips the dead head (marks it done on purpose): the aggregate flows again.
     conn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id = %s", (ids[0],))
-    assert [m.id for m in await _claim(aconn, table, ordered=True)] == [ids[2]]
+    assert [m.id for m in await heads()] == [ids[2]]
+
+
+@ORDERED_PLANS
+async def test_an_expired_head_is_reclaimed_and_its_successor_waits(
+    conn, aconn, table, by_aggregate
+):
+    ids = seed(conn, 2, aggregates=1)
+    kw = {
+        "owner": "A",
+        "batch": 10,
+        "max_attempts": 12,
+        "ordered": True,
+        "by_aggregate": by_aggregate,
+    }
+    [head] = await claim(aconn, table, lease=SHORT, **kw)
+    wait_until_db(conn, f"(SELECT lease_until < now() FROM outbox WHERE id = {ids[0]})")
+    [again] = await claim(aconn, table, lease=LONG, **kw)
+    assert (again.id, again.lease_version) == (ids[0], head.lease_version + 1)
+    assert await claim(aconn, table, lease=LONG, **kw) == []
+
+
+def test_ordered_claims_switch_plans_on_short_batches():
+    plan = OrderedClaims()
+    assert plan.by_aggregate is False
+    plan.observe(3, 500)  # few heads: walking rows scanned a backlog for little
+    assert plan.by_aggregate is True
+    plan.observe(500, 500)  # many heads: walking rows is cheap again
+    assert plan.by_aggregate is False
 
 
 async def test_broken_skip_locked_then_commit_design_double_publishes(conn, dsn):

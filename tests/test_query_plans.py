@@ -61,6 +61,14 @@ CLAIM_ARGS = {"max_attempts": "12", "batch": "100", "owner": "'w'", "lease": "'6
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_ordered_claim_by_aggregate_skip_scans_the_aggregate_index(half_drained, table, generic):
+    names = _prepare(half_drained, "heads", queries(table).claim_heads)
+    plan = _plan(half_drained, "heads", [CLAIM_ARGS[n] for n in names], generic=generic)
+    assert "outbox_aggregate" in plan, plan
+    assert "Seq Scan on outbox" not in plan, plan
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
 @pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
 def test_claim_walks_the_pending_index(half_drained, table, generic, ordered):
     q = queries(table)

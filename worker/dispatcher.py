@@ -84,6 +84,7 @@ class Dispatcher:
         self._drained = asyncio.Event()  # set when nothing is held
         self._drained.set()
         self.listening = False  # a LISTEN connection is up
+        self._ordered_claims = lease.OrderedClaims()
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[tuple[object, ...]]] | None = None
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -218,8 +219,16 @@ class Dispatcher:
                 lease=s.lease,
                 max_attempts=s.max_attempts,
                 ordered=s.ordered,
+                by_aggregate=self._ordered_claims.by_aggregate,
             )
+        self._ordered_claims.observe(len(messages), want)
         self.metrics.claim_batch.observe(len(messages))
+        if messages and log.isEnabledFor(logging.DEBUG):  # the history a chaos test checks
+            log.debug(
+                "claimed %d messages", len(messages),
+                extra={"event": "claimed", "owner": s.owner, "ids": [m.id for m in messages],
+                       "versions": [m.lease_version for m in messages]},
+            )  # fmt: skip
         return messages
 
     def _hold(self, messages: list[Message]) -> None:
@@ -316,6 +325,15 @@ class Dispatcher:
             while not self._outcomes.empty() and len(outcomes) < FINALIZE_CHUNK:
                 outcomes.append(self._outcomes.get_nowait())
             applied = await self._with_retries("finalize", self._finalize, outcomes)
+            if log.isEnabledFor(logging.DEBUG):  # the history a chaos test checks
+                log.debug(
+                    "finalized %d outcomes", len(outcomes),
+                    extra={"event": "finalized", "owner": self.settings.owner,
+                           "ids": [o.message_id for o in outcomes],
+                           "versions": [o.lease_version for o in outcomes],
+                           "outcomes": [_outcome_label(o) for o in outcomes],
+                           "applied": [o.message_id in applied for o in outcomes]},
+                )  # fmt: skip
             counts: collections.Counter[str] = collections.Counter()
             for outcome in outcomes:
                 if outcome.message_id in applied:
