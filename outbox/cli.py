@@ -1,4 +1,5 @@
-"""`outbox`: migrate the table, read its state, purge old rows, run the demo."""
+"""`outbox`: migrate the table, read its state, purge old rows, repair dead messages, run the
+demo."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import psycopg
 
+from outbox import admin
 from outbox.cliutil import ArgumentParser, add_dsn_and_table, fail, positive_int, resolve
 from outbox.maintenance import purge_done
 from outbox.schema import SchemaError, migrate, render_migration
@@ -45,6 +47,29 @@ def _parser() -> ArgumentParser:
     p.add_argument("--batch", help="rows per DELETE (default 5000)")
     p.add_argument("--dry-run", action="store_true", help="count what would be deleted")
 
+    r = command("requeue", "put dead messages back to pending: available now, attempts reset")
+    add_dsn_and_table(r)
+    which = r.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--id", action="append", metavar="ID", help="a dead message (repeat, or comma-separate)"
+    )
+    which.add_argument(
+        "--error", metavar="TEXT", help="every dead message whose last_error contains TEXT"
+    )
+    which.add_argument("--all-dead", action="store_true", help="every dead message")
+    r.add_argument("--dry-run", action="store_true", help="count what would be requeued")
+
+    k = command("skip", "mark dead messages done on purpose (unblocks an ordered aggregate)")
+    add_dsn_and_table(k)
+    k.add_argument(
+        "--id",
+        action="append",
+        metavar="ID",
+        required=True,
+        help="a dead message (repeat, or comma-separate)",
+    )
+    k.add_argument("--dry-run", action="store_true", help="count what would be skipped")
+
     d = command("demo", "run the whole system on an embedded PostgreSQL and report")
     d.add_argument("--events", help="events to enqueue (default 3000)")
     d.add_argument("--workers", help="worker processes (default 4)")
@@ -58,6 +83,18 @@ def _dsn(args: argparse.Namespace) -> str:
 
 def _table(args: argparse.Namespace) -> Table:
     return resolve(args, "--table", Table.parse, Table.parse("outbox"))
+
+
+def message_ids(values: list[str]) -> list[int]:
+    """`--id 3 --id 4,5` -> [3, 4, 5]."""
+    ids: list[int] = []
+    for value in values:
+        for part in value.split(","):
+            try:
+                ids.append(positive_int(part.strip()))
+            except ValueError:
+                raise SettingError(f"--id: {part.strip()!r} is not a message id") from None
+    return ids
 
 
 def _connect(dsn: str) -> psycopg.Connection[Any]:
@@ -123,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             if args.command == "purge"
             else {}
         )
+        if args.command in ("requeue", "skip") and args.id is not None:
+            args.id = message_ids(args.id)
     except SettingError as exc:
         fail(PROG, str(exc))
     with _connect(dsn) as conn:
@@ -158,3 +197,55 @@ def _run(
         count = purge_done(conn, table, **purge_options)
         verb = "would delete" if args.dry_run else "deleted"
         print(f"{table}: {verb} {count} done rows")
+    elif args.command in ("requeue", "skip"):
+        _repair(args, conn, table)
+
+
+def _repair(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Table) -> None:
+    """`outbox requeue` / `outbox skip`: the TUI's actions, fenced and recorded the same way."""
+    action: admin.Action = args.command
+    ids: list[int] | None = args.id
+    if ids is not None:
+        query = admin.select_targets(table, ids=ids)
+        recorded: dict[str, Any] = {"ids": ids}
+    elif args.error is not None:
+        query = admin.select_targets(table, admin.DeadFilter(error=args.error))
+        recorded = {"error": args.error}
+    else:
+        query = admin.select_targets(table)
+        recorded = {"all_dead": True}
+    seen = admin.fetch(conn, query)
+    dead = [s for s in seen if s.status == "dead"]
+    left_alone = ""
+    if ids is not None:
+        found = {s.id for s in seen}
+        not_dead = [f"{s.id} ({s.status})" for s in seen if s.status != "dead"]
+        missing = [str(i) for i in ids if i not in found]
+        notes = ([f"not dead: {', '.join(not_dead)}"] if not_dead else []) + (
+            [f"not found: {', '.join(missing)}"] if missing else []
+        )
+        left_alone = f" (left alone, {'; '.join(notes)})" if notes else ""
+    verb = "requeue" if action == "requeue" else "skip"
+    if args.dry_run:
+        print(f"{table}: would {verb} {_messages(len(dead))}{left_alone}")
+        return
+    result = admin.apply(
+        conn,
+        table,
+        action,
+        dead,
+        actor=admin.default_actor(),
+        filter={**recorded, "via": f"outbox {action}"},
+    )
+    done = "requeued" if action == "requeue" else "skipped"
+    changed = (
+        f"{result.count} of {_messages(len(dead))} ({len(result.changed_meanwhile)} changed "
+        "meanwhile, left alone)"
+        if result.changed_meanwhile
+        else _messages(result.count)
+    )
+    print(f"{table}: {done} {changed}{left_alone}")
+
+
+def _messages(n: int) -> str:
+    return f"{n} dead message{'' if n == 1 else 's'}"

@@ -16,7 +16,7 @@ from psycopg import sql
 
 from outbox.table import Table
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _VERSION_COMMENT = re.compile(r"^outbox-dispatcher schema v(\d+)$")
 
 # The columns every component relies on: a contract. Extra columns are allowed.
@@ -113,8 +113,37 @@ $$"""
     ]
 
 
+def _v2(table: Table) -> list[sql.Composed]:
+    """The audit log of operator actions (requeue, skip), named after the outbox table.
+
+    Kept in the database so the history survives the terminal that made it; see
+    docs/tui.md. `message_ids` holds the rows an action actually changed.
+    """
+    actions = table.sibling("actions")
+    return [
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {a} (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at          timestamptz NOT NULL DEFAULT now(),
+    actor       text        NOT NULL DEFAULT current_user,
+    db_user     text        NOT NULL DEFAULT current_user,
+    action      text        NOT NULL,
+    message_ids bigint[]    NOT NULL DEFAULT '{{}}',
+    filter      jsonb,
+    requested   integer     NOT NULL DEFAULT 0,
+    count       integer     NOT NULL DEFAULT 0
+)"""
+        ).format(a=actions),
+        # A message's history is `message_ids @> ARRAY[id]`: one GIN probe however long the log.
+        sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {a} USING gin (message_ids)").format(
+            i=table.index_name("actions_messages"), a=actions
+        ),
+    ]
+
+
 # Index i holds the statements that bring a table from version i to version i + 1.
-MIGRATIONS: list[Callable[[Table], list[sql.Composed]]] = [_v1]
+# A released step is never edited: a table at vN upgrades in place by running the later steps.
+MIGRATIONS: list[Callable[[Table], list[sql.Composed]]] = [_v1, _v2]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -98,7 +98,7 @@ class Sink:
         raw = handler.rfile.read(length)
         try:
             body = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than json parses
             body = {"invalid": raw.decode("utf-8", "replace")}
         key = handler.headers.get("Idempotency-Key")
         with self._changed:

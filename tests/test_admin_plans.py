@@ -1,0 +1,103 @@
+"""Plan guards for the dead-letter queries (like test_query_plans.py): the TUI and
+`outbox requeue` must stay cheap on a table where almost every row is done, so they walk the
+`outbox_dead` partial index and never scan the table, also under a generic plan."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import psycopg
+import pytest
+from helpers import seed
+from psycopg.types.json import Jsonb
+
+from outbox import admin
+from outbox.admin import parse_filter
+
+DONE_ROWS = 20_000
+DEAD_ROWS = 400
+
+
+@pytest.fixture
+def mostly_done(conn):
+    seed(conn, DONE_ROWS + DEAD_ROWS + 100, aggregates=500)
+    conn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id <= %s", (DONE_ROWS,))
+    conn.execute(
+        "UPDATE outbox SET status = 'dead', attempts = 12, "
+        "last_error = 'HTTP 503: upstream ' || md5(id::text) WHERE id > %s AND id <= %s",
+        (DONE_ROWS, DONE_ROWS + DEAD_ROWS),
+    )
+    conn.execute("VACUUM ANALYZE outbox")
+    return conn
+
+
+def _plan(conn: psycopg.Connection[Any], query: admin.Query[Any], *, generic: bool) -> str:
+    """EXPLAIN the statement as a prepared statement with $n parameters."""
+    text = query.statement.as_string(conn)
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    conn.execute("DEALLOCATE ALL")
+    conn.execute("PREPARE q AS " + re.sub(r"%\((\w+)\)s", number, text))
+    mode = "force_generic_plan" if generic else "force_custom_plan"
+    conn.execute(f"SET plan_cache_mode = {mode}")
+    literal = psycopg.sql.Literal
+    args = ", ".join(literal(_text(query.params[n])).as_string(conn) for n in names)
+    execute = f"EXECUTE q({args})" if args else "EXECUTE q"
+    return "\n".join(r[0] for r in conn.execute("EXPLAIN " + execute).fetchall())
+
+
+def _text(value: Any) -> str:
+    """A parameter as the text PREPARE's untyped parameters accept."""
+    if isinstance(value, Jsonb):
+        return json.dumps(value.obj)
+    if isinstance(value, list):
+        return "{" + ",".join(str(v) for v in value) + "}"
+    return str(value)
+
+
+QUERIES = {
+    "page": lambda t: admin.dead_page(t),
+    "page deeper": lambda t: admin.dead_page(t, before=DONE_ROWS + 200),
+    "page up": lambda t: admin.dead_page(t, after=DONE_ROWS + 200),
+    "page filtered": lambda t: admin.dead_page(
+        t, parse_filter('type:Tested agg:agg-3 upstream {"n": 1} $.n > 5')
+    ),
+    "count": lambda t: admin.dead_count(t),
+    "count filtered": lambda t: admin.dead_count(t, parse_filter("upstream")),
+    "groups": lambda t: admin.error_groups(t),
+    "targets": lambda t: admin.select_targets(t, parse_filter("type:Tested")),
+}
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+@pytest.mark.parametrize("name", list(QUERIES))
+def test_dead_letter_queries_walk_the_dead_index(mostly_done, table, name, generic):
+    plan = _plan(mostly_done, QUERIES[name](table), generic=generic)
+    # outbox_dead, or (filtering on one aggregate) outbox_aggregate: both leave done rows out.
+    assert "outbox_dead" in plan or "outbox_aggregate" in plan, plan
+    assert "Seq Scan on outbox" not in plan, plan
+    assert "outbox_pkey" not in plan or name == "groups", plan  # groups: one probe per group
+
+
+def test_blocked_aggregates_touch_only_unfinished_rows(mostly_done, table):
+    plan = _plan(mostly_done, admin.blocked_aggregates(table), generic=False)
+    assert "outbox_dead" in plan and "outbox_aggregate" in plan, plan
+    assert "Seq Scan on outbox" not in plan, plan
+
+
+def test_lease_holders_use_the_leased_index(mostly_done, table):
+    mostly_done.execute(
+        "UPDATE outbox SET status = 'processing', lease_owner = 'w', "
+        "lease_until = now() + interval '1 minute' WHERE id > %s",
+        (DONE_ROWS + DEAD_ROWS + 90,),
+    )
+    plan = _plan(mostly_done, admin.lease_holders(table), generic=False)
+    assert "outbox_leased" in plan, plan
+    assert "Seq Scan on outbox" not in plan, plan

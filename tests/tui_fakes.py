@@ -1,0 +1,239 @@
+"""A `tui.source.Source` of fixed data, for snapshots (deterministic to the pixel) and for
+timing tests (it can be slow on purpose and counts overlapping calls)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from outbox.admin import (
+    Action,
+    ActionRecord,
+    ActionResult,
+    Blocked,
+    DeadFilter,
+    DeadMessage,
+    DeadPage,
+    ErrorGroup,
+    LeaseHolder,
+    MessageDetail,
+    Seen,
+)
+from outbox.stats import QueueStats
+from tui.source import Overview
+
+NOW = datetime(2025, 3, 14, 12, 0, 0, tzinfo=UTC)
+
+
+def clock() -> datetime:
+    return NOW
+
+
+ERRORS = [
+    'HTTP 422: {"status": 422, "detail": "amount must be positive"}',
+    "HTTP 503: upstream 9f86d081884c7d65 unavailable",
+    "ConnectionRefusedError: [Errno 111] connect to 10.0.0.7:8080 refused",
+    "lease expired on the last attempt (worker crashed, or publish outlived the lease)",
+]
+GROUP_KEYS = [
+    'HTTP 422: {"status": <n>, "detail": <str>}',
+    "HTTP 503: upstream <hex> unavailable",
+    "ConnectionRefusedError: [Errno <n>] connect to <n>:<n> refused",
+    "lease expired on the last attempt (worker crashed, or publish outlived the lease)",
+]
+EVENTS = ["OrderPaid", "OrderShipped", "OrderCancelled", "InvoiceIssued"]
+
+
+def dead_messages(count: int = 60) -> list[DeadMessage]:
+    return [
+        DeadMessage(
+            id=104_000 + i * 7,
+            aggregate_type="order",
+            aggregate_id=f"o-{1000 + i % 13}",
+            event_type=EVENTS[i % len(EVENTS)],
+            attempts=12 if i % 4 != 3 else 3,
+            created_at=NOW - timedelta(minutes=5 * (count - i), seconds=i),
+            last_error=ERRORS[i % len(ERRORS)],
+            lease_version=12,
+        )
+        for i in range(count)
+    ]
+
+
+def stats(step: int) -> QueueStats:
+    """A queue under steady load; `step` moves time and counters forward 2 s."""
+    wave = [3, 5, 8, 12, 9, 6, 4, 7, 11, 14, 10, 6][step % 12]
+    return QueueStats(
+        table="outbox",
+        sampled_at=NOW - timedelta(seconds=2 * (40 - step)),
+        pending=1_240 + wave * 3,
+        ready=1_180 + wave,
+        processing=96,
+        dead=60,
+        done=1_204_311 + step * 200,
+        done_is_estimate=True,
+        expired_leases=2,
+        oldest_pending_age=187.4,
+        oldest_ready_age=41.2,
+        max_id=1_300_000 + step * (200 + wave * 3),
+        attempts={0: 1_150, 1: 120, 2: 40, 3: 18, 5: 6, 9: 2},
+    )
+
+
+HOLDERS = [
+    LeaseHolder("dispatcher-7c9f-1", 48, 0, NOW + timedelta(seconds=41)),
+    LeaseHolder("dispatcher-7c9f-2", 46, 0, NOW + timedelta(seconds=37)),
+    LeaseHolder("dispatcher-old-9", 2, 2, NOW - timedelta(seconds=75)),
+]
+
+
+class FakeSource:
+    read_only = False
+    label = "app@db.internal:5432/shop"
+
+    def __init__(self, *, delay: float = 0.0, dead: int = 60) -> None:
+        self.delay = delay
+        self.step = 0
+        self.dead = dead_messages(dead)
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.calls = 0
+        self.applied: list[tuple[Action, list[Seen], dict[str, Any]]] = []
+
+    async def _call(self) -> None:
+        self.calls += 1
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.delay:
+                await asyncio.sleep(self.delay)
+        finally:
+            self.in_flight -= 1
+
+    async def check(self) -> str | None:
+        return None
+
+    async def overview(self, ordered: bool) -> Overview:
+        await self._call()
+        current = stats(self.step)
+        self.step += 1
+        return Overview(current, HOLDERS, Blocked(3, 17) if ordered else None)
+
+    def _matching(self, f: DeadFilter) -> list[DeadMessage]:
+        found = sorted(self.dead, key=lambda m: -m.id)
+        if f.event_type:
+            found = [m for m in found if m.event_type == f.event_type]
+        if f.error:
+            found = [m for m in found if f.error.lower() in (m.last_error or "").lower()]
+        if f.error_group is not None:
+            keys = dict(zip(ERRORS, GROUP_KEYS, strict=True))
+            found = [m for m in found if keys[m.last_error or ""] == f.error_group]
+        return found
+
+    async def dead_page(
+        self, f: DeadFilter, *, before: int | None, after: int | None, limit: int
+    ) -> DeadPage:
+        await self._call()
+        rows = self._matching(f)
+        if after is not None:
+            newer = [m for m in rows if m.id > after][-limit:]
+            return DeadPage(newer, has_newer=len(rows) > 0 and rows[0].id > newer[0].id,
+                            has_older=True)  # fmt: skip
+        below = [m for m in rows if before is None or m.id < before]
+        page = below[:limit]
+        return DeadPage(
+            page,
+            has_newer=bool(page) and page[0].id != rows[0].id,
+            has_older=len(below) > limit,
+        )
+
+    async def dead_count(self, f: DeadFilter) -> int:
+        await self._call()
+        return len(self._matching(f))
+
+    async def error_groups(self, f: DeadFilter) -> list[ErrorGroup]:
+        await self._call()
+        rows = self._matching(f)
+        groups = []
+        for error, key in zip(ERRORS, GROUP_KEYS, strict=True):
+            members = [m for m in rows if m.last_error == error]
+            if members:
+                groups.append(
+                    ErrorGroup(
+                        key,
+                        len(members),
+                        error,
+                        max(m.id for m in members),
+                        min(m.created_at for m in members),
+                        max(m.created_at for m in members),
+                    )
+                )
+        return sorted(groups, key=lambda g: (-g.count, -g.newest_id))
+
+    async def message(self, message_id: int) -> MessageDetail | None:
+        await self._call()
+        m = next((m for m in self.dead if m.id == message_id), None)
+        if m is None:
+            return None
+        columns = {
+            "id": m.id,
+            "aggregate_type": m.aggregate_type,
+            "aggregate_id": m.aggregate_id,
+            "event_type": m.event_type,
+            "payload": {
+                "order_id": m.aggregate_id,
+                "amount": {"value": -1250, "currency": "EUR"},
+                "lines": [{"sku": "BK-42", "qty": 2}, {"sku": "PN-7", "qty": 1}],
+                "customer": "c-77",
+            },
+            "created_at": m.created_at,
+            "status": "dead",
+            "available_at": m.created_at + timedelta(minutes=40),
+            "attempts": m.attempts,
+            "lease_owner": None,
+            "lease_until": None,
+            "lease_version": m.lease_version,
+            "last_error": m.last_error,
+            "done_at": None,
+        }
+        key = GROUP_KEYS[ERRORS.index(m.last_error or "")]
+        return MessageDetail(columns, key, is_head=True, waiting_behind=4)
+
+    async def history(self, message_id: int) -> list[ActionRecord]:
+        await self._call()
+        return [
+            ActionRecord(
+                id=12,
+                at=NOW - timedelta(hours=3, minutes=10),
+                actor="maria",
+                db_user="ops",
+                action="requeue",
+                message_ids=[message_id, message_id + 7],
+                filter={"query": "type:OrderPaid", "via": "outbox-tui"},
+                requested=2,
+                count=2,
+            )
+        ]
+
+    async def recent_actions(self) -> list[ActionRecord]:
+        return await self.history(self.dead[-1].id)
+
+    async def targets(
+        self, f: DeadFilter | None = None, ids: Sequence[int] | None = None
+    ) -> list[Seen]:
+        await self._call()
+        return [m.seen for m in self._matching(f or DeadFilter())]
+
+    async def apply(
+        self, action: Action, seen: Sequence[Seen], recorded: dict[str, Any]
+    ) -> ActionResult:
+        await self._call()
+        self.applied.append((action, list(seen), recorded))
+        ids = {s.id for s in seen}
+        self.dead = [m for m in self.dead if m.id not in ids]
+        return ActionResult(action, len(seen), sorted(ids), [], audit_id=13)
+
+    async def close(self) -> None:
+        return None

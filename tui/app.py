@@ -1,0 +1,236 @@
+"""The `outbox-tui` application: shared state (refresh, connection, read-only), the
+confirm-then-apply flow of every action, and the entry point."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+from textual.notifications import SeverityLevel
+
+from tui import config as cfg
+from tui.actions import ActionRequest
+from tui.format import count
+from tui.poller import DATABASE_ERRORS, Poller
+from tui.screens.confirm import ConfirmScreen
+from tui.screens.dashboard import DashboardScreen
+from tui.screens.help import HelpScreen
+from tui.source import PgSource, ReadOnlyError, Source
+from tui.widgets import BarState, StatusLine, TopBar
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class OutboxApp(App[None]):
+    TITLE = "outbox-tui"
+    ENABLE_COMMAND_PALETTE = False
+    CSS = """
+    Screen { background: $surface; }
+    .panel { border: round $primary 60%; border-title-color: $text; border-title-style: bold;
+             padding: 0 1; }
+    """
+    BINDINGS = [
+        Binding("q", "quit", "quit", show=False),
+        Binding("question_mark", "help", "help"),
+        Binding("p", "toggle_pause", "pause"),
+        Binding("ctrl+r", "refresh_now", "refresh", show=False),
+        Binding("plus,equals_sign", "faster", "refresh faster", show=False),
+        Binding("minus", "slower", "refresh slower", show=False),
+        # Only reached when a screen's action is disabled, i.e. in read-only mode: say so
+        # instead of silently ignoring the key.
+        Binding("r,R,s,space", "refused", "refused", show=False),
+    ]
+
+    def __init__(
+        self,
+        config: cfg.Config,
+        source: Source | None = None,
+        *,
+        clock: Clock = utc_now,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.source: Source = source or PgSource(
+            config.dsn, config.table, read_only=config.read_only
+        )
+        self.clock = clock
+        self.interval = config.interval
+        self.paused = config.paused
+        self.state = BarState(
+            source=self.source.label,
+            table=str(config.table),
+            read_only=config.read_only,
+            ordered=config.ordered,
+            interval=config.interval,
+            paused=config.paused,
+        )
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def on_mount(self) -> None:
+        self.push_screen(DashboardScreen())
+        self._check_schema()
+
+    async def on_unmount(self) -> None:
+        await self.source.close()
+
+    @work(group="check", exit_on_error=False)
+    async def _check_schema(self) -> None:
+        try:
+            problem = await self.source.check()
+        except DATABASE_ERRORS:
+            return  # the pollers report the connection problem
+        self.set_state(schema_problem=problem)
+
+    # -- shared state -----------------------------------------------------------------------
+
+    def poll_interval(self) -> float | None:
+        """For pollers: seconds until the next poll, None when paused."""
+        return None if self.paused else self.interval
+
+    def set_state(self, **changes: Any) -> None:
+        self.state = replace(self.state, source=self.source.label, **changes)
+        for screen in self.screen_stack:
+            for bar in screen.query(TopBar):
+                bar.show(self.state)
+            for line in screen.query(StatusLine):
+                line.show(self.state)
+
+    def on_poller_polled(self, message: Poller.Polled) -> None:
+        if message.error is None:
+            self.set_state(connected=True, error=None, refreshed_at=self.clock())
+        else:
+            self.set_state(connected=False, error=describe_error(message.error))
+
+    def pollers(self) -> list[Poller]:
+        return [p for screen in self.screen_stack for p in screen.query(Poller)]
+
+    # -- refresh controls -------------------------------------------------------------------
+
+    def action_refresh_now(self) -> None:
+        for poller in self.pollers():
+            poller.poll_now()
+
+    def action_toggle_pause(self) -> None:
+        self.paused = not self.paused
+        self.set_state(paused=self.paused)
+        self.notify("refresh paused (ctrl+r refreshes once)" if self.paused else "refresh resumed")
+        if self.paused:
+            for poller in self.pollers():
+                poller.reschedule()
+        else:
+            self.action_refresh_now()
+
+    def _set_interval(self, seconds: float) -> None:
+        self.interval = seconds
+        self.set_state(interval=seconds)
+        for poller in self.pollers():
+            poller.reschedule()
+
+    def action_faster(self) -> None:
+        self._set_interval(cfg.neighbour_interval(self.interval, faster=True))
+
+    def action_slower(self) -> None:
+        self._set_interval(cfg.neighbour_interval(self.interval, faster=False))
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.screen))
+
+    # -- actions ----------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "refused":
+            return self.config.read_only
+        return True
+
+    def action_refused(self) -> None:
+        self.refuse()
+
+    def refuse(self) -> None:
+        self.tell("read-only: requeue and skip are disabled", severity="warning")
+
+    def tell(
+        self, message: str, *, title: str = "", severity: SeverityLevel = "information"
+    ) -> None:
+        """An action's outcome: a toast now, and the status line until the next one."""
+        self.notify(message, title=title, severity=severity)
+        self.set_state(last_action=message)
+
+    def request(self, request: ActionRequest) -> None:
+        """Confirm and apply an action (from any screen)."""
+        if self.config.read_only:
+            self.refuse()
+            return
+        if any(w.group == "action" and not w.is_finished for w in self.workers):
+            return  # one dialog at a time: a second R while one is open is a stray key
+        self._perform(request)
+
+    @work(group="action", exit_on_error=True)
+    async def _perform(self, request: ActionRequest) -> None:
+        verb = "requeue" if request.action == "requeue" else "skip"
+        try:
+            seen = list(request.seen) if request.seen is not None else []
+            if request.load is not None:
+                seen = await request.load()
+            notes = list(request.notes)
+            if request.explain is not None:
+                notes += await request.explain()
+        except DATABASE_ERRORS as exc:
+            self.tell(f"{verb}: cannot read: {_first_line(exc)}", severity="error")
+            return
+        if not seen:
+            self.tell(f"nothing to {verb}: no dead message matches", severity="warning")
+            return
+        confirmed = await self.push_screen_wait(
+            ConfirmScreen(request.action, len(seen), request.what, notes)
+        )
+        if not confirmed:
+            self.tell(f"{verb} cancelled, nothing changed")
+            return
+        try:
+            result = await self.source.apply(request.action, seen, request.recorded)
+        except ReadOnlyError:
+            self.refuse()
+            return
+        except DATABASE_ERRORS as exc:
+            self.tell(f"{verb} failed, nothing changed: {_first_line(exc)}", severity="error")
+            return
+        self.tell(
+            f"{result.summary()} (action #{result.audit_id})",
+            title=f"{verb}: {count(result.count)} changed",
+            severity="information" if not result.changed_meanwhile else "warning",
+        )
+        if request.done is not None:
+            request.done(result)
+        self.action_refresh_now()
+
+
+def describe_error(exc: BaseException) -> str:
+    """A database error in a few words: libpq's connection errors carry the host and port
+    first and the reason last (`... failed: FATAL:  database "x" does not exist`)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    if "FATAL:" in first:
+        first = first.split("FATAL:", 1)[1].strip()
+    elif first.startswith("connection failed:"):
+        first = first.rsplit("failed:", 1)[1].strip()
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _first_line(exc: BaseException) -> str:
+    return describe_error(exc)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = cfg.parse_args(argv)
+    OutboxApp(config).run()

@@ -1,0 +1,94 @@
+"""`outbox-tui`'s flags: the same conventions as `outbox` and `outbox-worker` (OUTBOX_*
+variables, one-line errors, exit code 2)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from outbox.cliutil import ArgumentParser, add_dsn_and_table, fail, positive_int, resolve
+from outbox.settings import SettingError, check_dsn, parse_duration
+from outbox.table import Table
+
+PROG = "outbox-tui"
+# What `+` and `-` step through; the flag may set any value, the keys move to a neighbour.
+INTERVALS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+DEFAULT_TABLE = Table(None, "outbox")
+
+
+@dataclass(frozen=True)
+class Config:
+    dsn: str = ""
+    table: Table = DEFAULT_TABLE
+    read_only: bool = False
+    interval: float = 2.0  # seconds between the end of one poll and the start of the next
+    slo: float = 60.0  # seconds; oldest pending/ready ages over it are coloured
+    ordered: bool = False  # workers run --ordering aggregate: show blocked aggregates
+    page_size: int = 50
+    paused: bool = False  # start without live refresh (snapshots, slow links)
+
+
+def _seconds(text: str) -> float:
+    seconds = parse_duration(text).total_seconds()
+    if seconds <= 0:
+        raise ValueError("must be more than 0")
+    return seconds
+
+
+def _ordering(text: str) -> bool:
+    if text not in ("none", "aggregate"):
+        raise ValueError(f"{text!r} is not an ordering (use none or aggregate)")
+    return text == "aggregate"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Config:
+    parser = ArgumentParser(
+        prog=PROG,
+        description="Watch an outbox table live and repair its dead messages.",
+    )
+    add_dsn_and_table(parser)
+    parser.add_argument(
+        "--read-only",
+        action="store_true",
+        default=None,  # unset: OUTBOX_READ_ONLY decides
+        help="hide and refuse every action (env OUTBOX_READ_ONLY=1)",
+    )
+    parser.add_argument("--refresh", help="time between refreshes (default 2s)")
+    parser.add_argument("--slo", help="oldest-age target; ages over it are red (default 60s)")
+    parser.add_argument(
+        "--ordering", help="none or aggregate, as the workers run (aggregate: blocked heads)"
+    )
+    parser.add_argument("--page-size", help="dead messages per page (default 50)")
+    parser.add_argument("--paused", action="store_true", help="start with refresh paused")
+    args = parser.parse_args(argv)
+    try:
+        return Config(
+            dsn=resolve(args, "--dsn", check_dsn, ""),
+            table=resolve(args, "--table", Table.parse, Table.parse("outbox")),
+            read_only=resolve(args, "--read-only", _flag, False),
+            interval=resolve(args, "--refresh", _seconds, 2.0),
+            slo=resolve(args, "--slo", _seconds, 60.0),
+            ordered=resolve(args, "--ordering", _ordering, False),
+            page_size=resolve(args, "--page-size", positive_int, 50),
+            paused=args.paused,
+        )
+    except SettingError as exc:
+        fail(PROG, str(exc))
+
+
+def _flag(text: str) -> bool:
+    """OUTBOX_READ_ONLY=1 (or true/yes/on) for a shared operator account."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not a boolean (use 1/0, true/false)")
+
+
+def neighbour_interval(current: float, faster: bool) -> float:
+    if faster:
+        options = [i for i in INTERVALS if i < current]
+        return options[-1] if options else current
+    options = [i for i in INTERVALS if i > current]
+    return options[0] if options else current

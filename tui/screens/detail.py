@@ -1,0 +1,232 @@
+"""One message: every column, the payload pretty-printed, the full last error, its place
+in its aggregate, and what people did to it (the audit log)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.json import JSON
+from rich.table import Table as RichTable
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Static
+
+from outbox.admin import ActionRecord, MessageDetail, Seen
+from tui import format as fmt
+from tui.actions import ActionRequest
+from tui.poller import Poller
+from tui.screens.base import BaseScreen
+from tui.source import Source
+
+WIDE = 140  # columns from which the payload goes beside the fields
+# Shown in the fields table; payload and last_error get their own sections.
+_OWN_SECTIONS = {"payload", "last_error"}
+_STATUS_STYLE = {"dead": "bold red", "pending": "yellow", "processing": "cyan", "done": "green"}
+
+
+class DetailScreen(BaseScreen):
+    DEFAULT_CSS = """
+    DetailScreen VerticalScroll { padding: 0 1; }
+    DetailScreen .section { text-style: bold; color: $accent; margin-top: 1; }
+    DetailScreen #columns { height: auto; layout: vertical; }
+    DetailScreen #columns > Vertical { height: auto; }
+    /* Wide terminals: the payload beside the fields instead of below them. */
+    DetailScreen.wide #columns { layout: horizontal; }
+    DetailScreen.wide #columns > Vertical { width: 1fr; }
+    DetailScreen.wide #right { padding-left: 2; }
+    """
+    BINDINGS = [
+        Binding("r", "requeue", "requeue"),
+        Binding("s", "skip", "skip"),
+        Binding("escape,backspace", "back", "back"),
+    ]
+
+    def __init__(self, message_id: int) -> None:
+        super().__init__()
+        self.message_id = message_id
+        self.detail: MessageDetail | None = None
+        self.actions: list[ActionRecord] = []
+
+    def compose(self) -> ComposeResult:
+        yield from self.compose_top()
+        with VerticalScroll():
+            yield Static(id="title")
+            with Horizontal(id="columns"):
+                with Vertical(id="left"):
+                    yield Static(id="fields")
+                    yield Static("last error", classes="section")
+                    yield Static(id="error")
+                    yield Static(
+                        "history (requeue and skip, from the audit log)", classes="section"
+                    )
+                    yield Static(id="history")
+                with Vertical(id="right"):
+                    yield Static("payload", classes="section")
+                    yield Static(id="payload")
+        yield from self.compose_bottom()
+        yield Poller(self.fetch, interval=self.outbox.poll_interval, name="detail")
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.query_one(VerticalScroll).focus()
+        self.set_class(self.size.width >= WIDE, "wide")
+
+    def on_resize(self) -> None:
+        super().on_resize()
+        self.set_class(self.size.width >= WIDE, "wide")
+
+    async def fetch(self) -> None:
+        source = self.outbox.source
+        self.detail = await source.message(self.message_id)
+        self.actions = await source.history(self.message_id) if self.detail else []
+        self._show()
+        self.refresh_bindings()  # requeue/skip only for a dead message
+
+    def _show(self) -> None:
+        detail = self.detail
+        title = self.query_one("#title", Static)
+        if detail is None:
+            title.update(Text(f"message {self.message_id} no longer exists (purged?)", "bold"))
+            return
+        c = detail.columns
+        status = str(c.get("status"))
+        title.update(
+            Text.assemble(
+                (f"message {detail.id} ", "bold"),
+                (f" {status} ", f"reverse {_STATUS_STYLE.get(status, '')}"),
+                f"  {c.get('aggregate_type')}/{c.get('aggregate_id')} · {c.get('event_type')}",
+            )
+        )
+        self.query_one("#fields", Static).update(self._fields(detail))
+        error = c.get("last_error")
+        self.query_one("#error", Static).update(
+            Group(
+                Text(str(error), "red") if error else Text("(none)", "dim"),
+                Text(f"error group: {detail.error_group or '(no error)'}", "dim"),
+            )
+        )
+        self.query_one("#payload", Static).update(_payload(c.get("payload")))
+        self.query_one("#history", Static).update(_history(self.actions, self.outbox.clock()))
+
+    def _fields(self, detail: MessageDetail) -> RenderableType:
+        now = self.outbox.clock()
+        grid = RichTable.grid(padding=(0, 2))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column()
+        for name, value in detail.columns.items():
+            if name in _OWN_SECTIONS:
+                continue
+            grid.add_row(name, _value(name, value, now))
+        if detail.status != "done":
+            place = (
+                "head of its aggregate (claimable first in ordered mode)"
+                if detail.is_head
+                else "behind earlier unfinished messages of its aggregate"
+            )
+            grid.add_row(
+                "ordering", f"{place}; {fmt.count(detail.waiting_behind)} unfinished after it"
+            )
+        return grid
+
+    # -- actions ----------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("requeue", "skip"):
+            if self.outbox.config.read_only:
+                return False
+            return self.detail is not None and self.detail.status == "dead"
+        return super().check_action(action, parameters)
+
+    def _request(self, action: str) -> None:
+        detail = self.detail
+        if detail is None or detail.status != "dead":
+            return
+        c = detail.columns
+        what = f"message {detail.id} ({c['aggregate_type']}/{c['aggregate_id']}, {c['event_type']})"
+        notes = _head_notes(detail) if action == "skip" else []
+        self.outbox.request(
+            ActionRequest(
+                "skip" if action == "skip" else "requeue",
+                what,
+                recorded={"selection": "detail"},
+                seen=[detail.seen],
+                notes=notes,
+            )
+        )
+
+    def action_requeue(self) -> None:
+        self._request("requeue")
+
+    def action_skip(self) -> None:
+        self._request("skip")
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+
+def _value(name: str, value: Any, now: datetime) -> RenderableType:
+    if value is None:
+        return Text("null", "dim")
+    if isinstance(value, datetime):
+        return Text.assemble(fmt.timestamp(value), (f"  ({_relative(value, now)})", "dim"))
+    if name == "status":
+        return Text(str(value), _STATUS_STYLE.get(str(value), ""))
+    if isinstance(value, dict | list):
+        return Text(json.dumps(value, ensure_ascii=False))
+    return Text(str(value))
+
+
+def _relative(moment: datetime, now: datetime) -> str:
+    seconds = (moment - now).total_seconds()
+    return f"in {fmt.age(seconds)}" if seconds > 0 else f"{fmt.age(-seconds)} ago"
+
+
+def _payload(payload: Any) -> RenderableType:
+    # Rich's JSON highlighter: indented, coloured, in the key order the producer wrote.
+    return JSON(json.dumps(payload, ensure_ascii=False), indent=2, ensure_ascii=False)
+
+
+def _history(actions: list[ActionRecord], now: datetime) -> RenderableType:
+    if not actions:
+        return Text("no action recorded for this message", "dim")
+    grid = RichTable.grid(padding=(0, 2))
+    for _ in range(4):
+        grid.add_column(no_wrap=True)
+    grid.add_column()
+    for a in actions:
+        others = len(a.message_ids) - 1
+        grid.add_row(
+            fmt.timestamp(a.at),
+            Text(f"({fmt.since(a.at, now)} ago)", "dim"),
+            Text(a.action, "bold"),
+            f"by {a.actor}" + (f" ({a.db_user})" if a.db_user != a.actor else ""),
+            Text(f"#{a.id}, with {others} other{'s' if others != 1 else ''}", "dim"),
+        )
+    return grid
+
+
+def _head_notes(detail: MessageDetail) -> list[str]:
+    c = detail.columns
+    aggregate = f"{c['aggregate_type']}/{c['aggregate_id']}"
+    if detail.is_head and detail.waiting_behind:
+        return [
+            f"It is the head of {aggregate}: {fmt.count(detail.waiting_behind)} unfinished "
+            "messages wait behind it in ordered mode."
+        ]
+    if detail.is_head:
+        return [f"It is the head of {aggregate}; nothing waits behind it."]
+    return [f"It is not the head of {aggregate}: earlier messages are unfinished."]
+
+
+async def skip_notes(source: Source, seen: Sequence[Seen]) -> list[str]:
+    """For the skip dialog: does the message block its aggregate (one message only)."""
+    if len(seen) != 1:
+        return []
+    detail = await source.message(seen[0].id)
+    return _head_notes(detail) if detail is not None else []

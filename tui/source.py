@@ -1,0 +1,228 @@
+"""Where the screens get their data and send their actions: a `Source`.
+
+`PgSource` is the real one: `outbox.stats` and `outbox.admin` over psycopg's async
+connections, so a query never blocks the UI's event loop. Tests and snapshots substitute a
+`Source` of fixed data.
+
+Each poller has its own connection ("channel"): a slow error-group query never delays the
+dashboard, and one poll at a time per channel means a connection is never shared by two
+queries. A connection that fails is dropped and the next use reconnects, so the app
+recovers by itself from a restarted server or a killed backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from outbox import admin
+from outbox.admin import (
+    ActionRecord,
+    ActionResult,
+    Blocked,
+    DeadFilter,
+    DeadPage,
+    ErrorGroup,
+    LeaseHolder,
+    MessageDetail,
+    Seen,
+)
+from outbox.schema import SchemaError, check_table
+from outbox.stats import QueueStats, queue_stats_async
+from outbox.table import Table
+
+T = TypeVar("T")
+APPLICATION_NAME = "outbox-tui"
+CONNECT_TIMEOUT = 5  # seconds: a dead server shows up in the status line quickly
+STATEMENT_TIMEOUT = "15s"  # no poll can hang forever
+LOCK_TIMEOUT = "5s"  # an action waits this long at most for a row a worker is finalizing
+
+
+class ReadOnlyError(RuntimeError):
+    """An action was attempted with --read-only."""
+
+
+@dataclass(frozen=True)
+class Overview:
+    """One dashboard poll."""
+
+    stats: QueueStats
+    holders: list[LeaseHolder]
+    blocked: Blocked | None  # only in ordered mode
+
+
+class Source(Protocol):
+    read_only: bool
+
+    @property
+    def label(self) -> str:
+        """Where the data comes from, for the top bar (never with a password)."""
+        ...
+
+    async def check(self) -> str | None:
+        """A problem with the table people should know about (e.g. needs `migrate`)."""
+        ...
+
+    async def overview(self, ordered: bool) -> Overview: ...
+
+    async def dead_page(
+        self, f: DeadFilter, *, before: int | None, after: int | None, limit: int
+    ) -> DeadPage: ...
+
+    async def dead_count(self, f: DeadFilter) -> int: ...
+
+    async def error_groups(self, f: DeadFilter) -> list[ErrorGroup]: ...
+
+    async def message(self, message_id: int) -> MessageDetail | None: ...
+
+    async def history(self, message_id: int) -> list[ActionRecord]: ...
+
+    async def recent_actions(self) -> list[ActionRecord]: ...
+
+    async def targets(
+        self, f: DeadFilter | None = None, ids: Sequence[int] | None = None
+    ) -> list[Seen]: ...
+
+    async def apply(
+        self, action: admin.Action, seen: Sequence[Seen], recorded: dict[str, Any]
+    ) -> ActionResult: ...
+
+    async def close(self) -> None: ...
+
+
+def describe_dsn(dsn: str) -> str:
+    """`user@host:port/db` from a DSN, or what libpq would use from PG* variables."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "?"
+    host = params.get("host") or params.get("hostaddr") or "local"
+    port = params.get("port")
+    db = params.get("dbname")
+    user = params.get("user")
+    text = f"{host}{':' + str(port) if port else ''}{'/' + str(db) if db else ''}"
+    return f"{user}@{text}" if user else text
+
+
+class PgSource:
+    def __init__(self, dsn: str, table: Table, *, read_only: bool = False) -> None:
+        self.dsn = dsn
+        self.table = table
+        self.read_only = read_only
+        self._connections: dict[str, psycopg.AsyncConnection[Any]] = {}
+        self._label = describe_dsn(dsn)
+
+    @property
+    def label(self) -> str:
+        return self._label
+
+    async def _connection(self, channel: str) -> psycopg.AsyncConnection[Any]:
+        conn = self._connections.get(channel)
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        self._connections.pop(channel, None)
+        conn = await psycopg.AsyncConnection.connect(
+            self.dsn,
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT,
+            application_name=APPLICATION_NAME,
+        )
+        await admin.configure_session_async(
+            conn,
+            read_only=self.read_only,
+            statement_timeout=STATEMENT_TIMEOUT,
+            lock_timeout=LOCK_TIMEOUT,
+        )
+        info = conn.info
+        self._label = f"{info.user}@{info.host}:{info.port}/{info.dbname}"
+        self._connections[channel] = conn
+        return conn
+
+    async def _run(
+        self, channel: str, work: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
+    ) -> T:
+        conn = await self._connection(channel)
+        try:
+            return await work(conn)
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            # The connection is gone or unusable: drop it, the next poll reconnects.
+            self._connections.pop(channel, None)
+            await conn.close()
+            raise
+
+    async def _fetch(self, channel: str, query: admin.Query[T]) -> T:
+        return await self._run(channel, lambda conn: admin.fetch_async(conn, query))
+
+    async def check(self) -> str | None:
+        async def work(conn: psycopg.AsyncConnection[Any]) -> str | None:
+            try:
+                await check_table(conn, self.table)
+            except SchemaError as exc:
+                return str(exc)
+            return None
+
+        return await self._run("overview", work)
+
+    async def overview(self, ordered: bool) -> Overview:
+        async def work(conn: psycopg.AsyncConnection[Any]) -> Overview:
+            stats = await queue_stats_async(conn, self.table)
+            holders = await admin.fetch_async(conn, admin.lease_holders(self.table))
+            blocked: Blocked | None = None
+            if ordered:
+                blocked = await admin.fetch_async(conn, admin.blocked_aggregates(self.table))
+            return Overview(stats, holders, blocked)
+
+        return await self._run("overview", work)
+
+    async def dead_page(
+        self, f: DeadFilter, *, before: int | None, after: int | None, limit: int
+    ) -> DeadPage:
+        return await self._fetch(
+            "dead", admin.dead_page(self.table, f, before=before, after=after, limit=limit)
+        )
+
+    async def dead_count(self, f: DeadFilter) -> int:
+        return await self._fetch("dead", admin.dead_count(self.table, f))
+
+    async def error_groups(self, f: DeadFilter) -> list[ErrorGroup]:
+        return await self._fetch("groups", admin.error_groups(self.table, f))
+
+    async def message(self, message_id: int) -> MessageDetail | None:
+        return await self._fetch("detail", admin.message(self.table, message_id))
+
+    async def history(self, message_id: int) -> list[ActionRecord]:
+        return await self._fetch("detail", admin.history(self.table, message_id))
+
+    async def recent_actions(self) -> list[ActionRecord]:
+        return await self._fetch("detail", admin.recent_actions(self.table))
+
+    async def targets(
+        self, f: DeadFilter | None = None, ids: Sequence[int] | None = None
+    ) -> list[Seen]:
+        return await self._fetch("action", admin.select_targets(self.table, f, ids=ids))
+
+    async def apply(
+        self, action: admin.Action, seen: Sequence[Seen], recorded: dict[str, Any]
+    ) -> ActionResult:
+        if self.read_only:
+            raise ReadOnlyError(f"read-only: {action} refused")
+        return await self._run(
+            "action",
+            lambda conn: admin.apply_async(
+                conn,
+                self.table,
+                action,
+                seen,
+                actor=admin.default_actor(),
+                filter={**recorded, "via": APPLICATION_NAME},
+            ),
+        )
+
+    async def close(self) -> None:
+        connections, self._connections = list(self._connections.values()), {}
+        for conn in connections:
+            await conn.close()

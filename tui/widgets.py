@@ -1,0 +1,260 @@
+"""The dashboard's panels and the bars every screen shares. Widgets only render what they
+are given; screens fetch, the app keeps the shared state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from rich.table import Table as RichTable
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Sparkline, Static
+
+from outbox.admin import Blocked, LeaseHolder
+from outbox.stats import QueueStats
+from tui import format as fmt
+from tui.rates import RateHistory
+
+
+def _grid() -> RichTable:
+    table = RichTable.grid(padding=(0, 2), expand=True)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(justify="right", no_wrap=True)
+    table.add_column(style="dim", no_wrap=True, ratio=1)
+    return table
+
+
+@dataclass(frozen=True)
+class BarState:
+    """What the top bar and the status line show, kept by the app."""
+
+    source: str
+    table: str
+    read_only: bool
+    ordered: bool
+    interval: float
+    paused: bool
+    connected: bool | None = None  # None until the first poll answered
+    error: str | None = None
+    refreshed_at: datetime | None = None
+    schema_problem: str | None = None
+    last_action: str | None = None
+
+
+class TopBar(Static):
+    DEFAULT_CSS = """
+    TopBar { height: 1; background: $primary-background; color: $text; padding: 0 1; }
+    """
+
+    def show(self, state: BarState) -> None:
+        left = Text.assemble(("outbox-tui ", "bold"), (state.table, "bold"), f" @ {state.source}")
+        right = Text()
+        if state.ordered:
+            right.append(" ordered ", "black on cyan")
+            right.append(" ")
+        if state.read_only:
+            right.append(" READ-ONLY ", "bold white on dark_red")
+            right.append(" ")
+        if state.paused:
+            right.append("⏸ paused", "bold yellow")
+        else:
+            right.append(f"⟳ {_interval(state.interval)}")
+        width = max(self.size.width - 2, 0)
+        room = max(width - right.cell_len - 1, 0)
+        left.truncate(room, overflow="ellipsis")
+        left.pad_right(room - left.cell_len + 1)
+        self.update(left + right)
+
+
+class StatusLine(Static):
+    DEFAULT_CSS = """
+    StatusLine { height: 1; padding: 0 1; background: $panel; }
+    """
+
+    def show(self, state: BarState) -> None:
+        text = Text()
+        if state.error is not None:
+            text.append("✖ ", "bold red")
+            text.append(fmt.one_line(state.error, max(self.size.width - 40, 30)), "red")
+            text.append(" · reconnecting" if not state.paused else " · paused", "red")
+        elif state.connected:
+            text.append("● ", "bold green")
+            text.append("connected")
+        else:
+            text.append("○ connecting…", "dim")
+        if state.refreshed_at is not None:
+            text.append(f" · refreshed {fmt.clock_time(state.refreshed_at)}", "dim")
+        if state.schema_problem:
+            text.append(" · ")
+            text.append(fmt.one_line(state.schema_problem, 90), "bold yellow")
+        elif state.last_action:
+            text.append(" · ")
+            text.append(state.last_action, "bold")
+        self.update(text)
+
+
+def _interval(seconds: float) -> str:
+    return f"{seconds:g}s" if seconds < 60 else f"{seconds / 60:g}m"
+
+
+class CountsPanel(Static):
+    """Messages per status."""
+
+    def show(self, stats: QueueStats) -> None:
+        grid = _grid()
+        grid.add_row("pending", fmt.count(stats.pending), f"{fmt.count(stats.ready)} ready")
+        expired = Text(f"{fmt.count(stats.expired_leases)} lease expired")
+        if stats.expired_leases:
+            expired.stylize("bold red")
+        grid.add_row("processing", fmt.count(stats.processing), expired)
+        dead = Text(fmt.count(stats.dead), style="bold red" if stats.dead else "")
+        grid.add_row("dead", dead, "press d" if stats.dead else "")
+        done = ("~" if stats.done_is_estimate else "") + fmt.short_count(stats.done)
+        grid.add_row("done", done, "estimate" if stats.done_is_estimate else "")
+        self.update(grid)
+
+
+def slo_style(seconds: float | None, slo: float) -> str:
+    """Green within half the SLO, yellow up to it, red over it."""
+    if seconds is None or seconds <= slo / 2:
+        return "green"
+    return "yellow" if seconds <= slo else "bold red"
+
+
+class AgesPanel(Static):
+    """The delays people are paged for, against the SLO."""
+
+    def show(self, stats: QueueStats, slo: float, blocked: Blocked | None) -> None:
+        grid = _grid()
+        for label, value in (
+            ("oldest pending", stats.oldest_pending_age),
+            ("oldest ready", stats.oldest_ready_age),
+        ):
+            over = value is not None and value > slo
+            grid.add_row(
+                label,
+                Text(fmt.age(value), style=slo_style(value, slo)),
+                Text("over SLO", style="bold red") if over else "",
+            )
+        grid.add_row(
+            "expired leases",
+            Text(fmt.count(stats.expired_leases), "bold red" if stats.expired_leases else ""),
+            "",
+        )
+        if blocked is not None:
+            grid.add_row(
+                "blocked aggregates",
+                Text(fmt.count(blocked.aggregates), "bold red" if blocked.aggregates else ""),
+                f"{fmt.count(blocked.waiting)} behind" if blocked.aggregates else "",
+            )
+        else:
+            grid.add_row("backlog", fmt.count(stats.backlog), "")
+        self.update(grid)
+
+
+class RatesPanel(Vertical):
+    """Throughput and arrivals as sparklines, newest on the right."""
+
+    DEFAULT_CSS = """
+    RatesPanel > .rate-label { height: 1; }
+    RatesPanel > Sparkline { height: 1fr; min-height: 1; }
+    RatesPanel > #done-spark > .sparkline--max-color { color: $success; }
+    RatesPanel > #done-spark > .sparkline--min-color { color: $success 30%; }
+    RatesPanel > #arrivals-spark > .sparkline--max-color { color: $accent; }
+    RatesPanel > #arrivals-spark > .sparkline--min-color { color: $accent 30%; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="done-label", classes="rate-label")
+        yield Sparkline([], id="done-spark")
+        yield Static(id="arrivals-label", classes="rate-label")
+        yield Sparkline([], id="arrivals-spark")
+
+    def show(self, history: RateHistory) -> None:
+        latest = history.latest
+        width = max(self.size.width - 2, 1)
+        done, arrivals = history.done()[-width:], history.arrivals()[-width:]
+        peak_done = max(done, default=0.0)
+        peak_arrivals = max(arrivals, default=0.0)
+        self.query_one("#done-label", Static).update(
+            Text.assemble(
+                ("throughput ", "bold"),
+                (fmt.rate(latest.done if latest else None), "bold green"),
+                "  ",
+                (f"done per second · peak {fmt.rate(peak_done)}", "dim"),
+            )
+        )
+        self.query_one("#arrivals-label", Static).update(
+            Text.assemble(
+                ("arrivals   ", "bold"),
+                (fmt.rate(latest.arrivals if latest else None), "bold"),
+                "  ",
+                (f"new messages per second · peak {fmt.rate(peak_arrivals)}", "dim"),
+            )
+        )
+        # A flat zero line still shows that time passes; an empty one shows nothing.
+        self.query_one("#done-spark", Sparkline).data = done or [0.0]
+        self.query_one("#arrivals-spark", Sparkline).data = arrivals or [0.0]
+
+
+class AttemptsPanel(Static):
+    """Waiting messages by attempts used: retries piling up show as weight on the right."""
+
+    def show(self, stats: QueueStats) -> None:
+        if not stats.attempts:
+            self.update(Text("no waiting messages", style="dim"))
+            return
+        rows = [(str(k), k, n) for k, n in stats.attempts.items()]
+        height = max(self.size.height, 1)
+        if len(rows) > height:  # keep the first ones and fold the tail into one line
+            head, tail = rows[: height - 1], rows[height - 1 :]
+            rows = [*head, (f"{tail[0][1]}+", tail[0][1], sum(n for _, _, n in tail))]
+        peak = max(n for _, _, n in rows) or 1
+        label_width = max(len(label) for label, _, _ in rows)
+        number_width = max(len(fmt.count(n)) for _, _, n in rows)
+        bar_room = max(self.size.width - label_width - number_width - 2, 1)
+        text = Text()
+        for i, (label, attempts, n) in enumerate(rows):
+            bar = "█" * max(round(n / peak * bar_room), 1 if n else 0)
+            # First tries are healthy; a few retries are normal; many mean trouble downstream.
+            style = "green" if attempts == 0 else "yellow" if attempts < 3 else "red"
+            if i:
+                text.append("\n")
+            text.append(f"{label:>{label_width}} ", "bold")
+            text.append(f"{bar:<{bar_room}}", style)
+            text.append(f" {fmt.count(n):>{number_width}}")
+        self.update(text)
+
+
+class HoldersPanel(Static):
+    """Rows held per lease owner (worker), and the lease that runs out first."""
+
+    def show(self, holders: list[LeaseHolder], now: datetime) -> None:
+        if not holders:
+            self.update(Text("no leases held", style="dim"))
+            return
+        table = RichTable(box=None, padding=(0, 1), pad_edge=False, expand=True)
+        table.add_column("owner", style="bold", no_wrap=True, overflow="ellipsis", ratio=1)
+        table.add_column("held", justify="right", no_wrap=True)
+        table.add_column("exp", justify="right", no_wrap=True)
+        table.add_column("expiry", justify="right", no_wrap=True)
+        rows = max(self.size.height - 1, 1)
+        shown = holders if len(holders) <= rows else holders[: rows - 1]
+        for h in shown:
+            table.add_row(
+                h.owner or "(none)",
+                fmt.count(h.held),
+                Text(fmt.count(h.expired), "bold red" if h.expired else "dim"),
+                Text(fmt.until(h.earliest_expiry, now), "red" if h.expired else ""),
+            )
+        if len(shown) < len(holders):
+            rest = holders[len(shown) :]
+            table.add_row(
+                Text(f"{len(rest)} more", "dim"),
+                fmt.count(sum(h.held for h in rest)),
+                fmt.count(sum(h.expired for h in rest)),
+                "",
+            )
+        self.update(table)
