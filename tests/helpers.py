@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from outbox import Event, enqueue_many
 
@@ -57,3 +61,37 @@ async def _call(predicate: Callable[[], Any]) -> Any:
     if asyncio.iscoroutine(result):
         return await result
     return result
+
+
+def explain_prepared(
+    conn: psycopg.Connection[Any], statement: Any, params: dict[str, Any], *, generic: bool
+) -> str:
+    """EXPLAIN a statement PREPAREd with $n parameters, under a custom or a generic plan.
+
+    A generic plan is what a prepared statement may switch to after five executions.
+    """
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    text = re.sub(r"%\((\w+)\)s", number, statement.as_string(conn))
+    conn.execute("DEALLOCATE ALL")
+    conn.execute("PREPARE explained AS " + text)
+    conn.execute(
+        f"SET plan_cache_mode = {'force_generic_plan' if generic else 'force_custom_plan'}"
+    )
+    args = ", ".join(sql.Literal(_as_text(params[n])).as_string(conn) for n in names)
+    execute = f"EXECUTE explained({args})" if args else "EXECUTE explained"
+    return "\n".join(r[0] for r in conn.execute("EXPLAIN " + execute).fetchall())
+
+
+def _as_text(value: Any) -> str:
+    """A parameter as the text PREPARE's untyped parameters accept."""
+    if isinstance(value, Jsonb):
+        return json.dumps(value.obj)
+    if isinstance(value, list):
+        return "{" + ",".join(str(v) for v in value) + "}"
+    return str(value)

@@ -4,14 +4,11 @@
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
 import psycopg
 import pytest
-from helpers import seed
-from psycopg.types.json import Jsonb
+from helpers import explain_prepared, seed
 
 from outbox import admin
 from outbox.admin import parse_filter
@@ -34,32 +31,7 @@ def mostly_done(conn):
 
 
 def _plan(conn: psycopg.Connection[Any], query: admin.Query[Any], *, generic: bool) -> str:
-    """EXPLAIN the statement as a prepared statement with $n parameters."""
-    text = query.statement.as_string(conn)
-    names: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        if match.group(1) not in names:
-            names.append(match.group(1))
-        return f"${names.index(match.group(1)) + 1}"
-
-    conn.execute("DEALLOCATE ALL")
-    conn.execute("PREPARE q AS " + re.sub(r"%\((\w+)\)s", number, text))
-    mode = "force_generic_plan" if generic else "force_custom_plan"
-    conn.execute(f"SET plan_cache_mode = {mode}")
-    literal = psycopg.sql.Literal
-    args = ", ".join(literal(_text(query.params[n])).as_string(conn) for n in names)
-    execute = f"EXECUTE q({args})" if args else "EXECUTE q"
-    return "\n".join(r[0] for r in conn.execute("EXPLAIN " + execute).fetchall())
-
-
-def _text(value: Any) -> str:
-    """A parameter as the text PREPARE's untyped parameters accept."""
-    if isinstance(value, Jsonb):
-        return json.dumps(value.obj)
-    if isinstance(value, list):
-        return "{" + ",".join(str(v) for v in value) + "}"
-    return str(value)
+    return explain_prepared(conn, query.statement, query.params, generic=generic)
 
 
 QUERIES = {

@@ -7,12 +7,11 @@ rows, and the batched statements must probe an index on id per row, also under a
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import psycopg
 import pytest
-from helpers import seed
+from helpers import explain_prepared, seed
 
 from outbox.queries import queries
 from outbox.stats import _query as stats_query
@@ -21,26 +20,10 @@ DONE_ROWS = 10_000
 IN_FLIGHT = 2_000
 
 
-def _prepare(conn: psycopg.Connection[Any], name: str, statement: Any) -> list[str]:
-    """PREPARE the statement with $n parameters; returns parameter names in $n order."""
-    text = statement.as_string(conn)
-    order: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        if match.group(1) not in order:
-            order.append(match.group(1))
-        return f"${order.index(match.group(1)) + 1}"
-
-    conn.execute(f"PREPARE {name} AS " + re.sub(r"%\((\w+)\)s", number, text))
-    return order
-
-
-def _plan(conn: psycopg.Connection[Any], name: str, args: list[str], *, generic: bool) -> str:
-    conn.execute(
-        f"SET plan_cache_mode = {'force_generic_plan' if generic else 'force_custom_plan'}"
-    )
-    rows = conn.execute(f"EXPLAIN EXECUTE {name}({', '.join(args)})").fetchall()
-    return "\n".join(r[0] for r in rows)
+def _plan(
+    conn: psycopg.Connection[Any], statement: Any, args: dict[str, str], *, generic: bool
+) -> str:
+    return explain_prepared(conn, statement, args, generic=generic)
 
 
 @pytest.fixture
@@ -57,13 +40,12 @@ def half_drained(conn):
     return conn
 
 
-CLAIM_ARGS = {"max_attempts": "12", "batch": "100", "owner": "'w'", "lease": "'60 seconds'"}
+CLAIM_ARGS = {"max_attempts": "12", "batch": "100", "owner": "w", "lease": "60 seconds"}
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
 def test_ordered_claim_by_aggregate_skip_scans_the_aggregate_index(half_drained, table, generic):
-    names = _prepare(half_drained, "heads", queries(table).claim_heads)
-    plan = _plan(half_drained, "heads", [CLAIM_ARGS[n] for n in names], generic=generic)
+    plan = _plan(half_drained, queries(table).claim_heads, CLAIM_ARGS, generic=generic)
     assert "outbox_aggregate" in plan, plan
     assert "Seq Scan on outbox" not in plan, plan
 
@@ -72,8 +54,7 @@ def test_ordered_claim_by_aggregate_skip_scans_the_aggregate_index(half_drained,
 @pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
 def test_claim_walks_the_pending_index(half_drained, table, generic, ordered):
     q = queries(table)
-    names = _prepare(half_drained, "claim", q.claim_ordered if ordered else q.claim)
-    plan = _plan(half_drained, "claim", [CLAIM_ARGS[n] for n in names], generic=generic)
+    plan = _plan(half_drained, q.claim_ordered if ordered else q.claim, CLAIM_ARGS, generic=generic)
     assert "outbox_ready" in plan, plan
     assert "Seq Scan on outbox" not in plan, plan
     if ordered:
@@ -81,24 +62,23 @@ def test_claim_walks_the_pending_index(half_drained, table, generic, ordered):
 
 
 FINALIZE_ARGS = {
-    "ids": "'{1,2,3}'",
-    "versions": "'{1,1,1}'",
-    "statuses": "'{done,dead,pending}'",
-    "delays": "'{0,0,5}'",
-    "errors": "'{NULL,x,y}'",
-    "refunds": "'{f,f,f}'",
-    "deferreds": "'{f,f,f}'",
-    "max_defer_age": "'1 day'",
+    "ids": "{1,2,3}",
+    "versions": "{1,1,1}",
+    "statuses": "{done,dead,pending}",
+    "delays": "{0,0,5}",
+    "errors": "{NULL,x,y}",
+    "refunds": "{f,f,f}",
+    "deferreds": "{f,f,f}",
+    "max_defer_age": "1 day",
     "n": "3",
-    "lease": "'60 seconds'",
+    "lease": "60 seconds",
 }
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
 @pytest.mark.parametrize("statement", ["finalize_done", "finalize", "extend"])
 def test_batched_statements_probe_the_primary_key(half_drained, table, generic, statement):
-    names = _prepare(half_drained, statement, getattr(queries(table), statement))
-    plan = _plan(half_drained, statement, [FINALIZE_ARGS[n] for n in names], generic=generic)
+    plan = _plan(half_drained, getattr(queries(table), statement), FINALIZE_ARGS, generic=generic)
     # One index probe per array element (primary key or a smaller partial index on id).
     assert "Index Cond: (id = f.id)" in plan, plan
     assert "Seq Scan on outbox" not in plan and "Hash" not in plan, plan
