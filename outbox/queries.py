@@ -36,6 +36,39 @@ _APPLIED = sql.SQL(
 )
 
 
+# Every claim first sends rows whose lease expired on their last attempt to dead: a message
+# that kills its worker each time never reaches a finalize, so the claim must end it.
+_REAP_CTE = sql.SQL(
+    """reaped AS (
+    UPDATE {t} SET status = 'dead', last_error = {reaped_error},
+                   lease_owner = NULL, lease_until = NULL
+     WHERE id IN (SELECT id FROM {t}
+                   WHERE status = 'processing' AND lease_until < now()
+                     AND attempts >= %(max_attempts)s::int
+                     FOR UPDATE SKIP LOCKED)
+)"""
+)
+
+
+def _reap(t: sql.Identifier) -> sql.Composed:
+    return _REAP_CTE.format(t=t, reaped_error=sql.Literal(REAPED_ERROR))
+
+
+# Every claim ends the same way: the picked rows become a new lease, one generation later.
+_TAKE_LEASE = sql.SQL(
+    """UPDATE {t} AS o
+   SET status = 'processing', lease_owner = %(owner)s, lease_until = now() + %(lease)s::interval,
+       lease_version = o.lease_version + 1, attempts = o.attempts + 1
+  FROM picked
+ WHERE o.id = picked.id
+RETURNING {columns}"""
+)
+
+
+def _take_lease(t: sql.Identifier) -> sql.Composed:
+    return _TAKE_LEASE.format(t=t, columns=_CLAIMED_COLUMNS)
+
+
 @dataclass(frozen=True)
 class Queries:
     claim: sql.Composed
@@ -49,14 +82,7 @@ class Queries:
 def _claim(t: sql.Identifier, ordered: bool) -> sql.Composed:
     head = _HEAD_OF_AGGREGATE.format(t=t) if ordered else sql.SQL("")
     return sql.SQL(
-        """WITH reaped AS (
-    UPDATE {t} SET status = 'dead', last_error = {reaped_error},
-                   lease_owner = NULL, lease_until = NULL
-     WHERE id IN (SELECT id FROM {t}
-                   WHERE status = 'processing' AND lease_until < now()
-                     AND attempts >= %(max_attempts)s::int
-                     FOR UPDATE SKIP LOCKED)
-), expired AS (
+        """WITH {reap}, expired AS (
     SELECT c.id FROM {t} AS c
      WHERE c.status = 'processing' AND c.lease_until < now()
        AND c.attempts < %(max_attempts)s::int{head}
@@ -72,18 +98,8 @@ def _claim(t: sql.Identifier, ordered: bool) -> sql.Composed:
 ), picked AS (
     SELECT id FROM expired UNION ALL SELECT id FROM ready LIMIT %(batch)s::int
 )
-UPDATE {t} AS o
-   SET status = 'processing', lease_owner = %(owner)s, lease_until = now() + %(lease)s::interval,
-       lease_version = o.lease_version + 1, attempts = o.attempts + 1
-  FROM picked
- WHERE o.id = picked.id
-RETURNING {columns}"""
-    ).format(
-        t=t,
-        head=head,
-        reaped_error=sql.Literal(REAPED_ERROR),
-        columns=_CLAIMED_COLUMNS,
-    )
+{take}"""
+    ).format(t=t, head=head, reap=_reap(t), take=_take_lease(t))
 
 
 def _claim_heads(t: sql.Identifier) -> sql.Composed:
@@ -95,14 +111,7 @@ def _claim_heads(t: sql.Identifier) -> sql.Composed:
     a few aggregates hold a deep backlog (see `OrderedClaims` in outbox/lease.py).
     """
     return sql.SQL(
-        """WITH RECURSIVE reaped AS (
-    UPDATE {t} SET status = 'dead', last_error = {reaped_error},
-                   lease_owner = NULL, lease_until = NULL
-     WHERE id IN (SELECT id FROM {t}
-                   WHERE status = 'processing' AND lease_until < now()
-                     AND attempts >= %(max_attempts)s::int
-                     FOR UPDATE SKIP LOCKED)
-), heads(aggregate_id, id) AS (
+        """WITH RECURSIVE {reap}, heads(aggregate_id, id) AS (
     (SELECT aggregate_id, id FROM {t} WHERE status <> 'done' ORDER BY aggregate_id, id LIMIT 1)
     UNION ALL
     SELECT n.aggregate_id, n.id FROM heads AS h CROSS JOIN LATERAL (
@@ -118,13 +127,8 @@ def _claim_heads(t: sql.Identifier) -> sql.Composed:
      LIMIT %(batch)s::int
        FOR UPDATE OF c SKIP LOCKED
 )
-UPDATE {t} AS o
-   SET status = 'processing', lease_owner = %(owner)s, lease_until = now() + %(lease)s::interval,
-       lease_version = o.lease_version + 1, attempts = o.attempts + 1
-  FROM picked
- WHERE o.id = picked.id
-RETURNING {columns}"""
-    ).format(t=t, reaped_error=sql.Literal(REAPED_ERROR), columns=_CLAIMED_COLUMNS)
+{take}"""
+    ).format(t=t, reap=_reap(t), take=_take_lease(t))
 
 
 @cache
