@@ -191,11 +191,13 @@ def run_demo(events: int = 3000, workers: int = 4, keep: bool = False) -> int:
                 proc.kill()
         sink.stop()
         if keep:
+            pid = server.pid
             server.detach()
-            print(f"\nPostgreSQL keeps running (pid {server.pid}), data in {server.data_dir}")
+            print(f"\nPostgreSQL keeps running (pid {pid}), data in {server.data_dir}")
             print(f"  connect:  psql '{dsn}'")
             print(f"  state:    outbox stats --dsn '{dsn}'")
-            print(f"  stop:     kill -INT {server.pid}")
+            print(f"  watch:    outbox-tui --dsn '{dsn}'")
+            print(f"  stop:     kill -INT {pid}")
         else:
             server.stop()
 

@@ -64,3 +64,25 @@ async def test_log_publisher_writes_one_json_line_per_message(conn, dsn):
     assert [line["id"] for line in lines] == ids
     assert lines[0]["payload"] == {"n": 0, "text": "x" * 20}
     assert {"aggregate_type", "aggregate_id", "event_type", "created_at"} <= set(lines[0])
+
+
+def test_demo_keep_leaves_a_database_to_connect_to():
+    import os
+
+    import psycopg
+
+    result = subprocess.run(
+        [sys.executable, "-m", "outbox", "demo", "--events", "120", "--workers", "2", "--keep"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    pid = int(re.search(r"keeps running \(pid (\d+)\)", result.stdout).group(1))
+    dsn = re.search(r"connect:\s+psql '([^']+)'", result.stdout).group(1)
+    try:
+        with psycopg.connect(dsn) as conn:
+            counts = dict(conn.execute("SELECT status, count(*) FROM outbox GROUP BY 1").fetchall())
+        assert sum(counts.values()) == 120 and set(counts) <= {"done", "dead"}
+    finally:
+        os.kill(pid, signal.SIGINT)  # as the printed instructions say
