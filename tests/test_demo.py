@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from helpers import seed, wait_until
@@ -86,3 +89,8 @@ def test_demo_keep_leaves_a_database_to_connect_to():
         assert sum(counts.values()) == 120 and set(counts) <= {"done", "dead"}
     finally:
         os.kill(pid, signal.SIGINT)  # as the printed instructions say
+        data_dir = re.search(r"data in (\S+)", result.stdout).group(1)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # a server we did not start: nothing to wait() on
+        shutil.rmtree(data_dir, ignore_errors=True)
