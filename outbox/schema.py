@@ -179,15 +179,21 @@ def _parse_state(row: tuple[object, ...] | None) -> tuple[bool, int | None]:
     return True, int(match.group(1)) if match else None
 
 
-def _missing_columns(cur: psycopg.Cursor[tuple[object, ...]], table: Table) -> list[str]:
-    cur.execute(
-        sql.SQL(
-            "SELECT attname FROM pg_attribute WHERE attrelid = {t}::regclass "
-            "AND attnum > 0 AND NOT attisdropped"
-        ).format(t=table.regclass_literal)
-    )
-    present = {str(row[0]) for row in cur.fetchall()}
+def _columns_query(table: Table) -> sql.Composed:
+    return sql.SQL(
+        "SELECT attname FROM pg_attribute WHERE attrelid = {t}::regclass "
+        "AND attnum > 0 AND NOT attisdropped"
+    ).format(t=table.regclass_literal)
+
+
+def _missing(rows: list[tuple[object, ...]]) -> list[str]:
+    present = {str(row[0]) for row in rows}
     return [column for column in REQUIRED_COLUMNS if column not in present]
+
+
+def _missing_columns(cur: psycopg.Cursor[tuple[object, ...]], table: Table) -> list[str]:
+    cur.execute(_columns_query(table))
+    return _missing(cur.fetchall())
 
 
 def migrate(conn: psycopg.Connection[tuple[object, ...]], table: Table) -> tuple[int, int]:
@@ -235,3 +241,10 @@ async def check_table(conn: psycopg.AsyncConnection[tuple[object, ...]], table: 
             f"table {table} is at schema v{version}, this outbox-dispatcher needs "
             f"v{SCHEMA_VERSION}; run `outbox migrate` with the newer of the two"
         )
+    # The comment says "ours", but a column may have been dropped since: every claim would
+    # then fail, retried for ever. Refuse it here, naming what is missing.
+    async with conn.cursor() as cur:
+        await cur.execute(_columns_query(table))
+        missing = _missing(await cur.fetchall())
+    if missing:
+        raise SchemaError(f"table {table} lacks required columns: {', '.join(missing)}")

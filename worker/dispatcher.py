@@ -78,6 +78,7 @@ class Dispatcher:
         self._waiting: collections.deque[Message] = collections.deque()  # not started yet
         self._publishing: dict[int, Message] = {}  # publish in progress
         self._publishers: set[asyncio.Task[None]] = set()
+        self._pool_check: asyncio.Task[None] | None = None
         self._outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
         self._room = asyncio.Event()  # set when finalizing frees room for a claim
         self._wakeup = asyncio.Event()  # set by NOTIFY
@@ -127,12 +128,19 @@ class Dispatcher:
                 await asyncio.gather(*helpers, return_exceptions=True)
         finally:
             self.metrics.ready = False
+            if self._pool_check is not None:
+                self._pool_check.cancel()
+                await asyncio.gather(self._pool_check, return_exceptions=True)
             await self._pool.close()
 
     async def _check_table(self) -> None:
-        assert self._pool is not None
-        async with self._pool.connection() as conn:
-            await check_table(conn, self.settings.table)
+        # A connection of its own, not the pool's: a failure then says why (role or database
+        # missing, refused, ...), where the pool would only report a timeout.
+        s = self.settings
+        async with await psycopg.AsyncConnection.connect(
+            s.dsn, autocommit=True, connect_timeout=int(POOL_TIMEOUT), application_name=s.owner
+        ) as conn:
+            await check_table(conn, s.table)
 
     async def _shutdown(self) -> None:
         s = self.settings
@@ -452,6 +460,7 @@ class Dispatcher:
         self.metrics.db_errors.labels(operation).inc()
         if operation != "listen":
             self.metrics.ready = False
+            self._check_pool()
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         # One line per streak start, then every 10th, so an outage does not flood the log.
         if failures == 1 or failures % 10 == 0:
@@ -459,6 +468,16 @@ class Dispatcher:
                 "%s failed (%s, attempt %d): %s; retrying in %.1fs",
                 operation, type(exc).__name__, failures, message, _db_backoff(failures),
             )  # fmt: skip
+
+    def _check_pool(self) -> None:
+        """One broken connection usually means all are (a restart, a failover, terminated
+        backends): test the idle ones now, rather than meet them one by one, each failure
+        doubling the back-off while leases run out."""
+        if self._pool is None or (self._pool_check is not None and not self._pool_check.done()):
+            return
+        self._pool_check = asyncio.get_running_loop().create_task(self._pool.check())
+        # Its failure (the pool closing under it) is nobody's to report.
+        self._pool_check.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 @types.coroutine

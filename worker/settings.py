@@ -21,7 +21,7 @@ from outbox.cliutil import (
 )
 from outbox.settings import SettingError, check_dsn, format_duration, parse_duration
 from outbox.table import Table
-from worker.publishers.registry import PublisherFactory, load_publisher
+from worker.publishers.registry import Option, PublisherFactory, load_publisher
 
 # Built-in publishers whose options every `--help` lists; a plugin's appear once selected.
 BUILTIN_PUBLISHERS = ("http", "kafka", "log", "nats", "null")
@@ -136,10 +136,15 @@ def build_parser(publishers: Sequence[type[PublisherFactory]] = ()) -> ArgumentP
     parser.add_argument("--max-defer-age", help="deferred this long after creation: dead (1d)")
     parser.add_argument("--log-format", help="auto (default), json or text")
     parser.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
+    declared: list[Option] = []
     for factory in publishers:
-        if factory.options:
+        # A plugin may reuse another publisher's options (e.g. a subclass of the http
+        # publisher): each is declared once, or argparse refuses the second.
+        options = [option for option in factory.options if option not in declared]
+        declared.extend(options)
+        if options:
             group = parser.add_argument_group(f"{factory.name} publisher options")
-            for option in factory.options:
+            for option in options:
                 group.add_argument(
                     option.flag,
                     action="append" if option.repeatable else "store",

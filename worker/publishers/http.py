@@ -61,9 +61,16 @@ def classify(status: int, retry_after: str | None, body: bytes) -> None:
 
 
 def _url(text: str) -> str:
-    parts = urllib.parse.urlsplit(text)
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 - raises for a port that is not a number in 0-65535
+    except ValueError as exc:
+        raise ValueError(f"{text!r} is not a valid URL ({exc})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{text!r} is not an http:// or https:// URL")
+    # Accepted, these would fail every publish as "retryable" until each message is dead.
+    if any(c.isspace() or not c.isprintable() for c in text):
+        raise ValueError(f"{text!r} contains whitespace or control characters")
     return text
 
 
