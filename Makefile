@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench lint format clean
+.PHONY: install demo test chaos bench lint format clean
 
 install: $(STAMP)
 
@@ -20,6 +20,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The chaos suite as a soak: more messages, more faults, longer outages than `make test`
+# runs; prints the per-scenario report at the end and fails on any loss or broken invariant.
+CHAOS_SCALE ?= 5
+chaos: $(STAMP)
+	OUTBOX_CHAOS_SCALE=$(CHAOS_SCALE) $(BIN)/python -m pytest -q -m chaos --timeout 3600 tests/chaos
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -1,0 +1,62 @@
+"""Chaos fixtures: the scale, a scenario runner, and the report printed after the session.
+
+OUTBOX_CHAOS_SCALE=1 (the default, what `make test` runs) keeps every scenario to a few
+seconds; `make chaos` runs a larger scale: more messages, more faults, longer outages.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos.cluster import Run
+from chaos.report import ScenarioReport, table
+
+_REPORTS = pytest.StashKey[list[ScenarioReport]]()
+
+
+@pytest.fixture(scope="session")
+def scale() -> int:
+    value = int(os.environ.get("OUTBOX_CHAOS_SCALE", "1"))
+    assert value >= 1, "OUTBOX_CHAOS_SCALE must be at least 1"
+    return value
+
+
+@pytest.fixture
+def rng() -> random.Random:
+    """Where random faults strike; OUTBOX_CHAOS_SEED=N replays a run's choices."""
+    seed = int(os.environ.get("OUTBOX_CHAOS_SEED") or random.randrange(2**32))
+    print(f"chaos seed: {seed} (OUTBOX_CHAOS_SEED={seed} replays it)")
+    return random.Random(seed)
+
+
+@pytest.fixture
+def new_run(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Run]]:
+    """Make scenario runs; each is torn down (workers, sink, producer) even when the test
+    fails, and its checked numbers go to the session report."""
+    runs: list[Run] = []
+    reports = request.config.stash.setdefault(_REPORTS, [])
+
+    def make(name: str, dsn: str, **options: Any) -> Run:
+        run = Run(name, dsn, tmp_path / name, on_report=reports.append, **options)
+        runs.append(run)
+        return run
+
+    yield make
+    for run in runs:
+        run.close()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    reports = terminalreporter.config.stash.get(_REPORTS, [])
+    if not reports:
+        return
+    scale = os.environ.get("OUTBOX_CHAOS_SCALE", "1")
+    terminalreporter.section(f"chaos report (OUTBOX_CHAOS_SCALE={scale})")
+    for line in table(reports):
+        terminalreporter.write_line(line)

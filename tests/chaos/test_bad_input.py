@@ -1,0 +1,294 @@
+"""Bad input to real worker processes: a clear error, nothing lost, nothing broken.
+
+Malformed flags and variables, unusable DSNs for the `outbox` commands, tables that are
+missing or of another version are covered by tests/test_cli.py and tests/test_settings.py;
+docs/reliability.md has the full table. Here: what those do not cover.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+import zlib
+from pathlib import Path
+
+import psycopg
+import pytest
+from helpers import seed, statuses
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from workers import spawn_worker, stop_worker
+
+from chaos.cluster import assert_clean
+from chaos.downstream import Call
+from outbox.admin import apply, fetch, select_targets
+from outbox.embedded import free_port
+from outbox.models import Event
+from outbox.producer import enqueue
+from outbox.schema import migrate
+from outbox.settings import SettingError
+from outbox.sink import Reply
+from outbox.table import Table
+from worker.settings import load_settings
+
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+
+
+def _log(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
+def _wait_for_log(path: Path, text: str, proc, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in _log(path) if text in e.get("message", "")]
+        if found:
+            return found[0]
+        assert proc.poll() is None, f"worker exited with {proc.returncode}: {path.read_text()}"
+        assert time.monotonic() < deadline, f"no log line with {text!r}: {path.read_text()}"
+        time.sleep(0.05)
+
+
+def _readyz(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _wait(predicate, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+# -- DSNs --------------------------------------------------------------------------------------
+
+
+def test_a_role_without_rights_on_the_table_changes_nothing_then_recovers_on_grant(
+    conn, dsn, sink, tmp_path
+):
+    role = f"chaos_norights_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    ids = seed(conn, 20)
+    log, port = tmp_path / "w.log", free_port()
+    proc = spawn_worker(
+        make_conninfo(dsn, user=role), "--publisher", "http", "--http-url", sink.url,
+        "--poll-interval", "100ms", "--metrics-port", str(port), owner="w-norights",
+        log_path=str(log),
+    )  # fmt: skip
+    try:
+        line = _wait_for_log(log, "permission denied for table outbox", proc)
+        assert line["level"] == "warning" and line["message"].startswith("claim failed")
+        assert proc.poll() is None and _readyz(port) == 503  # up, retrying, not ready
+        assert statuses(conn) == {"pending": 20}
+        assert conn.execute("SELECT max(lease_version) FROM outbox").fetchone() == (0,)
+        assert sink.requests == []
+        # Privileges fixed while it runs: it picks up without a restart, nothing was lost.
+        conn.execute(sql.SQL("GRANT SELECT, UPDATE ON outbox TO {}").format(sql.Identifier(role)))
+        _wait(lambda: statuses(conn) == {"done": 20}, "delivery after the grant")
+        assert _readyz(port) == 200
+    finally:
+        code = stop_worker(proc)
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    assert code == 0
+    assert sorted(sink.delivered_ids()) == ids
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"user": "chaos_no_such_role"}, 'role "chaos_no_such_role" does not exist'),
+        ({"dbname": "chaos_no_such_db"}, 'database "chaos_no_such_db" does not exist'),
+        ({"port": "closed"}, "Connection refused"),
+    ],
+)
+def test_an_unusable_dsn_keeps_the_worker_waiting_and_saying_why(dsn, tmp_path, change, reason):
+    """A database that is not there yet is normal at start-up (it may come up after the
+    workers): the worker waits, not ready, logging why, and stops cleanly on SIGTERM."""
+    if change.get("port") == "closed":
+        change = {"port": str(free_port())}
+    bad = make_conninfo(dsn, password="s3cret-pw", **change)
+    log, port = tmp_path / "w.log", free_port()
+    proc = spawn_worker(
+        bad, "--publisher", "null", "--metrics-port", str(port), owner="w-bad", log_path=str(log)
+    )
+    try:
+        line = _wait_for_log(log, reason, proc)
+        assert line["message"].startswith("check table failed")
+        assert _readyz(port) == 503
+    finally:
+        started = time.monotonic()
+        code = stop_worker(proc, timeout=30)
+    assert code == 0 and time.monotonic() - started < 10
+    assert "s3cret-pw" not in log.read_text()
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+
+def _run_worker(dsn: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker", "--dsn", dsn, "--publisher", "null"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+def test_the_worker_refuses_a_hand_made_table_of_the_wrong_shape(empty_dsn):
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE outbox (id bigint PRIMARY KEY, payload jsonb)")
+    result = _run_worker(empty_dsn)
+    assert result.returncode == 2, result
+    assert "was not created by `outbox migrate`" in result.stderr
+
+
+def test_the_worker_refuses_a_migrated_table_that_lost_a_column(empty_dsn):
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        migrate(c, Table.parse("outbox"))
+        c.execute("ALTER TABLE outbox DROP COLUMN lease_owner")
+    result = _run_worker(empty_dsn)
+    assert result.returncode == 2, result
+    assert result.stderr.startswith("outbox-worker: error: ") and "lease_owner" in result.stderr
+
+
+def test_a_hostile_table_name_through_real_workers(new_run, empty_dsn):
+    table = Table.parse('"odd schema"."Weird ""Name""; DROP TABLE x; --"')
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        migrate(c, table)
+        c.execute("CREATE TABLE x (id int)")
+    run = new_run("hostile-table", empty_dsn, table=table)
+    run.spawn()
+    run.spawn()
+    run.produce(100)
+    run.wait_drained()
+    verdict = run.finish()
+    assert_clean(verdict)
+    assert verdict.delivered == 100
+    with psycopg.connect(empty_dsn) as c:
+        assert c.execute("SELECT to_regclass('x') IS NOT NULL").fetchone() == (True,)
+
+
+# -- payloads ----------------------------------------------------------------------------------
+
+
+def _nested(depth: int) -> object:
+    value: object = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_huge_and_deeply_nested_payloads_reach_the_sink_intact(new_run, dsn):
+    run = new_run("payloads", dsn, publish_timeout=1.0)
+    payloads = [
+        {"blob": "x" * 4_000_000},  # 4 MB in one string
+        {"items": list(range(100_000))},  # 100,000 elements
+        _nested(900),  # about as deep as Python's json module goes
+        {"text": "ünï \u2028 \U0001f600 \\ \" ' ; DROP TABLE x; --"},
+    ]
+    ids = run.enqueue([Event("doc", f"d{i}", "Big", p) for i, p in enumerate(payloads)])
+    # Deeper than Python can encode: refused by the producer with an error, nothing committed.
+    before = run.count()
+    with psycopg.connect(dsn, autocommit=True) as c, pytest.raises(RecursionError):
+        enqueue(c, aggregate_type="doc", aggregate_id="deep", event_type="Deep",
+                payload=_nested(100_000))  # fmt: skip
+    assert run.count() == before
+    # Deeper still, written by something other than Python: the worker never parses it.
+    depth = 10_000
+    with psycopg.connect(dsn, autocommit=True) as c:
+        [[deep_id]] = c.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES "
+            "('doc', 'deep', 'Deep', (repeat('[', %(n)s) || repeat(']', %(n)s))::jsonb) "
+            "RETURNING id",
+            {"n": depth},
+        ).fetchall()
+    run.spawn()
+    run.spawn()
+    run.wait_drained()
+    verdict = run.finish()
+    assert_clean(verdict)
+    assert verdict.delivered == len(payloads) + 1
+    delivered = {int(r.key): r for r in run.sink.delivered()}
+    for message_id, payload in zip(ids, payloads, strict=True):
+        assert delivered[message_id].body["payload"] == payload
+    raw = delivered[deep_id].body["invalid"]  # too deep for the sink's json module to parse
+    assert '"payload":' + "[" * depth + "]" * depth + "}" in raw
+
+
+# -- publisher URLs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://example.com/x",  # scheme
+        "http://",  # no host
+        "example.com/events",  # no scheme
+        "http://localhost:99999/events",  # port out of range
+        "http://localhost:port/events",  # port not a number
+        "http://exa mple.com/events",  # whitespace
+        "http://[::1/events",  # broken IPv6 literal
+    ],
+)
+def test_invalid_publisher_urls_are_refused_at_start(url):
+    """Each of these used to be accepted, then failed every publish as 'retryable' until
+    every message was dead: a configuration error must stop the worker at start instead."""
+    with pytest.raises(SettingError) as info:
+        load_settings(["--publisher", "http", "--http-url", url], {})
+    assert str(info.value).startswith("--http-url: ")
+
+
+# -- the operator ------------------------------------------------------------------------------
+
+
+def test_an_operator_requeue_races_the_workers(new_run, dsn, scale):
+    """Two operators requeue dead rows (outbox.admin, as the TUI does) while workers claim
+    them and fail some again: the requeue is fenced on what each operator saw."""
+    total = 60 * scale
+
+    def script(call: Call) -> Reply:
+        # Up to two failures per message; with one attempt each failure is a death.
+        failures = zlib.crc32(str(call.key).encode()) % 3
+        return Reply(500) if call.nth <= failures else Reply()
+
+    operators = frozenset({"operator-a", "operator-b"})
+    run = new_run("requeue-race", dsn, script=script, max_attempts=1, operators=operators)
+    for _ in range(2):
+        run.spawn()
+    run.produce(total, per_tx=10)
+    table = Table.parse("outbox")
+    stale = []
+    with (
+        psycopg.connect(dsn, autocommit=True, application_name="operator-a") as a,
+        psycopg.connect(dsn, autocommit=True, application_name="operator-b") as b,
+    ):
+
+        def operate() -> None:
+            seen_by_b = fetch(b, select_targets(table))  # B looks first ...
+            seen_by_a = fetch(a, select_targets(table))
+            if not seen_by_a:
+                return
+            done_by_a = apply(a, table, "requeue", seen_by_a, actor="operator-a")
+            done_by_b = apply(b, table, "requeue", seen_by_b, actor="operator-b")  # ... acts last
+            for _ in done_by_a.changed:
+                run.fault("requeue")
+            # B's view is older than A's action: it may change nothing A changed.
+            assert done_by_b.changed == [], (seen_by_b, done_by_a, done_by_b)
+            stale.extend(done_by_b.changed_meanwhile)
+
+        run.wait_for(lambda: run.drained() and run.count("status = 'dead'") == 0, "the race",
+                     tick=operate)  # fmt: skip
+    verdict = run.finish()
+    assert_clean(verdict)
+    assert stale, "operator B never acted on a stale view: no race happened"
+    assert verdict.delivered == total and verdict.dead == 0
