@@ -78,8 +78,8 @@ async def test_sigkilled_worker_rows_are_reclaimed_after_the_lease(conn, dsn, tm
         r = row(conn, message_id)
         # Re-claimed: a new generation, and the crash counted as an attempt. (On a loaded
         # machine the survivor may itself retry once, so more generations are allowed.)
-        assert r["lease_version"] >= 2 and r["attempts"] == r["lease_version"]
-        assert r["status"] == "done"
+        assert r["lease_version"] >= 2 and r["attempts"] == r["lease_version"], r
+        assert r["status"] == "done", r
     taken_over = [r.body["id"] for r in sink.delivered() if r.worker == "w-b"]
     assert sorted(taken_over) == ids
 
