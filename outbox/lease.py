@@ -66,6 +66,53 @@ class OrderedClaims:
         self.by_aggregate = claimed < batch
 
 
+Applied = dict[tuple[int, int], str]  # (id, lease_version) -> the status the row ended in
+
+
+async def finalize_applied(
+    conn: AsyncConn,
+    table: Table,
+    outcomes: Sequence[Outcome],
+    *,
+    max_defer_age: timedelta = timedelta(days=1),
+) -> Applied:
+    """Apply outcomes, each fenced on its own lease_version.
+
+    Returns the (id, lease_version) of every outcome applied, with the status its row ended
+    in. One missing lost its lease: another claim took the row (or reaped it) meanwhile.
+    """
+    if not outcomes:
+        return {}
+    q = queries(table)
+    ids = _bigint_array([o.message_id for o in outcomes])
+    versions = _bigint_array([o.lease_version for o in outcomes])
+    if all(o.status is Status.DONE for o in outcomes):
+        params: dict[str, object] = {"ids": ids, "versions": versions, "n": len(outcomes)}
+        async with conn.cursor() as cur:
+            await cur.execute(q.finalize_done, params)
+            row = await cur.fetchone()
+        assert row is not None
+        count, applied_ids, applied_versions = row
+        if count == len(outcomes):  # every row applied: the common case sends no ids back
+            return {(o.message_id, o.lease_version): "done" for o in outcomes}
+        pairs = zip(applied_ids or (), applied_versions or (), strict=True)  # type: ignore[call-overload]
+        return {(int(i), int(v)): "done" for i, v in pairs}
+    params = {
+        "ids": ids,
+        "versions": versions,
+        "statuses": [o.status.value for o in outcomes],
+        "delays": [o.delay for o in outcomes],
+        "errors": [_storable(o.error) for o in outcomes],
+        "refunds": [o.refund_attempt for o in outcomes],
+        "deferreds": [o.deferred for o in outcomes],
+        "max_defer_age": max_defer_age,
+    }
+    async with conn.cursor() as cur:
+        await cur.execute(q.finalize, params)
+        rows = await cur.fetchall()
+    return {(int(i), int(v)): str(status) for i, v, status in rows}  # type: ignore[call-overload]
+
+
 async def finalize(
     conn: AsyncConn,
     table: Table,
@@ -73,39 +120,21 @@ async def finalize(
     *,
     max_defer_age: timedelta = timedelta(days=1),
 ) -> set[int]:
-    """Apply outcomes, each fenced on its own lease_version; returns the ids that were applied.
+    """`finalize_applied`, answering only which ids were applied."""
+    applied = await finalize_applied(conn, table, outcomes, max_defer_age=max_defer_age)
+    return {message_id for message_id, _ in applied}
 
-    An id missing from the result lost its lease: another claim took the row (or reaped it).
+
+def _storable(error: str | None) -> str | None:
+    """An error text PostgreSQL will take: bounded, no NUL, no lone surrogates.
+
+    Errors quote what downstreams sent back, binary bodies included; a text column refuses
+    NUL, and a batch refused would never be written.
     """
-    if not outcomes:
-        return set()
-    q = queries(table)
-    ids = _bigint_array([o.message_id for o in outcomes])
-    versions = _bigint_array([o.lease_version for o in outcomes])
-    params: dict[str, object]
-    if all(o.status is Status.DONE for o in outcomes):
-        statement, params = q.finalize_done, {"ids": ids, "versions": versions}
-    else:
-        statement = q.finalize
-        params = {
-            "ids": ids,
-            "versions": versions,
-            "statuses": [o.status.value for o in outcomes],
-            "delays": [o.delay for o in outcomes],
-            "errors": [o.error[:MAX_ERROR_LENGTH] if o.error else None for o in outcomes],
-            "refunds": [o.refund_attempt for o in outcomes],
-            "deferreds": [o.deferred for o in outcomes],
-            "max_defer_age": max_defer_age,
-        }
-    params["n"] = len(outcomes)
-    async with conn.cursor() as cur:
-        await cur.execute(statement, params)
-        row = await cur.fetchone()
-    assert row is not None
-    count, applied = row
-    if count == len(outcomes):  # every row applied: the common case sends no ids back
-        return {o.message_id for o in outcomes}
-    return {int(i) for i in applied or ()}  # type: ignore[attr-defined]
+    if error is None:
+        return None
+    error = error[:MAX_ERROR_LENGTH].replace("\x00", "\\0")
+    return error.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _bigint_array(values: list[int]) -> str:

@@ -29,10 +29,11 @@ _HEAD_OF_AGGREGATE = sql.SQL(
 )
 
 
-# What a finalize returns: the applied ids only when some were not applied (lost leases), so
-# the common case sends back one small row instead of one row per message.
+# What a batch of successes returns: the applied (id, lease_version) pairs only when some
+# were not applied (lost leases), so the common case sends back one small row.
 _APPLIED = sql.SQL(
-    "SELECT count(*), CASE WHEN count(*) < %(n)s::int THEN array_agg(id) END FROM applied"
+    "SELECT count(*), CASE WHEN count(*) < %(n)s::int THEN array_agg(id) END, "
+    "CASE WHEN count(*) < %(n)s::int THEN array_agg(lease_version) END FROM applied"
 )
 
 
@@ -147,13 +148,13 @@ UPDATE {t} AS o
        lease_owner = NULL, lease_until = NULL
   FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[]) AS f(id, version)
  WHERE {fence}
-RETURNING o.id)
+RETURNING o.id, o.lease_version)
 {applied}"""
         ).format(t=t, fence=fence, applied=_APPLIED),
-        # Any mix of outcomes, each row fenced on its own lease_version.
+        # Any mix of outcomes, each row fenced on its own lease_version; it returns the status
+        # each row ended in (a defer past the maximum defer age ends dead).
         finalize=sql.SQL(
-            """WITH applied AS (
-UPDATE {t} AS o
+            """UPDATE {t} AS o
    SET status = CASE WHEN f.deferred AND o.created_at < now() - %(max_defer_age)s::interval
                      THEN 'dead' ELSE f.status END,
        available_at = CASE WHEN f.status = 'pending'
@@ -170,9 +171,8 @@ UPDATE {t} AS o
               %(deferreds)s::bool[])
        AS f(id, version, status, delay, error, refund, deferred)
  WHERE {fence}
-RETURNING o.id)
-{applied}"""
-        ).format(t=t, fence=fence, applied=_APPLIED),
+RETURNING o.id, o.lease_version, o.status"""
+        ).format(t=t, fence=fence),
         # Heartbeat: push the expiry of leases still held; a lost lease is left alone.
         extend=sql.SQL(
             """UPDATE {t} AS o

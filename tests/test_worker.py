@@ -322,3 +322,58 @@ async def test_a_publish_that_waits_then_overruns_is_timed_out_and_retried(conn,
             )
         )
     assert "publish timed out" in row(conn, message_id)["last_error"]
+
+
+async def test_an_error_text_postgres_would_refuse_is_stored_escaped_and_the_loop_goes_on(
+    conn, dsn
+):
+    bad, good = seed(conn, 2)
+
+    def behave(m: Message) -> None:
+        if m.id == bad:  # a downstream's binary body quoted in the error: NUL, a lone surrogate
+            raise RetryableError("HTTP 503: \x00\x01 \udc80 body")
+
+    s = settings(dsn, backoff_base=timedelta(minutes=1))
+    async with dispatching(s, Scripted(behave)):
+        await wait_until(
+            lambda: row(conn, bad)["status"] == "pending" and row(conn, good)["status"] == "done"
+        )
+    assert row(conn, bad)["last_error"] == "retryable: HTTP 503: \\0\x01 \\udc80 body"
+
+
+async def test_a_defer_past_the_maximum_age_is_counted_as_dead(conn, dsn):
+    [message_id] = seed(conn, 1)
+    conn.execute("UPDATE outbox SET created_at = now() - interval '2 days'")
+
+    def behave(m: Message) -> None:
+        raise Defer(timedelta(seconds=5), "still waiting")
+
+    async with dispatching(settings(dsn), Scripted(behave)) as d:
+        await wait_until(lambda: row(conn, message_id)["status"] == "dead")
+        await wait_until(lambda: d.metrics.messages.labels("dead")._value.get() == 1)
+    assert d.metrics.messages.labels("deferred")._value.get() == 0
+
+
+async def test_reclaiming_its_own_expired_message_keeps_both_generations_apart(conn, dsn, caplog):
+    [message_id] = seed(conn, 1)
+    first_started, release_first = asyncio.Event(), asyncio.Event()
+
+    async def behave(m: Message) -> None:
+        if m.lease_version == 1:
+            first_started.set()
+            await release_first.wait()  # v1 is stuck in its publish while its lease runs out
+
+    with caplog.at_level(logging.WARNING, logger="outbox.worker"):
+        async with dispatching(settings(dsn), Scripted(behave)) as d:
+            await first_started.wait()
+            conn.execute("UPDATE outbox SET lease_until = now() - interval '1 second'")
+            # This same worker takes the message over as v2 and finishes it.
+            await wait_until(lambda: row(conn, message_id)["status"] == "done")
+            release_first.set()
+            await wait_until(lambda: d.metrics.lost_leases._value.get() == 1)
+            assert d.metrics.messages.labels("done")._value.get() == 1
+    r = row(conn, message_id)
+    assert (r["status"], r["lease_version"]) == ("done", 2)
+    assert any(
+        f"message {message_id} lease_version 1" in rec.getMessage() for rec in caplog.records
+    )

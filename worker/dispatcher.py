@@ -76,7 +76,9 @@ class Dispatcher:
         self._held: dict[int, Message] = {}  # claimed, not finalized yet
         self._renewed_at: dict[int, float] = {}  # monotonic time of claim or last extension
         self._waiting: collections.deque[Message] = collections.deque()  # not started yet
-        self._publishing: dict[int, Message] = {}  # publish in progress
+        # Keyed by (id, lease_version): after a lease expired mid-publish this worker may hold
+        # a newer generation of the same message while the old one is still publishing.
+        self._publishing: dict[tuple[int, int], Message] = {}  # publish in progress
         self._publishers: set[asyncio.Task[None]] = set()
         self._pool_check: asyncio.Task[None] | None = None
         self._outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
@@ -119,9 +121,13 @@ class Dispatcher:
                 asyncio.create_task(self._heartbeat(), name="heartbeat"),
                 asyncio.create_task(self._listen(), name="listener"),
             ]
+            for task in helpers:
+                task.add_done_callback(lambda t: self._helper_ended(t, stop))
             try:
-                await self._claimer(stop)
-                await self._shutdown()
+                try:
+                    await self._claimer(stop)
+                finally:
+                    await self._shutdown()  # even after a bug: give back what is held
             finally:
                 for task in helpers:
                     task.cancel()
@@ -132,6 +138,17 @@ class Dispatcher:
                 self._pool_check.cancel()
                 await asyncio.gather(self._pool_check, return_exceptions=True)
             await self._pool.close()
+
+    def _helper_ended(self, task: asyncio.Task[None], stop: asyncio.Event) -> None:
+        """The finalizer, heartbeat and listener run until cancelled; ending otherwise is a
+        bug. Stop the worker rather than go on without them (outcomes would pile up)."""
+        if task.cancelled():
+            return
+        log.error(
+            "the %s task ended unexpectedly; stopping the worker", task.get_name(),
+            exc_info=task.exception(),
+        )  # fmt: skip
+        stop.set()
 
     async def _check_table(self) -> None:
         # A connection of its own, not the pool's: a failure then says why (role or database
@@ -194,7 +211,7 @@ class Dispatcher:
             if db_failures:
                 log.info("database reachable again")
                 db_failures = 0
-                self.metrics.ready = True
+            self.metrics.ready = True  # whichever operation failed before, claiming works
             if messages:
                 self._hold(messages)
             if len(messages) == want:
@@ -263,7 +280,8 @@ class Dispatcher:
         """Publish claimed messages one after the other until none is waiting."""
         while self._waiting:
             message = self._waiting.popleft()
-            self._publishing[message.id] = message
+            key = (message.id, message.lease_version)
+            self._publishing[key] = message
             started = time.perf_counter()
             outcome: Outcome | None
             try:
@@ -281,10 +299,10 @@ class Dispatcher:
                     extra={"outbox_id": message.id, "lease_version": message.lease_version},
                 )  # fmt: skip
                 self.metrics.messages.labels("error").inc()
-                self._forget(message.id)
+                self._forget(message.id, message.lease_version)
                 outcome = None
             finally:
-                del self._publishing[message.id]
+                self._publishing.pop(key, None)
                 self.metrics.publish_seconds.observe(time.perf_counter() - started)
             if outcome is not None:
                 self._outcomes.put_nowait(outcome)
@@ -332,7 +350,21 @@ class Dispatcher:
             outcomes = [await self._outcomes.get()]
             while not self._outcomes.empty() and len(outcomes) < FINALIZE_CHUNK:
                 outcomes.append(self._outcomes.get_nowait())
-            applied = await self._with_retries("finalize", self._finalize, outcomes)
+            try:
+                applied = await self._with_retries("finalize", self._finalize, outcomes)
+            except psycopg.Error:
+                # Not the database being away (that is retried): a batch it will never take.
+                # Leave these rows to their leases, as for a publisher bug; the attempt limit
+                # ends any that keeps failing.
+                log.exception(
+                    "could not write %d outcomes; their rows are left to their leases",
+                    len(outcomes),
+                )
+                self.metrics.db_errors.labels("finalize").inc()
+                self.metrics.messages.labels("error").inc(len(outcomes))
+                for outcome in outcomes:
+                    self._forget(outcome.message_id, outcome.lease_version)
+                continue
             if log.isEnabledFor(logging.DEBUG):  # the history a chaos test checks
                 log.debug(
                     "finalized %d outcomes", len(outcomes),
@@ -340,23 +372,25 @@ class Dispatcher:
                            "ids": [o.message_id for o in outcomes],
                            "versions": [o.lease_version for o in outcomes],
                            "outcomes": [_outcome_label(o) for o in outcomes],
-                           "applied": [o.message_id in applied for o in outcomes]},
+                           "applied": [(o.message_id, o.lease_version) in applied
+                                       for o in outcomes]},
                 )  # fmt: skip
             counts: collections.Counter[str] = collections.Counter()
             for outcome in outcomes:
-                if outcome.message_id in applied:
-                    counts[_outcome_label(outcome)] += 1
-                else:
+                ended = applied.get((outcome.message_id, outcome.lease_version))
+                if ended is None:
                     self._lost_lease(outcome)
-                self._forget(outcome.message_id)
+                else:  # a defer past the maximum defer age ended dead: count what happened
+                    counts["dead" if ended == "dead" else _outcome_label(outcome)] += 1
+                self._forget(outcome.message_id, outcome.lease_version)
             for label, count in counts.items():
                 self.metrics.messages.labels(label).inc(count)
             self.metrics.in_flight.set(len(self._held))
 
-    async def _finalize(self, outcomes: list[Outcome]) -> set[int]:
+    async def _finalize(self, outcomes: list[Outcome]) -> lease.Applied:
         assert self._pool is not None
         async with self._pool.connection() as conn:
-            return await lease.finalize(
+            return await lease.finalize_applied(
                 conn, self.settings.table, outcomes, max_defer_age=self.settings.max_defer_age
             )
 
@@ -369,9 +403,11 @@ class Dispatcher:
             extra={"outbox_id": outcome.message_id, "lease_version": outcome.lease_version},
         )  # fmt: skip
 
-    def _forget(self, message_id: int) -> None:
-        self._held.pop(message_id, None)
-        self._renewed_at.pop(message_id, None)
+    def _forget(self, message_id: int, lease_version: int) -> None:
+        held = self._held.get(message_id)
+        if held is not None and held.lease_version == lease_version:  # not a newer claim
+            del self._held[message_id]
+            self._renewed_at.pop(message_id, None)
         self._room.set()
         if not self._held:
             self._drained.set()
@@ -380,9 +416,12 @@ class Dispatcher:
 
     async def _heartbeat(self) -> None:
         s = self.settings
+        # Renew a lease once a third of it has passed, checking twice as often, so a renewal
+        # that fails (database away) has another chance well before the lease runs out.
         third = s.lease.total_seconds() / 3
+        failures = 0
         while True:
-            await asyncio.sleep(third)
+            await asyncio.sleep(third / 2)
             now = time.monotonic()
             due = [m for i, m in self._held.items() if now - self._renewed_at.get(i, now) >= third]
             if not due:
@@ -390,8 +429,10 @@ class Dispatcher:
             try:
                 renewed = await self._extend(due)
             except (psycopg.Error, OSError) as exc:
-                self._database_error("extend leases", exc, 1)
+                failures += 1
+                self._database_error("extend leases", exc, failures, retry_in=third / 2)
                 continue
+            failures = 0
             for message_id in renewed:
                 if message_id in self._renewed_at:
                     self._renewed_at[message_id] = now
@@ -436,7 +477,8 @@ class Dispatcher:
         while True:
             try:
                 return await call(arg)
-            except (psycopg.Error, OSError) as exc:
+            except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
+                # The database is away or the connection broke: the same batch will do later.
                 failures += 1
                 self._database_error(operation, exc, failures)
                 await asyncio.sleep(_db_backoff(failures))
@@ -456,7 +498,9 @@ class Dispatcher:
                 await _first_of(stop.wait(), asyncio.sleep(_db_backoff(failures)))
         return False
 
-    def _database_error(self, operation: str, exc: BaseException, failures: int) -> None:
+    def _database_error(
+        self, operation: str, exc: BaseException, failures: int, retry_in: float | None = None
+    ) -> None:
         self.metrics.db_errors.labels(operation).inc()
         if operation != "listen":
             self.metrics.ready = False
@@ -466,7 +510,8 @@ class Dispatcher:
         if failures == 1 or failures % 10 == 0:
             log.warning(
                 "%s failed (%s, attempt %d): %s; retrying in %.1fs",
-                operation, type(exc).__name__, failures, message, _db_backoff(failures),
+                operation, type(exc).__name__, failures, message,
+                _db_backoff(failures) if retry_in is None else retry_in,
             )  # fmt: skip
 
     def _check_pool(self) -> None:
