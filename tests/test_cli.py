@@ -544,13 +544,16 @@ def test_worker_serves_health_and_metrics_and_never_logs_the_password(dsn, conn,
         while conn.execute("SELECT count(*) FROM outbox WHERE status = 'done'").fetchone()[0] < 3:
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
-        status, metrics = _get(port, "/metrics")
-        assert status == 200
+        # The counter moves when the finalize's commit has answered, a moment after the rows.
+        while 'outbox_messages_total{outcome="done"} 3.0' not in (
+            metrics := _get(port, "/metrics")[1]
+        ):
+            assert time.monotonic() < deadline, metrics
+            time.sleep(0.05)
         for name in ("outbox_messages_total", "outbox_lost_leases_total",
                      "outbox_publish_duration_seconds", "outbox_claim_batch_size",
                      "outbox_in_flight_messages"):  # fmt: skip
             assert name in metrics, name
-        assert 'outbox_messages_total{outcome="done"} 3.0' in metrics
     finally:
         code = stop_worker(proc, signal.SIGTERM, timeout=30)
     assert code == 0, log.read_text()

@@ -61,14 +61,16 @@ async def test_sigkilled_worker_rows_are_reclaimed_after_the_lease(conn, dsn, tm
         return Reply(200)
 
     with Sink(first_try_hangs) as sink:
+        # A's publish timeout is past the SIGKILL: its rows must still be leased when it dies.
         a = spawn_worker(dsn, "--publisher", "http", "--http-url", sink.url, "--lease", "3s",
-                         "--publish-timeout", "1500ms", owner="w-a")  # fmt: skip
+                         "--publish-timeout", "30s", owner="w-a")  # fmt: skip
         await wait_until(lambda: len(sink._seen) == 8)
         a.send_signal(signal.SIGKILL)
         a.wait()
         assert _count(conn, "status = 'processing' AND lease_owner = 'w-a'") == 8
-        b = spawn_worker(dsn, "--publisher", "http", "--http-url", sink.url, "--lease", "2s",
-                         "--publish-timeout", "1s", owner="w-b")  # fmt: skip
+        # How soon B takes over depends on A's lease only; B's own are roomy.
+        b = spawn_worker(dsn, "--publisher", "http", "--http-url", sink.url, "--lease", "10s",
+                         "--publish-timeout", "5s", owner="w-b")  # fmt: skip
         try:
             await wait_until(lambda: _count(conn, "status = 'done'") == 8, what="takeover")
         finally:
@@ -100,8 +102,8 @@ async def test_paused_worker_loses_its_leases_and_is_fenced_when_it_resumes(conn
         await wait_until(lambda: len(sink._seen) == 5)
         a.send_signal(signal.SIGSTOP)  # a "GC pause" in the middle of publishing
         answered.set()  # the downstream accepted A's requests; A does not know yet
-        b = spawn_worker(dsn, "--publisher", "http", "--http-url", sink.url, "--lease", "2s",
-                         "--publish-timeout", "1s", owner="w-b")  # fmt: skip
+        b = spawn_worker(dsn, "--publisher", "http", "--http-url", sink.url, "--lease", "10s",
+                         "--publish-timeout", "5s", owner="w-b")  # fmt: skip
         await wait_until(lambda: _count(conn, "status = 'done'") == 5, what="takeover")
         assert stop_worker(b) == 0
         a.send_signal(signal.SIGCONT)
@@ -118,7 +120,6 @@ async def test_paused_worker_loses_its_leases_and_is_fenced_when_it_resumes(conn
 
 
 async def test_ordered_mode_with_four_workers_delivers_one_aggregate_in_id_order(conn, dsn):
-    ids = seed(conn, 30, aggregates=1)
     with Sink() as sink:
         workers = [
             spawn_worker(
@@ -136,6 +137,12 @@ async def test_ordered_mode_with_four_workers_delivers_one_aggregate_in_id_order
             for i in range(4)
         ]
         try:
+            # Seeded once all four listen, so the first one up cannot drain it alone.
+            await wait_until(
+                lambda: _count_listeners(conn, [f"w-{i}" for i in range(4)]) == 4,
+                what="four listening workers",
+            )
+            ids = seed(conn, 30, aggregates=1)
             await wait_until(lambda: _count(conn, "status = 'done'") == 30, timeout=60)
         finally:
             codes = [stop_worker(w) for w in workers]
@@ -144,3 +151,10 @@ async def test_ordered_mode_with_four_workers_delivers_one_aggregate_in_id_order
     done_order = [r[0] for r in conn.execute("SELECT id FROM outbox ORDER BY done_at, id")]
     assert done_order == ids
     assert len({r.worker for r in sink.delivered()}) >= 2, "work should have moved between workers"
+
+
+def _count_listeners(conn, owners):
+    """Workers whose LISTEN connection is open (the worker names it "<owner> listener")."""
+    names = [f"{owner} listener" for owner in owners]
+    query = "SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY(%s)"
+    return conn.execute(query, (names,)).fetchone()[0]

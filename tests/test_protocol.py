@@ -83,7 +83,8 @@ async def test_crashed_claim_is_reclaimed_only_after_its_lease_and_stale_finaliz
         await psycopg.AsyncConnection.connect(dsn, autocommit=True) as a,
         await psycopg.AsyncConnection.connect(dsn, autocommit=True) as b,
     ):
-        [ma] = await _claim(a, table, owner="A", lease=SHORT)
+        # Long enough that a stalled machine cannot expire it between these two claims.
+        [ma] = await _claim(a, table, owner="A", lease=timedelta(seconds=2))
         assert await _claim(b, table, owner="B") == []  # leased: nobody else takes it
         wait_until_db(conn, "(SELECT lease_until < now() FROM outbox)")
         [mb] = await _claim(b, table, owner="B")

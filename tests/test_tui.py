@@ -91,7 +91,12 @@ async def test_dashboard_counts_match_the_database_and_follow_it_live(conn, dsn)
     _shape(conn)
     app = _app(dsn, ordered=True)
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: "pending" in screen_text(app), "the first poll")
+        # The poll draws the counts; the status line follows from its message.
+        await until(
+            pilot,
+            lambda: "pending" in screen_text(app) and "● connected" in screen_text(app),
+            "the first poll",
+        )
         text = screen_text(app)
         assert re.search(r"pending\s+4\s+3 ready", text), text
         assert re.search(r"processing\s+2\s+1 lease expired", text), text
@@ -139,14 +144,24 @@ async def test_dead_letters_list_groups_filter_and_detail(conn, dsn):
         assert re.search(r"5\s+timeout after <n>s", text), text
         assert re.search(r'3\s+HTTP 422: \{"id": <n>\}', text), text
         await pilot.press("enter")  # the biggest group, as a filter on the list
-        await until(pilot, lambda: "→ 5" in screen_text(app), "the group filter")
+        await until(
+            pilot,
+            lambda: (
+                "→ 5" in screen_text(app) and {m.id for m in dead.page.messages} == set(ids[:5])
+            ),
+            "the group filter",
+        )
         assert dead.filter.error_group == "timeout after <n>s"
-        assert {m.id for m in dead.page.messages} == set(ids[:5])
 
         # k9s-style filter line: `/`, type, enter.
         await pilot.press("slash", *"type:Refunded", "enter")
-        await until(pilot, lambda: "→ 3" in screen_text(app), "the typed filter")
-        assert {m.id for m in dead.page.messages} == set(ids[5:8])
+        await until(
+            pilot,
+            lambda: (
+                "→ 3" in screen_text(app) and {m.id for m in dead.page.messages} == set(ids[5:8])
+            ),
+            "the typed filter",
+        )
         await pilot.press("slash", *" colour:red", "enter")
         await until(pilot, lambda: "unknown filter colour:" in screen_text(app), "filter error")
         await pilot.press("escape")
@@ -203,8 +218,9 @@ async def test_requeue_by_filter_changes_exactly_the_confirmed_rows(conn, dsn, t
         await pilot.press("d", "slash", *"503", "enter")
         await until(pilot, lambda: "→ 5" in screen_text(app), "the filter")
         await pilot.press("R")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the dialog")
-        assert "Requeue 5 dead messages?" in screen_text(app)
+        # The dialog is pushed after a count query and drawn after that: wait for its text.
+        await until(pilot, lambda: "Requeue 5 dead messages?" in screen_text(app), "the dialog")
+        assert isinstance(app.screen, ConfirmScreen)
         assert "matching error:503" in screen_text(app)
 
         # While the dialog is open: one of the five is requeued, re-claimed and dies again
@@ -243,8 +259,8 @@ async def test_requeue_marked_rows_cancel_and_skip_a_head(conn, dsn, table):
         await pilot.press("space", "space")
         assert "2 marked" in screen_text(app)
         await pilot.press("r")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the dialog")
-        assert "Requeue 2 dead messages?" in screen_text(app)
+        await until(pilot, lambda: "Requeue 2 dead messages?" in screen_text(app), "the dialog")
+        assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")  # cancel: nothing changes
         await until(pilot, lambda: "cancelled" in screen_text(app), "cancel notice")
         assert statuses(conn)["dead"] == 4
@@ -264,8 +280,10 @@ async def test_requeue_marked_rows_cancel_and_skip_a_head(conn, dsn, table):
         await pilot.press("enter")
         await until(pilot, lambda: "head of its aggregate" in screen_text(app), "detail")
         await pilot.press("s")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the skip dialog")
-        assert "It is the head of order/agg-0" in screen_text(app)
+        await until(
+            pilot, lambda: "It is the head of order/agg-0" in screen_text(app), "the skip dialog"
+        )
+        assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("y")
         await until(pilot, lambda: "skipped 1 of 1" in screen_text(app), "the skip")
         assert row(conn, ids[0])["status"] == "done"
@@ -361,8 +379,10 @@ async def test_database_errors_show_and_the_app_reconnects_by_itself(admin_dsn, 
                     sql.Identifier(name), sql.Identifier(template)))  # fmt: skip
             await until(
                 pilot,
-                lambda: "● connected" in screen_text(app)
-                and re.search(r"pending\s+0\b", screen_text(app)),
+                lambda: (
+                    "● connected" in screen_text(app)
+                    and re.search(r"pending\s+0\b", screen_text(app))
+                ),
                 "the reconnect",
             )
 
@@ -374,8 +394,10 @@ async def test_database_errors_show_and_the_app_reconnects_by_itself(admin_dsn, 
             # The counts are drawn by the poll; the status line follows from its message.
             await until(
                 pilot,
-                lambda: re.search(r"pending\s+2\b", screen_text(app))
-                and "● connected" in screen_text(app),
+                lambda: (
+                    re.search(r"pending\s+2\b", screen_text(app))
+                    and "● connected" in screen_text(app)
+                ),
                 "recovery",
             )
     finally:
@@ -452,12 +474,12 @@ def test_usage_errors_exit_2_with_one_line(args, named, capsys):
 
 async def test_a_slow_query_never_blocks_the_ui():
     """Keys are handled while a poll waits on the database."""
-    source = FakeSource(delay=1.0)
+    # A poll that never finishes within the test: the key must be handled all the same.
+    source = FakeSource(delay=60.0)
     app = OutboxApp(Config(), source=source)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(0.1)
-        started = time.monotonic()
+        await until(pilot, lambda: source.in_flight == 1, "the poll waiting on the database")
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
-        assert time.monotonic() - started < 0.5
+        assert source.in_flight == 1 and source.calls == 1
         await asyncio.sleep(0)

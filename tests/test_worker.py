@@ -203,7 +203,9 @@ async def test_heartbeat_keeps_a_slow_publish_from_losing_its_lease(conn, dsn, t
     async def behave(m: Message) -> None:
         await release.wait()
 
-    lease = timedelta(milliseconds=900)
+    # Short, to see renewals soon; not so short that a stalled loop on a loaded machine
+    # misses one (this test's own sync queries run on the dispatcher's loop).
+    lease = timedelta(seconds=2)
     async with dispatching(
         settings(dsn, lease=lease, publish_timeout=timedelta(seconds=30)), Scripted(behave)
     ):

@@ -47,4 +47,5 @@ async def test_one_failure_after_every_backend_is_terminated_not_one_per_dead_co
         elapsed = time.monotonic() - started
         failures = d.metrics.db_errors.labels("finalize")._value.get()
     assert failures <= 1, f"{failures:g} failed finalizes in a row"
-    assert elapsed < 1.0
+    # One back-off step, not one per dead connection (a loaded machine adds some seconds).
+    assert elapsed < 5.0

@@ -130,14 +130,18 @@ class DeadScreen(BaseScreen):
     async def fetch(self) -> None:
         source = self.outbox.source
         size = self.outbox.config.page_size
+        # One filter for every query of this poll: the operator may change it meanwhile, and
+        # a page of the old filter under the new filter's count would be a torn view (the
+        # change asks for another poll, which shows the new filter).
+        current = self.filter
         if self.view == "groups":
-            self.groups = await source.error_groups(self.filter)
+            self.groups = await source.error_groups(current)
             self.total = sum(g.count for g in self.groups)
             self._show_groups()
         else:
             after, self._after = self._after, None
             page = await source.dead_page(
-                self.filter, before=None if after else self.before, after=after, limit=size
+                current, before=None if after else self.before, after=after, limit=size
             )
             if after is not None:
                 # Came up a page: continue from its top, or go live at the newest page.
@@ -145,15 +149,13 @@ class DeadScreen(BaseScreen):
             if not page.messages and self.before is not None:
                 # Everything on this page went away (requeued): back to the newest page.
                 self.before, self.page_number = None, 1
-                page = await source.dead_page(self.filter, before=None, after=None, limit=size)
+                page = await source.dead_page(current, before=None, after=None, limit=size)
             if self.before is None:
                 self.page_number = 1
             self.page = page
-            self.total = await source.dead_count(self.filter)
+            self.total = await source.dead_count(current)
             self._show_page()
-        self.all_dead = (
-            self.total if self.filter.is_empty() else await source.dead_count(DeadFilter())
-        )
+        self.all_dead = self.total if current.is_empty() else await source.dead_count(DeadFilter())
         self._show_header()
 
     def refetch(self) -> None:
