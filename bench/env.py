@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -29,6 +30,19 @@ def with_dbname(dsn: str, dbname: str) -> str:
     """The same server, another database, as a URL (asyncpg takes only URLs)."""
     p = conninfo_to_dict(dsn)
     return f"postgresql://{p['user']}@{p['host']}:{p['port']}/{dbname}"
+
+
+T = TypeVar("T")
+
+
+def uvloop_run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a contender's loop on uvloop when it is installed, as the worker does by default:
+    every asyncio contender runs on the same event loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 class Bench:
@@ -84,9 +98,18 @@ class Bench:
             "cores": os.cpu_count(),
             "machine": platform.machine(),
             "python": platform.python_version(),
+            "event_loop": _event_loop(),
             "commit": _commit(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
+
+
+def _event_loop() -> str:
+    try:
+        import uvloop
+    except ImportError:
+        return "asyncio"
+    return f"uvloop {uvloop.__version__}"
 
 
 def _commit() -> str:

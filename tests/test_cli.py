@@ -563,7 +563,28 @@ def test_worker_serves_health_and_metrics_and_never_logs_the_password(dsn, conn,
     started = [e for e in entries if "dispatching" in e["message"]]
     assert len(started) == 1
     assert "password=***" in started[0]["message"]
+    assert "uvloop event loop" in started[0]["message"]  # the default, uvloop being installed
     assert any("SIGTERM" in e["message"] for e in entries)
+
+
+def test_worker_runs_on_asyncio_s_own_loop_when_asked(dsn, conn, tmp_path):
+    log = tmp_path / "worker.log"
+    seed(conn, 3)
+    proc = _spawn(
+        ["--publisher", "null", "--log-format", "json", "--event-loop", "asyncio"],
+        env={"OUTBOX_DSN": dsn},
+        log=log,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while conn.execute("SELECT count(*) FROM outbox WHERE status = 'done'").fetchone()[0] < 3:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+    finally:
+        code = stop_worker(proc, signal.SIGTERM, timeout=30)
+    assert code == 0, log.read_text()
+    [started] = [e for e in _json_lines(log) if "dispatching" in e["message"]]
+    assert "asyncio event loop" in started["message"]
 
 
 def test_worker_warns_about_a_publish_timeout_close_to_the_lease(dsn, tmp_path):

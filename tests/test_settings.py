@@ -192,6 +192,7 @@ def test_empty_env_variable_counts_as_unset():
         (["--metrics-port", "70000"], {}, "--metrics-port"),
         (["--http-header", "no-colon"], {}, "--http-header"),
         (["--log-level", "loud"], {}, "--log-level"),
+        (["--event-loop", "trio"], {}, "--event-loop"),
         (["--table", 'a"b'], {}, "--table"),
     ],
 )

@@ -6,7 +6,8 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from outbox.cliutil import USAGE_ERROR, fail
 from outbox.schema import SchemaError
@@ -65,6 +66,20 @@ def _request_stop(stop: asyncio.Event, sig: signal.Signals) -> None:
     stop.set()
 
 
+def event_loop_runner(choice: str) -> Callable[[Coroutine[Any, Any, None]], None]:
+    """uvloop's loop, when wanted and installed: the worker is bound by its own CPU, and
+    uvloop does the sockets' reads and writes (database, HTTP, brokers) in C."""
+    if choice != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                fail(PROG, "--event-loop uvloop: uvloop is not installed", USAGE_ERROR)
+        else:
+            return uvloop.run
+    return asyncio.run
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     try:
         settings = load_settings(argv)
@@ -74,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for warning in settings.warnings():
         log.warning("settings: %s", warning)
     try:
-        asyncio.run(_main(settings))
+        event_loop_runner(settings.event_loop)(_main(settings))
     except (SchemaError, SettingError) as exc:  # SettingError: a publisher's create() refused
         fail(PROG, str(exc), USAGE_ERROR)
     except OSError as exc:  # e.g. the metrics port is taken

@@ -112,9 +112,9 @@ class Dispatcher:
                 return
             self.metrics.ready = True
             log.info(
-                "worker %s dispatching %s from %s (%s publisher, ordering %s)",
+                "worker %s dispatching %s from %s (%s publisher, ordering %s, %s event loop)",
                 s.owner, s.table, redact_dsn(s.dsn) or "PG* environment", self.publisher.name,
-                s.ordering,
+                s.ordering, _loop_name(),
             )  # fmt: skip
             helpers = [
                 asyncio.create_task(self._finalizer(), name="finalizer"),
@@ -562,3 +562,8 @@ async def _first_of(*waits: Awaitable[object], first: Callable[[], bool] | None 
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*tasks, return_exceptions=True)
     return first() if first is not None else True
+
+
+def _loop_name() -> str:
+    """`uvloop` or `asyncio`: which event loop runs the worker, for the start-up line."""
+    return type(asyncio.get_running_loop()).__module__.split(".")[0]

@@ -26,6 +26,7 @@ from worker.publishers.registry import Option, PublisherFactory, load_publisher
 # Built-in publishers whose options every `--help` lists; a plugin's appear once selected.
 BUILTIN_PUBLISHERS = ("http", "kafka", "log", "nats", "null")
 ORDERINGS = ("none", "aggregate")
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
 def default_owner() -> str:
@@ -72,6 +73,8 @@ class WorkerSettings:
     log_format: str = "auto"
     """`json`, `text`, or `auto` (text on a terminal, JSON otherwise)."""
     log_level: str = "INFO"
+    event_loop: str = "auto"
+    """`auto` (uvloop when it is installed, else asyncio's own), `uvloop` or `asyncio`."""
 
     @property
     def ordered(self) -> bool:
@@ -97,6 +100,12 @@ class WorkerSettings:
 def _ordering(text: str) -> str:
     if text not in ORDERINGS:
         raise ValueError(f"{text!r} is not one of {', '.join(ORDERINGS)}")
+    return text
+
+
+def _event_loop(text: str) -> str:
+    if text not in EVENT_LOOPS:
+        raise ValueError(f"{text!r} is not one of {', '.join(EVENT_LOOPS)}")
     return text
 
 
@@ -136,6 +145,9 @@ def build_parser(publishers: Sequence[type[PublisherFactory]] = ()) -> ArgumentP
     parser.add_argument("--max-defer-age", help="deferred this long after creation: dead (1d)")
     parser.add_argument("--log-format", help="auto (default), json or text")
     parser.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
+    parser.add_argument(
+        "--event-loop", help="auto (default: uvloop when installed), uvloop or asyncio"
+    )
     declared: list[Option] = []
     for factory in publishers:
         # A plugin may reuse another publisher's options (e.g. a subclass of the http
@@ -242,6 +254,7 @@ def load_settings(
         max_defer_age=get("--max-defer-age", parse_duration, defaults.max_defer_age),
         log_format=get("--log-format", _log_format, defaults.log_format),
         log_level=get("--log-level", str.upper, defaults.log_level),
+        event_loop=get("--event-loop", _event_loop, defaults.event_loop),
     )
     _check(settings)
     return settings

@@ -5,11 +5,12 @@ python -m bench.peers.pgqueuer_worker DSN DRIVER(asyncpg|psycopg) BATCH
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
 from typing import Any
+
+from bench.env import uvloop_run
 
 
 async def run(dsn: str, driver_name: str, batch: int, latency_count: int = 0) -> None:
@@ -63,4 +64,5 @@ async def install_and_enqueue(dsn: str, count: int, payload: bytes) -> None:
 
 if __name__ == "__main__":
     count = int(sys.argv[5]) if len(sys.argv) > 5 and sys.argv[4] == "latency" else 0
-    asyncio.run(run(sys.argv[1], sys.argv[2], int(sys.argv[3]), count))
+    # On uvloop when it is installed, as pgqueuer's own CLI runs its workers (and as ours run).
+    uvloop_run(run(sys.argv[1], sys.argv[2], int(sys.argv[3]), count))
