@@ -73,11 +73,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
 
         latency_count = 200 if smoke else 1000
-        _log(f"latency: {latency_count} messages at 100/s, ours then pgqueuer")
+        _log(f"latency: {latency_count} messages at 100/s, ours, pgqueuer, ours via HTTP")
         report["latency"] = {
             "rate_per_second": 100,
-            "outbox_dispatcher": scenarios.latency_ours(bench, latency_count, 100),
+            "outbox_dispatcher": scenarios.latency_ours(bench, latency_count, 100, via_http=False),
             "pgqueuer": scenarios.latency_pgqueuer(bench, latency_count, 100),
+            "outbox_dispatcher_via_http": scenarios.latency_ours(
+                bench, latency_count, 100, via_http=True
+            ),
         }
 
         done_rows = (1_000, 10_000) if smoke else (10_000, 100_000, 1_000_000, 5_000_000)

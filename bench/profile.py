@@ -25,7 +25,9 @@ def profile_worker(bench: Bench, messages: int) -> dict[str, Any]:
         seed_outbox(dsn, messages)
         raw = Path(tmp) / "profile.txt"
         remaining = _remaining_outbox(dsn)
-        worker = python_module("worker", "--dsn", dsn, *WORKER_FLAGS)
+        # On asyncio's own loop: py-spy sees Python frames only, and uvloop's waits and
+        # callbacks are C code it would count as one opaque frame.
+        worker = python_module("worker", "--dsn", dsn, *WORKER_FLAGS, "--event-loop", "asyncio")
         spy: subprocess.Popen[bytes] | None = None
         try:
             while remaining() == messages:

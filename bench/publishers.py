@@ -1,12 +1,18 @@
-"""A publisher plugin for the publisher-bound benchmark: every publish takes 50 ms.
+"""Publisher plugins for the benchmarks, loaded by dotted path like any third-party publisher.
 
-Loaded by dotted path, like any third-party publisher:
-`outbox-worker --publisher bench.publishers:SlowPublisher --slow-publish-delay 50ms`.
+`outbox-worker --publisher bench.publishers:SlowPublisher --slow-publish-delay 50ms`: every
+publish takes 50 ms (the publisher-bound benchmark).
+`outbox-worker --publisher bench.publishers:TimingPublisher --timing-out FILE`: notes when each
+message reached the publisher, written to FILE on shutdown (latency, measured where pgqueuer's
+is: at the call into the application's code).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
+from pathlib import Path
 from typing import Any
 
 from outbox.models import Message
@@ -32,3 +38,28 @@ class SlowPublisher:
 
     async def publish(self, message: Message) -> None:
         await asyncio.sleep(self.delay)
+
+
+class TimingPublisher:
+    """Records time.time() per payload `n` at publish; a no-op otherwise."""
+
+    name = "timing"
+    options = (
+        Option("--timing-out", "JSON file written on shutdown", convert=Path, required=True),
+    )
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.reached: dict[int, float] = {}
+
+    @classmethod
+    def create(cls, values: dict[str, Any], context: PublisherContext) -> TimingPublisher:
+        return cls(values["timing_out"])
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None:
+        self.out.write_text(json.dumps(self.reached))
+
+    async def publish(self, message: Message) -> None:
+        self.reached.setdefault(int(json.loads(message.payload_json)["n"]), time.time())

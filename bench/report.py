@@ -83,12 +83,17 @@ def render(report: dict[str, Any]) -> str:
         "| | p50 ms | p99 ms | max ms |",
         "|---|---|---|---|",
     ]
-    for name in ("outbox_dispatcher", "pgqueuer"):
-        row = report["latency"][name]
-        lines.append(
-            f"| {name.replace('_', '-')} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
-            f"{row['max_ms']:.1f} |"
-        )
+    latency_rows = {
+        "outbox-dispatcher, at the publisher call": "outbox_dispatcher",
+        "pgqueuer, at the entrypoint call": "pgqueuer",
+        "outbox-dispatcher, until a local HTTP endpoint has it": "outbox_dispatcher_via_http",
+    }
+    for label, name in latency_rows.items():
+        if name in report["latency"]:
+            row = report["latency"][name]
+            lines.append(
+                f"| {label} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | {row['max_ms']:.1f} |"
+            )
     lines += ["", "## Scale: claim + finalize with done rows kept", "",
               "| done rows | µs per message |", "|---|---|"]  # fmt: skip
     for row in report["scale_done_rows"]:
@@ -118,6 +123,8 @@ def render(report: dict[str, Any]) -> str:
         lines += [
             "",
             "## Where one worker's time goes (py-spy)",
+            "",
+            "Sampled on asyncio's own event loop, whose waits py-spy can see (uvloop's are C).",
             "",
             f"{profile['waiting_share']:.0%} of samples wait on sockets (the database); the "
             "busiest Python frames:",

@@ -7,9 +7,11 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -103,7 +105,9 @@ def _percentiles(latencies: list[float]) -> dict[str, float]:
     }
 
 
-def latency_ours(bench: Bench, count: int, rate: float) -> dict[str, float]:
+def latency_ours(bench: Bench, count: int, rate: float, *, via_http: bool) -> dict[str, float]:
+    """Enqueue to publish. `via_http`: until a local HTTP endpoint has the request; else until
+    the publisher is called, which is where pgqueuer's figure is taken (its entrypoint)."""
     received: dict[int, float] = {}
     lock = threading.Lock()
 
@@ -115,11 +119,18 @@ def latency_ours(bench: Bench, count: int, rate: float) -> dict[str, float]:
         return Reply()
 
     sent: dict[int, float] = {}
-    with Sink(record) as sink, bench.database() as dsn:
-        worker = python_module(
-            "worker", "--dsn", dsn, "--publisher", "http", "--http-url", sink.url,
-            "--log-level", "WARNING",
-        )  # fmt: skip
+    with (
+        Sink(record) as sink,
+        bench.database() as dsn,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        timings = Path(tmp) / "reached.json"
+        publisher = (
+            ("--publisher", "http", "--http-url", sink.url)
+            if via_http
+            else ("--publisher", "bench.publishers:TimingPublisher", "--timing-out", str(timings))
+        )
+        worker = python_module("worker", "--dsn", dsn, *publisher, "--log-level", "WARNING")
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 _wait_listening(conn)
@@ -133,10 +144,24 @@ def latency_ours(bench: Bench, count: int, rate: float) -> dict[str, float]:
                     )
 
                 _pace(count + WARM_UP, rate, send)
-            sink.wait_for(lambda s: len(received) >= count + WARM_UP, timeout=60)
+                if via_http:
+                    sink.wait_for(lambda s: len(received) >= count + WARM_UP, timeout=60)
+                else:
+                    _wait_done(conn, count + WARM_UP)
         finally:
-            _stop([worker])
+            _stop([worker])  # SIGTERM: the timing publisher writes its file as it closes
+        if not via_http:
+            received.update((int(n), t) for n, t in json.loads(timings.read_text()).items())
     return _percentiles([received[n] - sent[n] for n in sent if n in received and n >= WARM_UP])
+
+
+def _wait_done(conn: psycopg.Connection[Any], total: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    query = "SELECT count(*) FROM outbox WHERE status = 'done'"
+    while conn.execute(query).fetchone()[0] < total:  # type: ignore[index]
+        if time.monotonic() > deadline:
+            raise TimeoutError("the worker did not publish every message")
+        time.sleep(0.05)
 
 
 def _wait_listening(conn: psycopg.Connection[Any], timeout: float = 30) -> None:

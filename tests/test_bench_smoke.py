@@ -38,7 +38,7 @@ def test_bench_smoke_run_writes_a_complete_report(tmp_path):
     )
     assert report["http"]["server_capacity"]["median"] > 0
     assert report["http"]["outbox_dispatcher"]["median"] > 0
-    for name in ("outbox_dispatcher", "pgqueuer"):
+    for name in ("outbox_dispatcher", "pgqueuer", "outbox_dispatcher_via_http"):
         latency = report["latency"][name]
         assert latency["samples"] == 200 and 0 < latency["p50_ms"] <= latency["p99_ms"]
     assert [row["done_rows"] for row in report["scale_done_rows"]] == [1_000, 10_000]
