@@ -30,18 +30,22 @@ async def claim(
     max_attempts: int,
     ordered: bool = False,
     by_aggregate: bool = False,
+    prepare: bool | None = None,
 ) -> list[Message]:
     """Lease up to `batch` messages, oldest first; reaps expired last attempts to dead.
 
     `ordered` claims only the head of each aggregate; `by_aggregate` finds the heads by
     visiting aggregates rather than waiting rows (see OrderedClaims for when that is better).
+    `prepare` is psycopg's: True sends the claim as a prepared statement (its plan is as good
+    generic as custom, and planning it is most of an idle claim's time), None leaves it to
+    the connection's `prepare_threshold`.
     """
     q = queries(table)
     statement = (q.claim_heads if by_aggregate else q.claim_ordered) if ordered else q.claim
     params = {"batch": batch, "owner": owner, "lease": lease, "max_attempts": max_attempts}
     # Binary results: integers and timestamps decode faster than from text.
     async with conn.cursor(binary=True) as cur:
-        await cur.execute(statement, params)
+        await cur.execute(statement, params, prepare=prepare)
         rows = await cur.fetchall()
     messages = [Message._make(row) for row in rows]
     messages.sort(key=lambda m: m.id)  # RETURNING order is unspecified

@@ -13,6 +13,7 @@ from outbox import Outcome, Status
 from outbox.lease import OrderedClaims, claim, extend, finalize, release
 from outbox.queries import REAPED_ERROR
 from outbox.table import Table
+from worker.dispatcher import EXPLICIT_PREPARE_ONLY
 
 LONG = timedelta(seconds=30)
 SHORT = timedelta(milliseconds=300)
@@ -73,6 +74,26 @@ async def test_claim_sets_the_lease_columns(conn, aconn, table):
     assert r["status"] == "processing" and r["lease_owner"] == "worker-1"
     assert r["lease_until"] > r["created_at"]
     assert m.payload_json.startswith("{") and '"n": 0' in m.payload_json
+
+
+async def test_a_claim_asked_to_be_prepared_is_prepared_once_and_reused(conn, dsn, table):
+    seed(conn, 3)
+    prepared_statements = "SELECT statement FROM pg_prepared_statements"
+    async with (
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None) as a,
+        await psycopg.AsyncConnection.connect(
+            dsn, autocommit=True, prepare_threshold=EXPLICIT_PREPARE_ONLY
+        ) as b,
+    ):
+        [m1] = await claim(a, table, owner="A", batch=1, lease=LONG, max_attempts=5)
+        assert await (await a.execute(prepared_statements)).fetchall() == []
+        [m2] = await claim(b, table, owner="B", batch=1, lease=LONG, max_attempts=5, prepare=True)
+        [m3] = await claim(b, table, owner="B", batch=1, lease=LONG, max_attempts=5, prepare=True)
+        [(statement,)] = await (await b.execute(prepared_statements)).fetchall()
+    assert "SKIP LOCKED" in statement
+    assert sorted([m1.id, m2.id, m3.id]) == sorted(
+        r[0] for r in conn.execute("SELECT id FROM outbox")
+    )
 
 
 async def test_crashed_claim_is_reclaimed_only_after_its_lease_and_stale_finalize_is_fenced(

@@ -193,6 +193,8 @@ def test_empty_env_variable_counts_as_unset():
         (["--http-header", "no-colon"], {}, "--http-header"),
         (["--log-level", "loud"], {}, "--log-level"),
         (["--event-loop", "trio"], {}, "--event-loop"),
+        (["--prepared-statements", "maybe"], {}, "--prepared-statements"),
+        ([], {"OUTBOX_PREPARED_STATEMENTS": "no"}, "OUTBOX_PREPARED_STATEMENTS"),
         (["--table", 'a"b'], {}, "--table"),
     ],
 )

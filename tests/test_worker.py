@@ -7,6 +7,7 @@ import logging
 from datetime import timedelta
 
 import psycopg
+import pytest
 from helpers import row, seed, statuses, wait_until
 from workers import dispatching, settings
 
@@ -26,9 +27,12 @@ def _count(conn, where: str) -> int:
     return conn.execute(f"SELECT count(*) FROM outbox WHERE {where}").fetchone()[0]
 
 
-async def test_delivers_everything_over_http_with_the_id_as_idempotency_key(conn, dsn, sink):
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared-claim", "unprepared"])
+async def test_delivers_everything_over_http_with_the_id_as_idempotency_key(
+    conn, dsn, sink, prepared
+):
     ids = seed(conn, 300, aggregates=17)
-    async with dispatching(settings(dsn), _http(sink)) as d:
+    async with dispatching(settings(dsn, prepared_statements=prepared), _http(sink)) as d:
         await wait_until(lambda: _count(conn, "status = 'done'") == 300, what="all done")
     assert sorted(sink.delivered_ids()) == ids
     for request in sink.delivered():

@@ -48,6 +48,11 @@ FINALIZE_CHUNK = 1000
 # poll interval.
 IDLE_WAIT_START = 0.05
 # How long an operation waits for a pooled connection before it counts as a database error.
+# psycopg prepares any statement run `prepare_threshold` times, and None turns off even the
+# explicit `prepare=True`. Only the claims are prepared (their generic plans are guarded by
+# tests); a threshold never reached keeps the batched unnest statements unprepared, since a
+# generic plan of theirs may be many times slower.
+EXPLICIT_PREPARE_ONLY = 2**31 - 1
 POOL_TIMEOUT = 10.0
 # Reconnect back-off after a database error.
 DB_RETRY_START, DB_RETRY_CAP = 0.1, 5.0
@@ -101,9 +106,11 @@ class Dispatcher:
             max_size=4,
             open=False,
             name="outbox-worker",
-            # Auto-prepared statements may switch to generic plans that are many times slower
-            # for the batched unnest statements; every statement here is sent unprepared.
-            kwargs={"autocommit": True, "prepare_threshold": None, "application_name": s.owner},
+            kwargs={
+                "autocommit": True,
+                "prepare_threshold": EXPLICIT_PREPARE_ONLY if s.prepared_statements else None,
+                "application_name": s.owner,
+            },
             timeout=POOL_TIMEOUT,
         )
         await self._pool.open(wait=False)
@@ -245,6 +252,7 @@ class Dispatcher:
                 max_attempts=s.max_attempts,
                 ordered=s.ordered,
                 by_aggregate=self._ordered_claims.by_aggregate,
+                prepare=s.prepared_statements or None,
             )
         self._ordered_claims.observe(len(messages), want)
         self.metrics.claim_batch.observe(len(messages))

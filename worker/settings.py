@@ -73,6 +73,9 @@ class WorkerSettings:
     log_format: str = "auto"
     """`json`, `text`, or `auto` (text on a terminal, JSON otherwise)."""
     log_level: str = "INFO"
+    prepared_statements: bool = True
+    """Send the claim as a prepared statement; off for PgBouncer before 1.21 in transaction
+    pooling mode, which cannot keep prepared statements."""
     event_loop: str = "auto"
     """`auto` (uvloop when it is installed, else asyncio's own), `uvloop` or `asyncio`."""
 
@@ -101,6 +104,12 @@ def _ordering(text: str) -> str:
     if text not in ORDERINGS:
         raise ValueError(f"{text!r} is not one of {', '.join(ORDERINGS)}")
     return text
+
+
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise ValueError(f"{text!r} is not on or off")
+    return text == "on"
 
 
 def _event_loop(text: str) -> str:
@@ -147,6 +156,11 @@ def build_parser(publishers: Sequence[type[PublisherFactory]] = ()) -> ArgumentP
     parser.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
     parser.add_argument(
         "--event-loop", help="auto (default: uvloop when installed), uvloop or asyncio"
+    )
+    parser.add_argument(
+        "--prepared-statements",
+        help="on (default: the claim is prepared once per connection) or off (PgBouncer < 1.21 "
+        "in transaction pooling mode)",
     )
     declared: list[Option] = []
     for factory in publishers:
@@ -255,6 +269,7 @@ def load_settings(
         log_format=get("--log-format", _log_format, defaults.log_format),
         log_level=get("--log-level", str.upper, defaults.log_level),
         event_loop=get("--event-loop", _event_loop, defaults.event_loop),
+        prepared_statements=get("--prepared-statements", _on_off, defaults.prepared_statements),
     )
     _check(settings)
     return settings
