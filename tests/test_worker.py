@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -17,6 +18,14 @@ from outbox.models import Message
 from outbox.sink import Reply, Sink
 from worker.publishers.base import Defer, PermanentError, RetryableError
 from worker.publishers.http import HttpPublisher
+
+# A retried message must stay pending while the test looks at it: the test settings' 50 ms
+# backoff cap would bring it back at once. (Full jitter may still pick a tiny delay: one in
+# several thousand with a two-hour ceiling.)
+NO_QUICK_RETRY: dict[str, Any] = {
+    "backoff_base": timedelta(hours=1),
+    "backoff_cap": timedelta(days=1),
+}
 
 
 def _http(sink: Sink) -> HttpPublisher:
@@ -85,9 +94,7 @@ async def test_unreachable_endpoint_is_retried_not_dead(conn, dsn):
     [message_id] = seed(conn, 1)
     with Sink() as gone:
         url = gone.url
-    async with dispatching(
-        settings(dsn, backoff_base=timedelta(seconds=60)), HttpPublisher(url, owner="t")
-    ):
+    async with dispatching(settings(dsn, **NO_QUICK_RETRY), HttpPublisher(url, owner="t")):
         await wait_until(
             lambda: (
                 row(conn, message_id)["attempts"] == 1
@@ -297,9 +304,7 @@ class FuturePublisher:
 
 async def test_publishers_returning_plain_awaitables_are_awaited_under_the_timeout(conn, dsn):
     [done] = seed(conn, 1)
-    s = settings(
-        dsn, publish_timeout=timedelta(milliseconds=200), backoff_base=timedelta(minutes=1)
-    )
+    s = settings(dsn, publish_timeout=timedelta(milliseconds=200), **NO_QUICK_RETRY)
     async with dispatching(s, FuturePublisher(resolve=True)):
         await wait_until(lambda: row(conn, done)["status"] == "done")
     [stuck] = seed(conn, 1)
@@ -317,9 +322,7 @@ async def test_a_publish_that_waits_then_overruns_is_timed_out_and_retried(conn,
         await asyncio.sleep(0)  # waits once, then keeps waiting far past the timeout
         await asyncio.sleep(60)
 
-    s = settings(
-        dsn, publish_timeout=timedelta(milliseconds=200), backoff_base=timedelta(minutes=1)
-    )
+    s = settings(dsn, publish_timeout=timedelta(milliseconds=200), **NO_QUICK_RETRY)
     async with dispatching(s, Scripted(behave)):
         await wait_until(
             lambda: (
@@ -339,7 +342,7 @@ async def test_an_error_text_postgres_would_refuse_is_stored_escaped_and_the_loo
         if m.id == bad:  # a downstream's binary body quoted in the error: NUL, a lone surrogate
             raise RetryableError("HTTP 503: \x00\x01 \udc80 body")
 
-    s = settings(dsn, backoff_base=timedelta(minutes=1))
+    s = settings(dsn, **NO_QUICK_RETRY)
     async with dispatching(s, Scripted(behave)):
         await wait_until(
             lambda: row(conn, bad)["status"] == "pending" and row(conn, good)["status"] == "done"
