@@ -47,12 +47,12 @@ FINALIZE_CHUNK = 1000
 # Idle back-off without LISTEN: the first empty claim waits this long, doubling up to the
 # poll interval.
 IDLE_WAIT_START = 0.05
-# How long an operation waits for a pooled connection before it counts as a database error.
 # psycopg prepares any statement run `prepare_threshold` times, and None turns off even the
 # explicit `prepare=True`. Only the claims are prepared (their generic plans are guarded by
 # tests); a threshold never reached keeps the batched unnest statements unprepared, since a
 # generic plan of theirs may be many times slower.
 EXPLICIT_PREPARE_ONLY = 2**31 - 1
+# How long an operation waits for a pooled connection before it counts as a database error.
 POOL_TIMEOUT = 10.0
 # Reconnect back-off after a database error.
 DB_RETRY_START, DB_RETRY_CAP = 0.1, 5.0
