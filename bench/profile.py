@@ -27,7 +27,9 @@ def profile_worker(bench: Bench, messages: int) -> dict[str, Any]:
         remaining = _remaining_outbox(dsn)
         # On asyncio's own loop: py-spy sees Python frames only, and uvloop's waits and
         # callbacks are C code it would count as one opaque frame.
-        worker = python_module("worker", "--dsn", dsn, *WORKER_FLAGS, "--event-loop", "asyncio")
+        worker = python_module(
+            "outbox.worker", "--dsn", dsn, *WORKER_FLAGS, "--event-loop", "asyncio"
+        )
         spy: subprocess.Popen[bytes] | None = None
         try:
             while remaining() == messages:

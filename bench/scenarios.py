@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from outbox.demo.embedded import free_port
+from outbox.demo.sink import Sink
 
 from bench.env import Bench, measure_drain, python_module, seed_outbox
-from outbox.embedded import free_port
 from outbox.lease import OrderedClaims, claim, finalize
 from outbox.models import Outcome
-from outbox.sink import Sink
 from outbox.table import Table
 
 TABLE = Table.parse("outbox")
@@ -69,7 +69,7 @@ def http_throughput(bench: Bench, messages: int, concurrency: int = 64) -> dict[
         with bench.database() as dsn:
             seed_outbox(dsn, messages)
             worker = python_module(
-                "worker", "--dsn", dsn, "--publisher", "http", "--http-url", url,
+                "outbox.worker", "--dsn", dsn, "--publisher", "http", "--http-url", url,
                 "--batch", "500", "--concurrency", str(concurrency), "--log-level", "WARNING",
             )  # fmt: skip
             try:
@@ -112,7 +112,7 @@ def latency_ours(bench: Bench, count: int, rate: float, *, via_http: bool) -> di
     lock = threading.Lock()
 
     def record(body: dict[str, Any], nth: int) -> Any:
-        from outbox.sink import Reply
+        from outbox.demo.sink import Reply
 
         with lock:
             received.setdefault(int(body["payload"]["n"]), time.time())
@@ -130,7 +130,7 @@ def latency_ours(bench: Bench, count: int, rate: float, *, via_http: bool) -> di
             if via_http
             else ("--publisher", "bench.publishers:TimingPublisher", "--timing-out", str(timings))
         )
-        worker = python_module("worker", "--dsn", dsn, *publisher, "--log-level", "WARNING")
+        worker = python_module("outbox.worker", "--dsn", dsn, *publisher, "--log-level", "WARNING")
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 _wait_listening(conn)
@@ -278,7 +278,7 @@ def memory_drain(bench: Bench, messages: int) -> dict[str, Any]:
     with bench.database() as dsn:
         seed_outbox(dsn, messages)
         worker = python_module(
-            "worker", "--dsn", dsn, "--publisher", "null", "--batch", "500",
+            "outbox.worker", "--dsn", dsn, "--publisher", "null", "--batch", "500",
             "--concurrency", "64", "--log-level", "WARNING",
         )  # fmt: skip
         remaining = _remaining(dsn)
@@ -316,7 +316,7 @@ def publisher_bound(bench: Bench, concurrency: int, delay_ms: int = 50) -> dict[
     with bench.database() as dsn:
         seed_outbox(dsn, messages)
         worker = python_module(
-            "worker", "--dsn", dsn, "--publisher", "bench.publishers:SlowPublisher",
+            "outbox.worker", "--dsn", dsn, "--publisher", "bench.publishers:SlowPublisher",
             "--slow-publish-delay", f"{delay_ms}ms", "--concurrency", str(concurrency),
             "--batch", str(min(500, concurrency * 2)), "--log-level", "WARNING",
         )  # fmt: skip

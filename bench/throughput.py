@@ -70,7 +70,7 @@ def run_contender(bench: Bench, contender: Contender, messages: int) -> float:
             seed_outbox(dsn, messages)
             remaining = _remaining_outbox(dsn)
             if contender.peer == "ours":
-                args = ("worker", "--dsn", dsn, *WORKER_FLAGS)
+                args = ("outbox.worker", "--dsn", dsn, *WORKER_FLAGS)
             else:
                 args = ("bench.peers.article", dsn, "50")
         try:

@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     try:
         if args.command == "demo":
-            from outbox.demo import run_demo  # the demo's parts load only when asked for
+            from outbox.demo.run import run_demo  # the demo's parts load only when asked for
 
             sys.exit(
                 run_demo(

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from outbox.demo.embedded import EmbeddedPostgres
+from outbox.demo.sink import Sink
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from outbox.embedded import EmbeddedPostgres
 from outbox.schema import migrate
-from outbox.sink import Sink
 from outbox.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))

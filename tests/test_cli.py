@@ -15,9 +15,9 @@ from pathlib import Path
 import psycopg
 import pytest
 from helpers import seed
+from outbox.demo.embedded import free_port
 from workers import stop_worker
 
-from outbox.embedded import free_port
 from outbox.schema import REQUIRED_COLUMNS, migrate
 from outbox.table import Table
 
@@ -443,7 +443,7 @@ def test_outbox_usage_errors_exit_2_with_one_line(args, env, named):
     ],
 )
 def test_worker_usage_errors_exit_2_with_one_line(args, env, named):
-    result = run("worker", *args, env=env, timeout=20)
+    result = run("outbox.worker", *args, env=env, timeout=20)
     assert result.returncode == 2, result
     assert result.stdout == ""
     line = one_line(result.stderr)
@@ -514,7 +514,7 @@ def _wait_ready(proc: subprocess.Popen[bytes], port: int, log: Path, timeout: fl
 def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "worker", *args],
+            [sys.executable, "-m", "outbox.worker", *args],
             env={**BASE_ENV, **env},
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -609,7 +609,7 @@ def test_worker_warns_about_a_publish_timeout_close_to_the_lease(dsn, tmp_path):
 
 
 def test_worker_without_the_table_exits_2_and_points_to_migrate(empty_dsn):
-    result = run("worker", "--dsn", empty_dsn, "--publisher", "null", timeout=30)
+    result = run("outbox.worker", "--dsn", empty_dsn, "--publisher", "null", timeout=30)
     assert result.returncode == 2, result
     line = one_line(result.stderr)
     assert line.startswith("outbox-worker: error: ")
@@ -620,7 +620,7 @@ def test_worker_refuses_a_table_at_another_schema_version(empty_dsn):
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         migrate(conn, Table.parse("outbox"))
         conn.execute("COMMENT ON TABLE outbox IS 'outbox-dispatcher schema v99'")
-    result = run("worker", "--dsn", empty_dsn, "--publisher", "null", timeout=30)
+    result = run("outbox.worker", "--dsn", empty_dsn, "--publisher", "null", timeout=30)
     assert result.returncode == 2, result
     line = one_line(result.stderr)
     assert "v99" in line and "outbox migrate" in line

@@ -44,7 +44,7 @@ async def test_log_publisher_writes_one_json_line_per_message(conn, dsn):
         [
             sys.executable,
             "-m",
-            "worker",
+            "outbox.worker",
             "--dsn",
             dsn,
             "--publisher",

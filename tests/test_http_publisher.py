@@ -7,10 +7,9 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
-
-from worker.backoff import full_jitter, retry_delay
-from worker.publishers.base import PermanentError, RetryableError
-from worker.publishers.http import classify, parse_retry_after
+from outbox.worker.backoff import full_jitter, retry_delay
+from outbox.worker.publishers.base import PermanentError, RetryableError
+from outbox.worker.publishers.http import classify, parse_retry_after
 
 NOW = datetime(2025, 3, 14, 12, 0, 0, tzinfo=UTC)
 

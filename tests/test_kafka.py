@@ -25,17 +25,17 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka import Message as KafkaMessage
 from helpers import row, seed, wait_until
 from kafka_mock import PRODUCE, MockCluster, mock_cluster
+from outbox.worker.publishers import kafka
+from outbox.worker.publishers.base import PermanentError, RetryableError
+from outbox.worker.publishers.envelope import envelope
+from outbox.worker.publishers.kafka import KafkaPublisher, classify, is_fatal, render_topic
+from outbox.worker.publishers.registry import PublisherContext
+from outbox.worker.settings import load_settings
 from workers import dispatching, settings, spawn_worker, stop_worker
 
 from outbox import Event, enqueue_many
 from outbox.models import Message
 from outbox.settings import SettingError
-from worker.publishers import kafka
-from worker.publishers.base import PermanentError, RetryableError
-from worker.publishers.envelope import envelope
-from worker.publishers.kafka import KafkaPublisher, classify, is_fatal, render_topic
-from worker.publishers.registry import PublisherContext
-from worker.settings import load_settings
 
 E = KafkaError
 ROOT = Path(__file__).parent.parent
@@ -305,7 +305,7 @@ def test_a_combination_librdkafka_refuses_is_a_setting_error_without_secrets():
 
 def _worker(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "worker", *args],
+        [sys.executable, "-m", "outbox.worker", *args],
         capture_output=True, text=True, timeout=timeout, env=BASE_ENV,
     )  # fmt: skip
 

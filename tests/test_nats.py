@@ -29,16 +29,11 @@ import pytest
 from helpers import row, seed, wait_until, wait_until_db
 from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
-from workers import dispatching, settings, spawn_worker, stop_worker
-
-from outbox import Event, enqueue_many
-from outbox.embedded import free_port
-from outbox.models import Message
-from outbox.settings import SettingError
-from worker.cli import make_publisher
-from worker.metrics import Metrics
-from worker.publishers.base import PermanentError, RetryableError
-from worker.publishers.nats import (
+from outbox.demo.embedded import free_port
+from outbox.worker.cli import make_publisher
+from outbox.worker.metrics import Metrics
+from outbox.worker.publishers.base import PermanentError, RetryableError
+from outbox.worker.publishers.nats import (
     NatsPublisher,
     redact_url,
     render_subject,
@@ -46,8 +41,13 @@ from worker.publishers.nats import (
     subject_token,
     tls_context,
 )
-from worker.publishers.registry import PublisherContext
-from worker.settings import load_settings
+from outbox.worker.publishers.registry import PublisherContext
+from outbox.worker.settings import load_settings
+from workers import dispatching, settings, spawn_worker, stop_worker
+
+from outbox import Event, enqueue_many
+from outbox.models import Message
+from outbox.settings import SettingError
 
 STREAM = "OUTBOX"
 NATS_BIN = Path(sys.executable).parent / "nats-server"
@@ -296,7 +296,7 @@ BASE_ENV = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
 
 def _worker(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "worker", *args],
+        [sys.executable, "-m", "outbox.worker", *args],
         capture_output=True, text=True, timeout=timeout, env=BASE_ENV,
     )  # fmt: skip
 

@@ -18,7 +18,7 @@ PLUGIN = textwrap.dedent(
     from pathlib import Path
     from typing import Any
 
-    from worker.publishers.registry import Option
+    from outbox.worker.publishers.registry import Option
 
 
     class FilePublisher:
@@ -72,7 +72,7 @@ async def test_a_plugin_publisher_delivers_by_entry_point_or_dotted_path(
         [
             sys.executable,
             "-m",
-            "worker",
+            "outbox.worker",
             "--dsn",
             dsn,
             "--publisher",
@@ -92,7 +92,7 @@ async def test_a_plugin_publisher_delivers_by_entry_point_or_dotted_path(
 
 def test_publisher_help_shows_the_plugins_options(plugin_path):
     result = subprocess.run(
-        [sys.executable, "-m", "worker", "--publisher", "file", "--help"],
+        [sys.executable, "-m", "outbox.worker", "--publisher", "file", "--help"],
         env=_env(plugin_path), capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert "file publisher options" in result.stdout and "--file-path" in result.stdout
@@ -101,7 +101,7 @@ def test_publisher_help_shows_the_plugins_options(plugin_path):
 
 def test_plugin_options_are_required_and_named(plugin_path):
     result = subprocess.run(
-        [sys.executable, "-m", "worker", "--publisher", "file"],
+        [sys.executable, "-m", "outbox.worker", "--publisher", "file"],
         env=_env(plugin_path), capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 2
@@ -112,7 +112,7 @@ def test_plugin_options_are_required_and_named(plugin_path):
 
 def test_unknown_publishers_list_what_is_installed(plugin_path):
     result = subprocess.run(
-        [sys.executable, "-m", "worker", "--publisher", "carrier-pigeon"],
+        [sys.executable, "-m", "outbox.worker", "--publisher", "carrier-pigeon"],
         env=_env(plugin_path), capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1

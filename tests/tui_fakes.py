@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from outbox.tui.source import Overview
+
 from outbox.admin import (
     Action,
     ActionRecord,
@@ -22,7 +24,6 @@ from outbox.admin import (
     Seen,
 )
 from outbox.stats import QueueStats
-from tui.source import Overview
 
 NOW = datetime(2025, 3, 14, 12, 0, 0, tzinfo=UTC)
 

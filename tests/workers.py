@@ -13,10 +13,11 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+from outbox.worker.dispatcher import Dispatcher
+from outbox.worker.publishers.base import Publisher
+from outbox.worker.settings import WorkerSettings
+
 from outbox.table import Table
-from worker.dispatcher import Dispatcher
-from worker.publishers.base import Publisher
-from worker.settings import WorkerSettings
 
 
 def settings(dsn: str, **overrides: Any) -> WorkerSettings:
@@ -57,7 +58,7 @@ def spawn_worker(
     env = {**os.environ, "OUTBOX_DSN": dsn, "OUTBOX_LOG_FORMAT": "json"}
     log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     return subprocess.Popen(
-        [sys.executable, "-m", "worker", "--owner", owner, *args],
+        [sys.executable, "-m", "outbox.worker", "--owner", owner, *args],
         env=env,
         stdout=log,
         stderr=log,

@@ -8,20 +8,19 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from outbox.tui import config as cfg
+from outbox.tui.actions import ActionRequest
+from outbox.tui.format import count
+from outbox.tui.poller import DATABASE_ERRORS, Poller
+from outbox.tui.screens.confirm import ConfirmScreen
+from outbox.tui.screens.dashboard import DashboardScreen
+from outbox.tui.screens.help import HelpScreen
+from outbox.tui.source import PgSource, ReadOnlyError, Source
+from outbox.tui.widgets import BarState, StatusLine, TopBar
 from textual import work
 from textual.app import App
 from textual.binding import Binding
 from textual.notifications import SeverityLevel
-
-from tui import config as cfg
-from tui.actions import ActionRequest
-from tui.format import count
-from tui.poller import DATABASE_ERRORS, Poller
-from tui.screens.confirm import ConfirmScreen
-from tui.screens.dashboard import DashboardScreen
-from tui.screens.help import HelpScreen
-from tui.source import PgSource, ReadOnlyError, Source
-from tui.widgets import BarState, StatusLine, TopBar
 
 Clock = Callable[[], datetime]
 

@@ -1,3 +1,3 @@
-from worker.cli import main
+from outbox.extras import worker
 
-main()
+worker()

@@ -9,15 +9,16 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from outbox.worker import logs
+from outbox.worker.dispatcher import Dispatcher
+from outbox.worker.metrics import HealthServer, Metrics
+from outbox.worker.publishers.base import Publisher
+from outbox.worker.publishers.registry import PublisherContext, load_publisher
+from outbox.worker.settings import WorkerSettings, load_settings
+
 from outbox.cliutil import USAGE_ERROR, fail
 from outbox.schema import SchemaError
 from outbox.settings import SettingError
-from worker import logs
-from worker.dispatcher import Dispatcher
-from worker.metrics import HealthServer, Metrics
-from worker.publishers.base import Publisher
-from worker.publishers.registry import PublisherContext, load_publisher
-from worker.settings import WorkerSettings, load_settings
 
 log = logging.getLogger("outbox.worker")
 PROG = "outbox-worker"

@@ -166,7 +166,7 @@ class Run:
         self._spawned += 1
         owner = f"w{self._spawned}"
         path = self.log_dir / f"{owner}.log"
-        module = ["tests.chaos.skewed", f"{skew:g}"] if skew is not None else ["worker"]
+        module = ["tests.chaos.skewed", f"{skew:g}"] if skew is not None else ["outbox.worker"]
         env = {
             **os.environ,
             "OUTBOX_DSN": dsn or self.dsn,

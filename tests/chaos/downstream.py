@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from outbox.sink import Reply, Sink
+from outbox.demo.sink import Reply, Sink
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import time_machine
-
-from worker.cli import main
+from outbox.worker.cli import main
 
 if __name__ == "__main__":
     skew = float(sys.argv[1])

@@ -20,6 +20,9 @@ from pathlib import Path
 import psycopg
 import pytest
 from helpers import seed, statuses
+from outbox.demo.embedded import free_port
+from outbox.demo.sink import Reply
+from outbox.worker.settings import load_settings
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from workers import spawn_worker, stop_worker
@@ -27,14 +30,11 @@ from workers import spawn_worker, stop_worker
 from chaos.cluster import assert_clean
 from chaos.downstream import Call
 from outbox.admin import apply, fetch, select_targets
-from outbox.embedded import free_port
 from outbox.models import Event
 from outbox.producer import enqueue
 from outbox.schema import migrate
 from outbox.settings import SettingError
-from outbox.sink import Reply
 from outbox.table import Table
-from worker.settings import load_settings
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -139,7 +139,7 @@ def test_an_unusable_dsn_keeps_the_worker_waiting_and_saying_why(dsn, tmp_path, 
 
 def _run_worker(dsn: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "worker", "--dsn", dsn, "--publisher", "null"],
+        [sys.executable, "-m", "outbox.worker", "--dsn", dsn, "--publisher", "null"],
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
+from outbox.tui.poller import Poller
+from outbox.tui.widgets import StatusLine, TopBar
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from tui.poller import Poller
-from tui.widgets import StatusLine, TopBar
-
 if TYPE_CHECKING:
-    from tui.app import OutboxApp
+    from outbox.tui.app import OutboxApp
 
 # Actions that change rows: hidden from the footer and help, and refused, in read-only mode.
 MUTATING = frozenset({"requeue", "requeue_all", "skip", "mark", "unmark_all"})

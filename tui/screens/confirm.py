@@ -3,6 +3,7 @@ will change before anything happens. Cancel has the focus; `y` confirms."""
 
 from __future__ import annotations
 
+from outbox.tui.format import count
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -10,7 +11,6 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
 from outbox.admin import Action
-from tui.format import count
 
 EXPLAIN = {
     "requeue": "Back to pending, available now, attempts reset to 0.",

@@ -12,6 +12,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Literal
 
+from outbox.tui import format as fmt
+from outbox.tui.actions import ActionRequest
+from outbox.tui.poller import Poller
+from outbox.tui.screens.base import BaseScreen
+from outbox.tui.screens.detail import DetailScreen, skip_notes
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
@@ -29,11 +34,6 @@ from outbox.admin import (
     Seen,
     parse_filter,
 )
-from tui import format as fmt
-from tui.actions import ActionRequest
-from tui.poller import Poller
-from tui.screens.base import BaseScreen
-from tui.screens.detail import DetailScreen, skip_notes
 
 View = Literal["list", "groups"]
 CELL_PADDING = 2  # DataTable pads each cell by one column on either side

@@ -1,5 +1,5 @@
 """Publishers and the failure classes they raise."""
 
-from worker.publishers.base import Defer, PermanentError, Publisher, RetryableError
+from outbox.worker.publishers.base import Defer, PermanentError, Publisher, RetryableError
 
 __all__ = ["Defer", "PermanentError", "Publisher", "RetryableError"]

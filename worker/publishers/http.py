@@ -20,11 +20,11 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
+from outbox.worker.publishers.base import PermanentError, RetryableError
+from outbox.worker.publishers.envelope import envelope
+from outbox.worker.publishers.registry import Option, PublisherContext
 
 from outbox.models import Message
-from worker.publishers.base import PermanentError, RetryableError
-from worker.publishers.envelope import envelope
-from worker.publishers.registry import Option, PublisherContext
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
 _BODY_SNIPPET = 300

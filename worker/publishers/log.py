@@ -5,9 +5,10 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
+from outbox.worker.publishers.envelope import envelope
+from outbox.worker.publishers.registry import Option, PublisherContext
+
 from outbox.models import Message
-from worker.publishers.envelope import envelope
-from worker.publishers.registry import Option, PublisherContext
 
 
 class LogPublisher:

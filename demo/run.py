@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import psycopg
+from outbox.demo.embedded import EmbeddedPostgres
+from outbox.demo.sink import Reply, Request, Sink
 
-from outbox.embedded import EmbeddedPostgres
 from outbox.models import Event
 from outbox.producer import enqueue_many
 from outbox.schema import migrate
-from outbox.sink import Reply, Request, Sink
 from outbox.table import Table
 
 AGGREGATES = 200
@@ -92,8 +92,8 @@ class Progress:
 def _worker(dsn: str, url: str, owner: str, log_dir: Path) -> subprocess.Popen[bytes]:
     log = open(log_dir / f"{owner}.log", "wb")  # noqa: SIM115 - the child keeps it
     return subprocess.Popen(
-        [sys.executable, "-m", "worker", "--dsn", dsn, "--publisher", "http", "--http-url", url,
-         "--owner", owner, "--lease", f"{LEASE_SECONDS}s", "--publish-timeout",
+        [sys.executable, "-m", "outbox.worker", "--dsn", dsn, "--publisher", "http",
+         "--http-url", url, "--owner", owner, "--lease", f"{LEASE_SECONDS}s", "--publish-timeout",
          f"{PUBLISH_TIMEOUT:g}s", "--batch", "50", "--concurrency", "32", "--max-attempts", "8",
          "--backoff-base", "100ms", "--backoff-cap", "2s", "--poll-interval", "250ms",
          "--log-format", "json"],

@@ -1,0 +1,3 @@
+from outbox.extras import tui
+
+tui()
