@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import psycopg
-from outbox.demo.embedded import _bin_dir
 
 from bench.env import Bench, seed_outbox
+from outbox.demo.embedded import _bin_dir
 from outbox.queries import queries
 from outbox.table import Table
 

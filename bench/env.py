@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
-from outbox.demo.embedded import EmbeddedPostgres
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from outbox.demo.embedded import EmbeddedPostgres
 from outbox.schema import migrate
 from outbox.table import Table
 

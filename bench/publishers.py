@@ -15,10 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from outbox.worker.publishers.registry import Option, PublisherContext
-
 from outbox.models import Message
 from outbox.settings import parse_duration
+from outbox.worker.publishers.registry import Option, PublisherContext
 
 
 class SlowPublisher:

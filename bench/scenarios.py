@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from outbox.demo.embedded import free_port
-from outbox.demo.sink import Sink
 
 from bench.env import Bench, measure_drain, python_module, seed_outbox
+from outbox.demo.embedded import free_port
+from outbox.demo.sink import Sink
 from outbox.lease import OrderedClaims, claim, finalize
 from outbox.models import Outcome
 from outbox.table import Table

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import psycopg
+
 from outbox.demo.embedded import EmbeddedPostgres
 from outbox.demo.sink import Reply, Request, Sink
-
 from outbox.models import Event
 from outbox.producer import enqueue_many
 from outbox.schema import migrate

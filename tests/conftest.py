@@ -16,11 +16,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from outbox.demo.embedded import EmbeddedPostgres
-from outbox.demo.sink import Sink
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from outbox.demo.embedded import EmbeddedPostgres
+from outbox.demo.sink import Sink
 from outbox.schema import migrate
 from outbox.table import Table
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import psycopg
 import pytest
 from helpers import seed
-from outbox.demo.embedded import free_port
 from workers import stop_worker
 
+from outbox.demo.embedded import free_port
 from outbox.schema import REQUIRED_COLUMNS, migrate
 from outbox.table import Table
 

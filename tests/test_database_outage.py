@@ -8,10 +8,10 @@ from datetime import timedelta
 import psycopg
 import pytest
 from helpers import seed, wait_until
-from outbox.demo.embedded import EmbeddedPostgres
 from test_worker import Scripted
 from workers import dispatching, settings
 
+from outbox.demo.embedded import EmbeddedPostgres
 from outbox.schema import migrate
 from outbox.table import Table
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
+
 from outbox.worker.backoff import full_jitter, retry_delay
 from outbox.worker.publishers.base import PermanentError, RetryableError
 from outbox.worker.publishers.http import classify, parse_retry_after

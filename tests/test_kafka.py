@@ -25,17 +25,17 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka import Message as KafkaMessage
 from helpers import row, seed, wait_until
 from kafka_mock import PRODUCE, MockCluster, mock_cluster
+from workers import dispatching, settings, spawn_worker, stop_worker
+
+from outbox import Event, enqueue_many
+from outbox.models import Message
+from outbox.settings import SettingError
 from outbox.worker.publishers import kafka
 from outbox.worker.publishers.base import PermanentError, RetryableError
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.kafka import KafkaPublisher, classify, is_fatal, render_topic
 from outbox.worker.publishers.registry import PublisherContext
 from outbox.worker.settings import load_settings
-from workers import dispatching, settings, spawn_worker, stop_worker
-
-from outbox import Event, enqueue_many
-from outbox.models import Message
-from outbox.settings import SettingError
 
 E = KafkaError
 ROOT = Path(__file__).parent.parent

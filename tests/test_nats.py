@@ -29,7 +29,12 @@ import pytest
 from helpers import row, seed, wait_until, wait_until_db
 from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
+from workers import dispatching, settings, spawn_worker, stop_worker
+
+from outbox import Event, enqueue_many
 from outbox.demo.embedded import free_port
+from outbox.models import Message
+from outbox.settings import SettingError
 from outbox.worker.cli import make_publisher
 from outbox.worker.metrics import Metrics
 from outbox.worker.publishers.base import PermanentError, RetryableError
@@ -43,11 +48,6 @@ from outbox.worker.publishers.nats import (
 )
 from outbox.worker.publishers.registry import PublisherContext
 from outbox.worker.settings import load_settings
-from workers import dispatching, settings, spawn_worker, stop_worker
-
-from outbox import Event, enqueue_many
-from outbox.models import Message
-from outbox.settings import SettingError
 
 STREAM = "OUTBOX"
 NATS_BIN = Path(sys.executable).parent / "nats-server"

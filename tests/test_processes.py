@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 from helpers import row, seed, statuses, wait_until
-from outbox.demo.sink import Reply, Sink
 from workers import spawn_worker, stop_worker
+
+from outbox.demo.sink import Reply, Sink
 
 pytestmark = pytest.mark.slow
 

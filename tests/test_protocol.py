@@ -8,12 +8,12 @@ from datetime import timedelta
 import psycopg
 import pytest
 from helpers import row, seed, wait_until_db
-from outbox.worker.dispatcher import EXPLICIT_PREPARE_ONLY
 
 from outbox import Outcome, Status
 from outbox.lease import OrderedClaims, claim, extend, finalize, release
 from outbox.queries import REAPED_ERROR
 from outbox.table import Table
+from outbox.worker.dispatcher import EXPLICIT_PREPARE_ONLY
 
 LONG = timedelta(seconds=30)
 SHORT = timedelta(milliseconds=300)

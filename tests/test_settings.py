@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from outbox.worker.settings import WorkerSettings, load_settings
 
 from outbox.settings import SettingError, check_dsn, parse_duration, redact_dsn
 from outbox.table import Table
+from outbox.worker.settings import WorkerSettings, load_settings
 
 # -- durations -------------------------------------------------------------------------------
 

@@ -14,13 +14,6 @@ from typing import Any
 import psycopg
 import pytest
 from helpers import row, seed, statuses
-from outbox.tui.app import OutboxApp
-from outbox.tui.config import Config, parse_args
-from outbox.tui.poller import Poller
-from outbox.tui.screens.confirm import ConfirmScreen
-from outbox.tui.screens.dead import DeadScreen
-from outbox.tui.screens.detail import DetailScreen
-from outbox.tui.screens.help import HelpScreen
 from psycopg import sql
 from textual.pilot import Pilot
 from textual.worker import WorkerCancelled
@@ -29,6 +22,13 @@ from tui_fakes import FakeSource
 from outbox import admin
 from outbox.admin import fetch
 from outbox.table import Table
+from outbox.tui.app import OutboxApp
+from outbox.tui.config import Config, parse_args
+from outbox.tui.poller import Poller
+from outbox.tui.screens.confirm import ConfirmScreen
+from outbox.tui.screens.dead import DeadScreen
+from outbox.tui.screens.detail import DetailScreen
+from outbox.tui.screens.help import HelpScreen
 
 SIZE = (120, 40)
 

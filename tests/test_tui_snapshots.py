@@ -14,13 +14,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import pytest
-from outbox.tui.app import OutboxApp
-from outbox.tui.config import Config
-from outbox.tui.screens.dead import DeadScreen
 from textual.pilot import Pilot
 from textual.widgets import Input
 from textual.worker import WorkerCancelled
 from tui_fakes import FakeSource, clock
+
+from outbox.tui.app import OutboxApp
+from outbox.tui.config import Config
+from outbox.tui.screens.dead import DeadScreen
 
 SMALL = (80, 24)
 LARGE = (200, 60)

@@ -10,14 +10,14 @@ from typing import Any
 import psycopg
 import pytest
 from helpers import row, seed, statuses, wait_until
-from outbox.demo.sink import Reply, Sink
-from outbox.worker.publishers.base import Defer, PermanentError, RetryableError
-from outbox.worker.publishers.http import HttpPublisher
 from workers import dispatching, settings
 
 from outbox import enqueue
+from outbox.demo.sink import Reply, Sink
 from outbox.lease import claim
 from outbox.models import Message
+from outbox.worker.publishers.base import Defer, PermanentError, RetryableError
+from outbox.worker.publishers.http import HttpPublisher
 
 # A retried message must stay pending while the test looks at it: the test settings' 50 ms
 # backoff cap would bring it back at once. (Full jitter may still pick a tiny delay: one in

@@ -8,8 +8,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from outbox.tui.source import Overview
-
 from outbox.admin import (
     Action,
     ActionRecord,
@@ -24,6 +22,7 @@ from outbox.admin import (
     Seen,
 )
 from outbox.stats import QueueStats
+from outbox.tui.source import Overview
 
 NOW = datetime(2025, 3, 14, 12, 0, 0, tzinfo=UTC)
 

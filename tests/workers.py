@@ -13,11 +13,10 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+from outbox.table import Table
 from outbox.worker.dispatcher import Dispatcher
 from outbox.worker.publishers.base import Publisher
 from outbox.worker.settings import WorkerSettings
-
-from outbox.table import Table
 
 
 def settings(dsn: str, **overrides: Any) -> WorkerSettings:

@@ -8,6 +8,11 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+from textual.notifications import SeverityLevel
+
 from outbox.tui import config as cfg
 from outbox.tui.actions import ActionRequest
 from outbox.tui.format import count
@@ -17,10 +22,6 @@ from outbox.tui.screens.dashboard import DashboardScreen
 from outbox.tui.screens.help import HelpScreen
 from outbox.tui.source import PgSource, ReadOnlyError, Source
 from outbox.tui.widgets import BarState, StatusLine, TopBar
-from textual import work
-from textual.app import App
-from textual.binding import Binding
-from textual.notifications import SeverityLevel
 
 Clock = Callable[[], datetime]
 

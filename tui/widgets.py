@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from outbox.tui import format as fmt
-from outbox.tui.rates import RateHistory
 from rich.table import Table as RichTable
 from rich.text import Text
 from textual.app import ComposeResult
@@ -16,6 +14,8 @@ from textual.widgets import Sparkline, Static
 
 from outbox.admin import Blocked, LeaseHolder
 from outbox.stats import QueueStats
+from outbox.tui import format as fmt
+from outbox.tui.rates import RateHistory
 
 
 def _grid() -> RichTable:

@@ -9,16 +9,15 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from outbox.cliutil import USAGE_ERROR, fail
+from outbox.schema import SchemaError
+from outbox.settings import SettingError
 from outbox.worker import logs
 from outbox.worker.dispatcher import Dispatcher
 from outbox.worker.metrics import HealthServer, Metrics
 from outbox.worker.publishers.base import Publisher
 from outbox.worker.publishers.registry import PublisherContext, load_publisher
 from outbox.worker.settings import WorkerSettings, load_settings
-
-from outbox.cliutil import USAGE_ERROR, fail
-from outbox.schema import SchemaError
-from outbox.settings import SettingError
 
 log = logging.getLogger("outbox.worker")
 PROG = "outbox-worker"

@@ -27,16 +27,16 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
 import psycopg
-from outbox.worker.backoff import retry_delay
-from outbox.worker.metrics import Metrics
-from outbox.worker.publishers.base import Defer, PermanentError, Publisher, RetryableError
-from outbox.worker.settings import WorkerSettings
 from psycopg_pool import AsyncConnectionPool
 
 from outbox import lease
 from outbox.models import Message, Outcome, Status
 from outbox.schema import check_table
 from outbox.settings import redact_dsn
+from outbox.worker.backoff import retry_delay
+from outbox.worker.metrics import Metrics
+from outbox.worker.publishers.base import Defer, PermanentError, Publisher, RetryableError
+from outbox.worker.settings import WorkerSettings
 
 log = logging.getLogger("outbox.worker")
 

@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from outbox.worker.publishers.registry import Option, PublisherFactory, load_publisher
-
 from outbox.cliutil import (
     ArgumentParser,
     add_dsn_and_table,
@@ -23,6 +21,7 @@ from outbox.cliutil import (
 )
 from outbox.settings import SettingError, check_dsn, format_duration, parse_duration
 from outbox.table import Table
+from outbox.worker.publishers.registry import Option, PublisherFactory, load_publisher
 
 # Built-in publishers whose options every `--help` lists; a plugin's appear once selected.
 BUILTIN_PUBLISHERS = ("http", "kafka", "log", "nats", "null")

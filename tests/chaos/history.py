@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from outbox.demo.sink import Request
 from psycopg import sql
 
+from outbox.demo.sink import Request
 from outbox.table import Table
 
 # -- what the checker reads ------------------------------------------------------------------

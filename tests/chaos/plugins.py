@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from outbox.models import Message
 from outbox.worker.publishers.http import HttpPublisher
 from outbox.worker.publishers.registry import PublisherContext
-
-from outbox.models import Message
 
 CRASH_EXIT_CODE = 70
 CRASH_MARK = '"crash": true'  # as PostgreSQL renders the jsonb

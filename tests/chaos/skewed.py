@@ -11,6 +11,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import time_machine
+
 from outbox.worker.cli import main
 
 if __name__ == "__main__":

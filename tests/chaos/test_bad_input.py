@@ -20,9 +20,6 @@ from pathlib import Path
 import psycopg
 import pytest
 from helpers import seed, statuses
-from outbox.demo.embedded import free_port
-from outbox.demo.sink import Reply
-from outbox.worker.settings import load_settings
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from workers import spawn_worker, stop_worker
@@ -30,11 +27,14 @@ from workers import spawn_worker, stop_worker
 from chaos.cluster import assert_clean
 from chaos.downstream import Call
 from outbox.admin import apply, fetch, select_targets
+from outbox.demo.embedded import free_port
+from outbox.demo.sink import Reply
 from outbox.models import Event
 from outbox.producer import enqueue
 from outbox.schema import migrate
 from outbox.settings import SettingError
 from outbox.table import Table
+from outbox.worker.settings import load_settings
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 

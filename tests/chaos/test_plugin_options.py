@@ -4,6 +4,7 @@ is the http publisher with one more behaviour, and declares the same --http-url.
 from __future__ import annotations
 
 import pytest
+
 from outbox.worker.settings import load_settings
 
 pytestmark = pytest.mark.chaos

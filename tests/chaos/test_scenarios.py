@@ -22,14 +22,14 @@ from statistics import mean
 
 import psycopg
 import pytest
-from outbox.demo.embedded import EmbeddedPostgres
-from outbox.demo.sink import Reply
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from chaos.checker import HEARTBEAT, LEASES, RETRY, TAKEOVER, kind
 from chaos.cluster import LEASE, Run, assert_clean
 from chaos.downstream import Call
 from chaos.proxy import Proxy
+from outbox.demo.embedded import EmbeddedPostgres
+from outbox.demo.sink import Reply
 from outbox.models import Event
 from outbox.queries import REAPED_ERROR
 from outbox.schema import migrate

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
-from outbox.tui.poller import Poller
-from outbox.tui.widgets import StatusLine, TopBar
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Footer
+
+from outbox.tui.poller import Poller
+from outbox.tui.widgets import StatusLine, TopBar
 
 if TYPE_CHECKING:
     from outbox.tui.app import OutboxApp

@@ -3,7 +3,6 @@ will change before anything happens. Cancel has the focus; `y` confirms."""
 
 from __future__ import annotations
 
-from outbox.tui.format import count
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -11,6 +10,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
 from outbox.admin import Action
+from outbox.tui.format import count
 
 EXPLAIN = {
     "requeue": "Back to pending, available now, attempts reset to 0.",

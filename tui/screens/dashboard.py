@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid
+
 from outbox.tui.poller import Poller
 from outbox.tui.rates import RateHistory
 from outbox.tui.screens.base import BaseScreen
 from outbox.tui.screens.dead import DeadScreen
 from outbox.tui.screens.history import HistoryScreen
 from outbox.tui.widgets import AgesPanel, AttemptsPanel, CountsPanel, HoldersPanel, RatesPanel
-from textual.app import ComposeResult
-from textual.binding import Binding
-from textual.containers import Grid
 
 
 class DashboardScreen(BaseScreen):

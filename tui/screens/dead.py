@@ -12,11 +12,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Literal
 
-from outbox.tui import format as fmt
-from outbox.tui.actions import ActionRequest
-from outbox.tui.poller import Poller
-from outbox.tui.screens.base import BaseScreen
-from outbox.tui.screens.detail import DetailScreen, skip_notes
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
@@ -34,6 +29,11 @@ from outbox.admin import (
     Seen,
     parse_filter,
 )
+from outbox.tui import format as fmt
+from outbox.tui.actions import ActionRequest
+from outbox.tui.poller import Poller
+from outbox.tui.screens.base import BaseScreen
+from outbox.tui.screens.detail import DetailScreen, skip_notes
 
 View = Literal["list", "groups"]
 CELL_PADDING = 2  # DataTable pads each cell by one column on either side

@@ -8,11 +8,6 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from outbox.tui import format as fmt
-from outbox.tui.actions import ActionRequest
-from outbox.tui.poller import Poller
-from outbox.tui.screens.base import BaseScreen
-from outbox.tui.source import Source
 from rich.console import Group, RenderableType
 from rich.json import JSON
 from rich.table import Table as RichTable
@@ -23,6 +18,11 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Static
 
 from outbox.admin import ActionRecord, MessageDetail, Seen
+from outbox.tui import format as fmt
+from outbox.tui.actions import ActionRequest
+from outbox.tui.poller import Poller
+from outbox.tui.screens.base import BaseScreen
+from outbox.tui.source import Source
 
 WIDE = 140  # columns from which the payload goes beside the fields
 # Shown in the fields table; payload and last_error get their own sections.

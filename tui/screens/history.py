@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 
-from outbox.tui import format as fmt
-from outbox.tui.poller import Poller
-from outbox.tui.screens.base import BaseScreen
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable
+
+from outbox.tui import format as fmt
+from outbox.tui.poller import Poller
+from outbox.tui.screens.base import BaseScreen
 
 
 class HistoryScreen(BaseScreen):

@@ -20,11 +20,11 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
+
+from outbox.models import Message
 from outbox.worker.publishers.base import PermanentError, RetryableError
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.registry import Option, PublisherContext
-
-from outbox.models import Message
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
 _BODY_SNIPPET = 300

@@ -52,12 +52,12 @@ from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-from outbox.worker.publishers.base import PermanentError, RetryableError
-from outbox.worker.publishers.envelope import envelope
-from outbox.worker.publishers.registry import Option, PublisherContext
 
 from outbox.models import Message
 from outbox.settings import SettingError
+from outbox.worker.publishers.base import PermanentError, RetryableError
+from outbox.worker.publishers.envelope import envelope
+from outbox.worker.publishers.registry import Option, PublisherContext
 
 log = logging.getLogger("outbox.kafka")
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
+from outbox.models import Message
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.registry import Option, PublisherContext
-
-from outbox.models import Message
 
 
 class LogPublisher:

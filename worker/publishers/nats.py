@@ -60,12 +60,12 @@ from nats.js.errors import (
     ServerError,
     ServiceUnavailableError,
 )
-from outbox.worker.publishers.base import PermanentError, RetryableError
-from outbox.worker.publishers.envelope import envelope
-from outbox.worker.publishers.registry import Option, PublisherContext
 
 from outbox.models import Message
 from outbox.settings import SettingError
+from outbox.worker.publishers.base import PermanentError, RetryableError
+from outbox.worker.publishers.envelope import envelope
+from outbox.worker.publishers.registry import Option, PublisherContext
 
 log = logging.getLogger("outbox.worker")
 

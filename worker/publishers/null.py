@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from outbox.worker.publishers.registry import Option, PublisherContext
-
 from outbox.models import Message
+from outbox.worker.publishers.registry import Option, PublisherContext
 
 
 class NullPublisher:

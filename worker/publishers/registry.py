@@ -29,9 +29,8 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol
 
-from outbox.worker.publishers.base import Publisher
-
 from outbox.settings import SettingError
+from outbox.worker.publishers.base import Publisher
 
 ENTRY_POINT_GROUP = "outbox.publishers"
 
