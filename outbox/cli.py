@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from outbox import admin
+from outbox import admin, extras
 from outbox.cliutil import ArgumentParser, add_dsn_and_table, fail, positive_int, resolve
 from outbox.maintenance import purge_done
 from outbox.schema import SchemaError, migrate, render_migration
@@ -82,7 +82,7 @@ def _dsn(args: argparse.Namespace) -> str:
 
 
 def _table(args: argparse.Namespace) -> Table:
-    return resolve(args, "--table", Table.parse, Table.parse("outbox"))
+    return resolve(args, "--table", Table.parse, Table.default())
 
 
 def message_ids(values: list[str]) -> list[int]:
@@ -137,10 +137,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     try:
         if args.command == "demo":
-            from outbox.demo.run import run_demo  # the demo's parts load only when asked for
-
+            try:  # the demo's parts load only when asked for
+                demo = extras.load("outbox.demo.run", "demo")
+            except extras.MissingExtra as exc:
+                extras.fail(PROG, exc)
             sys.exit(
-                run_demo(
+                demo.run_demo(  # type: ignore[attr-defined]
                     events=resolve(args, "--events", positive_int, 3000),
                     workers=resolve(args, "--workers", positive_int, 4),
                     keep=args.keep,

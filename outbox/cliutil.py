@@ -4,12 +4,20 @@ one-line errors, exit code 2 for usage errors."""
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
+import inspect
+import itertools
 import os
 import sys
+import textwrap
 from collections.abc import Callable, Mapping
-from typing import NoReturn, TypeVar
+from datetime import timedelta
+from functools import cache
+from typing import Any, NoReturn, TypeVar
 
-from outbox.settings import SettingError
+from outbox.settings import SettingError, format_duration
+from outbox.table import DEFAULT_TABLE_NAME
 
 T = TypeVar("T")
 USAGE_ERROR = 2
@@ -60,6 +68,72 @@ def positive_int(text: str) -> int:
     return value
 
 
+def on_off(text: str) -> bool:
+    """The one spelling of a boolean setting, in flags and OUTBOX_* variables alike."""
+    if text not in ("on", "off"):
+        raise ValueError(f"{text!r} is not on or off")
+    return text == "on"
+
+
+def choice(*allowed: str) -> Callable[[str], str]:
+    """A converter that accepts exactly one of `allowed`."""
+
+    def convert(text: str) -> str:
+        if text not in allowed:
+            raise ValueError(f"{text!r} is not one of {', '.join(allowed)}")
+        return text
+
+    return convert
+
+
+@cache
+def field_docs(model: type) -> dict[str, str]:
+    """The docstring under each field of a settings dataclass, by field name.
+
+    The docstrings are the one source of each setting's meaning: `--help` is generated from
+    them, and the docs are checked against them.
+    """
+    tree = ast.parse(textwrap.dedent(inspect.getsource(model)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, following in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
+def show_default(value: Any) -> str:
+    """A default as a user would type it: 60s, on, outbox."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, timedelta):
+        return format_duration(value)
+    if value is None:
+        return "off"
+    return str(value)
+
+
+def field_help(model: type, name: str, default: Any = dataclasses.MISSING) -> str:
+    """`--help` text of a settings field: its docstring and its default."""
+    if default is dataclasses.MISSING:
+        default = _field_default(model, name)
+    doc = field_docs(model).get(name, "")
+    return f"{doc} (default {show_default(default)})".strip().replace("%", "%%")
+
+
+def _field_default(model: type, name: str) -> Any:
+    spec = {f.name: f for f in dataclasses.fields(model)}[name]
+    if spec.default_factory is not dataclasses.MISSING:
+        return spec.default_factory()
+    return spec.default
+
+
 def port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -77,5 +151,7 @@ def add_dsn_and_table(parser: argparse.ArgumentParser) -> None:
         "--dsn", help="PostgreSQL connection string (env OUTBOX_DSN; else the PG* variables)"
     )
     parser.add_argument(
-        "--table", help="outbox table, optionally SCHEMA.NAME (env OUTBOX_TABLE; default outbox)"
+        "--table",
+        help=f"outbox table, optionally SCHEMA.NAME (env OUTBOX_TABLE; default "
+        f"{DEFAULT_TABLE_NAME})",
     )

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import psycopg
 
-from outbox.models import Message, Outcome, Status
+from outbox.models import Message, Outcome, OutcomeKind
 from outbox.queries import queries
 from outbox.table import Table
 
@@ -90,7 +90,7 @@ async def finalize_applied(
     q = queries(table)
     ids = _bigint_array([o.message_id for o in outcomes])
     versions = _bigint_array([o.lease_version for o in outcomes])
-    if all(o.status is Status.DONE for o in outcomes):
+    if all(o.kind is OutcomeKind.DONE for o in outcomes):
         params: dict[str, object] = {"ids": ids, "versions": versions, "n": len(outcomes)}
         async with conn.cursor() as cur:
             await cur.execute(q.finalize_done, params)

@@ -9,10 +9,29 @@ from typing import NamedTuple
 
 
 class Status(StrEnum):
+    """A row's place in its life (docs/protocol.md draws every transition)."""
+
     PENDING = "pending"
+    """Waiting: claimable once `available_at` has passed (new, retried, deferred, released,
+    requeued, or taken back from an expired lease by the next claim)."""
     PROCESSING = "processing"
+    """Leased: `lease_owner` is publishing it until `lease_until`; only a write fenced on its
+    `lease_version` may end it. Claimable again after the lease expires."""
+    DONE = "done"
+    """Delivered (or skipped on purpose by a person); purged after the retention period."""
+    DEAD = "dead"
+    """Given up: a permanent failure, attempts exhausted, or deferred past the maximum age.
+    Stays until a person requeues or skips it; in ordered mode it blocks its aggregate."""
+
+
+class OutcomeKind(StrEnum):
+    """How a publish ended, as metrics and logs name it; several end the row `pending`."""
+
     DONE = "done"
     DEAD = "dead"
+    RETRIED = "retried"  # pending after a backoff; the attempt counts
+    DEFERRED = "deferred"  # pending later at the publisher's request; the attempt is refunded
+    RELEASED = "released"  # given back unstarted (shutdown); available now, attempt refunded
 
 
 class Message(NamedTuple):
@@ -46,37 +65,57 @@ class Outcome(NamedTuple):
 
     message_id: int
     lease_version: int
-    status: Status  # DONE, DEAD or PENDING
-    delay: float = 0.0  # seconds until available again, for PENDING
+    kind: OutcomeKind
+    delay: float = 0.0  # seconds until available again, for the kinds that end pending
     error: str | None = None
-    refund_attempt: bool = False  # defer and release: the claim did not count as an attempt
-    deferred: bool = False  # subject to the maximum defer age
+
+    @property
+    def status(self) -> Status:
+        """The row's status after this outcome."""
+        return _STATUS_AFTER[self.kind]
+
+    @property
+    def refund_attempt(self) -> bool:
+        """Defer and release: the claim did not count as an attempt."""
+        return self.kind in (OutcomeKind.DEFERRED, OutcomeKind.RELEASED)
+
+    @property
+    def deferred(self) -> bool:
+        """Subject to the maximum defer age."""
+        return self.kind is OutcomeKind.DEFERRED
 
     @classmethod
     def done(cls, msg: Message) -> Outcome:
-        return cls(msg.id, msg.lease_version, Status.DONE)  # the hot path: positional
+        return cls(msg.id, msg.lease_version, OutcomeKind.DONE)  # the hot path: positional
 
     @classmethod
     def dead(cls, msg: Message, error: str) -> Outcome:
-        return cls(msg.id, msg.lease_version, Status.DEAD, error=error)
+        return cls(msg.id, msg.lease_version, OutcomeKind.DEAD, error=error)
 
     @classmethod
     def retry(cls, msg: Message, delay: timedelta, error: str) -> Outcome:
-        return cls(msg.id, msg.lease_version, Status.PENDING, delay.total_seconds(), error)
+        return cls(msg.id, msg.lease_version, OutcomeKind.RETRIED, delay.total_seconds(), error)
 
     @classmethod
     def defer(cls, msg: Message, delay: timedelta, reason: str) -> Outcome:
         return cls(
             msg.id,
             msg.lease_version,
-            Status.PENDING,
+            OutcomeKind.DEFERRED,
             delay.total_seconds(),
             f"deferred: {reason}",
-            refund_attempt=True,
-            deferred=True,
         )
 
     @classmethod
     def release(cls, msg: Message) -> Outcome:
         """Give an unstarted (or abandoned) message back: available now, attempt refunded."""
-        return cls(msg.id, msg.lease_version, Status.PENDING, refund_attempt=True)
+        return cls(msg.id, msg.lease_version, OutcomeKind.RELEASED)
+
+
+_STATUS_AFTER = {
+    OutcomeKind.DONE: Status.DONE,
+    OutcomeKind.DEAD: Status.DEAD,
+    OutcomeKind.RETRIED: Status.PENDING,
+    OutcomeKind.DEFERRED: Status.PENDING,
+    OutcomeKind.RELEASED: Status.PENDING,
+}

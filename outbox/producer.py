@@ -25,9 +25,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from outbox.models import Event
-from outbox.table import Table
-
-DEFAULT_TABLE = "outbox"
+from outbox.table import DEFAULT_TABLE_NAME, Table
 
 _LOCK_AGGREGATES = sql.SQL(
     "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT hashtextextended({ns} || a, 0) AS k "
@@ -106,7 +104,7 @@ def enqueue_many(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
     events: Iterable[Event],
     *,
-    table: str | Table = DEFAULT_TABLE,
+    table: str | Table = DEFAULT_TABLE_NAME,
     lock_aggregate: bool = False,
 ) -> list[int] | Awaitable[list[int]]:
     """Insert many events in one statement; returns their ids in input order."""
@@ -146,7 +144,7 @@ def enqueue(
     aggregate_id: str,
     event_type: str,
     payload: object,
-    table: str | Table = DEFAULT_TABLE,
+    table: str | Table = DEFAULT_TABLE_NAME,
     lock_aggregate: bool = False,
 ) -> int | Awaitable[int]:
     """Insert one event in the caller's transaction; returns its id."""

@@ -78,6 +78,7 @@ class Queries:
     finalize_done: sql.Composed
     finalize: sql.Composed
     extend: sql.Composed
+    listen: sql.Composed
 
 
 def _claim(t: sql.Identifier, ordered: bool) -> sql.Composed:
@@ -181,4 +182,6 @@ RETURNING o.id, o.lease_version, o.status"""
  WHERE {fence}
 RETURNING o.id"""
         ).format(t=t, fence=fence),
+        # Idle workers wake on the insert trigger's NOTIFY on this table's channel.
+        listen=sql.SQL("LISTEN {}").format(sql.Identifier(table.channel)),
     )

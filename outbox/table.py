@@ -10,6 +10,7 @@ from psycopg import sql
 from outbox.settings import SettingError
 
 _MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1
+DEFAULT_TABLE_NAME = "outbox"  # every command's and the producer API's default table
 
 
 def _split_name(name: str) -> list[str]:
@@ -56,6 +57,10 @@ class Table:
                     f"invalid table name {text!r}: each part must be 1-63 bytes without NUL"
                 )
         return cls(None, parts[0]) if len(parts) == 1 else cls(parts[0], parts[1])
+
+    @classmethod
+    def default(cls) -> Table:
+        return cls(None, DEFAULT_TABLE_NAME)
 
     def __str__(self) -> str:
         return f"{self.schema}.{self.name}" if self.schema else self.name

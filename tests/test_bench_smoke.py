@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# The run has its own deadline below; a loaded machine may need more than the default.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(660)]
 
 ROOT = Path(__file__).resolve().parent.parent
 

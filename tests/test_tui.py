@@ -453,7 +453,7 @@ def test_flags_and_environment(monkeypatch):
     assert (config.interval, config.slo, config.ordered, config.read_only) == (
         0.5, 300.0, True, True
     )  # fmt: skip
-    monkeypatch.setenv("OUTBOX_READ_ONLY", "1")
+    monkeypatch.setenv("OUTBOX_READ_ONLY", "on")
     monkeypatch.setenv("OUTBOX_TABLE", "t2")
     assert parse_args([]).read_only and str(parse_args([]).table) == "t2"
 

@@ -6,14 +6,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from outbox.cliutil import ArgumentParser, add_dsn_and_table, fail, positive_int, resolve
+from outbox.cliutil import (
+    ArgumentParser,
+    add_dsn_and_table,
+    fail,
+    on_off,
+    positive_int,
+    resolve,
+)
 from outbox.settings import SettingError, check_dsn, parse_duration
 from outbox.table import Table
 
 PROG = "outbox-tui"
 # What `+` and `-` step through; the flag may set any value, the keys move to a neighbour.
 INTERVALS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-DEFAULT_TABLE = Table(None, "outbox")
+DEFAULT_TABLE = Table.default()
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         "--read-only",
         action="store_true",
         default=None,  # unset: OUTBOX_READ_ONLY decides
-        help="hide and refuse every action (env OUTBOX_READ_ONLY=1)",
+        help="hide and refuse every action (env OUTBOX_READ_ONLY=on)",
     )
     parser.add_argument("--refresh", help="time between refreshes (default 2s)")
     parser.add_argument("--slo", help="oldest-age target; ages over it are red (default 60s)")
@@ -64,8 +71,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     try:
         return Config(
             dsn=resolve(args, "--dsn", check_dsn, ""),
-            table=resolve(args, "--table", Table.parse, Table.parse("outbox")),
-            read_only=resolve(args, "--read-only", _flag, False),
+            table=resolve(args, "--table", Table.parse, DEFAULT_TABLE),
+            read_only=resolve(args, "--read-only", on_off, False),
             interval=resolve(args, "--refresh", _seconds, 2.0),
             slo=resolve(args, "--slo", _seconds, 60.0),
             ordered=resolve(args, "--ordering", _ordering, False),
@@ -74,16 +81,6 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         )
     except SettingError as exc:
         fail(PROG, str(exc))
-
-
-def _flag(text: str) -> bool:
-    """OUTBOX_READ_ONLY=1 (or true/yes/on) for a shared operator account."""
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{text!r} is not a boolean (use 1/0, true/false)")
 
 
 def neighbour_interval(current: float, faster: bool) -> float:

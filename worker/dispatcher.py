@@ -30,7 +30,8 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from outbox import lease
-from outbox.models import Message, Outcome, Status
+from outbox.models import Message, Outcome
+from outbox.queries import queries
 from outbox.schema import check_table
 from outbox.settings import redact_dsn
 from outbox.worker.backoff import retry_delay
@@ -56,16 +57,6 @@ EXPLICIT_PREPARE_ONLY = 2**31 - 1
 POOL_TIMEOUT = 10.0
 # Reconnect back-off after a database error.
 DB_RETRY_START, DB_RETRY_CAP = 0.1, 5.0
-
-
-def _outcome_label(outcome: Outcome) -> str:
-    if outcome.status is Status.DONE:
-        return "done"
-    if outcome.status is Status.DEAD:
-        return "dead"
-    if outcome.deferred:
-        return "deferred"
-    return "released" if outcome.refund_attempt else "retried"
 
 
 class Dispatcher:
@@ -221,12 +212,8 @@ class Dispatcher:
             self.metrics.ready = True  # whichever operation failed before, claiming works
             if messages:
                 self._hold(messages)
-            if len(messages) == want:
                 empty_claims = 0
-                continue  # a full batch: more is probably waiting
-            if messages:
-                empty_claims = 0
-                continue
+                continue  # claim again at once: more is probably waiting
             empty_claims += 1
             # Listening, new rows announce themselves: poll only for retries coming due and
             # expired leases. Not listening, back off from a short wait up to the interval.
@@ -379,7 +366,7 @@ class Dispatcher:
                     extra={"event": "finalized", "owner": self.settings.owner,
                            "ids": [o.message_id for o in outcomes],
                            "versions": [o.lease_version for o in outcomes],
-                           "outcomes": [_outcome_label(o) for o in outcomes],
+                           "outcomes": [o.kind for o in outcomes],
                            "applied": [(o.message_id, o.lease_version) in applied
                                        for o in outcomes]},
                 )  # fmt: skip
@@ -389,7 +376,7 @@ class Dispatcher:
                 if ended is None:
                     self._lost_lease(outcome)
                 else:  # a defer past the maximum defer age ended dead: count what happened
-                    counts["dead" if ended == "dead" else _outcome_label(outcome)] += 1
+                    counts["dead" if ended == "dead" else outcome.kind] += 1
                 self._forget(outcome.message_id, outcome.lease_version)
             for label, count in counts.items():
                 self.metrics.messages.labels(label).inc(count)
@@ -407,7 +394,7 @@ class Dispatcher:
         log.warning(
             "lost lease: message %s lease_version %s was taken over or reaped before its "
             "outcome (%s) was written; the message may be delivered again",
-            outcome.message_id, outcome.lease_version, _outcome_label(outcome),
+            outcome.message_id, outcome.lease_version, outcome.kind,
             extra={"outbox_id": outcome.message_id, "lease_version": outcome.lease_version},
         )  # fmt: skip
 
@@ -462,9 +449,7 @@ class Dispatcher:
                 async with await psycopg.AsyncConnection.connect(
                     s.dsn, autocommit=True, application_name=f"{s.owner} listener"
                 ) as conn:
-                    await conn.execute(
-                        psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(s.table.channel))
-                    )
+                    await conn.execute(queries(s.table).listen)
                     failures = 0
                     self.listening = True
                     self._wakeup.set()  # anything may have arrived while we were not listening

@@ -6,27 +6,35 @@ import argparse
 import os
 import socket
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from outbox.cliutil import (
     ArgumentParser,
     add_dsn_and_table,
+    choice,
     env_name,
+    field_help,
+    on_off,
     port,
     positive_int,
     resolve,
 )
 from outbox.settings import SettingError, check_dsn, format_duration, parse_duration
 from outbox.table import Table
-from outbox.worker.publishers.registry import Option, PublisherFactory, load_publisher
+from outbox.worker.publishers.registry import (
+    Option,
+    PublisherFactory,
+    builtin_names,
+    load_publisher,
+)
 
-# Built-in publishers whose options every `--help` lists; a plugin's appear once selected.
-BUILTIN_PUBLISHERS = ("http", "kafka", "log", "nats", "null")
 ORDERINGS = ("none", "aggregate")
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+LOG_FORMATS = ("auto", "json", "text")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def default_owner() -> str:
@@ -37,10 +45,10 @@ def default_owner() -> str:
 class WorkerSettings:
     dsn: str
     """libpq connection string; empty means libpq's PG* variables and defaults."""
-    table: Table = field(default_factory=lambda: Table.parse("outbox"))
+    table: Table = field(default_factory=Table.default)
     """The outbox table, optionally schema-qualified."""
     publisher: str = "log"
-    """Where messages go: a registered publisher name (http, log, null, or a plugin's) or a
+    """Where messages go: a registered publisher's name (a built-in one or a plugin's) or a
     `package.module:Class` path."""
     publisher_options: Mapping[str, Any] = field(default_factory=dict)
     """The selected publisher's own settings, by option name (e.g. `http_url`)."""
@@ -55,9 +63,11 @@ class WorkerSettings:
     max_attempts: int = 12
     """Claims a message may use before it goes dead (a crash counts as one)."""
     ordering: str = "none"
-    """`aggregate`: only the oldest unfinished message of an aggregate is claimable."""
+    """`none`, or `aggregate`: only the oldest unfinished message of an aggregate is
+    claimable."""
     owner: str = field(default_factory=default_owner)
-    """Written to lease_owner for people to read; correctness rests on lease_version."""
+    """Written to lease_owner (and the session's application_name) for people to read;
+    correctness rests on lease_version."""
     metrics_port: int | None = None
     """Serve /metrics, /healthz and /readyz on this port (0 = any free port)."""
     poll_interval: timedelta = timedelta(seconds=1)
@@ -73,9 +83,10 @@ class WorkerSettings:
     log_format: str = "auto"
     """`json`, `text`, or `auto` (text on a terminal, JSON otherwise)."""
     log_level: str = "INFO"
+    """DEBUG, INFO, WARNING or ERROR."""
     prepared_statements: bool = True
-    """Send the claim as a prepared statement; off for PgBouncer before 1.21 in transaction
-    pooling mode, which cannot keep prepared statements."""
+    """`on`: the claim is prepared once per connection; `off` for PgBouncer before 1.21 in
+    transaction pooling mode, which cannot keep prepared statements."""
     event_loop: str = "auto"
     """`auto` (uvloop when it is installed, else asyncio's own), `uvloop` or `asyncio`."""
 
@@ -100,28 +111,33 @@ class WorkerSettings:
         return found
 
 
-def _ordering(text: str) -> str:
-    if text not in ORDERINGS:
-        raise ValueError(f"{text!r} is not one of {', '.join(ORDERINGS)}")
-    return text
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
-def _on_off(text: str) -> bool:
-    if text not in ("on", "off"):
-        raise ValueError(f"{text!r} is not on or off")
-    return text == "on"
-
-
-def _event_loop(text: str) -> str:
-    if text not in EVENT_LOOPS:
-        raise ValueError(f"{text!r} is not one of {', '.join(EVENT_LOOPS)}")
-    return text
-
-
-def _log_format(text: str) -> str:
-    if text not in ("auto", "json", "text"):
-        raise ValueError(f"{text!r} is not one of auto, json, text")
-    return text
+# How each setting's flag (or OUTBOX_* variable) becomes a value, in `--help`'s order. The
+# meaning and the default of each come from WorkerSettings itself.
+CONVERTERS: dict[str, Callable[[str], Any]] = {
+    "lease": parse_duration,
+    "batch": positive_int,
+    "concurrency": positive_int,
+    "publish_timeout": parse_duration,
+    "max_attempts": positive_int,
+    "ordering": choice(*ORDERINGS),
+    "owner": str,
+    "metrics_port": port,
+    "poll_interval": parse_duration,
+    "shutdown_grace": parse_duration,
+    "backoff_base": parse_duration,
+    "backoff_cap": parse_duration,
+    "max_defer_age": parse_duration,
+    "log_format": choice(*LOG_FORMATS),
+    "log_level": str.upper,
+    "event_loop": choice(*EVENT_LOOPS),
+    "prepared_statements": on_off,
+}
+# Defaults computed at start-up, shown as what they are made of.
+_SHOWN_DEFAULTS = {"owner": "hostname-pid"}
 
 
 def build_parser(publishers: Sequence[type[PublisherFactory]] = ()) -> ArgumentParser:
@@ -136,32 +152,13 @@ def build_parser(publishers: Sequence[type[PublisherFactory]] = ()) -> ArgumentP
     add_dsn_and_table(parser)
     parser.add_argument(
         "--publisher",
-        help=f"{', '.join(BUILTIN_PUBLISHERS)}, a plugin's name, or package.module:Class "
-        "(default log)",
+        help=field_help(WorkerSettings, "publisher").replace(
+            "(default", f"(built in: {', '.join(builtin_names())}; default", 1
+        ),
     )
-    parser.add_argument("--lease", help="lease length (default 60s)")
-    parser.add_argument("--batch", help="most messages per claim (default 100)")
-    parser.add_argument("--concurrency", help="most publishes in flight (default 32)")
-    parser.add_argument("--publish-timeout", help="deadline of one publish (default 10s)")
-    parser.add_argument("--max-attempts", help="claims before a message goes dead (default 12)")
-    parser.add_argument("--ordering", help="none (default) or aggregate (per-aggregate order)")
-    parser.add_argument("--owner", help="lease_owner written on claims (default hostname-pid)")
-    parser.add_argument("--metrics-port", help="serve /metrics, /healthz, /readyz on this port")
-    parser.add_argument("--poll-interval", help="longest idle wait between claims (default 1s)")
-    parser.add_argument("--shutdown-grace", help="time in-flight publishes get on SIGTERM (20s)")
-    parser.add_argument("--backoff-base", help="retry backoff base (default 1s)")
-    parser.add_argument("--backoff-cap", help="retry backoff cap (default 5m)")
-    parser.add_argument("--max-defer-age", help="deferred this long after creation: dead (1d)")
-    parser.add_argument("--log-format", help="auto (default), json or text")
-    parser.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
-    parser.add_argument(
-        "--event-loop", help="auto (default: uvloop when installed), uvloop or asyncio"
-    )
-    parser.add_argument(
-        "--prepared-statements",
-        help="on (default: the claim is prepared once per connection) or off (PgBouncer < 1.21 "
-        "in transaction pooling mode)",
-    )
+    for name in CONVERTERS:
+        shown = _SHOWN_DEFAULTS.get(name, MISSING)
+        parser.add_argument(_flag(name), help=field_help(WorkerSettings, name, shown))
     declared: list[Option] = []
     for factory in publishers:
         # A plugin may reuse another publisher's options (e.g. a subclass of the http
@@ -197,7 +194,7 @@ def _publishers_to_offer(
     """`--publisher X --help` shows X's options only; otherwise every built-in's too."""
     if explicit and ("-h" in argv or "--help" in argv):
         return [chosen]
-    offered = [load_publisher(name) for name in BUILTIN_PUBLISHERS]
+    offered = [load_publisher(name) for name in builtin_names()]
     return offered if chosen in offered else [*offered, chosen]
 
 
@@ -245,31 +242,15 @@ def load_settings(
             _publisher_options(other, args, {}, check_required=False)
     defaults = WorkerSettings(dsn="")
 
-    def get(flag: str, convert, default):  # type: ignore[no-untyped-def]
-        return resolve(args, flag, convert, default, env)
-
     settings = WorkerSettings(
-        dsn=get("--dsn", check_dsn, ""),
-        table=get("--table", Table.parse, defaults.table),
+        dsn=resolve(args, "--dsn", check_dsn, "", env),
+        table=resolve(args, "--table", Table.parse, defaults.table, env),
         publisher=selected,
         publisher_options=_publisher_options(factory, args, env),
-        lease=get("--lease", parse_duration, defaults.lease),
-        batch=get("--batch", positive_int, defaults.batch),
-        concurrency=get("--concurrency", positive_int, defaults.concurrency),
-        publish_timeout=get("--publish-timeout", parse_duration, defaults.publish_timeout),
-        max_attempts=get("--max-attempts", positive_int, defaults.max_attempts),
-        ordering=get("--ordering", _ordering, defaults.ordering),
-        owner=get("--owner", str, defaults.owner),
-        metrics_port=get("--metrics-port", port, None),
-        poll_interval=get("--poll-interval", parse_duration, defaults.poll_interval),
-        shutdown_grace=get("--shutdown-grace", parse_duration, defaults.shutdown_grace),
-        backoff_base=get("--backoff-base", parse_duration, defaults.backoff_base),
-        backoff_cap=get("--backoff-cap", parse_duration, defaults.backoff_cap),
-        max_defer_age=get("--max-defer-age", parse_duration, defaults.max_defer_age),
-        log_format=get("--log-format", _log_format, defaults.log_format),
-        log_level=get("--log-level", str.upper, defaults.log_level),
-        event_loop=get("--event-loop", _event_loop, defaults.event_loop),
-        prepared_statements=get("--prepared-statements", _on_off, defaults.prepared_statements),
+        **{
+            name: resolve(args, _flag(name), convert, getattr(defaults, name), env)
+            for name, convert in CONVERTERS.items()
+        },
     )
     _check(settings)
     return settings
@@ -279,10 +260,8 @@ def _check(settings: WorkerSettings) -> None:
     for name in ("lease", "publish_timeout", "poll_interval"):
         if getattr(settings, name) <= timedelta(0):
             raise SettingError(f"--{name.replace('_', '-')}: must be greater than zero")
-    if settings.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise SettingError(
-            f"--log-level: {settings.log_level!r} is not DEBUG, INFO, WARNING or ERROR"
-        )
+    if settings.log_level not in LOG_LEVELS:
+        raise SettingError(f"--log-level: {settings.log_level!r} is not {', '.join(LOG_LEVELS)}")
 
 
 __all__ = ["WorkerSettings", "build_parser", "load_settings"]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol
 
+from outbox.extras import MissingExtra, require
 from outbox.settings import SettingError
 from outbox.worker.publishers.base import Publisher
 
@@ -72,8 +73,21 @@ class PublisherFactory(Protocol):
     def create(cls, values: dict[str, Any], context: PublisherContext) -> Publisher: ...
 
 
-def builtin_names() -> list[str]:
+# Built-in publishers whose client library comes with an extra of its own.
+_EXTRA_OF = {"nats": "nats", "kafka": "kafka"}
+
+
+def registered_names() -> list[str]:
+    """Every publisher registered by name: the built-in ones and installed plugins'."""
     return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
+def builtin_names() -> list[str]:
+    """The publishers this package registers itself (pyproject's entry points: one source)."""
+    own = __name__.rpartition(".")[0] + "."
+    return sorted(
+        ep.name for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.value.startswith(own)
+    )
 
 
 def load_publisher(name: str) -> type[PublisherFactory]:
@@ -87,10 +101,15 @@ def load_publisher(name: str) -> type[PublisherFactory]:
     else:
         found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
         if not found:
-            known = ", ".join(builtin_names())
+            known = ", ".join(registered_names())
             raise SettingError(
                 f"--publisher: unknown publisher {name!r} (known: {known}; or package.module:Class)"
             )
+        if name in _EXTRA_OF:
+            try:
+                require(_EXTRA_OF[name])
+            except MissingExtra as exc:
+                raise SettingError(f"--publisher {name}: {exc}") from None
         try:
             factory = found[0].load()
         except ImportError as exc:
