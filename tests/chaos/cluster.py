@@ -32,6 +32,7 @@ from outbox.producer import enqueue_many
 from outbox.table import Table
 
 REPO = Path(__file__).resolve().parents[2]
+TESTS = REPO / "tests"
 # Short, so that expiry-driven recovery fits in CI; the shortest the worker does not warn about.
 LEASE = "2s"
 DRAIN_TIMEOUT = 120.0
@@ -166,13 +167,14 @@ class Run:
         self._spawned += 1
         owner = f"w{self._spawned}"
         path = self.log_dir / f"{owner}.log"
-        module = ["tests.chaos.skewed", f"{skew:g}"] if skew is not None else ["outbox.worker"]
+        module = ["chaos.skewed", f"{skew:g}"] if skew is not None else ["outbox.worker"]
         env = {
             **os.environ,
             "OUTBOX_DSN": dsn or self.dsn,
             "OUTBOX_LOG_FORMAT": "json",
             "OUTBOX_LOG_LEVEL": "DEBUG",  # the claim and finalize lines the checker reads
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            # Chaos modules load as `chaos.*` here and in the workers (tests/ on the path).
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
         }
         with open(path, "ab") as log:
             self.procs[owner] = subprocess.Popen(

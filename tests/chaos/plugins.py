@@ -1,5 +1,5 @@
 """A publisher plugin for the poison scenario, loaded by dotted path like any third-party
-publisher: `--publisher tests.chaos.plugins:CrashingHttpPublisher`.
+publisher: `--publisher chaos.plugins:CrashingHttpPublisher`.
 
 It is the real http publisher, except that a message whose payload has `"crash": true`
 kills the worker process on the spot (os._exit: no cleanup, no finalize), every time any

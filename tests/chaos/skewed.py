@@ -1,4 +1,4 @@
-"""`outbox-worker` with its wall clock shifted: `python -m tests.chaos.skewed SECONDS ARGS...`.
+"""`outbox-worker` with its wall clock shifted: `python -m chaos.skewed SECONDS ARGS...`.
 
 time-machine moves time.time() and datetime.now() (so the log's timestamps show the skew)
 but not the monotonic clock the event loop runs on, which is what a badly set host clock

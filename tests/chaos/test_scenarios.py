@@ -398,7 +398,7 @@ def test_poison_messages_go_dead_without_an_endless_loop(new_run, dsn, scale):
     limit, poisons = 3, scale
     run = new_run(
         "poison", dsn, max_attempts=limit,
-        publisher="tests.chaos.plugins:CrashingHttpPublisher",
+        publisher="chaos.plugins:CrashingHttpPublisher",
         script=lambda call: Reply(500) if call.body.get("event_type") == "AlwaysFails" else Reply(),
     )  # fmt: skip
     failing = run.enqueue(
