@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -19,13 +20,35 @@ class SettingError(ValueError):
     """A setting has a value that cannot be used; the message names the setting."""
 
 
+# The longest duration any setting accepts: far beyond any sensible one, and well inside
+# what Python's timedelta and PostgreSQL's timestamps can add to now().
+MAX_DURATION = timedelta(days=36500)
+
+
 def parse_duration(text: str) -> timedelta:
     """Parse `250ms`, `60s`, `5m`, `2h`, `7d`; a bare number means seconds."""
     match = _DURATION.match(text)
     if match is None:
         raise ValueError(f"{text!r} is not a duration (use e.g. 250ms, 60s, 5m, 2h, 7d)")
     number, unit = match.groups()
-    return timedelta(seconds=float(number) * _UNIT_SECONDS[unit or "s"])
+    seconds = float(number) * _UNIT_SECONDS[unit or "s"]
+    if seconds > MAX_DURATION.total_seconds():
+        raise ValueError(f"{text!r} is longer than {format_duration(MAX_DURATION)}")
+    return timedelta(seconds=seconds)
+
+
+def duration_between(low: timedelta, high: timedelta) -> Callable[[str], timedelta]:
+    """A parser of durations from `low` to `high`, for settings with a sensible range."""
+
+    def parse(text: str) -> timedelta:
+        value = parse_duration(text)
+        if not low <= value <= high:
+            raise ValueError(
+                f"{text!r} is out of range ({format_duration(low)} to {format_duration(high)})"
+            )
+        return value
+
+    return parse
 
 
 def format_duration(value: timedelta) -> str:
@@ -157,3 +180,32 @@ def connect_options(dsn: str) -> dict[str, Any]:
     if chosen or os.environ.get("PGCONNECT_TIMEOUT"):
         return {}
     return {"connect_timeout": DEFAULT_CONNECT_TIMEOUT}
+
+
+# Any URL inside a text: a scheme, `://`, then everything up to whitespace or a quote.
+_URL_IN_TEXT = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def redact_url(url: str) -> str:
+    """The URL with its user-info (`user:password@`, or a token as user) and the values of
+    its query and fragment replaced by `***`: scheme, host, port and path stay readable."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    rest, hash_sign, fragment = rest.partition("#")
+    rest, question, query = rest.partition("?")
+    slash = rest.find("/")
+    authority, path = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
+    if "@" in authority:
+        authority = f"{MASK}@{authority.rpartition('@')[2]}"
+    if question:
+        query = "&".join(
+            f"{key}={MASK}" if has_value else key
+            for key, has_value, _ in (item.partition("=") for item in query.split("&"))
+        )
+    return f"{scheme}://{authority}{path}{question}{query}{hash_sign}{MASK if fragment else ''}"
+
+
+def redact_urls(text: str) -> str:
+    """`text` with every URL in it redacted (see redact_url), for messages and stored errors."""
+    return _URL_IN_TEXT.sub(lambda match: redact_url(match[0]), text)

@@ -38,6 +38,7 @@ from outbox.settings import (
     connect_timeout,
     describe_dsn,
     redact_dsn,
+    redact_urls,
 )
 from outbox.worker.backoff import retry_delay
 from outbox.worker.metrics import Metrics
@@ -344,12 +345,12 @@ class Dispatcher:
             async with asyncio.timeout(s.publish_timeout.total_seconds()):
                 await _resume(publish, waiting_on)
         except Defer as defer:
-            return Outcome.defer(message, defer.delay, str(defer))
+            return Outcome.defer(message, defer.delay, _reason(defer))
         except PermanentError as exc:
-            return Outcome.dead(message, f"permanent: {exc}")
+            return Outcome.dead(message, f"permanent: {_reason(exc)}")
         except (RetryableError, TimeoutError) as exc:
             if isinstance(exc, RetryableError):
-                error, retry_after = f"retryable: {exc}", exc.retry_after
+                error, retry_after = f"retryable: {_reason(exc)}", exc.retry_after
             else:
                 error = f"retryable: publish timed out after {s.publish_timeout.total_seconds():g}s"
                 retry_after = None
@@ -589,6 +590,13 @@ def _resume(coroutine: Coroutine[Any, Any, None], waiting_on: Any) -> Generator[
             waiting_on = coroutine.send(sent)
         except StopIteration:
             return
+
+
+def _reason(exc: Exception) -> str:
+    """A publisher's reason as stored in last_error (readable by anyone who may SELECT the
+    table, and shown by the TUI): URL credentials and query values redacted, whichever
+    publisher wrote it."""
+    return redact_urls(str(exc))
 
 
 def _db_backoff(failures: int) -> float:

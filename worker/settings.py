@@ -15,17 +15,32 @@ from outbox.cliutil import (
     ArgumentParser,
     add_dsn_and_table,
     env_name,
+    int_between,
     port,
-    positive_int,
     resolve,
 )
-from outbox.settings import SettingError, check_dsn, format_duration, parse_duration
+from outbox.settings import (
+    SettingError,
+    check_dsn,
+    duration_between,
+    format_duration,
+    parse_duration,
+)
 from outbox.table import Table
 from outbox.worker.publishers.registry import Option, PublisherFactory, load_publisher
 
 # Built-in publishers whose options every `--help` lists; a plugin's appear once selected.
 BUILTIN_PUBLISHERS = ("http", "kafka", "log", "nats", "null")
 ORDERINGS = ("none", "aggregate")
+# What a setting may be; beyond these a value fails at every claim (the database cannot hold
+# it) or makes the worker hold more than it can. A lease under a second expires before it
+# can be renewed (the heartbeat renews at a third of it, after database round trips).
+MAX_BATCH = 10_000
+MAX_CONCURRENCY = 10_000
+MAX_ATTEMPTS = 2**31 - 1  # the `attempts` column is an integer
+LEASE_RANGE = (timedelta(seconds=1), timedelta(days=1))
+PUBLISH_TIMEOUT_RANGE = (timedelta(milliseconds=1), timedelta(days=1))
+POLL_INTERVAL_RANGE = (timedelta(milliseconds=1), timedelta(hours=1))
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
@@ -174,9 +189,17 @@ def build_parser(publishers: Sequence[type[PublisherFactory]] = ()) -> ArgumentP
                 group.add_argument(
                     option.flag,
                     action="append" if option.repeatable else "store",
-                    help=option.help + (" (repeatable)" if option.repeatable else ""),
+                    help=_option_help(option),
                 )
     return parser
+
+
+def _option_help(option: Option) -> str:
+    text = option.help + (" (repeatable)" if option.repeatable else "")
+    if option.secret and option.default not in (None, ""):
+        # A secret default written into the help by its author is masked too.
+        text = option.masked(text, str(option.default)) + " (has a default, not shown)"
+    return text
 
 
 def _selected_publisher(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, bool]:
@@ -184,7 +207,7 @@ def _selected_publisher(argv: Sequence[str], env: Mapping[str, str]) -> tuple[st
     probe = argparse.ArgumentParser(add_help=False)
     probe.add_argument("--publisher")
     known, _ = probe.parse_known_args(argv)
-    if known.publisher:
+    if known.publisher is not None:  # `--publisher ""` is refused, not taken as the default
         return str(known.publisher), True
     if env.get("OUTBOX_PUBLISHER"):
         return env["OUTBOX_PUBLISHER"], True
@@ -214,13 +237,23 @@ def _publisher_options(
             raw, source = getattr(args, option.dest), option.flag
             if raw is None and env.get(env_name(option.flag)):
                 raw, source = env[env_name(option.flag)].splitlines(), env_name(option.flag)
-            try:
-                values[option.dest] = tuple(option.convert(item) for item in raw or ())
-            except ValueError as exc:
-                raise SettingError(f"{source}: {exc}") from None
+            converted = []
+            for item in raw or ():
+                try:
+                    converted.append(option.convert(item))
+                except ValueError as exc:
+                    raise SettingError(option.masked(f"{source}: {exc}", item)) from None
+            values[option.dest] = tuple(converted)
             missing = not values[option.dest]
         else:
-            values[option.dest] = resolve(args, option.flag, option.convert, option.default, env)
+            try:
+                values[option.dest] = resolve(
+                    args, option.flag, option.convert, option.default, env
+                )
+            except SettingError as exc:
+                given = getattr(args, option.dest)
+                raw = given if given is not None else env.get(env_name(option.flag))
+                raise SettingError(option.masked(str(exc), raw)) from None
             missing = values[option.dest] is None
         if check_required and option.required and missing:
             raise SettingError(
@@ -253,15 +286,19 @@ def load_settings(
         table=get("--table", Table.parse, defaults.table),
         publisher=selected,
         publisher_options=_publisher_options(factory, args, env),
-        lease=get("--lease", parse_duration, defaults.lease),
-        batch=get("--batch", positive_int, defaults.batch),
-        concurrency=get("--concurrency", positive_int, defaults.concurrency),
-        publish_timeout=get("--publish-timeout", parse_duration, defaults.publish_timeout),
-        max_attempts=get("--max-attempts", positive_int, defaults.max_attempts),
+        lease=get("--lease", duration_between(*LEASE_RANGE), defaults.lease),
+        batch=get("--batch", int_between(1, MAX_BATCH), defaults.batch),
+        concurrency=get("--concurrency", int_between(1, MAX_CONCURRENCY), defaults.concurrency),
+        publish_timeout=get(
+            "--publish-timeout", duration_between(*PUBLISH_TIMEOUT_RANGE), defaults.publish_timeout
+        ),
+        max_attempts=get("--max-attempts", int_between(1, MAX_ATTEMPTS), defaults.max_attempts),
         ordering=get("--ordering", _ordering, defaults.ordering),
         owner=get("--owner", str, defaults.owner),
         metrics_port=get("--metrics-port", port, None),
-        poll_interval=get("--poll-interval", parse_duration, defaults.poll_interval),
+        poll_interval=get(
+            "--poll-interval", duration_between(*POLL_INTERVAL_RANGE), defaults.poll_interval
+        ),
         shutdown_grace=get("--shutdown-grace", parse_duration, defaults.shutdown_grace),
         backoff_base=get("--backoff-base", parse_duration, defaults.backoff_base),
         backoff_cap=get("--backoff-cap", parse_duration, defaults.backoff_cap),
