@@ -85,7 +85,20 @@ def check_dsn(dsn: str) -> str:
         conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         raise SettingError(f"invalid DSN ({_parse_error(exc, dsn)}): {redact_dsn(dsn)}") from None
+    if dsn.startswith(_URL_SCHEMES) and _authority(dsn).count("@") > 1:
+        # libpq would end the password at its first @ and take the rest for the host: a
+        # connection to the wrong place, whose errors then quote the password's tail.
+        raise SettingError(
+            f"invalid DSN (an @ in the password must be written %40): {redact_dsn(dsn)}"
+        )
     return dsn
+
+
+def _authority(url: str) -> str:
+    """The `user:password@host:port` part of a URL: up to the first `/` or `?`."""
+    rest = url.partition("://")[2]
+    ends = [i for i in (rest.find("/"), rest.find("?")) if i >= 0]
+    return rest[: min(ends, default=len(rest))]
 
 
 def _parse_error(exc: psycopg.ProgrammingError, dsn: str) -> str:
@@ -114,8 +127,8 @@ def _mask_url_userinfo(dsn: str) -> str:
     (before the first `/` or `?`), which hides the whole password in both readings.
     """
     scheme, _, rest = dsn.partition("://")
-    authority_end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
-    authority, tail = rest[:authority_end], rest[authority_end:]
+    authority = _authority(dsn)
+    tail = rest[len(authority) :]
     userinfo, at, host = authority.rpartition("@")
     if not at:
         return dsn

@@ -16,7 +16,7 @@ from outbox.worker import logs
 from outbox.worker.dispatcher import Dispatcher
 from outbox.worker.metrics import HealthServer, Metrics
 from outbox.worker.publishers.base import Publisher
-from outbox.worker.publishers.registry import PublisherContext, load_publisher, shown_values
+from outbox.worker.publishers.registry import PublisherContext, load_publisher
 from outbox.worker.settings import WorkerSettings, load_settings
 
 log = logging.getLogger("outbox.worker")
@@ -35,10 +35,7 @@ def make_publisher(settings: WorkerSettings, metrics: Metrics) -> Publisher:
         publish_timeout=settings.publish_timeout.total_seconds(),
         count_broker_duplicate=metrics.broker_duplicates.inc,
     )
-    factory = load_publisher(settings.publisher)
-    options = shown_values(factory.options, settings.publisher_options)
-    log.info("%s publisher options: %s", factory.name, options or "none")
-    return factory.create(dict(settings.publisher_options), context)
+    return load_publisher(settings.publisher).create(dict(settings.publisher_options), context)
 
 
 async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:

@@ -43,6 +43,7 @@ from outbox.settings import (
 from outbox.worker.backoff import retry_delay
 from outbox.worker.metrics import Metrics
 from outbox.worker.publishers.base import Defer, PermanentError, Publisher, RetryableError
+from outbox.worker.publishers.registry import load_publisher, shown_values
 from outbox.worker.settings import WorkerSettings
 
 log = logging.getLogger("outbox.worker")
@@ -130,9 +131,9 @@ class Dispatcher:
                 return
             self.metrics.ready = True
             log.info(
-                "worker %s dispatching %s from %s (%s publisher, ordering %s, %s event loop)",
+                "worker %s dispatching %s from %s (%s publisher%s, ordering %s, %s event loop)",
                 s.owner, s.table, redact_dsn(s.dsn) or "PG* environment", self.publisher.name,
-                s.ordering, _loop_name(),
+                self._publisher_options(), s.ordering, _loop_name(),
             )  # fmt: skip
             helpers = [
                 asyncio.create_task(self._finalizer(), name="finalizer"),
@@ -158,6 +159,15 @@ class Dispatcher:
             # Its background workers may be stuck connecting to a server that never answers:
             # abandon them rather than make a stop wait for their connect timeout.
             await self._pool.close(timeout=POOL_CLOSE_TIMEOUT)
+
+    def _publisher_options(self) -> str:
+        """`, http-url=...` for the start-up line: the options given, secrets masked."""
+        try:
+            factory = load_publisher(self.settings.publisher)
+        except SettingError:  # a publisher made in code, not by name
+            return ""
+        shown = shown_values(factory.options, self.settings.publisher_options)
+        return f" {shown}" if shown else ""
 
     def _helper_ended(self, task: asyncio.Task[None], stop: asyncio.Event) -> None:
         """The finalizer, heartbeat and listener run until cancelled; ending otherwise is a
