@@ -260,7 +260,7 @@ async def test_an_event_type_that_cannot_stand_in_a_header_is_permanent(event_ty
         publisher = HttpPublisher(receiver.url + "/events", owner="t")
         await publisher.start()
         try:
-            with pytest.raises(PermanentError, match="event_type .* cannot be sent in a header"):
+            with pytest.raises(PermanentError, match=r"event_type .* cannot be sent in a header"):
                 await publisher.publish(_message(event_type))
             await publisher.publish(_message("OrderPaid\tTabbed ünïcode"))  # these may
         finally:
