@@ -12,15 +12,51 @@ from typing import Any
 
 import psycopg
 
-from outbox import admin, extras
-from outbox.cliutil import ArgumentParser, add_dsn_and_table, fail, positive_int, resolve
+from outbox import admin, dberrors, extras
+from outbox.cliutil import (
+    ArgumentParser,
+    add_dsn_and_table,
+    fail,
+    int_between,
+    positive_int,
+    resolve,
+)
 from outbox.maintenance import purge_done
 from outbox.schema import SchemaError, migrate, render_migration
-from outbox.settings import SettingError, check_dsn, parse_duration, redact_dsn
+from outbox.settings import (
+    SettingError,
+    check_dsn,
+    connect_options,
+    describe_dsn,
+    duration_between,
+    format_duration,
+    parse_duration,
+)
 from outbox.stats import QueueStats, queue_stats
 from outbox.table import Table
 
 PROG = "outbox"
+# How long a command waits for a lock another session holds (a `LOCK TABLE`, a migration, a
+# long transaction) and for one statement, before it gives up saying so. Every command's
+# statements are short (purge deletes in bounded batches); only a migration that builds
+# indexes on a large hand-made table may need more, hence the flags.
+DEFAULT_LOCK_TIMEOUT = timedelta(seconds=10)
+DEFAULT_STATEMENT_TIMEOUT = timedelta(minutes=5)
+MAX_PURGE_BATCH = 1_000_000
+_TIMEOUT = duration_between(timedelta(0), timedelta(days=1))
+
+
+def _add_timeouts(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--lock-timeout",
+        help=f"most time to wait for a lock held by another session, 0 = no limit "
+        f"(default {format_duration(DEFAULT_LOCK_TIMEOUT)})",
+    )
+    parser.add_argument(
+        "--statement-timeout",
+        help=f"most time one statement may run, 0 = no limit "
+        f"(default {format_duration(DEFAULT_STATEMENT_TIMEOUT)})",
+    )
 
 
 def _parser() -> ArgumentParser:
@@ -34,21 +70,25 @@ def _parser() -> ArgumentParser:
 
     m = command("migrate", "create or upgrade the outbox table (idempotent)")
     add_dsn_and_table(m)
+    _add_timeouts(m)
     m.add_argument("--print", action="store_true", help="print the SQL instead of running it")
 
     s = command("stats", "counts per status, oldest ages, expired leases, attempts")
     add_dsn_and_table(s)
+    _add_timeouts(s)
     s.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     s.add_argument("--exact", action="store_true", help="count done rows (a full scan)")
 
     p = command("purge", "delete done rows older than a retention period, in batches")
     add_dsn_and_table(p)
+    _add_timeouts(p)
     p.add_argument("--older-than", required=True, help="e.g. 7d, 12h")
     p.add_argument("--batch", help="rows per DELETE (default 5000)")
     p.add_argument("--dry-run", action="store_true", help="count what would be deleted")
 
     r = command("requeue", "put dead messages back to pending: available now, attempts reset")
     add_dsn_and_table(r)
+    _add_timeouts(r)
     which = r.add_mutually_exclusive_group(required=True)
     which.add_argument(
         "--id", action="append", metavar="ID", help="a dead message (repeat, or comma-separate)"
@@ -61,6 +101,7 @@ def _parser() -> ArgumentParser:
 
     k = command("skip", "mark dead messages done on purpose (unblocks an ordered aggregate)")
     add_dsn_and_table(k)
+    _add_timeouts(k)
     k.add_argument(
         "--id",
         action="append",
@@ -99,10 +140,9 @@ def message_ids(values: list[str]) -> list[int]:
 
 def _connect(dsn: str) -> psycopg.Connection[Any]:
     try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+        return psycopg.connect(dsn, autocommit=True, **connect_options(dsn))
     except psycopg.OperationalError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "connection failed"
-        fail(PROG, f"cannot connect to {redact_dsn(dsn) or 'PostgreSQL'}: {first_line}", 1)
+        fail(PROG, f"cannot connect to {describe_dsn(dsn)}: {dberrors.describe(exc)}", 1)
 
 
 def _format_age(seconds: float | None) -> str:
@@ -156,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         purge_options = (
             {
                 "older_than": resolve(args, "--older-than", parse_duration, timedelta(days=7)),
-                "batch": resolve(args, "--batch", positive_int, 5000),
+                "batch": resolve(args, "--batch", int_between(1, MAX_PURGE_BATCH), 5000),
                 "dry_run": args.dry_run,
             }
             if args.command == "purge"
@@ -164,17 +204,46 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         if args.command in ("requeue", "skip") and args.id is not None:
             args.id = message_ids(args.id)
+        timeouts = {
+            "lock_timeout": resolve(args, "--lock-timeout", _TIMEOUT, DEFAULT_LOCK_TIMEOUT),
+            "statement_timeout": resolve(
+                args, "--statement-timeout", _TIMEOUT, DEFAULT_STATEMENT_TIMEOUT
+            ),
+        }
     except SettingError as exc:
         fail(PROG, str(exc))
     with _connect(dsn) as conn:
         try:
+            for name, value in timeouts.items():
+                conn.execute("SELECT set_config(%s, %s, false)", (name, _milliseconds(value)))
             _run(args, conn, table, purge_options)
         except SchemaError as exc:
             fail(PROG, str(exc), 1)
         except psycopg.errors.UndefinedTable:
             fail(PROG, f"table {table} does not exist; run `outbox migrate --table {table}`", 1)
+        except psycopg.errors.LockNotAvailable:
+            fail(
+                PROG,
+                f"gave up after waiting {format_duration(timeouts['lock_timeout'])} for a lock "
+                f"on {table} (or its audit log) held by another session, e.g. a LOCK TABLE, a "
+                "migration or a long transaction; nothing was changed (see pg_locks, or raise "
+                "--lock-timeout)",
+                1,
+            )
+        except psycopg.errors.QueryCanceled:
+            fail(
+                PROG,
+                f"gave up after a statement on {table} ran for "
+                f"{format_duration(timeouts['statement_timeout'])}; nothing was changed by it "
+                "(raise --statement-timeout)",
+                1,
+            )
         except psycopg.Error as exc:
-            fail(PROG, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}", 1)
+            fail(PROG, f"{type(exc).__name__}: {dberrors.describe(exc)}", 1)
+
+
+def _milliseconds(value: timedelta) -> str:
+    return f"{int(value.total_seconds() * 1000)}ms"
 
 
 def _run(

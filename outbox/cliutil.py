@@ -134,6 +134,19 @@ def _field_default(model: type, name: str) -> Any:
     return spec.default
 
 
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    """A parser of whole numbers from `low` to `high`: a value the database or the memory of
+    a process cannot hold is refused here, not failed on for ever later."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if not low <= value <= high:
+            raise ValueError(f"{value} is out of range ({low} to {high})")
+        return value
+
+    return parse
+
+
 def port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:

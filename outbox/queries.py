@@ -51,7 +51,7 @@ _REAP_CTE = sql.SQL(
 )
 
 
-def _reap(t: sql.Identifier) -> sql.Composed:
+def _reap(t: sql.Composable) -> sql.Composed:
     return _REAP_CTE.format(t=t, reaped_error=sql.Literal(REAPED_ERROR))
 
 
@@ -66,7 +66,7 @@ RETURNING {columns}"""
 )
 
 
-def _take_lease(t: sql.Identifier) -> sql.Composed:
+def _take_lease(t: sql.Composable) -> sql.Composed:
     return _TAKE_LEASE.format(t=t, columns=_CLAIMED_COLUMNS)
 
 
@@ -81,7 +81,7 @@ class Queries:
     listen: sql.Composed
 
 
-def _claim(t: sql.Identifier, ordered: bool) -> sql.Composed:
+def _claim(t: sql.Composable, ordered: bool) -> sql.Composed:
     head = _HEAD_OF_AGGREGATE.format(t=t) if ordered else sql.SQL("")
     return sql.SQL(
         """WITH {reap}, expired AS (
@@ -104,7 +104,7 @@ def _claim(t: sql.Identifier, ordered: bool) -> sql.Composed:
     ).format(t=t, head=head, reap=_reap(t), take=_take_lease(t))
 
 
-def _claim_heads(t: sql.Identifier) -> sql.Composed:
+def _claim_heads(t: sql.Composable) -> sql.Composed:
     """Ordered claim that visits each aggregate once instead of each waiting row.
 
     A skip scan of the `aggregate` index lists the first unfinished row of every aggregate
@@ -183,5 +183,5 @@ RETURNING o.id, o.lease_version, o.status"""
 RETURNING o.id"""
         ).format(t=t, fence=fence),
         # Idle workers wake on the insert trigger's NOTIFY on this table's channel.
-        listen=sql.SQL("LISTEN {}").format(sql.Identifier(table.channel)),
+        listen=sql.SQL("LISTEN {}").format(table.channel_ident),
     )

@@ -38,6 +38,28 @@ REQUIRED_COLUMNS = (
 )
 
 
+# What each column must be for the statements in outbox/queries.py and outbox/producer.py
+# to work: (type as format_type() spells it, NOT NULL, has a default the producer relies on).
+# A table adopted or used with anything else would fail every claim or insert, for ever.
+COLUMN_SHAPES: dict[str, tuple[str, bool, bool]] = {
+    "id": ("bigint", True, True),  # the default: an identity (or a sequence)
+    "aggregate_type": ("text", True, False),
+    "aggregate_id": ("text", True, False),
+    "event_type": ("text", True, False),
+    "payload": ("jsonb", True, False),
+    "created_at": ("timestamp with time zone", True, True),
+    "status": ("text", True, True),
+    "available_at": ("timestamp with time zone", True, True),
+    "attempts": ("integer", True, True),
+    "lease_owner": ("text", False, False),
+    "lease_until": ("timestamp with time zone", False, False),
+    "lease_version": ("bigint", True, True),
+    "last_error": ("text", False, False),
+    "done_at": ("timestamp with time zone", False, False),
+}
+assert tuple(COLUMN_SHAPES) == REQUIRED_COLUMNS
+
+
 class SchemaError(RuntimeError):
     """The table is missing, has the wrong shape, or is newer than this code."""
 
@@ -181,7 +203,8 @@ def _parse_state(row: tuple[object, ...] | None) -> tuple[bool, int | None]:
 
 def _columns_query(table: Table) -> sql.Composed:
     return sql.SQL(
-        "SELECT attname FROM pg_attribute WHERE attrelid = {t}::regclass "
+        "SELECT attname, format_type(atttypid, atttypmod), attnotnull, "
+        "attidentity <> '' OR atthasdef FROM pg_attribute WHERE attrelid = {t}::regclass "
         "AND attnum > 0 AND NOT attisdropped"
     ).format(t=table.regclass_literal)
 
@@ -191,9 +214,36 @@ def _missing(rows: list[tuple[object, ...]]) -> list[str]:
     return [column for column in REQUIRED_COLUMNS if column not in present]
 
 
-def _missing_columns(cur: psycopg.Cursor[tuple[object, ...]], table: Table) -> list[str]:
+def _misshapen(rows: list[tuple[object, ...]]) -> list[str]:
+    """What is wrong with the required columns that exist, one phrase each."""
+    problems = []
+    for name, type_, not_null, has_default in rows:
+        if name not in COLUMN_SHAPES:
+            continue  # extra columns are the application's business
+        want_type, want_not_null, want_default = COLUMN_SHAPES[str(name)]
+        if type_ != want_type:
+            problems.append(f"{name} is {type_} (expected {want_type})")
+        if want_not_null and not not_null:
+            problems.append(f"{name} allows NULL")
+        if want_default and not has_default:
+            problems.append(
+                f"{name} is not an identity column" if name == "id" else f"{name} has no default"
+            )
+    return problems
+
+
+def shape_problems(rows: list[tuple[object, ...]]) -> str | None:
+    """One line saying why a table cannot serve as an outbox table, or None if it can."""
+    missing = _missing(rows)
+    if missing:
+        return f"missing columns: {', '.join(missing)}"
+    misshapen = _misshapen(rows)
+    return f"wrong columns: {'; '.join(misshapen)}" if misshapen else None
+
+
+def _shape_problems(cur: psycopg.Cursor[tuple[object, ...]], table: Table) -> str | None:
     cur.execute(_columns_query(table))
-    return _missing(cur.fetchall())
+    return shape_problems(cur.fetchall())
 
 
 def migrate(conn: psycopg.Connection[tuple[object, ...]], table: Table) -> tuple[int, int]:
@@ -209,12 +259,9 @@ def migrate(conn: psycopg.Connection[tuple[object, ...]], table: Table) -> tuple
         cur.execute(_state_query(table))
         exists, version = _parse_state(cur.fetchone())
         if exists and version is None:
-            missing = _missing_columns(cur, table)
-            if missing:
-                raise SchemaError(
-                    f"table {table} exists but is not an outbox table "
-                    f"(missing columns: {', '.join(missing)})"
-                )
+            problems = _shape_problems(cur, table)
+            if problems:
+                raise SchemaError(f"table {table} exists but is not an outbox table ({problems})")
             version = 0  # adopt a hand-made table of the right shape: every step is idempotent
         current = version or 0
         if current > SCHEMA_VERSION:
@@ -241,10 +288,14 @@ async def check_table(conn: psycopg.AsyncConnection[tuple[object, ...]], table: 
             f"table {table} is at schema v{version}, this outbox-dispatcher needs "
             f"v{SCHEMA_VERSION}; run `outbox migrate` with the newer of the two"
         )
-    # The comment says "ours", but a column may have been dropped since: every claim would
-    # then fail, retried for ever. Refuse it here, naming what is missing.
+    # The comment says "ours", but a column may have been dropped or altered since: every
+    # claim would then fail, retried for ever. Refuse it here, naming what is wrong.
     async with conn.cursor() as cur:
         await cur.execute(_columns_query(table))
-        missing = _missing(await cur.fetchall())
+        rows = await cur.fetchall()
+    missing = _missing(rows)
     if missing:
         raise SchemaError(f"table {table} lacks required columns: {', '.join(missing)}")
+    misshapen = _misshapen(rows)
+    if misshapen:
+        raise SchemaError(f"table {table} has wrong columns: {'; '.join(misshapen)}")

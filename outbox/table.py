@@ -12,6 +12,41 @@ from outbox.settings import SettingError
 _MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1
 DEFAULT_TABLE_NAME = "outbox"  # every command's and the producer API's default table
 
+# Characters that something between us and the server may read as a placeholder: psycopg
+# takes `%` inside any statement sent with parameters (quotes do not protect it, so `"a%%b"`
+# reaches the server as `"a%b"`, another table), and `{}` are the placeholders of
+# `sql.SQL.format` and `str.format` should a rendered name ever be formatted again. A name
+# holding any of them is written as a Unicode-escaped identifier, `U&"a\0025b"`, which holds
+# none of them and names the same table whether or not the statement has parameters.
+_PLACEHOLDER_CHARS = frozenset("%{}")
+
+
+def _identifier(*parts: str) -> sql.Composable:
+    """A (possibly qualified) identifier free of placeholder characters, as rendered SQL."""
+    if not any(_PLACEHOLDER_CHARS & set(part) for part in parts):
+        return sql.Identifier(*parts)
+    return sql.SQL(".").join(_escaped(part) for part in parts)
+
+
+def _escaped(part: str) -> sql.Composable:
+    if not _PLACEHOLDER_CHARS & set(part):
+        return sql.Identifier(part)
+    body = "".join(
+        f"\\{ord(c):04x}" if c in _PLACEHOLDER_CHARS else {"\\": "\\\\", '"': '""'}.get(c, c)
+        for c in part
+    )
+    return sql.SQL(f'U&"{body}"')
+
+
+def text_constant(value: str) -> sql.Composable:
+    """A string constant free of placeholder characters: a plain literal when it has none,
+    else the same text spelled in hex (valid whatever `standard_conforming_strings` says)."""
+    if not _PLACEHOLDER_CHARS & set(value):
+        return sql.Literal(value)
+    return sql.SQL("convert_from(decode({}, 'hex'), 'UTF8')").format(
+        sql.Literal(value.encode().hex())
+    )
+
 
 def _split_name(name: str) -> list[str]:
     """Split `schema.table` on unquoted dots; double quotes protect dots, `""` is a quote."""
@@ -66,22 +101,30 @@ class Table:
         return f"{self.schema}.{self.name}" if self.schema else self.name
 
     @property
-    def ident(self) -> sql.Identifier:
-        return sql.Identifier(self.schema, self.name) if self.schema else sql.Identifier(self.name)
+    def ident(self) -> sql.Composable:
+        """The table as a quoted identifier, safe in statements with or without parameters."""
+        return _identifier(*self._parts(self.name))
 
-    def sibling(self, suffix: str) -> sql.Identifier:
+    def sibling(self, suffix: str) -> sql.Composable:
         """A related object (function) in the same schema, named after the table."""
-        name = _bounded(f"{self.name}_{suffix}")
-        return sql.Identifier(self.schema, name) if self.schema else sql.Identifier(name)
+        return _identifier(*self._parts(_bounded(f"{self.name}_{suffix}")))
 
-    def index_name(self, suffix: str) -> sql.Identifier:
+    def index_name(self, suffix: str) -> sql.Composable:
         """Index names take the table's schema implicitly and must not be qualified."""
-        return sql.Identifier(_bounded(f"{self.name}_{suffix}"))
+        return _identifier(_bounded(f"{self.name}_{suffix}"))
 
     @property
     def regclass_literal(self) -> sql.Composable:
-        """The table as a string literal for `::regclass` and catalog lookups."""
-        return sql.Literal(self.ident.as_string(None))
+        """The table as a string constant for `::regclass` and catalog lookups."""
+        return text_constant(sql.Identifier(*self._parts(self.name)).as_string(None))
+
+    @property
+    def channel_ident(self) -> sql.Composable:
+        """The channel as an identifier, for LISTEN."""
+        return _identifier(self.channel)
+
+    def _parts(self, name: str) -> tuple[str, ...]:
+        return (self.schema, name) if self.schema else (name,)
 
     @property
     def channel(self) -> str:

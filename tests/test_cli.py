@@ -415,6 +415,17 @@ def test_purge_retention_from_hours(conn, dsn):
         (["stats", "--dsn", "host=x port"], {}, "--dsn"),
         (["stats"], {"OUTBOX_DSN": "host=x port"}, "OUTBOX_DSN"),
         (["migrate", "--print", "--table", 'a"b'], {}, "--table"),
+        # Out of range: these used to end in a traceback (OverflowError) or fail for ever.
+        (["purge", "--older-than", "99999999999999d", "--dsn", "host=x"], {}, "--older-than"),
+        (["purge", "--older-than", "9999999999999", "--dsn", "host=x"], {}, "--older-than"),
+        (
+            ["purge", "--older-than", "7d", "--batch", "3000000000", "--dsn", "host=x"],
+            {},
+            "--batch",
+        ),
+        (["stats", "--lock-timeout", "soon", "--dsn", "host=x"], {}, "--lock-timeout"),
+        (["stats", "--statement-timeout", "99999d", "--dsn", "host=x"], {}, "--statement-timeout"),
+        (["stats"], {"OUTBOX_LOCK_TIMEOUT": "-1s"}, "OUTBOX_LOCK_TIMEOUT"),
         (["frobnicate"], {}, "frobnicate"),
         ([], {}, "COMMAND"),
     ],
@@ -440,6 +451,42 @@ def test_outbox_usage_errors_exit_2_with_one_line(args, env, named):
         (["--bogus"], {}, "--bogus"),
         (["--table", 'a"b'], {}, "--table"),
         (["--dsn", "host=x port"], {}, "--dsn"),
+        # Out of range: accepted, these used to fail every claim for ever, or a traceback.
+        (["--batch", "3000000000"], {}, "--batch"),
+        (["--max-attempts", "3000000000"], {}, "--max-attempts"),
+        (["--concurrency", "99999999"], {}, "--concurrency"),
+        (["--lease", "9999999999999"], {}, "--lease"),
+        (["--lease", "99999999999999d"], {}, "--lease"),
+        (["--lease", "1ms"], {}, "--lease"),  # shorter than it can be renewed: a busy loop
+        (["--poll-interval", "9999d"], {}, "--poll-interval"),
+        ([], {"OUTBOX_MAX_ATTEMPTS": "99999999999"}, "OUTBOX_MAX_ATTEMPTS"),
+        # Malformed plugin paths used to be tracebacks; an empty one ran the log publisher.
+        (["--publisher", ":x"], {}, "--publisher"),
+        (["--publisher", ".rel:x"], {}, "--publisher"),
+        (["--publisher", "os:"], {}, "--publisher"),
+        (["--publisher", ""], {}, "--publisher"),
+        (["--publisher", "no_such_module_anywhere:X"], {}, "--publisher"),
+        # Header lines that could not be sent (or would inject another header).
+        (
+            ["--publisher", "http", "--http-url", "http://h/", "--http-header", "A: b\r\nX: y"],
+            {},
+            "--http-header",
+        ),
+        (
+            ["--publisher", "http", "--http-url", "http://h/", "--http-header", "A: b\nX: y"],
+            {},
+            "--http-header",
+        ),
+        (
+            ["--publisher", "http", "--http-url", "http://h/", "--http-header", "A: b\x0bc"],
+            {},
+            "--http-header",
+        ),
+        (
+            ["--publisher", "http", "--http-url", "http://h/", "--http-header", "Bad Name: b"],
+            {},
+            "--http-header",
+        ),
     ],
 )
 def test_worker_usage_errors_exit_2_with_one_line(args, env, named):
@@ -473,8 +520,61 @@ def test_unreachable_server_fails_fast_without_leaking_the_password(command):
     assert result.returncode not in (0, 2)
     assert "s3cret" not in result.stdout + result.stderr
     line = one_line(result.stderr)
-    assert line.startswith("outbox: error: cannot connect to ")
-    assert "password=***" in line
+    # Where it tried (host and port) and why, never the password.
+    assert line.startswith("outbox: error: cannot connect to 127.0.0.1 port 1 (database db")
+    assert line.endswith("Connection refused")
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "host=127.0.0.1 port=1 user=u sslpassword=s3cret dbname=db",
+        "host=127.0.0.1 port=1 oauth_client_secret=s3cret dbname=db",
+        "postgresql://u@127.0.0.1:1/db?sslpassword=s3cret",
+        "postgresql://u:p@s3cret@127.0.0.1:1/db",  # an unencoded @ in the password
+        "postgresql://u:p@s3cret@127.0.0.1:1/db?sslpassword=s3cret",
+        "host=127.0.0.1 port=1 password=s3cret sslpassword=s3cret bogus",  # unparseable
+        "host=127.0.0.1 port=1 SSLPASSWORD=s3cret",  # unparseable (keys are lower case)
+    ],
+)
+def test_no_secret_parameter_of_a_dsn_is_echoed(dsn):
+    """Only `password` used to be masked: sslpassword was printed in clear by every command,
+    and a URL password with an unencoded @ showed its tail as the host."""
+    for result in (outbox("stats", "--dsn", dsn, timeout=20),
+                   run("outbox.worker", "--dsn", dsn, "--bogus", timeout=20)):  # fmt: skip
+        assert "s3cret" not in result.stdout + result.stderr
+        assert result.returncode != 0
+        one_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://user:s3cret@example.com/events",
+        "ftp://example.com/events?token=s3cret",
+        "http://user:s3cret@exa mple.com/events?token=s3cret",
+        "http://s3cret@localhost:99999/events",  # a token as the user
+    ],
+)
+def test_a_refused_publisher_url_is_named_without_its_credentials(url):
+    result = run("outbox.worker", "--publisher", "http", "--http-url", url, timeout=20)
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert line.startswith("outbox-worker: error: --http-url: ")
+    assert "s3cret" not in line and "***" in line
+
+
+@pytest.mark.parametrize(
+    "header", ["Authorization: Bearer s3cret\r\nX-Injected: 1", "Authorization: s3cret\x7f"]
+)
+def test_a_refused_secret_header_is_never_echoed(header):
+    result = run(
+        "outbox.worker", "--publisher", "http", "--http-url", "http://h/", "--http-header",
+        header, timeout=20,
+    )  # fmt: skip
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert "Authorization" in line and "s3cret" not in line
 
 
 def test_password_in_a_malformed_dsn_is_not_echoed():

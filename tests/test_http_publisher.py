@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
+from aiohttp import web
 
+from outbox.demo.embedded import free_port
+from outbox.models import Message
 from outbox.worker.backoff import full_jitter, retry_delay
 from outbox.worker.publishers.base import PermanentError, RetryableError
-from outbox.worker.publishers.http import classify, parse_retry_after
+from outbox.worker.publishers.http import HttpPublisher, classify, parse_retry_after
 
 NOW = datetime(2025, 3, 14, 12, 0, 0, tzinfo=UTC)
 
@@ -146,3 +150,142 @@ def test_retry_delay_honours_retry_after_bounded_by_cap():
     )
     assert retry_delay(1, retry_after=timedelta(hours=1), base=base, cap=cap) == cap
     assert retry_delay(1, retry_after=None, base=base, cap=cap) <= timedelta(seconds=2)
+
+
+# -- a real receiver misbehaving -----------------------------------------------------------
+
+
+def _message(event_type: str = "OrderPaid", message_id: int = 1) -> Message:
+    return Message(message_id, 1, 1, "order", "o-1", event_type, "{}", datetime.now(UTC))
+
+
+class _Receiver:
+    """A real HTTP server answering with the handler a test chooses; records what reached it."""
+
+    def __init__(self, handler) -> None:
+        self.handler = handler
+        self.requests: list[str] = []
+        self.cut_off = asyncio.Event()  # a streaming answer was cut by the client
+        self.url = ""
+
+    async def __aenter__(self) -> _Receiver:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            self.requests.append(request.headers.get("Outbox-Event-Type", ""))
+            return await self.handler(self, request)
+
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._runner.cleanup()
+
+
+def _endless(status: int):
+    async def handler(receiver: _Receiver, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=status)
+        await response.prepare(request)
+        chunk = b"x" * 65536
+        try:
+            while True:  # 2.2 GB in 3 s took a worker down before the read was bounded
+                await response.write(chunk)
+        except (ConnectionResetError, OSError):
+            receiver.cut_off.set()
+        return response
+
+    return handler
+
+
+def _answer(status: int, body: str):
+    async def handler(receiver: _Receiver, request: web.Request) -> web.Response:
+        return web.Response(status=status, text=body)
+
+    return handler
+
+
+@pytest.mark.parametrize("status", [200, 503, 422])
+async def test_an_endless_response_is_read_only_up_to_the_bound(status):
+    async with _Receiver(_endless(status)) as receiver:
+        publisher = HttpPublisher(receiver.url + "/events", owner="t")
+        await publisher.start()
+        try:
+            outcome = asyncio.create_task(publisher.publish(_message()))
+            done, _ = await asyncio.wait([outcome], timeout=30)
+            assert done, "the publish kept reading an endless body"
+            if status == 200:
+                assert outcome.result() is None  # delivered
+            else:
+                with pytest.raises((RetryableError, PermanentError)) as info:
+                    outcome.result()
+                assert str(info.value).startswith(f"HTTP {status}: xxx")
+                assert len(str(info.value)) < 400  # an excerpt, not the body
+            # The client dropped the connection rather than drain the stream.
+            await asyncio.wait_for(receiver.cut_off.wait(), 30)
+        finally:
+            await publisher.close()
+
+
+async def test_a_long_finite_body_keeps_working_and_the_next_request_too():
+    async with _Receiver(_answer(200, "y" * 1_000_000)) as receiver:
+        publisher = HttpPublisher(receiver.url + "/events", owner="t")
+        await publisher.start()
+        try:
+            for n in range(3):
+                await publisher.publish(_message(message_id=n))
+        finally:
+            await publisher.close()
+    assert len(receiver.requests) == 3
+
+
+@pytest.mark.parametrize(
+    "event_type",
+    [
+        "OrderPaid\r\nX-Injected: yes",
+        "OrderPaid\nX-Injected: yes",
+        "OrderPaid\rX",
+        "Order\x00Paid",
+        "Order\x1bPaid",
+        "Order\x7fPaid",
+        "Order\x0bPaid",
+    ],
+)
+async def test_an_event_type_that_cannot_stand_in_a_header_is_permanent(event_type):
+    """It used to raise an unclassified ValueError: a traceback per try, the row left to its
+    lease, dead at last as "worker crashed"."""
+    async with _Receiver(_answer(200, "")) as receiver:
+        publisher = HttpPublisher(receiver.url + "/events", owner="t")
+        await publisher.start()
+        try:
+            with pytest.raises(PermanentError, match=r"event_type .* cannot be sent in a header"):
+                await publisher.publish(_message(event_type))
+            await publisher.publish(_message("OrderPaid\tTabbed ünïcode"))  # these may
+        finally:
+            await publisher.close()
+    assert receiver.requests == ["OrderPaid\tTabbed ünïcode"]  # nothing else was sent
+
+
+async def test_urls_in_a_failure_reason_lose_credentials_and_query_values():
+    echo = "redirect to https://admin:s3cret@internal.example/x?token=s3cret failed"
+    async with _Receiver(_answer(500, echo)) as receiver:
+        publisher = HttpPublisher(receiver.url + "/events?token=s3cret", owner="t")
+        await publisher.start()
+        try:
+            with pytest.raises(RetryableError) as info:
+                await publisher.publish(_message())
+        finally:
+            await publisher.close()
+    assert "s3cret" not in str(info.value)
+    assert "https://***@internal.example/x?token=***" in str(info.value)
+    # A request that fails before any answer names the URL redacted too, if at all.
+    publisher = HttpPublisher(f"http://u:s3cret@127.0.0.1:{free_port()}/e?token=s3cret", owner="t")
+    await publisher.start()
+    try:
+        with pytest.raises(RetryableError) as info:
+            await publisher.publish(_message())
+    finally:
+        await publisher.close()
+    assert "s3cret" not in str(info.value)

@@ -18,7 +18,7 @@ PLUGIN = textwrap.dedent(
     from pathlib import Path
     from typing import Any
 
-    from outbox.worker.publishers.registry import Option
+    from outbox.worker.plugin import Option
 
 
     class FilePublisher:

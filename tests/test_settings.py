@@ -6,9 +6,22 @@ from datetime import timedelta
 
 import pytest
 
-from outbox.settings import SettingError, check_dsn, parse_duration, redact_dsn
+from outbox.settings import (
+    MAX_DURATION,
+    SettingError,
+    check_dsn,
+    connect_options,
+    connect_timeout,
+    describe_dsn,
+    parse_duration,
+    redact_dsn,
+    redact_url,
+    redact_urls,
+)
 from outbox.table import Table
-from outbox.worker.settings import WorkerSettings, load_settings
+from outbox.worker.plugin import Option, PublisherContext
+from outbox.worker.publishers.registry import shown_values
+from outbox.worker.settings import WorkerSettings, build_parser, load_settings
 
 # -- durations -------------------------------------------------------------------------------
 
@@ -88,10 +101,104 @@ def test_check_dsn_error_never_quotes_the_password(dsn):
     assert "s3cret" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "host=db.example sslpassword=s3cret dbname=orders",
+        "host=db.example oauth_client_secret=s3cret dbname=orders",
+        "host=db.example password=s3cret sslpassword='s3cret too' dbname=orders",
+        "postgresql://app@db.example/orders?sslpassword=s3cret",
+        "postgresql://app:s3cret@db.example/orders?sslpassword=s3cret&application_name=x",
+        "postgresql://app:pa%40s3cret@db.example/orders",
+    ],
+)
+def test_redact_dsn_hides_every_secret_parameter_in_both_forms(dsn):
+    redacted = redact_dsn(dsn)
+    assert "s3cret" not in redacted
+    assert "db.example" in redacted and "orders" in redacted
+    assert describe_dsn(dsn).startswith("db.example port 5432 (database orders")
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://u:p@s3cret@h/db",  # libpq reads host "s3cret@h"
+        "postgresql://u:p@s3cret@@h:5433/db?sslpassword=x",
+        "postgres://u:@s3cret@h/db",
+    ],
+)
+def test_a_url_password_with_an_unencoded_at_is_hidden_whole_and_refused(dsn):
+    assert "s3cret" not in redact_dsn(dsn)
+    assert "s3cret" not in describe_dsn(dsn)
+    with pytest.raises(SettingError, match="must be written %40") as info:
+        check_dsn(dsn)
+    assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("dsn", "reason"),
+    [
+        # libpq's own words, not the mask in place of its `"="`.
+        ("not a dsn at all", 'missing "=" after "not"'),
+        ("host=x port", 'missing "=" after "port"'),
+        ("host=x bogus=1", 'invalid connection option "bogus"'),
+        ("postgresql://h/db?x", 'missing key/value separator "="'),
+    ],
+)
+def test_check_dsn_error_keeps_libpqs_reason(dsn, reason):
+    with pytest.raises(SettingError) as info:
+        check_dsn(dsn)
+    assert reason in str(info.value)
+
+
 def test_check_dsn_error_keeps_harmless_detail():
     with pytest.raises(SettingError, match='after "port"'):
         check_dsn("host=x port")
     assert check_dsn("host=x port=5432") == "host=x port=5432"
+
+
+@pytest.mark.parametrize(
+    ("dsn", "env", "timeout", "options"),
+    [
+        ("host=x", {}, 10, {"connect_timeout": 10}),
+        ("host=x connect_timeout=3", {}, 3, {}),  # the DSN's own value is honoured
+        ("postgresql://h/db?connect_timeout=45", {}, 45, {}),
+        ("host=x", {"PGCONNECT_TIMEOUT": "4"}, 4, {}),
+        ("", {}, 10, {"connect_timeout": 10}),
+    ],
+)
+def test_connect_timeout_comes_from_the_dsn_when_it_sets_one(
+    monkeypatch, dsn, env, timeout, options
+):
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert connect_timeout(dsn) == timeout
+    assert connect_options(dsn) == options
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://user:s3cret@host:8080/p?token=s3cret&x", "http://***@host:8080/p?token=***&x"),
+        ("https://s3cret@api.example/events", "https://***@api.example/events"),
+        ("https://api.example/e?a=1&b=s3cret#s3cret", "https://api.example/e?a=***&b=***#***"),
+        ("nats://u:p@s3cret@h:4222", "nats://***@h:4222"),
+        ("https://api.example/events", "https://api.example/events"),
+    ],
+)
+def test_redact_url_hides_user_info_and_query_values(url, shown):
+    assert redact_url(url) == shown
+    text = f"POST {url} failed: 'at {url}'"
+    assert "s3cret" not in redact_urls(text)
+    assert redact_urls(text).startswith(f"POST {shown} failed")
+
+
+@pytest.mark.parametrize("text", ["99999999999999d", "9999999999999", "36501d", "1e9d"])
+def test_parse_duration_refuses_what_no_setting_can_hold(text):
+    with pytest.raises(ValueError, match=r"longer than|not a duration"):
+        parse_duration(text)
+    assert parse_duration("36500d") == MAX_DURATION
 
 
 # -- worker settings -------------------------------------------------------------------------
@@ -196,6 +303,30 @@ def test_empty_env_variable_counts_as_unset():
         (["--prepared-statements", "maybe"], {}, "--prepared-statements"),
         ([], {"OUTBOX_PREPARED_STATEMENTS": "no"}, "OUTBOX_PREPARED_STATEMENTS"),
         (["--table", 'a"b'], {}, "--table"),
+        (["--batch", "3000000000"], {}, "--batch"),
+        (["--batch", "10001"], {}, "--batch"),
+        (["--max-attempts", "3000000000"], {}, "--max-attempts"),
+        ([], {"OUTBOX_CONCURRENCY": "1000000"}, "OUTBOX_CONCURRENCY"),
+        (["--lease", "9999999999999"], {}, "--lease"),
+        (["--lease", "99999999999999d"], {}, "--lease"),
+        (["--lease", "2d"], {}, "--lease"),
+        (["--lease", "1ms"], {}, "--lease"),
+        (["--lease", "999ms"], {}, "--lease"),
+        (["--publish-timeout", "2d"], {}, "--publish-timeout"),
+        (["--shutdown-grace", "99999999999999d"], {}, "--shutdown-grace"),
+        (["--max-defer-age", "1e400"], {}, "--max-defer-age"),
+        (["--publisher", ""], {}, "--publisher"),
+        (["--publisher", ":x"], {}, "--publisher"),
+        (["--publisher", ".rel:x"], {}, "--publisher"),
+        (["--publisher", "pkg.:x"], {}, "--publisher"),
+        (["--publisher", "os:"], {}, "--publisher"),
+        (["--publisher", "os:path"], {}, "--publisher"),  # not a publisher
+        (["--http-header", "X: a\r\nB: c"], {}, "--http-header"),
+        (["--http-header", "X: a\rb"], {}, "--http-header"),
+        (["--http-header", "X: a\x00"], {}, "--http-header"),
+        (["--http-header", "X: a\x1b[2J"], {}, "--http-header"),
+        (["--http-header", "X Y: a"], {}, "--http-header"),
+        (["--http-header", "X\r\nY: a"], {}, "--http-header"),
     ],
 )
 def test_bad_settings_name_their_source(argv, env, named):
@@ -263,3 +394,81 @@ def test_table_renders_quoted_identifiers_and_a_bounded_channel():
     long = Table.parse("s" * 40 + "." + "t" * 40)
     assert len(long.channel.encode()) <= 63
     assert long.channel != Table.parse("s" * 40 + "." + "u" * 40).channel
+
+
+def test_the_lease_range_ends_are_accepted():
+    assert load_settings(["--lease", "1s"], {}).lease == timedelta(seconds=1)
+    assert load_settings(["--lease", "1d"], {}).lease == timedelta(days=1)
+    assert load_settings(["--max-attempts", str(2**31 - 1)], {}).max_attempts == 2**31 - 1
+
+
+# -- secret options --------------------------------------------------------------------------
+
+
+def _echo(text: str) -> str:
+    """A converter that quotes the value it refuses, as many do."""
+    if not text.startswith("ok"):
+        raise ValueError(f"{text!r} is not a valid token (got {text})")
+    return text
+
+
+class SecretPublisher:
+    """A plugin with a secret option whose converter echoes what it refuses."""
+
+    name = "secret-test"
+    options = (
+        Option(
+            "--st-token",
+            "API token; default s3cret-default",
+            convert=_echo,
+            secret=True,
+            default="s3cret-default",
+        ),
+        Option("--st-keys", "keys", convert=_echo, secret=True, repeatable=True),
+        Option("--st-url", "where to", default="https://u:s3cret@h/x?k=s3cret"),
+    )
+
+    @classmethod
+    def create(cls, values, context: PublisherContext):  # pragma: no cover - never started
+        raise AssertionError
+
+
+PLUGIN = f"{__name__}:SecretPublisher"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (["--st-token", "s3cret-bad"], {}),
+        ([], {"OUTBOX_ST_TOKEN": "s3cret-bad"}),
+        (["--st-keys", "ok1", "--st-keys", "s3cret-bad"], {}),
+        ([], {"OUTBOX_ST_KEYS": "ok1\ns3cret-bad"}),
+        (["--st-token", " s3cret\tbad "], {}),  # the converter sees it as given, repr and all
+    ],
+)
+def test_a_secret_option_is_masked_in_its_usage_error(argv, env):
+    with pytest.raises(SettingError) as info:
+        load_settings(["--publisher", PLUGIN, *argv], env)
+    message = str(info.value)
+    assert message.startswith(("--st-", "OUTBOX_ST_")) and "***" in message
+    assert "s3cret" not in message
+
+
+def test_a_secret_default_is_not_shown_in_help():
+    help_text = build_parser([SecretPublisher]).format_help()
+    assert "s3cret" not in help_text.replace("\n", " ").replace("  ", " ").split("--st-url")[0]
+    assert "API token; default ***" in " ".join(help_text.split())
+
+
+def test_the_start_up_line_masks_secrets_and_redacts_urls():
+    settings = load_settings(["--publisher", PLUGIN, "--st-token", "ok-s3cret"], {})
+    line = shown_values(SecretPublisher.options, settings.publisher_options)
+    assert line == "st-token=*** st-url=https://***@h/x?k=***"
+    http = load_settings(
+        ["--publisher", "http", "--http-url", "https://u:s3cret@h/?token=s3cret",
+         "--http-header", "Authorization: Bearer s3cret"], {},
+    )  # fmt: skip
+    from outbox.worker.publishers.http import HttpPublisher
+
+    line = shown_values(HttpPublisher.options, http.publisher_options)
+    assert line == "http-url=https://***@h/?token=*** http-header=***"

@@ -10,8 +10,8 @@ from outbox.cliutil import (
     ArgumentParser,
     add_dsn_and_table,
     fail,
+    int_between,
     on_off,
-    positive_int,
     resolve,
 )
 from outbox.settings import SettingError, check_dsn, parse_duration
@@ -21,6 +21,7 @@ PROG = "outbox-tui"
 # What `+` and `-` step through; the flag may set any value, the keys move to a neighbour.
 INTERVALS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 DEFAULT_TABLE = Table.default()
+MAX_PAGE_SIZE = 1000  # rows drawn per page; beyond it a query fetches more than a screen shows
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
             interval=resolve(args, "--refresh", _seconds, 2.0),
             slo=resolve(args, "--slo", _seconds, 60.0),
             ordered=resolve(args, "--ordering", _ordering, False),
-            page_size=resolve(args, "--page-size", positive_int, 50),
+            page_size=resolve(args, "--page-size", int_between(1, MAX_PAGE_SIZE), 50),
             paused=args.paused,
         )
     except SettingError as exc:

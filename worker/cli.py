@@ -21,6 +21,11 @@ from outbox.worker.settings import WorkerSettings, load_settings
 
 log = logging.getLogger("outbox.worker")
 PROG = "outbox-worker"
+# Each is a clean stop: claiming ends, unstarted messages are given back, in-flight ones
+# finish within the grace period. SIGHUP too (a closed terminal, or a supervisor's "reload"):
+# the worker has no configuration file to reread, and its default action, dying on the
+# spot, would leave every held row to its lease.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def make_publisher(settings: WorkerSettings, metrics: Metrics) -> Publisher:
@@ -53,7 +58,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
 async def _main(settings: WorkerSettings) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, _request_stop, stop, sig)
     await serve(settings, stop)
 

@@ -29,14 +29,22 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from outbox import lease
+from outbox import dberrors, lease
 from outbox.models import Message, Outcome
 from outbox.queries import queries
 from outbox.schema import check_table
-from outbox.settings import redact_dsn
+from outbox.settings import (
+    SettingError,
+    connect_options,
+    connect_timeout,
+    describe_dsn,
+    redact_dsn,
+    redact_urls,
+)
 from outbox.worker.backoff import retry_delay
 from outbox.worker.metrics import Metrics
 from outbox.worker.publishers.base import Defer, PermanentError, Publisher, RetryableError
+from outbox.worker.publishers.registry import load_publisher, shown_values
 from outbox.worker.settings import WorkerSettings
 
 log = logging.getLogger("outbox.worker")
@@ -55,6 +63,8 @@ IDLE_WAIT_START = 0.05
 EXPLICIT_PREPARE_ONLY = 2**31 - 1
 # How long an operation waits for a pooled connection before it counts as a database error.
 POOL_TIMEOUT = 10.0
+# Most seconds closing the pool waits for its background workers.
+POOL_CLOSE_TIMEOUT = 0.5
 # Reconnect back-off after a database error.
 DB_RETRY_START, DB_RETRY_CAP = 0.1, 5.0
 
@@ -101,8 +111,10 @@ class Dispatcher:
                 "autocommit": True,
                 "prepare_threshold": EXPLICIT_PREPARE_ONLY if s.prepared_statements else None,
                 "application_name": s.owner,
+                **connect_options(s.dsn),
             },
-            timeout=POOL_TIMEOUT,
+            # Long enough for one connection attempt of the DSN's own connect_timeout.
+            timeout=max(POOL_TIMEOUT, float(connect_timeout(s.dsn))),
         )
         await self._pool.open(wait=False)
         try:
@@ -110,9 +122,9 @@ class Dispatcher:
                 return
             self.metrics.ready = True
             log.info(
-                "worker %s dispatching %s from %s (%s publisher, ordering %s, %s event loop)",
+                "worker %s dispatching %s from %s (%s publisher%s, ordering %s, %s event loop)",
                 s.owner, s.table, redact_dsn(s.dsn) or "PG* environment", self.publisher.name,
-                s.ordering, _loop_name(),
+                self._publisher_options(), s.ordering, _loop_name(),
             )  # fmt: skip
             helpers = [
                 asyncio.create_task(self._finalizer(), name="finalizer"),
@@ -135,7 +147,18 @@ class Dispatcher:
             if self._pool_check is not None:
                 self._pool_check.cancel()
                 await asyncio.gather(self._pool_check, return_exceptions=True)
-            await self._pool.close()
+            # Its background workers may be stuck connecting to a server that never answers:
+            # abandon them rather than make a stop wait for their connect timeout.
+            await self._pool.close(timeout=POOL_CLOSE_TIMEOUT)
+
+    def _publisher_options(self) -> str:
+        """`, http-url=...` for the start-up line: the options given, secrets masked."""
+        try:
+            factory = load_publisher(self.settings.publisher)
+        except SettingError:  # a publisher made in code, not by name
+            return ""
+        shown = shown_values(factory.options, self.settings.publisher_options)
+        return f" {shown}" if shown else ""
 
     def _helper_ended(self, task: asyncio.Task[None], stop: asyncio.Event) -> None:
         """The finalizer, heartbeat and listener run until cancelled; ending otherwise is a
@@ -153,7 +176,7 @@ class Dispatcher:
         # missing, refused, ...), where the pool would only report a timeout.
         s = self.settings
         async with await psycopg.AsyncConnection.connect(
-            s.dsn, autocommit=True, connect_timeout=int(POOL_TIMEOUT), application_name=s.owner
+            s.dsn, autocommit=True, application_name=s.owner, **connect_options(s.dsn)
         ) as conn:
             await check_table(conn, s.table)
 
@@ -203,8 +226,8 @@ class Dispatcher:
                 messages = await self._claim(want)
             except (psycopg.Error, OSError) as exc:
                 db_failures += 1
-                self._database_error("claim", exc, db_failures)
-                await _first_of(stop.wait(), asyncio.sleep(_db_backoff(db_failures)))
+                delay = self._database_error("claim", exc, db_failures)
+                await _first_of(stop.wait(), asyncio.sleep(delay))
                 continue
             if db_failures:
                 log.info("database reachable again")
@@ -319,12 +342,12 @@ class Dispatcher:
             async with asyncio.timeout(s.publish_timeout.total_seconds()):
                 await _resume(publish, waiting_on)
         except Defer as defer:
-            return Outcome.defer(message, defer.delay, str(defer))
+            return Outcome.defer(message, defer.delay, _reason(defer))
         except PermanentError as exc:
-            return Outcome.dead(message, f"permanent: {exc}")
+            return Outcome.dead(message, f"permanent: {_reason(exc)}")
         except (RetryableError, TimeoutError) as exc:
             if isinstance(exc, RetryableError):
-                error, retry_after = f"retryable: {exc}", exc.retry_after
+                error, retry_after = f"retryable: {_reason(exc)}", exc.retry_after
             else:
                 error = f"retryable: publish timed out after {s.publish_timeout.total_seconds():g}s"
                 retry_after = None
@@ -426,7 +449,7 @@ class Dispatcher:
             except (psycopg.Error, OSError) as exc:
                 failures += 1
                 self._database_error("extend leases", exc, failures, retry_in=third / 2)
-                continue
+                continue  # the next round tries again, well before the leases run out
             failures = 0
             for message_id in renewed:
                 if message_id in self._renewed_at:
@@ -447,7 +470,10 @@ class Dispatcher:
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
-                    s.dsn, autocommit=True, application_name=f"{s.owner} listener"
+                    s.dsn,
+                    autocommit=True,
+                    application_name=f"{s.owner} listener",
+                    **connect_options(s.dsn),
                 ) as conn:
                     await conn.execute(queries(s.table).listen)
                     failures = 0
@@ -458,8 +484,7 @@ class Dispatcher:
             except (psycopg.Error, OSError) as exc:
                 self.listening = False
                 failures += 1
-                self._database_error("listen", exc, failures)
-                await asyncio.sleep(_db_backoff(failures))
+                await asyncio.sleep(self._database_error("listen", exc, failures))
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -470,42 +495,66 @@ class Dispatcher:
         while True:
             try:
                 return await call(arg)
-            except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
+            except (psycopg.Error, OSError) as exc:
+                if not dberrors.is_transient(exc):
+                    raise  # the same batch would fail the same way: the caller gives it up
                 # The database is away or the connection broke: the same batch will do later.
                 failures += 1
-                self._database_error(operation, exc, failures)
-                await asyncio.sleep(_db_backoff(failures))
+                await asyncio.sleep(self._database_error(operation, exc, failures))
 
     async def _until_stopped(
         self, call: Callable[[], Awaitable[None]], stop: asyncio.Event, operation: str
     ) -> bool:
-        """Retry `call` on database errors until it succeeds (True) or stop is set (False)."""
+        """Retry `call` on database errors until it succeeds (True) or stop is set (False).
+
+        A stop ends an attempt in progress at once (a server that never answers would hold
+        it for the whole connect timeout). A connection refused for good (no such role or
+        database, authentication failed) raises SettingError: waiting would not fix it.
+        """
         failures = 0
         while not stop.is_set():
+            attempt = asyncio.ensure_future(call())
+            if not await _first_of(stop.wait(), asyncio.shield(attempt), first=attempt.done):
+                attempt.cancel()
+                await asyncio.gather(attempt, return_exceptions=True)
+                return False
             try:
-                await call()
+                attempt.result()
                 return True
             except (psycopg.Error, OSError) as exc:
+                if dberrors.is_permanent_connection_failure(exc):
+                    raise SettingError(
+                        f"--dsn: cannot connect to {describe_dsn(self.settings.dsn)}: "
+                        f"{dberrors.describe(exc)}"
+                    ) from None
                 failures += 1
-                self._database_error(operation, exc, failures)
-                await _first_of(stop.wait(), asyncio.sleep(_db_backoff(failures)))
+                delay = self._database_error(operation, exc, failures)
+                await _first_of(stop.wait(), asyncio.sleep(delay))
         return False
 
     def _database_error(
         self, operation: str, exc: BaseException, failures: int, retry_in: float | None = None
-    ) -> None:
+    ) -> float:
+        """Count and report a failed database operation; returns how long to wait before
+        trying again: a growing back-off when the error may pass by itself, the longest
+        one when it will not (the statement cannot work until a person changes something)."""
         self.metrics.db_errors.labels(operation).inc()
         if operation != "listen":
             self.metrics.ready = False
             self._check_pool()
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        transient = dberrors.is_transient(exc)
+        delay = retry_in if retry_in is not None else _db_backoff(failures)
+        if not transient:
+            delay = max(delay, DB_RETRY_CAP)
         # One line per streak start, then every 10th, so an outage does not flood the log.
         if failures == 1 or failures % 10 == 0:
-            log.warning(
-                "%s failed (%s, attempt %d): %s; retrying in %.1fs",
-                operation, type(exc).__name__, failures, message,
-                _db_backoff(failures) if retry_in is None else retry_in,
+            log.log(
+                logging.WARNING if transient else logging.ERROR,
+                "%s failed (%s, attempt %d) on %s: %s; %sretrying in %.1fs",
+                operation, type(exc).__name__, failures, describe_dsn(self.settings.dsn),
+                dberrors.describe(exc), "" if transient else "not transient, ", delay,
             )  # fmt: skip
+        return delay
 
     def _check_pool(self) -> None:
         """One broken connection usually means all are (a restart, a failover, terminated
@@ -538,6 +587,13 @@ def _resume(coroutine: Coroutine[Any, Any, None], waiting_on: Any) -> Generator[
             waiting_on = coroutine.send(sent)
         except StopIteration:
             return
+
+
+def _reason(exc: Exception) -> str:
+    """A publisher's reason as stored in last_error (readable by anyone who may SELECT the
+    table, and shown by the TUI): URL credentials and query values redacted, whichever
+    publisher wrote it."""
+    return redact_urls(str(exc))
 
 
 def _db_backoff(failures: int) -> float:

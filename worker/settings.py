@@ -17,12 +17,18 @@ from outbox.cliutil import (
     choice,
     env_name,
     field_help,
+    int_between,
     on_off,
     port,
-    positive_int,
     resolve,
 )
-from outbox.settings import SettingError, check_dsn, format_duration, parse_duration
+from outbox.settings import (
+    SettingError,
+    check_dsn,
+    duration_between,
+    format_duration,
+    parse_duration,
+)
 from outbox.table import Table
 from outbox.worker.publishers.registry import (
     Option,
@@ -32,6 +38,15 @@ from outbox.worker.publishers.registry import (
 )
 
 ORDERINGS = ("none", "aggregate")
+# What a setting may be; beyond these a value fails at every claim (the database cannot hold
+# it) or makes the worker hold more than it can. A lease under a second expires before it
+# can be renewed (the heartbeat renews at a third of it, after database round trips).
+MAX_BATCH = 10_000
+MAX_CONCURRENCY = 10_000
+MAX_ATTEMPTS = 2**31 - 1  # the `attempts` column is an integer
+LEASE_RANGE = (timedelta(seconds=1), timedelta(days=1))
+PUBLISH_TIMEOUT_RANGE = (timedelta(milliseconds=1), timedelta(days=1))
+POLL_INTERVAL_RANGE = (timedelta(milliseconds=1), timedelta(hours=1))
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 LOG_FORMATS = ("auto", "json", "text")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -118,15 +133,15 @@ def _flag(name: str) -> str:
 # How each setting's flag (or OUTBOX_* variable) becomes a value, in `--help`'s order. The
 # meaning and the default of each come from WorkerSettings itself.
 CONVERTERS: dict[str, Callable[[str], Any]] = {
-    "lease": parse_duration,
-    "batch": positive_int,
-    "concurrency": positive_int,
-    "publish_timeout": parse_duration,
-    "max_attempts": positive_int,
+    "lease": duration_between(*LEASE_RANGE),
+    "batch": int_between(1, MAX_BATCH),
+    "concurrency": int_between(1, MAX_CONCURRENCY),
+    "publish_timeout": duration_between(*PUBLISH_TIMEOUT_RANGE),
+    "max_attempts": int_between(1, MAX_ATTEMPTS),
     "ordering": choice(*ORDERINGS),
     "owner": str,
     "metrics_port": port,
-    "poll_interval": parse_duration,
+    "poll_interval": duration_between(*POLL_INTERVAL_RANGE),
     "shutdown_grace": parse_duration,
     "backoff_base": parse_duration,
     "backoff_cap": parse_duration,
@@ -171,9 +186,17 @@ def build_parser(publishers: Sequence[type[PublisherFactory]] = ()) -> ArgumentP
                 group.add_argument(
                     option.flag,
                     action="append" if option.repeatable else "store",
-                    help=option.help + (" (repeatable)" if option.repeatable else ""),
+                    help=_option_help(option),
                 )
     return parser
+
+
+def _option_help(option: Option) -> str:
+    text = option.help + (" (repeatable)" if option.repeatable else "")
+    if option.secret and option.default not in (None, ""):
+        # A secret default written into the help by its author is masked too.
+        text = option.masked(text, str(option.default)) + " (has a default, not shown)"
+    return text
 
 
 def _selected_publisher(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, bool]:
@@ -181,7 +204,7 @@ def _selected_publisher(argv: Sequence[str], env: Mapping[str, str]) -> tuple[st
     probe = argparse.ArgumentParser(add_help=False)
     probe.add_argument("--publisher")
     known, _ = probe.parse_known_args(argv)
-    if known.publisher:
+    if known.publisher is not None:  # `--publisher ""` is refused, not taken as the default
         return str(known.publisher), True
     if env.get("OUTBOX_PUBLISHER"):
         return env["OUTBOX_PUBLISHER"], True
@@ -211,13 +234,23 @@ def _publisher_options(
             raw, source = getattr(args, option.dest), option.flag
             if raw is None and env.get(env_name(option.flag)):
                 raw, source = env[env_name(option.flag)].splitlines(), env_name(option.flag)
-            try:
-                values[option.dest] = tuple(option.convert(item) for item in raw or ())
-            except ValueError as exc:
-                raise SettingError(f"{source}: {exc}") from None
+            converted = []
+            for item in raw or ():
+                try:
+                    converted.append(option.convert(item))
+                except ValueError as exc:
+                    raise SettingError(option.masked(f"{source}: {exc}", item)) from None
+            values[option.dest] = tuple(converted)
             missing = not values[option.dest]
         else:
-            values[option.dest] = resolve(args, option.flag, option.convert, option.default, env)
+            try:
+                values[option.dest] = resolve(
+                    args, option.flag, option.convert, option.default, env
+                )
+            except SettingError as exc:
+                given = getattr(args, option.dest)
+                raw = given if given is not None else env.get(env_name(option.flag))
+                raise SettingError(option.masked(str(exc), raw)) from None
             missing = values[option.dest] is None
         if check_required and option.required and missing:
             raise SettingError(

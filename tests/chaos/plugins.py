@@ -11,9 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from outbox.models import Message
+from outbox.worker.plugin import Message, PublisherContext
 from outbox.worker.publishers.http import HttpPublisher
-from outbox.worker.publishers.registry import PublisherContext
 
 CRASH_EXIT_CODE = 70
 CRASH_MARK = '"crash": true'  # as PostgreSQL renders the jsonb

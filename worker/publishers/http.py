@@ -10,10 +10,17 @@ message once however many times it arrives. Responses are classified:
 | other 4xx, 1xx/3xx (redirects not followed)| permanent                     |
 
 Timeouts are applied by the dispatch loop around every publish and are retryable.
+
+What is read of a response is bounded (`MAX_RESPONSE_BYTES`): enough for an error excerpt; a
+receiver that answers and keeps streaming costs the worker no more than that, and its
+connection is closed instead of reused. A message whose event type cannot stand in a header
+(a CR, LF or another control character in it) is permanent: it could never be sent. URLs in
+any reason (user-info, query values) are redacted before they are logged or stored.
 """
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
@@ -22,12 +29,21 @@ from typing import Any
 import aiohttp
 
 from outbox.models import Message
+from outbox.settings import redact_url, redact_urls
 from outbox.worker.publishers.base import PermanentError, RetryableError
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.registry import Option, PublisherContext
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
 _BODY_SNIPPET = 300
+# Most bytes read of any response: a 2xx body read to its end keeps the connection reusable;
+# anything longer is cut here and its connection closed.
+MAX_RESPONSE_BYTES = 64 * 1024
+# What may not stand in a header value: control characters other than tab (CR and LF would
+# end the header and start another: header injection). In a header name, only RFC 9110
+# token characters may.
+_NOT_IN_HEADER_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _MAX_RETRY_AFTER_SECONDS = 10**9  # ~31 years
 
 
@@ -54,7 +70,7 @@ def classify(status: int, retry_after: str | None, body: bytes) -> None:
     if 200 <= status < 300:
         return
     snippet = body[:_BODY_SNIPPET].decode("utf-8", "replace").strip()
-    reason = f"HTTP {status}" + (f": {snippet}" if snippet else "")
+    reason = redact_urls(f"HTTP {status}" + (f": {snippet}" if snippet else ""))
     if status in RETRYABLE_STATUSES or status >= 500:
         raise RetryableError(reason, retry_after=parse_retry_after(retry_after))
     raise PermanentError(reason)
@@ -65,20 +81,36 @@ def _url(text: str) -> str:
         parts = urllib.parse.urlsplit(text)
         parts.port  # noqa: B018 - raises for a port that is not a number in 0-65535
     except ValueError as exc:
-        raise ValueError(f"{text!r} is not a valid URL ({exc})") from None
+        raise ValueError(f"{redact_url(text)!r} is not a valid URL ({exc})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{text!r} is not an http:// or https:// URL")
+        raise ValueError(f"{redact_url(text)!r} is not an http:// or https:// URL")
     # Accepted, these would fail every publish as "retryable" until each message is dead.
     if any(c.isspace() or not c.isprintable() for c in text):
-        raise ValueError(f"{text!r} contains whitespace or control characters")
+        raise ValueError(f"{redact_url(text)!r} contains whitespace or control characters")
     return text
 
 
 def _header(text: str) -> tuple[str, str]:
+    """`Name: value`, refused here if it could not be sent: every request would fail."""
     name, sep, value = text.partition(":")
-    if not sep or not name.strip():
+    name, value = name.strip(), value.strip()
+    if not sep or not name:
         raise ValueError("expected 'Name: value'")
-    return name.strip(), value.strip()
+    if not _HEADER_NAME.match(name):
+        raise ValueError(f"{name!r} is not a header name (letters, digits and !#$%&'*+-.^_`|~)")
+    if _NOT_IN_HEADER_VALUE.search(value):  # the value is a secret: never echoed
+        raise ValueError(f"the value of {name} holds a CR, LF or another control character")
+    return name, value
+
+
+def header_value(what: str, value: str) -> str:
+    """A value from a message for a header, or PermanentError: it could never be sent."""
+    if _NOT_IN_HEADER_VALUE.search(value):
+        raise PermanentError(
+            f"{what} {value!r} holds a CR, LF or another control character and cannot be sent "
+            "in a header"
+        )
+    return value
 
 
 class HttpPublisher:
@@ -133,7 +165,7 @@ class HttpPublisher:
         assert self._session is not None, "start() first"
         headers = {
             "Idempotency-Key": str(message.id),
-            "Outbox-Event-Type": message.event_type,
+            "Outbox-Event-Type": header_value("event_type", message.event_type),
             "Outbox-Attempt": str(message.attempts),
         }
         try:
@@ -143,13 +175,27 @@ class HttpPublisher:
                 headers=headers,
                 allow_redirects=False,
             ) as response:
-                body = await response.read()
+                body = await _bounded_body(response)
                 classify(response.status, response.headers.get("Retry-After"), body)
         except aiohttp.ClientError as exc:
             # Connection refused or reset, DNS failure, broken response: the receiver may or may
             # not have the message; the same Idempotency-Key makes the retry safe.
-            raise RetryableError(f"{type(exc).__name__}: {exc}") from exc
+            raise RetryableError(redact_urls(f"{type(exc).__name__}: {exc}")) from exc
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+async def _bounded_body(response: aiohttp.ClientResponse) -> bytes:
+    """At most MAX_RESPONSE_BYTES of the body; a longer one's connection is closed, not
+    drained (a receiver may stream for ever)."""
+    body = bytearray()
+    while len(body) < MAX_RESPONSE_BYTES:
+        chunk = await response.content.read(MAX_RESPONSE_BYTES - len(body))
+        if not chunk:
+            return bytes(body)
+        body += chunk
+    if not response.content.at_eof():
+        response.close()
+    return bytes(body)

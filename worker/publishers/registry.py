@@ -24,16 +24,19 @@ A third-party publisher is a class like this one, registered in its own package 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol
 
 from outbox.extras import MissingExtra, require
-from outbox.settings import SettingError
+from outbox.settings import MASK, SettingError, redact_urls
 from outbox.worker.publishers.base import Publisher
 
 ENTRY_POINT_GROUP = "outbox.publishers"
+# `package.module:Class` (or `:Outer.Inner`), absolute: a relative or empty module is refused.
+_PLUGIN_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
 @dataclass(frozen=True)
@@ -46,11 +49,40 @@ class Option:
     default: Any = None
     required: bool = False
     repeatable: bool = False  # flag given several times; in the variable, one value per line
-    secret: bool = False  # never echoed back in errors
+    secret: bool = False  # masked wherever a value is echoed: errors, --help, start-up line
 
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
+
+    def shown(self, value: Any) -> str:
+        """The value as it may appear in a message: masked when secret, URLs redacted."""
+        if value is None:
+            return "-"
+        if self.secret:
+            return MASK
+        if isinstance(value, tuple | list):
+            return ", ".join(self.shown(item) for item in value)
+        return redact_urls(str(value))
+
+    def masked(self, text: str, raw: str | None) -> str:
+        """`text` (a message about the raw value given) with that value masked if secret."""
+        if not self.secret or not raw:
+            return text
+        for form in sorted({raw, raw.strip(), repr(raw)[1:-1], repr(raw.strip())[1:-1]}, key=len,
+                           reverse=True):  # fmt: skip
+            if form:
+                text = text.replace(form, MASK)
+        return text
+
+
+def shown_values(options: tuple[Option, ...], values: Mapping[str, Any]) -> str:
+    """`name=value` for each option given, secrets masked: for the start-up line."""
+    return " ".join(
+        f"{option.flag.lstrip('-')}={option.shown(values[option.dest])}"
+        for option in options
+        if values.get(option.dest) not in (None, (), [])
+    )
 
 
 @dataclass(frozen=True)
@@ -93,11 +125,20 @@ def builtin_names() -> list[str]:
 def load_publisher(name: str) -> type[PublisherFactory]:
     """The publisher class for a registered name or a `package.module:Class` path."""
     if ":" in name:
+        if not _PLUGIN_PATH.match(name):
+            raise SettingError(
+                f"--publisher: {name!r} is not a plugin path (expected package.module:Class)"
+            )
         module_name, _, attribute = name.partition(":")
         try:
-            factory = getattr(importlib.import_module(module_name), attribute)
-        except (ImportError, AttributeError) as exc:
-            raise SettingError(f"--publisher: cannot load {name!r}: {exc}") from None
+            found_object: Any = importlib.import_module(module_name)
+            for part in attribute.split("."):
+                found_object = getattr(found_object, part)
+            factory = found_object
+        except Exception as exc:  # whatever a plugin's import raises, it is one line
+            raise SettingError(
+                f"--publisher: cannot load {name!r}: {type(exc).__name__}: {exc}"
+            ) from None
     else:
         found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
         if not found:
@@ -112,7 +153,7 @@ def load_publisher(name: str) -> type[PublisherFactory]:
                 raise SettingError(f"--publisher {name}: {exc}") from None
         try:
             factory = found[0].load()
-        except ImportError as exc:
+        except Exception as exc:  # whatever a plugin's import raises, it is one line
             raise SettingError(f"--publisher: {name!r} cannot be loaded: {exc}") from None
     for attribute in ("name", "options", "create"):
         if not hasattr(factory, attribute):

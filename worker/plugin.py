@@ -1,0 +1,50 @@
+"""The publisher plugin API: everything a publisher plugin imports, from one public module.
+
+    from outbox.worker.plugin import (
+        Defer, Message, Option, PermanentError, PublisherContext, RetryableError, envelope,
+    )
+
+A publisher is a class with a `name`, its `options` (a tuple of `Option`), a `create` class
+method taking the option values and a `PublisherContext`, and three coroutines: `start`,
+`publish(message)` and `close` (the `Publisher` protocol; `PublisherFactory` is the class
+side). `publish` returns on success or raises one of the three failure classes:
+
+- `RetryableError(reason, retry_after=None)`: transient; retried with full-jitter back-off,
+  honouring `retry_after` when the downstream gave one;
+- `PermanentError(reason)`: retrying cannot help; the message goes dead with the reason;
+- `Defer(delay, reason)`: not yet, for a business reason; the attempt is refunded.
+
+Any other exception is a bug: logged with its traceback, the row left to its lease.
+`create` may raise `SettingError` for settings that only make sense together: the worker
+exits 2 with its one-line message. An `Option` with `secret=True` is never echoed: its value
+is masked in usage errors, in `--help` and in the worker's start-up line.
+
+Register a plugin under the `outbox.publishers` entry-point group (`ENTRY_POINT_GROUP`), or
+name it `package.module:Class`. docs/publishers/plugins.md has a complete example. The names
+here are the stable surface; the modules they come from may move.
+"""
+
+from outbox.models import Message
+from outbox.settings import SettingError
+from outbox.worker.publishers.base import Defer, PermanentError, Publisher, RetryableError
+from outbox.worker.publishers.envelope import envelope
+from outbox.worker.publishers.registry import (
+    ENTRY_POINT_GROUP,
+    Option,
+    PublisherContext,
+    PublisherFactory,
+)
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Defer",
+    "Message",
+    "Option",
+    "PermanentError",
+    "Publisher",
+    "PublisherContext",
+    "PublisherFactory",
+    "RetryableError",
+    "SettingError",
+    "envelope",
+]
