@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from outbox import admin, dberrors, extras
+from outbox import dberrors, extras
 from outbox.cliutil import (
     ArgumentParser,
     add_dsn_and_table,
@@ -21,7 +21,10 @@ from outbox.cliutil import (
     positive_int,
     resolve,
 )
+from outbox.filters import DeadFilter
 from outbox.maintenance import purge_done
+from outbox.query import fetch
+from outbox.repair import Action, default_actor, repair, select_targets
 from outbox.schema import SchemaError, migrate, render_migration
 from outbox.settings import (
     SettingError,
@@ -34,6 +37,7 @@ from outbox.settings import (
 )
 from outbox.stats import QueueStats, queue_stats
 from outbox.table import Table
+from outbox.text import age
 
 PROG = "outbox"
 # How long a command waits for a lock another session holds (a `LOCK TABLE`, a migration, a
@@ -145,16 +149,6 @@ def _connect(dsn: str) -> psycopg.Connection[Any]:
         fail(PROG, f"cannot connect to {describe_dsn(dsn)}: {dberrors.describe(exc)}", 1)
 
 
-def _format_age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.1f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
-
-
 def print_stats(stats: QueueStats) -> None:
     done = f"~{stats.done}" if stats.done_is_estimate else str(stats.done)
     rows = [
@@ -163,8 +157,8 @@ def print_stats(stats: QueueStats) -> None:
         ("processing", f"{stats.processing} ({stats.expired_leases} with expired lease)"),
         ("done", done),
         ("dead", str(stats.dead)),
-        ("oldest pending age", _format_age(stats.oldest_pending_age)),
-        ("oldest ready age", _format_age(stats.oldest_ready_age)),
+        ("oldest pending age", age(stats.oldest_pending_age)),
+        ("oldest ready age", age(stats.oldest_ready_age)),
         ("highest id", str(stats.max_id)),
         ("attempts", ", ".join(f"{k}: {v}" for k, v in stats.attempts.items()) or "-"),
     ]
@@ -274,18 +268,18 @@ def _run(
 
 def _repair(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Table) -> None:
     """`outbox requeue` / `outbox skip`: the TUI's actions, fenced and recorded the same way."""
-    action: admin.Action = args.command
+    action: Action = args.command
     ids: list[int] | None = args.id
     if ids is not None:
-        query = admin.select_targets(table, ids=ids)
+        query = select_targets(table, ids=ids)
         recorded: dict[str, Any] = {"ids": ids}
     elif args.error is not None:
-        query = admin.select_targets(table, admin.DeadFilter(error=args.error))
+        query = select_targets(table, DeadFilter(error=args.error))
         recorded = {"error": args.error}
     else:
-        query = admin.select_targets(table)
+        query = select_targets(table)
         recorded = {"all_dead": True}
-    seen = admin.fetch(conn, query)
+    seen = fetch(conn, query)
     dead = [s for s in seen if s.status == "dead"]
     left_alone = ""
     if ids is not None:
@@ -300,13 +294,15 @@ def _repair(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Tabl
     if args.dry_run:
         print(f"{table}: would {verb} {_messages(len(dead))}{left_alone}")
         return
-    result = admin.apply(
+    result = fetch(
         conn,
-        table,
-        action,
-        dead,
-        actor=admin.default_actor(),
-        filter={**recorded, "via": f"outbox {action}"},
+        repair(
+            table,
+            action,
+            dead,
+            actor=default_actor(),
+            filter={**recorded, "via": f"outbox {action}"},
+        ),
     )
     done = "requeued" if action == "requeue" else "skipped"
     changed = (

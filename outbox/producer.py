@@ -6,8 +6,8 @@
                 event_type="OrderPaid", payload={"order_id": order_id})
 
 Nothing here commits: the event becomes visible to workers exactly when the business change
-does. Both functions accept a sync or an async psycopg connection; with an async one they
-return an awaitable.
+does. Both functions accept a sync or an async psycopg connection (one `Query`, see
+`outbox.query`); with an async one they return an awaitable.
 
 Ordered dispatch needs ids of one aggregate to be committed in id order. When several
 transactions may write the same aggregate at once and the application does not already
@@ -25,63 +25,51 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from outbox.models import Event
+from outbox.query import Query, Row, run
 from outbox.table import DEFAULT_TABLE_NAME, Table
 
-_LOCK_AGGREGATES = sql.SQL(
-    "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT hashtextextended({ns} || a, 0) AS k "
-    "FROM unnest(%(aggregates)s::text[]) AS a ORDER BY k) AS keys"  # sorted: no deadlocks
+_INSERT = sql.SQL(
+    """{locks}INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload)
+SELECT u.aggregate_type, u.aggregate_id, u.event_type, u.payload
+  FROM unnest(%(types)s::text[], %(aggregates)s::text[], %(events)s::text[], %(payloads)s::jsonb[])
+       WITH ORDINALITY AS u(aggregate_type, aggregate_id, event_type, payload, n){after_locks}
+ ORDER BY u.n
+RETURNING id"""
 )
+# One advisory lock per aggregate, taken in key order (no deadlocks) before any row gets
+# its id: the rows wait for the locks (a materialized CTE is read before the first row).
+_LOCK_AGGREGATES = sql.SQL(
+    """WITH locks AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(k) FROM (
+        SELECT DISTINCT hashtextextended({ns} || a, 0) AS k
+          FROM unnest(%(aggregates)s::text[]) AS a ORDER BY k) AS keys
+)
+"""
+)
+_AFTER_LOCKS = sql.SQL("\n WHERE (SELECT count(*) FROM locks) >= 0")
 
 
-def _statements(
-    table: str | Table, events: Sequence[Event], lock_aggregate: bool
-) -> list[tuple[sql.Composed, dict[str, Any]]]:
+def _insert(table: str | Table, events: Sequence[Event], lock_aggregate: bool) -> Query[list[int]]:
     t = table if isinstance(table, Table) else Table.parse(table)
-    statements: list[tuple[sql.Composed, dict[str, Any]]] = []
-    if lock_aggregate:
-        lock = _LOCK_AGGREGATES.format(ns=sql.Literal(f"outbox:{t}:"))
-        statements.append((lock, {"aggregates": [e.aggregate_id for e in events]}))
-    insert = sql.SQL(
-        "INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload) "
-        "SELECT u.aggregate_type, u.aggregate_id, u.event_type, u.payload "
-        "FROM unnest(%(types)s::text[], %(aggregates)s::text[], %(events)s::text[], "
-        "%(payloads)s::jsonb[]) WITH ORDINALITY AS u(aggregate_type, aggregate_id, event_type, "
-        "payload, n) ORDER BY u.n RETURNING id"
-    ).format(t=t.ident)
+    statement = _INSERT.format(
+        t=t.ident,
+        locks=_LOCK_AGGREGATES.format(ns=sql.Literal(f"outbox:{t}:"))
+        if lock_aggregate
+        else sql.SQL(""),
+        after_locks=_AFTER_LOCKS if lock_aggregate else sql.SQL(""),
+    )
     params = {
         "types": [e.aggregate_type for e in events],
         "aggregates": [e.aggregate_id for e in events],
         "events": [e.event_type for e in events],
         "payloads": [Jsonb(e.payload) for e in events],
     }
-    statements.append((insert, params))
-    return statements
+    return Query(statement, params, _ids)
 
 
-def _ids(rows: list[tuple[Any, ...]]) -> list[int]:
+def _ids(rows: list[Row]) -> list[int]:
     # Identity values are assigned in insertion order, which follows the input order.
     return sorted(int(row[0]) for row in rows)
-
-
-def _run_sync(
-    conn: psycopg.Connection[Any], statements: list[tuple[sql.Composed, dict[str, Any]]]
-) -> list[int]:
-    rows: list[tuple[Any, ...]] = []
-    with conn.cursor() as cur:
-        for statement, params in statements:
-            cur.execute(statement, params)
-        rows = cur.fetchall()
-    return _ids(rows)
-
-
-async def _run_async(
-    conn: psycopg.AsyncConnection[Any], statements: list[tuple[sql.Composed, dict[str, Any]]]
-) -> list[int]:
-    async with conn.cursor() as cur:
-        for statement, params in statements:
-            await cur.execute(statement, params)
-        rows = await cur.fetchall()
-    return _ids(rows)
 
 
 @overload
@@ -109,10 +97,7 @@ def enqueue_many(
 ) -> list[int] | Awaitable[list[int]]:
     """Insert many events in one statement; returns their ids in input order."""
     batch = list(events)
-    statements = _statements(table, batch, lock_aggregate and bool(batch))
-    if isinstance(conn, psycopg.AsyncConnection):
-        return _run_async(conn, statements)
-    return _run_sync(conn, statements)
+    return run(conn, _insert(table, batch, lock_aggregate and bool(batch)))
 
 
 @overload
@@ -149,11 +134,5 @@ def enqueue(
 ) -> int | Awaitable[int]:
     """Insert one event in the caller's transaction; returns its id."""
     event = Event(aggregate_type, aggregate_id, event_type, payload)
-    statements = _statements(table, [event], lock_aggregate)
-    if isinstance(conn, psycopg.AsyncConnection):
-        return _first(_run_async(conn, statements))
-    return _run_sync(conn, statements)[0]
-
-
-async def _first(ids: Awaitable[list[int]]) -> int:
-    return (await ids)[0]
+    insert = _insert(table, [event], lock_aggregate)
+    return run(conn, Query(insert.statement, insert.params, lambda rows: _ids(rows)[0]))

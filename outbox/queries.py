@@ -185,3 +185,42 @@ RETURNING o.id"""
         # Idle workers wake on the insert trigger's NOTIFY on this table's channel.
         listen=sql.SQL("LISTEN {}").format(table.channel_ident),
     )
+
+
+# -- an operator's repairs (outbox.repair) ---------------------------------------------------
+
+_REPAIRS = {
+    # Back to the queue as if new: claimable now, every attempt available again. The last
+    # error stays until the next attempt overwrites it, so people can still see it.
+    "requeue": sql.SQL(
+        "status = 'pending', available_at = now(), attempts = 0, "
+        "lease_owner = NULL, lease_until = NULL"
+    ),
+    # Done on purpose: unblocks an ordered aggregate; the audit log says it was skipped.
+    "skip": sql.SQL("status = 'done', done_at = now(), lease_owner = NULL, lease_until = NULL"),
+}
+
+
+@cache
+def repair(table: Table, action: str) -> sql.Composed:
+    """Requeue or skip dead rows, each fenced on the lease_version the operator saw, and
+    record it in the audit log (`<table>_actions`) in the same statement.
+
+    Returns one row: the ids changed, and the audit record's id."""
+    return sql.SQL(
+        """WITH changed AS (
+    UPDATE {t} AS o SET {set}
+      FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[]) AS f(id, version)
+     WHERE o.id = f.id AND o.status = 'dead' AND o.lease_version = f.version
+    RETURNING o.id
+), recorded AS (
+    INSERT INTO {a} (actor, action, message_ids, filter, requested, count)
+    SELECT coalesce(%(actor)s::text, current_user), %(action)s::text,
+           coalesce(array_agg(id ORDER BY id), '{{}}'), %(filter)s::jsonb,
+           %(requested)s::int, count(*)
+      FROM changed
+    RETURNING id
+)
+SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM changed),
+       (SELECT id FROM recorded)"""
+    ).format(t=table.ident, set=_REPAIRS[action], a=table.sibling("actions"))

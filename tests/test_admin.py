@@ -1,5 +1,6 @@
-"""outbox.admin: dead-letter listing, filters, error groups, fenced requeue/skip, the audit
-log, and the v1 -> v2 migration that adds it."""
+"""Dead letters for people (outbox.dead_letters, filters, error_groups, dashboard, repair):
+listing, filters, error groups, fenced requeue/skip, the audit log, and the v1 -> v2
+migration that adds it."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import psycopg
 import pytest
 from helpers import row, seed, statuses
 
-from outbox import admin
-from outbox.admin import DeadFilter, FilterError, Seen, fetch, parse_filter
+from outbox import dashboard, dead_letters, repair
+from outbox.filters import DeadFilter, FilterError, parse_filter
+from outbox.query import fetch, fetch_async
+from outbox.repair import Seen
 from outbox.schema import SCHEMA_VERSION, migrate, migration_statements
 from outbox.table import Table
+from outbox.tui.session import configure_session
 
 
 def _dead(conn, ids: list[int], error: str | None = "boom", attempts: int = 12) -> None:
@@ -78,7 +82,7 @@ def test_filters_match_exactly_what_they_say(conn, table):
     _dead(conn, [ids[0]], "connection refused")
 
     def matching(text: str) -> list[int]:
-        return [s.id for s in fetch(conn, admin.select_targets(table, parse_filter(text)))]
+        return [s.id for s in fetch(conn, repair.select_targets(table, parse_filter(text)))]
 
     assert matching("") == sorted(ids[:6], reverse=True)
     assert matching("type:Paid") == sorted(ids[:3], reverse=True)
@@ -100,8 +104,8 @@ def test_filters_match_exactly_what_they_say(conn, table):
 def test_an_invalid_path_is_a_database_error_not_a_crash(conn, table):
     seed(conn, 1)
     with pytest.raises(psycopg.Error):
-        fetch(conn, admin.dead_count(table, parse_filter("$.a ==")))
-    assert fetch(conn, admin.dead_count(table)) == 0  # the connection is still usable
+        fetch(conn, dead_letters.dead_count(table, parse_filter("$.a ==")))
+    assert fetch(conn, dead_letters.dead_count(table)) == 0  # the connection is still usable
 
 
 # -- listing and paging ----------------------------------------------------------------------
@@ -113,20 +117,20 @@ def test_dead_pages_are_newest_first_and_keyset_paged(conn, table):
     _dead(conn, dead)
     newest_first = sorted(dead, reverse=True)
 
-    first = fetch(conn, admin.dead_page(table, limit=6))
+    first = fetch(conn, dead_letters.dead_page(table, limit=6))
     assert [m.id for m in first.messages] == newest_first[:6]
     assert (first.has_newer, first.has_older) == (False, True)
-    second = fetch(conn, admin.dead_page(table, before=first.messages[-1].id, limit=6))
+    second = fetch(conn, dead_letters.dead_page(table, before=first.messages[-1].id, limit=6))
     assert [m.id for m in second.messages] == newest_first[6:12]
     assert (second.has_newer, second.has_older) == (True, True)
-    third = fetch(conn, admin.dead_page(table, before=second.messages[-1].id, limit=6))
+    third = fetch(conn, dead_letters.dead_page(table, before=second.messages[-1].id, limit=6))
     assert [m.id for m in third.messages] == newest_first[12:]
     assert (third.has_newer, third.has_older) == (True, False)
     # Back up: the page just newer than the third's first row is the second page again.
-    back = fetch(conn, admin.dead_page(table, after=third.messages[0].id, limit=6))
+    back = fetch(conn, dead_letters.dead_page(table, after=third.messages[0].id, limit=6))
     assert [m.id for m in back.messages] == newest_first[6:12]
     assert (back.has_newer, back.has_older) == (True, True)
-    top = fetch(conn, admin.dead_page(table, after=back.messages[0].id, limit=6))
+    top = fetch(conn, dead_letters.dead_page(table, after=back.messages[0].id, limit=6))
     assert [m.id for m in top.messages] == newest_first[:6]
     assert top.has_newer is False
 
@@ -134,7 +138,7 @@ def test_dead_pages_are_newest_first_and_keyset_paged(conn, table):
     assert (m.aggregate_type, m.event_type, m.attempts, m.last_error) == (
         "order", "Tested", 12, "boom"
     )  # fmt: skip
-    assert fetch(conn, admin.dead_count(table)) == 15
+    assert fetch(conn, dead_letters.dead_count(table)) == 15
 
 
 # -- error groups ----------------------------------------------------------------------------
@@ -155,11 +159,11 @@ NORMALISED = [
 def test_error_normaliser(conn, table, error, key):
     ids = seed(conn, 1)
     _dead(conn, ids, error)
-    [group] = fetch(conn, admin.error_groups(table))
+    [group] = fetch(conn, dead_letters.error_groups(table))
     assert group.key == key
     assert group.example == error
     # The key selects the group back.
-    assert fetch(conn, admin.dead_count(table, DeadFilter(error_group=key))) == 1
+    assert fetch(conn, dead_letters.dead_count(table, DeadFilter(error_group=key))) == 1
 
 
 def test_error_groups_count_variants_together_biggest_first(conn, table):
@@ -167,7 +171,7 @@ def test_error_groups_count_variants_together_biggest_first(conn, table):
     for n, i in enumerate(ids[:6]):
         _dead(conn, [i], f"timeout after {n}.5s for order {i}")
     _dead(conn, ids[6:9], 'HTTP 422: {"reason": "bad"}')
-    groups = fetch(conn, admin.error_groups(table))
+    groups = fetch(conn, dead_letters.error_groups(table))
     assert [(g.key, g.count) for g in groups] == [
         ("timeout after <n>s for order <n>", 6),
         ('HTTP 422: {"reason": <str>}', 3),
@@ -175,7 +179,7 @@ def test_error_groups_count_variants_together_biggest_first(conn, table):
     assert groups[0].newest_id == ids[5]
     assert groups[0].example == f"timeout after 5.5s for order {ids[5]}"
     # Groups respect the filter too.
-    only = fetch(conn, admin.error_groups(table, parse_filter("422")))
+    only = fetch(conn, dead_letters.error_groups(table, parse_filter("422")))
     assert [g.count for g in only] == [3]
 
 
@@ -189,28 +193,28 @@ def test_lease_holders_and_blocked_aggregates(conn, table):
                  (ids[9:11],))  # fmt: skip
     conn.execute("UPDATE outbox SET status = 'processing', lease_owner = 'w2', "
                  "lease_until = now() - interval '1 minute' WHERE id = %s", (ids[11],))  # fmt: skip
-    holders = fetch(conn, admin.lease_holders(table))
+    holders = fetch(conn, dashboard.lease_holders(table))
     assert [(h.owner, h.held, h.expired) for h in holders] == [("w1", 2, 0), ("w2", 1, 1)]
 
     conn.execute("UPDATE outbox SET status = 'done' WHERE id = ANY(%s)", ([ids[0], ids[1]],))
     _dead(conn, [ids[3]])  # agg-0's head is dead: blocked, 6 and 9 wait behind it
     _dead(conn, [ids[7]])  # agg-1: 4 is still pending before it: not a dead head
-    blocked = fetch(conn, admin.blocked_aggregates(table))
+    blocked = fetch(conn, dashboard.blocked_aggregates(table))
     assert (blocked.aggregates, blocked.waiting) == (1, 2)
 
-    head = fetch(conn, admin.message(table, ids[3]))
+    head = fetch(conn, dead_letters.message(table, ids[3]))
     assert head is not None
     assert head.is_head and head.waiting_behind == 2
-    behind = fetch(conn, admin.message(table, ids[7]))
+    behind = fetch(conn, dead_letters.message(table, ids[7]))
     assert behind is not None and not behind.is_head
-    assert fetch(conn, admin.message(table, 10**9)) is None
+    assert fetch(conn, dead_letters.message(table, 10**9)) is None
 
 
 def test_message_detail_has_every_column_with_its_type(conn, table):
     conn.execute("ALTER TABLE outbox ADD COLUMN tenant text DEFAULT 't-1'")
     [message_id] = seed(conn, 1)
     _dead(conn, [message_id], 'HTTP 422: {"id": 7}')
-    detail = fetch(conn, admin.message(table, message_id))
+    detail = fetch(conn, dead_letters.message(table, message_id))
     assert detail is not None
     assert list(detail.columns)[:3] == ["id", "aggregate_type", "aggregate_id"]
     assert detail.columns["tenant"] == "t-1"  # an application's extra column is shown too
@@ -227,7 +231,7 @@ def test_requeue_is_fenced_on_what_was_seen_and_recorded(conn, table):
     _dead(conn, ids[:4])
     conn.execute("UPDATE outbox SET lease_version = 3, lease_owner = 'gone' WHERE id = %s",
                  (ids[0],))  # fmt: skip
-    seen = fetch(conn, admin.select_targets(table))
+    seen = fetch(conn, repair.select_targets(table))
     assert [s.id for s in seen] == sorted(ids[:4], reverse=True)
 
     # Meanwhile: one row is requeued by someone else and claimed again (new version), one
@@ -236,7 +240,7 @@ def test_requeue_is_fenced_on_what_was_seen_and_recorded(conn, table):
     conn.execute("UPDATE outbox SET status = 'done' WHERE id = %s", (ids[2],))
     _dead(conn, [ids[4]])
 
-    result = admin.apply(conn, table, "requeue", seen, actor="alice", filter={"query": ""})
+    result = fetch(conn, repair.repair(table, "requeue", seen, actor="alice", filter={"query": ""}))
     assert result.changed == sorted([ids[0], ids[3]])
     assert result.changed_meanwhile == sorted([ids[1], ids[2]])
     assert result.summary() == "requeued 2 of 4; 2 changed since shown, left alone"
@@ -253,7 +257,7 @@ def test_requeue_is_fenced_on_what_was_seen_and_recorded(conn, table):
     assert row(conn, ids[2])["status"] == "done"
     assert row(conn, ids[4])["status"] == "dead"
 
-    [record] = fetch(conn, admin.recent_actions(table))
+    [record] = fetch(conn, repair.recent_actions(table))
     assert record.id == result.audit_id
     assert (record.actor, record.action, record.requested, record.count) == (
         "alice", "requeue", 4, 2
@@ -261,41 +265,43 @@ def test_requeue_is_fenced_on_what_was_seen_and_recorded(conn, table):
     assert record.message_ids == sorted([ids[0], ids[3]])
     assert record.filter == {"query": ""}
     assert record.db_user == conn.info.user
-    assert [a.id for a in fetch(conn, admin.history(table, ids[0]))] == [record.id]
-    assert fetch(conn, admin.history(table, ids[1])) == []
+    assert [a.id for a in fetch(conn, repair.history(table, ids[0]))] == [record.id]
+    assert fetch(conn, repair.history(table, ids[1])) == []
 
 
 def test_skip_marks_done_and_unblocks_the_aggregate(conn, table):
     ids = seed(conn, 3)  # one aggregate
     _dead(conn, [ids[0]])
-    assert fetch(conn, admin.blocked_aggregates(table)).aggregates == 1
-    seen = fetch(conn, admin.select_targets(table, ids=[ids[0], ids[1], 10**9]))
+    assert fetch(conn, dashboard.blocked_aggregates(table)).aggregates == 1
+    seen = fetch(conn, repair.select_targets(table, ids=[ids[0], ids[1], 10**9]))
     assert seen == [Seen(ids[1], "pending", 0), Seen(ids[0], "dead", 0)]
-    result = admin.apply(conn, table, "skip", seen)
+    result = fetch(conn, repair.repair(table, "skip", seen))
     assert result.changed == [ids[0]] and result.not_dead == [ids[1]]
     assert row(conn, ids[0])["status"] == "done"
     assert row(conn, ids[0])["done_at"] is not None
     assert row(conn, ids[1])["status"] == "pending"
-    assert fetch(conn, admin.blocked_aggregates(table)).aggregates == 0
-    [record] = fetch(conn, admin.history(table, ids[0]))
+    assert fetch(conn, dashboard.blocked_aggregates(table)).aggregates == 0
+    [record] = fetch(conn, repair.history(table, ids[0]))
     assert record.action == "skip"
     assert record.actor == conn.info.user  # no actor given: the database user
 
 
 def test_an_action_that_changes_nothing_is_still_recorded(conn, table):
     [message_id] = seed(conn, 1)
-    result = admin.apply(conn, table, "requeue", [Seen(message_id, "dead", 0)], actor="bob")
+    result = fetch(
+        conn, repair.repair(table, "requeue", [Seen(message_id, "dead", 0)], actor="bob")
+    )
     assert result.count == 0 and result.changed_meanwhile == [message_id]
     assert statuses(conn) == {"pending": 1}
-    [record] = fetch(conn, admin.recent_actions(table))
+    [record] = fetch(conn, repair.recent_actions(table))
     assert (record.count, record.requested, record.message_ids) == (0, 1, [])
 
 
 async def test_async_apply_matches_sync(aconn, conn, table):
     ids = seed(conn, 2)
     _dead(conn, ids)
-    seen = await admin.fetch_async(aconn, admin.select_targets(table))
-    result = await admin.apply_async(aconn, table, "requeue", seen, actor="carol")
+    seen = await fetch_async(aconn, repair.select_targets(table))
+    result = await fetch_async(aconn, repair.repair(table, "requeue", seen, actor="carol"))
     assert result.changed == sorted(ids)
     assert statuses(conn) == {"pending": 2}
 
@@ -303,9 +309,9 @@ async def test_async_apply_matches_sync(aconn, conn, table):
 async def test_a_read_only_session_cannot_write(aconn, conn, table):
     [message_id] = seed(conn, 1)
     _dead(conn, [message_id])
-    await admin.configure_session_async(aconn, read_only=True)
+    await configure_session(aconn, read_only=True)
     with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
-        await admin.apply_async(aconn, table, "requeue", [Seen(message_id, "dead", 0)])
+        await fetch_async(aconn, repair.repair(table, "requeue", [Seen(message_id, "dead", 0)]))
     assert row(conn, message_id)["status"] == "dead"
 
 
@@ -325,10 +331,10 @@ def test_a_v1_table_upgrades_in_place_to_v2(empty_dsn):
         assert migrate(conn, table) == (1, SCHEMA_VERSION) == (1, 2)
         assert _comment(conn) == "outbox-dispatcher schema v2"
         assert conn.execute("SELECT count(*) FROM app.events").fetchone() == (1,)  # kept
-        seen = fetch(conn, admin.select_targets(table))
-        result = admin.apply(conn, table, "requeue", seen, actor="dave")
+        seen = fetch(conn, repair.select_targets(table))
+        result = fetch(conn, repair.repair(table, "requeue", seen, actor="dave"))
         assert result.count == 1
-        assert fetch(conn, admin.history(table, seen[0].id))[0].actor == "dave"
+        assert fetch(conn, repair.history(table, seen[0].id))[0].actor == "dave"
         index = conn.execute(
             "SELECT indexdef FROM pg_indexes WHERE indexname = 'events_actions_messages'"
         ).fetchone()

@@ -12,8 +12,8 @@ import psycopg
 import pytest
 from helpers import row, seed, statuses
 
-from outbox import admin
-from outbox.admin import fetch
+from outbox import repair
+from outbox.query import fetch
 from outbox.schema import MIGRATIONS, migration_statements
 from outbox.table import Table
 
@@ -49,7 +49,7 @@ def test_requeue_by_id_reports_what_it_left_alone(conn, dsn, table):
     )
     assert statuses(conn) == {"pending": 4}
     assert row(conn, ids[0])["attempts"] == 0
-    [record] = fetch(conn, admin.recent_actions(table))
+    [record] = fetch(conn, repair.recent_actions(table))
     assert (record.action, record.count, record.requested) == ("requeue", 2, 2)
     assert record.message_ids == sorted(ids[:2])
     assert record.filter == {"ids": [ids[0], ids[1], ids[2], 999999], "via": "outbox requeue"}
@@ -64,7 +64,7 @@ def test_requeue_by_error_and_dry_run(conn, dsn):
     assert dry.stdout == "outbox: would requeue 3 dead messages\n"
     assert statuses(conn) == {"dead": 4, "pending": 1}
     with psycopg.connect(dsn) as other:
-        assert fetch(other, admin.recent_actions(Table.parse("outbox"))) == []  # not recorded
+        assert fetch(other, repair.recent_actions(Table.parse("outbox"))) == []  # not recorded
 
     done = outbox("requeue", "--dsn", dsn, "--error", "HTTP 503")
     assert done.stdout == "outbox: requeued 3 dead messages\n"

@@ -10,8 +10,9 @@ import psycopg
 import pytest
 from helpers import explain_prepared, seed
 
-from outbox import admin
-from outbox.admin import parse_filter
+from outbox import dashboard, dead_letters, repair
+from outbox.filters import parse_filter
+from outbox.query import Query
 
 DONE_ROWS = 20_000
 DEAD_ROWS = 400
@@ -30,21 +31,21 @@ def mostly_done(conn):
     return conn
 
 
-def _plan(conn: psycopg.Connection[Any], query: admin.Query[Any], *, generic: bool) -> str:
+def _plan(conn: psycopg.Connection[Any], query: Query[Any], *, generic: bool) -> str:
     return explain_prepared(conn, query.statement, query.params, generic=generic)
 
 
 QUERIES = {
-    "page": lambda t: admin.dead_page(t),
-    "page deeper": lambda t: admin.dead_page(t, before=DONE_ROWS + 200),
-    "page up": lambda t: admin.dead_page(t, after=DONE_ROWS + 200),
-    "page filtered": lambda t: admin.dead_page(
+    "page": lambda t: dead_letters.dead_page(t),
+    "page deeper": lambda t: dead_letters.dead_page(t, before=DONE_ROWS + 200),
+    "page up": lambda t: dead_letters.dead_page(t, after=DONE_ROWS + 200),
+    "page filtered": lambda t: dead_letters.dead_page(
         t, parse_filter('type:Tested agg:agg-3 upstream {"n": 1} $.n > 5')
     ),
-    "count": lambda t: admin.dead_count(t),
-    "count filtered": lambda t: admin.dead_count(t, parse_filter("upstream")),
-    "groups": lambda t: admin.error_groups(t),
-    "targets": lambda t: admin.select_targets(t, parse_filter("type:Tested")),
+    "count": lambda t: dead_letters.dead_count(t),
+    "count filtered": lambda t: dead_letters.dead_count(t, parse_filter("upstream")),
+    "groups": lambda t: dead_letters.error_groups(t),
+    "targets": lambda t: repair.select_targets(t, parse_filter("type:Tested")),
 }
 
 
@@ -59,7 +60,7 @@ def test_dead_letter_queries_walk_the_dead_index(mostly_done, table, name, gener
 
 
 def test_blocked_aggregates_touch_only_unfinished_rows(mostly_done, table):
-    plan = _plan(mostly_done, admin.blocked_aggregates(table), generic=False)
+    plan = _plan(mostly_done, dashboard.blocked_aggregates(table), generic=False)
     assert "outbox_dead" in plan and "outbox_aggregate" in plan, plan
     assert "Seq Scan on outbox" not in plan, plan
 
@@ -70,6 +71,6 @@ def test_lease_holders_use_the_leased_index(mostly_done, table):
         "lease_until = now() + interval '1 minute' WHERE id > %s",
         (DONE_ROWS + DEAD_ROWS + 90,),
     )
-    plan = _plan(mostly_done, admin.lease_holders(table), generic=False)
+    plan = _plan(mostly_done, dashboard.lease_holders(table), generic=False)
     assert "outbox_leased" in plan, plan
     assert "Seq Scan on outbox" not in plan, plan

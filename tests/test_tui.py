@@ -19,8 +19,8 @@ from textual.pilot import Pilot
 from textual.worker import WorkerCancelled
 from tui_fakes import FakeSource
 
-from outbox import admin
-from outbox.admin import fetch
+from outbox import repair
+from outbox.query import fetch
 from outbox.table import Table
 from outbox.tui.app import OutboxApp
 from outbox.tui.config import Config, parse_args
@@ -239,7 +239,7 @@ async def test_requeue_by_filter_changes_exactly_the_confirmed_rows(conn, dsn, t
     assert row(conn, ids[0])["status"] == "dead"  # changed meanwhile: untouched
     assert row(conn, ids[9])["status"] == "dead"  # not in what was confirmed: untouched
     assert [row(conn, i)["status"] for i in ids[5:8]] == ["dead"] * 3
-    [record] = fetch(conn, admin.recent_actions(table))
+    [record] = fetch(conn, repair.recent_actions(table))
     assert (record.action, record.requested, record.count) == ("requeue", 5, 4)
     assert record.message_ids == sorted(ids[1:5])
     assert record.filter is not None
@@ -289,7 +289,7 @@ async def test_requeue_marked_rows_cancel_and_skip_a_head(conn, dsn, table):
         assert row(conn, ids[0])["status"] == "done"
         # The detail shows the message's history from the audit log.
         await until(pilot, lambda: re.search(r"skip\s+by ", screen_text(app)), "history")
-    assert [r.action for r in fetch(conn, admin.recent_actions(table))] == ["skip", "requeue"]
+    assert [r.action for r in fetch(conn, repair.recent_actions(table))] == ["skip", "requeue"]
 
 
 async def test_read_only_hides_and_refuses_every_action(conn, dsn, table):
@@ -320,11 +320,11 @@ async def test_read_only_hides_and_refuses_every_action(conn, dsn, table):
         assert isinstance(app.screen, HelpScreen)
         assert "requeue" not in screen_text(app)
         # Even a request that got past the screens is refused, and so is the session.
-        screen_seen = [admin.Seen(ids[0], "dead", 0)]
+        screen_seen = [repair.Seen(ids[0], "dead", 0)]
         with pytest.raises(Exception, match="read-only"):
             await app.source.apply("requeue", screen_seen, {})
     assert statuses(conn) == {"dead": 3}
-    assert fetch(conn, admin.recent_actions(table)) == []
+    assert fetch(conn, repair.recent_actions(table)) == []
 
 
 # -- refresh, errors, reconnects ---------------------------------------------------------------

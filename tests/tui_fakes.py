@@ -8,19 +8,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from outbox.admin import (
-    Action,
-    ActionRecord,
-    ActionResult,
-    Blocked,
-    DeadFilter,
-    DeadMessage,
-    DeadPage,
-    ErrorGroup,
-    LeaseHolder,
-    MessageDetail,
-    Seen,
-)
+from outbox.dashboard import Blocked, LeaseHolder
+from outbox.dead_letters import DeadMessage, DeadPage, ErrorGroup, MessageDetail
+from outbox.filters import DeadFilter
+from outbox.repair import Action, ActionRecord, ActionResult, Seen
 from outbox.stats import QueueStats
 from outbox.tui.source import Overview
 

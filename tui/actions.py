@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from outbox.admin import Action, ActionResult, Seen
+from outbox.repair import Action, ActionResult, Seen
 
 
 @dataclass

@@ -13,10 +13,13 @@ from textual.app import App
 from textual.binding import Binding
 from textual.notifications import SeverityLevel
 
+from outbox.text import first_line
 from outbox.tui import config as cfg
 from outbox.tui.actions import ActionRequest
+from outbox.tui.errors import DATABASE_ERRORS
 from outbox.tui.format import count
-from outbox.tui.poller import DATABASE_ERRORS, Poller
+from outbox.tui.host import Host
+from outbox.tui.poller import Poller
 from outbox.tui.screens.confirm import ConfirmScreen
 from outbox.tui.screens.dashboard import DashboardScreen
 from outbox.tui.screens.help import HelpScreen
@@ -186,7 +189,7 @@ class OutboxApp(App[None]):
             if request.explain is not None:
                 notes += await request.explain()
         except DATABASE_ERRORS as exc:
-            self.tell(f"{verb}: cannot read: {_first_line(exc)}", severity="error")
+            self.tell(f"{verb}: cannot read: {describe_error(exc)}", severity="error")
             return
         if not seen:
             self.tell(f"nothing to {verb}: no dead message matches", severity="warning")
@@ -203,7 +206,7 @@ class OutboxApp(App[None]):
             self.refuse()
             return
         except DATABASE_ERRORS as exc:
-            self.tell(f"{verb} failed, nothing changed: {_first_line(exc)}", severity="error")
+            self.tell(f"{verb} failed, nothing changed: {describe_error(exc)}", severity="error")
             return
         self.tell(
             f"{result.summary()} (action #{result.audit_id})",
@@ -218,8 +221,7 @@ class OutboxApp(App[None]):
 def describe_error(exc: BaseException) -> str:
     """A database error in a few words: libpq's connection errors carry the host and port
     first and the reason last (`... failed: FATAL:  database "x" does not exist`)."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    first = lines[0] if lines else ""
+    first = first_line(str(exc))
     if "FATAL:" in first:
         first = first.split("FATAL:", 1)[1].strip()
     elif first.startswith("connection failed:"):
@@ -227,8 +229,8 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def _first_line(exc: BaseException) -> str:
-    return describe_error(exc)
+def _hosts_the_screens(app: OutboxApp) -> Host:
+    return app  # mypy checks here that the app offers what the screens use
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from outbox.text import age as age  # the one way to write an age, shared with `outbox`
+
 
 def count(n: int) -> str:
     return f"{n:,}"
@@ -17,20 +19,6 @@ def short_count(n: float) -> str:
     return f"{n:.0f}"
 
 
-def age(seconds: float | None) -> str:
-    """A duration as its two largest units: 45s, 3m 12s, 2h 05m, 3d 04h."""
-    if seconds is None:
-        return "-"
-    s = max(int(seconds), 0)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h {s % 3600 // 60:02d}m"
-    return f"{s // 86400}d {s % 86400 // 3600:02d}h"
-
-
 def since(moment: datetime | None, now: datetime) -> str:
     """Age of a timestamp relative to `now` (the injected clock)."""
     if moment is None:
@@ -38,12 +26,21 @@ def since(moment: datetime | None, now: datetime) -> str:
     return age((now - moment).total_seconds())
 
 
-def until(moment: datetime | None, now: datetime) -> str:
+def relative(moment: datetime | None, now: datetime) -> str:
     """`in 41s` for a future moment, `3m 02s ago` for a past one (lease expiries)."""
     if moment is None:
         return "-"
     seconds = (moment - now).total_seconds()
     return f"in {age(seconds)}" if seconds >= 0 else f"{age(-seconds)} ago"
+
+
+def duration(seconds: float) -> str:
+    """A setting in its largest whole unit (0.5s, 2s, 90s, 1m, 1h), as the flags take it."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g}h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g}m"
+    return f"{seconds:g}s"
 
 
 def rate(per_second: float | None) -> str:

@@ -16,15 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-import psycopg
 from textual import work
 from textual.message import Message
 from textual.timer import Timer
 from textual.widget import Widget
 from textual.worker import Worker
 
-# Failures a poll reports and survives: the server is gone, restarting, or refused a query.
-DATABASE_ERRORS: tuple[type[BaseException], ...] = (psycopg.Error, OSError)
+from outbox.tui.errors import DATABASE_ERRORS
 
 
 class Poller(Widget):
@@ -54,13 +52,8 @@ class Poller(Widget):
         self._in_flight = False
         self._poll_again = False
         self._poll_worker: Worker[None] | None = None
-        self._poll_ready = False
         # (Names are prefixed: Textual's own MessagePump uses `_running`, `_timers`, ...)
-        self.polls = 0  # finished polls, for tests and the status line
-
-    @property
-    def running(self) -> bool:
-        return self._in_flight
+        self._poll_ready = False
 
     def on_mount(self) -> None:
         self._poll_ready = True
@@ -111,7 +104,6 @@ class Poller(Widget):
             error = exc
         finally:
             self._in_flight = False
-            self.polls += 1
         self.post_message(self.Polled(self, error))
         if self._poll_again:
             self._poll_again = False

@@ -1,8 +1,8 @@
 """Where the screens get their data and send their actions: a `Source`.
 
-`PgSource` is the real one: `outbox.stats` and `outbox.admin` over psycopg's async
-connections, so a query never blocks the UI's event loop. Tests and snapshots substitute a
-`Source` of fixed data.
+`PgSource` is the real one: the queries of `outbox.stats`, `dead_letters`, `dashboard` and
+`repair` over psycopg's async connections, so a query never blocks the UI's event loop.
+Tests and snapshots substitute a `Source` of fixed data.
 
 Each poller has its own connection ("channel"): a slow error-group query never delays the
 dashboard, and one poll at a time per channel means a connection is never shared by two
@@ -19,27 +19,21 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from outbox import admin
-from outbox.admin import (
-    ActionRecord,
-    ActionResult,
-    Blocked,
-    DeadFilter,
-    DeadPage,
-    ErrorGroup,
-    LeaseHolder,
-    MessageDetail,
-    Seen,
-)
+from outbox import dashboard, dead_letters, repair
+from outbox.dashboard import Blocked, LeaseHolder
+from outbox.dead_letters import DeadPage, ErrorGroup, MessageDetail
+from outbox.filters import DeadFilter
+from outbox.query import Query, fetch_async
+from outbox.repair import Action, ActionRecord, ActionResult, Seen
 from outbox.schema import SchemaError, check_table
 from outbox.stats import QueueStats, queue_stats_async
 from outbox.table import Table
+from outbox.tui.errors import CONNECTION_LOST
+from outbox.tui.session import configure_session
 
 T = TypeVar("T")
 APPLICATION_NAME = "outbox-tui"
 CONNECT_TIMEOUT = 5  # seconds: a dead server shows up in the status line quickly
-STATEMENT_TIMEOUT = "15s"  # no poll can hang forever
-LOCK_TIMEOUT = "5s"  # an action waits this long at most for a row a worker is finalizing
 
 
 class ReadOnlyError(RuntimeError):
@@ -88,7 +82,7 @@ class Source(Protocol):
     ) -> list[Seen]: ...
 
     async def apply(
-        self, action: admin.Action, seen: Sequence[Seen], recorded: dict[str, Any]
+        self, action: Action, seen: Sequence[Seen], recorded: dict[str, Any]
     ) -> ActionResult: ...
 
     async def close(self) -> None: ...
@@ -131,12 +125,7 @@ class PgSource:
             connect_timeout=CONNECT_TIMEOUT,
             application_name=APPLICATION_NAME,
         )
-        await admin.configure_session_async(
-            conn,
-            read_only=self.read_only,
-            statement_timeout=STATEMENT_TIMEOUT,
-            lock_timeout=LOCK_TIMEOUT,
-        )
+        await configure_session(conn, read_only=self.read_only)
         info = conn.info
         self._label = f"{info.user}@{info.host}:{info.port}/{info.dbname}"
         self._connections[channel] = conn
@@ -148,14 +137,14 @@ class PgSource:
         conn = await self._connection(channel)
         try:
             return await work(conn)
-        except (psycopg.OperationalError, psycopg.InterfaceError):
+        except CONNECTION_LOST:
             # The connection is gone or unusable: drop it, the next poll reconnects.
             self._connections.pop(channel, None)
             await conn.close()
             raise
 
-    async def _fetch(self, channel: str, query: admin.Query[T]) -> T:
-        return await self._run(channel, lambda conn: admin.fetch_async(conn, query))
+    async def _fetch(self, channel: str, query: Query[T]) -> T:
+        return await self._run(channel, lambda conn: fetch_async(conn, query))
 
     async def check(self) -> str | None:
         async def work(conn: psycopg.AsyncConnection[Any]) -> str | None:
@@ -170,10 +159,10 @@ class PgSource:
     async def overview(self, ordered: bool) -> Overview:
         async def work(conn: psycopg.AsyncConnection[Any]) -> Overview:
             stats = await queue_stats_async(conn, self.table)
-            holders = await admin.fetch_async(conn, admin.lease_holders(self.table))
+            holders = await fetch_async(conn, dashboard.lease_holders(self.table))
             blocked: Blocked | None = None
             if ordered:
-                blocked = await admin.fetch_async(conn, admin.blocked_aggregates(self.table))
+                blocked = await fetch_async(conn, dashboard.blocked_aggregates(self.table))
             return Overview(stats, holders, blocked)
 
         return await self._run("overview", work)
@@ -182,42 +171,41 @@ class PgSource:
         self, f: DeadFilter, *, before: int | None, after: int | None, limit: int
     ) -> DeadPage:
         return await self._fetch(
-            "dead", admin.dead_page(self.table, f, before=before, after=after, limit=limit)
+            "dead", dead_letters.dead_page(self.table, f, before=before, after=after, limit=limit)
         )
 
     async def dead_count(self, f: DeadFilter) -> int:
-        return await self._fetch("dead", admin.dead_count(self.table, f))
+        return await self._fetch("dead", dead_letters.dead_count(self.table, f))
 
     async def error_groups(self, f: DeadFilter) -> list[ErrorGroup]:
-        return await self._fetch("groups", admin.error_groups(self.table, f))
+        return await self._fetch("groups", dead_letters.error_groups(self.table, f))
 
     async def message(self, message_id: int) -> MessageDetail | None:
-        return await self._fetch("detail", admin.message(self.table, message_id))
+        return await self._fetch("detail", dead_letters.message(self.table, message_id))
 
     async def history(self, message_id: int) -> list[ActionRecord]:
-        return await self._fetch("detail", admin.history(self.table, message_id))
+        return await self._fetch("detail", repair.history(self.table, message_id))
 
     async def recent_actions(self) -> list[ActionRecord]:
-        return await self._fetch("detail", admin.recent_actions(self.table))
+        return await self._fetch("detail", repair.recent_actions(self.table))
 
     async def targets(
         self, f: DeadFilter | None = None, ids: Sequence[int] | None = None
     ) -> list[Seen]:
-        return await self._fetch("action", admin.select_targets(self.table, f, ids=ids))
+        return await self._fetch("action", repair.select_targets(self.table, f, ids=ids))
 
     async def apply(
-        self, action: admin.Action, seen: Sequence[Seen], recorded: dict[str, Any]
+        self, action: Action, seen: Sequence[Seen], recorded: dict[str, Any]
     ) -> ActionResult:
         if self.read_only:
             raise ReadOnlyError(f"read-only: {action} refused")
-        return await self._run(
+        return await self._fetch(
             "action",
-            lambda conn: admin.apply_async(
-                conn,
+            repair.repair(
                 self.table,
                 action,
                 seen,
-                actor=admin.default_actor(),
+                actor=repair.default_actor(),
                 filter={**recorded, "via": APPLICATION_NAME},
             ),
         )

@@ -12,7 +12,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Sparkline, Static
 
-from outbox.admin import Blocked, LeaseHolder
+from outbox.dashboard import Blocked, LeaseHolder
 from outbox.stats import QueueStats
 from outbox.tui import format as fmt
 from outbox.tui.rates import RateHistory
@@ -60,7 +60,7 @@ class TopBar(Static):
         if state.paused:
             right.append("⏸ paused", "bold yellow")
         else:
-            right.append(f"⟳ {_interval(state.interval)}")
+            right.append(f"⟳ {fmt.duration(state.interval)}")
         width = max(self.size.width - 2, 0)
         room = max(width - right.cell_len - 1, 0)
         left.truncate(room, overflow="ellipsis")
@@ -93,10 +93,6 @@ class StatusLine(Static):
             text.append(" · ")
             text.append(state.last_action, "bold")
         self.update(text)
-
-
-def _interval(seconds: float) -> str:
-    return f"{seconds:g}s" if seconds < 60 else f"{seconds / 60:g}m"
 
 
 class CountsPanel(Static):
@@ -247,7 +243,7 @@ class HoldersPanel(Static):
                 h.owner or "(none)",
                 fmt.count(h.held),
                 Text(fmt.count(h.expired), "bold red" if h.expired else "dim"),
-                Text(fmt.until(h.earliest_expiry, now), "red" if h.expired else ""),
+                Text(fmt.relative(h.earliest_expiry, now), "red" if h.expired else ""),
             )
         if len(shown) < len(holders):
             rest = holders[len(shown) :]

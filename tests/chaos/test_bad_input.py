@@ -26,11 +26,12 @@ from workers import spawn_worker, stop_worker
 
 from chaos.cluster import assert_clean
 from chaos.downstream import Call
-from outbox.admin import apply, fetch, select_targets
 from outbox.demo.embedded import free_port
 from outbox.demo.sink import Reply
 from outbox.models import Event
 from outbox.producer import enqueue
+from outbox.query import fetch
+from outbox.repair import repair, select_targets
 from outbox.schema import migrate
 from outbox.settings import SettingError
 from outbox.table import Table
@@ -252,7 +253,7 @@ def test_invalid_publisher_urls_are_refused_at_start(url):
 
 
 def test_an_operator_requeue_races_the_workers(new_run, dsn, scale):
-    """Two operators requeue dead rows (outbox.admin, as the TUI does) while workers claim
+    """Two operators requeue dead rows (outbox.repair, as the TUI does) while workers claim
     them and fail some again: the requeue is fenced on what each operator saw."""
     total = 60 * scale
 
@@ -278,8 +279,9 @@ def test_an_operator_requeue_races_the_workers(new_run, dsn, scale):
             seen_by_a = fetch(a, select_targets(table))
             if not seen_by_a:
                 return
-            done_by_a = apply(a, table, "requeue", seen_by_a, actor="operator-a")
-            done_by_b = apply(b, table, "requeue", seen_by_b, actor="operator-b")  # ... acts last
+            done_by_a = fetch(a, repair(table, "requeue", seen_by_a, actor="operator-a"))
+            # ... and B acts last.
+            done_by_b = fetch(b, repair(table, "requeue", seen_by_b, actor="operator-b"))
             for _ in done_by_a.changed:
                 run.fault("requeue")
             # B's view is older than A's action: it may change nothing A changed.

@@ -1,19 +1,17 @@
 """What every full screen has: the top bar, the status line, the footer, and a typed way
-to reach the app's shared state."""
+to reach the app's shared state (`Host`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Footer
 
+from outbox.tui.host import Host
 from outbox.tui.poller import Poller
 from outbox.tui.widgets import StatusLine, TopBar
-
-if TYPE_CHECKING:
-    from outbox.tui.app import OutboxApp
 
 # Actions that change rows: hidden from the footer and help, and refused, in read-only mode.
 MUTATING = frozenset({"requeue", "requeue_all", "skip", "mark", "unmark_all"})
@@ -21,8 +19,8 @@ MUTATING = frozenset({"requeue", "requeue_all", "skip", "mark", "unmark_all"})
 
 class BaseScreen(Screen[None]):
     @property
-    def outbox(self) -> OutboxApp:
-        return cast("OutboxApp", self.app)
+    def outbox(self) -> Host:
+        return cast(Host, self.app)
 
     def compose_top(self) -> ComposeResult:
         yield TopBar()

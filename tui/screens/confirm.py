@@ -9,7 +9,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from outbox.admin import Action
+from outbox.repair import Action
 from outbox.tui.format import count
 
 EXPLAIN = {

@@ -6,6 +6,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid
 
+from outbox.tui import format as fmt
 from outbox.tui.poller import Poller
 from outbox.tui.rates import RateHistory
 from outbox.tui.screens.base import BaseScreen
@@ -47,7 +48,7 @@ class DashboardScreen(BaseScreen):
         super().on_mount()
         slo = self.outbox.config.slo
         self.query_one("#counts").border_title = "queue"
-        self.query_one("#ages").border_title = f"ages · SLO {_seconds(slo)}"
+        self.query_one("#ages").border_title = f"ages · SLO {fmt.duration(slo)}"
         self.query_one("#rates").border_title = "rates"
         self.query_one("#attempts").border_title = "attempts (waiting messages)"
         self.query_one("#holders").border_title = "lease holders"
@@ -70,11 +71,3 @@ class DashboardScreen(BaseScreen):
 
     def action_history(self) -> None:
         self.app.push_screen(HistoryScreen())
-
-
-def _seconds(seconds: float) -> str:
-    if seconds % 3600 == 0:
-        return f"{seconds / 3600:g}h"
-    if seconds % 60 == 0:
-        return f"{seconds / 60:g}m"
-    return f"{seconds:g}s"

@@ -19,16 +19,9 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Input, Static
 
-from outbox.admin import (
-    ActionResult,
-    DeadFilter,
-    DeadMessage,
-    DeadPage,
-    ErrorGroup,
-    FilterError,
-    Seen,
-    parse_filter,
-)
+from outbox.dead_letters import DeadMessage, DeadPage, ErrorGroup
+from outbox.filters import DeadFilter, FilterError, parse_filter
+from outbox.repair import ActionResult, Seen
 from outbox.tui import format as fmt
 from outbox.tui.actions import ActionRequest
 from outbox.tui.poller import Poller
@@ -374,10 +367,6 @@ class DeadScreen(BaseScreen):
         self.before, self._after, self.page_number = None, None, 1
         self._show_header()
         self.refetch()
-
-    def set_filter_text(self, text: str) -> None:
-        """Apply a filter as if typed after `/` (tests, scripts)."""
-        self._set_filter(parse_filter(text))
 
     # -- marks and actions ------------------------------------------------------------------
 

@@ -17,7 +17,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Static
 
-from outbox.admin import ActionRecord, MessageDetail, Seen
+from outbox.dead_letters import MessageDetail
+from outbox.repair import ActionRecord, Seen
 from outbox.tui import format as fmt
 from outbox.tui.actions import ActionRequest
 from outbox.tui.poller import Poller
@@ -174,17 +175,12 @@ def _value(name: str, value: Any, now: datetime) -> RenderableType:
     if value is None:
         return Text("null", "dim")
     if isinstance(value, datetime):
-        return Text.assemble(fmt.timestamp(value), (f"  ({_relative(value, now)})", "dim"))
+        return Text.assemble(fmt.timestamp(value), (f"  ({fmt.relative(value, now)})", "dim"))
     if name == "status":
         return Text(str(value), _STATUS_STYLE.get(str(value), ""))
     if isinstance(value, dict | list):
         return Text(json.dumps(value, ensure_ascii=False))
     return Text(str(value))
-
-
-def _relative(moment: datetime, now: datetime) -> str:
-    seconds = (moment - now).total_seconds()
-    return f"in {fmt.age(seconds)}" if seconds > 0 else f"{fmt.age(-seconds)} ago"
 
 
 def _payload(payload: Any) -> RenderableType:
