@@ -217,13 +217,17 @@ def test_never_outside_the_bounds():
 
 def test_ordered_mode_sizes_on_claimable_heads_and_caps_at_aggregates_with_work():
     policy = ScalingPolicy({"maxReplicas": 50})
-    # 90,000 rows wait, but only 3 aggregates have a claimable head: 3 workers at most.
-    stats = snap(0, max_id=90_000, ready=90_000, age=3000, heads=3, head_age=2.0)
+    # 50,000 rows arrive in 5 s and wait (a deep backlog, an hour old), but they belong to
+    # 3 aggregates: 3 claimable heads, so 3 workers at most, however high the arrival rate.
+    policy.decide(snap(0, max_id=0), replicas=1, ready_replicas=1)
+    stats = snap(5, max_id=50_000, ready=50_000, age=3600, heads=3, head_age=2.0)
     d = policy.decide_explained(stats, replicas=1, ready_replicas=1)
     assert d.replicas == 3 and d.reason == "AggregatesWithWork"
-    # Nothing claimable and nothing in flight: rows behind dead heads need no workers.
-    later = snap(400, max_id=90_000, ready=90_000, age=3400, heads=0, head_age=None)
-    assert policy.decide(later, replicas=3, ready_replicas=3) <= 1
+    # Nothing claimable and nothing in flight: rows behind dead heads need no workers, and
+    # their age (an hour) is not the claimable age.
+    later = snap(10, max_id=50_000, ready=50_000, age=3605, heads=0, head_age=None)
+    d = policy.decide_explained(later, replicas=3, ready_replicas=3)
+    assert (d.replicas, d.reason) == (1, "IdleStabilizing")
 
 
 def test_same_snapshots_same_decisions():
