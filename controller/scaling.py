@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from outbox.stats import QueueStats
+from outbox.stats import QueueStats, rates
 
 # How long a new pod takes from being asked for to claiming messages (image pull, start,
 # readiness). Sizing looks this far ahead: capacity asked for now arrives that late.
@@ -177,7 +177,7 @@ class _Work:
     claimable: int
     age: float  # age of the oldest claimable message, 0 when none
     in_flight: int
-    backlog: int  # pending + processing, whatever can be claimed
+    stats: QueueStats
     arrived: int  # max_id
     cap: int | None  # ordered mode: aggregates with work
 
@@ -190,16 +190,16 @@ class _Work:
                 claimable=stats.claimable_heads,
                 age=stats.oldest_claimable_age or 0.0,
                 in_flight=in_flight,
-                backlog=stats.backlog,
+                stats=stats,
                 arrived=stats.max_id,
                 cap=stats.claimable_heads + in_flight,
             )
         return cls(
             at=stats.sampled_at.timestamp(),
-            claimable=stats.ready + stats.expired_leases,
+            claimable=stats.ready_estimate + stats.expired_leases,
             age=stats.oldest_ready_age or 0.0,
             in_flight=max(stats.processing - stats.expired_leases, 0),
-            backlog=stats.backlog,
+            stats=stats,
             arrived=stats.max_id,
             cap=None,
         )
@@ -271,7 +271,8 @@ class ScalingPolicy:
         while self._arrivals and self._arrivals[0][0] <= work.at - ARRIVAL_WINDOW_SECONDS:
             self._arrivals.popleft()
         # Messages that left the backlog were delivered (or given up on).
-        completed = arrived - (work.backlog - before.backlog)
+        measured = rates(before.stats, work.stats)
+        completed = measured.completions_per_second * seconds if measured else 0.0
         if completed <= 0:
             return
         if before.claimable > 0 and work.claimable > 0 and ready_before == ready_replicas > 0:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.autoscale.world import World
+from bench.autoscale.world import PUBLISH_SECONDS, World
 from outbox.controller.scaling import ScalingPolicy
 
 
@@ -84,12 +84,20 @@ class KedaHpa:
         return min(replicas, max(n for _, n in self._recommendations))
 
 
+# The queries people give KEDA's scaler count what is not delivered yet (status pending or
+# processing), so a queue whose messages are all in flight still counts as active.
+
+
 def oldest_age(world: World) -> float:
-    return world.oldest_age()
+    """`SELECT extract(epoch FROM now() - min(created_at)) ... WHERE status IN (...)`"""
+    if world.waiting:
+        return world.oldest_age()
+    return PUBLISH_SECONDS / 2 if world.in_flight >= 0.5 else 0.0
 
 
 def pending(world: World) -> float:
-    return world.waiting
+    """`SELECT count(*) ... WHERE status IN ('pending', 'processing')`"""
+    return float(round(world.unfinished))
 
 
 def keda_on_age(slo: float, max_replicas: int) -> KedaHpa:

@@ -18,9 +18,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from outbox.stats import QueueStats
+from outbox.stats import COUNT_LIMIT, QueueStats
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+
+# How long a claimed message is in flight (claimed, not yet finalized): what a snapshot sees
+# in `processing` while work flows, by Little's law (throughput x this).
+PUBLISH_SECONDS = 0.1
 
 
 class Autoscaler(Protocol):
@@ -44,8 +48,14 @@ class World:
     t: int = 0
     arrived: int = 0
     waiting: float = 0.0
+    in_flight: float = 0.0
     cohorts: deque[Cohort] = field(default_factory=deque)
     pods: list[float] = field(default_factory=list)  # when each pod becomes productive
+
+    @property
+    def unfinished(self) -> float:
+        """Messages not delivered yet: waiting or in flight."""
+        return self.waiting + self.in_flight
 
     @property
     def replicas(self) -> int:
@@ -62,22 +72,27 @@ class World:
         return self.t - (head.second + (1 - head.left / head.total))
 
     def stats(self) -> QueueStats:
+        """What `outbox.stats.queue_stats` reads from such a table: counts stop at the
+        count limit, the head of the claim order is the oldest waiting message."""
         waiting = round(self.waiting)
+        counted = min(waiting, COUNT_LIMIT)
         age = self.oldest_age() if waiting else None
         return QueueStats(
             table="outbox",
             sampled_at=EPOCH + timedelta(seconds=self.t),
-            pending=waiting,
-            ready=waiting,
-            processing=0,
+            pending=counted,
+            ready=counted,
+            processing=round(self.in_flight),
             dead=0,
             done=self.arrived - waiting,
-            done_is_estimate=False,
+            done_is_estimate=True,
             expired_leases=0,
             oldest_pending_age=age,
             oldest_ready_age=age,
             max_id=self.arrived,
-            attempts={0: waiting} if waiting else {},
+            attempts={0: counted} if waiting else {},
+            count_limit=COUNT_LIMIT,
+            oldest_ready_id=self.arrived - waiting + 1 if waiting else None,
         )
 
     def tick(self, arrivals: int) -> None:
@@ -87,7 +102,7 @@ class World:
             self.cohorts.append(Cohort(self.t, arrivals, arrivals))
             self.waiting += arrivals
             self.arrived += arrivals
-        capacity = self.drain_rate * productive
+        capacity = total = self.drain_rate * productive
         while capacity > 1e-9 and self.cohorts:
             head = self.cohorts[0]
             served = min(capacity, head.left)
@@ -98,6 +113,7 @@ class World:
                 self.cohorts.popleft()
         if not self.cohorts:
             self.waiting = 0.0
+        self.in_flight = (total - capacity) * PUBLISH_SECONDS
         self.t += 1
 
     def scale(self, replicas: int) -> None:
