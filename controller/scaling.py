@@ -27,7 +27,8 @@ has the formulas and the simulation that measures them):
   stabilization window, so an over-provisioned deployment finds its real capacity.
 - The size: enough capacity that (1) arrivals are served with headroom, and (2) every
   message already waiting, or arriving before a pod started now becomes productive
-  (`STARTUP_DELAY_SECONDS`), is delivered before its age reaches the target.
+  (measured; `STARTUP_DELAY_SECONDS` until then), is delivered before its age reaches the
+  target.
 - Up at once; the rate part comes down only after `scaleDownStabilizationSeconds`, the
   backlog part as soon as the backlog it was for has drained; to zero only after nothing was
   claimable or in flight for that window; from zero as soon as anything is claimable.
@@ -48,8 +49,13 @@ from typing import Any
 from outbox.stats import QueueStats, rates
 
 # How long a new pod takes from being asked for to claiming messages (image pull, start,
-# readiness). Sizing looks this far ahead: capacity asked for now arrives that late.
+# readiness), assumed until measured: sizing looks this far ahead, since capacity asked for
+# now arrives that late. The policy measures it from when the ready replicas reach what it
+# asked for (`StartupDelay`).
 STARTUP_DELAY_SECONDS = 20.0
+
+# Start-up delay: the median of this many recent measurements.
+STARTUP_SAMPLES = 5
 
 # Share of the measured capacity the arrival rate may use: the rest absorbs noise in the
 # arrivals without the age growing.
@@ -169,6 +175,36 @@ class DrainRate:
             self._guess = self.value * PROBE_FACTOR
 
 
+class StartupDelay:
+    """How long asked-for workers take to become ready, measured from the replica counts.
+
+    A scale-up is timed from the decision that asked for it to the first snapshot whose ready
+    replicas reach it (so it reads up to one poll interval long: the safe side). A request
+    that is withdrawn before it is met is forgotten.
+    """
+
+    def __init__(self) -> None:
+        self._samples: deque[float] = deque(maxlen=STARTUP_SAMPLES)
+        self._asked: list[tuple[float, int]] = []  # (when, replicas asked for)
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self._samples) if self._samples else STARTUP_DELAY_SECONDS
+
+    def observe(self, at: float, replicas: int, ready_replicas: int) -> None:
+        waiting = []
+        for when, asked in self._asked:
+            if ready_replicas >= asked:
+                self._samples.append(at - when)
+            elif replicas >= asked:
+                waiting.append((when, asked))
+        self._asked = waiting
+
+    def asked(self, at: float, replicas: int, ready_replicas: int) -> None:
+        if replicas > ready_replicas:
+            self._asked.append((at, replicas))
+
+
 @dataclass(frozen=True)
 class _Work:
     """The figures the policy sizes on, whatever the ordering mode."""
@@ -215,6 +251,7 @@ class ScalingPolicy:
     def __init__(self, scaling: Mapping[str, Any] | None = None) -> None:
         self.settings = ScalingSettings.from_spec(scaling)
         self.drain_rate = DrainRate()
+        self.startup_delay = StartupDelay()
         self.last_decision: Decision | None = None
         self._previous: tuple[_Work, int] | None = None  # (work, ready replicas) last time
         self._history: deque[tuple[float, int]] = deque()  # (when, max_id): the arrival curve
@@ -238,11 +275,14 @@ class ScalingPolicy:
         """The replica count to set now, with a CamelCase reason and a message for an Event."""
         work = _Work.of(stats)
         self._learn(work, ready_replicas)
+        self.startup_delay.observe(work.at, replicas, ready_replicas)
         decision = (
             Decision(0, "Paused", "spec.paused is true")
             if paused
             else self._size(work, replicas, ready_replicas)
         )
+        if decision.replicas > replicas:
+            self.startup_delay.asked(work.at, decision.replicas, ready_replicas)
         self.last_decision = decision
         return decision
 
@@ -330,8 +370,8 @@ class ScalingPolicy:
                         points.append((max(backlog - (work.arrived - arrived), 0), when + target))
                 points.append((backlog, now + target))
         # What arrives until a pod asked for now is productive.
-        later = now + STARTUP_DELAY_SECONDS
-        points.append((backlog + self._latest_rate() * STARTUP_DELAY_SECONDS, later + target))
+        delay = self.startup_delay.value
+        points.append((backlog + self._latest_rate() * delay, now + delay + target))
         return points
 
     def _backlog_need(self, work: _Work, mu: float, ready_replicas: int) -> int:
@@ -342,7 +382,7 @@ class ScalingPolicy:
         poll interval of their start, so that it is as little late as can be.
         """
         s = self.settings
-        delay = STARTUP_DELAY_SECONDS
+        delay = self.startup_delay.value
         deadlines = self._deadlines(work)
         if all(q <= 0 for q, _ in deadlines):
             return 0
