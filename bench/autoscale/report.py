@@ -63,6 +63,18 @@ def render(report: dict[str, Any]) -> str:
             f"(goal <= 0.05x): {other}",
             f"- **{'met' if goal['met'] else 'NOT met'}**",
         ]
+    polls = report.get("poll_intervals")
+    if polls:
+        lines += [
+            "",
+            "## The poll interval (the policy alone, main world, all traces summed)",
+            "",
+            "| pollIntervalSeconds | " + " | ".join(title for _, title, _ in COLUMNS) + " |",
+            "|---:|" + "---:|" * len(COLUMNS),
+        ]
+        for poll, summary in polls.items():
+            cells = " | ".join(fmt.format(summary[key]) for key, _, fmt in COLUMNS)
+            lines.append(f"| {poll} | {cells} |")
     for rate, world in report["worlds"].items():
         lines += ["", f"## Drain rate {rate} msg/s per worker", "", "### All traces summed", ""]
         lines += _table(world["total"])
