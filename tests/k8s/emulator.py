@@ -44,6 +44,7 @@ import datetime
 import json
 import re
 import secrets
+import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -77,9 +78,12 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ResourceType:
-    """One served resource (a plural of a group/version), built in or from a CRD."""
+    """One served resource (a plural of a group/version), built in or from a CRD.
+
+    Equal and hashed by group, version and plural: a CRD changed keeps its stored objects.
+    """
 
     group: str
     version: str
@@ -103,6 +107,16 @@ class ResourceType:
         "update",
         "watch",
     )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ResourceType) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.group, self.version, self.plural
 
     @property
     def api_version(self) -> str:
@@ -346,7 +360,7 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
         # An emulator bug, not an API answer: remembered so that the fixture fails the test.
-        self.failures.append(f"{type(exc).__name__}: {exc}")
+        self.failures.append(traceback.format_exc())
         return aiohttp.web.json_response(
             ApiError(500, "InternalError", f"emulator failure: {exc!r}").status(), status=500
         )
@@ -1040,6 +1054,8 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             errors += _builtin_rules(rtype, obj, old)
             if rtype.kind == "CustomResourceDefinition" and not errors:
                 errors += self._check_crd(obj)
+                if not errors:
+                    obj["status"] = _crd_status(obj, old)
         if errors:
             raise _invalid(rtype, name, errors)
         return warnings
@@ -1245,27 +1261,6 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             )
             self._register(rtype)
             self._schemas[self._key(rtype)] = CustomSchema(version["schema"]["openAPIV3Schema"])
-        # The CRD is established at once (a real server takes a moment).
-        new["status"] = {
-            "acceptedNames": {k: v for k, v in names.items()},
-            "storedVersions": [v["name"] for v in spec["versions"] if v.get("storage")],
-            "conditions": [
-                {
-                    "type": "NamesAccepted",
-                    "status": "True",
-                    "reason": "NoConflicts",
-                    "message": "no conflicts found",
-                    "lastTransitionTime": now(),
-                },
-                {
-                    "type": "Established",
-                    "status": "True",
-                    "reason": "InitialNamesAccepted",
-                    "message": "the initial names have been accepted",
-                    "lastTransitionTime": now(),
-                },
-            ],
-        }
 
     def _register(self, rtype: ResourceType) -> None:
         key = self._key(rtype)
@@ -1309,6 +1304,33 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 for (t, ns, n), obj in self._store.items()
                 if t == rtype and namespace in (None, ns) and name in (None, n)
             ]
+
+
+def _crd_status(crd: JSON, old: JSON | None) -> JSON:
+    """A CRD is established at once (a real server takes a moment)."""
+    if old is not None and old.get("status"):
+        return copy.deepcopy(old["status"])
+    spec = crd["spec"]
+    return {
+        "acceptedNames": dict(spec["names"]),
+        "storedVersions": [v["name"] for v in spec["versions"] if v.get("storage")],
+        "conditions": [
+            {
+                "type": "NamesAccepted",
+                "status": "True",
+                "reason": "NoConflicts",
+                "message": "no conflicts found",
+                "lastTransitionTime": now(),
+            },
+            {
+                "type": "Established",
+                "status": "True",
+                "reason": "InitialNamesAccepted",
+                "message": "the initial names have been accepted",
+                "lastTransitionTime": now(),
+            },
+        ],
+    }
 
 
 def _same(a: JSON, b: JSON) -> bool:
