@@ -141,30 +141,20 @@ class Dispatcher:
         problem: st.Problem | None,
     ) -> st.Decision:
         scaling = spec["scaling"]
+        explained = None
+        if stats is not None and problem is None:
+            # Asked on every pass, paused or pinned too: the policy learns from each reading.
+            explained = self._policy_for(scaling).decide_explained(
+                stats, replicas=current, ready_replicas=ready, paused=bool(spec.get("paused"))
+            )
         fixed = st.fixed_decision(spec, current)
         if fixed is not None:
             return fixed
-        if problem is not None or stats is None:
-            return st.Decision(
-                current,
-                "HoldingSize",
-                f"size held: {problem.message if problem else 'no backlog reading'}",
-            )
-        wanted = self._policy_for(scaling).decide(stats, replicas=current, ready_replicas=ready)
-        replicas = st.bounded(wanted, scaling)
-        age = stats.oldest_ready_age or 0.0
-        target = float(scaling["targetOldestReadyAgeSeconds"])
-        if replicas > current:
-            reason = "ScalingUp"
-        elif replicas < current:
-            reason = "ScalingDown"
-        else:
-            reason = "AtTarget"
+        if explained is None:
+            why = problem.message if problem else "no backlog reading"
+            return st.Decision(current, "HoldingSize", f"size held: {why}")
         return st.Decision(
-            replicas,
-            reason,
-            f"oldest ready message {age:.1f}s (target {target:g}s), {stats.ready} ready, "
-            f"{stats.backlog} in backlog: {replicas} workers",
+            st.bounded(explained.replicas, scaling), explained.reason, explained.message
         )
 
     async def reconcile(self) -> None:
