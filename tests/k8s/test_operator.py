@@ -56,8 +56,16 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60) -> T
 class Operator:
     """One `outbox-controller` process; its log is kept for assertions and failures."""
 
-    def __init__(self, k8s: LocalCluster, workdir: Path, *args: str, name: str = "op") -> None:
+    def __init__(
+        self,
+        k8s: LocalCluster,
+        workdir: Path,
+        *args: str,
+        name: str = "op",
+        kubeconfig: Path | None = None,
+    ) -> None:
         self.k8s = k8s
+        self.kubeconfig = kubeconfig or k8s.kubeconfig
         self.log_path = workdir / f"{name}.log"
         self.args = ["--health-port", "0", "--log-format", "text", *FAST_LEADER,
                      "--leader-identity", name, *args]  # fmt: skip
@@ -66,7 +74,7 @@ class Operator:
         self.port: int | None = None
 
     def start(self) -> Operator:
-        env = {**os.environ, "KUBECONFIG": str(self.k8s.kubeconfig), "POD_NAMESPACE": NS}
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "POD_NAMESPACE": NS}
         env.pop("KUBERNETES_SERVICE_HOST", None)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen([CONTROLLER, *self.args], stdout=log, stderr=log, env=env)
