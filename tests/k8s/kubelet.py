@@ -5,7 +5,8 @@ running from the pod template's first container:
 
 - the command: `command` (else `default_command`, the image's entrypoint: images are not
   run) plus `args`; the executable is looked up in the test environment's bin directory
-  (`outbox-worker` is the project's own console script), with `$(VAR)` references expanded;
+  (`outbox-worker` is the project's own console script), then in /usr/bin and /bin, with
+  `$(VAR)` references expanded;
 - the environment: `env` values, `valueFrom.secretKeyRef` and `configMapKeyRef` read from the
   emulator (a missing Secret or key holds the pod back, as CreateContainerConfigError does),
   `fieldRef` for `metadata.name`, `metadata.namespace` and `spec.nodeName`, and `envFrom`;
@@ -43,6 +44,7 @@ import math
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import sys
@@ -439,11 +441,11 @@ class Kubelet:
         if not command:
             raise ConfigError("no command: the local kubelet does not run images")
         command = [_rewrite_port(_expand(str(part), env), ports) for part in command]
-        executable = self.bin_dir / command[0]
-        if executable.exists():
-            command[0] = str(executable)
-        elif not Path(command[0]).is_absolute():
-            raise ConfigError(f"executable {command[0]!r} not found in {self.bin_dir}")
+        # The test environment's scripts first (outbox-worker), then the system's PATH.
+        found = shutil.which(command[0], path=env["PATH"])
+        if found is None:
+            raise ConfigError(f"executable {command[0]!r} not found in {env['PATH']}")
+        command[0] = found
         return command
 
     @staticmethod

@@ -529,6 +529,33 @@ def test_rbac_allows_what_a_role_grants_and_forbids_the_rest(tmp_path: Path) -> 
         ) in denied.stderr
         status, _ = http(cluster, "GET", "/api/v1/namespaces/default/secrets", token="op-token")
         assert status == 403
+        # RBAC applied to the server counts as well.
+        cluster.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps(
+                {
+                    **role,
+                    "metadata": {"name": "secrets", "namespace": "default"},
+                    "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}],
+                }
+            ),
+        )
+        cluster.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps(
+                {
+                    **binding,
+                    "metadata": {"name": "secrets", "namespace": "default"},
+                    "roleRef": {**binding["roleRef"], "name": "secrets"},
+                }
+            ),
+        )
+        status, _ = http(cluster, "GET", "/api/v1/namespaces/default/secrets", token="op-token")
+        assert status == 200
         status, _ = http(cluster, "GET", "/api/v1/namespaces", token="nobody")
         assert status == 401
     finally:
