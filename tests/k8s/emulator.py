@@ -801,7 +801,9 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             return obj
         created = self._commit_create(rtype, target.namespace, obj)
         self._side_effects(rtype, None, created)
-        return {**copy.deepcopy(created), "\0warnings": warnings}
+        answer = {**copy.deepcopy(created), "\0warnings": warnings}
+        self._collect_garbage()  # created with owners that are gone: collected at once
+        return answer
 
     def _commit_create(self, rtype: ResourceType, namespace: str | None, obj: JSON) -> JSON:
         obj.setdefault("apiVersion", rtype.api_version)

@@ -29,7 +29,11 @@ running from the pod template's first container:
   `terminationGracePeriodSeconds`; scale-down picks unready pods first, then the newest;
 - a process that exits on its own is restarted (restartPolicy Always) after a short backoff.
 
-Not emulated: Pod objects, ReplicaSets, liveness and startup probes, resources, volumes,
+- Pod objects: each process is published as a Pod (owned by its Deployment, since there are
+  no ReplicaSets here) whose status says Running and Ready; `kubectl get pods` lists them,
+  and `kubectl delete pod` stops the process, which the Deployment then replaces.
+
+Not emulated: ReplicaSets, liveness and startup probes, resources, volumes,
 nodeSelector/affinity/tolerations (one local node), the image itself.
 """
 
@@ -78,6 +82,7 @@ class PodRecord:
 
 @dataclass
 class Pod:
+    manifest: JSON  # the Pod object the kubelet publishes for it
     name: str
     namespace: str
     deployment: str
@@ -91,8 +96,9 @@ class Pod:
     ready: bool = False
     successes: int = 0
     failures: int = 0
-    stopping: asyncio.Task[None] | None = None
+    stopping: asyncio.Future[None] | None = None
     restarts: int = 0
+    reported: tuple[bool, int] | None = None  # (ready, restarts) last written to the Pod
 
 
 def _free_port() -> int:
@@ -140,6 +146,7 @@ class Kubelet:
         self._thread = threading.Thread(target=self._run, name="kubelet", daemon=True)
         self._stop = threading.Event()
         self._wake: asyncio.Event | None = None
+        self._session: aiohttp.ClientSession | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -161,6 +168,7 @@ class Kubelet:
     async def _main(self) -> None:
         self._wake = asyncio.Event()
         async with aiohttp.ClientSession(self.url, headers=self._headers) as session:
+            self._session = session
             watcher = asyncio.create_task(self._watch(session))
             try:
                 while not self._stop.is_set():
@@ -217,10 +225,21 @@ class Kubelet:
             if key not in self._deployments:
                 for pod in self._pods.pop(key):
                     self._stop_pod(pod, "deleted")
+        async with session.get("/api/v1/pods") as response:
+            listing = await response.json() if response.status == 200 else {"items": []}
+        existing = {
+            (p["metadata"]["namespace"], p["metadata"]["name"])
+            for p in listing["items"]
+            if not p["metadata"].get("deletionTimestamp")
+        }
         for key, deployment in list(self._deployments.items()):
             pods = self._pods.setdefault(key, [])
+            for pod in pods:
+                if pod.reported is not None and (pod.namespace, pod.name) not in existing:
+                    self._stop_pod(pod, "pod-deleted")  # `kubectl delete pod`: a replacement
             await self._restart_exited(session, deployment, pods)
             await asyncio.gather(*(self._probe(session, p) for p in pods if not p.stopping))
+            await asyncio.gather(*(self._report(session, p) for p in pods if not p.stopping))
             await self._converge(session, deployment, pods)
             pods[:] = [p for p in pods if not (p.stopping and p.stopping.done())]
             await self._write_status(session, deployment, pods)
@@ -283,6 +302,7 @@ class Kubelet:
             )
             if replacement is not None:
                 replacement.restarts = pod.restarts + 1
+                replacement.reported = (False, -1) if pod.reported is not None else None
                 pods[index] = replacement
 
     async def _start_pod(
@@ -321,7 +341,33 @@ class Kubelet:
         probe = container.get("readinessProbe")
         if probe is not None:
             probe = {**probe, "port": self._probe_port(probe, container, ports)}
+        manifest = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod_name,
+                "namespace": namespace,
+                "labels": {
+                    **template.get("metadata", {}).get("labels", {}),
+                    "pod-template-hash": hash_,
+                },
+                "annotations": template.get("metadata", {}).get("annotations", {}),
+                # The real owner is a ReplicaSet; there are none here.
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "Deployment",
+                        "name": deployment_name,
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {**pod_spec, "nodeName": "local"},
+        }
         return Pod(
+            manifest,
             pod_name,
             namespace,
             deployment_name,
@@ -355,6 +401,53 @@ class Kubelet:
                     os.killpg(process.pid, signal.SIGKILL)
                 await process.wait()
         pod.record.returncode = process.returncode
+        if self._session is not None and not self._session.closed and pod.reported is not None:
+            path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+            async with self._session.delete(path):
+                pass  # gone already (the Deployment's deletion took it along) is fine
+
+    async def _report(self, session: aiohttp.ClientSession, pod: Pod) -> None:
+        """Create the Pod object, then keep its status in line with the process."""
+        state = (pod.ready, pod.restarts)
+        if pod.reported == state:
+            return
+        path = f"/api/v1/namespaces/{pod.namespace}/pods"
+        if pod.reported is None:
+            async with session.post(
+                path, data=json.dumps(pod.manifest), headers={"Content-Type": "application/json"}
+            ) as response:
+                if response.status not in (201, 409):
+                    return
+        ready = "True" if pod.ready else "False"
+        status = {
+            "status": {
+                "phase": "Running",
+                "podIP": "127.0.0.1",
+                "hostIP": "127.0.0.1",
+                "conditions": [
+                    {"type": "Ready", "status": ready},
+                    {"type": "ContainersReady", "status": ready},
+                ],
+                "containerStatuses": [
+                    {
+                        "name": pod.manifest["spec"]["containers"][0]["name"],
+                        "ready": pod.ready,
+                        "restartCount": pod.restarts,
+                        "image": pod.manifest["spec"]["containers"][0].get("image", ""),
+                        "imageID": "",
+                        "started": True,
+                        "state": {"running": {"startedAt": _timestamp(pod.started)}},
+                    }
+                ],
+            }
+        }
+        async with session.patch(
+            f"{path}/{pod.name}/status",
+            data=json.dumps(status),
+            headers={"Content-Type": "application/merge-patch+json"},
+        ) as r:
+            if r.status == 200:
+                pod.reported = state
 
     # ---- pod configuration -----------------------------------------------------------------
 
@@ -554,6 +647,11 @@ class Kubelet:
     def logs(self, namespace: str, pod: str) -> str:
         path = self.workdir / namespace / f"{pod}.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _timestamp(monotonic: float) -> str:
+    wall = time.time() - (time.monotonic() - monotonic)
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
 
 
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")

@@ -164,3 +164,42 @@ def test_a_missing_secret_holds_the_pod_back_until_it_exists(
     assert not kubelet.records
     k8s.kubectl("apply", "-f", "-", input=secret(dsn))
     eventually(lambda: deployment_status(k8s, "workers").get("readyReplicas") == 1, "1 ready")
+
+
+def test_pods_are_published_and_deleting_one_replaces_its_process(
+    dsn: str, k8s: LocalCluster, kubelet: Kubelet
+) -> None:
+    k8s.kubectl("apply", "-f", "-", input=secret(dsn))
+    k8s.kubectl("apply", "-f", "-", input=worker_deployment("workers", 2))
+    eventually(lambda: deployment_status(k8s, "workers").get("readyReplicas") == 2, "2 ready")
+    eventually(
+        lambda: (
+            all(
+                c["status"] == "True"
+                for p in k8s.objects("v1", "pods", "default")
+                for c in p.get("status", {}).get("conditions", [])
+                if c["type"] == "Ready"
+            )
+            and len(k8s.objects("v1", "pods", "default")) == 2
+        ),
+        "two Ready pods",
+    )
+    listed = k8s.kubectl("get", "pods", "-o", "name").stdout.split()
+    assert sorted(listed) == sorted(f"pod/{p.name}" for p in kubelet.pods("default", "workers"))
+    victim = listed[0].removeprefix("pod/")
+    k8s.kubectl("delete", "pod", victim)
+    record = next(r for r in kubelet.records if r.name == victim)
+    eventually(lambda: record.returncode is not None, "the deleted pod's process ended")
+    assert record.reason == "pod-deleted" and record.signals == ["SIGTERM"]
+    eventually(
+        lambda: (
+            len(kubelet.pods("default", "workers")) == 2
+            and victim not in {p.name for p in kubelet.pods("default", "workers")}
+            and deployment_status(k8s, "workers").get("readyReplicas") == 2
+        ),
+        "a replacement",
+    )
+    # Deleting the Deployment takes its pods along (owner references).
+    k8s.kubectl("delete", "deployment", "workers")
+    eventually(lambda: not k8s.objects("v1", "pods", "default"), "pods collected")
+    eventually(lambda: all(r.returncode is not None for r in kubelet.records), "all stopped")
