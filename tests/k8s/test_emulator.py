@@ -165,6 +165,10 @@ def test_kubectl_apply_of_a_bad_resource_prints_the_reasons(k8s: LocalCluster) -
         result.stderr
     )
     assert "spec.color in body should match '^[a-z]+$'" in result.stderr
+    # A wrong type or value keeps the CEL rules from running, as on a real server.
+    assert "some validation rules were not checked because the object was invalid" in (
+        result.stderr
+    )
     unknown = manifest("Widget", "w1", spec={"size": 3, "sise": 3})
     result = k8s.kubectl("apply", "-f", "-", input=unknown, check=False)
     assert 'strict decoding error: unknown field "spec.sise"' in result.stderr
@@ -195,6 +199,11 @@ def test_cel_rules_refuse_with_their_messages(k8s: LocalCluster) -> None:
     assert 'spec.lease: Invalid value: "500ms": lease must be a duration of at least 1s' in (
         result.stderr
     )
+    # A value out of range does not keep them from running.
+    out_of_range = manifest("Widget", "w1", spec={"size": 11, "minReplicas": 4, "maxReplicas": 2})
+    result = k8s.kubectl("apply", "-f", "-", input=out_of_range, check=False)
+    assert "spec.size in body should be less than or equal to 10" in result.stderr
+    assert "minReplicas must not exceed maxReplicas" in result.stderr
     # A transition rule judges changes only: any owner at first, never another one later.
     k8s.kubectl(
         "apply", "-f", "-", input=manifest("Widget", "w1", spec={"size": 1, "owner": "alice"})
