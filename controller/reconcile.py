@@ -84,8 +84,13 @@ class Dispatcher:
             except LeadershipLost:
                 raise
             except ApiException as exc:
-                log.warning("%s/%s: API error %s %s; retrying", self.namespace, self.name,
-                            exc.status, exc.reason)  # fmt: skip
+                log.warning(
+                    "%s/%s: API error %s %s; retrying",
+                    self.namespace,
+                    self.name,
+                    exc.status,
+                    exc.reason,
+                )
                 self.context.metrics.reconcile_errors.labels(
                     self.namespace, self.name, "ApiError"
                 ).inc()
@@ -190,9 +195,11 @@ class Dispatcher:
             direction = "up" if decision.replicas > current else "down"
             self.context.metrics.scale_decisions.labels(self.namespace, self.name, direction).inc()
             await kube.event(
-                body, "Normal", "ScaledUp" if direction == "up" else "ScaledDown",
+                body,
+                "Normal",
+                "ScaledUp" if direction == "up" else "ScaledDown",
                 f"{current} -> {decision.replicas} workers: {decision.message}",
-            )  # fmt: skip
+            )
 
         purge_status: dict[str, Any] = {}
         if problem is None and spec.get("retention"):
@@ -220,13 +227,18 @@ class Dispatcher:
             body, replicas=replicas, default_image=self.context.settings.worker_image
         )
         if deployment is None:
-            log.info("%s/%s: creating Deployment %s", self.namespace, self.name,
-                     rendered["metadata"]["name"])  # fmt: skip
+            log.info(
+                "%s/%s: creating Deployment %s",
+                self.namespace,
+                self.name,
+                rendered["metadata"]["name"],
+            )
             return await kube.create_deployment(rendered)
         annotations = deployment["metadata"].get("annotations") or {}
         if annotations.get(TEMPLATE_HASH) != rendered["metadata"]["annotations"][TEMPLATE_HASH]:
-            log.info("%s/%s: the worker template changed: rolling the workers", self.namespace,
-                     self.name)  # fmt: skip
+            log.info(
+                "%s/%s: the worker template changed: rolling the workers", self.namespace, self.name
+            )
             return await kube.replace_deployment(
                 rendered, deployment["metadata"]["resourceVersion"]
             )
@@ -252,12 +264,19 @@ class Dispatcher:
             return {}
         self._last_purge = now
         if purged:
-            log.info("%s/%s: purged %d done rows older than %s", self.namespace, self.name,
-                     purged, spec["retention"])  # fmt: skip
+            log.info(
+                "%s/%s: purged %d done rows older than %s",
+                self.namespace,
+                self.name,
+                purged,
+                spec["retention"],
+            )
             await self.context.kube.event(
-                body, "Normal", "Purged",
+                body,
+                "Normal",
+                "Purged",
                 f"deleted {purged} done messages older than {format_duration(retention)}",
-            )  # fmt: skip
+            )
         return {
             "lastPurgeTime": st.timestamp(now),
             "purgedTotal": int(before.get("purgedTotal") or 0) + purged,
@@ -285,14 +304,23 @@ class Dispatcher:
         if problem is not None:
             conditions.extend(st.problem_conditions(problem))
             if not problem.database:
-                conditions.append(st.Condition(
-                    st.DATABASE_REACHABLE, None, "NotChecked",
-                    f"not checked: {problem.message}",
-                ))  # fmt: skip
+                conditions.append(
+                    st.Condition(
+                        st.DATABASE_REACHABLE,
+                        None,
+                        "NotChecked",
+                        f"not checked: {problem.message}",
+                    )
+                )
         else:
-            conditions.append(st.Condition(
-                st.DATABASE_REACHABLE, True, "Connected", "the table is a usable outbox table",
-            ))  # fmt: skip
+            conditions.append(
+                st.Condition(
+                    st.DATABASE_REACHABLE,
+                    True,
+                    "Connected",
+                    "the table is a usable outbox table",
+                )
+            )
             conditions.append(st.ready_condition(ready, decision.replicas))
         status: dict[str, Any] = {
             "observedGeneration": generation,
@@ -330,8 +358,13 @@ class Dispatcher:
             self.context.metrics.reconcile_errors.labels(
                 self.namespace, self.name, problem.reason
             ).inc()
-            log.warning("%s/%s: not ready: %s: %s", self.namespace, self.name, problem.reason,
-                        problem.message)  # fmt: skip
+            log.warning(
+                "%s/%s: not ready: %s: %s",
+                self.namespace,
+                self.name,
+                problem.reason,
+                problem.message,
+            )
             await self.context.kube.event(body, "Warning", problem.reason, problem.message)
         elif was.get("status") == "False" and was.get("reason") not in (None, "WorkersStarting"):
             log.info("%s/%s: recovered from %s", self.namespace, self.name, was.get("reason"))

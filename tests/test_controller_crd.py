@@ -19,22 +19,50 @@ SCHEMA = VERSION["schema"]["openAPIV3Schema"]
 
 # The field names other components and users build on (the contract).
 CONTRACT = [
-    "spec.database.dsnSecretRef.name", "spec.database.dsnSecretRef.key", "spec.database.table",
-    "spec.publisher.type", "spec.publisher.http.url", "spec.publisher.http.timeout",
-    "spec.publisher.nats", "spec.publisher.kafka", "spec.lease", "spec.batchSize",
-    "spec.concurrency", "spec.maxAttempts", "spec.ordering", "spec.paused", "spec.retention",
-    "spec.scaling.minReplicas", "spec.scaling.maxReplicas",
-    "spec.scaling.targetOldestReadyAgeSeconds", "spec.scaling.pollIntervalSeconds",
-    "spec.scaling.scaleDownStabilizationSeconds", "spec.worker.image",
-    "spec.worker.imagePullPolicy", "spec.worker.resources", "spec.worker.env",
-    "spec.worker.nodeSelector", "spec.worker.tolerations", "spec.worker.affinity",
-    "spec.worker.podAnnotations", "spec.worker.podLabels", "spec.worker.serviceAccountName",
-    "spec.worker.priorityClassName", "status.observedGeneration", "status.replicas",
-    "status.readyReplicas", "status.desiredReplicas", "status.lastScaleTime",
-    "status.conditions", "status.backlog.pending", "status.backlog.ready",
-    "status.backlog.dead", "status.backlog.oldestReadyAgeSeconds",
-    "status.backlog.arrivalRate", "status.backlog.completionRate",
-]  # fmt: skip
+    "spec.database.dsnSecretRef.name",
+    "spec.database.dsnSecretRef.key",
+    "spec.database.table",
+    "spec.publisher.type",
+    "spec.publisher.http.url",
+    "spec.publisher.http.timeout",
+    "spec.publisher.nats",
+    "spec.publisher.kafka",
+    "spec.lease",
+    "spec.batchSize",
+    "spec.concurrency",
+    "spec.maxAttempts",
+    "spec.ordering",
+    "spec.paused",
+    "spec.retention",
+    "spec.scaling.minReplicas",
+    "spec.scaling.maxReplicas",
+    "spec.scaling.targetOldestReadyAgeSeconds",
+    "spec.scaling.pollIntervalSeconds",
+    "spec.scaling.scaleDownStabilizationSeconds",
+    "spec.worker.image",
+    "spec.worker.imagePullPolicy",
+    "spec.worker.resources",
+    "spec.worker.env",
+    "spec.worker.nodeSelector",
+    "spec.worker.tolerations",
+    "spec.worker.affinity",
+    "spec.worker.podAnnotations",
+    "spec.worker.podLabels",
+    "spec.worker.serviceAccountName",
+    "spec.worker.priorityClassName",
+    "status.observedGeneration",
+    "status.replicas",
+    "status.readyReplicas",
+    "status.desiredReplicas",
+    "status.lastScaleTime",
+    "status.conditions",
+    "status.backlog.pending",
+    "status.backlog.ready",
+    "status.backlog.dead",
+    "status.backlog.oldestReadyAgeSeconds",
+    "status.backlog.arrivalRate",
+    "status.backlog.completionRate",
+]
 
 
 def walk(schema: dict[str, Any], path: str = "") -> dict[str, dict[str, Any]]:
@@ -53,8 +81,10 @@ def test_names() -> None:
     names = CRD["spec"]["names"]
     assert CRD["spec"]["group"] == "outbox.dev" and VERSION["name"] == "v1alpha1"
     assert (names["kind"], names["plural"], names["shortNames"]) == (
-        "OutboxDispatcher", "outboxdispatchers", ["obd"],
-    )  # fmt: skip
+        "OutboxDispatcher",
+        "outboxdispatchers",
+        ["obd"],
+    )
     assert CRD["spec"]["scope"] == "Namespaced"
 
 
@@ -99,8 +129,10 @@ def test_every_cel_rule_compiles() -> None:
 def test_the_docs_field_tables_are_generated_from_the_crd() -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "crd_docs.py"), "--check"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     doc = (ROOT / "docs" / "operator.md").read_text()
     for path in FIELDS:

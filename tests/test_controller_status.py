@@ -12,10 +12,20 @@ T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 def stats(**fields: object) -> QueueStats:
     base: dict[str, object] = dict(
-        table="outbox", sampled_at=T0, pending=5, ready=4, processing=2, dead=1, done=100,
-        done_is_estimate=True, expired_leases=0, oldest_pending_age=9.0, oldest_ready_age=7.25,
-        max_id=120, attempts={1: 7},
-    )  # fmt: skip
+        table="outbox",
+        sampled_at=T0,
+        pending=5,
+        ready=4,
+        processing=2,
+        dead=1,
+        done=100,
+        done_is_estimate=True,
+        expired_leases=0,
+        oldest_pending_age=9.0,
+        oldest_ready_age=7.25,
+        max_id=120,
+        attempts={1: 7},
+    )
     base.update(fields)
     return QueueStats(**base)  # type: ignore[arg-type]
 

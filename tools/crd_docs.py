@@ -83,8 +83,10 @@ def main() -> None:
     updated = _replace(_replace(text, "spec"), "status")
     if "--check" in sys.argv[1:]:
         if updated != text:
-            sys.exit("docs/operator.md: the field table differs from the CRD; "
-                     "run `python tools/crd_docs.py`")  # fmt: skip
+            sys.exit(
+                "docs/operator.md: the field table differs from the CRD; "
+                "run `python tools/crd_docs.py`"
+            )
         return
     DOC.write_text(updated)
 

@@ -35,6 +35,7 @@ CRD = ROOT / "crds" / "outboxdispatchers.yaml"
 CONTROLLER = str(Path(sys.executable).parent / "outbox-controller")
 NS = "default"
 T = TypeVar("T")
+pytestmark = pytest.mark.slow
 FAST_LEADER = ["--lease-duration", "3s", "--renew-deadline", "2s", "--retry-period", "250ms"]
 
 
@@ -67,8 +68,16 @@ class Operator:
         self.k8s = k8s
         self.kubeconfig = kubeconfig or k8s.kubeconfig
         self.log_path = workdir / f"{name}.log"
-        self.args = ["--health-port", "0", "--log-format", "text", *FAST_LEADER,
-                     "--leader-identity", name, *args]  # fmt: skip
+        self.args = [
+            "--health-port",
+            "0",
+            "--log-format",
+            "text",
+            *FAST_LEADER,
+            "--leader-identity",
+            name,
+            *args,
+        ]
         self.name = name
         self.process: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
@@ -77,7 +86,9 @@ class Operator:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "POD_NAMESPACE": NS}
         env.pop("KUBERNETES_SERVICE_HOST", None)
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen([CONTROLLER, *self.args], stdout=log, stderr=log, env=env)
+            self.process = subprocess.Popen(
+                [CONTROLLER, *self.args], stdout=log, stderr=log, env=env
+            )
         match = wait_for(
             f"{self.name}'s health port",
             lambda: re.search(r"health and metrics on port (\d+)", self.log()),
@@ -202,9 +213,10 @@ def condition(k8s: LocalCluster, name: str, type_: str) -> dict[str, Any]:
 
 def events(k8s: LocalCluster, name: str) -> list[dict[str, Any]]:
     return [
-        e for e in k8s.objects("v1", "events", NS)
+        e
+        for e in k8s.objects("v1", "events", NS)
         if e.get("involvedObject", {}).get("name") == name
-    ]  # fmt: skip
+    ]
 
 
 def reasons(k8s: LocalCluster, name: str) -> list[str]:
@@ -228,7 +240,9 @@ def test_create_renders_the_deployment_with_owner_reference_and_status(
 ) -> None:
     operators()
     apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest())
-    deployment = wait_for("the worker Deployment", lambda: get(cluster, "deployments", "orders-worker"))
+    deployment = wait_for(
+        "the worker Deployment", lambda: get(cluster, "deployments", "orders-worker")
+    )
     body = get(cluster, "outboxdispatchers", "orders")
     assert body is not None
     (owner,) = deployment["metadata"]["ownerReferences"]
@@ -281,18 +295,23 @@ def test_a_spec_change_rolls_the_workers_and_a_status_change_does_not(
     # Status-only changes, ours and someone else's: the operator keeps writing status, and
     # the Deployment's template (and so its generation) stays as it was.
     cluster.kubectl(
-        "patch", "obd", "orders", "--subresource=status", "--type=merge",
-        "-p", json.dumps({"status": {"purgedTotal": 0}}),
-    )  # fmt: skip
+        "patch",
+        "obd",
+        "orders",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"purgedTotal": 0}}),
+    )
     sampled = first_sample = (get(cluster, "outboxdispatchers", "orders") or {})["status"][
         "backlog"
     ]["sampledAt"]
     wait_for(
         "two more status writes",
-        lambda: (get(cluster, "outboxdispatchers", "orders") or {})["status"]["backlog"][
-            "sampledAt"
-        ]
-        > first_sample,
+        lambda: (
+            (get(cluster, "outboxdispatchers", "orders") or {})["status"]["backlog"]["sampledAt"]
+            > first_sample
+        ),
         timeout=30,
     )
     unchanged = deployment_of(cluster)
@@ -320,12 +339,15 @@ def test_paused_scales_to_zero_and_says_so(
     cluster.kubectl("patch", "obd", "orders", "--type=merge", "-p", '{"spec":{"paused":true}}')
     wait_for("zero workers", lambda: (d := deployment_of(cluster)) and d["spec"]["replicas"] == 0)
     paused = wait_for(
-        "Paused=True", lambda: (c := condition(cluster, "orders", "Paused"))["status"] == "True" and c
+        "Paused=True",
+        lambda: (c := condition(cluster, "orders", "Paused"))["status"] == "True" and c,
     )
     assert paused["reason"] == "PausedBySpec"
     assert "ScaledDown" in wait_for("the ScaledDown event", lambda: reasons(cluster, "orders"))
     cluster.kubectl("patch", "obd", "orders", "--type=merge", "-p", '{"spec":{"paused":false}}')
-    wait_for("one worker again", lambda: (d := deployment_of(cluster)) and d["spec"]["replicas"] == 1)
+    wait_for(
+        "one worker again", lambda: (d := deployment_of(cluster)) and d["spec"]["replicas"] == 1
+    )
     assert condition(cluster, "orders", "Paused")["status"] == "False"
 
 
@@ -335,7 +357,9 @@ def _bad_table(dsn: str) -> str:
     return dsn
 
 
-UNREACHABLE = "host=127.0.0.1 port=1 dbname=orders user=app password=hunter2-secret connect_timeout=2"
+UNREACHABLE = (
+    "host=127.0.0.1 port=1 dbname=orders user=app password=hunter2-secret connect_timeout=2"
+)
 
 
 @pytest.mark.parametrize(
@@ -388,9 +412,13 @@ def test_a_resource_that_cannot_be_served_says_why_and_recovers_when_fixed(
     assert warning[0]["type"] == "Warning"
     assert deployment_of(cluster) is None  # nothing is started on inputs that cannot work
     database = condition(cluster, "orders", "DatabaseReachable")
-    assert database["status"] == ("False" if reason == "DatabaseUnreachable" else "Unknown"
-                                  if reason.startswith(("Secret", "InvalidDsn", "Publisher"))
-                                  else database["status"])  # fmt: skip
+    assert database["status"] == (
+        "False"
+        if reason == "DatabaseUnreachable"
+        else "Unknown"
+        if reason.startswith(("Secret", "InvalidDsn", "Publisher"))
+        else database["status"]
+    )
 
     # Fixed: the Secret is right, the publisher is one the image has.
     apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest())
@@ -399,10 +427,14 @@ def test_a_resource_that_cannot_be_served_says_why_and_recovers_when_fixed(
         "Ready to leave the problem",
         lambda: condition(cluster, "orders", "Ready").get("reason") != reason,
     )
-    wait_for("DatabaseReachable=True",
-             lambda: condition(cluster, "orders", "DatabaseReachable").get("status") == "True")  # fmt: skip
+    wait_for(
+        "DatabaseReachable=True",
+        lambda: condition(cluster, "orders", "DatabaseReachable").get("status") == "True",
+    )
     assert "Recovered" in wait_for("the Recovered event", lambda: reasons(cluster, "orders"))
-    everything = json.dumps([get(cluster, "outboxdispatchers", "orders"), events(cluster, "orders")])
+    everything = json.dumps(
+        [get(cluster, "outboxdispatchers", "orders"), events(cluster, "orders")]
+    )
     assert "hunter2-secret" not in everything
     assert "hunter2-secret" not in (cluster.workdir.parent / "op.log").read_text()
 
@@ -438,8 +470,12 @@ def test_database_errors_hold_the_size(
 ) -> None:
     operators()
     enqueue(dsn, 300)
-    scaling = {"minReplicas": 0, "maxReplicas": 3, "pollIntervalSeconds": 1,
-               "targetOldestReadyAgeSeconds": 1}  # fmt: skip
+    scaling = {
+        "minReplicas": 0,
+        "maxReplicas": 3,
+        "pollIntervalSeconds": 1,
+        "targetOldestReadyAgeSeconds": 1,
+    }
     apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest(scaling=scaling))
     size = wait_for("a scale-up for the backlog", lambda: scaled_up(cluster))
     apply(cluster, secret_manifest("orders-db", dsn=UNREACHABLE))
@@ -469,16 +505,22 @@ def test_retention_purges_old_done_rows_on_a_timer(
     operators()
     apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest(retention="1h"))
     status = wait_for(
-        "a purge", lambda: (b := get(cluster, "outboxdispatchers", "orders")) and
-        b["status"].get("purgedTotal") and b["status"]
-    )  # fmt: skip
+        "a purge",
+        lambda: (
+            (b := get(cluster, "outboxdispatchers", "orders"))
+            and b["status"].get("purgedTotal")
+            and b["status"]
+        ),
+    )
     assert status["purgedTotal"] == 20
     assert "lastPurgeTime" in status
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT count(*), min(id) FROM outbox").fetchone()
     assert row == (10, 21)
-    purged = wait_for("the Purged event",
-                      lambda: [e for e in events(cluster, "orders") if e["reason"] == "Purged"])  # fmt: skip
+    purged = wait_for(
+        "the Purged event",
+        lambda: [e for e in events(cluster, "orders") if e["reason"] == "Purged"],
+    )
     assert "20" in purged[0]["message"]
 
 
@@ -514,7 +556,9 @@ def test_changes_made_while_the_operator_was_down_are_handled_when_it_starts(
     assert changed["metadata"]["generation"] == 2
     deployment = deployment_of(cluster, "early")
     assert deployment is not None and env_value(deployment, "OUTBOX_CONCURRENCY") == "3"
-    wait_for("the new resource", lambda: observed(cluster, "late") and deployment_of(cluster, "late"))
+    wait_for(
+        "the new resource", lambda: observed(cluster, "late") and deployment_of(cluster, "late")
+    )
     assert deployment_of(cluster, "doomed") is None
 
 
@@ -542,8 +586,12 @@ def test_never_past_max_replicas_and_kubectl_scale_pins_the_count(
 ) -> None:
     operator = operators()
     enqueue(dsn, 2000)
-    scaling = {"minReplicas": 0, "maxReplicas": 2, "pollIntervalSeconds": 1,
-               "targetOldestReadyAgeSeconds": 0.5}  # fmt: skip
+    scaling = {
+        "minReplicas": 0,
+        "maxReplicas": 2,
+        "pollIntervalSeconds": 1,
+        "targetOldestReadyAgeSeconds": 0.5,
+    }
     apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest(scaling=scaling))
     wait_for("the maximum", lambda: scaled_up(cluster) == 2)
     ups = [e["message"] for e in events(cluster, "orders") if e["reason"] == "ScaledUp"]
@@ -562,6 +610,14 @@ def test_never_past_max_replicas_and_kubectl_scale_pins_the_count(
     assert "spec.replicas" in pinned["message"]
     table = cluster.kubectl("get", "obd", "orders").stdout
     header, row = table.splitlines()[:2]
-    assert header.split() == ["NAME", "READY", "DESIRED", "BACKLOG", "OLDEST-READY", "DEAD",
-                              "STATUS", "AGE"]  # fmt: skip
+    assert header.split() == [
+        "NAME",
+        "READY",
+        "DESIRED",
+        "BACKLOG",
+        "OLDEST-READY",
+        "DEAD",
+        "STATUS",
+        "AGE",
+    ]
     assert row.split()[:4] == ["orders", "0", "1", "2000"]

@@ -47,16 +47,22 @@ def bindings() -> list[dict[str, Any]]:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
             "metadata": {"name": "outbox-controller"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                        "name": "outbox-controller"},  # fmt: skip
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "outbox-controller",
+            },
             "subjects": subject,
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
             "metadata": {"name": "outbox-controller-leader-election", "namespace": NS},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                        "name": "outbox-controller-leader-election"},  # fmt: skip
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "outbox-controller-leader-election",
+            },
             "subjects": subject,
         },
     ]
@@ -86,18 +92,25 @@ def test_the_documented_rbac_is_enough(secured: LocalCluster, tmp_path: Path, ds
     assert refused.returncode != 0 and "forbidden" in refused.stderr.lower()
     operator = Operator(secured, tmp_path, kubeconfig=kubeconfig).start()
     try:
-        apply(secured, secret_manifest("orders-db", dsn=dsn),
-              dispatcher_manifest(retention="1h"))  # fmt: skip
+        apply(secured, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest(retention="1h"))
         wait_for("the Deployment", lambda: deployment_of(secured))
         wait_for("the status", lambda: observed(secured))
         wait_for("an Event", lambda: "ScaledUp" in reasons(secured, "orders"))
         assert condition(secured, "orders", "DatabaseReachable")["status"] == "True"
         assert get(secured, "leases", "outbox-controller") is not None
         # A spec change: the Deployment is replaced (update), then resized (patch).
-        secured.kubectl("patch", "obd", "orders", "--type=merge", "-p",
-                        '{"spec":{"batchSize":7,"scaling":{"minReplicas":2}}}')  # fmt: skip
-        wait_for("the replaced and resized Deployment",
-                 lambda: (d := deployment_of(secured)) and d["spec"]["replicas"] == 2)  # fmt: skip
+        secured.kubectl(
+            "patch",
+            "obd",
+            "orders",
+            "--type=merge",
+            "-p",
+            '{"spec":{"batchSize":7,"scaling":{"minReplicas":2}}}',
+        )
+        wait_for(
+            "the replaced and resized Deployment",
+            lambda: (d := deployment_of(secured)) and d["spec"]["replicas"] == 2,
+        )
     finally:
         operator.stop()
     log = operator.log()
