@@ -65,8 +65,10 @@ UTILIZATION = 0.9
 # the backlog part serves) does not inflate the rate part.
 ARRIVAL_WINDOW_SECONDS = 60.0
 
-# Drain rate: the median of this many recent saturated measurements.
+# Drain rate: the median of this many recent saturated measurements, each over at least
+# SAMPLE_SECONDS (several polls when polls are shorter).
 DRAIN_SAMPLES = 5
+SAMPLE_SECONDS = 5.0
 
 # The drain rate assumed before anything was measured (messages/s per worker): a cautious
 # guess, low for the worker's usual publishers, so that the first wake-up asks for more
@@ -142,16 +144,20 @@ class Decision:
 class DrainRate:
     """What one ready worker delivers per second, as the policy has come to know it.
 
-    Saturated intervals (claimable work waiting at both ends, the same workers ready
-    throughout) measure it: the median of the last few. Other intervals bound it from
-    below. Until it is measured the value is a guess: `PRIOR_DRAIN_RATE`, raised by
-    `probe()` (and never below the lower bound), which a saturated interval replaces.
+    Saturated spans (claimable work waiting at every poll, the same workers ready throughout)
+    measure it: the median of the last few. Other spans bound it from below. A span covers
+    at least `SAMPLE_SECONDS`, so that completions finalized in batches do not read as
+    bursts of speed at short poll intervals. Until it is measured the value is a guess:
+    `PRIOR_DRAIN_RATE`, raised by `probe()`, never below the lower bound; a measurement
+    replaces it. A lower bound above the measurement (the workers got faster) makes it a
+    guess again, from there.
     """
 
     def __init__(self) -> None:
         self._saturated: deque[float] = deque(maxlen=DRAIN_SAMPLES)
         self._floor = 0.0
         self._guess = PRIOR_DRAIN_RATE
+        self._span: tuple[bool, float, float, float] | None = None  # kind, done, worker-s, s
 
     @property
     def value(self) -> float:
@@ -161,14 +167,34 @@ class DrainRate:
 
     @property
     def measured(self) -> bool:
-        """Seen under saturation, and no interval has delivered more per worker since."""
+        """Seen under saturation, and no span has delivered more per worker since."""
         return bool(self._saturated) and statistics.median(self._saturated) >= self._floor
 
-    def saturated(self, per_replica: float) -> None:
-        self._saturated.append(per_replica)
-
-    def at_least(self, per_replica: float) -> None:
-        self._floor = max(self._floor, per_replica)
+    def observe(self, *, saturated: bool, completed: float, workers: int, seconds: float) -> None:
+        """One poll interval: `completed` messages by `workers` ready workers."""
+        if workers <= 0 or seconds <= 0:
+            self._span = None
+            return
+        kind, done, worker_seconds, covered = self._span or (saturated, 0.0, 0.0, 0.0)
+        if kind != saturated:
+            kind, done, worker_seconds, covered = saturated, 0.0, 0.0, 0.0
+        done, worker_seconds, covered = (
+            done + completed, worker_seconds + workers * seconds, covered + seconds
+        )  # fmt: skip
+        if covered < SAMPLE_SECONDS:
+            self._span = (kind, done, worker_seconds, covered)
+            return
+        self._span = None
+        if done <= 0:
+            return  # nothing finished at all: a stalled downstream, not a worker's speed
+        per_worker = done / worker_seconds
+        if saturated:
+            self._saturated.append(per_worker)
+            # The newest measurement is the truth now: older bounds and guesses yield to it.
+            self._floor = 0.0
+            self._guess = statistics.median(self._saturated)
+        else:
+            self._floor = max(self._floor, per_worker)
 
     def probe(self) -> None:
         if not self.measured:
@@ -312,13 +338,13 @@ class ScalingPolicy:
             self._arrivals.popleft()
         # Messages that left the backlog were delivered (or given up on).
         measured = rates(before.stats, work.stats)
-        completed = measured.completions_per_second * seconds if measured else 0.0
-        if completed <= 0:
-            return
-        if before.claimable > 0 and work.claimable > 0 and ready_before == ready_replicas > 0:
-            self.drain_rate.saturated(completed / seconds / ready_replicas)
-        elif max(ready_before, ready_replicas) > 0:
-            self.drain_rate.at_least(completed / seconds / max(ready_before, ready_replicas))
+        saturated = before.claimable > 0 and work.claimable > 0 and ready_before == ready_replicas
+        self.drain_rate.observe(
+            saturated=saturated,
+            completed=measured.completions_per_second * seconds if measured else 0.0,
+            workers=ready_replicas if saturated else max(ready_before, ready_replicas),
+            seconds=seconds,
+        )
 
     @property
     def _poll(self) -> float:
