@@ -20,11 +20,12 @@ has the formulas and the simulation that measures them):
   oldest claimable message. In ordered mode these are the claimable heads' figures
   (`stats.oldest_claimable_age`, `stats.claimable_heads`): rows behind an unfinished or dead
   head cannot be claimed, and sizing on them would add workers that have nothing to do.
-- The capacity: a worker's drain rate is measured, never configured. An interval in which
-  claimable work waited at both ends (the workers were saturated) gives completions per ready
-  replica; an interval that drained the queue gives only a lower bound. While the rate has
-  not been seen under saturation, the estimate is probed upwards after each calm
-  stabilization window, so an over-provisioned deployment finds its real capacity.
+- The capacity: a worker's drain rate is measured, never configured. A span of polls in
+  which claimable work waited throughout (the workers were saturated) gives completions per
+  ready replica; any other span gives only a lower bound. While the rate has not been seen
+  under saturation, the estimate is probed upwards after each calm minute, so that an
+  over-provisioned deployment sheds workers until they saturate, which measures it. The
+  start-up delay of new workers is measured too (`StartupDelay`).
 - The size: enough capacity that (1) arrivals are served with headroom, and (2) every
   message already waiting, or arriving before a pod started now becomes productive
   (measured; `STARTUP_DELAY_SECONDS` until then), is delivered before its age reaches the
@@ -115,6 +116,10 @@ class ScalingSettings:
         settings = cls(**values)
         settings._check()
         return settings
+
+    def to_spec(self) -> dict[str, float]:
+        """The settings as `spec.scaling` (camelCase keys)."""
+        return {_camel(f.name): getattr(self, f.name) for f in fields(self)}
 
     def _check(self) -> None:
         for f in fields(self):

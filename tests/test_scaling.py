@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections import deque
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
+import yaml
 
 from outbox.controller.scaling import (
     STARTUP_DELAY_SECONDS,
@@ -279,3 +281,12 @@ def test_an_over_provisioned_deployment_finds_its_real_capacity():
     assert policy.drain_rate.value == pytest.approx(400, rel=0.02)
     assert queue.replicas == 2  # ceil(500 / (0.9 x 400))
     assert queue.max_age < 30  # probing cost a few seconds of age, never the target
+
+
+def test_the_defaults_are_the_crds():
+    crd = yaml.safe_load((Path(__file__).parent.parent / "crds/outboxdispatchers.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    schema = spec["properties"]["scaling"]["properties"]
+    defaults = {key: value["default"] for key, value in schema.items()}
+    assert ScalingSettings.from_spec(defaults) == ScalingSettings()
+    assert set(defaults) == set(ScalingSettings().to_spec())
