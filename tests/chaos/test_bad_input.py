@@ -8,8 +8,11 @@ docs/reliability.md has the full table. Here: what those do not cover.
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,7 +31,7 @@ from chaos.cluster import assert_clean
 from chaos.downstream import Call
 from outbox.admin import apply, fetch, select_targets
 from outbox.demo.embedded import free_port
-from outbox.demo.sink import Reply
+from outbox.demo.sink import Reply, Sink
 from outbox.models import Event
 from outbox.producer import enqueue
 from outbox.schema import migrate
@@ -110,28 +113,149 @@ def test_a_role_without_rights_on_the_table_changes_nothing_then_recovers_on_gra
     [
         ({"user": "chaos_no_such_role"}, 'role "chaos_no_such_role" does not exist'),
         ({"dbname": "chaos_no_such_db"}, 'database "chaos_no_such_db" does not exist'),
-        ({"port": "closed"}, "Connection refused"),
+        ({"user": "nologin"}, "is not permitted to log in"),
     ],
 )
-def test_an_unusable_dsn_keeps_the_worker_waiting_and_saying_why(dsn, tmp_path, change, reason):
+def test_a_connection_refused_for_good_stops_the_worker_with_one_line(conn, dsn, change, reason):
+    """It used to retry for ever; waiting cannot create a role or a database. Exit 2 names
+    where it connected and why (an orchestrator restarts it, with its own back-off)."""
+    if change.get("user") == "nologin":
+        change = {"user": f"chaos_nologin_{uuid.uuid4().hex[:8]}"}
+        conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(change["user"])))
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "outbox.worker", "--publisher", "null", "--dsn",
+             make_conninfo(dsn, password="s3cret-pw", **change)],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    finally:
+        if "nologin" in change.get("user", ""):
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(change["user"])))
+    assert result.returncode == 2, result
+    [line] = [ln for ln in result.stderr.splitlines() if not ln.startswith("{")]
+    assert line.startswith("outbox-worker: error: --dsn: cannot connect to 127.0.0.1 port ")
+    assert reason in line
+    assert "s3cret-pw" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("kind", ["closed port", "no socket", "unknown host"])
+def test_a_connection_that_may_heal_keeps_the_worker_waiting_and_saying_where(dsn, tmp_path, kind):
     """A database that is not there yet is normal at start-up (it may come up after the
-    workers): the worker waits, not ready, logging why, and stops cleanly on SIGTERM."""
-    if change.get("port") == "closed":
-        change = {"port": str(free_port())}
+    workers): the worker waits, not ready, logging where it tried and why, and stops
+    cleanly on SIGTERM."""
+    change, where = {
+        "closed port": ({"port": str(free_port())}, "on 127.0.0.1 port "),
+        "no socket": ({"host": str(tmp_path / "no-socket-here")}, "no-socket-here port "),
+        "unknown host": ({"host": "no-such-host.invalid"}, "on no-such-host.invalid port "),
+    }[kind]
     bad = make_conninfo(dsn, password="s3cret-pw", **change)
     log, port = tmp_path / "w.log", free_port()
     proc = spawn_worker(
         bad, "--publisher", "null", "--metrics-port", str(port), owner="w-bad", log_path=str(log)
     )
     try:
-        line = _wait_for_log(log, reason, proc)
-        assert line["message"].startswith("check table failed")
+        line = _wait_for_log(log, "check table failed", proc)
+        assert line["level"] == "warning" and where in line["message"]
+        assert "retrying in" in line["message"]
         assert _readyz(port) == 503
     finally:
-        started = time.monotonic()
         code = stop_worker(proc, timeout=30)
-    assert code == 0 and time.monotonic() - started < 10
+    assert code == 0
     assert "s3cret-pw" not in log.read_text()
+
+
+@pytest.fixture
+def silent_server():
+    """A TCP server that accepts connections and never says a word."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    for peer in accepted:
+        peer.close()
+    server.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_while_connecting_to_a_silent_server_is_at_once(silent_server, tmp_path, sig):
+    """It used to take the whole connect timeout (12 s): now the attempt is abandoned. The
+    DSN's 60 s timeout would hold an old worker past the deadline below."""
+    port, accepted = silent_server
+    log = tmp_path / "w.log"
+    proc = spawn_worker(
+        f"host=127.0.0.1 port={port} dbname=x connect_timeout=60",
+        "--publisher", "null", owner="w-silent", log_path=str(log),
+    )  # fmt: skip
+    try:
+        _wait(lambda: accepted and proc.poll() is None, "the worker to be connecting")
+    finally:
+        proc.send_signal(sig)
+        code = proc.wait(timeout=10)
+    assert code == 0, log.read_text()
+
+
+def test_the_dsns_connect_timeout_is_honoured(silent_server, tmp_path):
+    """It was overridden to 10 s; with connect_timeout=2 the first attempt gives up at 2 s,
+    says so, and is retried."""
+    port, _ = silent_server
+    log = tmp_path / "w.log"
+    proc = spawn_worker(
+        f"host=127.0.0.1 port={port} dbname=x connect_timeout=2",
+        "--publisher", "null", owner="w-timeout", log_path=str(log),
+    )  # fmt: skip
+    try:
+        # Within 8 s: before the old 10 s override could have expired.
+        line = _wait_for_log(log, "check table failed", proc, timeout=8)
+        assert "timeout" in line["message"] and f"port {port}" in line["message"]
+    finally:
+        code = stop_worker(proc, timeout=10)
+    assert code == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_gives_back_every_held_row(conn, dsn, tmp_path, sig):
+    """SIGHUP used to kill the worker on the spot, leaving its rows to their leases."""
+    hang = threading.Event()
+
+    def slow(body, nth):
+        hang.wait(20)
+        return Reply(200)
+
+    ids = seed(conn, 30)
+    log = tmp_path / "w.log"
+    with Sink(slow) as sink:
+        proc = spawn_worker(
+            dsn, "--publisher", "http", "--http-url", sink.url, "--concurrency", "2",
+            "--batch", "10", "--lease", "5m", "--shutdown-grace", "100ms",
+            owner="w-signal", log_path=str(log),
+        )  # fmt: skip
+        try:
+            _wait(lambda: _processing(conn) >= 10 and sink.requests, "claims and publishes")
+        finally:
+            proc.send_signal(sig)
+            code = proc.wait(timeout=30)
+            hang.set()
+    assert code == 0, log.read_text()
+    assert _processing(conn) == 0
+    assert set(statuses(conn)) <= {"pending", "done"} and sum(statuses(conn).values()) == 30
+    assert len(ids) == 30
+
+
+def _processing(conn) -> int:
+    return conn.execute("SELECT count(*) FROM outbox WHERE status = 'processing'").fetchone()[0]
 
 
 # -- tables ------------------------------------------------------------------------------------
