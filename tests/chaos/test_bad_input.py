@@ -302,6 +302,141 @@ def test_a_hostile_table_name_through_real_workers(new_run, empty_dsn):
         assert c.execute("SELECT to_regclass('x') IS NOT NULL").fetchone() == (True,)
 
 
+def _outbox(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "outbox", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+# psycopg reads `%` inside any statement sent with parameters, quoted identifiers included;
+# `{}` are the placeholders of sql.SQL.format and str.format. Names that used to act on
+# another table (`a%%b` on `"a%b"`), break every statement (`pct%`, `%(x)s`) or be read as
+# parameters (`%s`, `%b`, `%t`).
+PLACEHOLDER_NAMES = ["a%b", "a%%b", "pct%", "%s", "x%bx", "%t%", "%(x)s", "x{}y", "{t}", "q%.r%%"]
+
+
+def test_placeholder_characters_in_table_names_act_on_that_table_only(empty_dsn, sink, tmp_path):
+    for name in PLACEHOLDER_NAMES:
+        result = _outbox("migrate", "--dsn", empty_dsn, "--table", name)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == f"{name}: migrated from v0 to v2\n"
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        for name in PLACEHOLDER_NAMES:  # one row each, telling where it was written
+            enqueue(c, aggregate_type="t", aggregate_id=name, event_type="E", payload={},
+                    table=Table.parse(name))  # fmt: skip
+        tables = {Table.parse(name): name for name in PLACEHOLDER_NAMES}
+        for table, name in tables.items():
+            rows = c.execute(sql.SQL("SELECT aggregate_id FROM {}").format(table.ident)).fetchall()
+            assert rows == [(name,)], name
+        c.execute(sql.SQL("UPDATE {} SET status = 'dead'").format(Table.parse("a%b").ident))
+    # `requeue --table a%%b` used to print "requeued 1" and change "a%b".
+    result = _outbox("requeue", "--dsn", empty_dsn, "--table", "a%%b", "--all-dead")
+    assert result.stdout == "a%%b: requeued 0 dead messages\n", result.stderr
+    stats = json.loads(_outbox("stats", "--dsn", empty_dsn, "--table", "a%b", "--json").stdout)
+    assert (stats["dead"], stats["pending"]) == (1, 0)
+    result = _outbox("requeue", "--dsn", empty_dsn, "--table", "a%b", "--all-dead")
+    assert result.stdout == "a%b: requeued 1 dead message\n", result.stderr
+    for name in PLACEHOLDER_NAMES:
+        stats = json.loads(_outbox("stats", "--dsn", empty_dsn, "--table", name, "--json").stdout)
+        assert stats["pending"] == 1, name
+        result = _outbox("purge", "--dsn", empty_dsn, "--table", name, "--older-than", "1s")
+        assert result.stdout == f"{name}: deleted 0 done rows\n", result.stderr
+    # A worker on each of three names delivers that table's row, and only that one.
+    for name in ("a%%b", "pct%", "x{}y"):
+        log = tmp_path / f"{len(sink.requests)}.log"
+        proc = spawn_worker(
+            empty_dsn, "--table", name, "--publisher", "http", "--http-url", sink.url,
+            "--poll-interval", "100ms", owner="w-pct", log_path=str(log),
+        )  # fmt: skip
+        try:
+            _wait(lambda n=name: n in [r.body["aggregate_id"] for r in sink.requests], name)
+            _wait(lambda n=name: _statuses_of(empty_dsn, n) == [("done",)], f"{name} done")
+        finally:
+            assert stop_worker(proc) == 0, log.read_text()
+    assert sorted(r.body["aggregate_id"] for r in sink.requests) == sorted(["a%%b", "pct%", "x{}y"])
+    with psycopg.connect(empty_dsn) as c:  # the neighbours were not touched
+        for name in ("a%b", "%s", "{t}"):
+            status = c.execute(sql.SQL("SELECT status FROM {}").format(Table.parse(name).ident))
+            assert status.fetchall() == [("pending",)], name
+
+
+def _statuses_of(dsn: str, name: str) -> list[tuple[str]]:
+    with psycopg.connect(dsn) as c:
+        query = sql.SQL("SELECT status FROM {}").format(Table.parse(name).ident)
+        return c.execute(query).fetchall()  # type: ignore[return-value]
+
+
+def test_an_event_type_that_cannot_be_a_header_goes_dead_with_its_reason(conn, dsn, sink, tmp_path):
+    """A CR/LF in a value headed for a header used to raise an unclassified error: a
+    traceback per try, the row left `processing` after SIGTERM, dead at last as "crashed"."""
+    bad_types = ["OrderPaid\r\nX-Injected: yes", "OrderPaid\nX: y", "Order\x7fPaid", "A\x1b[2J"]
+    with conn.transaction():
+        bad = [
+            enqueue(conn, aggregate_type="order", aggregate_id=f"a{i}", event_type=event_type,
+                    payload={})
+            for i, event_type in enumerate(bad_types)
+        ]  # fmt: skip
+    good = seed(conn, 10)
+    log = tmp_path / "w.log"
+    proc = spawn_worker(
+        dsn, "--publisher", "http", "--http-url", sink.url, "--poll-interval", "100ms",
+        owner="w-header", log_path=str(log),
+    )  # fmt: skip
+    try:
+        _wait(lambda: statuses(conn) == {"done": 10, "dead": len(bad)}, "everything finished")
+    finally:
+        code = stop_worker(proc)
+    assert code == 0
+    assert sorted(sink.delivered_ids()) == good  # nothing else was sent
+    errors = conn.execute(
+        "SELECT last_error, attempts FROM outbox WHERE status = 'dead' ORDER BY id"
+    ).fetchall()
+    for (error, attempts), event_type in zip(errors, bad_types, strict=True):
+        assert error.startswith("permanent: event_type ") and "cannot be sent in a header" in error
+        assert repr(event_type) in error and attempts == 1
+    assert "unclassified" not in log.read_text() and "Traceback" not in log.read_text()
+
+
+def test_a_failure_reason_is_stored_without_url_credentials(conn, dsn, tmp_path):
+    """A garbage reply makes the HTTP client name the whole URL in its error; the reason
+    lands in last_error, readable by anyone who may SELECT the table (and in the TUI)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def answer_garbage() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                peer = server.accept()[0]
+            except TimeoutError:
+                continue
+            with peer:
+                peer.recv(65536)
+                peer.sendall(b"GARBAGE REPLY\r\n\r\n")
+
+    thread = threading.Thread(target=answer_garbage, daemon=True)
+    thread.start()
+    seed(conn, 3)
+    url = f"http://user:s3cret@127.0.0.1:{server.getsockname()[1]}/events?token=s3cret&x=1"
+    log = tmp_path / "w.log"
+    proc = spawn_worker(
+        dsn, "--publisher", "http", "--http-url", url, "--max-attempts", "1",
+        "--poll-interval", "100ms", owner="w-leak", log_path=str(log),
+    )  # fmt: skip
+    try:
+        _wait(lambda: statuses(conn) == {"dead": 3}, "the failures")
+    finally:
+        code = stop_worker(proc)
+        stop.set()
+        thread.join()
+        server.close()
+    assert code == 0
+    stored = [r[0] for r in conn.execute("SELECT last_error FROM outbox").fetchall()]
+    assert all("/events?token=***&x=***" in e and "\n" not in e for e in stored), stored
+    assert "s3cret" not in "".join(stored) + log.read_text()
+    assert "http://***@127.0.0.1" in log.read_text()  # the start-up line, redacted
+
+
 # -- payloads ----------------------------------------------------------------------------------
 
 
