@@ -806,3 +806,39 @@ def test_worker_refuses_a_table_at_another_schema_version(empty_dsn):
     assert result.returncode == 2, result
     line = one_line(result.stderr)
     assert "v99" in line and "outbox migrate" in line
+
+
+# -- waiting on others -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["stats"],
+        ["stats", "--exact"],
+        ["requeue", "--all-dead"],
+        ["skip", "--id", "1"],
+        ["purge", "--older-than", "0s"],
+    ],
+)
+def test_a_command_gives_up_on_a_lock_held_elsewhere_and_says_so(dsn, command):
+    """`LOCK TABLE outbox` in another session used to make `outbox stats` hang for ever."""
+    with psycopg.connect(dsn) as holder:
+        holder.execute("LOCK TABLE outbox")  # held until this block ends
+        result = outbox(*command, "--dsn", dsn, "--lock-timeout", "200ms", timeout=60)
+    assert result.returncode == 1
+    line = one_line(result.stderr)
+    assert line.startswith("outbox: error: gave up after waiting 200ms for a lock on outbox")
+    assert "--lock-timeout" in line
+
+
+def test_a_statement_that_runs_too_long_is_cancelled_and_named(dsn):
+    # Another migration holds the migration lock; with no lock timeout, the statement
+    # timeout is what ends the wait.
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT pg_advisory_lock(hashtextextended('outbox-dispatcher migrate', 0))")
+        result = outbox("migrate", "--dsn", dsn, "--lock-timeout", "0", "--statement-timeout",
+                        "300ms", timeout=60)  # fmt: skip
+    assert result.returncode == 1
+    line = one_line(result.stderr)
+    assert line.startswith("outbox: error: gave up after a statement on outbox ran for 300ms")
