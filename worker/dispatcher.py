@@ -62,6 +62,8 @@ IDLE_WAIT_START = 0.05
 EXPLICIT_PREPARE_ONLY = 2**31 - 1
 # How long an operation waits for a pooled connection before it counts as a database error.
 POOL_TIMEOUT = 10.0
+# Shortest wait between two heartbeat rounds.
+HEARTBEAT_MIN_WAIT = 0.05
 # Most seconds closing the pool waits for its background workers.
 POOL_CLOSE_TIMEOUT = 0.5
 # Reconnect back-off after a database error.
@@ -452,7 +454,9 @@ class Dispatcher:
         third = s.lease.total_seconds() / 3
         failures = 0
         while True:
-            await asyncio.sleep(third / 2)
+            # The settings refuse leases under a second; a dispatcher built in code with a
+            # smaller one still must not spin.
+            await asyncio.sleep(max(third / 2, HEARTBEAT_MIN_WAIT))
             now = time.monotonic()
             due = [m for i, m in self._held.items() if now - self._renewed_at.get(i, now) >= third]
             if not due:
