@@ -472,3 +472,38 @@ def test_the_start_up_line_masks_secrets_and_redacts_urls():
 
     line = shown_values(HttpPublisher.options, http.publisher_options)
     assert line == "http-url=https://***@h/?token=*** http-header=***"
+
+
+# -- placeholder characters in table names ---------------------------------------------------
+
+ODD_NAMES = ["a%b", "a%%b", "pct%", "%", "x{}y", "{t}", "b\\%x", 'q"%"r', "ü%ß"]
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_placeholder_characters_never_reach_the_rendered_sql(name):
+    for table in (Table(None, name), Table(name, name), Table("s", name)):
+        for composed in (
+            table.ident, table.sibling("notify"), table.index_name("ready"),
+            table.regclass_literal, table.channel_ident,
+        ):  # fmt: skip
+            assert not set("%{}") & set(composed.as_string(None)), composed
+
+
+def test_ordinary_names_render_as_plain_quoted_identifiers():
+    table = Table.parse('"my.schema"."t"')
+    assert table.ident.as_string(None) == '"my.schema"."t"'
+    assert table.regclass_literal.as_string(None) == '\'"my.schema"."t"\''
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_an_escaped_name_is_the_same_table_with_or_without_parameters(conn, name):
+    from psycopg import sql
+
+    table = Table(None, name)
+    conn.execute(sql.SQL("CREATE TABLE {} (x int)").format(table.ident))
+    row = conn.execute(
+        sql.SQL("SELECT c.relname, (SELECT count(*) FROM {t} WHERE x = %(x)s) FROM pg_class c "
+                "WHERE c.oid = {rc}::regclass").format(t=table.ident, rc=table.regclass_literal),
+        {"x": 1},
+    ).fetchone()  # fmt: skip
+    assert row == (name, 0)
