@@ -444,6 +444,7 @@ PLUGIN = f"{__name__}:SecretPublisher"
         (["--st-keys", "ok1", "--st-keys", "s3cret-bad"], {}),
         ([], {"OUTBOX_ST_KEYS": "ok1\ns3cret-bad"}),
         (["--st-token", " s3cret\tbad "], {}),  # the converter sees it as given, repr and all
+        (["--st-token", "s3c"], {}),  # short: masked where quoted, the words around kept
     ],
 )
 def test_a_secret_option_is_masked_in_its_usage_error(argv, env):
@@ -451,7 +452,7 @@ def test_a_secret_option_is_masked_in_its_usage_error(argv, env):
         load_settings(["--publisher", PLUGIN, *argv], env)
     message = str(info.value)
     assert message.startswith(("--st-", "OUTBOX_ST_")) and "***" in message
-    assert "s3cret" not in message
+    assert "s3c" not in message and "is not a valid token" in message
 
 
 def test_a_secret_default_is_not_shown_in_help():
