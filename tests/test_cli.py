@@ -842,3 +842,14 @@ def test_a_statement_that_runs_too_long_is_cancelled_and_named(dsn):
     assert result.returncode == 1
     line = one_line(result.stderr)
     assert line.startswith("outbox: error: gave up after a statement on outbox ran for 300ms")
+
+
+@pytest.mark.parametrize("size", ["99999999999", "0", "1001"])
+def test_the_tuis_page_size_is_bounded(size):
+    script = str(Path(sys.executable).parent / "outbox-tui")
+    result = subprocess.run(
+        [script, "--page-size", size], capture_output=True, text=True, timeout=30, env=BASE_ENV
+    )
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert line.startswith("outbox-tui: error: --page-size: ") and "out of range" in line
