@@ -163,7 +163,7 @@ class Dispatcher:
             await self._pool.close(timeout=POOL_CLOSE_TIMEOUT)
 
     def _publisher_options(self) -> str:
-        """`, http-url=...` for the start-up line: the options given, secrets masked."""
+        """` http-url=...` for the start-up line: the options given, secrets masked."""
         try:
             factory = load_publisher(self.settings.publisher)
         except SettingError:  # a publisher made in code, not by name
@@ -561,7 +561,7 @@ class Dispatcher:
             self._check_pool()
         transient = dberrors.is_transient(exc)
         delay = retry_in if retry_in is not None else _db_backoff(failures)
-        if not transient:
+        if not transient and retry_in is None:
             delay = max(delay, DB_RETRY_CAP)
         # One line per streak start, then every 10th, so an outage does not flood the log.
         if failures == 1 or failures % 10 == 0:
