@@ -229,6 +229,88 @@ def test_migrate_refuses_a_newer_schema_version(empty_dsn):
         assert comment(conn, "outbox") == "outbox-dispatcher schema v99"
 
 
+_GOOD_COLUMNS = {
+    "id": "bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+    "aggregate_type": "text NOT NULL",
+    "aggregate_id": "text NOT NULL",
+    "event_type": "text NOT NULL",
+    "payload": "jsonb NOT NULL",
+    "created_at": "timestamptz NOT NULL DEFAULT now()",
+    "status": "text NOT NULL DEFAULT 'pending'",
+    "available_at": "timestamptz NOT NULL DEFAULT now()",
+    "attempts": "integer NOT NULL DEFAULT 0",
+    "lease_owner": "text",
+    "lease_until": "timestamptz",
+    "lease_version": "bigint NOT NULL DEFAULT 0",
+    "last_error": "text",
+    "done_at": "timestamptz",
+}
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"attempts": "text NOT NULL DEFAULT '0'"}, "attempts is text (expected integer)"),
+        ({"id": "bigint PRIMARY KEY"}, "id is not an identity column"),
+        ({"id": "integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY"},
+         "id is integer (expected bigint)"),
+        ({"payload": "json NOT NULL"}, "payload is json (expected jsonb)"),
+        ({"created_at": "timestamp NOT NULL DEFAULT now()"},
+         "created_at is timestamp without time zone (expected timestamp with time zone)"),
+        ({"status": "text DEFAULT 'pending'"}, "status allows NULL"),
+        ({"lease_version": "bigint NOT NULL"}, "lease_version has no default"),
+        ({"aggregate_id": "varchar(10) NOT NULL", "attempts": "bigint NOT NULL DEFAULT 0"},
+         "aggregate_id is character varying(10) (expected text); attempts is bigint"),
+    ],
+)  # fmt: skip
+def test_migrate_refuses_a_table_with_the_right_names_and_the_wrong_columns(
+    empty_dsn, changes, reason
+):
+    """It used to adopt such a table, stamp it current, and the worker then failed every
+    claim (or every enqueue) for ever."""
+    columns_sql = ", ".join(f"{name} {spec}" for name, spec in {**_GOOD_COLUMNS, **changes}.items())
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE outbox ({columns_sql})")
+    result = outbox("migrate", "--dsn", empty_dsn)
+    assert result.returncode == 1
+    line = one_line(result.stderr)
+    assert line.startswith("outbox: error: table outbox exists but is not an outbox table (wrong")
+    assert reason in line
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert comment(conn, "outbox") is None  # not adopted
+        assert indexes(conn, "outbox") == {"outbox_pkey"}
+
+
+def test_migrate_adopts_a_hand_made_table_with_an_identity_and_extra_columns(empty_dsn):
+    columns_sql = ", ".join(f"{name} {spec}" for name, spec in _GOOD_COLUMNS.items())
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE outbox ({columns_sql}, tenant text)")  # extra: fine
+    result = outbox("migrate", "--dsn", empty_dsn)
+    assert result.stdout == "outbox: migrated from v0 to v2\n", result.stderr
+
+
+@pytest.mark.parametrize(
+    ("alter", "reason"),
+    [
+        ("ALTER TABLE outbox ALTER COLUMN attempts TYPE bigint", "attempts is bigint"),
+        ("ALTER TABLE outbox ALTER COLUMN status DROP NOT NULL", "status allows NULL"),
+        (
+            "ALTER TABLE outbox ALTER COLUMN available_at DROP DEFAULT",
+            "available_at has no default",
+        ),
+    ],
+)
+def test_worker_refuses_a_migrated_table_whose_columns_were_altered(empty_dsn, alter, reason):
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, Table.parse("outbox"))
+        conn.execute(alter)
+    result = run("outbox.worker", "--dsn", empty_dsn, "--publisher", "null", timeout=30)
+    assert result.returncode == 2, result
+    line = one_line(result.stderr)
+    assert line.startswith("outbox-worker: error: table outbox has wrong columns: ")
+    assert reason in line
+
+
 def test_migrate_refuses_a_table_of_the_wrong_shape(empty_dsn):
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE outbox (id int)")
@@ -724,3 +806,50 @@ def test_worker_refuses_a_table_at_another_schema_version(empty_dsn):
     assert result.returncode == 2, result
     line = one_line(result.stderr)
     assert "v99" in line and "outbox migrate" in line
+
+
+# -- waiting on others -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["stats"],
+        ["stats", "--exact"],
+        ["requeue", "--all-dead"],
+        ["skip", "--id", "1"],
+        ["purge", "--older-than", "0s"],
+    ],
+)
+def test_a_command_gives_up_on_a_lock_held_elsewhere_and_says_so(dsn, command):
+    """`LOCK TABLE outbox` in another session used to make `outbox stats` hang for ever."""
+    with psycopg.connect(dsn) as holder:
+        holder.execute("LOCK TABLE outbox")  # held until this block ends
+        result = outbox(*command, "--dsn", dsn, "--lock-timeout", "200ms", timeout=60)
+    assert result.returncode == 1
+    line = one_line(result.stderr)
+    assert line.startswith("outbox: error: gave up after waiting 200ms for a lock on outbox")
+    assert "--lock-timeout" in line
+
+
+def test_a_statement_that_runs_too_long_is_cancelled_and_named(dsn):
+    # Another migration holds the migration lock; with no lock timeout, the statement
+    # timeout is what ends the wait.
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT pg_advisory_lock(hashtextextended('outbox-dispatcher migrate', 0))")
+        result = outbox("migrate", "--dsn", dsn, "--lock-timeout", "0", "--statement-timeout",
+                        "300ms", timeout=60)  # fmt: skip
+    assert result.returncode == 1
+    line = one_line(result.stderr)
+    assert line.startswith("outbox: error: gave up after a statement on outbox ran for 300ms")
+
+
+@pytest.mark.parametrize("size", ["99999999999", "0", "1001"])
+def test_the_tuis_page_size_is_bounded(size):
+    script = str(Path(sys.executable).parent / "outbox-tui")
+    result = subprocess.run(
+        [script, "--page-size", size], capture_output=True, text=True, timeout=30, env=BASE_ENV
+    )
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert line.startswith("outbox-tui: error: --page-size: ") and "out of range" in line

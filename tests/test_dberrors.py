@@ -114,3 +114,30 @@ def test_errors_of_the_driver_itself():
     assert not is_transient(psycopg.ProgrammingError("query has 2 placeholders but 1 parameter"))
     assert not is_transient(psycopg.DataError("cannot dump"))
     assert not is_transient(ValueError("not a database error"))
+
+
+@pytest.mark.parametrize(
+    ("message", "permanent"),
+    [
+        # libpq's words for failures this test server (trust authentication) cannot produce.
+        ('connection to server at "h", port 5432 failed: FATAL:  password authentication '
+         'failed for user "u"', True),
+        ('connection to server at "h", port 5432 failed: FATAL:  no pg_hba.conf entry for host '
+         '"10.0.0.1", user "u", database "d", no encryption', True),
+        ('connection to server at "h", port 5432 failed: fe_sendauth: no password supplied', True),
+        ('connection to server at "h", port 5432 failed: server does not support SSL, but SSL '
+         "was required", True),
+        ('connection to server at "h", port 5432 failed: FATAL:  the database system is '
+         "starting up", False),
+        ('connection to server at "h", port 5432 failed: FATAL:  sorry, too many clients '
+         "already", False),
+        ('connection to server at "h", port 5432 failed: FATAL:  the database system is in '
+         "recovery mode", False),
+        ("connection to server at \"h\", port 5432 failed: timeout expired", False),
+    ],
+)  # fmt: skip
+def test_connection_failures_by_libpqs_words(message, permanent):
+    exc = psycopg.OperationalError(f"connection failed: {message}")
+    assert is_permanent_connection_failure(exc) is permanent
+    assert is_transient(exc) is not permanent
+    assert describe(exc) == message.replace("FATAL:  ", "FATAL: ")

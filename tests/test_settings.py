@@ -444,6 +444,7 @@ PLUGIN = f"{__name__}:SecretPublisher"
         (["--st-keys", "ok1", "--st-keys", "s3cret-bad"], {}),
         ([], {"OUTBOX_ST_KEYS": "ok1\ns3cret-bad"}),
         (["--st-token", " s3cret\tbad "], {}),  # the converter sees it as given, repr and all
+        (["--st-token", "s3c"], {}),  # short: masked where quoted, the words around kept
     ],
 )
 def test_a_secret_option_is_masked_in_its_usage_error(argv, env):
@@ -451,7 +452,7 @@ def test_a_secret_option_is_masked_in_its_usage_error(argv, env):
         load_settings(["--publisher", PLUGIN, *argv], env)
     message = str(info.value)
     assert message.startswith(("--st-", "OUTBOX_ST_")) and "***" in message
-    assert "s3cret" not in message
+    assert "s3c" not in message and "is not a valid token" in message
 
 
 def test_a_secret_default_is_not_shown_in_help():
@@ -472,3 +473,38 @@ def test_the_start_up_line_masks_secrets_and_redacts_urls():
 
     line = shown_values(HttpPublisher.options, http.publisher_options)
     assert line == "http-url=https://***@h/?token=*** http-header=***"
+
+
+# -- placeholder characters in table names ---------------------------------------------------
+
+ODD_NAMES = ["a%b", "a%%b", "pct%", "%", "x{}y", "{t}", "b\\%x", 'q"%"r', "ü%ß"]
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_placeholder_characters_never_reach_the_rendered_sql(name):
+    for table in (Table(None, name), Table(name, name), Table("s", name)):
+        for composed in (
+            table.ident, table.sibling("notify"), table.index_name("ready"),
+            table.regclass_literal, table.channel_ident,
+        ):  # fmt: skip
+            assert not set("%{}") & set(composed.as_string(None)), composed
+
+
+def test_ordinary_names_render_as_plain_quoted_identifiers():
+    table = Table.parse('"my.schema"."t"')
+    assert table.ident.as_string(None) == '"my.schema"."t"'
+    assert table.regclass_literal.as_string(None) == '\'"my.schema"."t"\''
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_an_escaped_name_is_the_same_table_with_or_without_parameters(conn, name):
+    from psycopg import sql
+
+    table = Table(None, name)
+    conn.execute(sql.SQL("CREATE TABLE {} (x int)").format(table.ident))
+    row = conn.execute(
+        sql.SQL("SELECT c.relname, (SELECT count(*) FROM {t} WHERE x = %(x)s) FROM pg_class c "
+                "WHERE c.oid = {rc}::regclass").format(t=table.ident, rc=table.regclass_literal),
+        {"x": 1},
+    ).fetchone()  # fmt: skip
+    assert row == (name, 0)

@@ -63,6 +63,8 @@ IDLE_WAIT_START = 0.05
 EXPLICIT_PREPARE_ONLY = 2**31 - 1
 # How long an operation waits for a pooled connection before it counts as a database error.
 POOL_TIMEOUT = 10.0
+# Shortest wait between two heartbeat rounds.
+HEARTBEAT_MIN_WAIT = 0.05
 # Most seconds closing the pool waits for its background workers.
 POOL_CLOSE_TIMEOUT = 0.5
 # Reconnect back-off after a database error.
@@ -152,7 +154,7 @@ class Dispatcher:
             await self._pool.close(timeout=POOL_CLOSE_TIMEOUT)
 
     def _publisher_options(self) -> str:
-        """`, http-url=...` for the start-up line: the options given, secrets masked."""
+        """` http-url=...` for the start-up line: the options given, secrets masked."""
         try:
             factory = load_publisher(self.settings.publisher)
         except SettingError:  # a publisher made in code, not by name
@@ -439,7 +441,9 @@ class Dispatcher:
         third = s.lease.total_seconds() / 3
         failures = 0
         while True:
-            await asyncio.sleep(third / 2)
+            # The settings refuse leases under a second; a dispatcher built in code with a
+            # smaller one still must not spin.
+            await asyncio.sleep(max(third / 2, HEARTBEAT_MIN_WAIT))
             now = time.monotonic()
             due = [m for i, m in self._held.items() if now - self._renewed_at.get(i, now) >= third]
             if not due:
@@ -544,7 +548,7 @@ class Dispatcher:
             self._check_pool()
         transient = dberrors.is_transient(exc)
         delay = retry_in if retry_in is not None else _db_backoff(failures)
-        if not transient:
+        if not transient and retry_in is None:
             delay = max(delay, DB_RETRY_CAP)
         # One line per streak start, then every 10th, so an outage does not flood the log.
         if failures == 1 or failures % 10 == 0:

@@ -68,15 +68,15 @@ class WorkerSettings:
     publisher_options: Mapping[str, Any] = field(default_factory=dict)
     """The selected publisher's own settings, by option name (e.g. `http_url`)."""
     lease: timedelta = timedelta(seconds=60)
-    """How long a claim owns a message before others may take it over."""
+    """How long a claim owns a message before others may take it over (1s to 1d)."""
     batch: int = 100
-    """Most messages taken by one claim."""
+    """Most messages taken by one claim (1 to 10,000)."""
     concurrency: int = 32
-    """Most publishes in flight at once."""
+    """Most publishes in flight at once (1 to 10,000)."""
     publish_timeout: timedelta = timedelta(seconds=10)
     """Deadline for one publish; keep it well under the lease."""
     max_attempts: int = 12
-    """Claims a message may use before it goes dead (a crash counts as one)."""
+    """Claims a message may use before it goes dead (a crash counts as one; 1 to 2**31 - 1)."""
     ordering: str = "none"
     """`none`, or `aggregate`: only the oldest unfinished message of an aggregate is
     claimable."""

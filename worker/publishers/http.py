@@ -180,7 +180,8 @@ class HttpPublisher:
         except aiohttp.ClientError as exc:
             # Connection refused or reset, DNS failure, broken response: the receiver may or may
             # not have the message; the same Idempotency-Key makes the retry safe.
-            raise RetryableError(redact_urls(f"{type(exc).__name__}: {exc}")) from exc
+            reason = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line, for last_error
+            raise RetryableError(redact_urls(reason)) from exc
 
     async def close(self) -> None:
         if self._session is not None:

@@ -69,10 +69,12 @@ class Option:
         """`text` (a message about the raw value given) with that value masked if secret."""
         if not self.secret or not raw:
             return text
-        for form in sorted({raw, raw.strip(), repr(raw)[1:-1], repr(raw.strip())[1:-1]}, key=len,
-                           reverse=True):  # fmt: skip
-            if form:
+        forms = {raw, raw.strip(), repr(raw)[1:-1], repr(raw.strip())[1:-1]} - {""}
+        for form in sorted(forms, key=len, reverse=True):
+            if len(form) >= 4:
                 text = text.replace(form, MASK)
+            else:  # a short value only as a word of its own, or every "a" would go
+                text = re.sub(rf"(?<!\w){re.escape(form)}(?!\w)", MASK, text)
         return text
 
 
