@@ -19,7 +19,7 @@ import os
 import ssl
 import subprocess
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -141,6 +141,16 @@ class LocalCluster:
         if self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(30)
+
+    def on_loop(self, function: Callable[[Emulator], T], timeout: float = 30) -> T:
+        """Run `function(emulator)` on the emulator's loop, e.g. to add a kmock reaction:
+        `k8s.on_loop(lambda e: e["patch", kmock.resource("apps", "v1", "deployments")][:1] << 503)`.
+        """
+
+        async def run() -> T:
+            return function(self.emulator)
+
+        return self.call(run(), timeout)
 
     def call(self, coroutine: Coroutine[Any, Any, T], timeout: float = 30) -> T:
         """Run a coroutine on the emulator's loop (e.g. `emulator.snapshot(...)`)."""

@@ -32,7 +32,7 @@ def k8s(tmp_path: Path) -> Iterator[LocalCluster]:
 @pytest.fixture
 def kubelet(k8s: LocalCluster, tmp_path: Path) -> Iterator[Kubelet]:
     """A local kubelet on `k8s`; at teardown every pod's process is stopped."""
-    node = Kubelet(k8s.url, ADMIN_TOKEN, tmp_path / "kubelet").start()
+    node = Kubelet(k8s.url, ADMIN_TOKEN, tmp_path / "kubelet", ca_path=k8s.ca_path).start()
     try:
         yield node
     finally:

@@ -51,6 +51,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -128,6 +129,7 @@ class Kubelet:
         bin_dir: Path | None = None,
         default_command: tuple[str, ...] = ("outbox-worker",),
         probe_interval: float = 0.2,
+        ca_path: Path | None = None,
     ) -> None:
         self.url = url
         self.workdir = workdir
@@ -135,6 +137,7 @@ class Kubelet:
         self.default_command = default_command
         self.probe_interval = probe_interval
         self._headers = {"Authorization": f"Bearer {token}"}
+        self._ssl = ssl.create_default_context(cafile=str(ca_path)) if ca_path else None
         self._deployments: dict[tuple[str, str], JSON] = {}
         self._pods: dict[tuple[str, str], list[Pod]] = {}
         self._written: dict[tuple[str, str], JSON] = {}
@@ -167,7 +170,10 @@ class Kubelet:
 
     async def _main(self) -> None:
         self._wake = asyncio.Event()
-        async with aiohttp.ClientSession(self.url, headers=self._headers) as session:
+        connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl else None
+        async with aiohttp.ClientSession(
+            self.url, headers=self._headers, connector=connector
+        ) as session:
             self._session = session
             watcher = asyncio.create_task(self._watch(session))
             try:

@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import kmock
 import kubernetes.client
 import pytest
 import yaml
@@ -234,6 +235,16 @@ def test_kubectl_server_dry_run_stores_nothing(k8s: LocalCluster) -> None:
     out = k8s.kubectl("apply", "--dry-run=server", "-f", "-", input=deployment("web")).stdout
     assert "created (server dry run)" in out
     assert not k8s.objects("apps/v1", "deployments")
+
+
+def test_faults_can_be_injected_with_kmocks_dsl(k8s: LocalCluster) -> None:
+    k8s.kubectl("apply", "-f", "-", input=deployment("web"))
+    deployments = kmock.resource("apps", "v1", "deployments")
+    k8s.on_loop(lambda emulator: emulator["patch", deployments][:1] << 503)
+    failed = k8s.kubectl("scale", "deployment", "web", "--replicas=3", check=False)
+    assert "ServiceUnavailable" in failed.stderr
+    k8s.kubectl("scale", "deployment", "web", "--replicas=3")  # the fault was for one request
+    assert k8s.objects("apps/v1", "deployments", "default", "web")[0]["spec"]["replicas"] == 3
 
 
 def test_protobuf_bodies_are_refused_with_a_hint(k8s: LocalCluster) -> None:
