@@ -16,6 +16,7 @@ import concurrent.futures
 import functools
 import itertools
 import os
+import shutil
 import ssl
 import subprocess
 import threading
@@ -27,6 +28,7 @@ import aiohttp.test_utils
 import kmock
 import kubernetes.client
 import kubernetes.config
+import pytest
 import yaml
 
 from .emulator import Emulator
@@ -97,6 +99,8 @@ class LocalCluster:
             raise
 
     def _certificate(self) -> Path:
+        if shutil.which("openssl") is None:
+            pytest.skip("openssl is not installed (needed for the emulator's TLS certificate)")
         cert, key = self.workdir / "tls.crt", self.workdir / "tls.key"
         subprocess.run(
             [
@@ -196,6 +200,8 @@ class LocalCluster:
         timeout: float = 60,
     ) -> subprocess.CompletedProcess[str]:
         """The real kubectl against this emulator; a failure raises with its stderr."""
+        if not os.access(KUBECTL, os.X_OK):
+            pytest.skip(f"kubectl is not installed at {KUBECTL} (Debian package kubectl)")
         # A fresh discovery cache per call: a CRD installed a moment ago is always visible.
         cache = self.workdir / f"kubectl-cache-{next(self._calls)}"
         env = {

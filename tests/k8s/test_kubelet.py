@@ -203,3 +203,19 @@ def test_pods_are_published_and_deleting_one_replaces_its_process(
     k8s.kubectl("delete", "deployment", "workers")
     eventually(lambda: not k8s.objects("v1", "pods", "default"), "pods collected")
     eventually(lambda: all(r.returncode is not None for r in kubelet.records), "all stopped")
+
+
+def test_a_process_ignoring_sigterm_is_killed_after_its_grace_period(
+    k8s: LocalCluster, kubelet: Kubelet
+) -> None:
+    stubborn = json.loads(worker_deployment("stubborn", 1, grace=1))
+    container = stubborn["spec"]["template"]["spec"]["containers"][0]
+    container.update(command=["sh", "-c", "trap '' TERM; sleep 600"], env=[])
+    del container["readinessProbe"]
+    k8s.kubectl("apply", "-f", "-", input=json.dumps(stubborn))
+    eventually(lambda: deployment_status(k8s, "stubborn").get("readyReplicas") == 1, "running")
+    k8s.kubectl("scale", "deployment", "stubborn", "--replicas=0")
+    record = kubelet.records[0]
+    eventually(lambda: record.returncode is not None, "the process ended")
+    assert record.signals == ["SIGTERM", "SIGKILL"]
+    assert record.returncode == -9
