@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp.test_utils
-import kmock
 import kubernetes.client
 import kubernetes.config
 import pytest
@@ -136,8 +135,10 @@ class LocalCluster:
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             context.load_cert_chain(self.ca_path, self.workdir / "tls.key")
             server_cls = functools.partial(_TLSServer, ssl_context=context)
-        async with self.emulator, kmock.Server(self.emulator, server_cls=server_cls) as server:
-            self.url = str(server.url).rstrip("/")
+        # The emulator served by aiohttp's server directly: `kmock.Server` would also patch
+        # aiohttp's resolver for the whole process, which two emulators at once cannot share.
+        async with self.emulator, server_cls(self.emulator, host="127.0.0.1") as server:
+            self.url = str(server.make_url("")).rstrip("/")
             self._started.set()
             await self._stop.wait()
 
