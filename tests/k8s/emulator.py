@@ -157,7 +157,9 @@ BUILTINS = (
     _builtin(
         "", "v1", "services", "Service", short_names=("svc",), subresources=frozenset({"status"})
     ),
-    _builtin("", "v1", "pods", "Pod", short_names=("po",), subresources=frozenset({"status"})),
+    _builtin(
+        "", "v1", "pods", "Pod", short_names=("po",), subresources=frozenset({"status", "log"})
+    ),
     _builtin(
         "apps",
         "v1",
@@ -315,6 +317,8 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     """The API server; serve it with `kmock.Server(emulator)` inside `async with emulator`."""
 
     authorizer: Authorizer | None = None
+    # Where `pods/log` comes from: (namespace, pod) -> the log text, None if unknown (kubelet).
+    pod_logs: Callable[[str, str], str | None] | None = None
     _store: dict[tuple[ResourceType, str | None, str], JSON] = attrs.field(factory=dict, init=False)
     _types: dict[tuple[str, str, str], ResourceType] = attrs.field(factory=dict, init=False)
     _schemas: dict[tuple[str, str, str], CustomSchema] = attrs.field(factory=dict, init=False)
@@ -429,6 +433,15 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 raise ApiError(405, "MethodNotAllowed", "the server does not allow this method")
             return aiohttp.web.json_response(self._discovery(path))
         params = dict(request.params)
+        if target.subresource == "log" and method == "GET":
+            found = (
+                self.pod_logs(target.namespace or "", target.name or "")
+                if (self.pod_logs)
+                else None
+            )
+            if found is None or (target.rtype, target.namespace, target.name) not in self._store:
+                raise _not_found(target.rtype, target.name or "")
+            return aiohttp.web.Response(text=found, content_type="text/plain")
         if method == "GET" and params.get("watch") in ("true", "1"):
             return await self._watch(request, target, params)
         body = self._body(request, method)

@@ -31,7 +31,8 @@ running from the pod template's first container:
 
 - Pod objects: each process is published as a Pod (owned by its Deployment, since there are
   no ReplicaSets here) whose status says Running and Ready; `kubectl get pods` lists them,
-  and `kubectl delete pod` stops the process, which the Deployment then replaces.
+  `kubectl delete pod` stops the process, which the Deployment then replaces, and
+  `kubectl logs` shows the process's output.
 
 Not emulated: ReplicaSets, liveness and startup probes, resources, volumes,
 nodeSelector/affinity/tolerations (one local node), the image itself.
@@ -651,8 +652,12 @@ class Kubelet:
         return [p for p in self._pods.get((namespace, deployment), []) if not p.stopping]
 
     def logs(self, namespace: str, pod: str) -> str:
+        """What a pod's process wrote to stdout and stderr ("" if none)."""
+        return self.log(namespace, pod) or ""
+
+    def log(self, namespace: str, pod: str) -> str | None:
         path = self.workdir / namespace / f"{pod}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
+        return path.read_text(errors="replace") if path.exists() else None
 
 
 def _timestamp(monotonic: float) -> str:

@@ -516,7 +516,10 @@ def test_secrets_take_string_data_and_leases_renew(k8s: LocalCluster) -> None:
 # ---- authorization ------------------------------------------------------------------------------
 
 
-def test_rbac_allows_what_a_role_grants_and_forbids_the_rest(tmp_path: Path) -> None:
+def test_rbac_allows_what_a_role_grants_and_forbids_the_rest(
+    k8s: LocalCluster, tmp_path: Path
+) -> None:
+    # A second emulator beside the `k8s` fixture's: two at once must not disturb each other.
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
@@ -578,5 +581,6 @@ def test_rbac_allows_what_a_role_grants_and_forbids_the_rest(tmp_path: Path) -> 
         assert status == 200
         status, _ = http(cluster, "GET", "/api/v1/namespaces", token="nobody")
         assert status == 401
+        assert "web" not in k8s.kubectl("get", "deploy").stdout
     finally:
         cluster.stop()

@@ -187,6 +187,8 @@ def test_pods_are_published_and_deleting_one_replaces_its_process(
     listed = k8s.kubectl("get", "pods", "-o", "name").stdout.split()
     assert sorted(listed) == sorted(f"pod/{p.name}" for p in kubelet.pods("default", "workers"))
     victim = listed[0].removeprefix("pod/")
+    assert f"worker {victim} dispatching" in k8s.kubectl("logs", listed[0]).stdout
+    assert "dispatching" in k8s.kubectl("logs", "deployment/workers").stdout
     k8s.kubectl("delete", "pod", victim)
     record = next(r for r in kubelet.records if r.name == victim)
     eventually(lambda: record.returncode is not None, "the deleted pod's process ended")
