@@ -58,7 +58,7 @@ from kmock._internal import apps, parsing
 
 from .openapi import OpenAPI
 from .patching import PatchError, json_patch, merge_patch, strategic_merge_patch
-from .rbac import Authorizer
+from .rbac import Authorizer, Identity
 from .selectors import match_fields, match_labels, selector_string
 from .tables import table
 from .validation import BuiltinSchemas, CustomSchema, FieldError
@@ -141,6 +141,15 @@ def _builtin(group: str, version: str, plural: str, kind: str, **kw: Any) -> Res
 
 
 BUILTINS = (
+    # Answered, never stored: `kubectl auth can-i` asks the authorizer through it.
+    _builtin(
+        "authorization.k8s.io",
+        "v1",
+        "selfsubjectaccessreviews",
+        "SelfSubjectAccessReview",
+        namespaced=False,
+        verbs=("create",),
+    ),
     _builtin(
         "",
         "v1",
@@ -345,16 +354,17 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     # ---- the request pipeline ----------------------------------------------------------
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        headers = request._raw_request.headers if request._raw_request else request.headers
         try:
-            identity = self.authorizer.authenticate(request.headers) if self.authorizer else None
+            identity = (
+                self.authorizer.authenticate(headers, self._rbac_objects())
+                if (self.authorizer)
+                else None
+            )
             target = self._target(request.url.path)
             if self.authorizer is not None:
-                stored = [
-                    obj
-                    for (rtype, _, _), obj in self._store.items()
-                    if rtype.group == "rbac.authorization.k8s.io"
-                ]
-                self.authorizer.check(identity, self._attributes(request, target), stored)
+                attributes = self._attributes(request, target)
+                self.authorizer.check(identity, attributes, self._rbac_objects())
         except ApiError as exc:
             return aiohttp.web.json_response(exc.status(), status=exc.code)
         # Reactions that tests add with kmock's DSL come first (faults, delays, spies).
@@ -363,9 +373,46 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         except NotImplementedError:
             pass
         try:
+            if target is not None and target.rtype.kind == "SelfSubjectAccessReview":
+                return aiohttp.web.json_response(self._review(request, identity), status=201)
             return await self._serve(request, target)
         except ApiError as exc:
             return aiohttp.web.json_response(exc.status(), status=exc.code)
+
+    def _rbac_objects(self) -> list[JSON]:
+        return [
+            obj
+            for (rtype, _, _), obj in self._store.items()
+            if rtype.group == "rbac.authorization.k8s.io"
+        ]
+
+    def _review(self, request: kmock.Request, identity: Identity | None) -> JSON:
+        if "protobuf" in request.headers.get("Content-Type", ""):
+            review = _access_review_from_protobuf(request.body)  # what `kubectl auth can-i` sends
+        else:
+            review = self._body(request, "POST")
+        if not isinstance(review, dict):
+            raise ApiError(400, "BadRequest", "the body of the request must be an object")
+        spec = review.get("spec", {})
+        if "resourceAttributes" in spec:
+            wanted = spec["resourceAttributes"]
+            attributes = {
+                "verb": wanted.get("verb", ""),
+                "apiGroup": wanted.get("group", ""),
+                "resource": wanted.get("resource", ""),
+                "subresource": wanted.get("subresource", ""),
+                "namespace": wanted.get("namespace", ""),
+                "name": wanted.get("name", ""),
+            }
+        else:
+            wanted = spec.get("nonResourceAttributes", {})
+            attributes = {"path": wanted.get("path", "/"), "verb": wanted.get("verb", "get")}
+        allowed = (
+            identity is None
+            or self.authorizer is None
+            or self.authorizer.allowed(identity, attributes, self._rbac_objects())
+        )
+        return {**review, "status": {"allowed": allowed}}
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
         # An emulator bug, not an API answer: remembered so that the fixture fails the test.
@@ -1324,6 +1371,72 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 for (t, ns, n), obj in self._store.items()
                 if t == rtype and namespace in (None, ns) and name in (None, n)
             ]
+
+
+def _protobuf_fields(data: bytes) -> dict[int, list[bytes | int]]:
+    """The fields of one protobuf message (wire types varint and length-delimited only)."""
+    fields: dict[int, list[bytes | int]] = {}
+    position = 0
+
+    def varint() -> int:
+        nonlocal position
+        result = shift = 0
+        while True:
+            byte = data[position]
+            position += 1
+            result |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return result
+
+    while position < len(data):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            fields.setdefault(number, []).append(varint())
+        elif wire == 2:
+            length = varint()
+            fields.setdefault(number, []).append(data[position : position + length])
+            position += length
+        else:
+            raise ApiError(415, "UnsupportedMediaType", f"unexpected protobuf wire type {wire}")
+    return fields
+
+
+def _access_review_from_protobuf(body: bytes) -> JSON:
+    """A SelfSubjectAccessReview from Kubernetes' protobuf envelope (`k8s\\0` + Unknown)."""
+    if not body.startswith(b"k8s\x00"):
+        raise ApiError(415, "UnsupportedMediaType", "not a Kubernetes protobuf body")
+
+    def text(fields: dict[int, list[bytes | int]], number: int) -> str:
+        value = fields.get(number, [b""])[0]
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def message(fields: dict[int, list[bytes | int]], number: int) -> dict[int, list[bytes | int]]:
+        value = fields.get(number)
+        return _protobuf_fields(value[0]) if value and isinstance(value[0], bytes) else {}
+
+    raw = message(_protobuf_fields(body[4:]), 2)  # Unknown.raw: the review itself
+    spec = message(raw, 2)
+    review: JSON = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "metadata": {},
+        "spec": {},
+    }
+    if 1 in spec:
+        attributes = message(spec, 1)
+        names = ("namespace", "verb", "group", "version", "resource", "subresource", "name")
+        review["spec"]["resourceAttributes"] = {
+            key: text(attributes, number) for number, key in enumerate(names, 1)
+        }
+    if 2 in spec:
+        attributes = message(spec, 2)
+        review["spec"]["nonResourceAttributes"] = {
+            "path": text(attributes, 1),
+            "verb": text(attributes, 2),
+        }
+    return review
 
 
 def _crd_status(crd: JSON, old: JSON | None) -> JSON:

@@ -581,6 +581,13 @@ def test_rbac_allows_what_a_role_grants_and_forbids_the_rest(
         assert status == 200
         status, _ = http(cluster, "GET", "/api/v1/namespaces", token="nobody")
         assert status == 401
+        # The admin can check (or act) as anyone: `kubectl --as` and `kubectl auth can-i`.
+        account = "--as=system:serviceaccount:default:op"
+        assert cluster.kubectl("auth", "can-i", "list", "secrets", account).stdout == "yes\n"
+        cannot = cluster.kubectl("auth", "can-i", "delete", "deployments", account, check=False)
+        assert cannot.stdout == "no\n" and cannot.returncode == 1
+        denied = cluster.kubectl("delete", "deploy", "web", account, check=False)
+        assert "cannot delete resource" in denied.stderr
         assert "web" not in k8s.kubectl("get", "deploy").stdout
     finally:
         cluster.stop()
