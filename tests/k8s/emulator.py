@@ -18,8 +18,9 @@ Kubernetes requests itself, as an API server would:
 - the `status` subresource (writes to `/status` change only status, writes to the object
   ignore status) and the `scale` subresource (an `autoscaling/v1` Scale, GET, PUT and PATCH);
 - deletion: finalizers hold an object with `deletionTimestamp` until they are gone; owner
-  references are garbage-collected (an object whose owners are all gone is deleted too,
-  unless deleted with `propagationPolicy=Orphan`); deleting a namespace deletes its objects;
+  references are garbage-collected (an object whose owners are all gone is deleted too;
+  `propagationPolicy` Background, Foreground and Orphan); deleting a namespace deletes its
+  objects;
 - discovery (`/api`, `/apis`, per group and version), `/version`, Table output with the
   CRDs' printer columns for `kubectl get`, and `/openapi/v3` so that `kubectl apply`
   validates on the server (`fieldValidation=Strict`) without `--validate=false`;
@@ -70,6 +71,7 @@ SERVER_VERSION = {
     "gitVersion": "v1.32.0-emulator",
     "platform": "linux/amd64",
 }
+FOREGROUND = "foregroundDeletion"
 # How many events per resource a watch can replay; older resourceVersions are 410 Gone.
 EVENT_LOG_SIZE = 10_000
 
@@ -1147,6 +1149,11 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         policy = options.get("propagationPolicy") or params.get("propagationPolicy")
         if policy == "Orphan" or options.get("orphanDependents") is True:
             self._orphan(obj["metadata"]["uid"])
+        elif policy == "Foreground" and not obj["metadata"].get("deletionTimestamp"):
+            # The owner stays (deletionTimestamp, this finalizer) until its dependents are gone.
+            finalizers = obj["metadata"].setdefault("finalizers", [])
+            if FOREGROUND not in finalizers:
+                finalizers.append(FOREGROUND)
         result = self._mark_deleted(target.rtype, target.namespace, target.name)
         self._collect_garbage()
         return result
@@ -1220,7 +1227,9 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                     continue
                 meta = obj["metadata"]
                 refs = meta.get("ownerReferences") or []
-                if meta.get("deletionTimestamp"):
+                if meta.get("deletionTimestamp") and FOREGROUND in (meta.get("finalizers") or []):
+                    changed |= self._delete_dependents_first(rtype, obj)
+                elif meta.get("deletionTimestamp"):
                     finished = not meta.get("finalizers") and not (
                         rtype.kind == "Namespace" and self._namespace_has_objects(name)
                     )
@@ -1234,6 +1243,27 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 elif refs and not any(ref.get("uid") in uids for ref in refs):
                     self._mark_deleted(rtype, ns, name)
                     changed = True
+
+    def _delete_dependents_first(self, rtype: ResourceType, owner: JSON) -> bool:
+        """Foreground deletion: delete the dependents, then drop the owner's finalizer."""
+        uid = owner["metadata"]["uid"]
+        dependents = [
+            (other, ns, name)
+            for (other, ns, name), obj in self._store.items()
+            if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
+        ]
+        pending = [
+            key for key in dependents if not self._store[key]["metadata"].get("deletionTimestamp")
+        ]
+        for other, ns, name in pending:
+            self._mark_deleted(other, ns, name)
+        if dependents:
+            return bool(pending)
+        old = copy.deepcopy(owner)
+        owner["metadata"]["finalizers"].remove(FOREGROUND)
+        owner["metadata"]["resourceVersion"] = self._next_rv()
+        self._record(rtype, "MODIFIED", owner, old)
+        return True
 
     # ---- CustomResourceDefinitions ----------------------------------------------------
 

@@ -477,7 +477,7 @@ def test_deleting_an_owner_collects_its_dependents_unless_orphaned(
             }
         ]
         k8s.kubectl("apply", "-f", "-", input=json.dumps(owned))
-    k8s.kubectl("delete", "widget", "w1")
+    k8s.kubectl("delete", "widget", "w1", "--cascade=foreground")
     k8s.kubectl("delete", "widget", "w2", "--cascade=orphan")
     names = [d["metadata"]["name"] for d in k8s.objects("apps/v1", "deployments")]
     assert names == ["w2-workers"]
