@@ -324,7 +324,7 @@ parsing.parse_path = _fixed_parse_path
 
 
 @attrs.define(kw_only=True)
-class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
+class Emulator(kmock.KubernetesEmulator):
     """The API server; serve it with `kmock.Server(emulator)` inside `async with emulator`."""
 
     authorizer: Authorizer | None = None
@@ -739,8 +739,8 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 if batch is None:  # this watcher fell behind the log: start over, as kopf can
                     await self._gone(response, since, log)
                     return response
-                for event in batch:
-                    out = self._watch_event(event, target, params)
+                for logged in batch:
+                    out = self._watch_event(logged, target, params)
                     if out is not None:
                         await self._send(response, out, target.rtype, as_table)
         except (ConnectionResetError, asyncio.CancelledError):
@@ -1005,6 +1005,7 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         assert rtype.scale is not None
         spec_path, status_path, selector_path = rtype.scale
         status: JSON = {"replicas": _lookup(obj, status_path) or 0}
+        selector: str | None
         if rtype.crd is None:
             selector = selector_string(obj.get("spec", {}).get("selector"))
         else:
@@ -1528,7 +1529,7 @@ def _default_builtin(obj: JSON) -> None:
     if kind == "Secret":
         obj.setdefault("type", "Opaque")
         string_data = obj.pop("stringData", None) or {}
-        data = obj.setdefault("data", {}) if string_data else obj.get("data")
+        data: JSON = obj.setdefault("data", {}) if string_data else {}
         for key, value in string_data.items():
             data[key] = base64.b64encode(str(value).encode()).decode()
     if kind == "Deployment":
