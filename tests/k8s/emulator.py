@@ -59,6 +59,7 @@ from kmock._internal import apps, parsing
 
 from .openapi import OpenAPI
 from .patching import PatchError, json_patch, merge_patch, strategic_merge_patch
+from .quantities import canonical_resources
 from .rbac import Authorizer, Identity
 from .selectors import match_fields, match_labels, selector_string
 from .tables import table
@@ -1532,6 +1533,8 @@ def _default_builtin(obj: JSON) -> None:
         data: JSON = obj.setdefault("data", {}) if string_data else {}
         for key, value in string_data.items():
             data[key] = base64.b64encode(str(value).encode()).decode()
+    if kind == "Pod":
+        canonical_resources(obj.get("spec", {}))
     if kind == "Deployment":
         spec = obj.setdefault("spec", {})
         spec.setdefault("replicas", 1)
@@ -1548,6 +1551,7 @@ def _default_builtin(obj: JSON) -> None:
         pod.setdefault("dnsPolicy", "ClusterFirst")
         pod.setdefault("schedulerName", "default-scheduler")
         pod.setdefault("securityContext", {})
+        canonical_resources(pod)
         for container in pod.get("containers", []):
             image = str(container.get("image", ""))
             latest = ":" not in image.rsplit("/", 1)[-1] or image.endswith(":latest")

@@ -135,6 +135,21 @@ def test_kubectl_apply_get_patch_scale_delete_a_deployment(k8s: LocalCluster) ->
     assert not k8s.objects("apps/v1", "deployments", "default", "web")
 
 
+def test_resource_quantities_are_stored_in_canonical_form(k8s: LocalCluster) -> None:
+    sized = json.loads(deployment("web"))
+    sized["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "requests": {"cpu": "0.5", "memory": "2048Mi"},
+        "limits": {"cpu": "1000m", "memory": "1.5Gi", "ephemeral-storage": "129e6"},
+    }
+    k8s.kubectl("apply", "-f", "-", input=json.dumps(sized))
+    stored = k8s.objects("apps/v1", "deployments", "default", "web")[0]
+    resources = stored["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources == {
+        "requests": {"cpu": "500m", "memory": "2Gi"},
+        "limits": {"cpu": "1", "memory": "1536Mi", "ephemeral-storage": "129e6"},
+    }
+
+
 def test_kubectl_prints_the_printer_columns_of_a_crd(k8s: LocalCluster) -> None:
     k8s.kubectl("apply", "-f", str(WIDGETS))
     k8s.kubectl("wait", "--for=condition=Established", "crd/widgets.example.com")
