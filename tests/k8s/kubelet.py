@@ -24,7 +24,8 @@ running from the pod template's first container:
   written to the Deployment's status subresource (zero counts omitted, as the real
   controller does);
 - rollouts: a changed pod template starts pods of the new template and stops old ones within
-  `maxSurge`/`maxUnavailable` (RollingUpdate) or stops all first (Recreate);
+  `maxSurge`/`maxUnavailable` (RollingUpdate) or stops all first (Recreate); a pod counts as
+  available `minReadySeconds` after it became ready; `paused: true` holds the template back;
 - stopping (scale-down, rollout, deletion, kubelet stop): SIGTERM, then SIGKILL after the pod's
   `terminationGracePeriodSeconds`; scale-down picks unready pods first, then the newest;
 - a process that exits on its own is restarted (restartPolicy Always) after a short backoff.
@@ -96,6 +97,7 @@ class Pod:
     record: PodRecord
     started: float = field(default_factory=time.monotonic)
     ready: bool = False
+    ready_since: float | None = None  # when it last became ready (for minReadySeconds)
     successes: int = 0
     failures: int = 0
     stopping: asyncio.Future[None] | None = None
@@ -246,6 +248,11 @@ class Kubelet:
                     self._stop_pod(pod, "pod-deleted")  # `kubectl delete pod`: a replacement
             await self._restart_exited(session, deployment, pods)
             await asyncio.gather(*(self._probe(session, p) for p in pods if not p.stopping))
+            for pod in pods:
+                if not pod.ready:
+                    pod.ready_since = None
+                elif pod.ready_since is None:
+                    pod.ready_since = time.monotonic()
             await asyncio.gather(*(self._report(session, p) for p in pods if not p.stopping))
             await self._converge(session, deployment, pods)
             pods[:] = [p for p in pods if not (p.stopping and p.stopping.done())]
@@ -256,7 +263,7 @@ class Kubelet:
     ) -> None:
         spec = deployment.get("spec", {})
         desired = int(spec.get("replicas", 1))
-        current_hash = template_hash(spec.get("template", {}))
+        current_hash = _current_hash(deployment, pods)
         live = [p for p in pods if not p.stopping]
         new = [p for p in live if p.template_hash == current_hash]
         old = [p for p in live if p.template_hash != current_hash]
@@ -281,12 +288,13 @@ class Kubelet:
             live.append(pod)
             new.append(pod)
         # Stop old pods while enough stay ready; then surplus new pods.
-        ready = sum(1 for p in live if p.ready)
+        min_ready = float(spec.get("minReadySeconds", 0))
+        available = sum(1 for p in live if _available(p, min_ready))
         floor = desired - unavailable
-        for pod in sorted(old, key=lambda p: (p.ready, -p.started)):
-            if pod.ready and ready - 1 < floor:
+        for pod in sorted(old, key=lambda p: (_available(p, min_ready), -p.started)):
+            if _available(pod, min_ready) and available - 1 < floor:
                 break
-            ready -= pod.ready
+            available -= _available(pod, min_ready)
             self._stop_pod(pod, "rollout")
         surplus = len(new) - desired
         if surplus > 0 and not old:
@@ -595,34 +603,31 @@ class Kubelet:
         self, session: aiohttp.ClientSession, deployment: JSON, pods: list[Pod]
     ) -> None:
         meta, spec = deployment["metadata"], deployment.get("spec", {})
-        current = template_hash(spec.get("template", {}))
+        current = _current_hash(deployment, pods)
         desired = int(spec.get("replicas", 1))
         live = [p for p in pods if not p.stopping]
         ready = sum(1 for p in live if p.ready)
+        available = sum(1 for p in live if _available(p, float(spec.get("minReadySeconds", 0))))
         updated = sum(1 for p in live if p.template_hash == current)
         counts = {
             "replicas": len(live),
             "readyReplicas": ready,
-            "availableReplicas": ready,
+            "availableReplicas": available,
             "updatedReplicas": updated,
-            "unavailableReplicas": max(0, desired - ready),
+            "unavailableReplicas": max(0, desired - available),
         }
         status: JSON = {k: v for k, v in counts.items() if v}
         status["observedGeneration"] = meta.get("generation", 1)
-        complete = updated == desired == len(live) and ready == desired
+        complete = updated == desired == len(live) and available == desired
+        max_unavailable = (
+            spec.get("strategy", {}).get("rollingUpdate", {}).get("maxUnavailable", "25%")
+        )
+        enough = available >= desired - _count(max_unavailable, desired, round_up=False)
         status["conditions"] = [
             {
                 "type": "Available",
-                "status": "True"
-                if ready
-                >= desired
-                - _count(
-                    spec.get("strategy", {}).get("rollingUpdate", {}).get("maxUnavailable", "25%"),
-                    desired,
-                    round_up=False,
-                )
-                else "False",
-                "reason": "MinimumReplicasAvailable" if ready else "MinimumReplicasUnavailable",
+                "status": "True" if enough else "False",
+                "reason": "MinimumReplicasAvailable" if enough else "MinimumReplicasUnavailable",
             },
             {
                 "type": "Progressing",
@@ -658,6 +663,19 @@ class Kubelet:
     def log(self, namespace: str, pod: str) -> str | None:
         path = self.workdir / namespace / f"{pod}.log"
         return path.read_text(errors="replace") if path.exists() else None
+
+
+def _available(pod: Pod, min_ready_seconds: float) -> bool:
+    return pod.ready_since is not None and time.monotonic() - pod.ready_since >= min_ready_seconds
+
+
+def _current_hash(deployment: JSON, pods: list[Pod]) -> str:
+    """The template the pods should run: the spec's, or the running one while paused."""
+    spec = deployment.get("spec", {})
+    running = [p.template_hash for p in pods if not p.stopping]
+    if spec.get("paused") and running:
+        return max(set(running), key=running.count)
+    return template_hash(spec.get("template", {}))
 
 
 def _timestamp(monotonic: float) -> str:
