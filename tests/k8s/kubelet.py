@@ -15,10 +15,14 @@ running from the pod template's first container:
   value or argument equal to N (or ending in `:N` or `=N`) is rewritten to it, and probes on
   N (by number or by port name) go to it. So `OUTBOX_METRICS_PORT=9090` with containerPort
   9090 and a `/readyz` probe on 9090 works with many pods on one machine;
-- readiness: `readinessProbe.httpGet` on 127.0.0.1, every `probe_interval` seconds (not the
-  probe's `periodSeconds`: tests should not wait), ready after `successThreshold` successes,
-  unready after `failureThreshold` failures; no probe: ready once started;
-  `initialDelaySeconds` is not waited for;
+- probes (`httpGet` on 127.0.0.1; exec and tcpSocket probes pass), every `probe_interval`
+  seconds rather than `periodSeconds` (tests should not wait), `initialDelaySeconds` not
+  waited for: first the startup probe (a container that does not pass it within
+  `failureThreshold` x `periodSeconds` is restarted); then readiness (ready after
+  `successThreshold` successes, unready after `failureThreshold` failures; no probe: ready
+  once started) and liveness, which starts once the startup probe, or else the readiness
+  probe, passed, and restarts the container after `failureThreshold` failures (SIGTERM, then
+  SIGKILL after the grace period: a SIGSTOPped worker is killed and restarted);
 - status: `replicas`, `readyReplicas`, `availableReplicas`, `updatedReplicas`,
   `unavailableReplicas`, `observedGeneration` and the Available/Progressing conditions are
   written to the Deployment's status subresource (zero counts omitted, as the real
@@ -35,7 +39,7 @@ running from the pod template's first container:
   `kubectl delete pod` stops the process, which the Deployment then replaces, and
   `kubectl logs` shows the process's output.
 
-Not emulated: ReplicaSets, liveness and startup probes, resources, volumes,
+Not emulated: ReplicaSets, resources, volumes,
 nodeSelector/affinity/tolerations (one local node), the image itself.
 """
 
@@ -103,6 +107,11 @@ class Pod:
     stopping: asyncio.Future[None] | None = None
     restarts: int = 0
     reported: tuple[bool, int] | None = None  # (ready, restarts) last written to the Pod
+    liveness: JSON | None = None
+    startup: JSON | None = None
+    started_ok: bool = False  # the startup probe (else the readiness probe) passed once
+    liveness_failures: int = 0
+    killing: asyncio.Future[None] | None = None  # a liveness or startup failure's restart
 
 
 def _free_port() -> int:
@@ -307,6 +316,8 @@ class Kubelet:
         for index, pod in enumerate(pods):
             if pod.stopping or pod.process.returncode is None:
                 continue
+            if pod.killing is not None and not pod.killing.done():
+                continue
             pod.record.returncode = pod.process.returncode
             pod.ready = False
             backoff = min(10.0, 0.5 * 2**pod.restarts)
@@ -353,9 +364,12 @@ class Kubelet:
             )
         record = PodRecord(pod_name, namespace, deployment_name, process.pid)
         self.records.append(record)
-        probe = container.get("readinessProbe")
-        if probe is not None:
-            probe = {**probe, "port": self._probe_port(probe, container, ports)}
+        probes = {
+            kind: {**probe, "port": self._probe_port(probe, container, ports)}
+            for kind in ("readinessProbe", "livenessProbe", "startupProbe")
+            if isinstance(probe := container.get(kind), dict)
+        }
+        probe = probes.get("readinessProbe")
         manifest = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -381,7 +395,7 @@ class Kubelet:
             },
             "spec": {**pod_spec, "nodeName": "local"},
         }
-        return Pod(
+        started = Pod(
             manifest,
             pod_name,
             namespace,
@@ -393,6 +407,9 @@ class Kubelet:
             float(pod_spec.get("terminationGracePeriodSeconds", 30)),
             record,
         )
+        started.liveness = probes.get("livenessProbe")
+        started.startup = probes.get("startupProbe")
+        return started
 
     def _stop_pod(self, pod: Pod, reason: str) -> None:
         if pod.stopping is None:
@@ -403,19 +420,9 @@ class Kubelet:
     async def _terminate(self, pod: Pod, reason: str) -> None:
         pod.ready = False
         pod.record.reason = pod.record.reason or reason
-        process = pod.process
-        if process.returncode is None:
-            pod.record.signals.append("SIGTERM")
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), pod.grace)
-            except TimeoutError:
-                pod.record.signals.append("SIGKILL")
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                await process.wait()
-        pod.record.returncode = process.returncode
+        if pod.killing is not None:
+            await pod.killing
+        await self._signal(pod)
         if self._session is not None and not self._session.closed and pod.reported is not None:
             path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
             async with self._session.delete(path):
@@ -570,34 +577,59 @@ class Kubelet:
     # ---- readiness and status --------------------------------------------------------------
 
     async def _probe(self, session: aiohttp.ClientSession, pod: Pod) -> None:
-        if pod.process.returncode is not None:
+        """Startup, then readiness and liveness, as a kubelet orders them."""
+        if pod.process.returncode is not None or pod.killing is not None:
             pod.ready = False
             return
+        if not pod.started_ok and pod.startup is not None:
+            if await _http_probe(pod.startup):
+                pod.started_ok = True
+            else:
+                budget = float(pod.startup.get("failureThreshold", 3)) * float(
+                    pod.startup.get("periodSeconds", 10)
+                ) + float(pod.startup.get("initialDelaySeconds", 0))
+                if time.monotonic() - pod.started > budget:
+                    self._restart_unhealthy(pod, "startup")
+                return
         if pod.probe is None:
-            pod.ready = True
-            return
-        http = pod.probe.get("httpGet") or {}
-        if not http or pod.probe.get("port") is None:
-            pod.ready = True  # exec/tcp probes: not emulated, taken as passing
-            return
-        url = f"http://127.0.0.1:{pod.probe['port']}{http.get('path', '/')}"
-        timeout = aiohttp.ClientTimeout(total=float(pod.probe.get("timeoutSeconds", 1)))
-        try:
-            async with (
-                aiohttp.ClientSession() as probe_session,
-                probe_session.get(url, timeout=timeout) as response,
-            ):
-                passed = 200 <= response.status < 400
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            passed = False
-        if passed:
+            pod.ready = pod.started_ok = True
+        elif await _http_probe(pod.probe):
             pod.successes, pod.failures = pod.successes + 1, 0
             if pod.successes >= int(pod.probe.get("successThreshold", 1)):
-                pod.ready = True
+                pod.ready = pod.started_ok = True
         else:
             pod.failures, pod.successes = pod.failures + 1, 0
             if pod.failures >= int(pod.probe.get("failureThreshold", 3)):
                 pod.ready = False
+        if pod.started_ok and pod.liveness is not None:
+            if await _http_probe(pod.liveness):
+                pod.liveness_failures = 0
+            else:
+                pod.liveness_failures += 1
+                if pod.liveness_failures >= int(pod.liveness.get("failureThreshold", 3)):
+                    self._restart_unhealthy(pod, "liveness")
+
+    def _restart_unhealthy(self, pod: Pod, reason: str) -> None:
+        """Kill the container (SIGTERM, then SIGKILL after the grace period); the pod stays and
+        its container is restarted once the process is gone."""
+        pod.ready = False
+        pod.record.reason = reason
+        pod.killing = asyncio.ensure_future(self._signal(pod))
+
+    async def _signal(self, pod: Pod) -> None:
+        process = pod.process
+        if process.returncode is None:
+            pod.record.signals.append("SIGTERM")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), pod.grace)
+            except TimeoutError:
+                pod.record.signals.append("SIGKILL")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                await process.wait()
+        pod.record.returncode = process.returncode
 
     async def _write_status(
         self, session: aiohttp.ClientSession, deployment: JSON, pods: list[Pod]
@@ -663,6 +695,20 @@ class Kubelet:
     def log(self, namespace: str, pod: str) -> str | None:
         path = self.workdir / namespace / f"{pod}.log"
         return path.read_text(errors="replace") if path.exists() else None
+
+
+async def _http_probe(probe: JSON) -> bool:
+    """One `httpGet` probe on 127.0.0.1; other kinds (exec, tcpSocket) pass (not emulated)."""
+    http = probe.get("httpGet")
+    if not http or probe.get("port") is None:
+        return True
+    url = f"http://127.0.0.1:{probe['port']}{http.get('path', '/')}"
+    timeout = aiohttp.ClientTimeout(total=float(probe.get("timeoutSeconds", 1)))
+    try:
+        async with aiohttp.ClientSession() as session, session.get(url, timeout=timeout) as r:
+            return 200 <= r.status < 400
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return False
 
 
 def _available(pod: Pod, min_ready_seconds: float) -> bool:

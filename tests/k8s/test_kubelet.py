@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -221,3 +223,42 @@ def test_a_process_ignoring_sigterm_is_killed_after_its_grace_period(
     eventually(lambda: record.returncode is not None, "the process ended")
     assert record.signals == ["SIGTERM", "SIGKILL"]
     assert record.returncode == -9
+
+
+def test_a_stopped_worker_fails_its_liveness_probe_and_is_restarted(
+    dsn: str, k8s: LocalCluster, kubelet: Kubelet
+) -> None:
+    deployment = json.loads(worker_deployment("workers", 1, grace=2))
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["livenessProbe"] = {
+        "httpGet": {"path": "/healthz", "port": "metrics"},
+        "failureThreshold": 2,
+    }
+    k8s.kubectl("apply", "-f", "-", input=secret(dsn))
+    k8s.kubectl("apply", "-f", "-", input=json.dumps(deployment))
+    eventually(lambda: deployment_status(k8s, "workers").get("readyReplicas") == 1, "ready")
+    (pod,) = kubelet.pods("default", "workers")
+    first = pod.record
+    os.kill(pod.process.pid, signal.SIGSTOP)  # a hung worker: alive, answering nothing
+    eventually(lambda: first.returncode is not None, "the hung worker killed", timeout=90)
+    assert first.reason == "liveness"
+    assert first.signals == ["SIGTERM", "SIGKILL"]  # a stopped process cannot take SIGTERM
+    eventually(
+        lambda: (
+            deployment_status(k8s, "workers").get("readyReplicas") == 1
+            and kubelet.pods("default", "workers")[0].record is not first
+        ),
+        "restarted",
+    )
+    (restarted,) = kubelet.pods("default", "workers")
+    assert restarted.name == pod.name and restarted.restarts == 1
+    statuses = eventually(
+        lambda: [
+            c
+            for p in k8s.objects("v1", "pods", "default", pod.name)
+            for c in p.get("status", {}).get("containerStatuses", [])
+            if c["restartCount"] == 1
+        ],
+        "the restart count published",
+    )
+    assert statuses[0]["ready"] is True
