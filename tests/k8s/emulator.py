@@ -57,6 +57,7 @@ import kmock
 import yaml
 from kmock._internal import apps, parsing
 
+from .metadata import check_meta, check_pod_spec
 from .openapi import OpenAPI
 from .patching import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .quantities import canonical_resources
@@ -1103,7 +1104,7 @@ class Emulator(kmock.KubernetesEmulator):
                 )
             warnings += [f'unknown field "{u}"' for u in unknown]
             schema.default(obj)
-            errors = schema.validate(obj, old)
+            errors = check_meta(obj["metadata"], "metadata") + schema.validate(obj, old)
         else:
             _default_builtin(obj)
             if strict:
@@ -1122,6 +1123,7 @@ class Emulator(kmock.KubernetesEmulator):
                         f"strict decoding error: {fields}",
                     )
             errors = self._builtin_schemas.validate(obj)
+            errors += check_meta(obj["metadata"], "metadata")
             errors += _builtin_rules(rtype, obj, old)
             if rtype.kind == "CustomResourceDefinition" and not errors:
                 errors += self._check_crd(obj)
@@ -1574,8 +1576,13 @@ def _default_builtin(obj: JSON) -> None:
 def _builtin_rules(rtype: ResourceType, obj: JSON, old: JSON | None) -> list[FieldError]:
     """The few validations of built-in kinds that their schemas cannot say."""
     errors: list[FieldError] = []
+    if rtype.kind == "Pod":
+        errors += check_pod_spec(obj.get("spec", {}), "spec")
     if rtype.kind == "Deployment":
         spec = obj.get("spec", {})
+        template = spec.get("template", {})
+        errors += check_meta(template.get("metadata", {}), "spec.template.metadata")
+        errors += check_pod_spec(template.get("spec", {}), "spec.template.spec")
         selector = spec.get("selector") or {}
         labels = spec.get("template", {}).get("metadata", {}).get("labels") or {}
         if not match_labels(selector_string(selector), labels) or not selector:
