@@ -1,7 +1,7 @@
 """A realistic, validating Kubernetes API server for the tests, built on `kmock`.
 
-`kmock.KubernetesEmulator` gives the HTTP server, the request parsing and the DSL for
-injecting reactions (`emulator["patch", "deployments"] << 500` still works for fault tests);
+`kmock.KubernetesEmulator` gives the request handling, the request parsing and the DSL for
+injecting reactions (a 503 for the next patch still works for fault tests, see README.md);
 its in-memory semantics are too loose for kopf and kubectl, so this subclass answers
 Kubernetes requests itself, as an API server would:
 
@@ -327,7 +327,7 @@ parsing.parse_path = _fixed_parse_path
 
 @attrs.define(kw_only=True)
 class Emulator(kmock.KubernetesEmulator):
-    """The API server; serve it with `kmock.Server(emulator)` inside `async with emulator`."""
+    """The API server: an aiohttp handler, entered (`async with`) and served by cluster.py."""
 
     authorizer: Authorizer | None = None
     # Where `pods/log` comes from: (namespace, pod) -> the log text, None if unknown (kubelet).
