@@ -8,6 +8,7 @@ Built-in kinds get the columns kubectl users know for the few kinds the tests pr
 from __future__ import annotations
 
 import datetime
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,24 @@ _BUILTIN: dict[str, list[tuple[str, str, Callable[[JSON], Any]]]] = {
         ("Up-to-date", "integer", lambda o: o.get("status", {}).get("updatedReplicas", 0)),
         ("Available", "integer", lambda o: o.get("status", {}).get("availableReplicas", 0)),
     ],
+    "Pod": [
+        (
+            "Ready",
+            "string",
+            lambda o: "{}/{}".format(
+                sum(1 for c in o.get("status", {}).get("containerStatuses", []) if c.get("ready")),
+                len(o.get("spec", {}).get("containers", [])),
+            ),
+        ),
+        ("Status", "string", lambda o: o.get("status", {}).get("phase", "Pending")),
+        (
+            "Restarts",
+            "integer",
+            lambda o: sum(
+                c.get("restartCount", 0) for c in o.get("status", {}).get("containerStatuses", [])
+            ),
+        ),
+    ],
     "Secret": [
         ("Type", "string", lambda o: o.get("type")),
         ("Data", "integer", lambda o: len(o.get("data") or {})),
@@ -81,7 +100,7 @@ _BUILTIN: dict[str, list[tuple[str, str, Callable[[JSON], Any]]]] = {
 }
 
 
-def _cell(column: JSON, obj: JSON) -> Any:
+def _column_cell(column: JSON, obj: JSON) -> Any:
     try:
         values = jsonpath(obj, column["jsonPath"])
     except ValueError:
@@ -120,7 +139,7 @@ def table(
                     "priority": column.get("priority", 0),
                 }
             )
-            cells.append(lambda o, c=column: _cell(c, o))
+            cells.append(functools.partial(_column_cell, column))
     else:
         for name, kind, cell in _BUILTIN.get(rtype.kind, []):
             definitions.append(
