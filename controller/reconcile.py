@@ -296,10 +296,11 @@ class Dispatcher:
         spec = body["spec"]
         dstatus: Mapping[str, Any] = (deployment or {}).get("status") or {}
         ready = int(dstatus.get("readyReplicas") or 0)
-        current = int((deployment or {}).get("spec", {}).get("replicas", 0)) if deployment else 0
         conditions: list[st.Condition] = [
             st.paused_condition(spec),
-            st.scaling_condition(decision, current if deployment else decision.replicas),
+            st.scaling_condition(
+                decision, int(dstatus.get("replicas") or 0) if deployment else None
+            ),
         ]
         if problem is not None:
             conditions.extend(st.problem_conditions(problem))
@@ -350,14 +351,15 @@ class Dispatcher:
         problem: st.Problem | None,
     ) -> None:
         """An Event and a log line when the Ready reason changes (not on every pass)."""
+        if problem is not None:  # counted on every pass that could not serve the resource
+            self.context.metrics.reconcile_errors.labels(
+                self.namespace, self.name, problem.reason
+            ).inc()
         was = st.condition(before.get("conditions"), st.READY)
         now = st.condition(after["conditions"], st.READY)
         if was.get("reason") == now.get("reason") and was.get("status") == now.get("status"):
             return
         if problem is not None:
-            self.context.metrics.reconcile_errors.labels(
-                self.namespace, self.name, problem.reason
-            ).inc()
             log.warning(
                 "%s/%s: not ready: %s: %s",
                 self.namespace,
