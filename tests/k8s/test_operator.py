@@ -24,8 +24,10 @@ import psycopg
 import pytest
 import yaml
 
+from outbox.demo.embedded import EmbeddedPostgres
 from outbox.models import Event
 from outbox.producer import enqueue_many
+from outbox.schema import migrate
 from outbox.table import Table
 
 from .cluster import LocalCluster
@@ -621,3 +623,48 @@ def test_never_past_max_replicas_and_kubectl_scale_pins_the_count(
         "AGE",
     ]
     assert row.split()[:4] == ["orders", "0", "1", "2000"]
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[EmbeddedPostgres]:
+    """A PostgreSQL of the test's own, to restart under the operator."""
+    server = EmbeddedPostgres(tmp_path / "pg")
+    server.start()
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        migrate(conn, Table.parse("outbox"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_postgres_restarted_under_the_operator(
+    own_server: EmbeddedPostgres, cluster: LocalCluster, operators: Callable[..., Operator]
+) -> None:
+    operators()
+    dsn = own_server.dsn()
+    scaling = {"minReplicas": 2, "maxReplicas": 3, "pollIntervalSeconds": 1}
+    apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest(scaling=scaling))
+    wait_for(
+        "DatabaseReachable=True",
+        lambda: condition(cluster, "orders", "DatabaseReachable").get("status") == "True",
+    )
+    assert scaled_up(cluster) == 2
+    own_server.stop(mode="immediate", remove=False)  # a crash
+    down = wait_for(
+        "DatabaseReachable=False",
+        lambda: (c := condition(cluster, "orders", "DatabaseReachable"))["status"] == "False" and c,
+    )
+    assert down["reason"] == "DatabaseUnreachable"
+    wait_for(
+        "the size held",
+        lambda: condition(cluster, "orders", "Scaling").get("reason") == "HoldingSize",
+    )
+    assert scaled_up(cluster) == 2
+    own_server.start()
+    wait_for(
+        "DatabaseReachable=True again",
+        lambda: condition(cluster, "orders", "DatabaseReachable").get("status") == "True",
+    )
+    assert "Recovered" in wait_for("the Recovered event", lambda: reasons(cluster, "orders"))
+    assert scaled_up(cluster) == 2
