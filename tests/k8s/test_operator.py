@@ -549,6 +549,8 @@ def test_changes_made_while_the_operator_was_down_are_handled_when_it_starts(
     wait_for("a second resource", lambda: deployment_of(cluster, "doomed"))
     first.signal(signal.SIGTERM)
     assert first.wait() == 0
+    lease = get(cluster, "leases", "outbox-controller")
+    assert lease is not None and not lease["spec"].get("holderIdentity")  # handed over at once
     # While nobody runs: one resource changed, one deleted, one made.
     cluster.kubectl("patch", "obd", "early", "--type=merge", "-p", '{"spec":{"concurrency":3}}')
     cluster.kubectl("delete", "obd", "doomed")
