@@ -127,7 +127,8 @@ class Dispatcher:
         dsn = parse_dsn(
             await self.context.kube.secret_value(self.namespace, ref["name"], ref.get("key", "dsn"))
         )
-        return dsn, await read_backlog(dsn, table)
+        ordered = spec.get("ordering") == "aggregate"
+        return dsn, await read_backlog(dsn, table, ordered=ordered)
 
     def _policy_for(self, scaling: Mapping[str, Any]) -> ScalingPolicy:
         # One policy per resource, kept between passes (it holds the stabilization window);
