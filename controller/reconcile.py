@@ -168,6 +168,10 @@ class Dispatcher:
         kube = self.context.kube
         spec = body["spec"]
         meta = body["metadata"]
+        if meta.get("deletionTimestamp"):
+            # Being deleted (e.g. foreground: it waits for its Deployment to go); recreating
+            # the Deployment now would hold the deletion up for ever.
+            return
         generation = int(meta.get("generation") or 0)
         # What this replica wrote last is newer than a body whose watch event is still on its way.
         status_before: Mapping[str, Any] = self._last_status or body.get("status") or {}

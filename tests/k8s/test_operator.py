@@ -537,6 +537,16 @@ def test_deleting_the_resource_deletes_its_deployment_and_leaves_the_table(
     wait_for("the Deployment to go", lambda: deployment_of(cluster) is None)
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (5,)
+    # Foreground: the resource waits for its Deployment, which the operator does not recreate.
+    apply(cluster, dispatcher_manifest())
+    wait_for("the Deployment again", lambda: deployment_of(cluster))
+    cluster.kubectl("delete", "obd", "orders", "--cascade=foreground", "--wait=true")
+    wait_for(
+        "both gone",
+        lambda: (
+            deployment_of(cluster) is None and get(cluster, "outboxdispatchers", "orders") is None
+        ),
+    )
 
 
 def test_changes_made_while_the_operator_was_down_are_handled_when_it_starts(
