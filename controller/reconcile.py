@@ -59,6 +59,7 @@ class Dispatcher:
     _last_purge: datetime | None = None
     _reconciled_generation: int | None = None
     _last_status: Mapping[str, Any] | None = None
+    _secret_version: str = ""  # of the DSN's Secret: a new one rolls the workers
 
     @property
     def namespace(self) -> str:
@@ -124,9 +125,10 @@ class Dispatcher:
         database = spec["database"]
         table = parse_table(database.get("table", "outbox"))
         ref = database["dsnSecretRef"]
-        dsn = parse_dsn(
-            await self.context.kube.secret_value(self.namespace, ref["name"], ref.get("key", "dsn"))
+        text, self._secret_version = await self.context.kube.secret_value(
+            self.namespace, ref["name"], ref.get("key", "dsn")
         )
+        dsn = parse_dsn(text)
         ordered = spec.get("ordering") == "aggregate"
         return dsn, await read_backlog(dsn, table, ordered=ordered)
 
@@ -229,7 +231,10 @@ class Dispatcher:
         """Create the Deployment, or replace it if its template changed, or just resize it."""
         kube = self.context.kube
         rendered = render_deployment(
-            body, replicas=replicas, default_image=self.context.settings.worker_image
+            body,
+            replicas=replicas,
+            default_image=self.context.settings.worker_image,
+            secret_version=self._secret_version,
         )
         if deployment is None:
             log.info(

@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from outbox.controller.render import TEMPLATE_HASH, render_deployment
+from outbox.controller.render import SECRET_VERSION, TEMPLATE_HASH, render_deployment
 from outbox.controller.resource import selector_string
 from outbox.settings import parse_duration
 
@@ -278,3 +278,13 @@ def test_the_worker_understands_every_variable_the_operator_sets(
         assert settings.publish_timeout.total_seconds() == 3
     if publisher["type"] == "kafka":
         assert settings.publisher_options["kafka_compression"] == "zstd"
+
+
+def test_a_changed_dsn_secret_rolls_the_workers() -> None:
+    body = resource()
+    first = render_deployment(body, replicas=1, default_image="i", secret_version="41")
+    again = render_deployment(body, replicas=3, default_image="i", secret_version="41")
+    rotated = render_deployment(body, replicas=1, default_image="i", secret_version="97")
+    hashes = [d["metadata"]["annotations"][TEMPLATE_HASH] for d in (first, again, rotated)]
+    assert hashes[0] == hashes[1] != hashes[2]
+    assert rotated["spec"]["template"]["metadata"]["annotations"][SECRET_VERSION] == "97"

@@ -680,3 +680,26 @@ def test_postgres_restarted_under_the_operator(
     )
     assert "Recovered" in wait_for("the Recovered event", lambda: reasons(cluster, "orders"))
     assert scaled_up(cluster) == 2
+
+
+def test_a_changed_dsn_secret_rolls_the_workers(
+    cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
+) -> None:
+    operators()
+    apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest())
+    first = wait_for("the Deployment", lambda: deployment_of(cluster))
+    # Any change of the Secret (here a key added) is a new resourceVersion: the pods restart.
+    apply(cluster, secret_manifest("orders-db", dsn=dsn, note="rotated"))
+    rolled = wait_for(
+        "a new template",
+        lambda: (
+            (d := deployment_of(cluster))
+            and d["metadata"]["generation"] > first["metadata"]["generation"]
+            and d
+        ),
+    )
+    secret = get(cluster, "secrets", "orders-db")
+    assert secret is not None
+    annotations = rolled["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["outbox.dev/dsn-secret-version"] == secret["metadata"]["resourceVersion"]
+    assert dsn not in json.dumps(rolled)
