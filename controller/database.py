@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any
 
 import psycopg
 
@@ -54,8 +53,11 @@ def _database_problem(exc: psycopg.Error, dsn: str) -> Problem:
     return Problem("DatabaseError", _scrub(str(exc), dsn), database=True)
 
 
-async def read_backlog(dsn: str, table: Table) -> QueueStats:
-    """Check the table is a usable outbox table and read its backlog, in one connection."""
+async def read_backlog(dsn: str, table: Table, *, ordered: bool = False) -> QueueStats:
+    """Check the table is a usable outbox table and read its backlog, in one connection.
+
+    `ordered` (spec.ordering aggregate) adds the claimable heads the scaling policy sizes on.
+    """
     try:
         async with await psycopg.AsyncConnection.connect(
             dsn,
@@ -68,7 +70,7 @@ async def read_backlog(dsn: str, table: Table) -> QueueStats:
             except SchemaError as exc:
                 missing = "does not exist" in str(exc)
                 raise Problem("TableMissing" if missing else "TableInvalid", str(exc)) from None
-            return await queue_stats_async(conn, table)
+            return await queue_stats_async(conn, table, ordered=ordered)
     except psycopg.Error as exc:
         raise _database_problem(exc, dsn) from None
 
@@ -91,4 +93,4 @@ async def purge(dsn: str, table: Table, older_than: timedelta) -> int:
         raise _database_problem(exc, dsn) from None
 
 
-__all__: list[Any] = ["parse_dsn", "parse_table", "purge", "read_backlog"]
+__all__ = ["parse_dsn", "parse_table", "purge", "read_backlog"]

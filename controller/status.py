@@ -90,6 +90,9 @@ def backlog_status(stats: QueueStats, rates: Rates | None) -> dict[str, Any]:
         "dead": stats.dead,
         "oldestReadyAgeSeconds": round(stats.oldest_ready_age or 0.0, 3),
         "sampledAt": timestamp(stats.sampled_at),
+        # Counts stop at the stats' count limit (cheap at any size); then they read "at least".
+        "countsExact": stats.counts_exact,
+        "readyEstimate": stats.ready_estimate,
     }
     if rates is not None:
         status["arrivalRate"] = round(rates.arrivals_per_second, 3)
@@ -125,9 +128,11 @@ def fixed_decision(spec: Mapping[str, Any], current: int) -> Decision | None:
     return None
 
 
-def scaling_condition(decision: Decision, current: int) -> Condition:
-    """Scaling is True while the Deployment moves to a new size."""
-    return Condition(SCALING, decision.replicas != current, decision.reason, decision.message)
+def scaling_condition(decision: Decision, running: int | None) -> Condition:
+    """Scaling is True while the Deployment's pods (`running`, None without a Deployment)
+    have not reached the decided count yet."""
+    moving = running is not None and running != decision.replicas
+    return Condition(SCALING, moving, decision.reason, decision.message)
 
 
 def paused_condition(spec: Mapping[str, Any]) -> Condition:
