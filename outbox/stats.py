@@ -33,6 +33,11 @@ class QueueStats:
     oldest_ready_age: float | None  # seconds the longest-waiting ready message has been claimable
     max_id: int  # highest id so far: arrivals between two snapshots = difference
     attempts: dict[int, int]  # attempts -> messages, over pending and processing rows
+    # Ordered tables only (None otherwise): what can be claimed at all, since only the head
+    # of each aggregate is claimable.
+    claimable_heads: int | None = None  # aggregates whose head is claimable now
+    oldest_claimable_age: float | None = None  # seconds the oldest claimable head has waited
+    blocked_by_dead: int | None = None  # messages waiting behind a dead head
 
     @property
     def backlog(self) -> int:

@@ -1,0 +1,3 @@
+from outbox.controller.cli import main
+
+main()

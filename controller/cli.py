@@ -1,0 +1,124 @@
+"""`outbox-controller`: the OutboxDispatcher operator process.
+
+It serves /healthz and /metrics at once, then waits to lead (see `leader.py`). While it
+leads, kopf watches the resources and one loop per resource reconciles it. Losing the Lease
+stops every loop and exits with status 1, so the pod restarts as a follower, as client-go
+controllers do; SIGTERM stops cleanly and hands the Lease over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import kopf
+from kubernetes.aio.client import ApiClient, Configuration
+from kubernetes.aio.config import ConfigException, load_incluster_config, load_kube_config
+
+from outbox.cliutil import fail
+from outbox.controller import logs
+from outbox.controller.handlers import Supervisor, build_kopf_settings, build_registry
+from outbox.controller.kube import Kube
+from outbox.controller.leader import LeaderElector
+from outbox.controller.metrics import HealthServer, Metrics
+from outbox.controller.reconcile import Context
+from outbox.controller.settings import ControllerSettings, load_settings
+from outbox.settings import SettingError
+
+log = logging.getLogger("outbox.controller")
+PROG = "outbox-controller"
+LOST_LEADERSHIP = 1
+
+
+async def api_client() -> ApiClient:
+    """In-cluster credentials inside a pod, else the kubeconfig (KUBECONFIG or ~/.kube)."""
+    configuration = Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        await load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    return ApiClient(configuration)
+
+
+async def run(settings: ControllerSettings) -> int:
+    """Serve until stopped (0) or until the leadership is lost (1)."""
+    metrics = Metrics()
+    health = HealthServer(metrics, settings.health_port)
+    await health.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        api = await api_client()
+    except (ConfigException, OSError) as exc:
+        await health.close()
+        fail(PROG, f"no cluster credentials (in-cluster or KUBECONFIG): {exc}")
+    elector = LeaderElector(api, settings)
+    try:
+        if not await elector.acquire(stop):
+            return 0
+        metrics.leader.set(1)
+        return await _lead(settings, api, elector, metrics, stop)
+    finally:
+        metrics.leader.set(0)
+        await elector.release()
+        await api.close()  # type: ignore[no-untyped-call]
+        await health.close()
+
+
+async def _lead(
+    settings: ControllerSettings,
+    api: ApiClient,
+    elector: LeaderElector,
+    metrics: Metrics,
+    stop: asyncio.Event,
+) -> int:
+    supervisor = Supervisor(Context(settings, Kube(api, elector.check, elector.identity), metrics))
+    kopf_stop = asyncio.Event()
+    watching = asyncio.create_task(
+        kopf.operator(
+            registry=build_registry(supervisor),
+            settings=build_kopf_settings(settings.log_level),
+            standalone=True,  # the Lease elects the leader, not kopf's peering
+            clusterwide=not settings.namespaces,
+            namespaces=list(settings.namespaces),
+            stop_flag=kopf_stop,
+        ),
+        name="kopf",
+    )
+    holding = asyncio.create_task(elector.hold(), name="lease renewal")
+    stopping = asyncio.create_task(stop.wait(), name="stop")
+    lost = asyncio.create_task(supervisor.lost.wait(), name="write refused")
+    done, _ = await asyncio.wait(
+        {watching, holding, stopping, lost}, return_when=asyncio.FIRST_COMPLETED
+    )
+    code = 0
+    if holding in done or lost in done:
+        log.error("no longer the leader: stopping all work and exiting so the pod restarts")
+        code = LOST_LEADERSHIP
+    elif watching in done and watching.exception() is not None:
+        log.error("the watcher failed: %s", watching.exception())
+        code = LOST_LEADERSHIP
+    # kopf takes over SIGTERM while it runs: its normal return is a requested stop.
+    kopf_stop.set()
+    await supervisor.close()
+    for task in (holding, stopping, lost):
+        task.cancel()
+    await asyncio.gather(watching, holding, stopping, lost, return_exceptions=True)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        settings = load_settings(argv)
+    except SettingError as exc:
+        fail(PROG, str(exc))
+    logs.configure(settings.log_format, settings.log_level)
+    namespaces = ", ".join(settings.namespaces) or "all namespaces"
+    log.info("outbox-controller serving %s as %s", namespaces, settings.leader_identity)
+    sys.exit(asyncio.run(run(settings)))

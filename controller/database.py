@@ -1,0 +1,94 @@
+"""What the operator asks of the outbox database: is the table usable, the backlog, the purge.
+
+Every failure becomes a `Problem` with a precise reason; messages never carry the DSN's
+password (libpq's own messages name host, port and user, never the password, and any DSN
+text is redacted before it is shown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from outbox.controller.status import Problem
+from outbox.maintenance import purge_done
+from outbox.schema import SchemaError, check_table
+from outbox.settings import SettingError, check_dsn, redact_dsn
+from outbox.stats import QueueStats, queue_stats_async
+from outbox.table import Table
+
+CONNECT_TIMEOUT_SECONDS = 5
+APPLICATION_NAME = "outbox-controller"
+
+
+def parse_dsn(dsn: str) -> str:
+    try:
+        return check_dsn(dsn)
+    except SettingError as exc:
+        raise Problem("InvalidDsn", f"the DSN in the Secret is unusable: {exc}") from None
+
+
+def parse_table(text: str) -> Table:
+    try:
+        return Table.parse(text)
+    except SettingError as exc:
+        raise Problem("InvalidTable", str(exc)) from None
+
+
+def _scrub(message: str, dsn: str) -> str:
+    # A DSN quoted back by a driver message is shown redacted.
+    text = message.strip().splitlines()[0] if message.strip() else "unknown error"
+    return text.replace(dsn, redact_dsn(dsn)) if dsn else text
+
+
+def _database_problem(exc: psycopg.Error, dsn: str) -> Problem:
+    if isinstance(exc, psycopg.OperationalError):
+        return Problem(
+            "DatabaseUnreachable",
+            f"cannot connect to {redact_dsn(dsn)}: {_scrub(str(exc), dsn)}",
+            database=True,
+        )
+    return Problem("DatabaseError", _scrub(str(exc), dsn), database=True)
+
+
+async def read_backlog(dsn: str, table: Table) -> QueueStats:
+    """Check the table is a usable outbox table and read its backlog, in one connection."""
+    try:
+        async with await psycopg.AsyncConnection.connect(
+            dsn,
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            application_name=APPLICATION_NAME,
+        ) as conn:
+            try:
+                await check_table(conn, table)
+            except SchemaError as exc:
+                missing = "does not exist" in str(exc)
+                raise Problem("TableMissing" if missing else "TableInvalid", str(exc)) from None
+            return await queue_stats_async(conn, table)
+    except psycopg.Error as exc:
+        raise _database_problem(exc, dsn) from None
+
+
+def _purge(dsn: str, table: Table, older_than: timedelta) -> int:
+    with psycopg.connect(
+        dsn,
+        autocommit=True,
+        connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        application_name=APPLICATION_NAME,
+    ) as conn:
+        return purge_done(conn, table, older_than=older_than)
+
+
+async def purge(dsn: str, table: Table, older_than: timedelta) -> int:
+    """Delete done rows older than `older_than` (bounded batches); how many went."""
+    try:
+        return await asyncio.to_thread(_purge, dsn, table, older_than)
+    except psycopg.Error as exc:
+        raise _database_problem(exc, dsn) from None
+
+
+__all__: list[Any] = ["parse_dsn", "parse_table", "purge", "read_backlog"]

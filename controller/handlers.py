@@ -1,0 +1,92 @@
+"""The kopf side: watch OutboxDispatcher resources and keep one `Dispatcher` loop per resource.
+
+kopf only watches here. No change handlers, daemons or timers are registered, so kopf puts no
+finalizers, annotations or status of its own on the resources: deleting a resource is never
+held up by the operator (its Deployment goes with it through the owner reference), and every
+write goes through `kube.Kube`. A resource's loop starts on its first event (the initial
+listing included, so resources made while the operator was down are served on start) and is
+cancelled when the resource is deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from outbox.controller.leader import LeadershipLost
+from outbox.controller.reconcile import Context, Dispatcher
+from outbox.controller.resource import GROUP, PLURAL, VERSION
+
+log = logging.getLogger("outbox.controller")
+
+
+class Supervisor:
+    """The Dispatcher loops of this replica; a lost leadership stops them all."""
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+        self._loops: dict[tuple[str, str], tuple[Dispatcher, asyncio.Task[None]]] = {}
+        self.lost = asyncio.Event()
+
+    def on_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        if event_type == "DELETED":
+            self._stop(key)
+            return
+        existing = self._loops.get(key)
+        if existing is not None and existing[0].body["metadata"].get("uid") == meta.get("uid"):
+            existing[0].update(body)
+            return
+        self._stop(key)  # deleted and re-created under the same name while unseen
+        dispatcher = Dispatcher(self.context, body)
+        task = asyncio.create_task(dispatcher.run(), name=f"dispatcher {key[0]}/{key[1]}")
+        task.add_done_callback(self._ended)
+        self._loops[key] = (dispatcher, task)
+        log.info("%s/%s: serving", *key)
+
+    def _stop(self, key: tuple[str, str]) -> None:
+        found = self._loops.pop(key, None)
+        if found is not None:
+            found[1].cancel()
+            self.context.metrics.forget(*key)
+            log.info("%s/%s: deleted; its Deployment goes with it", *key)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        if isinstance(task.exception(), LeadershipLost):
+            self.lost.set()
+
+    async def close(self) -> None:
+        tasks = [task for _, task in self._loops.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._loops.clear()
+
+
+def build_registry(supervisor: Supervisor) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    def watched(type: str | None, body: kopf.Body, **_: Any) -> None:
+        supervisor.on_event(type, body)
+
+    return registry
+
+
+def build_kopf_settings(log_level: str) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    # Our own Events and status carry the story; kopf posts nothing and scans no
+    # namespaces or CRDs (so the operator needs no permission on either).
+    settings.posting.enabled = False
+    settings.scanning.disabled = True
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 30
+    return settings

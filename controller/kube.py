@@ -1,0 +1,169 @@
+"""Every read and write the operator makes, through the official `kubernetes` client.
+
+kopf only watches; this is the one room that changes the cluster, and each write first asks
+the leader elector whether this replica may still act (see `leader.py`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import secrets
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from kubernetes.aio.client import (
+    ApiClient,
+    AppsV1Api,
+    CoreV1Api,
+    CoreV1Event,
+    CustomObjectsApi,
+    V1Deployment,
+)
+from kubernetes.aio.client.exceptions import ApiException
+
+from outbox.controller.resource import API_VERSION, GROUP, KIND, MANAGER, PLURAL, VERSION
+from outbox.controller.status import Problem, timestamp
+
+MERGE_PATCH = "application/merge-patch+json"
+M = TypeVar("M", V1Deployment, CoreV1Event)
+
+
+def model(cls: type[M], data: Mapping[str, Any]) -> M:
+    """A client model from a plain object (the client takes models, we render dicts)."""
+    built = cls.from_dict(dict(data))
+    assert built is not None
+    return built
+
+
+class Kube:
+    def __init__(self, api: ApiClient, check: Callable[[], None], identity: str) -> None:
+        self._api = api
+        self._apps = AppsV1Api(api)
+        self._core = CoreV1Api(api)
+        self._custom = CustomObjectsApi(api)
+        self._check = check  # raises LeadershipLost when this replica may not write
+        self._identity = identity
+
+    def _dict(self, obj: Any) -> dict[str, Any]:
+        data: dict[str, Any] = self._api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+        return data
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def secret_value(self, namespace: str, name: str, key: str) -> str:
+        """One key of a Secret, decoded; a Problem names what is missing or unusable."""
+        try:
+            secret = await self._core.read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise Problem(
+                    "SecretNotFound", f"Secret {namespace}/{name} does not exist"
+                ) from None
+            if exc.status == 403:
+                raise Problem(
+                    "SecretForbidden", f"the operator may not read Secret {namespace}/{name}"
+                ) from None
+            raise
+        data = secret.data or {}
+        if key not in data:
+            keys = ", ".join(sorted(data)) or "none"
+            raise Problem(
+                "SecretKeyMissing", f"Secret {namespace}/{name} has no key {key!r} (keys: {keys})"
+            )
+        try:
+            return base64.b64decode(data[key], validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            raise Problem(
+                "InvalidDsn", f"key {key!r} of Secret {namespace}/{name} is not UTF-8 text"
+            ) from None
+
+    async def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._dict(await self._apps.read_namespaced_deployment(name, namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    async def create_deployment(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        self._check()
+        namespace = body["metadata"]["namespace"]
+        created = await self._apps.create_namespaced_deployment(
+            namespace, model(V1Deployment, body), field_manager=MANAGER
+        )
+        return self._dict(created)
+
+    async def replace_deployment(
+        self, body: Mapping[str, Any], resource_version: str
+    ) -> dict[str, Any]:
+        """PUT the whole rendered Deployment; resourceVersion makes a concurrent change a 409."""
+        self._check()
+        meta = body["metadata"]
+        full = {**body, "metadata": {**meta, "resourceVersion": resource_version}}
+        replaced = await self._apps.replace_namespaced_deployment(
+            meta["name"], meta["namespace"], model(V1Deployment, full), field_manager=MANAGER
+        )
+        return self._dict(replaced)
+
+    async def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        self._check()
+        await self._apps.patch_namespaced_deployment(
+            name,
+            namespace,
+            {"spec": {"replicas": replicas}},
+            field_manager=MANAGER,
+            _content_type=MERGE_PATCH,
+        )
+
+    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        self._check()
+        await self._custom.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            {"status": dict(status)},
+            field_manager=MANAGER,
+            _content_type=MERGE_PATCH,
+        )
+
+    async def event(
+        self, resource: Mapping[str, Any], type_: str, reason: str, message: str
+    ) -> None:
+        """A core/v1 Event about the resource, as `kubectl describe obd` shows them."""
+        self._check()
+        meta = resource["metadata"]
+        now = datetime.now(UTC)
+        event = model(
+            CoreV1Event,
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {
+                    "name": f"{meta['name']}.{secrets.token_hex(8)}",
+                    "namespace": meta["namespace"],
+                },
+                "involvedObject": {
+                    "apiVersion": API_VERSION,
+                    "kind": KIND,
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "uid": meta.get("uid"),
+                },
+                "type": type_,
+                "reason": reason,
+                "message": message[:1024],
+                "source": {"component": MANAGER},
+                "reportingComponent": MANAGER,
+                "reportingInstance": self._identity,
+                "firstTimestamp": timestamp(now),
+                "lastTimestamp": timestamp(now),
+                "count": 1,
+            },
+        )
+        await self._core.create_namespaced_event(meta["namespace"], event)

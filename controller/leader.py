@@ -1,0 +1,196 @@
+"""Leader election with a `coordination.k8s.io/v1` Lease, as client-go's leaderelection does.
+
+Only the leader acts. A follower takes the Lease once it has seen no renewal for a whole
+`lease_duration` (measured on its own monotonic clock from when it last saw the record change,
+so clocks need not agree). The leader renews every `retry_period`; if it could not renew for
+`renew_deadline` (shorter than the lease duration) it has lost: it stops acting and the process
+exits, so the pod restarts as a follower. Every write of the operator first asks `check()`,
+so a leader that was frozen (SIGSTOP, a long GC pause, a partition) and wakes up past its
+deadline refuses to write before it even notices the loss: two replicas never both act.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.aio.client import ApiClient, CoordinationV1Api, V1Lease
+from kubernetes.aio.client.exceptions import ApiException
+
+from outbox.controller.settings import ControllerSettings
+
+log = logging.getLogger("outbox.controller")
+
+
+class LeadershipLost(Exception):
+    """This replica may no longer act: its Lease may have been taken over."""
+
+
+def _micro_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _lease(data: dict[str, Any]) -> V1Lease:
+    lease = V1Lease.from_dict(data)
+    assert lease is not None
+    return lease
+
+
+@dataclass
+class _Observed:
+    holder: str
+    record: tuple[Any, ...]  # what changes on every renewal
+    seen_at: float  # monotonic time this record was first seen
+
+
+class LeaderElector:
+    def __init__(self, api: ApiClient, settings: ControllerSettings) -> None:
+        self._leases = CoordinationV1Api(api)
+        self._namespace = settings.leader_election_namespace
+        self._name = settings.leader_election_id
+        self.identity = settings.leader_identity
+        self._duration = settings.lease_duration.total_seconds()
+        self._deadline = settings.renew_deadline.total_seconds()
+        self._period = settings.retry_period.total_seconds()
+        self._duration_seconds = max(1, round(self._duration))  # the Lease holds whole seconds
+        self._observed: _Observed | None = None
+        self._renewed_at: float | None = None  # monotonic, of the last successful write
+
+    # -- the fence ------------------------------------------------------------------------------
+
+    @property
+    def leading(self) -> bool:
+        renewed = self._renewed_at
+        return renewed is not None and time.monotonic() - renewed < self._deadline
+
+    def check(self) -> None:
+        """Raise LeadershipLost unless this replica renewed within the renew deadline."""
+        if not self.leading:
+            raise LeadershipLost(f"{self.identity} does not hold lease {self._name} any more")
+
+    # -- acquiring and renewing -----------------------------------------------------------------
+
+    async def acquire(self, stop: asyncio.Event) -> bool:
+        """Wait until this replica leads (True), or until `stop` is set (False)."""
+        log.info("waiting to lead: lease %s/%s as %s", self._namespace, self._name, self.identity)
+        while not stop.is_set():
+            if await self._try():
+                log.info("leading: acquired lease %s/%s", self._namespace, self._name)
+                return True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self._period)
+        return False
+
+    async def hold(self) -> None:
+        """Renew until the renew deadline passes without a renewal; then return (lost)."""
+        while True:
+            await asyncio.sleep(self._period)
+            if not self.leading:
+                break
+            started = time.monotonic()
+            try:
+                renewed = await asyncio.wait_for(self._try(), timeout=self._deadline)
+            except TimeoutError:
+                renewed = False
+            if not renewed and time.monotonic() - started > self._deadline:
+                break
+            if not self.leading:
+                break
+        log.error(
+            "lost lease %s/%s (no renewal for %.1fs): stopping", self._namespace, self._name,
+            self._deadline,
+        )  # fmt: skip
+
+    async def release(self) -> None:
+        """On a clean shutdown, hand the Lease over at once instead of after its duration."""
+        if not self.leading:
+            return
+        try:
+            lease = await self._leases.read_namespaced_lease(self._name, self._namespace)
+            if lease.spec is None or lease.spec.holder_identity != self.identity:
+                return
+            body = self._api_client_dict(lease)
+            body["spec"]["holderIdentity"] = ""
+            body["spec"]["leaseDurationSeconds"] = 1
+            body["spec"]["renewTime"] = _micro_time(datetime.now(UTC))
+            await self._leases.replace_namespaced_lease(self._name, self._namespace, _lease(body))
+            log.info("released lease %s/%s", self._namespace, self._name)
+        except (ApiException, OSError) as exc:
+            log.warning("could not release lease %s/%s: %s", self._namespace, self._name, exc)
+        finally:
+            self._renewed_at = None
+
+    def _api_client_dict(self, lease: Any) -> dict[str, Any]:
+        data: dict[str, Any] = self._leases.api_client.sanitize_for_serialization(lease)
+        data.setdefault("spec", {})
+        return data
+
+    async def _try(self) -> bool:
+        """One attempt to take or renew the Lease; True if this replica now holds it."""
+        attempt_started = time.monotonic()
+        now = _micro_time(datetime.now(UTC))
+        try:
+            try:
+                lease = await self._leases.read_namespaced_lease(self._name, self._namespace)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                await self._leases.create_namespaced_lease(
+                    self._namespace, _lease(self._new_lease(now))
+                )
+                self._renewed_at = attempt_started
+                return True
+            body = self._api_client_dict(lease)
+            spec = body["spec"]
+            holder = spec.get("holderIdentity") or ""
+            record = (holder, spec.get("renewTime"), spec.get("leaseTransitions"),
+                      body["metadata"].get("resourceVersion"))  # fmt: skip
+            if self._observed is None or self._observed.record != record:
+                self._observed = _Observed(holder, record, attempt_started)
+            duration = float(spec.get("leaseDurationSeconds") or self._duration)
+            if holder and holder != self.identity:
+                if self._renewed_at is not None:
+                    log.error("lease %s/%s is held by %s now", self._namespace, self._name, holder)
+                    self._renewed_at = None  # taken over: stop acting at once
+                if attempt_started - self._observed.seen_at < duration:
+                    return False  # someone else renews: follow
+                log.info("lease %s/%s held by %s expired: taking it", self._namespace,
+                         self._name, holder)  # fmt: skip
+            if holder != self.identity:
+                spec["acquireTime"] = now
+                spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+            spec["holderIdentity"] = self.identity
+            spec["leaseDurationSeconds"] = self._duration_seconds
+            spec["renewTime"] = now
+            # resourceVersion in the body: a concurrent writer makes this a 409, not a tie.
+            await self._leases.replace_namespaced_lease(self._name, self._namespace, _lease(body))
+        except ApiException as exc:
+            if exc.status != 409:
+                log.warning("lease %s/%s: %s %s", self._namespace, self._name, exc.status,
+                            exc.reason)  # fmt: skip
+            return False
+        except (TimeoutError, OSError) as exc:
+            log.warning("lease %s/%s: %s", self._namespace, self._name, exc)
+            return False
+        # The lease counts from before the request: the deadline errs on the safe side.
+        self._renewed_at = attempt_started
+        return True
+
+    def _new_lease(self, now: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self._name, "namespace": self._namespace},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": self._duration_seconds,
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": 0,
+            },
+        }

@@ -1,0 +1,124 @@
+"""The operator's Prometheus metrics and its /healthz and /metrics endpoints (one port)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
+
+from outbox.stats import QueueStats
+
+log = logging.getLogger("outbox.controller")
+
+BACKLOG_STATES = ("pending", "ready", "processing", "dead")
+RESOURCE = ["namespace", "dispatcher"]
+
+
+class Metrics:
+    """One registry per operator, so several can live in one process (tests)."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.leader = Gauge(
+            "outbox_controller_leader",
+            "1 while this replica holds the leader Lease and acts, else 0",
+            registry=r,
+        )
+        self.backlog = Gauge(
+            "outbox_controller_backlog_messages",
+            "Messages of a dispatcher's table by state, as last read",
+            [*RESOURCE, "state"],
+            registry=r,
+        )
+        self.oldest_ready_age = Gauge(
+            "outbox_controller_oldest_ready_age_seconds",
+            "Seconds the longest-waiting ready message has been claimable (0 when none)",
+            RESOURCE,
+            registry=r,
+        )
+        self.desired_replicas = Gauge(
+            "outbox_controller_desired_replicas",
+            "Worker replicas the operator asks for",
+            RESOURCE,
+            registry=r,
+        )
+        self.ready_replicas = Gauge(
+            "outbox_controller_ready_replicas",
+            "Worker pods passing their readiness probe",
+            RESOURCE,
+            registry=r,
+        )
+        self.scale_decisions = Counter(
+            "outbox_controller_scale_decisions",
+            "Changes of a Deployment's replica count, by direction",
+            [*RESOURCE, "direction"],
+            registry=r,
+        )
+        self.reconcile_errors = Counter(
+            "outbox_controller_reconcile_errors",
+            "Reconciles that could not serve a resource, by reason",
+            [*RESOURCE, "reason"],
+            registry=r,
+        )
+
+    def observe_backlog(self, namespace: str, name: str, stats: QueueStats) -> None:
+        for state in BACKLOG_STATES:
+            self.backlog.labels(namespace, name, state).set(getattr(stats, state))
+        self.oldest_ready_age.labels(namespace, name).set(stats.oldest_ready_age or 0.0)
+
+    def observe_replicas(self, namespace: str, name: str, desired: int, ready: int) -> None:
+        self.desired_replicas.labels(namespace, name).set(desired)
+        self.ready_replicas.labels(namespace, name).set(ready)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """A deleted resource's series go, instead of reporting its last values for ever."""
+        for state in BACKLOG_STATES:
+            _remove(self.backlog, namespace, name, state)
+        for gauge in (self.oldest_ready_age, self.desired_replicas, self.ready_replicas):
+            _remove(gauge, namespace, name)
+
+
+def _remove(gauge: Gauge, *labels: str) -> None:
+    with contextlib.suppress(KeyError):
+        gauge.remove(*labels)
+
+
+class HealthServer:
+    """/healthz: the process is alive (leader or standby). /metrics: the registry above."""
+
+    def __init__(self, metrics: Metrics, port: int) -> None:
+        self._metrics = metrics
+        self._wanted_port = port
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._serve_metrics)
+        app.router.add_get("/healthz", self._healthz)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "0.0.0.0", self._wanted_port)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self._wanted_port
+        log.info("health and metrics on port %s", self.port)
+
+    async def _serve_metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self._metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()

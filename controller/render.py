@@ -1,0 +1,248 @@
+"""The worker Deployment as a pure function of the OutboxDispatcher resource.
+
+Everything the pods need comes from the spec as OUTBOX_* variables (the worker's own
+settings); every secret (the DSN, HTTP headers, broker credentials) is a `secretKeyRef` or a
+mounted Secret, never a copied value. Rendering the same resource twice gives the same
+object, so a status-only change of the resource leaves the pods alone, and a spec change
+rolls them (the template changes, and with it the template hash the operator compares).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from outbox.controller.resource import (
+    deployment_name,
+    labels,
+    owner_reference,
+    selector_labels,
+)
+
+TEMPLATE_HASH = "outbox.dev/template-hash"
+WORKER_CONTAINER = "worker"
+UID = 65532  # the image's non-root user
+# After its shutdown grace the worker still writes its outcomes; leave it time for that.
+FINALIZE_MARGIN_SECONDS = 15
+NATS_CREDS_DIR = "/etc/outbox/nats-creds"
+NATS_TLS_DIR = "/etc/outbox/nats-tls"
+
+Body = Mapping[str, Any]
+
+
+def _value(name: str, value: object) -> dict[str, Any]:
+    return {"name": name, "value": str(value)}
+
+
+def _secret(name: str, ref: Mapping[str, Any]) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref["key"]}}}
+
+
+def publish_timeout(spec: Body) -> str | None:
+    """The publisher block's timeout (null and log have none: the worker's default)."""
+    publisher = spec["publisher"]
+    block = publisher.get(publisher["type"]) or {}
+    timeout = block.get("timeout")
+    return str(timeout) if timeout is not None else None
+
+
+def _publisher_env(publisher: Body) -> list[dict[str, Any]]:
+    kind = publisher["type"]
+    env = [_value("OUTBOX_PUBLISHER", kind)]
+    block: Body = publisher.get(kind) or {}
+    if kind == "http":
+        env.append(_value("OUTBOX_HTTP_URL", block["url"]))
+        if "headersSecretRef" in block:
+            env.append(_secret("OUTBOX_HTTP_HEADER", block["headersSecretRef"]))
+    elif kind == "nats":
+        # Repeatable worker options take one value a line in their variable.
+        env.append(_value("OUTBOX_NATS_URL", "\n".join(block["urls"])))
+        if "subject" in block:
+            env.append(_value("OUTBOX_NATS_SUBJECT", block["subject"]))
+        env.append(_value("OUTBOX_NATS_NO_STREAM", block.get("noStream", "dead")))
+        for field, variable in (
+            ("userSecretRef", "OUTBOX_NATS_USER"),
+            ("passwordSecretRef", "OUTBOX_NATS_PASSWORD"),
+            ("tokenSecretRef", "OUTBOX_NATS_TOKEN"),
+        ):
+            if field in block:
+                env.append(_secret(variable, block[field]))
+        if "credsSecretRef" in block:
+            env.append(_value("OUTBOX_NATS_CREDS", f"{NATS_CREDS_DIR}/creds"))
+        if "tlsSecretName" in block:
+            env.append(_value("OUTBOX_NATS_TLS_CERT", f"{NATS_TLS_DIR}/tls.crt"))
+            env.append(_value("OUTBOX_NATS_TLS_KEY", f"{NATS_TLS_DIR}/tls.key"))
+            env.append(_value("OUTBOX_NATS_TLS_CA", f"{NATS_TLS_DIR}/ca.crt"))
+    elif kind == "kafka":
+        env.append(_value("OUTBOX_KAFKA_BOOTSTRAP_SERVERS", block["bootstrapServers"]))
+        if "topic" in block:
+            env.append(_value("OUTBOX_KAFKA_TOPIC", block["topic"]))
+        env.append(_value("OUTBOX_KAFKA_COMPRESSION", block.get("compression", "none")))
+        if "config" in block:
+            lines = (f"{key}={value}" for key, value in sorted(block["config"].items()))
+            env.append(_value("OUTBOX_KAFKA_CONFIG", "\n".join(lines)))
+        if "configSecretRef" in block:
+            env.append(_secret("OUTBOX_KAFKA_CONFIG", block["configSecretRef"]))
+    return env
+
+
+def _volumes(publisher: Body) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts): a writable /tmp on the read-only root, and any publisher files."""
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    nats: Body = publisher.get("nats") or {}
+    if "credsSecretRef" in nats:
+        ref = nats["credsSecretRef"]
+        volumes.append(
+            {
+                "name": "nats-creds",
+                "secret": {
+                    "secretName": ref["name"],
+                    "items": [{"key": ref["key"], "path": "creds"}],
+                    "defaultMode": 0o440,
+                },
+            }
+        )
+        mounts.append({"name": "nats-creds", "mountPath": NATS_CREDS_DIR, "readOnly": True})
+    if "tlsSecretName" in nats:
+        volumes.append(
+            {
+                "name": "nats-tls",
+                "secret": {"secretName": nats["tlsSecretName"], "defaultMode": 0o440},
+            }
+        )
+        mounts.append({"name": "nats-tls", "mountPath": NATS_TLS_DIR, "readOnly": True})
+    return volumes, mounts
+
+
+def worker_env(spec: Body) -> list[dict[str, Any]]:
+    """The worker's settings as OUTBOX_* variables, then the spec's extra variables."""
+    worker: Body = spec.get("worker") or {}
+    database = spec["database"]
+    env = [
+        _secret("OUTBOX_DSN", {"key": "dsn", **database["dsnSecretRef"]}),
+        _value("OUTBOX_TABLE", database.get("table", "outbox")),
+        *_publisher_env(spec["publisher"]),
+        _value("OUTBOX_LEASE", spec["lease"]),
+        _value("OUTBOX_BATCH", spec["batchSize"]),
+        _value("OUTBOX_CONCURRENCY", spec["concurrency"]),
+        _value("OUTBOX_MAX_ATTEMPTS", spec["maxAttempts"]),
+        _value("OUTBOX_ORDERING", spec["ordering"]),
+        _value("OUTBOX_METRICS_PORT", worker["metricsPort"]),
+        _value("OUTBOX_SHUTDOWN_GRACE", f"{worker['shutdownGraceSeconds']}s"),
+        _value("OUTBOX_LOG_FORMAT", "json"),
+        _value("OUTBOX_LOG_LEVEL", worker["logLevel"]),
+        # lease_owner names the pod, for people reading the table.
+        {"name": "OUTBOX_OWNER", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    timeout = publish_timeout(spec)
+    if timeout is not None:
+        env.append(_value("OUTBOX_PUBLISH_TIMEOUT", timeout))
+    env.extend(dict(item) for item in worker.get("env") or ())
+    return env
+
+
+def _probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "metrics"},
+        "periodSeconds": period,
+        "timeoutSeconds": 2,
+        "failureThreshold": failures,
+    }
+
+
+def pod_template(body: Body, default_image: str) -> dict[str, Any]:
+    name = body["metadata"]["name"]
+    spec = body["spec"]
+    worker: Body = spec.get("worker") or {}
+    port = int(worker["metricsPort"])
+    volumes, mounts = _volumes(spec["publisher"])
+    container: dict[str, Any] = {
+        "name": WORKER_CONTAINER,
+        "image": worker.get("image") or default_image,
+        "imagePullPolicy": worker["imagePullPolicy"],
+        "command": ["outbox-worker"],
+        "env": worker_env(spec),
+        "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
+        # Ready = reaches the database and claims; alive = the process answers.
+        "readinessProbe": _probe("/readyz", period=5, failures=2),
+        "livenessProbe": _probe("/healthz", period=10, failures=3),
+        "startupProbe": _probe("/healthz", period=2, failures=30),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": mounts,
+    }
+    if worker.get("resources"):
+        container["resources"] = dict(worker["resources"])
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": int(worker["shutdownGraceSeconds"])
+        + FINALIZE_MARGIN_SECONDS,
+        "automountServiceAccountToken": False,  # the workers never talk to the API
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": UID,
+            "runAsGroup": UID,
+            "fsGroup": UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    for field in ("nodeSelector", "tolerations", "affinity", "serviceAccountName",
+                  "priorityClassName"):  # fmt: skip
+        if worker.get(field):
+            pod_spec[field] = worker[field]
+    annotations = {
+        **(worker.get("podAnnotations") or {}),
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(port),
+        "prometheus.io/path": "/metrics",
+    }
+    return {
+        "metadata": {
+            "labels": {**(worker.get("podLabels") or {}), **labels(name)},
+            "annotations": annotations,
+        },
+        "spec": pod_spec,
+    }
+
+
+def template_hash(template: Mapping[str, Any]) -> str:
+    text = json.dumps(template, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def render_deployment(body: Body, *, replicas: int, default_image: str) -> dict[str, Any]:
+    """The worker Deployment for `body` (defaults applied, as the API server stores it)."""
+    meta = body["metadata"]
+    name = meta["name"]
+    template = pod_template(body, default_image)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": deployment_name(name),
+            "namespace": meta["namespace"],
+            "labels": labels(name),
+            "annotations": {TEMPLATE_HASH: template_hash(template)},
+            "ownerReferences": [owner_reference(body)],
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(name)},
+            "revisionHistoryLimit": 5,
+            # A new pod is ready before an old one goes: the ready count never dips.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+            },
+            "minReadySeconds": 0,
+            "template": template,
+        },
+    }

@@ -1,0 +1,48 @@
+"""The OutboxDispatcher resource's names, and the labels of what the operator makes for it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+GROUP = "outbox.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "OutboxDispatcher"
+PLURAL = "outboxdispatchers"
+MANAGER = "outbox-controller"  # app.kubernetes.io/managed-by, field manager, Event source
+
+
+def deployment_name(resource_name: str) -> str:
+    return f"{resource_name}-worker"
+
+
+def selector_labels(resource_name: str) -> dict[str, str]:
+    """The worker pods' selector: fixed for the Deployment's life (selectors are immutable)."""
+    return {
+        "app.kubernetes.io/name": "outbox-dispatcher",
+        "app.kubernetes.io/instance": resource_name,
+        "app.kubernetes.io/component": "worker",
+    }
+
+
+def labels(resource_name: str) -> dict[str, str]:
+    return {**selector_labels(resource_name), "app.kubernetes.io/managed-by": MANAGER}
+
+
+def selector_string(resource_name: str) -> str:
+    """The selector as the scale subresource reports it (status.selector)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(resource_name).items()))
+
+
+def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Makes the Deployment the resource's: deleting the resource deletes it (and its pods)."""
+    meta = body["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }

@@ -1,0 +1,427 @@
+"""The scaling policy: how many workers a table needs, from its stats alone.
+
+    from outbox.controller.scaling import ScalingPolicy
+
+    policy = ScalingPolicy(spec.get("scaling", {}))   # camelCase keys, as in the CRD
+    n = policy.decide(stats, replicas=spec_replicas, ready_replicas=ready, paused=False)
+    decision = policy.last_decision                   # replicas, reason (CamelCase), message
+
+`decide_explained` returns the same `Decision` directly. Keep one policy per resource for
+the resource's lifetime: it learns from the snapshots it is given (arrival rates, the
+workers' drain rate, how long the queue has been idle). `paused` is an argument of each call,
+not a key of `scaling`, because it is `spec.paused` and may flip at any time without the
+history being lost.
+
+The policy is a pure function of the snapshots it has seen: no clock (time is
+`stats.sampled_at`, the database's), no I/O, deterministic. In words (docs/autoscaling.md
+has the formulas and the simulation that measures them):
+
+- The work: arrivals (differences of `max_id`), the claimable backlog and the age of the
+  oldest claimable message. In ordered mode these are the claimable heads' figures
+  (`stats.oldest_claimable_age`, `stats.claimable_heads`): rows behind an unfinished or dead
+  head cannot be claimed, and sizing on them would add workers that have nothing to do.
+- The capacity: a worker's drain rate is measured, never configured. An interval in which
+  claimable work waited at both ends (the workers were saturated) gives completions per ready
+  replica; an interval that drained the queue gives only a lower bound. While the rate has
+  not been seen under saturation, the estimate is probed upwards after each calm
+  stabilization window, so an over-provisioned deployment finds its real capacity.
+- The size: enough capacity that (1) arrivals are served with headroom, and (2) every
+  message already waiting, or arriving before a pod started now becomes productive
+  (`STARTUP_DELAY_SECONDS`), is delivered before its age reaches the target.
+- Up at once; the rate part comes down only after `scaleDownStabilizationSeconds`, the
+  backlog part as soon as the backlog it was for has drained; to zero only after nothing was
+  claimable or in flight for that window; from zero as soon as anything is claimable.
+  Bounds: `minReplicas`..`maxReplicas`; ordered mode never more workers than aggregates with
+  work (claimable heads plus heads in flight); paused: 0.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from outbox.stats import QueueStats
+
+# How long a new pod takes from being asked for to claiming messages (image pull, start,
+# readiness). Sizing looks this far ahead: capacity asked for now arrives that late.
+STARTUP_DELAY_SECONDS = 20.0
+
+# Share of the measured capacity the arrival rate may use: the rest absorbs noise in the
+# arrivals without the age growing.
+UTILIZATION = 0.9
+
+# Arrival rate: the median of the per-interval rates over this window, so that a spike (which
+# the backlog part serves) does not inflate the rate part.
+ARRIVAL_WINDOW_SECONDS = 60.0
+
+# Drain rate: the median of this many recent saturated measurements.
+DRAIN_SAMPLES = 5
+
+# While the drain rate was never seen under saturation, raise the estimate by this factor
+# after each stabilization window in which the workers kept up with room to spare.
+PROBE_FACTOR = 1.25
+
+
+@dataclass(frozen=True)
+class ScalingSettings:
+    """`spec.scaling` of an `OutboxDispatcher`; the field defaults are the CRD's defaults."""
+
+    min_replicas: int = 0
+    """Never fewer workers than this (0 lets an idle table scale to zero)."""
+
+    max_replicas: int = 10
+    """Never more workers than this."""
+
+    target_oldest_ready_age_seconds: float = 30.0
+    """The age the oldest claimable message should stay under (the delivery SLO)."""
+
+    poll_interval_seconds: float = 5.0
+    """How often the operator reads the stats and asks the policy (it reads no clock)."""
+
+    scale_down_stabilization_seconds: float = 300.0
+    """How long a lower arrival rate must last before workers are removed, and how long the
+    queue must stay idle before scaling to zero."""
+
+    @classmethod
+    def from_spec(cls, scaling: Mapping[str, Any] | None) -> ScalingSettings:
+        """Read the CRD's camelCase keys; missing keys take the defaults above."""
+        known = {_camel(f.name): f.name for f in fields(cls)}
+        given = dict(scaling or {})
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise ValueError(f"scaling: unknown key {unknown[0]!r}")
+        values = {known[key]: value for key, value in given.items()}
+        settings = cls(**values)
+        settings._check()
+        return settings
+
+    def _check(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"scaling.{_camel(f.name)} must be a number >= 0, not {value!r}")
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("scaling.minReplicas must not exceed scaling.maxReplicas")
+        if self.target_oldest_ready_age_seconds <= 0:
+            raise ValueError("scaling.targetOldestReadyAgeSeconds must be > 0")
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A replica count and why, in the shape of a Kubernetes Event (reason, message)."""
+
+    replicas: int
+    reason: str  # CamelCase, e.g. Backlog, ArrivalRate, Idle, Paused
+    message: str
+
+
+class DrainRate:
+    """What one ready worker delivers per second, measured from the stats.
+
+    Saturated intervals (claimable work waiting at both ends) measure it; intervals that
+    emptied the queue bound it from below. `value` is None until either has been seen.
+    """
+
+    def __init__(self) -> None:
+        self._saturated: deque[float] = deque(maxlen=DRAIN_SAMPLES)
+        self._floor = 0.0
+        self._probed = 1.0
+
+    @property
+    def value(self) -> float | None:
+        if self._saturated:
+            return max(statistics.median(self._saturated), self._floor)
+        return self._floor * self._probed if self._floor > 0 else None
+
+    @property
+    def measured(self) -> bool:
+        """Seen under saturation (and not contradicted by a higher lower bound since)."""
+        return bool(self._saturated) and statistics.median(self._saturated) >= self._floor
+
+    def saturated(self, per_replica: float) -> None:
+        self._saturated.append(per_replica)
+        self._probed = 1.0
+
+    def at_least(self, per_replica: float) -> None:
+        self._floor = max(self._floor, per_replica)
+
+    def probe(self) -> None:
+        if not self.measured and self._floor > 0:
+            self._probed *= PROBE_FACTOR
+
+
+@dataclass(frozen=True)
+class _Work:
+    """The figures the policy sizes on, whatever the ordering mode."""
+
+    at: float  # seconds (sampled_at as a POSIX timestamp)
+    claimable: int
+    age: float  # age of the oldest claimable message, 0 when none
+    in_flight: int
+    arrived: int  # max_id
+    cap: int | None  # ordered mode: aggregates with work
+
+    @classmethod
+    def of(cls, stats: QueueStats) -> _Work:
+        if stats.claimable_heads is not None:
+            in_flight = max(stats.processing - stats.expired_leases, 0)
+            return cls(
+                at=stats.sampled_at.timestamp(),
+                claimable=stats.claimable_heads,
+                age=stats.oldest_claimable_age or 0.0,
+                in_flight=in_flight,
+                arrived=stats.max_id,
+                cap=stats.claimable_heads + in_flight,
+            )
+        return cls(
+            at=stats.sampled_at.timestamp(),
+            claimable=stats.ready + stats.expired_leases,
+            age=stats.oldest_ready_age or 0.0,
+            in_flight=max(stats.processing - stats.expired_leases, 0),
+            arrived=stats.max_id,
+            cap=None,
+        )
+
+    @property
+    def idle(self) -> bool:
+        return self.claimable == 0 and self.in_flight == 0
+
+
+class ScalingPolicy:
+    """Replica counts for one resource, from successive stats snapshots (see the module)."""
+
+    def __init__(self, scaling: Mapping[str, Any] | None = None) -> None:
+        self.settings = ScalingSettings.from_spec(scaling)
+        self.drain_rate = DrainRate()
+        self.last_decision: Decision | None = None
+        self._previous: tuple[_Work, int] | None = None  # (work, ready replicas) last time
+        self._history: deque[tuple[float, int]] = deque()  # (when, max_id): the arrival curve
+        self._arrivals: deque[tuple[float, float]] = deque()  # (end of interval, msg/s)
+        self._rate_needs: deque[tuple[float, int]] = deque()  # (when, replicas for the rate)
+        self._burst_hold = 0
+        self._idle_since: float | None = None
+        self._calm_since: float | None = None
+
+    def decide(
+        self, stats: QueueStats, *, replicas: int, ready_replicas: int, paused: bool = False
+    ) -> int:
+        """The replica count to set now; `last_decision` says why."""
+        return self.decide_explained(
+            stats, replicas=replicas, ready_replicas=ready_replicas, paused=paused
+        ).replicas
+
+    def decide_explained(
+        self, stats: QueueStats, *, replicas: int, ready_replicas: int, paused: bool = False
+    ) -> Decision:
+        """The replica count to set now, with a CamelCase reason and a message for an Event."""
+        work = _Work.of(stats)
+        self._learn(work, ready_replicas)
+        decision = (
+            Decision(0, "Paused", "spec.paused is true")
+            if paused
+            else self._size(work, replicas, ready_replicas)
+        )
+        self.last_decision = decision
+        return decision
+
+    # -- learning ---------------------------------------------------------------------------
+
+    def _learn(self, work: _Work, ready_replicas: int) -> None:
+        previous = self._previous
+        self._previous = (work, ready_replicas)
+        if not work.idle:
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = work.at
+        if previous is not None and work.at <= previous[0].at:
+            return
+        self._history.append((work.at, work.arrived))
+        # Keep the arrival curve back to the oldest claimable message (and a minute at least).
+        horizon = work.at - max(work.age, ARRIVAL_WINDOW_SECONDS) - 2 * self._poll
+        while len(self._history) > 2 and self._history[1][0] <= horizon:
+            self._history.popleft()
+        if previous is None:
+            return
+        before, ready_before = previous
+        seconds = work.at - before.at
+        arrived = max(work.arrived - before.arrived, 0)
+        self._arrivals.append((work.at, arrived / seconds))
+        while self._arrivals and self._arrivals[0][0] <= work.at - ARRIVAL_WINDOW_SECONDS:
+            self._arrivals.popleft()
+        # Messages that left the claimable backlog and the in-flight set were delivered.
+        waiting_before = before.claimable + before.in_flight
+        completed = arrived - (work.claimable + work.in_flight - waiting_before)
+        if completed <= 0:
+            return
+        if before.claimable > 0 and work.claimable > 0 and ready_before == ready_replicas > 0:
+            self.drain_rate.saturated(completed / seconds / ready_replicas)
+        elif max(ready_before, ready_replicas) > 0:
+            self.drain_rate.at_least(completed / seconds / max(ready_before, ready_replicas))
+
+    @property
+    def _poll(self) -> float:
+        return self.settings.poll_interval_seconds
+
+    def _arrival_rate(self) -> float:
+        """Sustained arrivals: the median interval rate over the arrival window."""
+        return statistics.median(rate for _, rate in self._arrivals) if self._arrivals else 0.0
+
+    def _latest_rate(self) -> float:
+        return self._arrivals[-1][1] if self._arrivals else 0.0
+
+    def _arrived_by(self, when: float) -> float:
+        """max_id at a past moment, interpolated on the arrival curve."""
+        points = self._history
+        if when >= points[-1][0]:
+            return float(points[-1][1])
+        if when <= points[0][0]:
+            return float(points[0][1])
+        for (t0, a0), (t1, a1) in itertools.pairwise(points):
+            if t0 <= when <= t1:
+                return a0 + (a1 - a0) * (when - t0) / (t1 - t0)
+        raise AssertionError("unreachable")
+
+    # -- sizing -----------------------------------------------------------------------------
+
+    def _deadlines(self, work: _Work) -> list[tuple[float, float]]:
+        """(position in the queue, deadline) of the waiting and soon-arriving messages.
+
+        Unordered tables are delivered oldest first, so the arrival curve says how many of
+        the claimable messages arrived by each moment: the message at position q arrived at
+        the moment s where arrivals since s make up the rest of the backlog. Ordered tables
+        are not delivered in arrival order: there every claimable head counts as old as the
+        oldest one.
+        """
+        target = self.settings.target_oldest_ready_age_seconds
+        now, backlog = work.at, float(work.claimable)
+        points: list[tuple[float, float]] = []
+        if backlog > 0:
+            head = now - work.age
+            if work.cap is not None:
+                points.append((backlog, head + target))
+            else:
+                points.append(
+                    (max(backlog - (work.arrived - self._arrived_by(head)), 0), head + target)
+                )
+                for when, arrived in self._history:
+                    if head < when < now:
+                        points.append((max(backlog - (work.arrived - arrived), 0), when + target))
+                points.append((backlog, now + target))
+        # What arrives until a pod asked for now is productive.
+        later = now + STARTUP_DELAY_SECONDS
+        points.append((backlog + self._latest_rate() * STARTUP_DELAY_SECONDS, later + target))
+        return points
+
+    def _backlog_need(self, work: _Work, mu: float, ready_replicas: int) -> int:
+        """Fewest replicas that deliver every waiting message before its deadline.
+
+        Until a pod asked for now is productive only the ready ones serve; after that, all.
+        A message that will be late whatever is asked for asks for everything, to be as
+        little late as possible.
+        """
+        s = self.settings
+        delay = STARTUP_DELAY_SECONDS
+        deadlines = self._deadlines(work)
+        if all(q <= 0 for q, _ in deadlines):
+            return 0
+
+        def enough(n: int) -> bool:
+            early = mu * min(n, ready_replicas) * delay  # served before new pods help
+            for position, deadline in deadlines:
+                if position < early:
+                    continue
+                left = deadline - (work.at + delay)
+                if left <= 0 or n == 0 or mu * n * left < position - early:
+                    return False
+            return True
+
+        for n in range(0, s.max_replicas + 1):
+            if enough(n):
+                return n
+        return s.max_replicas
+
+    def _size(self, work: _Work, replicas: int, ready_replicas: int) -> Decision:
+        s = self.settings
+        target = s.target_oldest_ready_age_seconds
+        window = s.scale_down_stabilization_seconds
+        mu = self.drain_rate.value
+        rate = self._arrival_rate()
+
+        if mu is None:
+            # Nothing measured yet: ready work gets every worker allowed; the first interval
+            # they spend saturated measures the drain rate and the surplus is released.
+            if work.claimable > 0:
+                return self._bounded(
+                    max(replicas, s.max_replicas), "Backlog", "drain rate not measured yet", work
+                )
+            return self._bounded(replicas, "Measuring", "drain rate not measured yet", work)
+
+        # (1) The rate part, held for the stabilization window when it falls.
+        rate_need = math.ceil(rate / (UTILIZATION * mu)) if rate > 0 else 0
+        if not self.drain_rate.measured:
+            # A rate never seen under saturation is only a lower bound, so this is more than
+            # is needed: it may hold workers, but adding them is the backlog part's job.
+            rate_need = min(rate_need, replicas)
+        self._rate_needs.append((work.at, rate_need))
+        while self._rate_needs and self._rate_needs[0][0] <= work.at - window:
+            self._rate_needs.popleft()
+        held = max(n for _, n in self._rate_needs)
+
+        # (2) The backlog part, held until the backlog it was for has drained.
+        backlog_need = self._backlog_need(work, mu, ready_replicas)
+        if backlog_need <= held:
+            self._burst_hold = 0
+        else:
+            self._burst_hold = max(self._burst_hold, backlog_need)
+
+        # Probing: calm for a whole window without a saturated measurement of the drain rate.
+        calm = work.age < target / 2 and not self._burst_hold
+        self._calm_since = (self._calm_since or work.at) if calm else None
+        if self._calm_since is not None and work.at - self._calm_since >= window:
+            self.drain_rate.probe()
+            self._calm_since = work.at
+
+        if self._burst_hold:
+            n, reason = self._burst_hold, "Backlog"
+            message = (
+                f"{work.claimable} claimable, oldest {work.age:.0f}s; "
+                f"{mu:.0f}/s per worker, arrivals {self._latest_rate():.0f}/s"
+            )
+        else:
+            n, reason = held, "ArrivalRate"
+            message = f"arrivals {rate:.0f}/s, {mu:.0f}/s per worker"
+            if held > rate_need:
+                reason = "ScaleDownStabilizing"
+                message += f" (needs {rate_need}, holding for {window:.0f}s)"
+
+        # Zero only after a whole window with nothing claimable or in flight.
+        if n == 0 and not work.idle:
+            n, reason, message = 1, "Backlog", "work waiting or in flight"
+        if n == 0 and self._idle_since is not None and work.at - self._idle_since < window:
+            n = min(replicas, 1)
+            reason, message = "IdleStabilizing", f"idle for {work.at - self._idle_since:.0f}s"
+        elif n == 0:
+            reason, message = "Idle", f"nothing claimable or in flight for {window:.0f}s"
+        return self._bounded(n, reason, message, work)
+
+    def _bounded(self, n: int, reason: str, message: str, work: _Work) -> Decision:
+        s = self.settings
+        if work.cap is not None and n > work.cap:
+            n, reason = work.cap, "AggregatesWithWork"
+            message = f"{work.cap} aggregates with work (ordered mode)"
+        if n > s.max_replicas:
+            n, reason = s.max_replicas, "MaxReplicas"
+            message = f"wanted more: {message}"
+        if n < s.min_replicas:
+            n, reason = s.min_replicas, "MinReplicas"
+        return Decision(n, reason, message)

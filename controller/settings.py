@@ -1,0 +1,188 @@
+"""The operator's settings: one frozen model, read from flags and OUTBOX_* variables."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from importlib.metadata import entry_points
+
+from outbox.cliutil import ArgumentParser, env_name, port, resolve
+from outbox.settings import SettingError, format_duration, parse_duration
+
+# The group the worker finds its publishers in (the worker's registry reads the same one).
+PUBLISHER_GROUP = "outbox.publishers"
+DEFAULT_WORKER_IMAGE = "outbox-dispatcher:0.1.0"
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def installed_publishers() -> tuple[str, ...]:
+    """Publishers registered beside the operator: the worker image is the operator's image."""
+    return tuple(sorted(ep.name for ep in entry_points(group=PUBLISHER_GROUP)))
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to serve; empty means all namespaces."""
+    health_port: int = 8080
+    """Serve /healthz (liveness) and /metrics on this port (0 = any free port)."""
+    leader_election_namespace: str = ""
+    """Namespace of the leader-election Lease; the pod's own (POD_NAMESPACE) by default."""
+    leader_election_id: str = "outbox-controller"
+    """Name of the leader-election Lease; replicas sharing it elect one leader."""
+    leader_identity: str = ""
+    """This replica's name in the Lease (holderIdentity); the pod name (POD_NAME) or
+    hostname-pid by default."""
+    lease_duration: timedelta = timedelta(seconds=15)
+    """How long followers wait after the last renewal they saw before taking the Lease."""
+    renew_deadline: timedelta = timedelta(seconds=10)
+    """A leader that could not renew for this long stops acting and exits; shorter than
+    the lease duration, so it stops before anyone else may start."""
+    retry_period: timedelta = timedelta(seconds=2)
+    """How often the leader renews and followers try to acquire."""
+    worker_image: str = DEFAULT_WORKER_IMAGE
+    """Image of the worker pods when a resource does not name one."""
+    worker_publishers: tuple[str, ...] = field(default_factory=installed_publishers)
+    """Publishers the worker image has; a resource asking for another is refused in status."""
+    log_format: str = "auto"
+    """`json`, `text`, or `auto` (text on a terminal, JSON otherwise)."""
+    log_level: str = "INFO"
+    """DEBUG, INFO, WARNING or ERROR."""
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="outbox-controller",
+        description="Run the OutboxDispatcher operator: render, size and watch worker "
+        "Deployments. Every flag can also be set with an OUTBOX_* variable "
+        "(--health-port = OUTBOX_HEALTH_PORT; OUTBOX_NAMESPACE takes several names separated "
+        "by commas). Outside a cluster it uses KUBECONFIG. Durations: 500ms, 10s, 1m.",
+    )
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        help="serve this namespace (repeatable; default all namespaces)",
+    )
+    parser.add_argument("--health-port", help="port of /healthz and /metrics (default 8080)")
+    parser.add_argument(
+        "--leader-election-namespace",
+        help="namespace of the leader-election Lease (default $POD_NAMESPACE)",
+    )
+    parser.add_argument(
+        "--leader-election-id", help="name of the leader-election Lease (default outbox-controller)"
+    )
+    parser.add_argument(
+        "--leader-identity", help="this replica's holder identity (default $POD_NAME or host-pid)"
+    )
+    parser.add_argument("--lease-duration", help="leader Lease duration (default 15s)")
+    parser.add_argument("--renew-deadline", help="leader gives up after failing this long (10s)")
+    parser.add_argument("--retry-period", help="renew / acquire interval (default 2s)")
+    parser.add_argument("--worker-image", help=f"default worker image ({DEFAULT_WORKER_IMAGE})")
+    parser.add_argument(
+        "--worker-publishers",
+        help="comma-separated publishers the worker image has (default: those installed here)",
+    )
+    parser.add_argument("--log-format", help="auto (default), json or text")
+    parser.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
+    return parser
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names:
+        raise ValueError("expected one or more names separated by commas")
+    return names
+
+
+def _dns_label(text: str) -> str:
+    # Namespaces and Lease names: a typo fails here with its name, not later at the API.
+    if not _NAME.match(text):
+        raise ValueError(f"{text!r} is not a valid Kubernetes name (lower-case RFC 1123)")
+    return text
+
+
+def _log_format(text: str) -> str:
+    if text not in ("auto", "json", "text"):
+        raise ValueError(f"{text!r} is not one of auto, json, text")
+    return text
+
+
+def _log_level(text: str) -> str:
+    level = text.upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError(f"{text!r} is not DEBUG, INFO, WARNING or ERROR")
+    return level
+
+
+def _positive_duration(text: str) -> timedelta:
+    value = parse_duration(text)
+    if value <= timedelta(0):
+        raise ValueError("must be greater than zero")
+    return value
+
+
+def default_identity(env: Mapping[str, str]) -> str:
+    return env.get("POD_NAME") or f"{os.uname().nodename}-{os.getpid()}"
+
+
+def load_settings(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> ControllerSettings:
+    """Parse flags and environment; raises SettingError naming the bad setting."""
+    env = os.environ if env is None else env
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    defaults = ControllerSettings(worker_publishers=())
+
+    def get(flag: str, convert, default):  # type: ignore[no-untyped-def]
+        return resolve(args, flag, convert, default, env)
+
+    if args.namespace:
+        try:
+            namespaces = tuple(_dns_label(name) for name in args.namespace)
+        except ValueError as exc:
+            raise SettingError(f"--namespace: {exc}") from None
+    else:
+        namespaces = get("--namespace", lambda t: tuple(map(_dns_label, _names(t))), ())
+    settings = ControllerSettings(
+        namespaces=namespaces,
+        health_port=get("--health-port", port, defaults.health_port),
+        leader_election_namespace=get(
+            "--leader-election-namespace", _dns_label, env.get("POD_NAMESPACE", "")
+        ),
+        leader_election_id=get("--leader-election-id", _dns_label, defaults.leader_election_id),
+        leader_identity=get("--leader-identity", str, default_identity(env)),
+        lease_duration=get("--lease-duration", _positive_duration, defaults.lease_duration),
+        renew_deadline=get("--renew-deadline", _positive_duration, defaults.renew_deadline),
+        retry_period=get("--retry-period", _positive_duration, defaults.retry_period),
+        worker_image=get("--worker-image", str, defaults.worker_image),
+        worker_publishers=get("--worker-publishers", _names, installed_publishers()),
+        log_format=get("--log-format", _log_format, defaults.log_format),
+        log_level=get("--log-level", _log_level, defaults.log_level),
+    )
+    _check(settings)
+    return settings
+
+
+def _check(settings: ControllerSettings) -> None:
+    if not settings.leader_election_namespace:
+        raise SettingError(
+            f"--leader-election-namespace (or {env_name('--leader-election-namespace')}, or "
+            "POD_NAMESPACE) is required: the namespace of the leader-election Lease"
+        )
+    if not settings.renew_deadline < settings.lease_duration:
+        raise SettingError(
+            f"--renew-deadline {format_duration(settings.renew_deadline)} must be shorter than "
+            f"--lease-duration {format_duration(settings.lease_duration)}: a leader must stop "
+            "before another replica may take over"
+        )
+    if not settings.retry_period < settings.renew_deadline:
+        raise SettingError(
+            f"--retry-period {format_duration(settings.retry_period)} must be shorter than "
+            f"--renew-deadline {format_duration(settings.renew_deadline)}"
+        )
+    if not settings.worker_image.strip():
+        raise SettingError("--worker-image: must not be empty")

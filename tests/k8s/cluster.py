@@ -1,0 +1,160 @@
+"""A running emulator for a test: its URL, a kubeconfig, the real kubectl, a client.
+
+The emulator runs in a thread with its own event loop, so synchronous tests (kubectl) and
+asynchronous ones (kopf in the test's loop) can both use it, and a test that blocks its own
+loop never stalls the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import os
+import subprocess
+import threading
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import kmock
+import kubernetes.client
+import kubernetes.config
+import yaml
+
+from .emulator import Emulator
+from .rbac import ADMIN, Authorizer, Identity
+
+KUBECTL = "/usr/bin/kubectl"
+# The token the harness itself (kubectl, the kubelet, `api_client()`) presents.
+ADMIN_TOKEN = "emulator-admin-token"
+T = TypeVar("T")
+
+
+class KubectlError(subprocess.CalledProcessError):
+    def __str__(self) -> str:
+        return f"{super().__str__()}\nstdout: {self.stdout}\nstderr: {self.stderr}"
+
+
+class LocalCluster:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        tokens: dict[str, Identity] | None = None,
+        rbac: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """`tokens`/`rbac` switch the authorizer on (the harness's own token stays admin)."""
+        self.workdir = workdir
+        self._authorizer = None
+        if tokens is not None or rbac is not None:
+            self._authorizer = Authorizer({ADMIN_TOKEN: ADMIN, **(tokens or {})}, rbac or [])
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="k8s-emulator", daemon=True)
+        self._started = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._calls = itertools.count()
+        self.emulator: Emulator
+        self.url = ""
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> LocalCluster:
+        self._thread.start()
+        if not self._started.wait(30):
+            raise RuntimeError("the Kubernetes emulator did not start")
+        self.kubeconfig = self.write_kubeconfig(self.workdir / "kubeconfig", ADMIN_TOKEN)
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        self.emulator = Emulator(authorizer=self._authorizer)
+        async with self.emulator, kmock.Server(self.emulator) as server:
+            self.url = str(server.url).rstrip("/")
+            self._started.set()
+            await self._stop.wait()
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+    def call(self, coroutine: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        """Run a coroutine on the emulator's loop (e.g. `emulator.snapshot(...)`)."""
+        future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(
+            coroutine, self._loop
+        )
+        return future.result(timeout)
+
+    # ---- clients -------------------------------------------------------------------------
+
+    def write_kubeconfig(self, path: Path, token: str) -> Path:
+        """A kubeconfig for this emulator that presents `token` (one per identity)."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "emulator",
+            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+            "users": [{"name": "user", "user": {"token": token}}],
+            "contexts": [
+                {
+                    "name": "emulator",
+                    "context": {"cluster": "emulator", "user": "user", "namespace": "default"},
+                }
+            ],
+        }
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        kubeconfig: Path | None = None,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
+        """The real kubectl against this emulator; a failure raises with its stderr."""
+        # A fresh discovery cache per call: a CRD installed a moment ago is always visible.
+        cache = self.workdir / f"kubectl-cache-{next(self._calls)}"
+        env = {
+            **os.environ,
+            "HOME": str(self.workdir),
+            "KUBECACHEDIR": str(cache),
+            "KUBECONFIG": str(kubeconfig or self.kubeconfig),
+        }
+        result = subprocess.run(
+            [KUBECTL, *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise KubectlError(result.returncode, result.args, result.stdout, result.stderr)
+        return result
+
+    def api_client(self, token: str = ADMIN_TOKEN) -> kubernetes.client.ApiClient:
+        configuration = kubernetes.client.Configuration()
+        configuration.host = self.url
+        configuration.api_key = {"authorization": token}
+        configuration.api_key_prefix = {"authorization": "Bearer"}
+        return kubernetes.client.ApiClient(configuration)
+
+    def install_crd(self, path: str | Path) -> None:
+        """Install a CRD file (its resources are served as soon as this returns)."""
+        for document in yaml.safe_load_all(Path(path).read_text()):
+            if document:
+                self.call(self.emulator.install(document))
+
+    def objects(
+        self, api_version: str, plural: str, namespace: str | None = None, name: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The stored objects, read directly (no HTTP), for assertions."""
+        return self.call(self.emulator.snapshot(api_version, plural, namespace, name))

@@ -1,0 +1,28 @@
+"""Fixtures of the Kubernetes tier: a running emulator (`k8s`) and a local kubelet (`kubelet`).
+
+See README.md in this folder for what the emulator and the kubelet do and do not do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .cluster import LocalCluster
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture
+def k8s(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A fresh emulator per test; the test fails if the emulator itself failed."""
+    workdir = tmp_path / "k8s"
+    workdir.mkdir()
+    cluster = LocalCluster(workdir).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+    assert not cluster.emulator.failures, cluster.emulator.failures

@@ -1,0 +1,224 @@
+"""The worker Deployment rendered from a resource: a pure function, no cluster needed."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from outbox.controller.render import TEMPLATE_HASH, render_deployment
+from outbox.controller.resource import selector_string
+from outbox.settings import parse_duration
+
+CRD = Path(__file__).parent.parent / "crds" / "outboxdispatchers.yaml"
+
+
+def _schema() -> dict[str, Any]:
+    crd = yaml.safe_load(CRD.read_text())
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]  # type: ignore[no-any-return]
+
+
+def with_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """The CRD's defaults applied as an API server applies them (the one source of each)."""
+    if schema.get("type") == "object" and isinstance(value, dict):
+        for key, sub in (schema.get("properties") or {}).items():
+            if key not in value and "default" in sub:
+                value[key] = copy.deepcopy(sub["default"])
+            if key in value:
+                value[key] = with_defaults(sub, value[key])
+    if schema.get("type") == "array" and isinstance(value, list) and "items" in schema:
+        return [with_defaults(schema["items"], item) for item in value]
+    return value
+
+
+def resource(**spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "database": {"dsnSecretRef": {"name": "orders-db"}, "table": "app.outbox"},
+        "publisher": {"type": "http", "http": {"url": "http://events.example/ingest"}},
+    }
+    base.update(spec)
+    body = {
+        "apiVersion": "outbox.dev/v1alpha1",
+        "kind": "OutboxDispatcher",
+        "metadata": {"name": "orders", "namespace": "shop", "uid": "0000-1111", "generation": 1},
+        "spec": base,
+    }
+    return with_defaults(_schema(), body)  # type: ignore[no-any-return]
+
+
+def env_of(deployment: dict[str, Any]) -> dict[str, Any]:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {item["name"]: item.get("value", item.get("valueFrom")) for item in container["env"]}
+
+
+def render(body: dict[str, Any], replicas: int = 2) -> dict[str, Any]:
+    return render_deployment(body, replicas=replicas, default_image="outbox-dispatcher:test")
+
+
+def test_the_deployment_is_a_valid_apps_v1_object() -> None:
+    kubernetes_validate.validate(render(resource()), "1.30", strict=True)
+
+
+def test_the_dsn_comes_from_the_secret_and_is_never_copied() -> None:
+    env = env_of(render(resource()))
+    assert env["OUTBOX_DSN"] == {"secretKeyRef": {"name": "orders-db", "key": "dsn"}}
+    assert env["OUTBOX_TABLE"] == "app.outbox"
+
+
+def test_spec_fields_become_the_workers_outbox_variables() -> None:
+    body = resource(lease="90s", batchSize=20, concurrency=4, maxAttempts=3, ordering="aggregate")
+    body["spec"]["publisher"]["http"]["timeout"] = "5s"
+    env = env_of(render(body))
+    assert env["OUTBOX_PUBLISHER"] == "http"
+    assert env["OUTBOX_HTTP_URL"] == "http://events.example/ingest"
+    assert (env["OUTBOX_LEASE"], env["OUTBOX_PUBLISH_TIMEOUT"]) == ("90s", "5s")
+    assert (env["OUTBOX_BATCH"], env["OUTBOX_CONCURRENCY"]) == ("20", "4")
+    assert (env["OUTBOX_MAX_ATTEMPTS"], env["OUTBOX_ORDERING"]) == ("3", "aggregate")
+    assert env["OUTBOX_OWNER"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def test_publisher_secrets_are_secret_refs_or_mounted_secrets() -> None:
+    ref = {"name": "nats-auth", "key": "password"}
+    body = resource(
+        publisher={
+            "type": "nats",
+            "nats": {
+                "urls": ["nats://a:4222", "nats://b:4222"],
+                "passwordSecretRef": ref,
+                "credsSecretRef": {"name": "nats-auth", "key": "creds"},
+            },
+        }
+    )
+    deployment = render(body)
+    env = env_of(deployment)
+    assert env["OUTBOX_NATS_URL"] == "nats://a:4222\nnats://b:4222"
+    assert env["OUTBOX_NATS_PASSWORD"] == {"secretKeyRef": ref}
+    pod = deployment["spec"]["template"]["spec"]
+    mounted = {v["name"]: v for v in pod["volumes"]}["nats-creds"]["secret"]
+    assert mounted["secretName"] == "nats-auth"
+    assert env["OUTBOX_NATS_CREDS"].startswith(
+        {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}["nats-creds"]["mountPath"]
+    )
+    kubernetes_validate.validate(deployment, "1.30", strict=True)
+
+
+def test_kafka_options_and_secret_config() -> None:
+    body = resource(
+        publisher={
+            "type": "kafka",
+            "kafka": {
+                "bootstrapServers": "k1:9092,k2:9092",
+                "configSecretRef": {"name": "kafka", "key": "sasl"},
+            },
+        }
+    )
+    env = env_of(render(body))
+    assert env["OUTBOX_KAFKA_BOOTSTRAP_SERVERS"] == "k1:9092,k2:9092"
+    assert env["OUTBOX_KAFKA_CONFIG"] == {"secretKeyRef": {"name": "kafka", "key": "sasl"}}
+    assert env["OUTBOX_KAFKA_COMPRESSION"] == "none"
+
+
+def test_pods_run_non_root_read_only_with_probes_and_scrape_annotations() -> None:
+    template = render(resource())["spec"]["template"]
+    pod = template["spec"]
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    port = container["ports"][0]["containerPort"]
+    assert env_of({"spec": {"template": template}})["OUTBOX_METRICS_PORT"] == str(port)
+    assert template["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+
+
+def test_the_grace_period_outlasts_the_workers_shutdown_grace() -> None:
+    deployment = render(resource(worker={"shutdownGraceSeconds": 40}))
+    grace = parse_duration(env_of(deployment)["OUTBOX_SHUTDOWN_GRACE"]).total_seconds()
+    assert grace == 40
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > grace
+
+
+def test_the_rolling_update_never_lowers_the_ready_count() -> None:
+    strategy = render(resource())["spec"]["strategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_owner_reference_and_labels() -> None:
+    deployment = render(resource())
+    (owner,) = deployment["metadata"]["ownerReferences"]
+    assert owner["kind"] == "OutboxDispatcher" and owner["uid"] == "0000-1111"
+    assert owner["controller"] is True
+    labels = deployment["metadata"]["labels"]
+    assert labels["app.kubernetes.io/instance"] == "orders"
+    assert labels["app.kubernetes.io/managed-by"] == "outbox-controller"
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert selector_string("orders") == ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+
+
+def test_rendering_is_deterministic_and_replicas_do_not_change_the_template() -> None:
+    a, b = render(resource(), replicas=1), render(resource(), replicas=7)
+    assert a["spec"]["template"] == b["spec"]["template"]
+    assert (
+        a["metadata"]["annotations"][TEMPLATE_HASH] == b["metadata"]["annotations"][TEMPLATE_HASH]
+    )
+    assert b["spec"]["replicas"] == 7
+
+
+def test_a_status_change_keeps_the_template_and_a_spec_change_rolls_it() -> None:
+    body = resource()
+    before = render(body)["metadata"]["annotations"][TEMPLATE_HASH]
+    body["status"] = {"desiredReplicas": 3, "backlog": {"pending": 10}}
+    body["metadata"]["generation"] = 1
+    assert render(body)["metadata"]["annotations"][TEMPLATE_HASH] == before
+    body["spec"]["batchSize"] = 7
+    assert render(body)["metadata"]["annotations"][TEMPLATE_HASH] != before
+
+
+def test_the_worker_block_reaches_the_pods() -> None:
+    worker = {
+        "image": "registry.example/outbox:1.2",
+        "resources": {"requests": {"cpu": "100m"}},
+        "env": [{"name": "TZ", "value": "UTC"}],
+        "nodeSelector": {"pool": "workers"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+        "podAnnotations": {"team": "orders"},
+        "podLabels": {"team": "orders", "app.kubernetes.io/instance": "spoofed"},
+        "serviceAccountName": "orders-worker",
+        "priorityClassName": "high",
+    }
+    deployment = render(resource(worker=worker))
+    template = deployment["spec"]["template"]
+    pod = template["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == "registry.example/outbox:1.2"
+    assert container["resources"] == {"requests": {"cpu": "100m"}}
+    assert env_of(deployment)["TZ"] == "UTC"
+    assert pod["nodeSelector"] == {"pool": "workers"}
+    assert pod["serviceAccountName"] == "orders-worker"
+    assert pod["priorityClassName"] == "high"
+    assert template["metadata"]["annotations"]["team"] == "orders"
+    assert template["metadata"]["labels"]["team"] == "orders"
+    assert template["metadata"]["labels"]["app.kubernetes.io/instance"] == "orders"
+    kubernetes_validate.validate(deployment, "1.30", strict=True)
+
+
+def test_the_default_image_when_the_resource_names_none() -> None:
+    container = render(resource())["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "outbox-dispatcher:test"
+    assert container["command"] == ["outbox-worker"]
+
+
+@pytest.mark.parametrize("kind", ["null", "log"])
+def test_publishers_without_options(kind: str) -> None:
+    env = env_of(render(resource(publisher={"type": kind})))
+    assert env["OUTBOX_PUBLISHER"] == kind
+    assert "OUTBOX_PUBLISH_TIMEOUT" not in env

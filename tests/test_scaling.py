@@ -1,0 +1,234 @@
+"""The scaling policy, rule by rule, on hand-made stats snapshots (no database, no clock)."""
+
+from __future__ import annotations
+
+from collections import deque
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from outbox.controller.scaling import (
+    STARTUP_DELAY_SECONDS,
+    Decision,
+    ScalingPolicy,
+    ScalingSettings,
+)
+from outbox.stats import QueueStats
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def snap(
+    t: float,
+    *,
+    max_id: int,
+    ready: int = 0,
+    age: float | None = None,
+    processing: int = 0,
+    heads: int | None = None,
+    head_age: float | None = None,
+) -> QueueStats:
+    return QueueStats(
+        table="outbox",
+        sampled_at=T0 + timedelta(seconds=t),
+        pending=ready,
+        ready=ready,
+        processing=processing,
+        dead=0,
+        done=0,
+        done_is_estimate=False,
+        expired_leases=0,
+        oldest_pending_age=age,
+        oldest_ready_age=age if ready else None,
+        max_id=max_id,
+        attempts={},
+        claimable_heads=heads,
+        oldest_claimable_age=head_age,
+    )
+
+
+class Queue:
+    """A FIFO queue with a known per-worker drain rate, sampled like the operator samples."""
+
+    def __init__(self, policy: ScalingPolicy, *, mu: float, replicas: int = 0) -> None:
+        self.policy, self.mu = policy, mu
+        self.t, self.arrived = 0.0, 0
+        self.cohorts: deque[list[float]] = deque()  # [arrived at, messages], oldest first
+        self.replicas = self.ready = replicas
+        self.starting: list[tuple[float, int]] = []  # (productive at, replicas asked for)
+        self.decisions: list[Decision] = []
+
+    @property
+    def waiting(self) -> float:
+        return sum(n for _, n in self.cohorts)
+
+    @property
+    def age(self) -> float:
+        return self.t - self.cohorts[0][0] if self.cohorts else 0.0
+
+    def _serve(self, capacity: float) -> None:
+        while capacity > 0 and self.cohorts:
+            take = min(capacity, self.cohorts[0][1])
+            self.cohorts[0][1] -= take
+            capacity -= take
+            if self.cohorts[0][1] <= 1e-9:
+                self.cohorts.popleft()
+
+    def run(self, seconds: float, rate: float, *, every: float = 5.0) -> list[Decision]:
+        """Arrivals at `rate` for `seconds` in 1 s steps; a poll every `every` seconds."""
+        out: list[Decision] = []
+        for _ in range(round(seconds)):
+            self.t += 1
+            self.ready = max(
+                [self.ready] + [min(n, self.replicas) for at, n in self.starting if at <= self.t]
+            )
+            self.starting = [(at, n) for at, n in self.starting if at > self.t]
+            if rate > 0:
+                self.cohorts.append([self.t, rate])
+                self.arrived += round(rate)
+            self._serve(self.mu * self.ready)
+            if self.t % every:
+                continue
+            d = self.policy.decide_explained(
+                snap(self.t, max_id=self.arrived, ready=round(self.waiting), age=self.age),
+                replicas=self.replicas,
+                ready_replicas=self.ready,
+            )
+            if d.replicas > self.replicas:
+                self.starting.append((self.t + STARTUP_DELAY_SECONDS, d.replicas))
+            self.ready = min(self.ready, d.replicas)
+            self.replicas = d.replicas
+            out.append(d)
+        self.decisions += out
+        return out
+
+
+def test_missing_keys_take_the_crd_defaults():
+    assert ScalingPolicy({}).settings == ScalingSettings()
+    assert ScalingSettings.from_spec(None) == ScalingSettings(
+        min_replicas=0,
+        max_replicas=10,
+        target_oldest_ready_age_seconds=30,
+        poll_interval_seconds=5,
+        scale_down_stabilization_seconds=300,
+    )
+    assert ScalingSettings.from_spec({"maxReplicas": 3}).max_replicas == 3
+
+
+@pytest.mark.parametrize(
+    ("scaling", "says"),
+    [
+        ({"maxreplicas": 3}, "unknown key 'maxreplicas'"),
+        ({"minReplicas": 4, "maxReplicas": 3}, "minReplicas must not exceed"),
+        ({"minReplicas": -1}, "scaling.minReplicas must be a number >= 0"),
+        ({"pollIntervalSeconds": "5s"}, "scaling.pollIntervalSeconds must be a number"),
+        ({"targetOldestReadyAgeSeconds": 0}, "targetOldestReadyAgeSeconds must be > 0"),
+    ],
+)
+def test_bad_settings_name_the_key(scaling, says):
+    with pytest.raises(ValueError, match=says):
+        ScalingPolicy(scaling)
+
+
+def test_paused_is_zero_whatever_waits():
+    policy = ScalingPolicy({"minReplicas": 2})
+    d = policy.decide_explained(
+        snap(0, max_id=9000, ready=9000, age=600), replicas=5, ready_replicas=5, paused=True
+    )
+    assert (d.replicas, d.reason) == (0, "Paused")
+    assert policy.last_decision == d
+
+
+def test_wakes_from_zero_on_the_first_ready_message():
+    policy = ScalingPolicy({})
+    assert policy.decide(snap(0, max_id=0), replicas=0, ready_replicas=0) == 0
+    n = policy.decide(snap(5, max_id=1, ready=1, age=0.5), replicas=0, ready_replicas=0)
+    assert n >= 1
+    assert policy.last_decision is not None and policy.last_decision.reason != "Idle"
+
+
+def test_learns_the_drain_rate_while_saturated():
+    policy = ScalingPolicy({"maxReplicas": 50})
+    queue = Queue(policy, mu=200, replicas=2)
+    queue.run(60, rate=1000)  # far more than 2 workers deliver: saturated until scaled up
+    assert policy.drain_rate.measured
+    assert policy.drain_rate.value == pytest.approx(200, rel=0.01)
+
+
+def test_scales_up_at_once_and_keeps_the_age_under_the_target():
+    policy = ScalingPolicy({"maxReplicas": 50})
+    queue = Queue(policy, mu=200, replicas=1)
+    queue.run(300, rate=150)
+    steady = queue.replicas
+    first = queue.run(5, rate=2000)[0]
+    assert first.replicas > steady, first  # one poll after the step
+    queue.run(300, rate=2000)
+    assert queue.age < 30
+    assert queue.replicas >= 10  # 2,000/s needs at least 10 workers of 200/s
+
+
+def test_scales_down_only_after_the_window_but_releases_a_burst_at_once():
+    policy = ScalingPolicy({"maxReplicas": 50, "scaleDownStabilizationSeconds": 300})
+    queue = Queue(policy, mu=200, replicas=1)
+    queue.run(600, rate=1000)
+    busy = queue.replicas
+    assert busy >= 5
+    # The rate drops: the size holds through the window, then comes down.
+    held = queue.run(295, rate=200)
+    assert min(d.replicas for d in held) == busy
+    queue.run(60, rate=200)
+    assert queue.replicas < busy
+    assert queue.replicas >= 1  # 200/s still needs a worker
+
+
+def test_burst_capacity_is_released_once_the_burst_drained():
+    policy = ScalingPolicy({"maxReplicas": 50})
+    queue = Queue(policy, mu=200, replicas=1)
+    queue.run(600, rate=100)
+    calm = queue.replicas
+    queue.run(5, rate=6000)  # 30,000 messages in one interval
+    burst = queue.run(60, rate=100)
+    assert max(d.replicas for d in burst) > calm
+    assert any(d.reason == "Backlog" for d in burst)
+    assert queue.replicas <= calm  # well before the 300 s window is over
+
+
+def test_to_zero_only_after_idle_for_the_window_and_back_at_once():
+    policy = ScalingPolicy({"scaleDownStabilizationSeconds": 300})
+    queue = Queue(policy, mu=200, replicas=1)
+    queue.run(120, rate=50)
+    idle = queue.run(295, rate=0)
+    assert min(d.replicas for d in idle) >= 1
+    queue.run(65, rate=0)  # the arrival rate's median reaches zero within a minute
+    assert queue.replicas == 0
+    assert queue.decisions[-1].reason == "Idle"
+    woken = queue.run(5, rate=10)
+    assert woken[0].replicas >= 1
+
+
+def test_never_outside_the_bounds():
+    policy = ScalingPolicy({"minReplicas": 2, "maxReplicas": 4})
+    queue = Queue(policy, mu=200, replicas=2)
+    decisions = queue.run(30, rate=3000) + queue.run(900, rate=0)
+    assert max(d.replicas for d in decisions) == 4
+    assert min(d.replicas for d in decisions) == 2
+    assert decisions[-1].reason == "MinReplicas"
+
+
+def test_ordered_mode_sizes_on_claimable_heads_and_caps_at_aggregates_with_work():
+    policy = ScalingPolicy({"maxReplicas": 50})
+    # 90,000 rows wait, but only 3 aggregates have a claimable head: 3 workers at most.
+    stats = snap(0, max_id=90_000, ready=90_000, age=3000, heads=3, head_age=2.0)
+    d = policy.decide_explained(stats, replicas=1, ready_replicas=1)
+    assert d.replicas == 3 and d.reason == "AggregatesWithWork"
+    # Nothing claimable and nothing in flight: rows behind dead heads need no workers.
+    later = snap(400, max_id=90_000, ready=90_000, age=3400, heads=0, head_age=None)
+    assert policy.decide(later, replicas=3, ready_replicas=3) <= 1
+
+
+def test_same_snapshots_same_decisions():
+    def run() -> list[Decision]:
+        queue = Queue(ScalingPolicy({"maxReplicas": 30}), mu=150, replicas=0)
+        return queue.run(200, rate=20) + queue.run(200, rate=1500) + queue.run(600, rate=40)
+
+    assert run() == run()
