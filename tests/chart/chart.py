@@ -23,8 +23,8 @@ NAMESPACE = "outbox-system"
 OLDEST_KUBERNETES = "1.28"
 KUBERNETES_VERSIONS = (OLDEST_KUBERNETES, kv.latest_version())
 
-# The Prometheus Operator's own CRDs (see crds/README.md there).
-MONITORING_CRDS = Path(__file__).with_name("crds")
+# Other projects' CRDs: the Prometheus Operator's and KEDA's (see crds/README.md there).
+FOREIGN_CRDS = Path(__file__).with_name("crds")
 
 Object = dict[str, Any]
 
@@ -84,10 +84,12 @@ def custom_resource_errors(obj: Object) -> list[str]:
 
 def object_errors(obj: Object) -> list[str]:
     """Every problem the Kubernetes schemas (strict: no unknown fields) or, for the Prometheus
-    Operator's kinds, their CRDs' schemas find in one rendered object."""
+    Operator's and KEDA's kinds, their CRDs' schemas find in one rendered object."""
     kind = obj["kind"]
-    if obj["apiVersion"].startswith("monitoring.coreos.com/"):
-        return _monitoring_errors(obj)
+    if obj["apiVersion"] == "outbox.dev/v1alpha1":
+        return [f"{kind} {obj['metadata']['name']}: {e}" for e in custom_resource_errors(obj)]
+    if obj["apiVersion"].split("/")[0] in ("monitoring.coreos.com", "keda.sh"):
+        return _foreign_errors(obj)
     errors = []
     for version in KUBERNETES_VERSIONS:
         try:
@@ -102,10 +104,10 @@ def object_errors(obj: Object) -> list[str]:
     return errors
 
 
-def _monitoring_errors(obj: Object) -> list[str]:
-    """A Prometheus Operator resource, as a server with its CRDs would take it: unknown fields
+def _foreign_errors(obj: Object) -> list[str]:
+    """Another project's resource, as a server with its CRDs would take it: unknown fields
     (which a server would prune silently) and every schema violation."""
-    schema = _monitoring_schemas()[obj["kind"]]
+    schema = _foreign_schemas()[obj["kind"]]
     candidate = copy.deepcopy(obj)
     unknown = schema.prune(candidate)
     schema.default(candidate)
@@ -116,9 +118,9 @@ def _monitoring_errors(obj: Object) -> list[str]:
 
 
 @functools.cache
-def _monitoring_schemas() -> dict[str, CustomSchema]:
+def _foreign_schemas() -> dict[str, CustomSchema]:
     schemas = {}
-    for path in sorted(MONITORING_CRDS.glob("*.yaml")):
+    for path in sorted(FOREIGN_CRDS.glob("*.yaml")):
         crd = yaml.safe_load(path.read_text())
         schemas[crd["spec"]["names"]["kind"]] = crd_schema(crd)
     return schemas
