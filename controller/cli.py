@@ -59,13 +59,13 @@ async def run(settings: ControllerSettings) -> int:
         await health.close()
         fail(PROG, f"no cluster credentials (in-cluster or KUBECONFIG): {exc}")
     elector = LeaderElector(api, settings)
+    # Read at each scrape: a leader frozen past its renew deadline shows 0 as soon as it wakes.
+    metrics.leader.set_function(lambda: 1.0 if elector.leading else 0.0)
     try:
         if not await elector.acquire(stop):
             return 0
-        metrics.leader.set(1)
         return await _lead(settings, api, elector, metrics, stop)
     finally:
-        metrics.leader.set(0)
         await elector.release()
         await api.close()  # type: ignore[no-untyped-call]
         await health.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any
 
 import psycopg
 
@@ -91,4 +90,4 @@ async def purge(dsn: str, table: Table, older_than: timedelta) -> int:
         raise _database_problem(exc, dsn) from None
 
 
-__all__: list[Any] = ["parse_dsn", "parse_table", "purge", "read_backlog"]
+__all__ = ["parse_dsn", "parse_table", "purge", "read_backlog"]

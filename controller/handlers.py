@@ -73,8 +73,13 @@ class Supervisor:
 def build_registry(supervisor: Supervisor) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # The same credentials as the writer's: in-cluster, else the kubeconfig.
+        return kopf.login_via_client(**kwargs)
+
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    def watched(type: str | None, body: kopf.Body, **_: Any) -> None:
+    async def watched(type: str | None, body: kopf.Body, **_: Any) -> None:
         supervisor.on_event(type, body)
 
     return registry

@@ -102,9 +102,11 @@ class LeaderElector:
             if not self.leading:
                 break
         log.error(
-            "lost lease %s/%s (no renewal for %.1fs): stopping", self._namespace, self._name,
+            "lost lease %s/%s (no renewal for %.1fs): stopping",
+            self._namespace,
+            self._name,
             self._deadline,
-        )  # fmt: skip
+        )
 
     async def release(self) -> None:
         """On a clean shutdown, hand the Lease over at once instead of after its duration."""
@@ -148,8 +150,12 @@ class LeaderElector:
             body = self._api_client_dict(lease)
             spec = body["spec"]
             holder = spec.get("holderIdentity") or ""
-            record = (holder, spec.get("renewTime"), spec.get("leaseTransitions"),
-                      body["metadata"].get("resourceVersion"))  # fmt: skip
+            record = (
+                holder,
+                spec.get("renewTime"),
+                spec.get("leaseTransitions"),
+                body["metadata"].get("resourceVersion"),
+            )
             if self._observed is None or self._observed.record != record:
                 self._observed = _Observed(holder, record, attempt_started)
             duration = float(spec.get("leaseDurationSeconds") or self._duration)
@@ -159,8 +165,9 @@ class LeaderElector:
                     self._renewed_at = None  # taken over: stop acting at once
                 if attempt_started - self._observed.seen_at < duration:
                     return False  # someone else renews: follow
-                log.info("lease %s/%s held by %s expired: taking it", self._namespace,
-                         self._name, holder)  # fmt: skip
+                log.info(
+                    "lease %s/%s held by %s expired: taking it", self._namespace, self._name, holder
+                )
             if holder != self.identity:
                 spec["acquireTime"] = now
                 spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
@@ -171,8 +178,9 @@ class LeaderElector:
             await self._leases.replace_namespaced_lease(self._name, self._namespace, _lease(body))
         except ApiException as exc:
             if exc.status != 409:
-                log.warning("lease %s/%s: %s %s", self._namespace, self._name, exc.status,
-                            exc.reason)  # fmt: skip
+                log.warning(
+                    "lease %s/%s: %s %s", self._namespace, self._name, exc.status, exc.reason
+                )
             return False
         except (TimeoutError, OSError) as exc:
             log.warning("lease %s/%s: %s", self._namespace, self._name, exc)

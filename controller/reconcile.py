@@ -84,8 +84,13 @@ class Dispatcher:
             except LeadershipLost:
                 raise
             except ApiException as exc:
-                log.warning("%s/%s: API error %s %s; retrying", self.namespace, self.name,
-                            exc.status, exc.reason)  # fmt: skip
+                log.warning(
+                    "%s/%s: API error %s %s; retrying",
+                    self.namespace,
+                    self.name,
+                    exc.status,
+                    exc.reason,
+                )
                 self.context.metrics.reconcile_errors.labels(
                     self.namespace, self.name, "ApiError"
                 ).inc()
@@ -141,30 +146,20 @@ class Dispatcher:
         problem: st.Problem | None,
     ) -> st.Decision:
         scaling = spec["scaling"]
+        explained = None
+        if stats is not None and problem is None:
+            # Asked on every pass, paused or pinned too: the policy learns from each reading.
+            explained = self._policy_for(scaling).decide_explained(
+                stats, replicas=current, ready_replicas=ready, paused=bool(spec.get("paused"))
+            )
         fixed = st.fixed_decision(spec, current)
         if fixed is not None:
             return fixed
-        if problem is not None or stats is None:
-            return st.Decision(
-                current,
-                "HoldingSize",
-                f"size held: {problem.message if problem else 'no backlog reading'}",
-            )
-        wanted = self._policy_for(scaling).decide(stats, replicas=current, ready_replicas=ready)
-        replicas = st.bounded(wanted, scaling)
-        age = stats.oldest_ready_age or 0.0
-        target = float(scaling["targetOldestReadyAgeSeconds"])
-        if replicas > current:
-            reason = "ScalingUp"
-        elif replicas < current:
-            reason = "ScalingDown"
-        else:
-            reason = "AtTarget"
+        if explained is None:
+            why = problem.message if problem else "no backlog reading"
+            return st.Decision(current, "HoldingSize", f"size held: {why}")
         return st.Decision(
-            replicas,
-            reason,
-            f"oldest ready message {age:.1f}s (target {target:g}s), {stats.ready} ready, "
-            f"{stats.backlog} in backlog: {replicas} workers",
+            st.bounded(explained.replicas, scaling), explained.reason, explained.message
         )
 
     async def reconcile(self) -> None:
@@ -200,9 +195,11 @@ class Dispatcher:
             direction = "up" if decision.replicas > current else "down"
             self.context.metrics.scale_decisions.labels(self.namespace, self.name, direction).inc()
             await kube.event(
-                body, "Normal", "ScaledUp" if direction == "up" else "ScaledDown",
+                body,
+                "Normal",
+                "ScaledUp" if direction == "up" else "ScaledDown",
                 f"{current} -> {decision.replicas} workers: {decision.message}",
-            )  # fmt: skip
+            )
 
         purge_status: dict[str, Any] = {}
         if problem is None and spec.get("retention"):
@@ -230,13 +227,18 @@ class Dispatcher:
             body, replicas=replicas, default_image=self.context.settings.worker_image
         )
         if deployment is None:
-            log.info("%s/%s: creating Deployment %s", self.namespace, self.name,
-                     rendered["metadata"]["name"])  # fmt: skip
+            log.info(
+                "%s/%s: creating Deployment %s",
+                self.namespace,
+                self.name,
+                rendered["metadata"]["name"],
+            )
             return await kube.create_deployment(rendered)
         annotations = deployment["metadata"].get("annotations") or {}
         if annotations.get(TEMPLATE_HASH) != rendered["metadata"]["annotations"][TEMPLATE_HASH]:
-            log.info("%s/%s: the worker template changed: rolling the workers", self.namespace,
-                     self.name)  # fmt: skip
+            log.info(
+                "%s/%s: the worker template changed: rolling the workers", self.namespace, self.name
+            )
             return await kube.replace_deployment(
                 rendered, deployment["metadata"]["resourceVersion"]
             )
@@ -262,12 +264,19 @@ class Dispatcher:
             return {}
         self._last_purge = now
         if purged:
-            log.info("%s/%s: purged %d done rows older than %s", self.namespace, self.name,
-                     purged, spec["retention"])  # fmt: skip
+            log.info(
+                "%s/%s: purged %d done rows older than %s",
+                self.namespace,
+                self.name,
+                purged,
+                spec["retention"],
+            )
             await self.context.kube.event(
-                body, "Normal", "Purged",
+                body,
+                "Normal",
+                "Purged",
                 f"deleted {purged} done messages older than {format_duration(retention)}",
-            )  # fmt: skip
+            )
         return {
             "lastPurgeTime": st.timestamp(now),
             "purgedTotal": int(before.get("purgedTotal") or 0) + purged,
@@ -287,22 +296,32 @@ class Dispatcher:
         spec = body["spec"]
         dstatus: Mapping[str, Any] = (deployment or {}).get("status") or {}
         ready = int(dstatus.get("readyReplicas") or 0)
-        current = int((deployment or {}).get("spec", {}).get("replicas", 0)) if deployment else 0
         conditions: list[st.Condition] = [
             st.paused_condition(spec),
-            st.scaling_condition(decision, current if deployment else decision.replicas),
+            st.scaling_condition(
+                decision, int(dstatus.get("replicas") or 0) if deployment else None
+            ),
         ]
         if problem is not None:
             conditions.extend(st.problem_conditions(problem))
             if not problem.database:
-                conditions.append(st.Condition(
-                    st.DATABASE_REACHABLE, None, "NotChecked",
-                    f"not checked: {problem.message}",
-                ))  # fmt: skip
+                conditions.append(
+                    st.Condition(
+                        st.DATABASE_REACHABLE,
+                        None,
+                        "NotChecked",
+                        f"not checked: {problem.message}",
+                    )
+                )
         else:
-            conditions.append(st.Condition(
-                st.DATABASE_REACHABLE, True, "Connected", "the table is a usable outbox table",
-            ))  # fmt: skip
+            conditions.append(
+                st.Condition(
+                    st.DATABASE_REACHABLE,
+                    True,
+                    "Connected",
+                    "the table is a usable outbox table",
+                )
+            )
             conditions.append(st.ready_condition(ready, decision.replicas))
         status: dict[str, Any] = {
             "observedGeneration": generation,
@@ -332,16 +351,22 @@ class Dispatcher:
         problem: st.Problem | None,
     ) -> None:
         """An Event and a log line when the Ready reason changes (not on every pass)."""
+        if problem is not None:  # counted on every pass that could not serve the resource
+            self.context.metrics.reconcile_errors.labels(
+                self.namespace, self.name, problem.reason
+            ).inc()
         was = st.condition(before.get("conditions"), st.READY)
         now = st.condition(after["conditions"], st.READY)
         if was.get("reason") == now.get("reason") and was.get("status") == now.get("status"):
             return
         if problem is not None:
-            self.context.metrics.reconcile_errors.labels(
-                self.namespace, self.name, problem.reason
-            ).inc()
-            log.warning("%s/%s: not ready: %s: %s", self.namespace, self.name, problem.reason,
-                        problem.message)  # fmt: skip
+            log.warning(
+                "%s/%s: not ready: %s: %s",
+                self.namespace,
+                self.name,
+                problem.reason,
+                problem.message,
+            )
             await self.context.kube.event(body, "Warning", problem.reason, problem.message)
         elif was.get("status") == "False" and was.get("reason") not in (None, "WorkersStarting"):
             log.info("%s/%s: recovered from %s", self.namespace, self.name, was.get("reason"))

@@ -194,8 +194,13 @@ def pod_template(body: Body, default_image: str) -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
-    for field in ("nodeSelector", "tolerations", "affinity", "serviceAccountName",
-                  "priorityClassName"):  # fmt: skip
+    for field in (
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+        "serviceAccountName",
+        "priorityClassName",
+    ):
         if worker.get(field):
             pod_spec[field] = worker[field]
     annotations = {

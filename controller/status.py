@@ -125,9 +125,11 @@ def fixed_decision(spec: Mapping[str, Any], current: int) -> Decision | None:
     return None
 
 
-def scaling_condition(decision: Decision, current: int) -> Condition:
-    """Scaling is True while the Deployment moves to a new size."""
-    return Condition(SCALING, decision.replicas != current, decision.reason, decision.message)
+def scaling_condition(decision: Decision, running: int | None) -> Condition:
+    """Scaling is True while the Deployment's pods (`running`, None without a Deployment)
+    have not reached the decided count yet."""
+    moving = running is not None and running != decision.replicas
+    return Condition(SCALING, moving, decision.reason, decision.message)
 
 
 def paused_condition(spec: Mapping[str, Any]) -> Condition:

@@ -29,9 +29,14 @@ def test_defaults() -> None:
 def test_flags_and_variables() -> None:
     settings = load_settings(
         ["--namespace", "shop", "--namespace", "billing", "--lease-duration", "6s"],
-        {**ENV, "OUTBOX_HEALTH_PORT": "9100", "OUTBOX_RENEW_DEADLINE": "4s",
-         "OUTBOX_RETRY_PERIOD": "500ms", "OUTBOX_WORKER_PUBLISHERS": "log,http"},
-    )  # fmt: skip
+        {
+            **ENV,
+            "OUTBOX_HEALTH_PORT": "9100",
+            "OUTBOX_RENEW_DEADLINE": "4s",
+            "OUTBOX_RETRY_PERIOD": "500ms",
+            "OUTBOX_WORKER_PUBLISHERS": "log,http",
+        },
+    )
     assert settings.namespaces == ("shop", "billing")
     assert settings.health_port == 9100
     assert (settings.lease_duration, settings.renew_deadline) == (
@@ -83,8 +88,11 @@ def test_the_model_is_frozen_and_every_field_is_documented() -> None:
 def test_the_command_says_what_is_wrong_in_one_line_and_exits_2() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "outbox.controller", "--health-port", "x"],
-        capture_output=True, text=True, env={"POD_NAMESPACE": "ns", "PATH": ""}, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env={"POD_NAMESPACE": "ns", "PATH": ""},
+        timeout=60,
+    )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
     assert "--health-port" in result.stderr

@@ -12,10 +12,20 @@ T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 def stats(**fields: object) -> QueueStats:
     base: dict[str, object] = dict(
-        table="outbox", sampled_at=T0, pending=5, ready=4, processing=2, dead=1, done=100,
-        done_is_estimate=True, expired_leases=0, oldest_pending_age=9.0, oldest_ready_age=7.25,
-        max_id=120, attempts={1: 7},
-    )  # fmt: skip
+        table="outbox",
+        sampled_at=T0,
+        pending=5,
+        ready=4,
+        processing=2,
+        dead=1,
+        done=100,
+        done_is_estimate=True,
+        expired_leases=0,
+        oldest_pending_age=9.0,
+        oldest_ready_age=7.25,
+        max_id=120,
+        attempts={1: 7},
+    )
     base.update(fields)
     return QueueStats(**base)  # type: ignore[arg-type]
 
@@ -88,3 +98,11 @@ def test_backlog_status_reports_counts_age_and_rates() -> None:
     assert backlog["oldestReadyAgeSeconds"] == 7.25
     assert (backlog["arrivalRate"], backlog["completionRate"]) == (2.5, 1.25)
     assert st.backlog_status(stats(oldest_ready_age=None), None)["oldestReadyAgeSeconds"] == 0
+
+
+def test_scaling_is_true_while_the_pods_have_not_reached_the_decided_count() -> None:
+    decision = st.Decision(3, "Backlog", "3 workers for the backlog")
+    assert st.scaling_condition(decision, 1).status is True
+    assert st.scaling_condition(decision, 3).status is False
+    assert st.scaling_condition(decision, None).status is False  # no Deployment yet
+    assert st.scaling_condition(decision, 1).reason == "Backlog"

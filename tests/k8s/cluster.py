@@ -3,20 +3,27 @@
 The emulator runs in a thread with its own event loop, so synchronous tests (kubectl) and
 asynchronous ones (kopf in the test's loop) can both use it, and a test that blocks its own
 loop never stalls the server.
+
+It listens on plain HTTP unless `tls=True`; with an authorizer it always uses TLS (a
+self-signed certificate for 127.0.0.1, `ca_path`), because kubectl sends no bearer token to a
+plain-HTTP server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import itertools
 import os
+import ssl
 import subprocess
 import threading
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp.test_utils
 import kmock
 import kubernetes.client
 import kubernetes.config
@@ -31,6 +38,15 @@ ADMIN_TOKEN = "emulator-admin-token"
 T = TypeVar("T")
 
 
+class _TLSServer(aiohttp.test_utils.RawTestServer):
+    def __init__(self, *args: Any, ssl_context: ssl.SSLContext, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ssl_context = ssl_context
+
+    async def start_server(self, loop: Any = None, **kwargs: Any) -> None:
+        await super().start_server(loop=loop, ssl=self._ssl_context, **kwargs)
+
+
 class KubectlError(subprocess.CalledProcessError):
     def __str__(self) -> str:
         return f"{super().__str__()}\nstdout: {self.stdout}\nstderr: {self.stderr}"
@@ -43,16 +59,21 @@ class LocalCluster:
         *,
         tokens: dict[str, Identity] | None = None,
         rbac: list[dict[str, Any]] | None = None,
+        tls: bool = False,
     ) -> None:
         """`tokens`/`rbac` switch the authorizer on (the harness's own token stays admin)."""
         self.workdir = workdir
         self._authorizer = None
         if tokens is not None or rbac is not None:
             self._authorizer = Authorizer({ADMIN_TOKEN: ADMIN, **(tokens or {})}, rbac or [])
+        self.ca_path: Path | None = None
+        if tls or self._authorizer is not None:
+            self.ca_path = self._certificate()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="k8s-emulator", daemon=True)
         self._started = threading.Event()
         self._stop: asyncio.Event | None = None
+        self._failure: BaseException | None = None
         self._calls = itertools.count()
         self.emulator: Emulator
         self.url = ""
@@ -61,19 +82,57 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         self._thread.start()
-        if not self._started.wait(30):
-            raise RuntimeError("the Kubernetes emulator did not start")
+        if not self._started.wait(30) or self._failure is not None:
+            raise RuntimeError("the Kubernetes emulator did not start") from self._failure
         self.kubeconfig = self.write_kubeconfig(self.workdir / "kubeconfig", ADMIN_TOKEN)
         return self
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._serve())
+        try:
+            self._loop.run_until_complete(self._serve())
+        except BaseException as exc:
+            self._failure = exc
+            self._started.set()
+            raise
+
+    def _certificate(self) -> Path:
+        cert, key = self.workdir / "tls.crt", self.workdir / "tls.key"
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                str(key),
+                "-out",
+                str(cert),
+                "-days",
+                "2",
+                "-subj",
+                "/CN=emulator",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        return cert
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
         self.emulator = Emulator(authorizer=self._authorizer)
-        async with self.emulator, kmock.Server(self.emulator) as server:
+        server_cls: Any = aiohttp.test_utils.RawTestServer
+        if self.ca_path is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(self.ca_path, self.workdir / "tls.key")
+            server_cls = functools.partial(_TLSServer, ssl_context=context)
+        async with self.emulator, kmock.Server(self.emulator, server_cls=server_cls) as server:
             self.url = str(server.url).rstrip("/")
             self._started.set()
             await self._stop.wait()
@@ -98,7 +157,15 @@ class LocalCluster:
             "apiVersion": "v1",
             "kind": "Config",
             "current-context": "emulator",
-            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+            "clusters": [
+                {
+                    "name": "emulator",
+                    "cluster": {
+                        "server": self.url,
+                        **({"certificate-authority": str(self.ca_path)} if self.ca_path else {}),
+                    },
+                }
+            ],
             "users": [{"name": "user", "user": {"token": token}}],
             "contexts": [
                 {
@@ -145,6 +212,8 @@ class LocalCluster:
         configuration.host = self.url
         configuration.api_key = {"authorization": token}
         configuration.api_key_prefix = {"authorization": "Bearer"}
+        if self.ca_path is not None:
+            configuration.ssl_ca_cert = str(self.ca_path)
         return kubernetes.client.ApiClient(configuration)
 
     def install_crd(self, path: str | Path) -> None:

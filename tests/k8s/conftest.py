@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from .cluster import LocalCluster
+from .cluster import ADMIN_TOKEN, LocalCluster
+from .kubelet import Kubelet
 
 HERE = Path(__file__).parent
 
@@ -26,3 +27,15 @@ def k8s(tmp_path: Path) -> Iterator[LocalCluster]:
     finally:
         cluster.stop()
     assert not cluster.emulator.failures, cluster.emulator.failures
+
+
+@pytest.fixture
+def kubelet(k8s: LocalCluster, tmp_path: Path) -> Iterator[Kubelet]:
+    """A local kubelet on `k8s`; at teardown every pod's process is stopped."""
+    node = Kubelet(k8s.url, ADMIN_TOKEN, tmp_path / "kubelet").start()
+    try:
+        yield node
+    finally:
+        node.stop()
+    running = [r for r in node.records if r.returncode is None]
+    assert not running, f"processes left running: {running}"

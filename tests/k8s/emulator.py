@@ -345,7 +345,12 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             identity = self.authorizer.authenticate(request.headers) if self.authorizer else None
             target = self._target(request.url.path)
             if self.authorizer is not None:
-                self.authorizer.check(identity, self._attributes(request, target))
+                stored = [
+                    obj
+                    for (rtype, _, _), obj in self._store.items()
+                    if rtype.group == "rbac.authorization.k8s.io"
+                ]
+                self.authorizer.check(identity, self._attributes(request, target), stored)
         except ApiError as exc:
             return aiohttp.web.json_response(exc.status(), status=exc.code)
         # Reactions that tests add with kmock's DSL come first (faults, delays, spies).
@@ -796,7 +801,9 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             return obj
         created = self._commit_create(rtype, target.namespace, obj)
         self._side_effects(rtype, None, created)
-        return {**copy.deepcopy(created), "\0warnings": warnings}
+        answer = {**copy.deepcopy(created), "\0warnings": warnings}
+        self._collect_garbage()  # created with owners that are gone: collected at once
+        return answer
 
     def _commit_create(self, rtype: ResourceType, namespace: str | None, obj: JSON) -> JSON:
         obj.setdefault("apiVersion", rtype.api_version)

@@ -1,7 +1,8 @@
 """The emulator's optional authorizer: bearer tokens, identities and RBAC rules.
 
 Given a mapping token → `Identity` and a set of Role, ClusterRole, RoleBinding and
-ClusterRoleBinding objects (as rendered by a chart, for instance), it answers each request the
+ClusterRoleBinding objects (as rendered by a chart, for instance; those stored in the
+emulator, e.g. by `kubectl apply`, count too), it answers each request the
 way the RBAC authorizer of a real server does: 401 for a missing or unknown token, 403 with
 the server's wording for what no rule allows. Members of `system:masters` may do anything;
 every authenticated identity may read discovery and OpenAPI (`system:discovery`).
@@ -51,10 +52,13 @@ class Authorizer:
             raise ApiError(401, "Unauthorized", "Unauthorized")
         return identity
 
-    def check(self, identity: Identity | None, attributes: JSON) -> None:
+    def check(
+        self, identity: Identity | None, attributes: JSON, stored: Iterable[JSON] = ()
+    ) -> None:
+        """Raise 403 unless allowed; `stored` are the RBAC objects the server holds."""
         from .emulator import ApiError
 
-        if identity is None or self.allowed(identity, attributes):
+        if identity is None or self.allowed(identity, attributes, stored):
             return
         if "resource" not in attributes:
             raise ApiError(
@@ -83,7 +87,8 @@ class Authorizer:
             {"name": attributes["name"], "group": group, "kind": attributes["resource"]},
         )
 
-    def allowed(self, identity: Identity, attributes: JSON) -> bool:
+    def allowed(self, identity: Identity, attributes: JSON, stored: Iterable[JSON] = ()) -> bool:
+        objects = [*self.objects, *stored]
         if MASTERS in identity.groups:
             return True
         if "resource" not in attributes:
@@ -95,7 +100,7 @@ class Authorizer:
                 )
                 or attributes["path"] == "/"
             )
-        for binding in self.objects:
+        for binding in objects:
             kind = binding.get("kind")
             if kind not in ("RoleBinding", "ClusterRoleBinding"):
                 continue
@@ -106,13 +111,14 @@ class Authorizer:
                 self._subject(s, identity, namespace) for s in binding.get("subjects") or []
             ):
                 continue
-            role = self._role(binding.get("roleRef", {}), namespace)
+            role = self._role(objects, binding.get("roleRef", {}), namespace)
             if role and any(self._rule(r, attributes) for r in role.get("rules") or []):
                 return True
         return False
 
-    def _role(self, ref: JSON, namespace: str | None) -> JSON | None:
-        for obj in self.objects:
+    @staticmethod
+    def _role(objects: list[JSON], ref: JSON, namespace: str | None) -> JSON | None:
+        for obj in objects:
             if obj.get("kind") != ref.get("kind"):
                 continue
             meta = obj.get("metadata", {})

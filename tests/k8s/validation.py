@@ -35,6 +35,7 @@ KUBERNETES_VERSION = "1.32"
 
 _REASONS = {
     "FieldValueInvalid": "Invalid value",
+    "FieldValueTypeInvalid": "Invalid value",
     "FieldValueRequired": "Required value",
     "FieldValueForbidden": "Forbidden",
     "FieldValueDuplicate": "Duplicate value",
@@ -75,7 +76,7 @@ def _render_value(value: Any) -> str:
     if isinstance(value, list):
         return '"array"' if value else "[]"
     if value is None:
-        return "null"
+        return '"null"'
     return json.dumps(value)
 
 
@@ -170,7 +171,18 @@ class CustomSchema:
                 continue
             if key in obj:
                 errors += _check(child, obj[key], key)
-        if not errors:  # like the real server: CEL runs once the schema holds
+        # As on a real server: wrong types and unsupported values keep the CEL rules from
+        # running (they would see nonsense); other schema errors do not.
+        if any(e.reason in ("FieldValueTypeInvalid", "FieldValueNotSupported") for e in errors):
+            errors.append(
+                FieldError(
+                    "<nil>",
+                    "FieldValueInvalid",
+                    "some validation rules were not checked because "
+                    "the object was invalid; correct the existing errors to complete validation",
+                )
+            )
+        else:
             errors += self._rules(self.schema, obj, old, "", root=True)
         for required in self.schema.get("required", []):
             if required not in obj:
@@ -299,7 +311,7 @@ def _check(node: JSON, value: Any, path: str) -> list[FieldError]:
         return [
             FieldError(
                 path,
-                "FieldValueInvalid",
+                "FieldValueTypeInvalid",
                 f'{path} in body must be of type {node.get("type", "object")}: "null"',
                 None,
             )
@@ -311,7 +323,7 @@ def _check(node: JSON, value: Any, path: str) -> list[FieldError]:
             errors.append(
                 FieldError(
                     path,
-                    "FieldValueInvalid",
+                    "FieldValueTypeInvalid",
                     f'{path} in body must be of type integer,string: "{actual}"',
                     actual,
                 )
@@ -319,7 +331,7 @@ def _check(node: JSON, value: Any, path: str) -> list[FieldError]:
             return errors
     elif expected and not (actual == expected or (expected == "number" and actual == "integer")):
         detail = f'{path} in body must be of type {expected}: "{actual}"'
-        return [FieldError(path, "FieldValueInvalid", detail, actual)]
+        return [FieldError(path, "FieldValueTypeInvalid", detail, actual)]
 
     if "enum" in node and value not in node["enum"]:
         supported = ", ".join(json.dumps(v) for v in node["enum"])

@@ -1,0 +1,672 @@
+"""A local kubelet (and deployment controller) for the tests: Deployments become processes.
+
+It watches the emulator's Deployments and keeps, for each, `spec.replicas` real processes
+running from the pod template's first container:
+
+- the command: `command` (else `default_command`, the image's entrypoint: images are not
+  run) plus `args`; the executable is looked up in the test environment's bin directory
+  (`outbox-worker` is the project's own console script), then in /usr/bin and /bin, with
+  `$(VAR)` references expanded;
+- the environment: `env` values, `valueFrom.secretKeyRef` and `configMapKeyRef` read from the
+  emulator (a missing Secret or key holds the pod back, as CreateContainerConfigError does),
+  `fieldRef` for `metadata.name`, `metadata.namespace` and `spec.nodeName`, and `envFrom`;
+  nothing is inherited from the test process except PATH;
+- ports: every pod gets its own free local port for each declared `containerPort` N; any env
+  value or argument equal to N (or ending in `:N` or `=N`) is rewritten to it, and probes on
+  N (by number or by port name) go to it. So `OUTBOX_METRICS_PORT=9090` with containerPort
+  9090 and a `/readyz` probe on 9090 works with many pods on one machine;
+- readiness: `readinessProbe.httpGet` on 127.0.0.1, every `probe_interval` seconds (not the
+  probe's `periodSeconds`: tests should not wait), ready after `successThreshold` successes,
+  unready after `failureThreshold` failures; no probe: ready once started;
+  `initialDelaySeconds` is not waited for;
+- status: `replicas`, `readyReplicas`, `availableReplicas`, `updatedReplicas`,
+  `unavailableReplicas`, `observedGeneration` and the Available/Progressing conditions are
+  written to the Deployment's status subresource (zero counts omitted, as the real
+  controller does);
+- rollouts: a changed pod template starts pods of the new template and stops old ones within
+  `maxSurge`/`maxUnavailable` (RollingUpdate) or stops all first (Recreate);
+- stopping (scale-down, rollout, deletion, kubelet stop): SIGTERM, then SIGKILL after the pod's
+  `terminationGracePeriodSeconds`; scale-down picks unready pods first, then the newest;
+- a process that exits on its own is restarted (restartPolicy Always) after a short backoff.
+
+- Pod objects: each process is published as a Pod (owned by its Deployment, since there are
+  no ReplicaSets here) whose status says Running and Ready; `kubectl get pods` lists them,
+  and `kubectl delete pod` stops the process, which the Deployment then replaces.
+
+Not emulated: ReplicaSets, liveness and startup probes, resources, volumes,
+nodeSelector/affinity/tolerations (one local node), the image itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import json
+import math
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+JSON = dict[str, Any]
+
+
+class ConfigError(Exception):
+    """The pod cannot start yet (a Secret or key missing, no such executable)."""
+
+
+@dataclass
+class PodRecord:
+    """What became of a process, for assertions."""
+
+    name: str
+    namespace: str
+    deployment: str
+    pid: int
+    returncode: int | None = None
+    signals: list[str] = field(default_factory=list)  # what the kubelet sent, in order
+    reason: str = ""  # why it was stopped: scale-down, rollout, deleted, kubelet-stop
+
+
+@dataclass
+class Pod:
+    manifest: JSON  # the Pod object the kubelet publishes for it
+    name: str
+    namespace: str
+    deployment: str
+    template_hash: str
+    process: asyncio.subprocess.Process
+    ports: dict[int, int]  # declared containerPort -> local port
+    probe: JSON | None
+    grace: float
+    record: PodRecord
+    started: float = field(default_factory=time.monotonic)
+    ready: bool = False
+    successes: int = 0
+    failures: int = 0
+    stopping: asyncio.Future[None] | None = None
+    restarts: int = 0
+    reported: tuple[bool, int] | None = None  # (ready, restarts) last written to the Pod
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def template_hash(template: JSON) -> str:
+    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _count(value: Any, replicas: int, round_up: bool) -> int:
+    if isinstance(value, str) and value.endswith("%"):
+        exact = replicas * int(value[:-1]) / 100
+        return math.ceil(exact) if round_up else math.floor(exact)
+    return int(value or 0)
+
+
+class Kubelet:
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        workdir: Path,
+        *,
+        bin_dir: Path | None = None,
+        default_command: tuple[str, ...] = ("outbox-worker",),
+        probe_interval: float = 0.2,
+    ) -> None:
+        self.url = url
+        self.workdir = workdir
+        self.bin_dir = bin_dir or Path(sys.executable).parent
+        self.default_command = default_command
+        self.probe_interval = probe_interval
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._deployments: dict[tuple[str, str], JSON] = {}
+        self._pods: dict[tuple[str, str], list[Pod]] = {}
+        self._written: dict[tuple[str, str], JSON] = {}
+        self.records: list[PodRecord] = []
+        # Why a Deployment's pod is held back, e.g. a missing Secret (the latest reason).
+        self.errors: dict[tuple[str, str], str] = {}
+        self._terminations: set[asyncio.Future[None]] = set()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="kubelet", daemon=True)
+        self._stop = threading.Event()
+        self._wake: asyncio.Event | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> Kubelet:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop every pod (SIGTERM, then SIGKILL after its grace period) and the kubelet."""
+        self._stop.set()
+        if self._wake is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+        self._thread.join(120)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._main())
+
+    async def _main(self) -> None:
+        self._wake = asyncio.Event()
+        async with aiohttp.ClientSession(self.url, headers=self._headers) as session:
+            self._session = session
+            watcher = asyncio.create_task(self._watch(session))
+            try:
+                while not self._stop.is_set():
+                    await self._tick(session)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), self.probe_interval)
+                    self._wake.clear()
+            finally:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+                for pods in self._pods.values():
+                    for pod in pods:
+                        self._stop_pod(pod, "kubelet-stop")
+                await asyncio.gather(*self._terminations)
+
+    async def _watch(self, session: aiohttp.ClientSession) -> None:
+        """List, then watch from the list's resourceVersion; relist on 410 or a dropped stream."""
+        while True:
+            try:
+                async with session.get("/apis/apps/v1/deployments") as response:
+                    listing = await response.json()
+                self._deployments = {
+                    (d["metadata"]["namespace"], d["metadata"]["name"]): d
+                    for d in listing.get("items", [])
+                }
+                version = listing["metadata"]["resourceVersion"]
+                params = {"watch": "true", "resourceVersion": version, "timeoutSeconds": "300"}
+                assert self._wake is not None
+                self._wake.set()
+                async with session.get(
+                    "/apis/apps/v1/deployments",
+                    params=params,
+                    timeout=aiohttp.ClientTimeout(total=None),
+                ) as stream:
+                    async for line in stream.content:
+                        event = json.loads(line)
+                        if event["type"] == "ERROR":
+                            break
+                        obj = event["object"]
+                        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+                        if event["type"] == "DELETED":
+                            self._deployments.pop(key, None)
+                        else:
+                            self._deployments[key] = obj
+                        self._wake.set()
+            except (aiohttp.ClientError, json.JSONDecodeError, KeyError):
+                await asyncio.sleep(0.2)
+
+    # ---- reconciling ---------------------------------------------------------------------
+
+    async def _tick(self, session: aiohttp.ClientSession) -> None:
+        for key in list(self._pods):
+            if key not in self._deployments:
+                for pod in self._pods.pop(key):
+                    self._stop_pod(pod, "deleted")
+        async with session.get("/api/v1/pods") as response:
+            listing = await response.json() if response.status == 200 else {"items": []}
+        existing = {
+            (p["metadata"]["namespace"], p["metadata"]["name"])
+            for p in listing["items"]
+            if not p["metadata"].get("deletionTimestamp")
+        }
+        for key, deployment in list(self._deployments.items()):
+            pods = self._pods.setdefault(key, [])
+            for pod in pods:
+                if pod.reported is not None and (pod.namespace, pod.name) not in existing:
+                    self._stop_pod(pod, "pod-deleted")  # `kubectl delete pod`: a replacement
+            await self._restart_exited(session, deployment, pods)
+            await asyncio.gather(*(self._probe(session, p) for p in pods if not p.stopping))
+            await asyncio.gather(*(self._report(session, p) for p in pods if not p.stopping))
+            await self._converge(session, deployment, pods)
+            pods[:] = [p for p in pods if not (p.stopping and p.stopping.done())]
+            await self._write_status(session, deployment, pods)
+
+    async def _converge(
+        self, session: aiohttp.ClientSession, deployment: JSON, pods: list[Pod]
+    ) -> None:
+        spec = deployment.get("spec", {})
+        desired = int(spec.get("replicas", 1))
+        current_hash = template_hash(spec.get("template", {}))
+        live = [p for p in pods if not p.stopping]
+        new = [p for p in live if p.template_hash == current_hash]
+        old = [p for p in live if p.template_hash != current_hash]
+        strategy = spec.get("strategy", {})
+        if strategy.get("type") == "Recreate":
+            surge, unavailable = 0, desired
+        else:
+            rolling = strategy.get("rollingUpdate", {})
+            surge = _count(rolling.get("maxSurge", "25%"), desired, round_up=True)
+            unavailable = _count(rolling.get("maxUnavailable", "25%"), desired, round_up=False)
+            if surge == 0 and unavailable == 0:
+                unavailable = 1
+        # Start pods of the current template, within the surge.
+        room = desired + surge - len(live) - sum(1 for p in pods if p.stopping)
+        if strategy.get("type") == "Recreate" and (old or any(p.stopping for p in pods)):
+            room = 0
+        for _ in range(max(0, min(desired - len(new), room))):
+            pod = await self._start_pod(session, deployment, current_hash)
+            if pod is None:
+                break
+            pods.append(pod)
+            live.append(pod)
+            new.append(pod)
+        # Stop old pods while enough stay ready; then surplus new pods.
+        ready = sum(1 for p in live if p.ready)
+        floor = desired - unavailable
+        for pod in sorted(old, key=lambda p: (p.ready, -p.started)):
+            if pod.ready and ready - 1 < floor:
+                break
+            ready -= pod.ready
+            self._stop_pod(pod, "rollout")
+        surplus = len(new) - desired
+        if surplus > 0 and not old:
+            for pod in sorted(new, key=lambda p: (p.ready, -p.started))[:surplus]:
+                self._stop_pod(pod, "scale-down")
+
+    async def _restart_exited(
+        self, session: aiohttp.ClientSession, deployment: JSON, pods: list[Pod]
+    ) -> None:
+        for index, pod in enumerate(pods):
+            if pod.stopping or pod.process.returncode is None:
+                continue
+            pod.record.returncode = pod.process.returncode
+            pod.ready = False
+            backoff = min(10.0, 0.5 * 2**pod.restarts)
+            if time.monotonic() - pod.started < backoff:
+                continue
+            replacement = await self._start_pod(
+                session, deployment, pod.template_hash, name=pod.name
+            )
+            if replacement is not None:
+                replacement.restarts = pod.restarts + 1
+                replacement.reported = (False, -1) if pod.reported is not None else None
+                pods[index] = replacement
+
+    async def _start_pod(
+        self, session: aiohttp.ClientSession, deployment: JSON, hash_: str, name: str | None = None
+    ) -> Pod | None:
+        meta = deployment["metadata"]
+        namespace, deployment_name = meta["namespace"], meta["name"]
+        pod_name = name or f"{deployment_name}-{hash_[:8]}-" + "".join(
+            secrets.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(5)
+        )
+        template = deployment["spec"]["template"]
+        pod_spec = template.get("spec", {})
+        container = pod_spec["containers"][0]
+        ports = {int(p["containerPort"]): _free_port() for p in container.get("ports", [])}
+        try:
+            env = await self._environment(session, namespace, pod_name, container, ports)
+            command = self._command(container, env, ports)
+        except ConfigError as exc:
+            self.errors[(namespace, deployment_name)] = str(exc)
+            return None
+        self.errors.pop((namespace, deployment_name), None)
+        log_dir = self.workdir / namespace
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with open(log_dir / f"{pod_name}.log", "ab") as log:  # noqa: ASYNC230 - local, once per pod
+            process = await asyncio.create_subprocess_exec(
+                *command,
+                env=env,
+                stdout=log,
+                stderr=log,
+                stdin=asyncio.subprocess.DEVNULL,
+                cwd=log_dir,
+                start_new_session=True,
+            )
+        record = PodRecord(pod_name, namespace, deployment_name, process.pid)
+        self.records.append(record)
+        probe = container.get("readinessProbe")
+        if probe is not None:
+            probe = {**probe, "port": self._probe_port(probe, container, ports)}
+        manifest = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod_name,
+                "namespace": namespace,
+                "labels": {
+                    **template.get("metadata", {}).get("labels", {}),
+                    "pod-template-hash": hash_,
+                },
+                "annotations": template.get("metadata", {}).get("annotations", {}),
+                # The real owner is a ReplicaSet; there are none here.
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "Deployment",
+                        "name": deployment_name,
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {**pod_spec, "nodeName": "local"},
+        }
+        return Pod(
+            manifest,
+            pod_name,
+            namespace,
+            deployment_name,
+            hash_,
+            process,
+            ports,
+            probe,
+            float(pod_spec.get("terminationGracePeriodSeconds", 30)),
+            record,
+        )
+
+    def _stop_pod(self, pod: Pod, reason: str) -> None:
+        if pod.stopping is None:
+            pod.stopping = asyncio.ensure_future(self._terminate(pod, reason))
+            self._terminations.add(pod.stopping)
+            pod.stopping.add_done_callback(self._terminations.discard)
+
+    async def _terminate(self, pod: Pod, reason: str) -> None:
+        pod.ready = False
+        pod.record.reason = pod.record.reason or reason
+        process = pod.process
+        if process.returncode is None:
+            pod.record.signals.append("SIGTERM")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), pod.grace)
+            except TimeoutError:
+                pod.record.signals.append("SIGKILL")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                await process.wait()
+        pod.record.returncode = process.returncode
+        if self._session is not None and not self._session.closed and pod.reported is not None:
+            path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+            async with self._session.delete(path):
+                pass  # gone already (the Deployment's deletion took it along) is fine
+
+    async def _report(self, session: aiohttp.ClientSession, pod: Pod) -> None:
+        """Create the Pod object, then keep its status in line with the process."""
+        state = (pod.ready, pod.restarts)
+        if pod.reported == state:
+            return
+        path = f"/api/v1/namespaces/{pod.namespace}/pods"
+        if pod.reported is None:
+            async with session.post(
+                path, data=json.dumps(pod.manifest), headers={"Content-Type": "application/json"}
+            ) as response:
+                if response.status not in (201, 409):
+                    return
+        ready = "True" if pod.ready else "False"
+        status = {
+            "status": {
+                "phase": "Running",
+                "podIP": "127.0.0.1",
+                "hostIP": "127.0.0.1",
+                "conditions": [
+                    {"type": "Ready", "status": ready},
+                    {"type": "ContainersReady", "status": ready},
+                ],
+                "containerStatuses": [
+                    {
+                        "name": pod.manifest["spec"]["containers"][0]["name"],
+                        "ready": pod.ready,
+                        "restartCount": pod.restarts,
+                        "image": pod.manifest["spec"]["containers"][0].get("image", ""),
+                        "imageID": "",
+                        "started": True,
+                        "state": {"running": {"startedAt": _timestamp(pod.started)}},
+                    }
+                ],
+            }
+        }
+        async with session.patch(
+            f"{path}/{pod.name}/status",
+            data=json.dumps(status),
+            headers={"Content-Type": "application/merge-patch+json"},
+        ) as r:
+            if r.status == 200:
+                pod.reported = state
+
+    # ---- pod configuration -----------------------------------------------------------------
+
+    async def _environment(
+        self,
+        session: aiohttp.ClientSession,
+        namespace: str,
+        pod: str,
+        container: JSON,
+        ports: dict[int, int],
+    ) -> dict[str, str]:
+        env: dict[str, str] = {
+            "PATH": f"{self.bin_dir}{os.pathsep}/usr/bin:/bin",
+            "HOSTNAME": pod,
+            "HOME": str(self.workdir / namespace),
+        }
+        for source in container.get("envFrom", []):
+            prefix = source.get("prefix", "")
+            for kind, ref in (
+                ("secrets", source.get("secretRef")),
+                ("configmaps", source.get("configMapRef")),
+            ):
+                if ref:
+                    data = await self._data(
+                        session, kind, namespace, ref["name"], ref.get("optional", False)
+                    )
+                    env.update({prefix + k: v for k, v in data.items()})
+        for item in container.get("env", []):
+            if "value" in item:
+                env[item["name"]] = _expand(str(item["value"]), env)
+                continue
+            source = item.get("valueFrom", {})
+            value = await self._value_from(session, namespace, pod, source)
+            if value is not None:
+                env[item["name"]] = value
+        return {k: _rewrite_port(v, ports) for k, v in env.items()}
+
+    async def _value_from(
+        self, session: aiohttp.ClientSession, namespace: str, pod: str, source: JSON
+    ) -> str | None:
+        if "fieldRef" in source:
+            path = source["fieldRef"]["fieldPath"]
+            values = {
+                "metadata.name": pod,
+                "metadata.namespace": namespace,
+                "spec.nodeName": "local",
+                "status.podIP": "127.0.0.1",
+                "status.hostIP": "127.0.0.1",
+            }
+            if path not in values:
+                raise ConfigError(f"fieldRef {path} is not supported by the local kubelet")
+            return values[path]
+        for kind, key in (("secrets", "secretKeyRef"), ("configmaps", "configMapKeyRef")):
+            if key in source:
+                ref = source[key]
+                data = await self._data(
+                    session, kind, namespace, ref["name"], ref.get("optional", False)
+                )
+                if ref["key"] not in data:
+                    if ref.get("optional"):
+                        return None
+                    raise ConfigError(
+                        f"couldn't find key {ref['key']} in {kind[:-1]} {namespace}/{ref['name']}"
+                    )
+                return data[ref["key"]]
+        raise ConfigError(f"unsupported valueFrom: {sorted(source)}")
+
+    async def _data(
+        self, session: aiohttp.ClientSession, kind: str, namespace: str, name: str, optional: bool
+    ) -> dict[str, str]:
+        async with session.get(f"/api/v1/namespaces/{namespace}/{kind}/{name}") as response:
+            if response.status == 404:
+                if optional:
+                    return {}
+                raise ConfigError(f'{kind[:-1]} "{name}" not found')
+            obj = await response.json()
+        data = dict(obj.get("data") or {})
+        if kind == "secrets":
+            data = {k: base64.b64decode(v).decode() for k, v in data.items()}
+        return data
+
+    def _command(self, container: JSON, env: dict[str, str], ports: dict[int, int]) -> list[str]:
+        command = [*container.get("command", self.default_command), *container.get("args", [])]
+        if not command:
+            raise ConfigError("no command: the local kubelet does not run images")
+        command = [_rewrite_port(_expand(str(part), env), ports) for part in command]
+        # The test environment's scripts first (outbox-worker), then the system's PATH.
+        found = shutil.which(command[0], path=env["PATH"])
+        if found is None:
+            raise ConfigError(f"executable {command[0]!r} not found in {env['PATH']}")
+        command[0] = found
+        return command
+
+    @staticmethod
+    def _probe_port(probe: JSON, container: JSON, ports: dict[int, int]) -> int | None:
+        http = probe.get("httpGet")
+        if not http:
+            return None
+        port = http.get("port")
+        if isinstance(port, str) and not port.isdigit():
+            named = [p for p in container.get("ports", []) if p.get("name") == port]
+            port = named[0]["containerPort"] if named else None
+        return ports.get(int(port), int(port)) if port is not None else None
+
+    # ---- readiness and status --------------------------------------------------------------
+
+    async def _probe(self, session: aiohttp.ClientSession, pod: Pod) -> None:
+        if pod.process.returncode is not None:
+            pod.ready = False
+            return
+        if pod.probe is None:
+            pod.ready = True
+            return
+        http = pod.probe.get("httpGet") or {}
+        if not http or pod.probe.get("port") is None:
+            pod.ready = True  # exec/tcp probes: not emulated, taken as passing
+            return
+        url = f"http://127.0.0.1:{pod.probe['port']}{http.get('path', '/')}"
+        timeout = aiohttp.ClientTimeout(total=float(pod.probe.get("timeoutSeconds", 1)))
+        try:
+            async with (
+                aiohttp.ClientSession() as probe_session,
+                probe_session.get(url, timeout=timeout) as response,
+            ):
+                passed = 200 <= response.status < 400
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            passed = False
+        if passed:
+            pod.successes, pod.failures = pod.successes + 1, 0
+            if pod.successes >= int(pod.probe.get("successThreshold", 1)):
+                pod.ready = True
+        else:
+            pod.failures, pod.successes = pod.failures + 1, 0
+            if pod.failures >= int(pod.probe.get("failureThreshold", 3)):
+                pod.ready = False
+
+    async def _write_status(
+        self, session: aiohttp.ClientSession, deployment: JSON, pods: list[Pod]
+    ) -> None:
+        meta, spec = deployment["metadata"], deployment.get("spec", {})
+        current = template_hash(spec.get("template", {}))
+        desired = int(spec.get("replicas", 1))
+        live = [p for p in pods if not p.stopping]
+        ready = sum(1 for p in live if p.ready)
+        updated = sum(1 for p in live if p.template_hash == current)
+        counts = {
+            "replicas": len(live),
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "updatedReplicas": updated,
+            "unavailableReplicas": max(0, desired - ready),
+        }
+        status: JSON = {k: v for k, v in counts.items() if v}
+        status["observedGeneration"] = meta.get("generation", 1)
+        complete = updated == desired == len(live) and ready == desired
+        status["conditions"] = [
+            {
+                "type": "Available",
+                "status": "True"
+                if ready
+                >= desired
+                - _count(
+                    spec.get("strategy", {}).get("rollingUpdate", {}).get("maxUnavailable", "25%"),
+                    desired,
+                    round_up=False,
+                )
+                else "False",
+                "reason": "MinimumReplicasAvailable" if ready else "MinimumReplicasUnavailable",
+            },
+            {
+                "type": "Progressing",
+                "status": "True",
+                "reason": "NewReplicaSetAvailable" if complete else "ReplicaSetUpdated",
+            },
+        ]
+        key = (meta["namespace"], meta["name"])
+        if (
+            self._written.get(key) == status
+            and deployment.get("status", {}).get("observedGeneration")
+            == status["observedGeneration"]
+        ):
+            return
+        body = {"status": {**{k: None for k in counts}, **status}}
+        path = f"/apis/apps/v1/namespaces/{key[0]}/deployments/{key[1]}/status"
+        async with session.patch(
+            path, data=json.dumps(body), headers={"Content-Type": "application/merge-patch+json"}
+        ) as response:
+            if response.status == 200:
+                self._written[key] = status
+
+    # ---- for tests -------------------------------------------------------------------------
+
+    def pods(self, namespace: str, deployment: str) -> list[Pod]:
+        """The running (not stopping) pods of a Deployment, as the kubelet sees them now."""
+        return [p for p in self._pods.get((namespace, deployment), []) if not p.stopping]
+
+    def logs(self, namespace: str, pod: str) -> str:
+        path = self.workdir / namespace / f"{pod}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _timestamp(monotonic: float) -> str:
+    wall = time.time() - (time.monotonic() - monotonic)
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
+
+
+_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion; unknown references stay as they are."""
+    return _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), value)
+
+
+def _rewrite_port(value: str, ports: dict[int, int]) -> str:
+    for declared, local in ports.items():
+        if value == str(declared):
+            return str(local)
+        for separator in (":", "="):
+            if value.endswith(f"{separator}{declared}"):
+                return value[: -len(str(declared))] + str(local)
+    return value
