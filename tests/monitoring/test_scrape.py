@@ -17,7 +17,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +42,26 @@ pytestmark = [
     ),
 ]
 
-WORKER_LABELS = {"namespace": "shop", "dispatcher": "orders", "pod": "orders-0"}
+NAMESPACE = "default"  # the API emulator harness's namespace
+WORKER_LABELS = {"namespace": NAMESPACE, "dispatcher": "orders", "pod": "orders-0"}
+OPERATOR_LABELS = {"pod": "outbox-controller-0"}
 MESSAGES = 120
 REJECTED_EVERY = 10  # every 10th message is refused for good: it goes dead
 OPERATOR_SKIP = (
-    "the operator's series need the real operator and its API emulator (outbox.controller.cli), "
-    "not in this tree yet"
+    "the operator's series need the real operator and its API emulator (outbox.controller.cli "
+    "and tests/k8s), not in this tree"
 )
-OPERATOR_PRESENT = importlib.util.find_spec("outbox.controller.cli") is not None
+OPERATOR_PRESENT = (
+    importlib.util.find_spec("outbox.controller.cli") is not None
+    and (Path(__file__).parents[1] / "k8s" / "test_operator.py").exists()
+)
+# Series the alerts and the dashboard name that the operator does not export yet: the
+# expired-lease count (QueueStats.expired_leases) as a backlog state.
+NOT_EXPORTED_YET = ('state="expired_leases"',)
+
+
+def _not_exported_yet(selectors: list[str]) -> bool:
+    return bool(selectors) and all(any(m in s for m in NOT_EXPORTED_YET) for s in selectors)
 
 
 class Prometheus:
@@ -85,26 +97,70 @@ def rejecting_some(body: dict[str, Any], nth: int) -> Reply:
 def scraped(
     admin_dsn: str, template: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Prometheus]:
-    """A worker that delivered a backlog (some of it dead), lost its database connections once,
-    and kept running; Prometheus scraping it every second and evaluating the alert rules."""
+    """A worker that delivered a backlog (some of it dead) and lost its database connections
+    once; the operator serving its table and a second dispatcher whose database is
+    unreachable; Prometheus scraping both every second and evaluating the alert rules."""
     work = tmp_path_factory.mktemp("prometheus")
-    with _fresh_database(admin_dsn, template) as dsn:
-        yield from _scraping(dsn, work)
+    with ExitStack() as stack:
+        dsn = stack.enter_context(_fresh_database(admin_dsn, template))
+        operator_port = stack.enter_context(_operator(dsn, work)) if OPERATOR_PRESENT else None
+        yield from _scraping(dsn, work, operator_port)
 
 
-def _scraping(dsn: str, work: Path) -> Iterator[Prometheus]:
+@contextmanager
+def _operator(dsn: str, work: Path) -> Iterator[int]:
+    """The real operator against the API emulator, serving `orders` (the worker's table) and
+    `broken` (a database nobody listens on); yields its metrics port."""
+    from k8s.cluster import LocalCluster
+    from k8s.test_operator import CRD, Operator, apply, dispatcher_manifest, secret_manifest
+
+    (work / "k8s").mkdir()
+    cluster = LocalCluster(work / "k8s").start()
+    try:
+        cluster.install_crd(CRD)
+        operator = Operator(cluster, work).start()
+        try:
+            unreachable = f"postgresql://nobody@127.0.0.1:{free_port()}/nothing?connect_timeout=2"
+            apply(
+                cluster,
+                secret_manifest("orders-db", dsn=dsn),
+                secret_manifest("broken-db", dsn=unreachable),
+                dispatcher_manifest("orders"),
+                dispatcher_manifest(
+                    "broken", database={"dsnSecretRef": {"name": "broken-db", "key": "dsn"}}
+                ),
+            )
+            assert operator.port is not None
+            yield operator.port
+        finally:
+            operator.stop()
+    finally:
+        cluster.stop()
+
+
+def _scraping(dsn: str, work: Path, operator_port: int | None) -> Iterator[Prometheus]:
     metrics_port, web_port = free_port(), free_port()
+    jobs: list[dict[str, Any]] = [
+        {
+            "job_name": "outbox-worker",
+            "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"], "labels": WORKER_LABELS}],
+        }
+    ]
+    if operator_port is not None:
+        jobs.append(
+            {
+                "job_name": "outbox-controller",
+                # As the chart's monitors do: the series' `namespace` is the dispatcher's.
+                "honor_labels": True,
+                "static_configs": [
+                    {"targets": [f"127.0.0.1:{operator_port}"], "labels": OPERATOR_LABELS}
+                ],
+            }
+        )
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(m.RULES)],
-        "scrape_configs": [
-            {
-                "job_name": "outbox-worker",
-                "static_configs": [
-                    {"targets": [f"127.0.0.1:{metrics_port}"], "labels": WORKER_LABELS}
-                ],
-            }
-        ],
+        "scrape_configs": jobs,
     }
     (work / "prometheus.yml").write_text(yaml.safe_dump(config))
     with Sink(rejecting_some) as sink, psycopg.connect(dsn, autocommit=True) as conn:
@@ -129,6 +185,11 @@ def _scraping(dsn: str, work: Path) -> Iterator[Prometheus]:
             # The backlog arrives once the worker is scraped, so that its counters are seen
             # rising (an increase needs a sample from before it).
             prometheus.wait_for('up{job="outbox-worker"} == 1', "the worker scraped")
+            if operator_port is not None:
+                prometheus.wait_for(
+                    'outbox_controller_backlog_messages{dispatcher="orders", state="ready"}',
+                    "the operator's view of the table",
+                )
             seed(conn, MESSAGES, aggregates=12)
             dead = MESSAGES // REJECTED_EVERY
             _wait(lambda: statuses(conn) == {"done": MESSAGES - dead, "dead": dead}, "the drain")
@@ -137,6 +198,16 @@ def _scraping(dsn: str, work: Path) -> Iterator[Prometheus]:
             prometheus.wait_for(
                 f'outbox_messages_total{{outcome="done"}} == {MESSAGES - dead}', "the last scrape"
             )
+            if operator_port is not None:
+                prometheus.wait_for(
+                    f'outbox_controller_backlog_messages{{dispatcher="orders", state="dead"}}'
+                    f" == {dead}",
+                    "the operator's count of the dead",
+                )
+                prometheus.wait_for(
+                    'outbox_controller_reconcile_errors_total{reason="DatabaseUnreachable"}',
+                    "the unreachable database counted",
+                )
             # rate() needs two samples in its window after the last change.
             prometheus.wait_for(
                 "count_over_time(outbox_database_errors_total[1m]) >= 3", "samples for rate()"
@@ -148,56 +219,88 @@ def _scraping(dsn: str, work: Path) -> Iterator[Prometheus]:
             assert stop_worker(worker) == 0, (work / "worker.log").read_text()[-3000:]
 
 
+def _pending_on_the_operator(query: m.Query) -> None:
+    """Skip what needs the operator when it is absent; mark what it does not export yet."""
+    if query.needs_operator and not OPERATOR_PRESENT:
+        pytest.skip(OPERATOR_SKIP)
+
+
 @pytest.mark.parametrize("query", [*m.alert_queries(), *m.panel_queries()], ids=lambda q: q.origin)
 def test_every_selector_has_a_series(scraped: Prometheus, query: m.Query) -> None:
+    _pending_on_the_operator(query)
+    missing = []
     for selector in query.selectors:
         if selector.startswith("outbox_controller_") and not OPERATOR_PRESENT:
             continue
-        assert scraped.query(f"count({selector})"), f"no series for {selector}"
-    if query.needs_operator and not OPERATOR_PRESENT:
-        pytest.skip(OPERATOR_SKIP)
+        if not scraped.query(f"count({selector})"):
+            missing.append(selector)
+    if _not_exported_yet(missing):
+        pytest.xfail(f"not exported by the operator yet: {missing}")
+    assert missing == []
 
 
 @pytest.mark.parametrize("query", m.panel_queries(), ids=lambda q: q.origin)
 def test_every_panel_query_returns_a_series(scraped: Prometheus, query: m.Query) -> None:
-    if query.needs_operator and not OPERATOR_PRESENT:
-        pytest.skip(OPERATOR_SKIP)
-    assert scraped.query(query.expr), query.expr
+    _pending_on_the_operator(query)
+    result = scraped.query(query.expr)
+    if not result and _not_exported_yet(query.selectors):
+        pytest.xfail(f"not exported by the operator yet: {NOT_EXPORTED_YET}")
+    assert result, query.expr
 
 
 @pytest.mark.parametrize("query", m.alert_queries(), ids=lambda q: q.origin)
 def test_every_alert_expression_returns_a_series_with_its_threshold_opened(
     scraped: Prometheus, query: m.Query
 ) -> None:
-    if query.needs_operator and not OPERATOR_PRESENT:
-        pytest.skip(OPERATOR_SKIP)
+    _pending_on_the_operator(query)
     result = scraped.query(query.opened())
+    if not result and _not_exported_yet(query.selectors):
+        pytest.xfail(f"not exported by the operator yet: {NOT_EXPORTED_YET}")
     assert result, query.opened()
     if "dispatcher" in query.expr:
         # The labels the alert's summary names survive its aggregations and joins.
         for series in result:
-            assert series["metric"].get("dispatcher") == "orders", series
-            assert series["metric"].get("namespace") == "shop", series
+            assert series["metric"].get("dispatcher") in ("orders", "broken"), series
+            assert series["metric"].get("namespace") == NAMESPACE, series
 
 
-def test_the_dead_message_alert_fires_for_the_worker_that_dead_lettered(
+def test_the_dead_message_alert_fires_for_the_dispatcher_that_dead_lettered(
     scraped: Prometheus,
 ) -> None:
-    deadline = time.monotonic() + 60
+    firing = _firing(scraped, "OutboxDeadMessages")
+    [dead] = [a for a in firing if a["labels"]["alertname"] == "OutboxDeadMessages"]
+    assert dead["labels"]["namespace"] == NAMESPACE
+    assert dead["labels"]["dispatcher"] == "orders"
+    assert dead["annotations"]["summary"] == f"Outbox {NAMESPACE}/orders: new dead messages"
+    others = {a["labels"]["alertname"] for a in firing} - {"OutboxDeadMessages"}
+    if OPERATOR_PRESENT:
+        assert others <= {"OutboxOperatorDatabaseUnreachable"}, others
+    else:
+        assert others <= {"OutboxOperatorNotLeading"}, others  # no operator is scraped
+
+
+@pytest.mark.skipif(not OPERATOR_PRESENT, reason=OPERATOR_SKIP)
+def test_the_unreachable_database_alert_fires_for_that_dispatcher_only(
+    scraped: Prometheus,
+) -> None:
+    firing = _firing(scraped, "OutboxOperatorDatabaseUnreachable")
+    unreachable = [
+        a for a in firing if a["labels"]["alertname"] == "OutboxOperatorDatabaseUnreachable"
+    ]
+    assert [a["labels"]["dispatcher"] for a in unreachable] == ["broken"]
+    # The operator leads, so the leader alert stays quiet.
+    assert "OutboxOperatorNotLeading" not in {a["labels"]["alertname"] for a in firing}
+
+
+def _firing(prometheus: Prometheus, alertname: str, timeout: float = 60) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
     while True:
-        alerts = scraped.get("/api/v1/alerts")["alerts"]
+        alerts = prometheus.get("/api/v1/alerts")["alerts"]
         firing = [a for a in alerts if a["state"] == "firing"]
-        if any(a["labels"]["alertname"] == "OutboxDeadMessages" for a in firing):
-            break
+        if any(a["labels"]["alertname"] == alertname for a in firing):
+            return firing
         assert time.monotonic() < deadline, alerts
         time.sleep(0.5)
-    [dead] = [a for a in firing if a["labels"]["alertname"] == "OutboxDeadMessages"]
-    assert dead["labels"]["namespace"] == "shop"
-    assert dead["labels"]["dispatcher"] == "orders"
-    assert dead["annotations"]["summary"] == "Outbox shop/orders: new dead messages"
-    # Delivering the rest fired nothing else about these workers.
-    others = {a["labels"]["alertname"] for a in firing} - {"OutboxDeadMessages"}
-    assert others <= {"OutboxOperatorNotLeading"}, others  # no operator is scraped here
 
 
 @contextmanager
