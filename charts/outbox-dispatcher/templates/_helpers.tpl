@@ -1,0 +1,72 @@
+{{/* Names, labels and the image, shared by every template. */}}
+
+{{- define "outbox.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "outbox.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The operator pods' selector: component=controller keeps it apart from the worker pods
+     the operator creates (component=worker, instance=<dispatcher>). */}}
+{{- define "outbox.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "outbox.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: controller
+{{- end }}
+
+{{- define "outbox.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "outbox.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: outbox-dispatcher
+{{- end }}
+
+{{- define "outbox.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "outbox.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "outbox.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The permissions the operator uses on the namespaces it serves, and no others:
+     it watches OutboxDispatchers and writes their status, keeps one worker Deployment per
+     resource (read, create, replace, patch replicas), reads the DSN's Secret, and records
+     Events. kopf's own posting and its namespace/CRD scanning are off, so it needs none. */}}
+{{- define "outbox.servedRules" -}}
+- apiGroups: [outbox.dev]
+  resources: [outboxdispatchers]
+  verbs: [list, watch]
+- apiGroups: [outbox.dev]
+  resources: [outboxdispatchers/status]
+  verbs: [patch]
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, create, update, patch]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- end }}

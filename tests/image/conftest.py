@@ -1,0 +1,45 @@
+"""The image tier: build the Dockerfile once per session, report its size at the end.
+
+Skipped, with the reason, where buildah, podman, runc or debootstrap are missing or the
+session is not root; `.ci/run` installs the Debian packages first, so CI always runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from image import images
+
+_FACTS = pytest.StashKey[images.ImageFacts]()
+
+
+@pytest.fixture(scope="session")
+def image(request: pytest.FixtureRequest) -> Iterator[str]:
+    reason = images.why_not_runnable()
+    if reason:
+        pytest.skip(reason)
+    tag = images.build_image()
+    request.config.stash[_FACTS] = images.inspect(tag)
+    yield tag
+
+
+@pytest.fixture(scope="session")
+def facts(image: str, request: pytest.FixtureRequest) -> images.ImageFacts:
+    return request.config.stash[_FACTS]
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    facts = config.stash.get(_FACTS, None)
+    if facts is None:
+        return
+    mib = 1024 * 1024
+    terminalreporter.write_sep("-", "image")
+    terminalreporter.write_line(
+        f"{images.IMAGE}: {facts.size_bytes / mib:.0f} MiB "
+        f"(base {facts.base_size_bytes / mib:.0f} MiB, "
+        f"added {(facts.size_bytes - facts.base_size_bytes) / mib:.0f} MiB)"
+    )
