@@ -26,7 +26,7 @@ from psycopg.types.json import Jsonb
 
 from outbox.models import Event
 from outbox.query import Query, Row, run
-from outbox.table import DEFAULT_TABLE_NAME, Table
+from outbox.table import DEFAULT_TABLE_NAME, Table, text_constant
 
 _INSERT = sql.SQL(
     """{locks}INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload)
@@ -53,7 +53,7 @@ def _insert(table: str | Table, events: Sequence[Event], lock_aggregate: bool) -
     t = table if isinstance(table, Table) else Table.parse(table)
     statement = _INSERT.format(
         t=t.ident,
-        locks=_LOCK_AGGREGATES.format(ns=sql.Literal(f"outbox:{t}:"))
+        locks=_LOCK_AGGREGATES.format(ns=text_constant(f"outbox:{t}:"))
         if lock_aggregate
         else sql.SQL(""),
         after_locks=_AFTER_LOCKS if lock_aggregate else sql.SQL(""),

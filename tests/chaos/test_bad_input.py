@@ -316,6 +316,20 @@ def _outbox(*args: str) -> subprocess.CompletedProcess[str]:
 PLACEHOLDER_NAMES = ["a%b", "a%%b", "pct%", "%s", "x%bx", "%t%", "%(x)s", "x{}y", "{t}", "q%.r%%"]
 
 
+def test_placeholder_characters_in_table_names_hold_for_ordered_enqueue(empty_dsn):
+    # The per-aggregate advisory locks are keyed on the table's name: a text constant too.
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        for name in PLACEHOLDER_NAMES:
+            table = Table.parse(name)
+            migrate(c, table)
+            with c.transaction():
+                enqueue(c, aggregate_type="t", aggregate_id=name, event_type="E", payload={},
+                        table=table, lock_aggregate=True)  # fmt: skip
+        for name in PLACEHOLDER_NAMES:
+            query = sql.SQL("SELECT aggregate_id FROM {}").format(Table.parse(name).ident)
+            assert c.execute(query).fetchall() == [(name,)], name
+
+
 def test_placeholder_characters_in_table_names_act_on_that_table_only(empty_dsn, sink, tmp_path):
     for name in PLACEHOLDER_NAMES:
         result = _outbox("migrate", "--dsn", empty_dsn, "--table", name)
