@@ -48,7 +48,7 @@ def test_smoke_run_writes_a_complete_report(tmp_path):
 @pytest.mark.slow
 def test_full_run_meets_the_goal_against_keda(tmp_path):
     report = _run(tmp_path)
-    assert set(report["worlds"]) == {"200", "100", "400"}
+    assert set(report["worlds"]) == {"200", "100", "400", "200-unsteady"}
     goal = report["goal"]
     assert goal["violations_vs_keda_on_age"] <= 0.005, goal
     assert goal["violations_vs_keda_on_pending"] <= 0.01, goal
