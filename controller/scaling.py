@@ -83,6 +83,13 @@ PRIOR_DRAIN_RATE = 100.0
 PROBE_FACTOR = 1.5
 PROBE_AFTER_SECONDS = 60.0
 
+# A lower bound this much above the measured drain rate says the workers got faster (less
+# than that is how unevenly completions are finalized).
+FASTER = 1.1
+
+# A measurement this old, taken when the downstream may have been slower, is probed again.
+STALE_AFTER_SECONDS = 900.0
+
 
 @dataclass(frozen=True)
 class ScalingSettings:
@@ -163,6 +170,7 @@ class DrainRate:
         self._floor = 0.0
         self._guess = PRIOR_DRAIN_RATE
         self._span: tuple[bool, float, float, float] | None = None  # kind, done, worker-s, s
+        self._measured_at = -math.inf
 
     @property
     def value(self) -> float:
@@ -173,9 +181,11 @@ class DrainRate:
     @property
     def measured(self) -> bool:
         """Seen under saturation, and no span has delivered more per worker since."""
-        return bool(self._saturated) and statistics.median(self._saturated) >= self._floor
+        return bool(self._saturated) and statistics.median(self._saturated) * FASTER >= self._floor
 
-    def observe(self, *, saturated: bool, completed: float, workers: int, seconds: float) -> None:
+    def observe(
+        self, *, at: float, saturated: bool, completed: float, workers: int, seconds: float
+    ) -> None:
         """One poll interval: `completed` messages by `workers` ready workers."""
         if workers <= 0 or seconds <= 0:
             self._span = None
@@ -195,13 +205,18 @@ class DrainRate:
         per_worker = done / worker_seconds
         if saturated:
             self._saturated.append(per_worker)
+            self._measured_at = at
             # The newest measurement is the truth now: older bounds and guesses yield to it.
             self._floor = 0.0
             self._guess = statistics.median(self._saturated)
         else:
             self._floor = max(self._floor, per_worker)
 
-    def probe(self) -> None:
+    def probe(self, at: float, stale_after: float) -> None:
+        """Raise the guess; a measurement older than `stale_after` becomes a guess first."""
+        if self.measured and at - self._measured_at >= stale_after:
+            self._guess = statistics.median(self._saturated)
+            self._saturated.clear()
         if not self.measured:
             self._guess = self.value * PROBE_FACTOR
 
@@ -345,6 +360,7 @@ class ScalingPolicy:
         measured = rates(before.stats, work.stats)
         saturated = before.claimable > 0 and work.claimable > 0 and ready_before == ready_replicas
         self.drain_rate.observe(
+            at=work.at,
             saturated=saturated,
             completed=measured.completions_per_second * seconds if measured else 0.0,
             workers=ready_replicas if saturated else max(ready_before, ready_replicas),
@@ -472,7 +488,7 @@ class ScalingPolicy:
         )
         self._calm_since = (self._calm_since or work.at) if calm else None
         if self._calm_since is not None and work.at - self._calm_since >= PROBE_AFTER_SECONDS:
-            self.drain_rate.probe()
+            self.drain_rate.probe(work.at, stale_after=STALE_AFTER_SECONDS)
             self._calm_since = work.at
 
         if self._burst_hold:
