@@ -166,7 +166,7 @@ class OutboxApp(App[None]):
         self, message: str, *, title: str = "", severity: SeverityLevel = "information"
     ) -> None:
         """An action's outcome: a toast now, and the status line until the next one."""
-        self.notify(message, title=title, severity=severity)
+        self.notify(message, title=title, severity=severity, markup=False)
         self.set_state(last_action=message)
 
     def request(self, request: ActionRequest) -> None:

@@ -8,6 +8,9 @@ import psycopg
 # refused a query.
 DATABASE_ERRORS: tuple[type[BaseException], ...] = (psycopg.Error, OSError)
 
+# The database refused what the operator typed (a filter's path): their error, not an outage.
+INPUT_REJECTED: tuple[type[BaseException], ...] = (psycopg.DataError, psycopg.ProgrammingError)
+
 # The connection itself is unusable: drop it, the next use reconnects.
 CONNECTION_LOST: tuple[type[BaseException], ...] = (
     psycopg.OperationalError,

@@ -22,18 +22,20 @@ from psycopg.conninfo import conninfo_to_dict
 from outbox import dashboard, dead_letters, repair
 from outbox.dashboard import Blocked, LeaseHolder
 from outbox.dead_letters import DeadPage, ErrorGroup, MessageDetail
-from outbox.filters import DeadFilter
+from outbox.filters import DeadFilter, path_check
 from outbox.query import Query, fetch_async
 from outbox.repair import Action, ActionRecord, ActionResult, Seen
 from outbox.schema import SchemaError, check_table
 from outbox.stats import QueueStats, queue_stats_async
 from outbox.table import Table
-from outbox.tui.errors import CONNECTION_LOST
+from outbox.text import first_line
+from outbox.tui.errors import CONNECTION_LOST, INPUT_REJECTED
 from outbox.tui.session import configure_session
 
 T = TypeVar("T")
 APPLICATION_NAME = "outbox-tui"
 CONNECT_TIMEOUT = 5  # seconds: a dead server shows up in the status line quickly
+EXACT_DONE_BELOW = 100_000  # rows: below this, done is counted, not estimated
 
 
 class ReadOnlyError(RuntimeError):
@@ -68,6 +70,10 @@ class Source(Protocol):
     ) -> DeadPage: ...
 
     async def dead_count(self, f: DeadFilter) -> int: ...
+
+    async def check_filter(self, f: DeadFilter) -> str | None:
+        """What the database finds wrong with the filter, None if nothing."""
+        ...
 
     async def error_groups(self, f: DeadFilter) -> list[ErrorGroup]: ...
 
@@ -109,6 +115,7 @@ class PgSource:
         self.read_only = read_only
         self._connections: dict[str, psycopg.AsyncConnection[Any]] = {}
         self._label = describe_dsn(dsn)
+        self._small_table = False  # known after the first poll's estimate
 
     @property
     def label(self) -> str:
@@ -158,7 +165,11 @@ class PgSource:
 
     async def overview(self, ordered: bool) -> Overview:
         async def work(conn: psycopg.AsyncConnection[Any]) -> Overview:
-            stats = await queue_stats_async(conn, self.table)
+            stats = await queue_stats_async(conn, self.table, exact=self._small_table)
+            # Exact from the next poll on while counting done rows costs next to nothing.
+            self._small_table = stats.pending + stats.processing + stats.dead + stats.done < (
+                EXACT_DONE_BELOW
+            )
             holders = await fetch_async(conn, dashboard.lease_holders(self.table))
             blocked: Blocked | None = None
             if ordered:
@@ -176,6 +187,15 @@ class PgSource:
 
     async def dead_count(self, f: DeadFilter) -> int:
         return await self._fetch("dead", dead_letters.dead_count(self.table, f))
+
+    async def check_filter(self, f: DeadFilter) -> str | None:
+        if f.payload_path is None:
+            return None
+        try:
+            await self._fetch("action", path_check(f))
+        except INPUT_REJECTED as exc:
+            return first_line(exc)
+        return None
 
     async def error_groups(self, f: DeadFilter) -> list[ErrorGroup]:
         return await self._fetch("groups", dead_letters.error_groups(self.table, f))

@@ -9,8 +9,9 @@ from datetime import datetime
 from rich.table import Table as RichTable
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
-from textual.widgets import Sparkline, Static
+from textual.widgets import DataTable, Sparkline, Static
 
 from outbox.dashboard import Blocked, LeaseHolder
 from outbox.stats import QueueStats
@@ -24,6 +25,27 @@ def _grid() -> RichTable:
     table.add_column(justify="right", no_wrap=True)
     table.add_column(style="dim", no_wrap=True, ratio=1)
     return table
+
+
+class RowTable(DataTable[object]):
+    """A table of rows with a row cursor: Home and End go to the first and last row (the
+    framework's scroll sideways)."""
+
+    BINDINGS = [
+        Binding("home", "first_row", "first row", show=False),
+        Binding("end", "last_row", "last row", show=False),
+    ]
+
+    def __init__(self, *, id: str) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
+
+    def action_first_row(self) -> None:
+        if self.row_count:
+            self.move_cursor(row=0)
+
+    def action_last_row(self) -> None:
+        if self.row_count:
+            self.move_cursor(row=self.row_count - 1)
 
 
 @dataclass(frozen=True)
@@ -190,9 +212,10 @@ class RatesPanel(Vertical):
                 (f"new messages per second · peak {fmt.rate(peak_arrivals)}", "dim"),
             )
         )
-        # A flat zero line still shows that time passes; an empty one shows nothing.
-        self.query_one("#done-spark", Sparkline).data = done or [0.0]
-        self.query_one("#arrivals-spark", Sparkline).data = arrivals or [0.0]
+        # Nothing moving draws the empty baseline: a single value, or all zeros, would be
+        # drawn as full blocks.
+        self.query_one("#done-spark", Sparkline).data = done if any(done) else []
+        self.query_one("#arrivals-spark", Sparkline).data = arrivals if any(arrivals) else []
 
 
 class AttemptsPanel(Static):
@@ -240,7 +263,7 @@ class HoldersPanel(Static):
         shown = holders if len(holders) <= rows else holders[: rows - 1]
         for h in shown:
             table.add_row(
-                h.owner or "(none)",
+                Text(h.owner) if h.owner else Text("(none)", "dim"),
                 fmt.count(h.held),
                 Text(fmt.count(h.expired), "bold red" if h.expired else "dim"),
                 Text(fmt.relative(h.earliest_expiry, now), "red" if h.expired else ""),

@@ -3,6 +3,7 @@ will change before anything happens. Cancel has the focus; `y` confirms."""
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -14,7 +15,7 @@ from outbox.tui.format import count
 
 EXPLAIN = {
     "requeue": "Back to pending, available now, attempts reset to 0.",
-    "skip": "Marked done on purpose: never delivered. Unblocks its aggregate in ordered mode.",
+    "skip": "Marked done on purpose: never delivered.",
 }
 
 
@@ -50,10 +51,11 @@ class ConfirmScreen(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(self.question, id="question")
-            yield Static(self.what, id="what")
+            # Text, not markup: `what` and the notes carry the producer's names and ids.
+            yield Static(Text(self.what), id="what")
             yield Static(EXPLAIN[self.action], classes="note")
             for note in self.notes:
-                yield Static(note, classes="note")
+                yield Static(Text(note), classes="note")
             yield Static(
                 "Only rows still dead exactly as shown change; any that changed meanwhile "
                 "are left alone and counted. The action is recorded with your name.",

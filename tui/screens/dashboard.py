@@ -22,6 +22,7 @@ class DashboardScreen(BaseScreen):
     }
     DashboardScreen #dash > * { height: 100%; }
     DashboardScreen #rates { column-span: 2; min-height: 6; }
+    DashboardScreen.stale .panel { text-opacity: 50%; }
     """
     BINDINGS = [
         Binding("d", "dead", "dead letters"),
@@ -62,6 +63,10 @@ class DashboardScreen(BaseScreen):
         self.query_one(RatesPanel).show(self.history)
         self.query_one(AttemptsPanel).show(overview.stats)
         self.query_one(HoldersPanel).show(overview.holders, app.clock())
+
+    def show_staleness(self) -> None:
+        for panel in self.query(".panel"):
+            panel.border_subtitle = self.stale_note()
 
     def action_dead(self) -> None:
         # Installed once: its filter, page and marks survive going back to the dashboard.

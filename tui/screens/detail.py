@@ -34,6 +34,7 @@ _STATUS_STYLE = {"dead": "bold red", "pending": "yellow", "processing": "cyan", 
 class DetailScreen(BaseScreen):
     DEFAULT_CSS = """
     DetailScreen VerticalScroll { padding: 0 1; }
+    DetailScreen.stale #columns { text-opacity: 60%; }
     DetailScreen .section { text-style: bold; color: $accent; margin-top: 1; }
     DetailScreen #columns { height: auto; layout: vertical; }
     DetailScreen #columns > Vertical { height: auto; }
@@ -89,6 +90,9 @@ class DetailScreen(BaseScreen):
         self._show()
         self.refresh_bindings()  # requeue/skip only for a dead message
 
+    def show_staleness(self) -> None:
+        self._show()
+
     def _show(self) -> None:
         detail = self.detail
         title = self.query_one("#title", Static)
@@ -102,6 +106,7 @@ class DetailScreen(BaseScreen):
                 (f"message {detail.id} ", "bold"),
                 (f" {status} ", f"reverse {_STATUS_STYLE.get(status, '')}"),
                 f"  {c.get('aggregate_type')}/{c.get('aggregate_id')} · {c.get('event_type')}",
+                (f"  {self.stale_note()}" if self.stale_since else "", "bold yellow"),
             )
         )
         self.query_one("#fields", Static).update(self._fields(detail))
@@ -123,7 +128,7 @@ class DetailScreen(BaseScreen):
         for name, value in detail.columns.items():
             if name in _OWN_SECTIONS:
                 continue
-            grid.add_row(name, _value(name, value, now))
+            grid.add_row(Text(name), _value(name, value, now))
         if detail.status != "done":
             place = (
                 "head of its aggregate (claimable first in ordered mode)"
@@ -184,8 +189,12 @@ def _value(name: str, value: Any, now: datetime) -> RenderableType:
 
 
 def _payload(payload: Any) -> RenderableType:
-    # Rich's JSON highlighter: indented, coloured, in the key order the producer wrote.
-    return JSON(json.dumps(payload, ensure_ascii=False), indent=2, ensure_ascii=False)
+    # Rich's JSON highlighter: indented, coloured, in the key order the producer wrote;
+    # long strings wrap at the pane's edge instead of being cut there.
+    pretty = JSON(json.dumps(payload, ensure_ascii=False), indent=2, ensure_ascii=False)
+    pretty.text.no_wrap = False
+    pretty.text.overflow = "fold"
+    return pretty
 
 
 def _history(actions: list[ActionRecord], now: datetime) -> RenderableType:
@@ -201,23 +210,30 @@ def _history(actions: list[ActionRecord], now: datetime) -> RenderableType:
             fmt.timestamp(a.at),
             Text(f"({fmt.since(a.at, now)} ago)", "dim"),
             Text(a.action, "bold"),
-            f"by {a.actor}" + (f" ({a.db_user})" if a.db_user != a.actor else ""),
+            Text(f"by {a.actor}" + (f" ({a.db_user})" if a.db_user != a.actor else "")),
             Text(f"#{a.id}, with {others} other{'s' if others != 1 else ''}", "dim"),
         )
     return grid
 
 
 def _head_notes(detail: MessageDetail) -> list[str]:
+    """What skipping it does to its aggregate in ordered mode, no more than that."""
     c = detail.columns
     aggregate = f"{c['aggregate_type']}/{c['aggregate_id']}"
-    if detail.is_head and detail.waiting_behind:
+    if not detail.is_head:
         return [
-            f"It is the head of {aggregate}: {fmt.count(detail.waiting_behind)} unfinished "
-            "messages wait behind it in ordered mode."
+            f"It is not the head of {aggregate}: earlier messages are unfinished, so skipping "
+            "it does not unblock the aggregate."
         ]
-    if detail.is_head:
+    if not detail.waiting_behind:
         return [f"It is the head of {aggregate}; nothing waits behind it."]
-    return [f"It is not the head of {aggregate}: earlier messages are unfinished."]
+    behind = f"{fmt.count(detail.waiting_behind)} unfinished messages wait behind it"
+    if detail.next_status == "dead":
+        return [
+            f"It is the head of {aggregate} ({behind}), but the next one, {detail.next_id}, is "
+            f"also dead: {aggregate} stays blocked until that one is repaired too."
+        ]
+    return [f"It is the head of {aggregate}: skipping it unblocks it; {behind} in ordered mode."]
 
 
 async def skip_notes(source: Source, seen: Sequence[Seen]) -> list[str]:

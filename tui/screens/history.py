@@ -13,6 +13,7 @@ from textual.widgets import DataTable
 from outbox.tui import format as fmt
 from outbox.tui.poller import Poller
 from outbox.tui.screens.base import BaseScreen
+from outbox.tui.widgets import RowTable
 
 
 class HistoryScreen(BaseScreen):
@@ -21,7 +22,7 @@ class HistoryScreen(BaseScreen):
 
     def compose(self) -> ComposeResult:
         yield from self.compose_top()
-        yield DataTable(id="actions", cursor_type="row", zebra_stripes=True)
+        yield RowTable(id="actions")
         yield from self.compose_bottom()
         yield Poller(self.fetch, interval=self.outbox.poll_interval, name="history")
 
@@ -44,11 +45,11 @@ class HistoryScreen(BaseScreen):
             table.add_row(
                 Text(str(a.id), justify="right"),
                 f"{fmt.timestamp(a.at)} ({fmt.since(a.at, now)} ago)",
-                a.actor,
+                Text(a.actor),
                 Text(a.action, "bold"),
                 Text(fmt.count(a.count), justify="right"),
                 Text(fmt.count(a.requested), justify="right"),
-                fmt.one_line(json.dumps(what, ensure_ascii=False) if what else "", 60),
+                Text(fmt.one_line(json.dumps(what, ensure_ascii=False) if what else "", 60)),
                 key=str(a.id),
             )
         if not actions:
