@@ -55,6 +55,11 @@ def _reap(t: sql.Identifier) -> sql.Composed:
     return _REAP_CTE.format(t=t, reaped_error=sql.Literal(REAPED_ERROR))
 
 
+# How every claim statement begins, and nothing else does: how `outbox.dashboard` tells a
+# worker's last claim in pg_stat_activity (which keeps only a statement's first kilobyte).
+CLAIM_MARKER = "/* outbox claim */"
+_CLAIM = sql.SQL(CLAIM_MARKER)
+
 # Every claim ends the same way: the picked rows become a new lease, one generation later.
 _TAKE_LEASE = sql.SQL(
     """UPDATE {t} AS o
@@ -83,7 +88,8 @@ class Queries:
 def _claim(t: sql.Identifier, ordered: bool) -> sql.Composed:
     head = _HEAD_OF_AGGREGATE.format(t=t) if ordered else sql.SQL("")
     return sql.SQL(
-        """WITH {reap}, expired AS (
+        """{marker}
+WITH {reap}, expired AS (
     SELECT c.id FROM {t} AS c
      WHERE c.status = 'processing' AND c.lease_until < now()
        AND c.attempts < %(max_attempts)s::int{head}
@@ -100,7 +106,7 @@ def _claim(t: sql.Identifier, ordered: bool) -> sql.Composed:
     SELECT id FROM expired UNION ALL SELECT id FROM ready LIMIT %(batch)s::int
 )
 {take}"""
-    ).format(t=t, head=head, reap=_reap(t), take=_take_lease(t))
+    ).format(t=t, head=head, reap=_reap(t), take=_take_lease(t), marker=_CLAIM)
 
 
 def _claim_heads(t: sql.Identifier) -> sql.Composed:
@@ -112,7 +118,8 @@ def _claim_heads(t: sql.Identifier) -> sql.Composed:
     a few aggregates hold a deep backlog (see `OrderedClaims` in outbox/lease.py).
     """
     return sql.SQL(
-        """WITH RECURSIVE {reap}, heads(aggregate_id, id) AS (
+        """{marker}
+WITH RECURSIVE {reap}, heads(aggregate_id, id) AS (
     (SELECT aggregate_id, id FROM {t} WHERE status <> 'done' ORDER BY aggregate_id, id LIMIT 1)
     UNION ALL
     SELECT n.aggregate_id, n.id FROM heads AS h CROSS JOIN LATERAL (
@@ -129,7 +136,7 @@ def _claim_heads(t: sql.Identifier) -> sql.Composed:
        FOR UPDATE OF c SKIP LOCKED
 )
 {take}"""
-    ).format(t=t, reap=_reap(t), take=_take_lease(t))
+    ).format(t=t, reap=_reap(t), take=_take_lease(t), marker=_CLAIM)
 
 
 @cache
