@@ -99,7 +99,10 @@ def blocking_heads(table: Table, *, limit: int = 200) -> Query[list[BlockingHead
     return Query(
         statement,
         {"limit": limit},
-        lambda rows: [BlockingHead(*r[:7], waiting=int(r[7])) for r in rows],
+        lambda rows: [
+            BlockingHead(int(r[0]), r[1], r[2], r[3], r[4], int(r[5]), r[6], int(r[7]))
+            for r in rows
+        ],
     )
 
 
@@ -150,7 +153,6 @@ SELECT coalesce(s.name, l.name), coalesce(s.connections, 0), s.since, s.last_cla
         statement,
         {"claim": f"{CLAIM_MARKER}%", "limit": limit},
         lambda rows: [
-            Session(str(r[0]), int(r[1]), r[2], r[3], str(r[4]), int(r[5]), int(r[6]))
-            for r in rows
+            Session(str(r[0]), int(r[1]), r[2], r[3], str(r[4]), int(r[5]), int(r[6])) for r in rows
         ],
     )

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from outbox.dashboard import Blocked, LeaseHolder
+from outbox.dashboard import Blocked, BlockingHead, LeaseHolder, Session
 from outbox.dead_letters import DeadMessage, DeadPage, ErrorGroup, MessageDetail
 from outbox.filters import DeadFilter
 from outbox.repair import Action, ActionRecord, ActionResult, Seen
@@ -183,6 +183,23 @@ class FakeSource:
                     )
                 )
         return sorted(groups, key=lambda g: (-g.count, -g.newest_id))
+
+    async def blocking_heads(self) -> list[BlockingHead]:
+        await self._call()
+        return [
+            BlockingHead(m.id, m.aggregate_type, m.aggregate_id, m.event_type, m.last_error,
+                         m.lease_version, m.created_at, waiting=(m.id % 9) * 3)
+            for m in self.dead[-3:]
+        ]  # fmt: skip
+
+    async def sessions(self) -> list[Session]:
+        await self._call()
+        return [
+            Session(h.owner, 0 if h.expired else 4, NOW - timedelta(hours=2),
+                    None if h.expired else NOW - timedelta(seconds=1),
+                    "" if h.expired else "active 1, idle 3", h.held, h.expired)
+            for h in self.holders
+        ]  # fmt: skip
 
     async def message(self, message_id: int) -> MessageDetail | None:
         await self._call()

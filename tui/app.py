@@ -195,7 +195,7 @@ class OutboxApp(App[None]):
             self.tell(f"nothing to {verb}: no dead message matches", severity="warning")
             return
         confirmed = await self.push_screen_wait(
-            ConfirmScreen(request.action, len(seen), request.what, notes)
+            ConfirmScreen(request.action, len(seen), request.what, notes, typed=request.typed)
         )
         if not confirmed:
             self.tell(f"{verb} cancelled, nothing changed")

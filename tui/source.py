@@ -20,7 +20,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from outbox import dashboard, dead_letters, repair
-from outbox.dashboard import Blocked, LeaseHolder
+from outbox.dashboard import Blocked, BlockingHead, LeaseHolder, Session
 from outbox.dead_letters import DeadPage, ErrorGroup, MessageDetail
 from outbox.filters import DeadFilter, path_check
 from outbox.query import Query, fetch_async
@@ -76,6 +76,10 @@ class Source(Protocol):
         ...
 
     async def error_groups(self, f: DeadFilter) -> list[ErrorGroup]: ...
+
+    async def blocking_heads(self) -> list[BlockingHead]: ...
+
+    async def sessions(self) -> list[Session]: ...
 
     async def message(self, message_id: int) -> MessageDetail | None: ...
 
@@ -199,6 +203,12 @@ class PgSource:
 
     async def error_groups(self, f: DeadFilter) -> list[ErrorGroup]:
         return await self._fetch("groups", dead_letters.error_groups(self.table, f))
+
+    async def blocking_heads(self) -> list[BlockingHead]:
+        return await self._fetch("blocked", dashboard.blocking_heads(self.table))
+
+    async def sessions(self) -> list[Session]:
+        return await self._fetch("sessions", dashboard.sessions(self.table))
 
     async def message(self, message_id: int) -> MessageDetail | None:
         return await self._fetch("detail", dead_letters.message(self.table, message_id))

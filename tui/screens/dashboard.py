@@ -10,8 +10,10 @@ from outbox.tui import format as fmt
 from outbox.tui.poller import Poller
 from outbox.tui.rates import RateHistory
 from outbox.tui.screens.base import BaseScreen
+from outbox.tui.screens.blocked import BlockedScreen
 from outbox.tui.screens.dead import DeadScreen
 from outbox.tui.screens.history import HistoryScreen
+from outbox.tui.screens.workers import WorkersScreen
 from outbox.tui.widgets import AgesPanel, AttemptsPanel, CountsPanel, HoldersPanel, RatesPanel
 
 
@@ -26,6 +28,8 @@ class DashboardScreen(BaseScreen):
     """
     BINDINGS = [
         Binding("d", "dead", "dead letters"),
+        Binding("b", "blocked", "blocked"),
+        Binding("w", "workers", "workers"),
         Binding("h", "history", "action log"),
     ]
 
@@ -73,6 +77,12 @@ class DashboardScreen(BaseScreen):
         if not self.app.is_screen_installed("dead"):
             self.app.install_screen(DeadScreen(), "dead")
         self.app.push_screen("dead")
+
+    def action_blocked(self) -> None:
+        self.app.push_screen(BlockedScreen())
+
+    def action_workers(self) -> None:
+        self.app.push_screen(WorkersScreen())
 
     def action_history(self) -> None:
         self.app.push_screen(HistoryScreen())

@@ -509,6 +509,9 @@ class DeadScreen(BaseScreen):
         async def load() -> list[Seen]:
             return await source.targets(target)
 
+        async def breakdown() -> list[str]:
+            return _breakdown(await source.error_groups(target))
+
         self.outbox.request(
             ActionRequest(
                 "requeue",
@@ -516,6 +519,9 @@ class DeadScreen(BaseScreen):
                 recorded={"query": description, "filter": target.to_json()},
                 load=load,
                 done=self._clear_marks,
+                # Everything, permanent failures included: show what it is, type the count.
+                explain=breakdown if target.is_empty() else None,
+                typed=target.is_empty(),
             )
         )
 
@@ -541,6 +547,21 @@ class DeadScreen(BaseScreen):
                 done=self._clear_marks,
             )
         )
+
+
+BREAKDOWN_GROUPS = 8
+
+
+def _breakdown(groups: list[ErrorGroup]) -> list[str]:
+    """The biggest error groups, one line each, for the requeue-everything dialog."""
+    lines = ["By error group:"] + [
+        f"{fmt.count(g.count):>9}  {fmt.one_line(g.key or '(no error)', 56)}"
+        for g in groups[:BREAKDOWN_GROUPS]
+    ]
+    rest = groups[BREAKDOWN_GROUPS:]
+    if rest:
+        lines.append(f"{fmt.count(sum(g.count for g in rest)):>9}  in {len(rest)} more groups")
+    return lines
 
 
 def _with_group(f: DeadFilter, key: str) -> DeadFilter:

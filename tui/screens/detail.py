@@ -201,17 +201,19 @@ def _history(actions: list[ActionRecord], now: datetime) -> RenderableType:
     if not actions:
         return Text("no action recorded for this message", "dim")
     grid = RichTable.grid(padding=(0, 2))
-    for _ in range(4):
-        grid.add_column(no_wrap=True)
-    grid.add_column()
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column()  # who, from where, with what: wraps on a narrow pane
     for a in actions:
         others = len(a.message_ids) - 1
         grid.add_row(
-            fmt.timestamp(a.at),
-            Text(f"({fmt.since(a.at, now)} ago)", "dim"),
+            Text(fmt.timestamp(a.at)),
             Text(a.action, "bold"),
-            Text(f"by {a.actor}" + (f" ({a.db_user})" if a.db_user != a.actor else "")),
-            Text(f"#{a.id}, with {others} other{'s' if others != 1 else ''}", "dim"),
+            Text.assemble(
+                f"by {a.by} via {a.via}",
+                (f" · {fmt.since(a.at, now)} ago · #{a.id}", "dim"),
+                (f", with {others} other{'s' if others != 1 else ''}", "dim"),
+            ),
         )
     return grid
 
