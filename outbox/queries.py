@@ -15,6 +15,17 @@ from psycopg import sql
 from outbox.table import Table
 
 REAPED_ERROR = "lease expired on the last attempt (worker crashed, or publish outlived the lease)"
+ERROR_HISTORY = 10  # failed attempts kept per message in `errors` (schema v3), newest last
+
+
+def with_error(error: sql.Composable) -> sql.Composed:
+    """`errors` with one more entry (now, this attempt, `error`), cut to the newest ones.
+    Only failures write it, so a message that is delivered first time pays nothing."""
+    return sql.SQL(
+        "jsonb_path_query_array(coalesce(o.errors, '[]') || jsonb_build_array(jsonb_build_object("
+        "'at', now(), 'attempt', o.attempts, 'error', {error})), {window})"
+    ).format(error=error, window=sql.Literal(f"$[last - {ERROR_HISTORY - 1} to last]"))
+
 
 _CLAIMED_COLUMNS = sql.SQL(
     "o.id, o.lease_version, o.attempts, o.aggregate_type, o.aggregate_id, o.event_type, "
@@ -41,7 +52,7 @@ _APPLIED = sql.SQL(
 # that kills its worker each time never reaches a finalize, so the claim must end it.
 _REAP_CTE = sql.SQL(
     """reaped AS (
-    UPDATE {t} SET status = 'dead', last_error = {reaped_error},
+    UPDATE {t} AS o SET status = 'dead', last_error = {reaped_error}, errors = {errors},
                    lease_owner = NULL, lease_until = NULL
      WHERE id IN (SELECT id FROM {t}
                    WHERE status = 'processing' AND lease_until < now()
@@ -52,7 +63,8 @@ _REAP_CTE = sql.SQL(
 
 
 def _reap(t: sql.Identifier) -> sql.Composed:
-    return _REAP_CTE.format(t=t, reaped_error=sql.Literal(REAPED_ERROR))
+    reaped_error = sql.Literal(REAPED_ERROR)
+    return _REAP_CTE.format(t=t, reaped_error=reaped_error, errors=with_error(reaped_error))
 
 
 # How every claim statement begins, and nothing else does: how `outbox.dashboard` tells a
@@ -171,6 +183,11 @@ RETURNING o.id, o.lease_version)
                          WHEN f.deferred AND o.created_at < now() - %(max_defer_age)s::interval
                          THEN 'maximum defer age exceeded; last ' || f.error
                          ELSE coalesce(f.error, o.last_error) END,
+       errors = CASE WHEN f.status = 'done' OR f.error IS NULL THEN o.errors
+                     WHEN f.deferred AND o.created_at < now() - %(max_defer_age)s::interval
+                     THEN {defer_expired}
+                     WHEN f.deferred THEN o.errors
+                     ELSE {failed} END,
        done_at = CASE WHEN f.status = 'done' THEN now() END,
        lease_owner = NULL, lease_until = NULL
   FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[], %(statuses)s::text[],
@@ -179,7 +196,13 @@ RETURNING o.id, o.lease_version)
        AS f(id, version, status, delay, error, refund, deferred)
  WHERE {fence}
 RETURNING o.id, o.lease_version, o.status"""
-        ).format(t=t, fence=fence),
+        ).format(
+            t=t,
+            fence=fence,
+            # A defer is not a failure, unless it runs past the maximum defer age.
+            defer_expired=with_error(sql.SQL("'maximum defer age exceeded; last ' || f.error")),
+            failed=with_error(sql.SQL("f.error")),
+        ),
         # Heartbeat: push the expiry of leases still held; a lost lease is left alone.
         extend=sql.SQL(
             """UPDATE {t} AS o

@@ -131,3 +131,31 @@ async def test_the_action_log_says_where_from_and_who_and_opens_each_entry(conn,
         await until(pilot, lambda: isinstance(app.screen, DetailScreen), "a message of it")
         await until(pilot, lambda: re.search(r"requeue\s+by alice", screen_text(app)), "detail")
     assert statuses(conn) == {"pending": 3}
+
+
+async def test_the_detail_shows_every_failed_attempt_with_its_time(conn, dsn, aconn, table):
+    from datetime import timedelta
+
+    from outbox.lease import claim, finalize
+    from outbox.models import Outcome
+
+    [message_id] = seed(conn, 1)
+    for error in ("HTTP 503: first", "HTTP 503: second"):
+        [m] = await claim(aconn, table, owner="w", batch=1, lease=timedelta(minutes=1),
+                          max_attempts=5)  # fmt: skip
+        await finalize(aconn, table, [Outcome.retry(m, timedelta(0), error)])
+    [m] = await claim(aconn, table, owner="w", batch=1, lease=timedelta(minutes=1), max_attempts=5)
+    await finalize(aconn, table, [Outcome.dead(m, "HTTP 422: gave up")])
+    app = _app(dsn)
+    async with app.run_test(size=(140, 50)) as pilot:
+        await settle(pilot)
+        await pilot.press("d")
+        await until(pilot, lambda: "dead letters 1" in screen_text(app), "the dead list")
+        await pilot.press("enter")
+        await until(pilot, lambda: "every failed attempt" in screen_text(app), "the detail")
+        await until(pilot, lambda: "HTTP 503: first" in screen_text(app), "the history")
+        text = screen_text(app)
+        assert re.search(r"#1\s+HTTP 503: first", text), text
+        assert re.search(r"#2\s+HTTP 503: second", text), text
+        assert re.search(r"#3\s+HTTP 422: gave up", text), text
+    assert row(conn, message_id)["status"] == "dead"

@@ -227,6 +227,12 @@ class FakeSource:
             "lease_version": m.lease_version,
             "last_error": m.last_error,
             "done_at": None,
+            "errors": [
+                {"at": (NOW - timedelta(minutes=1 + 2 * (m.attempts - n))).isoformat()}
+                | {"attempt": n}
+                | {"error": m.last_error}
+                for n in (m.attempts - 1, m.attempts)
+            ],
         }
         key = GROUP_KEYS[ERRORS.index(m.last_error or "")]
         return MessageDetail(columns, key, is_head=True, waiting_behind=4)

@@ -46,8 +46,11 @@ class BlockedScreen(BaseScreen):
     def on_mount(self) -> None:
         super().on_mount()
         table = self.query_one(RowTable)
-        for label in ("head", "aggregate", "event", "waiting", "dead for", "last error"):
-            table.add_column(label, key=label)
+        widths = {"head": 10, "aggregate": 28, "event": 20, "waiting": 8, "dead for": 8}
+        for label, width in widths.items():
+            table.add_column(label, key=label, width=width)
+        used = sum(widths.values()) + 2 * (len(widths) + 1) + 2  # cell padding, scrollbar
+        table.add_column("last error", key="last error", width=max(self.size.width - used, 20))
         table.focus()
         self._show_header()
 
@@ -64,7 +67,7 @@ class BlockedScreen(BaseScreen):
                 Text(fmt.one_line(h.event_type, 20)),
                 Text(fmt.count(h.waiting), "bold" if h.waiting else "dim", justify="right"),
                 Text(fmt.since(h.created_at, now), justify="right"),
-                Text(fmt.one_line(h.last_error, 60), "red"),
+                Text(fmt.one_line(h.last_error, max(self.size.width - 90, 20)), "red"),
                 key=str(h.id),
             )
         if self.heads:

@@ -27,7 +27,7 @@ from outbox.tui.source import Source
 
 WIDE = 140  # columns from which the payload goes beside the fields
 # Shown in the fields table; payload and last_error get their own sections.
-_OWN_SECTIONS = {"payload", "last_error"}
+_OWN_SECTIONS = {"payload", "last_error", "errors"}
 _STATUS_STYLE = {"dead": "bold red", "pending": "yellow", "processing": "cyan", "done": "green"}
 
 
@@ -64,6 +64,8 @@ class DetailScreen(BaseScreen):
                     yield Static(id="fields")
                     yield Static("last error", classes="section")
                     yield Static(id="error")
+                    yield Static("every failed attempt (newest last)", classes="section")
+                    yield Static(id="attempts")
                     yield Static(
                         "history (requeue and skip, from the audit log)", classes="section"
                     )
@@ -117,6 +119,7 @@ class DetailScreen(BaseScreen):
                 Text(f"error group: {detail.error_group or '(no error)'}", "dim"),
             )
         )
+        self.query_one("#attempts", Static).update(_attempts(c.get("errors"), self.outbox.clock()))
         self.query_one("#payload", Static).update(_payload(c.get("payload")))
         self.query_one("#history", Static).update(_history(self.actions, self.outbox.clock()))
 
@@ -195,6 +198,36 @@ def _payload(payload: Any) -> RenderableType:
     pretty.text.no_wrap = False
     pretty.text.overflow = "fold"
     return pretty
+
+
+def _attempts(errors: Any, now: datetime) -> RenderableType:
+    """The `errors` column (schema v3): one line per failed attempt, with its time."""
+    if not isinstance(errors, list) or not errors:
+        return Text("no failed attempt recorded", "dim")
+    grid = RichTable.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True, justify="right")
+    grid.add_column()
+    for entry in errors:
+        entry = entry if isinstance(entry, dict) else {}
+        at = _moment(entry.get("at"))
+        grid.add_row(
+            Text(fmt.timestamp(at) if at else "?"),
+            Text(f"#{entry.get('attempt', '?')}", "dim"),
+            Text.assemble(
+                (str(entry.get("error", "")), "red"),
+                (f"  {fmt.since(at, now)} ago" if at else "", "dim"),
+            ),
+        )
+    return grid
+
+
+def _moment(value: Any) -> datetime | None:
+    """A timestamp as jsonb stores it (ISO 8601 text)."""
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
 
 
 def _history(actions: list[ActionRecord], now: datetime) -> RenderableType:

@@ -38,9 +38,10 @@ class WorkersScreen(BaseScreen):
     def on_mount(self) -> None:
         super().on_mount()
         table = self.query_one(RowTable)
-        for label in ("application_name", "sessions", "states", "held", "expired",
-                      "last claim", "connected"):  # fmt: skip
-            table.add_column(label, key=label)
+        widths = {"application_name": 32, "sessions": 8, "states": 24, "held": 8,
+                  "expired": 8, "last claim": 11, "connected": 9}  # fmt: skip
+        for label, width in widths.items():
+            table.add_column(label, key=label, width=width)
         table.focus()
 
     async def fetch(self) -> None:
