@@ -158,4 +158,24 @@ async def test_the_detail_shows_every_failed_attempt_with_its_time(conn, dsn, ac
         assert re.search(r"#1\s+HTTP 503: first", text), text
         assert re.search(r"#2\s+HTTP 503: second", text), text
         assert re.search(r"#3\s+HTTP 422: gave up", text), text
+        assert re.search(r"went dead\s+\d{4}-\d\d-\d\d", text), text
     assert row(conn, message_id)["status"] == "dead"
+
+
+async def test_the_dashboard_says_how_many_messages_die_per_minute():
+    import dataclasses
+    from datetime import timedelta
+
+    from tui_fakes import NOW, stats
+
+    def dying(step: int):  # two more dead messages every two seconds
+        return dataclasses.replace(
+            stats(0), sampled_at=NOW + timedelta(seconds=2 * step), dead=60 + 2 * step
+        )
+
+    app = OutboxApp(Config(paused=True), source=FakeSource(snapshots=dying), clock=clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        app.action_refresh_now()
+        await settle(pilot)
+        assert "dead 60.0/min" in screen_text(app), screen_text(app)

@@ -22,6 +22,7 @@ HISTORY = 300  # samples kept: enough for the widest terminal, one per column
 class Sample:
     arrivals: float  # per second
     done: float  # per second
+    dead: float = 0.0  # per second: are failures still happening (net of requeues)
 
 
 class RateHistory:
@@ -45,7 +46,9 @@ class RateHistory:
             arrived = min(arrived, present)
         left_backlog = arrived - (stats.backlog - before.backlog)
         went_dead = max(stats.dead - before.dead, 0)
-        sample = Sample(arrived / seconds, max(left_backlog - went_dead, 0) / seconds)
+        sample = Sample(
+            arrived / seconds, max(left_backlog - went_dead, 0) / seconds, went_dead / seconds
+        )
         self.samples.append(sample)
         return sample
 

@@ -202,6 +202,7 @@ class RatesPanel(Vertical):
                 (fmt.rate(latest.done if latest else None), "bold green"),
                 "  ",
                 (f"done per second · peak {fmt.rate(peak_done)}", "dim"),
+                _dead_rate(latest.dead if latest else None),
             )
         )
         self.query_one("#arrivals-label", Static).update(
@@ -216,6 +217,14 @@ class RatesPanel(Vertical):
         # drawn as full blocks.
         self.query_one("#done-spark", Sparkline).data = done if any(done) else []
         self.query_one("#arrivals-spark", Sparkline).data = arrivals if any(arrivals) else []
+
+
+def _dead_rate(per_second: float | None) -> Text:
+    """Dead messages per minute: whether failures are still happening."""
+    if per_second is None:
+        return Text("")
+    style = "bold red" if per_second > 0 else "dim"
+    return Text(f" · dead {per_second * 60:.1f}/min", style)
 
 
 class AttemptsPanel(Static):

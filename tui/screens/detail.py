@@ -132,6 +132,9 @@ class DetailScreen(BaseScreen):
             if name in _OWN_SECTIONS:
                 continue
             grid.add_row(Text(name), _value(name, value, now))
+        went_dead = _went_dead(detail)
+        if went_dead is not None:
+            grid.add_row(Text("went dead"), _value("went dead", went_dead, now))
         if detail.status != "done":
             place = (
                 "head of its aggregate (claimable first in ordered mode)"
@@ -220,6 +223,15 @@ def _attempts(errors: Any, now: datetime) -> RenderableType:
             ),
         )
     return grid
+
+
+def _went_dead(detail: MessageDetail) -> datetime | None:
+    """A dead message's last failure is when it went dead (schema v3's `errors`)."""
+    errors = detail.columns.get("errors")
+    if detail.status != "dead" or not isinstance(errors, list) or not errors:
+        return None
+    last = errors[-1]
+    return _moment(last.get("at")) if isinstance(last, dict) else None
 
 
 def _moment(value: Any) -> datetime | None:
