@@ -6,9 +6,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import cast
 
+from textual import on
 from textual.app import ComposeResult
 from textual.screen import Screen
-from textual.widgets import Footer
+from textual.widgets import DataTable, Footer
 
 from outbox.tui import format as fmt
 from outbox.tui.host import Host
@@ -70,6 +71,17 @@ class BaseScreen(Screen[None]):
             bar.show(state)
         for line in self.query(StatusLine):
             line.show(state)
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+    @on(DataTable.RowSelected)
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        """⏎ on a row runs the screen's `open` action, on screens whose rows open."""
+        open_row = getattr(self, "action_open", None)
+        if open_row is not None:
+            event.stop()
+            open_row()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return not (action in MUTATING and self.outbox.config.read_only)

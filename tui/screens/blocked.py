@@ -5,10 +5,9 @@ open it."""
 from __future__ import annotations
 
 from rich.text import Text
-from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from outbox.dashboard import BlockingHead
 from outbox.tui import format as fmt
@@ -98,11 +97,6 @@ class BlockedScreen(BaseScreen):
         if head is not None:
             self.app.push_screen(DetailScreen(head.id))
 
-    @on(DataTable.RowSelected)
-    def _row_selected(self, event: DataTable.RowSelected) -> None:
-        event.stop()
-        self.action_open()
-
     def _request(self, action: str) -> None:
         head = self.highlighted()
         if head is None:
@@ -129,6 +123,3 @@ class BlockedScreen(BaseScreen):
 
     def action_skip(self) -> None:
         self._request("skip")
-
-    def action_back(self) -> None:
-        self.app.pop_screen()

@@ -141,9 +141,9 @@ class DeadScreen(BaseScreen):
     async def fetch(self) -> None:
         source = self.outbox.source
         size = self.outbox.config.page_size
-        # One filter for every query of this poll: the operator may change it meanwhile, and
-        # a page of the old filter under the new filter's count would be a torn view (the
-        # change asks for another poll, which shows the new filter).
+        # One filter, view and page for every query of this poll. The operator may change
+        # any of them meanwhile: then nothing of this poll is shown (it would be the old
+        # rows under the new label), and the change's own poll follows.
         current, going, view = self.filter, self._going, self.view
         if view == "groups":
             groups = await source.error_groups(current)
@@ -320,11 +320,6 @@ class DeadScreen(BaseScreen):
         message = self.highlighted()
         if message is not None:
             self.app.push_screen(DetailScreen(message.id))
-
-    @on(DataTable.RowSelected)
-    def _row_selected(self, event: DataTable.RowSelected) -> None:
-        event.stop()
-        self.action_open()
 
     def action_toggle_groups(self) -> None:
         self._set_view("groups" if self.view == "list" else "list")

@@ -178,9 +178,6 @@ class DetailScreen(BaseScreen):
     def action_skip(self) -> None:
         self._request("skip")
 
-    def action_back(self) -> None:
-        self.app.pop_screen()
-
 
 def _value(name: str, value: Any, now: datetime) -> RenderableType:
     if value is None:

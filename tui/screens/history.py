@@ -8,7 +8,6 @@ import json
 
 from rich.table import Table as RichTable
 from rich.text import Text
-from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
@@ -77,14 +76,6 @@ class HistoryScreen(BaseScreen):
         if record is not None:
             self.app.push_screen(ActionScreen(record))
 
-    @on(DataTable.RowSelected)
-    def _row_selected(self, event: DataTable.RowSelected) -> None:
-        event.stop()
-        self.action_open()
-
-    def action_back(self) -> None:
-        self.app.pop_screen()
-
 
 def what(record: ActionRecord) -> str:
     """The filter or selection the rows came from, as recorded."""
@@ -142,11 +133,3 @@ class ActionScreen(BaseScreen):
         row = self.query_one(RowTable).cursor_row
         if 0 <= row < len(self.record.message_ids):
             self.app.push_screen(DetailScreen(self.record.message_ids[row]))
-
-    @on(DataTable.RowSelected)
-    def _row_selected(self, event: DataTable.RowSelected) -> None:
-        event.stop()
-        self.action_open()
-
-    def action_back(self) -> None:
-        self.app.pop_screen()

@@ -85,6 +85,3 @@ class WorkersScreen(BaseScreen):
         if self.stale_since is not None:
             text.append(f"  {self.stale_note()}", "bold yellow")
         self.query_one("#workers-header", Static).update(text)
-
-    def action_back(self) -> None:
-        self.app.pop_screen()
