@@ -19,7 +19,7 @@ from outbox.queries import queries
 from outbox.table import Table
 
 
-def _script(batch: int) -> str:
+def pgbench_script(batch: int) -> str:
     q = queries(Table.parse("outbox"))
     claim = q.claim.as_string(None)
     for name, value in {"batch": str(batch), "owner": "'pgbench'", "lease": "'60 seconds'",
@@ -43,7 +43,7 @@ def _script(batch: int) -> str:
 def run_ceiling(bench: Bench, messages: int, clients: int, batch: int = 500) -> float:
     with bench.database() as dsn:
         seed_outbox(dsn, messages)
-        return pgbench_cycles(bench, dsn, _script(batch), messages, clients, batch)
+        return pgbench_cycles(bench, dsn, pgbench_script(batch), messages, clients, batch)
 
 
 def pgbench_cycles(

@@ -16,7 +16,7 @@ import statistics
 
 import psycopg
 
-from bench.ceiling import _script, pgbench_cycles
+from bench.ceiling import pgbench_cycles, pgbench_script
 from bench.env import Bench, seed_outbox
 from outbox.queries import REAPED_ERROR, with_error
 from outbox.schema import MIGRATIONS, migration_statements
@@ -41,7 +41,7 @@ def _v2_table(dsn: str) -> None:
 
 
 def measure(messages: int, clients: int, repeat: int) -> dict[str, list[float]]:
-    script = _script(BATCH)
+    script = pgbench_script(BATCH)
     runs: dict[str, list[float]] = {"v3": [], "v2": []}
     with Bench() as bench:
         for _ in range(repeat):
