@@ -19,7 +19,7 @@ from outbox.queries import queries
 from outbox.table import Table
 
 
-def _script(batch: int) -> str:
+def pgbench_script(batch: int) -> str:
     q = queries(Table.parse("outbox"))
     claim = q.claim.as_string(None)
     for name, value in {"batch": str(batch), "owner": "'pgbench'", "lease": "'60 seconds'",
@@ -43,24 +43,31 @@ def _script(batch: int) -> str:
 def run_ceiling(bench: Bench, messages: int, clients: int, batch: int = 500) -> float:
     with bench.database() as dsn:
         seed_outbox(dsn, messages)
-        script = Path(bench.server.data_dir) / f"ceiling-{clients}.sql"
-        script.write_text(_script(batch))
-        per_client = -(-messages // (batch * clients))
-        started = time.monotonic()
-        result = subprocess.run(
-            [str(_bin_dir() / "pgbench"), "-n", "-f", str(script), "-c", str(clients), "-j",
-             str(clients), "-t", str(per_client), dsn],
-            capture_output=True, text=True,
-        )  # fmt: skip
-        elapsed = time.monotonic() - started
-        if result.returncode != 0:
-            raise RuntimeError(f"pgbench failed: {result.stderr.strip()[-500:]}")
-        with psycopg.connect(dsn) as conn:
-            done = conn.execute("SELECT count(*) FROM outbox WHERE status = 'done'").fetchone()[0]  # type: ignore[index]
-        if done != messages:
-            raise RuntimeError(f"pgbench finalized {done} of {messages}")
-        # pgbench's own clock excludes its connection time; fall back to wall time.
-        tps = re.search(r"tps = ([\d.]+)", result.stdout)
-        if tps:
-            return float(tps.group(1)) * batch * messages / (per_client * clients * batch)
-        return messages / elapsed
+        return pgbench_cycles(bench, dsn, pgbench_script(batch), messages, clients, batch)
+
+
+def pgbench_cycles(
+    bench: Bench, dsn: str, text: str, messages: int, clients: int, batch: int
+) -> float:
+    """Messages per second of pgbench running `text` (claim and finalize) until all are done."""
+    script = Path(bench.server.data_dir) / f"ceiling-{clients}.sql"
+    script.write_text(text)
+    per_client = -(-messages // (batch * clients))
+    started = time.monotonic()
+    result = subprocess.run(
+        [str(_bin_dir() / "pgbench"), "-n", "-f", str(script), "-c", str(clients), "-j",
+         str(clients), "-t", str(per_client), dsn],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    if result.returncode != 0:
+        raise RuntimeError(f"pgbench failed: {result.stderr.strip()[-500:]}")
+    with psycopg.connect(dsn) as conn:
+        done = conn.execute("SELECT count(*) FROM outbox WHERE status = 'done'").fetchone()[0]  # type: ignore[index]
+    if done != messages:
+        raise RuntimeError(f"pgbench finalized {done} of {messages}")
+    # pgbench's own clock excludes its connection time; fall back to wall time.
+    tps = re.search(r"tps = ([\d.]+)", result.stdout)
+    if tps:
+        return float(tps.group(1)) * batch * messages / (per_client * clients * batch)
+    return messages / elapsed

@@ -1,5 +1,6 @@
-"""What the dashboard reads beside `outbox.stats`: who holds leases, and (ordered mode)
-which aggregates a dead head stops."""
+"""What the dashboard reads beside `outbox.stats`: who holds leases, which sessions are
+connected (workers by their owner name), and (ordered mode) which aggregates a dead head
+stops."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from datetime import datetime
 
 from psycopg import sql
 
+from outbox.queries import CLAIM_MARKER
 from outbox.query import Query
+from outbox.repair import Seen
 from outbox.table import Table
 
 
@@ -57,3 +60,99 @@ def blocked_aggregates(table: Table) -> Query[Blocked]:
                       AND p.status <> 'done')"""
     ).format(t=table.ident)
     return Query(statement, {}, lambda rows: Blocked(int(rows[0][0]), int(rows[0][1])))
+
+
+@dataclass(frozen=True)
+class BlockingHead:
+    """A dead message that stops its aggregate in ordered mode: the first unfinished one."""
+
+    id: int
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    last_error: str | None
+    lease_version: int
+    created_at: datetime
+    waiting: int  # pending or processing messages of its aggregate behind it
+
+    @property
+    def seen(self) -> Seen:
+        return Seen(self.id, "dead", self.lease_version)
+
+
+def blocking_heads(table: Table, *, limit: int = 200) -> Query[list[BlockingHead]]:
+    """The dead heads behind `blocked_aggregates`, most messages waiting first."""
+    statement = sql.SQL(
+        """SELECT o.id, o.aggregate_type, o.aggregate_id, o.event_type, o.last_error,
+       o.lease_version, o.created_at,
+       (SELECT count(*) FROM {t} AS w WHERE w.aggregate_id = o.aggregate_id AND w.id > o.id
+           AND w.status IN ('pending', 'processing')) AS waiting
+  FROM (SELECT aggregate_id, min(id) AS head FROM {t}
+         WHERE status = 'dead' GROUP BY aggregate_id) AS h
+  JOIN {t} AS o ON o.id = h.head
+ WHERE NOT EXISTS (SELECT 1 FROM {t} AS p
+                    WHERE p.aggregate_id = h.aggregate_id AND p.id < h.head
+                      AND p.status <> 'done')
+ ORDER BY waiting DESC, o.id
+ LIMIT %(limit)s::int"""
+    ).format(t=table.ident)
+    return Query(
+        statement,
+        {"limit": limit},
+        lambda rows: [
+            BlockingHead(int(r[0]), r[1], r[2], r[3], r[4], int(r[5]), r[6], int(r[7]))
+            for r in rows
+        ],
+    )
+
+
+@dataclass(frozen=True)
+class Session:
+    """The database sessions of one application_name (a worker's is its owner name), with
+    the leases that name holds; a name that holds leases without a session is a worker gone."""
+
+    name: str
+    connections: int  # 0: no session, only leases left behind
+    connected_since: datetime | None
+    last_claim: datetime | None  # when one of its sessions last started a claim
+    states: str  # e.g. "idle 3, active 1"
+    held: int
+    expired: int
+
+
+def sessions(table: Table, *, limit: int = 100) -> Query[list[Session]]:
+    """Client sessions of this database by application_name, and every lease owner.
+
+    A claim is recognised by the comment its statement starts with (pg_stat_activity shows
+    a session's last statement); other roles' statements need pg_read_all_stats to be seen."""
+    statement = sql.SQL(
+        """WITH s AS (
+    SELECT application_name AS name, count(*) AS connections,
+           min(backend_start) AS since,
+           max(query_start) FILTER (WHERE query LIKE %(claim)s) AS last_claim,
+           string_agg(DISTINCT state || ' ' || n, ', ') AS states
+      FROM (SELECT application_name, backend_start, query_start, query,
+                   coalesce(state, '?') AS state,
+                   count(*) OVER (PARTITION BY application_name, state) AS n
+              FROM pg_stat_activity
+             WHERE datname = current_database() AND backend_type = 'client backend'
+               AND pid <> pg_backend_pid()) AS a
+     GROUP BY application_name
+), l AS (
+    SELECT lease_owner AS name, count(*) AS held,
+           count(*) FILTER (WHERE lease_until < now()) AS expired
+      FROM {t} WHERE status = 'processing' AND lease_owner IS NOT NULL GROUP BY 1
+)
+SELECT coalesce(s.name, l.name), coalesce(s.connections, 0), s.since, s.last_claim,
+       coalesce(s.states, ''), coalesce(l.held, 0), coalesce(l.expired, 0)
+  FROM s FULL JOIN l ON l.name = s.name
+ ORDER BY s.last_claim DESC NULLS LAST, 6 DESC, 1
+ LIMIT %(limit)s::int"""
+    ).format(t=table.ident)
+    return Query(
+        statement,
+        {"claim": f"{CLAIM_MARKER}%", "limit": limit},
+        lambda rows: [
+            Session(str(r[0]), int(r[1]), r[2], r[3], str(r[4]), int(r[5]), int(r[6])) for r in rows
+        ],
+    )

@@ -146,6 +146,8 @@ class MessageDetail:
     error_group: str
     is_head: bool  # no earlier unfinished message of its aggregate (ordered mode's head)
     waiting_behind: int  # unfinished messages of its aggregate after it
+    next_id: int | None = None  # the first of those, which a skip or requeue lets go next
+    next_status: str | None = None
 
     @property
     def id(self) -> int:
@@ -171,19 +173,24 @@ def message(table: Table, message_id: int) -> Query[MessageDetail | None]:
                      AND p.id < o.id AND p.status <> 'done'),
        (SELECT count(*) FROM {t} AS w WHERE w.aggregate_id = o.aggregate_id
                      AND w.id > o.id AND w.status <> 'done'),
+       n.id, n.status,
        (SELECT array_agg(attname::text ORDER BY attnum) FROM pg_attribute
          WHERE attrelid = {rc}::regclass AND attnum > 0 AND NOT attisdropped),
        o.*
-  FROM {t} AS o WHERE o.id = %(id)s::bigint"""
+  FROM {t} AS o
+  LEFT JOIN LATERAL (SELECT id, status FROM {t} AS w WHERE w.aggregate_id = o.aggregate_id
+                        AND w.id > o.id AND w.status <> 'done' ORDER BY w.id LIMIT 1) AS n
+         ON true
+ WHERE o.id = %(id)s::bigint"""
     ).format(t=table.ident, group=ERROR_GROUP, rc=table.regclass_literal)
 
     def parse(rows: list[Row]) -> MessageDetail | None:
         if not rows:
             return None
-        group, is_head, behind, names, *values = rows[0]
+        group, is_head, behind, next_id, next_status, names, *values = rows[0]
         # `o.*` lists the columns in attnum order, as pg_attribute does: every column,
         # also ones the application added, with its Python type (payload decoded).
         columns = dict(zip(names, values, strict=True))
-        return MessageDetail(columns, str(group), bool(is_head), int(behind))
+        return MessageDetail(columns, str(group), bool(is_head), int(behind), next_id, next_status)
 
     return Query(statement, {"id": message_id}, parse)

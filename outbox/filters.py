@@ -15,6 +15,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from outbox.error_groups import ERROR_GROUP
+from outbox.query import Query
 
 
 class FilterError(ValueError):
@@ -87,6 +88,20 @@ def _quote(value: str) -> str:
     return json.dumps(value)
 
 
+def _unquote(raw: str, rest: str) -> str:
+    """A quoted value, read as a JSON string (backslash escapes as in JSON); `rest` is the
+    line from the quote on, for the message."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        if exc.msg.startswith("Unterminated") or len(raw) == 1:
+            raise FilterError(f"unterminated quote: {rest}") from None
+        raise FilterError(f"{raw}: {exc.msg} (a backslash is written \\\\)") from None
+    if not isinstance(value, str):
+        raise FilterError(f"{raw}: not a quoted value")
+    return value
+
+
 def parse_filter(text: str) -> DeadFilter:
     """Parse the filter line of the TUI (`/`), also accepted by scripts.
 
@@ -119,7 +134,7 @@ def parse_filter(text: str) -> DeadFilter:
         match = _TOKEN.match(text, pos)
         assert match is not None  # \S+ always matches a non-space character
         key, raw = match.group(1), match.group(2)
-        value = json.loads(raw) if raw.startswith('"') and len(raw) > 1 else raw
+        value = _unquote(raw, text[match.start(2) :]) if raw.startswith('"') else raw
         if key is None:
             words.append(value)
         elif key.lower() in _KEYS:
@@ -136,6 +151,12 @@ def parse_filter(text: str) -> DeadFilter:
             raise FilterError("error: given twice (bare words search the error text too)")
         values["error"] = " ".join(words)
     return DeadFilter(**values)
+
+
+def path_check(f: DeadFilter) -> Query[None]:
+    """Let the database read the filter's SQL/JSON path: a syntax error raises."""
+    statement = sql.SQL("SELECT %(f_path)s::jsonpath").format()
+    return Query(statement, {"f_path": f.payload_path}, lambda rows: None)
 
 
 def _like(text: str) -> str:

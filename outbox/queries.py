@@ -15,6 +15,17 @@ from psycopg import sql
 from outbox.table import Table
 
 REAPED_ERROR = "lease expired on the last attempt (worker crashed, or publish outlived the lease)"
+ERROR_HISTORY = 10  # failed attempts kept per message in `errors` (schema v3), newest last
+
+
+def with_error(error: sql.Composable) -> sql.Composed:
+    """`errors` with one more entry (now, this attempt, `error`), cut to the newest ones.
+    Only failures write it, so a message that is delivered first time pays nothing."""
+    return sql.SQL(
+        "jsonb_path_query_array(coalesce(o.errors, '[]') || jsonb_build_array(jsonb_build_object("
+        "'at', now(), 'attempt', o.attempts, 'error', {error})), {window})"
+    ).format(error=error, window=sql.Literal(f"$[last - {ERROR_HISTORY - 1} to last]"))
+
 
 _CLAIMED_COLUMNS = sql.SQL(
     "o.id, o.lease_version, o.attempts, o.aggregate_type, o.aggregate_id, o.event_type, "
@@ -41,7 +52,7 @@ _APPLIED = sql.SQL(
 # that kills its worker each time never reaches a finalize, so the claim must end it.
 _REAP_CTE = sql.SQL(
     """reaped AS (
-    UPDATE {t} SET status = 'dead', last_error = {reaped_error},
+    UPDATE {t} AS o SET status = 'dead', last_error = {reaped_error}, errors = {errors},
                    lease_owner = NULL, lease_until = NULL
      WHERE id IN (SELECT id FROM {t}
                    WHERE status = 'processing' AND lease_until < now()
@@ -52,8 +63,14 @@ _REAP_CTE = sql.SQL(
 
 
 def _reap(t: sql.Composable) -> sql.Composed:
-    return _REAP_CTE.format(t=t, reaped_error=sql.Literal(REAPED_ERROR))
+    reaped_error = sql.Literal(REAPED_ERROR)
+    return _REAP_CTE.format(t=t, reaped_error=reaped_error, errors=with_error(reaped_error))
 
+
+# How every claim statement begins, and nothing else does: how `outbox.dashboard` tells a
+# worker's last claim in pg_stat_activity (which keeps only a statement's first kilobyte).
+CLAIM_MARKER = "/* outbox claim */"
+_CLAIM = sql.SQL(CLAIM_MARKER)
 
 # Every claim ends the same way: the picked rows become a new lease, one generation later.
 _TAKE_LEASE = sql.SQL(
@@ -84,7 +101,8 @@ class Queries:
 def _claim(t: sql.Composable, ordered: bool) -> sql.Composed:
     head = _HEAD_OF_AGGREGATE.format(t=t) if ordered else sql.SQL("")
     return sql.SQL(
-        """WITH {reap}, expired AS (
+        """{marker}
+WITH {reap}, expired AS (
     SELECT c.id FROM {t} AS c
      WHERE c.status = 'processing' AND c.lease_until < now()
        AND c.attempts < %(max_attempts)s::int{head}
@@ -101,7 +119,7 @@ def _claim(t: sql.Composable, ordered: bool) -> sql.Composed:
     SELECT id FROM expired UNION ALL SELECT id FROM ready LIMIT %(batch)s::int
 )
 {take}"""
-    ).format(t=t, head=head, reap=_reap(t), take=_take_lease(t))
+    ).format(t=t, head=head, reap=_reap(t), take=_take_lease(t), marker=_CLAIM)
 
 
 def _claim_heads(t: sql.Composable) -> sql.Composed:
@@ -113,7 +131,8 @@ def _claim_heads(t: sql.Composable) -> sql.Composed:
     a few aggregates hold a deep backlog (see `OrderedClaims` in outbox/lease.py).
     """
     return sql.SQL(
-        """WITH RECURSIVE {reap}, heads(aggregate_id, id) AS (
+        """{marker}
+WITH RECURSIVE {reap}, heads(aggregate_id, id) AS (
     (SELECT aggregate_id, id FROM {t} WHERE status <> 'done' ORDER BY aggregate_id, id LIMIT 1)
     UNION ALL
     SELECT n.aggregate_id, n.id FROM heads AS h CROSS JOIN LATERAL (
@@ -130,7 +149,7 @@ def _claim_heads(t: sql.Composable) -> sql.Composed:
        FOR UPDATE OF c SKIP LOCKED
 )
 {take}"""
-    ).format(t=t, reap=_reap(t), take=_take_lease(t))
+    ).format(t=t, reap=_reap(t), take=_take_lease(t), marker=_CLAIM)
 
 
 @cache
@@ -165,6 +184,11 @@ RETURNING o.id, o.lease_version)
                          WHEN f.deferred AND o.created_at < now() - %(max_defer_age)s::interval
                          THEN 'maximum defer age exceeded; last ' || f.error
                          ELSE coalesce(f.error, o.last_error) END,
+       errors = CASE WHEN f.status = 'done' OR f.error IS NULL THEN o.errors
+                     WHEN f.deferred AND o.created_at < now() - %(max_defer_age)s::interval
+                     THEN {defer_expired}
+                     WHEN f.deferred THEN o.errors
+                     ELSE {failed} END,
        done_at = CASE WHEN f.status = 'done' THEN now() END,
        lease_owner = NULL, lease_until = NULL
   FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[], %(statuses)s::text[],
@@ -173,7 +197,13 @@ RETURNING o.id, o.lease_version)
        AS f(id, version, status, delay, error, refund, deferred)
  WHERE {fence}
 RETURNING o.id, o.lease_version, o.status"""
-        ).format(t=t, fence=fence),
+        ).format(
+            t=t,
+            fence=fence,
+            # A defer is not a failure, unless it runs past the maximum defer age.
+            defer_expired=with_error(sql.SQL("'maximum defer age exceeded; last ' || f.error")),
+            failed=with_error(sql.SQL("f.error")),
+        ),
         # Heartbeat: push the expiry of leases still held; a lost lease is left alone.
         extend=sql.SQL(
             """UPDATE {t} AS o

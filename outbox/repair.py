@@ -145,6 +145,16 @@ class ActionRecord:
     requested: int
     count: int
 
+    @property
+    def via(self) -> str:
+        """Where it came from: `outbox-tui`, `outbox requeue`, ... (`?` if not recorded)."""
+        return str((self.filter or {}).get("via", "?"))
+
+    @property
+    def by(self) -> str:
+        """The OS user, and the database role when it is another name."""
+        return self.actor + (f" ({self.db_user})" if self.db_user != self.actor else "")
+
 
 _RECORD_COLUMNS = sql.SQL("id, at, actor, db_user, action, message_ids, filter, requested, count")
 

@@ -16,7 +16,7 @@ from psycopg import sql
 
 from outbox.table import Table
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _VERSION_COMMENT = re.compile(r"^outbox-dispatcher schema v(\d+)$")
 
 # The columns every component relies on: a contract. Extra columns are allowed.
@@ -163,9 +163,17 @@ def _v2(table: Table) -> list[sql.Composed]:
     ]
 
 
+def _v3(table: Table) -> list[sql.Composed]:
+    """Every failed attempt's error, with its time and attempt number, newest last and
+    bounded (outbox.queries.ERROR_HISTORY): written by the statement that records the
+    failure, NULL for a message that never failed. Adding a column without a default is a
+    catalog change only: no table rewrite."""
+    return [sql.SQL("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS errors jsonb").format(t=table.ident)]
+
+
 # Index i holds the statements that bring a table from version i to version i + 1.
 # A released step is never edited: a table at vN upgrades in place by running the later steps.
-MIGRATIONS: list[Callable[[Table], list[sql.Composed]]] = [_v1, _v2]
+MIGRATIONS: list[Callable[[Table], list[sql.Composed]]] = [_v1, _v2, _v3]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -4,6 +4,8 @@ migration that adds it."""
 
 from __future__ import annotations
 
+import time
+
 import psycopg
 import pytest
 from helpers import row, seed, statuses
@@ -328,8 +330,8 @@ def test_a_v1_table_upgrades_in_place_to_v2(empty_dsn):
                      "status) VALUES ('a', '1', 'E', '{}', 'dead')")  # fmt: skip
         assert conn.execute("SELECT to_regclass('app.events_actions')").fetchone() == (None,)
 
-        assert migrate(conn, table) == (1, SCHEMA_VERSION) == (1, 2)
-        assert _comment(conn) == "outbox-dispatcher schema v2"
+        assert migrate(conn, table) == (1, SCHEMA_VERSION) == (1, 3)
+        assert _comment(conn) == "outbox-dispatcher schema v3"
         assert conn.execute("SELECT count(*) FROM app.events").fetchone() == (1,)  # kept
         seen = fetch(conn, repair.select_targets(table))
         result = fetch(conn, repair.repair(table, "requeue", seen, actor="dave"))
@@ -339,7 +341,9 @@ def test_a_v1_table_upgrades_in_place_to_v2(empty_dsn):
             "SELECT indexdef FROM pg_indexes WHERE indexname = 'events_actions_messages'"
         ).fetchone()
         assert index is not None and "gin (message_ids)" in index[0]
-        assert migrate(conn, table) == (2, 2)
+        assert migrate(conn, table) == (3, 3)
+        # v3: the error history column, empty on the row that was there before.
+        assert conn.execute("SELECT errors FROM app.events").fetchone() == (None,)
 
 
 def _v1_statement_count(table: Table) -> int:
@@ -350,3 +354,49 @@ def _v1_statement_count(table: Table) -> int:
 
 def _comment(conn) -> str:
     return str(conn.execute("SELECT obj_description('app.events'::regclass)").fetchone()[0])
+
+
+# -- who is connected, which heads block -----------------------------------------------------
+
+
+def test_blocking_heads_name_the_dead_head_and_what_waits_behind(conn, table):
+    ids = seed(conn, 9, aggregates=3)  # agg-0: 0, 3, 6; agg-1: 1, 4, 7; agg-2: 2, 5, 8
+    _dead(conn, [ids[0]])  # agg-0's head: 3 and 6 wait
+    _dead(conn, [ids[4]])  # agg-1: 1 is still pending before it: not a head
+    conn.execute("UPDATE outbox SET status = 'done' WHERE id = %s", (ids[2],))
+    _dead(conn, [ids[5]])  # agg-2's head once 2 is done: 8 waits
+    heads = fetch(conn, dashboard.blocking_heads(table))
+    assert [(h.id, h.aggregate_id, h.waiting) for h in heads] == [
+        (ids[0], "agg-0", 2), (ids[5], "agg-2", 1)
+    ]  # fmt: skip
+    assert heads[0].seen == Seen(ids[0], "dead", 0)
+    assert fetch(conn, dashboard.blocked_aggregates(table)).aggregates == len(heads)
+
+
+def test_sessions_show_workers_by_name_with_their_leases_and_last_claim(conn, dsn, table):
+    from outbox.queries import queries
+
+    ids = seed(conn, 3)
+    with psycopg.connect(dsn, autocommit=True, application_name="worker-a") as worker:
+        params = {"owner": "worker-a", "lease": "30s", "batch": 1, "max_attempts": 5}
+        assert len(worker.execute(queries(table).claim, params).fetchall()) == 1
+        conn.execute(
+            "UPDATE outbox SET status = 'processing', lease_owner = 'gone-1', "
+            "lease_until = now() - interval '1 minute' WHERE id = %s",
+            (ids[2],),
+        )
+        found = {s.name: s for s in fetch(conn, dashboard.sessions(table))}
+    a = found["worker-a"]
+    assert (a.connections, a.held, a.expired) == (1, 1, 0)
+    assert a.last_claim is not None and a.connected_since is not None
+    assert "idle 1" in a.states
+    gone = found["gone-1"]  # leases left behind by a worker without a session
+    assert (gone.connections, gone.held, gone.expired, gone.last_claim) == (0, 1, 1, None)
+    # Its session closed (the backend exits soon after), worker-a's lease is what is left.
+    deadline = time.monotonic() + 15
+    while (after := {s.name: s for s in fetch(conn, dashboard.sessions(table))})[
+        "worker-a"
+    ].connections:
+        assert time.monotonic() < deadline, after
+        time.sleep(0.05)
+    assert after["worker-a"].held == 1

@@ -122,13 +122,13 @@ def test_usage_errors_exit_2_with_one_line(args, named):
     assert named in lines[0]
 
 
-def test_migrate_reports_v1_to_v2_on_a_v1_table(empty_dsn):
+def test_migrate_reports_v1_to_v3_on_a_v1_table(empty_dsn):
     table = Table.parse("outbox")
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         for statement in migration_statements(table)[: len(MIGRATIONS[0](table)) + 1]:
             conn.execute(statement)
     result = outbox("migrate", "--dsn", empty_dsn)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "outbox: migrated from v1 to v2\n"
+    assert result.stdout == "outbox: migrated from v1 to v3\n"
     again = outbox("migrate", "--dsn", empty_dsn)
-    assert again.stdout == "outbox: already at schema v2\n"
+    assert again.stdout == "outbox: already at schema v3\n"

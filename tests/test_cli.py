@@ -40,8 +40,9 @@ EXPECTED_TYPES = {
     "lease_version": "bigint",
     "last_error": "text",
     "done_at": "timestamp with time zone",
+    "errors": "jsonb",  # v3: the error history
 }
-NULLABLE = {"lease_owner", "lease_until", "last_error", "done_at"}
+NULLABLE = {"lease_owner", "lease_until", "last_error", "done_at", "errors"}
 INDEX_SUFFIXES = ("ready", "leased", "aggregate", "waiting", "dead")
 
 
@@ -113,12 +114,12 @@ def comment(conn: psycopg.Connection, regclass: str) -> str | None:
 def test_migrate_creates_the_contract_table_and_is_idempotent(empty_dsn):
     first = outbox("migrate", "--dsn", empty_dsn)
     assert first.returncode == 0, first.stderr
-    assert first.stdout == "outbox: migrated from v0 to v2\n"
+    assert first.stdout == "outbox: migrated from v0 to v3\n"
     assert first.stderr == ""
 
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         cols = columns(conn, "outbox")
-        assert [c[0] for c in cols] == list(REQUIRED_COLUMNS)
+        assert [c[0] for c in cols] == [*REQUIRED_COLUMNS, "errors"]
         assert {name: type_ for name, type_, _ in cols} == EXPECTED_TYPES
         assert {name for name, _, not_null in cols if not not_null} == NULLABLE
         identity = conn.execute(
@@ -130,7 +131,7 @@ def test_migrate_creates_the_contract_table_and_is_idempotent(empty_dsn):
             f"outbox_{suffix}" for suffix in INDEX_SUFFIXES
         }
         assert notify_triggers(conn, "outbox") == [("outbox_notify", "outbox_notify")]
-        assert comment(conn, "outbox") == "outbox-dispatcher schema v2"
+        assert comment(conn, "outbox") == "outbox-dispatcher schema v3"
         # The status CHECK constraint is part of the contract too.
         with pytest.raises(psycopg.errors.CheckViolation):
             conn.execute(
@@ -140,24 +141,24 @@ def test_migrate_creates_the_contract_table_and_is_idempotent(empty_dsn):
 
     again = outbox("migrate", "--dsn", empty_dsn)
     assert again.returncode == 0, again.stderr
-    assert again.stdout == "outbox: already at schema v2\n"
+    assert again.stdout == "outbox: already at schema v3\n"
 
 
 def test_migrate_reads_dsn_and_table_from_the_environment(empty_dsn):
     result = outbox("migrate", env={"OUTBOX_DSN": empty_dsn, "OUTBOX_TABLE": "from_env"})
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "from_env: migrated from v0 to v2\n"
+    assert result.stdout == "from_env: migrated from v0 to v3\n"
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert comment(conn, "from_env") == "outbox-dispatcher schema v2"
+        assert comment(conn, "from_env") == "outbox-dispatcher schema v3"
         assert conn.execute("SELECT to_regclass('outbox')").fetchone() == (None,)
 
 
 def test_migrate_a_schema_qualified_table(empty_dsn):
     result = outbox("migrate", "--dsn", empty_dsn, "--table", "app.events")
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "app.events: migrated from v0 to v2\n"
+    assert result.stdout == "app.events: migrated from v0 to v3\n"
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert [c[0] for c in columns(conn, "app.events")] == list(REQUIRED_COLUMNS)
+        assert [c[0] for c in columns(conn, "app.events")] == [*REQUIRED_COLUMNS, "errors"]
         assert conn.execute("SELECT to_regclass('public.events')").fetchone() == (None,)
         index_schemas = conn.execute(
             "SELECT DISTINCT schemaname FROM pg_indexes WHERE tablename = 'events'"
@@ -177,7 +178,7 @@ def test_migrate_a_schema_qualified_table(empty_dsn):
         assert [n.channel for n in received] == ["outbox:app.events"]
 
     again = outbox("migrate", "--dsn", empty_dsn, "--table", "app.events")
-    assert again.stdout == "app.events: already at schema v2\n"
+    assert again.stdout == "app.events: already at schema v3\n"
     stats = outbox("stats", "--json", "--exact", "--dsn", empty_dsn, "--table", "app.events")
     assert stats.returncode == 0, stats.stderr
     assert json.loads(stats.stdout)["pending"] == 1
@@ -197,14 +198,14 @@ def test_migrate_print_shows_quoted_sql_and_touches_no_database(empty_dsn):
     assert "COMMENT ON TABLE \"x\" IS 'outbox-dispatcher schema v1'" in sql_text
     # v2: the audit log of operator actions, named after the table.
     assert 'CREATE TABLE IF NOT EXISTS "x_actions" (' in sql_text
-    assert "COMMENT ON TABLE \"x\" IS 'outbox-dispatcher schema v2'" in sql_text
+    assert "COMMENT ON TABLE \"x\" IS 'outbox-dispatcher schema v3'" in sql_text
 
-    # The printed SQL is the migration: applied by hand, `outbox migrate` finds v2.
+    # The printed SQL is the migration: applied by hand, `outbox migrate` finds v3.
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute(sql_text.encode())
-        assert comment(conn, "x") == "outbox-dispatcher schema v2"
+        assert comment(conn, "x") == "outbox-dispatcher schema v3"
     again = outbox("migrate", "--dsn", empty_dsn, "--table", "x")
-    assert again.stdout == "x: already at schema v2\n"
+    assert again.stdout == "x: already at schema v3\n"
 
 
 def test_migrate_print_quotes_awkward_names():
@@ -286,7 +287,7 @@ def test_migrate_adopts_a_hand_made_table_with_an_identity_and_extra_columns(emp
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE outbox ({columns_sql}, tenant text)")  # extra: fine
     result = outbox("migrate", "--dsn", empty_dsn)
-    assert result.stdout == "outbox: migrated from v0 to v2\n", result.stderr
+    assert result.stdout == "outbox: migrated from v0 to v3\n", result.stderr
 
 
 @pytest.mark.parametrize(
@@ -345,9 +346,9 @@ def test_migrate_adopts_a_hand_made_table_of_the_right_shape(empty_dsn):
         )
     result = outbox("migrate", "--dsn", empty_dsn)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "outbox: migrated from v0 to v2\n"
+    assert result.stdout == "outbox: migrated from v0 to v3\n"
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert comment(conn, "outbox") == "outbox-dispatcher schema v2"
+        assert comment(conn, "outbox") == "outbox-dispatcher schema v3"
         assert {f"outbox_{s}" for s in INDEX_SUFFIXES} <= indexes(conn, "outbox")
         assert notify_triggers(conn, "outbox") == [("outbox_notify", "outbox_notify")]
         # The extra column and the existing row are kept.

@@ -4,11 +4,11 @@ timing tests (it can be slow on purpose and counts overlapping calls)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from outbox.dashboard import Blocked, LeaseHolder
+from outbox.dashboard import Blocked, BlockingHead, LeaseHolder, Session
 from outbox.dead_letters import DeadMessage, DeadPage, ErrorGroup, MessageDetail
 from outbox.filters import DeadFilter
 from outbox.repair import Action, ActionRecord, ActionResult, Seen
@@ -84,16 +84,33 @@ class FakeSource:
     read_only = False
     label = "app@db.internal:5432/shop"
 
-    def __init__(self, *, delay: float = 0.0, dead: int = 60) -> None:
+    def __init__(
+        self,
+        *,
+        delay: float = 0.0,
+        dead: int = 60,
+        messages: list[DeadMessage] | None = None,
+        holders: list[LeaseHolder] | None = None,
+        snapshots: Callable[[int], QueueStats] | None = None,
+        payload: Any = None,
+    ) -> None:
+        """`messages`, `holders`, `snapshots` (stats by poll number) and `payload` replace
+        the fixed data; `failing` set to an exception makes every call raise it."""
         self.delay = delay
         self.step = 0
-        self.dead = dead_messages(dead)
+        self.dead = messages if messages is not None else dead_messages(dead)
+        self.holders = holders if holders is not None else HOLDERS
+        self.snapshots = snapshots or stats
+        self.payload = payload
+        self.failing: BaseException | None = None
         self.in_flight = 0
         self.max_in_flight = 0
         self.calls = 0
         self.applied: list[tuple[Action, list[Seen], dict[str, Any]]] = []
 
     async def _call(self) -> None:
+        if self.failing is not None:
+            raise self.failing
         self.calls += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -108,9 +125,9 @@ class FakeSource:
 
     async def overview(self, ordered: bool) -> Overview:
         await self._call()
-        current = stats(self.step)
+        current = self.snapshots(self.step)
         self.step += 1
-        return Overview(current, HOLDERS, Blocked(3, 17) if ordered else None)
+        return Overview(current, self.holders, Blocked(3, 17) if ordered else None)
 
     def _matching(self, f: DeadFilter) -> list[DeadMessage]:
         found = sorted(self.dead, key=lambda m: -m.id)
@@ -144,6 +161,10 @@ class FakeSource:
         await self._call()
         return len(self._matching(f))
 
+    async def check_filter(self, f: DeadFilter) -> str | None:
+        await self._call()
+        return None
+
     async def error_groups(self, f: DeadFilter) -> list[ErrorGroup]:
         await self._call()
         rows = self._matching(f)
@@ -163,6 +184,23 @@ class FakeSource:
                 )
         return sorted(groups, key=lambda g: (-g.count, -g.newest_id))
 
+    async def blocking_heads(self) -> list[BlockingHead]:
+        await self._call()
+        return [
+            BlockingHead(m.id, m.aggregate_type, m.aggregate_id, m.event_type, m.last_error,
+                         m.lease_version, m.created_at, waiting=(m.id % 9) * 3)
+            for m in self.dead[-3:]
+        ]  # fmt: skip
+
+    async def sessions(self) -> list[Session]:
+        await self._call()
+        return [
+            Session(h.owner, 0 if h.expired else 4, NOW - timedelta(hours=2),
+                    None if h.expired else NOW - timedelta(seconds=1),
+                    "" if h.expired else "active 1, idle 3", h.held, h.expired)
+            for h in self.holders
+        ]  # fmt: skip
+
     async def message(self, message_id: int) -> MessageDetail | None:
         await self._call()
         m = next((m for m in self.dead if m.id == message_id), None)
@@ -173,7 +211,8 @@ class FakeSource:
             "aggregate_type": m.aggregate_type,
             "aggregate_id": m.aggregate_id,
             "event_type": m.event_type,
-            "payload": {
+            "payload": self.payload
+            or {
                 "order_id": m.aggregate_id,
                 "amount": {"value": -1250, "currency": "EUR"},
                 "lines": [{"sku": "BK-42", "qty": 2}, {"sku": "PN-7", "qty": 1}],
@@ -188,6 +227,12 @@ class FakeSource:
             "lease_version": m.lease_version,
             "last_error": m.last_error,
             "done_at": None,
+            "errors": [
+                {"at": (NOW - timedelta(minutes=1 + 2 * (m.attempts - n))).isoformat()}
+                | {"attempt": n}
+                | {"error": m.last_error}
+                for n in (m.attempts - 1, m.attempts)
+            ],
         }
         key = GROUP_KEYS[ERRORS.index(m.last_error or "")]
         return MessageDetail(columns, key, is_head=True, waiting_behind=4)

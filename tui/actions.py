@@ -26,3 +26,4 @@ class ActionRequest:
     notes: list[str] = field(default_factory=list)
     explain: Callable[[], Awaitable[list[str]]] | None = None  # more notes, read on opening
     done: Callable[[ActionResult], None] | None = None
+    typed: bool = False  # the operator types the count to confirm (everything, no filter)

@@ -13,7 +13,7 @@ from textual.app import App
 from textual.binding import Binding
 from textual.notifications import SeverityLevel
 
-from outbox.text import first_line
+from outbox import dberrors
 from outbox.tui import config as cfg
 from outbox.tui.actions import ActionRequest
 from outbox.tui.errors import DATABASE_ERRORS
@@ -166,7 +166,7 @@ class OutboxApp(App[None]):
         self, message: str, *, title: str = "", severity: SeverityLevel = "information"
     ) -> None:
         """An action's outcome: a toast now, and the status line until the next one."""
-        self.notify(message, title=title, severity=severity)
+        self.notify(message, title=title, severity=severity, markup=False)
         self.set_state(last_action=message)
 
     def request(self, request: ActionRequest) -> None:
@@ -195,7 +195,7 @@ class OutboxApp(App[None]):
             self.tell(f"nothing to {verb}: no dead message matches", severity="warning")
             return
         confirmed = await self.push_screen_wait(
-            ConfirmScreen(request.action, len(seen), request.what, notes)
+            ConfirmScreen(request.action, len(seen), request.what, notes, typed=request.typed)
         )
         if not confirmed:
             self.tell(f"{verb} cancelled, nothing changed")
@@ -219,14 +219,8 @@ class OutboxApp(App[None]):
 
 
 def describe_error(exc: BaseException) -> str:
-    """A database error in a few words: libpq's connection errors carry the host and port
-    first and the reason last (`... failed: FATAL:  database "x" does not exist`)."""
-    first = first_line(str(exc))
-    if "FATAL:" in first:
-        first = first.split("FATAL:", 1)[1].strip()
-    elif first.startswith("connection failed:"):
-        first = first.rsplit("failed:", 1)[1].strip()
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    """A database error in a few words, its reason kept (`outbox.dberrors.describe`)."""
+    return f"{type(exc).__name__}: {dberrors.describe(exc)}"
 
 
 def _hosts_the_screens(app: OutboxApp) -> Host:

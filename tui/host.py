@@ -34,6 +34,10 @@ class Host(Protocol):
         """Seconds until a poller's next poll; None when paused."""
         ...
 
+    def tell(self, message: str) -> None:
+        """A toast now, and the status line until the next one."""
+        ...
+
     def request(self, request: ActionRequest) -> None:
         """Confirm an action with the operator, then apply it."""
         ...

@@ -56,6 +56,11 @@ class Poller(Widget):
         self._poll_ready = False
 
     def on_mount(self) -> None:
+        # After the screen's first refresh: by then every widget the fetch fills is mounted
+        # (nested containers mount their children after their siblings' Mount events).
+        self.call_after_refresh(self._start)
+
+    def _start(self) -> None:
         self._poll_ready = True
         self.poll_now()
 

@@ -19,21 +19,22 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from outbox import dashboard, dead_letters, repair
-from outbox.dashboard import Blocked, LeaseHolder
+from outbox import dashboard, dberrors, dead_letters, repair
+from outbox.dashboard import Blocked, BlockingHead, LeaseHolder, Session
 from outbox.dead_letters import DeadPage, ErrorGroup, MessageDetail
-from outbox.filters import DeadFilter
+from outbox.filters import DeadFilter, path_check
 from outbox.query import Query, fetch_async
 from outbox.repair import Action, ActionRecord, ActionResult, Seen
 from outbox.schema import SchemaError, check_table
 from outbox.stats import QueueStats, queue_stats_async
 from outbox.table import Table
-from outbox.tui.errors import CONNECTION_LOST
+from outbox.text import first_line
 from outbox.tui.session import configure_session
 
 T = TypeVar("T")
 APPLICATION_NAME = "outbox-tui"
 CONNECT_TIMEOUT = 5  # seconds: a dead server shows up in the status line quickly
+EXACT_DONE_BELOW = 100_000  # rows: below this, done is counted, not estimated
 
 
 class ReadOnlyError(RuntimeError):
@@ -69,7 +70,15 @@ class Source(Protocol):
 
     async def dead_count(self, f: DeadFilter) -> int: ...
 
+    async def check_filter(self, f: DeadFilter) -> str | None:
+        """What the database finds wrong with the filter, None if nothing."""
+        ...
+
     async def error_groups(self, f: DeadFilter) -> list[ErrorGroup]: ...
+
+    async def blocking_heads(self) -> list[BlockingHead]: ...
+
+    async def sessions(self) -> list[Session]: ...
 
     async def message(self, message_id: int) -> MessageDetail | None: ...
 
@@ -109,6 +118,7 @@ class PgSource:
         self.read_only = read_only
         self._connections: dict[str, psycopg.AsyncConnection[Any]] = {}
         self._label = describe_dsn(dsn)
+        self._small_table = False  # known after the first poll's estimate
 
     @property
     def label(self) -> str:
@@ -137,10 +147,11 @@ class PgSource:
         conn = await self._connection(channel)
         try:
             return await work(conn)
-        except CONNECTION_LOST:
-            # The connection is gone or unusable: drop it, the next poll reconnects.
-            self._connections.pop(channel, None)
-            await conn.close()
+        except (psycopg.Error, OSError) as exc:
+            if dberrors.is_transient(exc):
+                # The connection may be gone or unusable: drop it, the next poll reconnects.
+                self._connections.pop(channel, None)
+                await conn.close()
             raise
 
     async def _fetch(self, channel: str, query: Query[T]) -> T:
@@ -158,7 +169,11 @@ class PgSource:
 
     async def overview(self, ordered: bool) -> Overview:
         async def work(conn: psycopg.AsyncConnection[Any]) -> Overview:
-            stats = await queue_stats_async(conn, self.table)
+            stats = await queue_stats_async(conn, self.table, exact=self._small_table)
+            # Exact from the next poll on while counting done rows costs next to nothing.
+            self._small_table = stats.pending + stats.processing + stats.dead + stats.done < (
+                EXACT_DONE_BELOW
+            )
             holders = await fetch_async(conn, dashboard.lease_holders(self.table))
             blocked: Blocked | None = None
             if ordered:
@@ -177,8 +192,25 @@ class PgSource:
     async def dead_count(self, f: DeadFilter) -> int:
         return await self._fetch("dead", dead_letters.dead_count(self.table, f))
 
+    async def check_filter(self, f: DeadFilter) -> str | None:
+        if f.payload_path is None:
+            return None
+        try:
+            await self._fetch("action", path_check(f))
+        except psycopg.Error as exc:
+            if dberrors.is_transient(exc):
+                raise
+            return first_line(exc)  # the database refused the path the operator typed
+        return None
+
     async def error_groups(self, f: DeadFilter) -> list[ErrorGroup]:
         return await self._fetch("groups", dead_letters.error_groups(self.table, f))
+
+    async def blocking_heads(self) -> list[BlockingHead]:
+        return await self._fetch("blocked", dashboard.blocking_heads(self.table))
+
+    async def sessions(self) -> list[Session]:
+        return await self._fetch("sessions", dashboard.sessions(self.table))
 
     async def message(self, message_id: int) -> MessageDetail | None:
         return await self._fetch("detail", dead_letters.message(self.table, message_id))

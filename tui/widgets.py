@@ -9,8 +9,9 @@ from datetime import datetime
 from rich.table import Table as RichTable
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
-from textual.widgets import Sparkline, Static
+from textual.widgets import DataTable, Sparkline, Static
 
 from outbox.dashboard import Blocked, LeaseHolder
 from outbox.stats import QueueStats
@@ -24,6 +25,27 @@ def _grid() -> RichTable:
     table.add_column(justify="right", no_wrap=True)
     table.add_column(style="dim", no_wrap=True, ratio=1)
     return table
+
+
+class RowTable(DataTable[object]):
+    """A table of rows with a row cursor: Home and End go to the first and last row (the
+    framework's scroll sideways)."""
+
+    BINDINGS = [
+        Binding("home", "first_row", "first row", show=False),
+        Binding("end", "last_row", "last row", show=False),
+    ]
+
+    def __init__(self, *, id: str) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
+
+    def action_first_row(self) -> None:
+        if self.row_count:
+            self.move_cursor(row=0)
+
+    def action_last_row(self) -> None:
+        if self.row_count:
+            self.move_cursor(row=self.row_count - 1)
 
 
 @dataclass(frozen=True)
@@ -180,6 +202,7 @@ class RatesPanel(Vertical):
                 (fmt.rate(latest.done if latest else None), "bold green"),
                 "  ",
                 (f"done per second · peak {fmt.rate(peak_done)}", "dim"),
+                _dead_rate(latest.dead if latest else None),
             )
         )
         self.query_one("#arrivals-label", Static).update(
@@ -190,9 +213,18 @@ class RatesPanel(Vertical):
                 (f"new messages per second · peak {fmt.rate(peak_arrivals)}", "dim"),
             )
         )
-        # A flat zero line still shows that time passes; an empty one shows nothing.
-        self.query_one("#done-spark", Sparkline).data = done or [0.0]
-        self.query_one("#arrivals-spark", Sparkline).data = arrivals or [0.0]
+        # Nothing moving draws the empty baseline: a single value, or all zeros, would be
+        # drawn as full blocks.
+        self.query_one("#done-spark", Sparkline).data = done if any(done) else []
+        self.query_one("#arrivals-spark", Sparkline).data = arrivals if any(arrivals) else []
+
+
+def _dead_rate(per_second: float | None) -> Text:
+    """Dead messages per minute: whether failures are still happening."""
+    if per_second is None:
+        return Text("")
+    style = "bold red" if per_second > 0 else "dim"
+    return Text(f" · dead {per_second * 60:.1f}/min", style)
 
 
 class AttemptsPanel(Static):
@@ -240,7 +272,7 @@ class HoldersPanel(Static):
         shown = holders if len(holders) <= rows else holders[: rows - 1]
         for h in shown:
             table.add_row(
-                h.owner or "(none)",
+                Text(h.owner) if h.owner else Text("(none)", "dim"),
                 fmt.count(h.held),
                 Text(fmt.count(h.expired), "bold red" if h.expired else "dim"),
                 Text(fmt.relative(h.earliest_expiry, now), "red" if h.expired else ""),

@@ -1,20 +1,23 @@
 """The confirmation every action goes through: it names the exact number of rows that
-will change before anything happens. Cancel has the focus; `y` confirms."""
+will change before anything happens. Cancel has the focus; `y` confirms, or, for an action
+on every dead message, typing the count does."""
 
 from __future__ import annotations
 
+from rich.text import Text
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Static
+from textual.widgets import Button, Input, Static
 
 from outbox.repair import Action
 from outbox.tui.format import count
 
 EXPLAIN = {
     "requeue": "Back to pending, available now, attempts reset to 0.",
-    "skip": "Marked done on purpose: never delivered. Unblocks its aggregate in ordered mode.",
+    "skip": "Marked done on purpose: never delivered.",
 }
 
 
@@ -35,12 +38,15 @@ class ConfirmScreen(ModalScreen[bool]):
         Binding("n,escape", "cancel", "cancel"),
     ]
 
-    def __init__(self, action: Action, rows: int, what: str, notes: list[str]) -> None:
+    def __init__(
+        self, action: Action, rows: int, what: str, notes: list[str], *, typed: bool = False
+    ) -> None:
         super().__init__()
         self.action = action
         self.rows = rows
         self.what = what
         self.notes = notes
+        self.typed = typed
 
     @property
     def question(self) -> str:
@@ -50,31 +56,63 @@ class ConfirmScreen(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(self.question, id="question")
-            yield Static(self.what, id="what")
+            # Text, not markup: `what` and the notes carry the producer's names and ids.
+            yield Static(Text(self.what), id="what")
             yield Static(EXPLAIN[self.action], classes="note")
             for note in self.notes:
-                yield Static(note, classes="note")
+                yield Static(Text(note), classes="note")
             yield Static(
                 "Only rows still dead exactly as shown change; any that changed meanwhile "
                 "are left alone and counted. The action is recorded with your name.",
                 classes="note",
             )
+            if self.typed:
+                yield Static(
+                    Text(f"Type {self.rows} and press enter to {self.action} them all."),
+                    id="type-prompt",
+                )
+                yield Input(placeholder=str(self.rows), id="typed-count")
             with Horizontal():
                 yield Button(
-                    f"{self.action.capitalize()} {count(self.rows)} (y)",
+                    f"{self.action.capitalize()} {count(self.rows)}"
+                    + ("" if self.typed else " (y)"),
                     variant="error" if self.action == "skip" else "warning",
                     id="confirm",
+                    disabled=self.typed,
                 )
                 yield Button("Cancel (n)", id="cancel")
 
     def on_mount(self) -> None:
-        self.query_one("#cancel", Button).focus()
+        self.query_one("#typed-count" if self.typed else "#cancel").focus()
+
+    def _count_typed(self) -> bool:
+        if not self.typed:
+            return True
+        typed = self.query_one("#typed-count", Input).value
+        return typed.replace(",", "").replace(" ", "") == str(self.rows)
+
+    @on(Input.Changed, "#typed-count")
+    def _typing(self) -> None:
+        self.query_one("#confirm", Button).disabled = not self._count_typed()
+
+    @on(Input.Submitted, "#typed-count")
+    def _typed(self) -> None:
+        if self._count_typed():
+            self.dismiss(True)
+        else:
+            self.query_one("#type-prompt", Static).update(
+                Text(f"That is not {self.rows}: type exactly {self.rows}, or esc to cancel.")
+            )
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self._count_typed() if action == "confirm" else True
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id == "confirm")
+        self.dismiss(event.button.id == "confirm" and self._count_typed())
 
     def action_confirm(self) -> None:
-        self.dismiss(True)
+        if self._count_typed():
+            self.dismiss(True)
 
     def action_cancel(self) -> None:
         self.dismiss(False)

@@ -10,8 +10,10 @@ from outbox.tui import format as fmt
 from outbox.tui.poller import Poller
 from outbox.tui.rates import RateHistory
 from outbox.tui.screens.base import BaseScreen
+from outbox.tui.screens.blocked import BlockedScreen
 from outbox.tui.screens.dead import DeadScreen
 from outbox.tui.screens.history import HistoryScreen
+from outbox.tui.screens.workers import WorkersScreen
 from outbox.tui.widgets import AgesPanel, AttemptsPanel, CountsPanel, HoldersPanel, RatesPanel
 
 
@@ -22,9 +24,12 @@ class DashboardScreen(BaseScreen):
     }
     DashboardScreen #dash > * { height: 100%; }
     DashboardScreen #rates { column-span: 2; min-height: 6; }
+    DashboardScreen.stale .panel { text-opacity: 50%; }
     """
     BINDINGS = [
         Binding("d", "dead", "dead letters"),
+        Binding("b", "blocked", "blocked"),
+        Binding("w", "workers", "workers"),
         Binding("h", "history", "action log"),
     ]
 
@@ -63,11 +68,21 @@ class DashboardScreen(BaseScreen):
         self.query_one(AttemptsPanel).show(overview.stats)
         self.query_one(HoldersPanel).show(overview.holders, app.clock())
 
+    def show_staleness(self) -> None:
+        for panel in self.query(".panel"):
+            panel.border_subtitle = self.stale_note()
+
     def action_dead(self) -> None:
         # Installed once: its filter, page and marks survive going back to the dashboard.
         if not self.app.is_screen_installed("dead"):
             self.app.install_screen(DeadScreen(), "dead")
         self.app.push_screen("dead")
+
+    def action_blocked(self) -> None:
+        self.app.push_screen(BlockedScreen())
+
+    def action_workers(self) -> None:
+        self.app.push_screen(WorkersScreen())
 
     def action_history(self) -> None:
         self.app.push_screen(HistoryScreen())

@@ -10,10 +10,10 @@ is fenced on.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from rich.text import Text
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -22,13 +22,24 @@ from textual.widgets import DataTable, Input, Static
 from outbox.dead_letters import DeadMessage, DeadPage, ErrorGroup
 from outbox.filters import DeadFilter, FilterError, parse_filter
 from outbox.repair import ActionResult, Seen
+from outbox.text import first_line
 from outbox.tui import format as fmt
 from outbox.tui.actions import ActionRequest
+from outbox.tui.errors import DATABASE_ERRORS
 from outbox.tui.poller import Poller
 from outbox.tui.screens.base import BaseScreen
 from outbox.tui.screens.detail import DetailScreen, skip_notes
+from outbox.tui.widgets import RowTable
 
 View = Literal["list", "groups"]
+
+
+class Page(NamedTuple):
+    before: int | None  # the page below this id (None: the newest)
+    after: int | None  # or the page just above this id
+    number: int
+
+
 CELL_PADDING = 2  # DataTable pads each cell by one column on either side
 SCROLLBAR = 2
 
@@ -66,7 +77,11 @@ class DeadScreen(BaseScreen):
     DeadScreen #filter-bar { height: auto; display: none; }
     DeadScreen.filtering #filter-bar { display: block; }
     DeadScreen #filter { border: tall $accent; }
-    DeadScreen #filter-error { height: 1; display: none; color: $error; padding: 0 1; }
+    DeadScreen #filter-error { height: auto; display: none; color: $error; padding: 0 1; }
+    DeadScreen #dead-empty { height: 1; display: none; padding: 0 1; color: $text-muted; }
+    DeadScreen.empty #dead-empty { display: block; }
+    DeadScreen.groups #dead-empty { display: none; }
+    DeadScreen.stale DataTable { text-opacity: 60%; }
     DeadScreen.filter-error #filter-error { display: block; }
     """
     BINDINGS = [
@@ -90,8 +105,10 @@ class DeadScreen(BaseScreen):
         self.filter = DeadFilter()
         self.view: View = "list"
         self.before: int | None = None  # page cursor: None is the newest page (live)
-        self._after: int | None = None  # one-shot: read the page just newer than this id
-        self.page_number = 1
+        self.page_number = 1  # of the page shown
+        # A page asked for and not shown yet: (before, after, its number). Paging keys wait
+        # for it, so the label always belongs to the rows under it.
+        self._going: Page | None = None
         self.page: DeadPage | None = None
         self.total: int | None = None
         self.all_dead: int | None = None
@@ -101,8 +118,9 @@ class DeadScreen(BaseScreen):
     def compose(self) -> ComposeResult:
         yield from self.compose_top()
         yield Static(id="dead-header")
-        yield DataTable(id="dead-table", cursor_type="row", zebra_stripes=True)
-        yield DataTable(id="groups-table", cursor_type="row", zebra_stripes=True)
+        yield RowTable(id="dead-table")
+        yield RowTable(id="groups-table")
+        yield Static(id="dead-empty")
         with Vertical(id="filter-bar"):
             yield Static(id="filter-error")
             yield Input(
@@ -123,32 +141,39 @@ class DeadScreen(BaseScreen):
     async def fetch(self) -> None:
         source = self.outbox.source
         size = self.outbox.config.page_size
-        # One filter for every query of this poll: the operator may change it meanwhile, and
-        # a page of the old filter under the new filter's count would be a torn view (the
-        # change asks for another poll, which shows the new filter).
-        current = self.filter
-        if self.view == "groups":
-            self.groups = await source.error_groups(current)
-            self.total = sum(g.count for g in self.groups)
-            self._show_groups()
+        # One filter, view and page for every query of this poll. The operator may change
+        # any of them meanwhile: then nothing of this poll is shown (it would be the old
+        # rows under the new label), and the change's own poll follows.
+        current, going, view = self.filter, self._going, self.view
+        if view == "groups":
+            groups = await source.error_groups(current)
+            total = sum(g.count for g in groups)
         else:
-            after, self._after = self._after, None
-            page = await source.dead_page(
-                current, before=None if after else self.before, after=after, limit=size
-            )
+            before, after, number = going or Page(self.before, None, self.page_number)
+            page = await source.dead_page(current, before=before, after=after, limit=size)
             if after is not None:
                 # Came up a page: continue from its top, or go live at the newest page.
-                self.before = page.messages[0].id + 1 if page.has_newer and page.messages else None
-            if not page.messages and self.before is not None:
+                before = page.messages[0].id + 1 if page.has_newer and page.messages else None
+            if not page.messages and before is not None:
                 # Everything on this page went away (requeued): back to the newest page.
-                self.before, self.page_number = None, 1
+                before = None
                 page = await source.dead_page(current, before=None, after=None, limit=size)
-            if self.before is None:
-                self.page_number = 1
+            total = await source.dead_count(current)
+        all_dead = total if current.is_empty() else await source.dead_count(DeadFilter())
+        if (self.filter, self._going, self.view) != (current, going, view):
+            return  # the operator asked for something else meanwhile: its poll follows
+        if view == "groups":
+            self.groups = groups
+            self._show_groups()
+        else:
+            self.before, self.page_number = before, 1 if before is None else number
+            self._going = None
             self.page = page
-            self.total = await source.dead_count(current)
             self._show_page()
-        self.all_dead = self.total if current.is_empty() else await source.dead_count(DeadFilter())
+        self.total, self.all_dead = total, all_dead
+        self._show_header()
+
+    def show_staleness(self) -> None:
         self._show_header()
 
     def refetch(self) -> None:
@@ -201,8 +226,11 @@ class DeadScreen(BaseScreen):
             size = self.outbox.config.page_size
             first = (self.page_number - 1) * size + 1
             last = first + len(self.page.messages) - 1
-            live = " live" if self.before is None else ""
-            text.append(f"  page {self.page_number} ({first}-{last}){live}", "dim")
+            text.append(f"  page {self.page_number} ({first}-{last})", "dim")
+            if self.stale_since is None and self.before is None:
+                text.append(" live", "dim")
+        if self.stale_since is not None:
+            text.append(f"  {self.stale_note()}", "bold yellow")
         if self.marks:
             text.append(f"  {len(self.marks)} marked", "bold yellow")
         self.query_one("#dead-header", Static).update(text)
@@ -223,16 +251,17 @@ class DeadScreen(BaseScreen):
             table.add_row(
                 Text("●", "bold yellow") if m.id in self.marks else "",
                 Text(str(m.id), justify="right"),
-                fmt.one_line(f"{m.aggregate_type}/{m.aggregate_id}", widths["aggregate"]),
-                fmt.one_line(m.event_type, widths["event"]),
+                Text(fmt.one_line(f"{m.aggregate_type}/{m.aggregate_id}", widths["aggregate"])),
+                Text(fmt.one_line(m.event_type, widths["event"])),
                 Text(str(m.attempts), justify="right"),
                 Text(fmt.since(m.created_at, now), justify="right"),
                 Text(fmt.one_line(m.last_error, widths["error"]), "red"),
                 key=str(m.id),
             )
-        if not messages:
-            empty = "no dead messages" + ("" if self.filter.is_empty() else " match the filter")
-            table.add_row("", "", Text(empty, "dim"), "", "", "", "", key="empty")
+        # Said below the table's header, not in a column too narrow for it.
+        self.set_class(self.page is not None and not messages, "empty")
+        empty = "no dead messages" + ("" if self.filter.is_empty() else " match the filter")
+        self.query_one("#dead-empty", Static).update(empty)
         ids = [str(m.id) for m in messages]
         if current in ids:
             table.move_cursor(row=ids.index(current), animate=False)
@@ -292,11 +321,6 @@ class DeadScreen(BaseScreen):
         if message is not None:
             self.app.push_screen(DetailScreen(message.id))
 
-    @on(DataTable.RowSelected)
-    def _row_selected(self, event: DataTable.RowSelected) -> None:
-        event.stop()
-        self.action_open()
-
     def action_toggle_groups(self) -> None:
         self._set_view("groups" if self.view == "list" else "list")
 
@@ -306,23 +330,30 @@ class DeadScreen(BaseScreen):
         table = "#groups-table" if view == "groups" else "#dead-table"
         self.query_one(table, DataTable).focus()
         self._show_header()
+        self.refresh_bindings()
+        self.refetch()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if self.view == "groups" and action in ("requeue", "skip", "mark", "unmark_all"):
+            return False  # rows, not groups: R requeues a group
+        return super().check_action(action, parameters)
+
+    def _go(self, page: Page) -> None:
+        self._going = page
         self.refetch()
 
     def action_older(self) -> None:
-        if self.view == "list" and self.page and self.page.has_older and self.page.messages:
-            self.before = self.page.messages[-1].id
-            self.page_number += 1
-            self.refetch()
+        page = self.page
+        if self.view == "list" and not self._going and page and page.has_older and page.messages:
+            self._go(Page(page.messages[-1].id, None, self.page_number + 1))
 
     def action_newer(self) -> None:
-        if self.view == "list" and self.page and self.page.has_newer and self.page.messages:
-            self._after = self.page.messages[0].id
-            self.page_number = max(self.page_number - 1, 1)
-            self.refetch()
+        page = self.page
+        if self.view == "list" and not self._going and page and page.has_newer and page.messages:
+            self._go(Page(None, page.messages[0].id, max(self.page_number - 1, 1)))
 
     def action_newest(self) -> None:
-        self.before, self.page_number = None, 1
-        self.refetch()
+        self._go(Page(None, None, 1))
 
     def action_back(self) -> None:
         if self.has_class("filtering"):
@@ -347,11 +378,31 @@ class DeadScreen(BaseScreen):
         try:
             new = parse_filter(event.value)
         except FilterError as exc:
-            self.query_one("#filter-error", Static).update(f"filter: {exc}")
-            self.add_class("filter-error")
+            self._filter_error(str(exc))
             return
-        self._close_filter()
-        self._set_filter(new)
+        if new.payload_path is None:
+            self._close_filter()
+            self._set_filter(new)
+        else:
+            self._check_then_filter(new)
+
+    @work(group="filter", exclusive=True, exit_on_error=False)
+    async def _check_then_filter(self, new: DeadFilter) -> None:
+        """A path only the database can read: ask it first, so that a typo is the filter's
+        error here instead of a failing poll under the new filter."""
+        try:
+            problem = await self.outbox.source.check_filter(new)
+        except DATABASE_ERRORS as exc:
+            problem = f"cannot check it now: {first_line(exc)}"
+        if problem is not None:
+            self._filter_error(problem)
+        elif self.has_class("filtering"):
+            self._close_filter()
+            self._set_filter(new)
+
+    def _filter_error(self, problem: str) -> None:
+        self.query_one("#filter-error", Static).update(Text(f"filter: {problem}"))
+        self.add_class("filter-error")
 
     def _close_filter(self) -> None:
         self.remove_class("filtering")
@@ -363,8 +414,12 @@ class DeadScreen(BaseScreen):
         self._set_filter(DeadFilter())
 
     def _set_filter(self, new: DeadFilter) -> None:
+        if new != self.filter and self.marks:
+            # Marks are rows the operator sees; under another filter they may not be shown.
+            self.outbox.tell(f"{len(self.marks)} marks cleared: the filter changed")
+            self.marks.clear()
         self.filter = new
-        self.before, self._after, self.page_number = None, None, 1
+        self.before, self._going, self.page_number = None, None, 1
         self._show_header()
         self.refetch()
 
@@ -393,9 +448,12 @@ class DeadScreen(BaseScreen):
         """The marked rows, else the highlighted one, as the operator sees them."""
         if self.marks:
             seen = sorted(self.marks.values(), key=lambda s: -s.id)
-            return seen, f"{len(seen)} marked: " + fmt.one_line(
-                ", ".join(str(s.id) for s in seen), 60
-            )
+            shown = {m.id for m in self.page.messages} if self.page else set()
+            elsewhere = sum(1 for s in seen if s.id not in shown)
+            what = f"{len(seen)} marked: " + fmt.one_line(", ".join(str(s.id) for s in seen), 60)
+            if elsewhere:
+                what += f" ({elsewhere} of them on other pages)"
+            return seen, what
         message = self.highlighted()
         if message is None:
             return None
@@ -410,9 +468,6 @@ class DeadScreen(BaseScreen):
         self._show_header()
 
     def action_requeue(self) -> None:
-        if self.view == "groups":
-            self.action_requeue_all()
-            return
         selected = self._selected()
         if selected is None:
             return
@@ -437,19 +492,31 @@ class DeadScreen(BaseScreen):
             target = _with_group(self.filter, group.key)
         description = target.describe()
         source = self.outbox.source
+        if target.error_group is not None:
+            what = f"every dead message in the error group {target.error_group!r}"
+            rest = replace(target, error_group=None).describe()
+            what += f" matching {rest}" if rest else ""
+        elif description:
+            what = f"every dead message matching {description}"
+        else:
+            what = "every dead message"
 
         async def load() -> list[Seen]:
             return await source.targets(target)
 
+        async def breakdown() -> list[str]:
+            return _breakdown(await source.error_groups(target))
+
         self.outbox.request(
             ActionRequest(
                 "requeue",
-                f"every dead message matching {description}"
-                if description
-                else "every dead message",
+                what,
                 recorded={"query": description, "filter": target.to_json()},
                 load=load,
                 done=self._clear_marks,
+                # Everything, permanent failures included: show what it is, type the count.
+                explain=breakdown if target.is_empty() else None,
+                typed=target.is_empty(),
             )
         )
 
@@ -475,6 +542,21 @@ class DeadScreen(BaseScreen):
                 done=self._clear_marks,
             )
         )
+
+
+BREAKDOWN_GROUPS = 8
+
+
+def _breakdown(groups: list[ErrorGroup]) -> list[str]:
+    """The biggest error groups, one line each, for the requeue-everything dialog."""
+    lines = ["By error group:"] + [
+        f"{fmt.count(g.count):>9}  {fmt.one_line(g.key or '(no error)', 56)}"
+        for g in groups[:BREAKDOWN_GROUPS]
+    ]
+    rest = groups[BREAKDOWN_GROUPS:]
+    if rest:
+        lines.append(f"{fmt.count(sum(g.count for g in rest)):>9}  in {len(rest)} more groups")
+    return lines
 
 
 def _with_group(f: DeadFilter, key: str) -> DeadFilter:

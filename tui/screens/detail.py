@@ -27,13 +27,14 @@ from outbox.tui.source import Source
 
 WIDE = 140  # columns from which the payload goes beside the fields
 # Shown in the fields table; payload and last_error get their own sections.
-_OWN_SECTIONS = {"payload", "last_error"}
+_OWN_SECTIONS = {"payload", "last_error", "errors"}
 _STATUS_STYLE = {"dead": "bold red", "pending": "yellow", "processing": "cyan", "done": "green"}
 
 
 class DetailScreen(BaseScreen):
     DEFAULT_CSS = """
     DetailScreen VerticalScroll { padding: 0 1; }
+    DetailScreen.stale #columns { text-opacity: 60%; }
     DetailScreen .section { text-style: bold; color: $accent; margin-top: 1; }
     DetailScreen #columns { height: auto; layout: vertical; }
     DetailScreen #columns > Vertical { height: auto; }
@@ -63,6 +64,8 @@ class DetailScreen(BaseScreen):
                     yield Static(id="fields")
                     yield Static("last error", classes="section")
                     yield Static(id="error")
+                    yield Static("every failed attempt (newest last)", classes="section")
+                    yield Static(id="attempts")
                     yield Static(
                         "history (requeue and skip, from the audit log)", classes="section"
                     )
@@ -89,6 +92,9 @@ class DetailScreen(BaseScreen):
         self._show()
         self.refresh_bindings()  # requeue/skip only for a dead message
 
+    def show_staleness(self) -> None:
+        self._show()
+
     def _show(self) -> None:
         detail = self.detail
         title = self.query_one("#title", Static)
@@ -102,6 +108,7 @@ class DetailScreen(BaseScreen):
                 (f"message {detail.id} ", "bold"),
                 (f" {status} ", f"reverse {_STATUS_STYLE.get(status, '')}"),
                 f"  {c.get('aggregate_type')}/{c.get('aggregate_id')} · {c.get('event_type')}",
+                (f"  {self.stale_note()}" if self.stale_since else "", "bold yellow"),
             )
         )
         self.query_one("#fields", Static).update(self._fields(detail))
@@ -112,6 +119,7 @@ class DetailScreen(BaseScreen):
                 Text(f"error group: {detail.error_group or '(no error)'}", "dim"),
             )
         )
+        self.query_one("#attempts", Static).update(_attempts(c.get("errors"), self.outbox.clock()))
         self.query_one("#payload", Static).update(_payload(c.get("payload")))
         self.query_one("#history", Static).update(_history(self.actions, self.outbox.clock()))
 
@@ -123,7 +131,10 @@ class DetailScreen(BaseScreen):
         for name, value in detail.columns.items():
             if name in _OWN_SECTIONS:
                 continue
-            grid.add_row(name, _value(name, value, now))
+            grid.add_row(Text(name), _value(name, value, now))
+        went_dead = _went_dead(detail)
+        if went_dead is not None:
+            grid.add_row(Text("went dead"), _value("went dead", went_dead, now))
         if detail.status != "done":
             place = (
                 "head of its aggregate (claimable first in ordered mode)"
@@ -167,9 +178,6 @@ class DetailScreen(BaseScreen):
     def action_skip(self) -> None:
         self._request("skip")
 
-    def action_back(self) -> None:
-        self.app.pop_screen()
-
 
 def _value(name: str, value: Any, now: datetime) -> RenderableType:
     if value is None:
@@ -184,40 +192,92 @@ def _value(name: str, value: Any, now: datetime) -> RenderableType:
 
 
 def _payload(payload: Any) -> RenderableType:
-    # Rich's JSON highlighter: indented, coloured, in the key order the producer wrote.
-    return JSON(json.dumps(payload, ensure_ascii=False), indent=2, ensure_ascii=False)
+    # Rich's JSON highlighter: indented, coloured, in the key order the producer wrote;
+    # long strings wrap at the pane's edge instead of being cut there.
+    pretty = JSON(json.dumps(payload, ensure_ascii=False), indent=2, ensure_ascii=False)
+    pretty.text.no_wrap = False
+    pretty.text.overflow = "fold"
+    return pretty
+
+
+def _attempts(errors: Any, now: datetime) -> RenderableType:
+    """The `errors` column (schema v3): one line per failed attempt, with its time."""
+    if not isinstance(errors, list) or not errors:
+        return Text("no failed attempt recorded", "dim")
+    grid = RichTable.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True, justify="right")
+    grid.add_column()
+    for entry in errors:
+        entry = entry if isinstance(entry, dict) else {}
+        at = _moment(entry.get("at"))
+        grid.add_row(
+            Text(fmt.timestamp(at) if at else "?"),
+            Text(f"#{entry.get('attempt', '?')}", "dim"),
+            Text.assemble(
+                (str(entry.get("error", "")), "red"),
+                (f"  {fmt.since(at, now)} ago" if at else "", "dim"),
+            ),
+        )
+    return grid
+
+
+def _went_dead(detail: MessageDetail) -> datetime | None:
+    """A dead message's last failure is when it went dead (schema v3's `errors`)."""
+    errors = detail.columns.get("errors")
+    if detail.status != "dead" or not isinstance(errors, list) or not errors:
+        return None
+    last = errors[-1]
+    return _moment(last.get("at")) if isinstance(last, dict) else None
+
+
+def _moment(value: Any) -> datetime | None:
+    """A timestamp as jsonb stores it (ISO 8601 text)."""
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
 
 
 def _history(actions: list[ActionRecord], now: datetime) -> RenderableType:
     if not actions:
         return Text("no action recorded for this message", "dim")
     grid = RichTable.grid(padding=(0, 2))
-    for _ in range(4):
-        grid.add_column(no_wrap=True)
-    grid.add_column()
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column()  # who, from where, with what: wraps on a narrow pane
     for a in actions:
         others = len(a.message_ids) - 1
         grid.add_row(
-            fmt.timestamp(a.at),
-            Text(f"({fmt.since(a.at, now)} ago)", "dim"),
+            Text(fmt.timestamp(a.at)),
             Text(a.action, "bold"),
-            f"by {a.actor}" + (f" ({a.db_user})" if a.db_user != a.actor else ""),
-            Text(f"#{a.id}, with {others} other{'s' if others != 1 else ''}", "dim"),
+            Text.assemble(
+                f"by {a.by} via {a.via}",
+                (f" · {fmt.since(a.at, now)} ago · #{a.id}", "dim"),
+                (f", with {others} other{'s' if others != 1 else ''}", "dim"),
+            ),
         )
     return grid
 
 
 def _head_notes(detail: MessageDetail) -> list[str]:
+    """What skipping it does to its aggregate in ordered mode, no more than that."""
     c = detail.columns
     aggregate = f"{c['aggregate_type']}/{c['aggregate_id']}"
-    if detail.is_head and detail.waiting_behind:
+    if not detail.is_head:
         return [
-            f"It is the head of {aggregate}: {fmt.count(detail.waiting_behind)} unfinished "
-            "messages wait behind it in ordered mode."
+            f"It is not the head of {aggregate}: earlier messages are unfinished, so skipping "
+            "it does not unblock the aggregate."
         ]
-    if detail.is_head:
+    if not detail.waiting_behind:
         return [f"It is the head of {aggregate}; nothing waits behind it."]
-    return [f"It is not the head of {aggregate}: earlier messages are unfinished."]
+    behind = f"{fmt.count(detail.waiting_behind)} unfinished messages wait behind it"
+    if detail.next_status == "dead":
+        return [
+            f"It is the head of {aggregate} ({behind}), but the next one, {detail.next_id}, is "
+            f"also dead: {aggregate} stays blocked until that one is repaired too."
+        ]
+    return [f"It is the head of {aggregate}: skipping it unblocks it; {behind} in ordered mode."]
 
 
 async def skip_notes(source: Source, seen: Sequence[Seen]) -> list[str]:

@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Static
+from textual.widgets import DataTable, Static
 
 FILTER_SYNTAX = [
     ("type:OrderPaid", "event type (exact)"),
@@ -33,7 +33,20 @@ def _keys_table() -> RichTable:
 
 
 # Bindings that exist for the read-only fallback, not for people to look up.
-_HIDDEN = {"refused", "copy_text", "command_palette"}
+_HIDDEN = {"refused"}
+
+
+def _own_bindings(node: object) -> set[tuple[str, str]]:
+    """(key, action) of the bindings this project declares on the node's classes: the
+    framework's own (focus next, copy, its quit key) are not this app's keys to explain."""
+    own: set[tuple[str, str]] = set()
+    for cls in type(node).__mro__:
+        if not cls.__module__.startswith("outbox."):
+            continue
+        for binding in cls.__dict__.get("BINDINGS", []):
+            if isinstance(binding, Binding):
+                own.update((key.strip(), binding.action) for key in binding.key.split(","))
+    return own
 
 
 class HelpScreen(ModalScreen[None]):
@@ -57,9 +70,10 @@ class HelpScreen(ModalScreen[None]):
         screen_keys, app_keys = _keys_table(), _keys_table()
         # One line per action, all its keys together (q and ctrl+q both quit).
         entries: dict[tuple[str, int], tuple[list[str], Binding, RichTable]] = {}
+        own = _own_bindings(self.app) | _own_bindings(self.below)
         for key, active in self.below.active_bindings.items():
             binding = active.binding
-            if binding.action in _HIDDEN:
+            if binding.action in _HIDDEN or (key, binding.action) not in own:
                 continue
             if active.node is self.app:
                 target = app_keys
@@ -74,8 +88,10 @@ class HelpScreen(ModalScreen[None]):
         for keys, binding, target in entries.values():
             description = binding.description or binding.action.replace("_", " ")
             target.add_row(", ".join(keys), description)
-        app_keys.add_row("↑ ↓ pgup pgdn", "move the cursor (home, end: first, last row)")
-        app_keys.add_row("⏎", "open the highlighted row")
+        if self.below.query(DataTable):
+            app_keys.add_row("↑ ↓ pgup pgdn", "move the cursor (home, end: first, last row)")
+        if hasattr(self.below, "action_open"):
+            app_keys.add_row("⏎", "open the highlighted row")
         with VerticalScroll():
             with Horizontal():
                 with Vertical():

@@ -1,0 +1,125 @@
+"""Ordered mode's stopped aggregates: every dead head, with how many messages wait behind
+it, newest trouble first among equals. Requeue or skip the highlighted head from here, or
+open it."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import Static
+
+from outbox.dashboard import BlockingHead
+from outbox.tui import format as fmt
+from outbox.tui.actions import ActionRequest
+from outbox.tui.poller import Poller
+from outbox.tui.screens.base import BaseScreen
+from outbox.tui.screens.detail import DetailScreen, skip_notes
+from outbox.tui.widgets import RowTable
+
+
+class BlockedScreen(BaseScreen):
+    DEFAULT_CSS = """
+    BlockedScreen #blocked-header { height: 1; padding: 0 1; background: $boost; }
+    BlockedScreen DataTable { height: 1fr; }
+    BlockedScreen.stale DataTable { text-opacity: 60%; }
+    """
+    BINDINGS = [
+        Binding("enter", "open", "detail", show=False),
+        Binding("r", "requeue", "requeue head"),
+        Binding("s", "skip", "skip head"),
+        Binding("escape", "back", "back"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads: list[BlockingHead] = []
+
+    def compose(self) -> ComposeResult:
+        yield from self.compose_top()
+        yield Static(id="blocked-header")
+        yield RowTable(id="heads")
+        yield from self.compose_bottom()
+        yield Poller(self.fetch, interval=self.outbox.poll_interval, name="blocked")
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        table = self.query_one(RowTable)
+        widths = {"head": 10, "aggregate": 28, "event": 20, "waiting": 8, "dead for": 8}
+        for label, width in widths.items():
+            table.add_column(label, key=label, width=width)
+        used = sum(widths.values()) + 2 * (len(widths) + 1) + 2  # cell padding, scrollbar
+        table.add_column("last error", key="last error", width=max(self.size.width - used, 20))
+        table.focus()
+        self._show_header()
+
+    async def fetch(self) -> None:
+        self.heads = await self.outbox.source.blocking_heads()
+        table = self.query_one(RowTable)
+        row = table.cursor_row
+        table.clear()
+        now = self.outbox.clock()
+        for h in self.heads:
+            table.add_row(
+                Text(str(h.id), justify="right"),
+                Text(fmt.one_line(f"{h.aggregate_type}/{h.aggregate_id}", 28)),
+                Text(fmt.one_line(h.event_type, 20)),
+                Text(fmt.count(h.waiting), "bold" if h.waiting else "dim", justify="right"),
+                Text(fmt.since(h.created_at, now), justify="right"),
+                Text(fmt.one_line(h.last_error, max(self.size.width - 90, 20)), "red"),
+                key=str(h.id),
+            )
+        if self.heads:
+            table.move_cursor(row=min(row, len(self.heads) - 1), animate=False)
+        self._show_header()
+
+    def show_staleness(self) -> None:
+        self._show_header()
+
+    def _show_header(self) -> None:
+        text = Text()
+        text.append("blocked aggregates ", "bold")
+        text.append(fmt.count(len(self.heads)), "bold red" if self.heads else "bold")
+        waiting = sum(h.waiting for h in self.heads)
+        text.append(f"  {fmt.count(waiting)} messages wait behind their dead heads", "dim")
+        if self.stale_since is not None:
+            text.append(f"  {self.stale_note()}", "bold yellow")
+        self.query_one("#blocked-header", Static).update(text)
+
+    def highlighted(self) -> BlockingHead | None:
+        table = self.query_one(RowTable)
+        if not self.heads or table.cursor_row >= len(self.heads):
+            return None
+        return self.heads[table.cursor_row]
+
+    def action_open(self) -> None:
+        head = self.highlighted()
+        if head is not None:
+            self.app.push_screen(DetailScreen(head.id))
+
+    def _request(self, action: str) -> None:
+        head = self.highlighted()
+        if head is None:
+            return
+        source, seen = self.outbox.source, [head.seen]
+
+        async def explain() -> list[str]:
+            return await skip_notes(source, seen)
+
+        self.outbox.request(
+            ActionRequest(
+                "skip" if action == "skip" else "requeue",
+                f"message {head.id} ({head.aggregate_type}/{head.aggregate_id}, "
+                f"{head.event_type}), the dead head of its aggregate",
+                recorded={"selection": "blocking head"},
+                seen=seen,
+                explain=explain if action == "skip" else None,
+                done=lambda _: self.query_one(Poller).poll_now(),
+            )
+        )
+
+    def action_requeue(self) -> None:
+        self._request("requeue")
+
+    def action_skip(self) -> None:
+        self._request("skip")
