@@ -53,8 +53,11 @@ def _database_problem(exc: psycopg.Error, dsn: str) -> Problem:
     return Problem("DatabaseError", _scrub(str(exc), dsn), database=True)
 
 
-async def read_backlog(dsn: str, table: Table) -> QueueStats:
-    """Check the table is a usable outbox table and read its backlog, in one connection."""
+async def read_backlog(dsn: str, table: Table, *, ordered: bool = False) -> QueueStats:
+    """Check the table is a usable outbox table and read its backlog, in one connection.
+
+    `ordered` (spec.ordering aggregate) adds the claimable heads the scaling policy sizes on.
+    """
     try:
         async with await psycopg.AsyncConnection.connect(
             dsn,
@@ -67,7 +70,7 @@ async def read_backlog(dsn: str, table: Table) -> QueueStats:
             except SchemaError as exc:
                 missing = "does not exist" in str(exc)
                 raise Problem("TableMissing" if missing else "TableInvalid", str(exc)) from None
-            return await queue_stats_async(conn, table)
+            return await queue_stats_async(conn, table, ordered=ordered)
     except psycopg.Error as exc:
         raise _database_problem(exc, dsn) from None
 

@@ -52,8 +52,9 @@ class Kube:
 
     # -- reads ----------------------------------------------------------------------------------
 
-    async def secret_value(self, namespace: str, name: str, key: str) -> str:
-        """One key of a Secret, decoded; a Problem names what is missing or unusable."""
+    async def secret_value(self, namespace: str, name: str, key: str) -> tuple[str, str]:
+        """(one key of a Secret, decoded; the Secret's resourceVersion); a Problem names what
+        is missing or unusable."""
         try:
             secret = await self._core.read_namespaced_secret(name, namespace)
         except ApiException as exc:
@@ -72,8 +73,9 @@ class Kube:
             raise Problem(
                 "SecretKeyMissing", f"Secret {namespace}/{name} has no key {key!r} (keys: {keys})"
             )
+        version = str(secret.metadata.resource_version if secret.metadata else "")
         try:
-            return base64.b64decode(data[key], validate=True).decode()
+            return base64.b64decode(data[key], validate=True).decode(), version
         except (binascii.Error, UnicodeDecodeError):
             raise Problem(
                 "InvalidDsn", f"key {key!r} of Secret {namespace}/{name} is not UTF-8 text"

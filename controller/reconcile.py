@@ -59,6 +59,7 @@ class Dispatcher:
     _last_purge: datetime | None = None
     _reconciled_generation: int | None = None
     _last_status: Mapping[str, Any] | None = None
+    _secret_version: str = ""  # of the DSN's Secret: a new one rolls the workers
 
     @property
     def namespace(self) -> str:
@@ -124,10 +125,12 @@ class Dispatcher:
         database = spec["database"]
         table = parse_table(database.get("table", "outbox"))
         ref = database["dsnSecretRef"]
-        dsn = parse_dsn(
-            await self.context.kube.secret_value(self.namespace, ref["name"], ref.get("key", "dsn"))
+        text, self._secret_version = await self.context.kube.secret_value(
+            self.namespace, ref["name"], ref.get("key", "dsn")
         )
-        return dsn, await read_backlog(dsn, table)
+        dsn = parse_dsn(text)
+        ordered = spec.get("ordering") == "aggregate"
+        return dsn, await read_backlog(dsn, table, ordered=ordered)
 
     def _policy_for(self, scaling: Mapping[str, Any]) -> ScalingPolicy:
         # One policy per resource, kept between passes (it holds the stabilization window);
@@ -167,6 +170,10 @@ class Dispatcher:
         kube = self.context.kube
         spec = body["spec"]
         meta = body["metadata"]
+        if meta.get("deletionTimestamp"):
+            # Being deleted (e.g. foreground: it waits for its Deployment to go); recreating
+            # the Deployment now would hold the deletion up for ever.
+            return
         generation = int(meta.get("generation") or 0)
         # What this replica wrote last is newer than a body whose watch event is still on its way.
         status_before: Mapping[str, Any] = self._last_status or body.get("status") or {}
@@ -224,7 +231,10 @@ class Dispatcher:
         """Create the Deployment, or replace it if its template changed, or just resize it."""
         kube = self.context.kube
         rendered = render_deployment(
-            body, replicas=replicas, default_image=self.context.settings.worker_image
+            body,
+            replicas=replicas,
+            default_image=self.context.settings.worker_image,
+            secret_version=self._secret_version,
         )
         if deployment is None:
             log.info(

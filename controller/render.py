@@ -22,6 +22,9 @@ from outbox.controller.resource import (
 )
 
 TEMPLATE_HASH = "outbox.dev/template-hash"
+# The DSN Secret's resourceVersion on the pods: env from a Secret is read at start only, so a
+# changed Secret must roll the workers to take effect (the version holds nothing secret).
+SECRET_VERSION = "outbox.dev/dsn-secret-version"
 WORKER_CONTAINER = "worker"
 UID = 65532  # the image's non-root user
 # After its shutdown grace the worker still writes its outcomes; leave it time for that.
@@ -153,7 +156,7 @@ def _probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def pod_template(body: Body, default_image: str) -> dict[str, Any]:
+def pod_template(body: Body, default_image: str, secret_version: str = "") -> dict[str, Any]:
     name = body["metadata"]["name"]
     spec = body["spec"]
     worker: Body = spec.get("worker") or {}
@@ -209,6 +212,8 @@ def pod_template(body: Body, default_image: str) -> dict[str, Any]:
         "prometheus.io/port": str(port),
         "prometheus.io/path": "/metrics",
     }
+    if secret_version:
+        annotations[SECRET_VERSION] = secret_version
     return {
         "metadata": {
             "labels": {**(worker.get("podLabels") or {}), **labels(name)},
@@ -223,11 +228,14 @@ def template_hash(template: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def render_deployment(body: Body, *, replicas: int, default_image: str) -> dict[str, Any]:
-    """The worker Deployment for `body` (defaults applied, as the API server stores it)."""
+def render_deployment(
+    body: Body, *, replicas: int, default_image: str, secret_version: str = ""
+) -> dict[str, Any]:
+    """The worker Deployment for `body` (defaults applied, as the API server stores it);
+    `secret_version` is the DSN Secret's resourceVersion."""
     meta = body["metadata"]
     name = meta["name"]
-    template = pod_template(body, default_image)
+    template = pod_template(body, default_image, secret_version)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -27,7 +27,8 @@ has the formulas and the simulation that measures them):
   stabilization window, so an over-provisioned deployment finds its real capacity.
 - The size: enough capacity that (1) arrivals are served with headroom, and (2) every
   message already waiting, or arriving before a pod started now becomes productive
-  (`STARTUP_DELAY_SECONDS`), is delivered before its age reaches the target.
+  (measured; `STARTUP_DELAY_SECONDS` until then), is delivered before its age reaches the
+  target.
 - Up at once; the rate part comes down only after `scaleDownStabilizationSeconds`, the
   backlog part as soon as the backlog it was for has drained; to zero only after nothing was
   claimable or in flight for that window; from zero as soon as anything is claimable.
@@ -45,11 +46,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from outbox.stats import QueueStats
+from outbox.stats import QueueStats, rates
 
 # How long a new pod takes from being asked for to claiming messages (image pull, start,
-# readiness). Sizing looks this far ahead: capacity asked for now arrives that late.
+# readiness), assumed until measured: sizing looks this far ahead, since capacity asked for
+# now arrives that late. The policy measures it from when the ready replicas reach what it
+# asked for (`StartupDelay`).
 STARTUP_DELAY_SECONDS = 20.0
+
+# Start-up delay: the median of this many recent measurements.
+STARTUP_SAMPLES = 5
 
 # Share of the measured capacity the arrival rate may use: the rest absorbs noise in the
 # arrivals without the age growing.
@@ -62,9 +68,17 @@ ARRIVAL_WINDOW_SECONDS = 60.0
 # Drain rate: the median of this many recent saturated measurements.
 DRAIN_SAMPLES = 5
 
+# The drain rate assumed before anything was measured (messages/s per worker): a cautious
+# guess, low for the worker's usual publishers, so that the first wake-up asks for more
+# workers rather than fewer. The first saturated interval replaces it; probing raises it.
+PRIOR_DRAIN_RATE = 100.0
+
 # While the drain rate was never seen under saturation, raise the estimate by this factor
-# after each stabilization window in which the workers kept up with room to spare.
-PROBE_FACTOR = 1.25
+# after each PROBE_AFTER_SECONDS in which the workers kept up with room to spare. Removing a
+# worker takes effect at once and a saturated queue is seen within two polls, so a probe
+# that overshoots costs a few seconds of age and measures the rate.
+PROBE_FACTOR = 1.5
+PROBE_AFTER_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -126,38 +140,69 @@ class Decision:
 
 
 class DrainRate:
-    """What one ready worker delivers per second, measured from the stats.
+    """What one ready worker delivers per second, as the policy has come to know it.
 
-    Saturated intervals (claimable work waiting at both ends) measure it; intervals that
-    emptied the queue bound it from below. `value` is None until either has been seen.
+    Saturated intervals (claimable work waiting at both ends, the same workers ready
+    throughout) measure it: the median of the last few. Other intervals bound it from
+    below. Until it is measured the value is a guess: `PRIOR_DRAIN_RATE`, raised by
+    `probe()` (and never below the lower bound), which a saturated interval replaces.
     """
 
     def __init__(self) -> None:
         self._saturated: deque[float] = deque(maxlen=DRAIN_SAMPLES)
         self._floor = 0.0
-        self._probed = 1.0
+        self._guess = PRIOR_DRAIN_RATE
 
     @property
-    def value(self) -> float | None:
-        if self._saturated:
-            return max(statistics.median(self._saturated), self._floor)
-        return self._floor * self._probed if self._floor > 0 else None
+    def value(self) -> float:
+        if self.measured:
+            return statistics.median(self._saturated)
+        return max(self._guess, self._floor)
 
     @property
     def measured(self) -> bool:
-        """Seen under saturation (and not contradicted by a higher lower bound since)."""
+        """Seen under saturation, and no interval has delivered more per worker since."""
         return bool(self._saturated) and statistics.median(self._saturated) >= self._floor
 
     def saturated(self, per_replica: float) -> None:
         self._saturated.append(per_replica)
-        self._probed = 1.0
 
     def at_least(self, per_replica: float) -> None:
         self._floor = max(self._floor, per_replica)
 
     def probe(self) -> None:
-        if not self.measured and self._floor > 0:
-            self._probed *= PROBE_FACTOR
+        if not self.measured:
+            self._guess = self.value * PROBE_FACTOR
+
+
+class StartupDelay:
+    """How long asked-for workers take to become ready, measured from the replica counts.
+
+    A scale-up is timed from the decision that asked for it to the first snapshot whose ready
+    replicas reach it (so it reads up to one poll interval long: the safe side). A request
+    that is withdrawn before it is met is forgotten.
+    """
+
+    def __init__(self) -> None:
+        self._samples: deque[float] = deque(maxlen=STARTUP_SAMPLES)
+        self._asked: list[tuple[float, int]] = []  # (when, replicas asked for)
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self._samples) if self._samples else STARTUP_DELAY_SECONDS
+
+    def observe(self, at: float, replicas: int, ready_replicas: int) -> None:
+        waiting = []
+        for when, asked in self._asked:
+            if ready_replicas >= asked:
+                self._samples.append(at - when)
+            elif replicas >= asked:
+                waiting.append((when, asked))
+        self._asked = waiting
+
+    def asked(self, at: float, replicas: int, ready_replicas: int) -> None:
+        if replicas > ready_replicas:
+            self._asked.append((at, replicas))
 
 
 @dataclass(frozen=True)
@@ -168,6 +213,7 @@ class _Work:
     claimable: int
     age: float  # age of the oldest claimable message, 0 when none
     in_flight: int
+    stats: QueueStats
     arrived: int  # max_id
     cap: int | None  # ordered mode: aggregates with work
 
@@ -180,14 +226,16 @@ class _Work:
                 claimable=stats.claimable_heads,
                 age=stats.oldest_claimable_age or 0.0,
                 in_flight=in_flight,
+                stats=stats,
                 arrived=stats.max_id,
                 cap=stats.claimable_heads + in_flight,
             )
         return cls(
             at=stats.sampled_at.timestamp(),
-            claimable=stats.ready + stats.expired_leases,
+            claimable=stats.ready_estimate + stats.expired_leases,
             age=stats.oldest_ready_age or 0.0,
             in_flight=max(stats.processing - stats.expired_leases, 0),
+            stats=stats,
             arrived=stats.max_id,
             cap=None,
         )
@@ -203,11 +251,12 @@ class ScalingPolicy:
     def __init__(self, scaling: Mapping[str, Any] | None = None) -> None:
         self.settings = ScalingSettings.from_spec(scaling)
         self.drain_rate = DrainRate()
+        self.startup_delay = StartupDelay()
         self.last_decision: Decision | None = None
         self._previous: tuple[_Work, int] | None = None  # (work, ready replicas) last time
         self._history: deque[tuple[float, int]] = deque()  # (when, max_id): the arrival curve
         self._arrivals: deque[tuple[float, float]] = deque()  # (end of interval, msg/s)
-        self._rate_needs: deque[tuple[float, int]] = deque()  # (when, replicas for the rate)
+        self._rates: deque[tuple[float, float]] = deque()  # (when, sustained arrival rate)
         self._burst_hold = 0
         self._idle_since: float | None = None
         self._calm_since: float | None = None
@@ -226,11 +275,14 @@ class ScalingPolicy:
         """The replica count to set now, with a CamelCase reason and a message for an Event."""
         work = _Work.of(stats)
         self._learn(work, ready_replicas)
+        self.startup_delay.observe(work.at, replicas, ready_replicas)
         decision = (
             Decision(0, "Paused", "spec.paused is true")
             if paused
             else self._size(work, replicas, ready_replicas)
         )
+        if decision.replicas > replicas:
+            self.startup_delay.asked(work.at, decision.replicas, ready_replicas)
         self.last_decision = decision
         return decision
 
@@ -258,9 +310,9 @@ class ScalingPolicy:
         self._arrivals.append((work.at, arrived / seconds))
         while self._arrivals and self._arrivals[0][0] <= work.at - ARRIVAL_WINDOW_SECONDS:
             self._arrivals.popleft()
-        # Messages that left the claimable backlog and the in-flight set were delivered.
-        waiting_before = before.claimable + before.in_flight
-        completed = arrived - (work.claimable + work.in_flight - waiting_before)
+        # Messages that left the backlog were delivered (or given up on).
+        measured = rates(before.stats, work.stats)
+        completed = measured.completions_per_second * seconds if measured else 0.0
         if completed <= 0:
             return
         if before.claimable > 0 and work.claimable > 0 and ready_before == ready_replicas > 0:
@@ -318,19 +370,19 @@ class ScalingPolicy:
                         points.append((max(backlog - (work.arrived - arrived), 0), when + target))
                 points.append((backlog, now + target))
         # What arrives until a pod asked for now is productive.
-        later = now + STARTUP_DELAY_SECONDS
-        points.append((backlog + self._latest_rate() * STARTUP_DELAY_SECONDS, later + target))
+        delay = self.startup_delay.value
+        points.append((backlog + self._latest_rate() * delay, now + delay + target))
         return points
 
     def _backlog_need(self, work: _Work, mu: float, ready_replicas: int) -> int:
         """Fewest replicas that deliver every waiting message before its deadline.
 
         Until a pod asked for now is productive only the ready ones serve; after that, all.
-        A message that will be late whatever is asked for asks for everything, to be as
-        little late as possible.
+        A message whose deadline passes before new pods can help is to be delivered within a
+        poll interval of their start, so that it is as little late as can be.
         """
         s = self.settings
-        delay = STARTUP_DELAY_SECONDS
+        delay = self.startup_delay.value
         deadlines = self._deadlines(work)
         if all(q <= 0 for q, _ in deadlines):
             return 0
@@ -340,8 +392,9 @@ class ScalingPolicy:
             for position, deadline in deadlines:
                 if position < early:
                     continue
-                left = deadline - (work.at + delay)
-                if left <= 0 or n == 0 or mu * n * left < position - early:
+                # A deadline that passes before new pods can help: deliver within a poll.
+                left = max(deadline - (work.at + delay), self._poll)
+                if n == 0 or mu * n * left < position - early:
                     return False
             return True
 
@@ -357,25 +410,19 @@ class ScalingPolicy:
         mu = self.drain_rate.value
         rate = self._arrival_rate()
 
-        if mu is None:
-            # Nothing measured yet: ready work gets every worker allowed; the first interval
-            # they spend saturated measures the drain rate and the surplus is released.
-            if work.claimable > 0:
-                return self._bounded(
-                    max(replicas, s.max_replicas), "Backlog", "drain rate not measured yet", work
-                )
-            return self._bounded(replicas, "Measuring", "drain rate not measured yet", work)
-
-        # (1) The rate part, held for the stabilization window when it falls.
+        # (1) The rate part: the highest sustained arrival rate of the stabilization window,
+        # so a fall in arrivals lowers it only after the window; a better-known drain rate
+        # lowers it at once.
+        self._rates.append((work.at, rate))
+        while self._rates and self._rates[0][0] <= work.at - window:
+            self._rates.popleft()
+        held_rate = max(r for _, r in self._rates)
         rate_need = math.ceil(rate / (UTILIZATION * mu)) if rate > 0 else 0
+        held = math.ceil(held_rate / (UTILIZATION * mu)) if held_rate > 0 else 0
         if not self.drain_rate.measured:
             # A rate never seen under saturation is only a lower bound, so this is more than
             # is needed: it may hold workers, but adding them is the backlog part's job.
-            rate_need = min(rate_need, replicas)
-        self._rate_needs.append((work.at, rate_need))
-        while self._rate_needs and self._rate_needs[0][0] <= work.at - window:
-            self._rate_needs.popleft()
-        held = max(n for _, n in self._rate_needs)
+            held = min(held, replicas)
 
         # (2) The backlog part, held until the backlog it was for has drained.
         backlog_need = self._backlog_need(work, mu, ready_replicas)
@@ -384,10 +431,16 @@ class ScalingPolicy:
         else:
             self._burst_hold = max(self._burst_hold, backlog_need)
 
-        # Probing: calm for a whole window without a saturated measurement of the drain rate.
-        calm = work.age < target / 2 and not self._burst_hold
+        # Probing: workers that keep up with room to spare, for a while, without a saturated
+        # measurement of the drain rate; only where one worker fewer is possible.
+        calm = (
+            work.age < target / 2
+            and not self._burst_hold
+            and rate > 0
+            and min(replicas, ready_replicas) >= 2
+        )
         self._calm_since = (self._calm_since or work.at) if calm else None
-        if self._calm_since is not None and work.at - self._calm_since >= window:
+        if self._calm_since is not None and work.at - self._calm_since >= PROBE_AFTER_SECONDS:
             self.drain_rate.probe()
             self._calm_since = work.at
 
@@ -404,6 +457,10 @@ class ScalingPolicy:
                 reason = "ScaleDownStabilizing"
                 message += f" (needs {rate_need}, holding for {window:.0f}s)"
 
+        if work.cap is not None and n > work.cap:
+            n, reason = work.cap, "AggregatesWithWork"
+            message = f"{work.cap} aggregates with work (ordered mode)"
+
         # Zero only after a whole window with nothing claimable or in flight.
         if n == 0 and not work.idle:
             n, reason, message = 1, "Backlog", "work waiting or in flight"
@@ -416,9 +473,6 @@ class ScalingPolicy:
 
     def _bounded(self, n: int, reason: str, message: str, work: _Work) -> Decision:
         s = self.settings
-        if work.cap is not None and n > work.cap:
-            n, reason = work.cap, "AggregatesWithWork"
-            message = f"{work.cap} aggregates with work (ordered mode)"
         if n > s.max_replicas:
             n, reason = s.max_replicas, "MaxReplicas"
             message = f"wanted more: {message}"

@@ -90,6 +90,9 @@ def backlog_status(stats: QueueStats, rates: Rates | None) -> dict[str, Any]:
         "dead": stats.dead,
         "oldestReadyAgeSeconds": round(stats.oldest_ready_age or 0.0, 3),
         "sampledAt": timestamp(stats.sampled_at),
+        # Counts stop at the stats' count limit (cheap at any size); then they read "at least".
+        "countsExact": stats.counts_exact,
+        "readyEstimate": stats.ready_estimate,
     }
     if rates is not None:
         status["arrivalRate"] = round(rates.arrivals_per_second, 3)

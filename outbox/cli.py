@@ -119,10 +119,14 @@ def print_stats(stats: QueueStats) -> None:
     done = f"~{stats.done}" if stats.done_is_estimate else str(stats.done)
     rows = [
         ("table", stats.table),
-        ("pending", f"{stats.pending} ({stats.ready} ready)"),
-        ("processing", f"{stats.processing} ({stats.expired_leases} with expired lease)"),
+        ("pending", f"{stats.count_text('pending')} ({stats.count_text('ready')} ready)"),
+        (
+            "processing",
+            f"{stats.count_text('processing')} "
+            f"({stats.count_text('expired_leases')} with expired lease)",
+        ),
         ("done", done),
-        ("dead", str(stats.dead)),
+        ("dead", stats.count_text("dead")),
         ("oldest pending age", _format_age(stats.oldest_pending_age)),
         ("oldest ready age", _format_age(stats.oldest_ready_age)),
         ("highest id", str(stats.max_id)),

@@ -1,13 +1,29 @@
-"""Queue state from index-backed queries, cheap on a table with millions of done rows.
+"""Queue state from index-backed queries whose cost stays flat at any backlog.
 
 A snapshot carries `max_id` (a monotonic arrival counter) and the database time it was
 taken at, so that a poller derives arrival and completion rates from two snapshots without
-scanning anything (see `rates`). Done rows are the one count that cannot be cheap: it is an
-estimate from the planner's statistics unless `exact=True`.
+scanning anything (see `rates`).
+
+What a snapshot costs does not grow with the backlog: every count stops at `count_limit`
+(`COUNT_LIMIT` unless asked otherwise; `exact=True` lifts it), and a count that reached it
+reads "at least" (`QueueStats.at_least`). Past that size exact counts change no decision: the
+claimable backlog is then estimated from the id span between the head of the claim order
+and `max_id` (`QueueStats.ready_estimate`), and completions from how far that head moved.
+The attempts distribution covers the oldest `count_limit` waiting messages. Done rows are
+the one count that cannot be cheap: an estimate from the planner's statistics unless
+`exact=True`.
+
+Ordered tables (`ordered=True`) add what can be claimed at all, since only the head of each
+aggregate is claimable: the heads are found by a skip scan of the `aggregate` index, one
+probe per aggregate with unfinished messages (at most `count_limit` of them).
+
+One statement serves sync and async connections alike: `stats_query` builds it, and
+`queue_stats` / `queue_stats_async` run it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -16,6 +32,15 @@ import psycopg
 from psycopg import sql
 
 from outbox.table import Table
+
+# Counts stop here by default: a few milliseconds of index entries, and well past the point
+# where an exact figure would change a scaling decision or what an operator does.
+COUNT_LIMIT = 10_000
+
+# `exact=True`: no bound in practice (PostgreSQL's LIMIT takes a bigint).
+_UNBOUNDED = 2**62
+
+_COUNTED = ("pending", "ready", "processing", "dead", "expired_leases", "blocked_by_dead")
 
 
 @dataclass(frozen=True)
@@ -32,7 +57,10 @@ class QueueStats:
     oldest_pending_age: float | None  # seconds since created_at of the oldest pending/processing
     oldest_ready_age: float | None  # seconds the longest-waiting ready message has been claimable
     max_id: int  # highest id so far: arrivals between two snapshots = difference
-    attempts: dict[int, int]  # attempts -> messages, over pending and processing rows
+    attempts: dict[int, int]  # attempts -> messages, over (the oldest) pending and processing rows
+    # Counts that reached this are lower bounds (see `at_least`); None: every count is exact.
+    count_limit: int | None = None
+    oldest_ready_id: int | None = None  # id of the head of the claim order (oldest ready row)
     # Ordered tables only (None otherwise): what can be claimed at all, since only the head
     # of each aggregate is claimable.
     claimable_heads: int | None = None  # aggregates whose head is claimable now
@@ -41,14 +69,38 @@ class QueueStats:
 
     @property
     def backlog(self) -> int:
-        """Messages not finished yet (pending + processing)."""
+        """Messages not finished yet (pending + processing); a lower bound if either is."""
         return self.pending + self.processing
+
+    def at_least(self, name: str) -> bool:
+        """Whether the count `name` stopped at the count limit (the true figure may be more)."""
+        value = getattr(self, name)
+        return self.count_limit is not None and value is not None and value >= self.count_limit
+
+    @property
+    def counts_exact(self) -> bool:
+        return not any(self.at_least(name) for name in _COUNTED)
+
+    @property
+    def ready_estimate(self) -> int:
+        """Claimable messages: the count, or past the limit the id span from the head of the
+        claim order to the newest message (messages arrive in id order and are claimed
+        oldest first, so nearly all of that span is waiting)."""
+        if not self.at_least("ready") or self.oldest_ready_id is None:
+            return self.ready
+        return max(self.ready, self.max_id - self.oldest_ready_id + 1)
+
+    def count_text(self, name: str) -> str:
+        """A count for people: `≥10000` where it stopped at the limit."""
+        return ("≥" if self.at_least(name) else "") + str(getattr(self, name))
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["sampled_at"] = self.sampled_at.isoformat()
         data["attempts"] = {str(k): v for k, v in self.attempts.items()}
         data["backlog"] = self.backlog
+        data["ready_estimate"] = self.ready_estimate
+        data["at_least"] = [name for name in _COUNTED if self.at_least(name)]
         return data
 
 
@@ -59,48 +111,151 @@ class Rates:
 
 
 def rates(before: QueueStats, after: QueueStats) -> Rates | None:
-    """Arrival and completion rates between two snapshots; None if no time passed."""
+    """Arrival and completion rates between two snapshots; None if no time passed.
+
+    Completions are arrivals minus the backlog's growth while both backlogs are exact;
+    past the count limit, how far the head of the claim order moved through the ids.
+    """
     seconds = (after.sampled_at - before.sampled_at).total_seconds()
     if seconds <= 0:
         return None
     arrived = after.max_id - before.max_id
-    completed = arrived - (after.backlog - before.backlog)
+    if before.at_least("pending") or after.at_least("pending"):
+        head_before, head_after = before.oldest_ready_id, after.oldest_ready_id
+        completed = (
+            head_after - head_before
+            if head_before is not None and head_after is not None
+            else arrived - (after.ready_estimate - before.ready_estimate)
+        )
+    else:
+        completed = arrived - (after.backlog - before.backlog)
     return Rates(arrived / seconds, max(completed, 0) / seconds)
 
 
-def _query(table: Table, exact: bool) -> sql.Composed:
+@dataclass(frozen=True)
+class StatsQuery:
+    """One statement, its parameters and how its rows become a `QueueStats`.
+
+    The same shape as the admin queries (`statement`, `params`, `parse`), so either runner
+    executes it.
+    """
+
+    statement: sql.Composed
+    params: Mapping[str, Any]
+    parse: Callable[[list[tuple[Any, ...]]], QueueStats]
+
+
+def _bounded_count(t: sql.Identifier, where: sql.SQL, order: sql.SQL) -> sql.Composed:
+    # Ordered like the partial index that holds these rows, so the planner walks that index
+    # and stops at the limit, instead of a sequential scan that "should" find them soon
+    # (it would read every done row before the backlog at the table's end).
+    return sql.SQL(
+        "(SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {w} ORDER BY {o} LIMIT %(limit)s) AS c)"
+    ).format(t=t, w=where, o=order)
+
+
+# The heads of the aggregates (ordered mode): a skip scan of the `aggregate` index, one probe
+# per aggregate with unfinished messages, at most %(limit)s of them.
+_HEADS = sql.SQL(
+    """WITH RECURSIVE heads(aggregate_id, id, n) AS (
+    (SELECT aggregate_id, id, 1 FROM {t} WHERE status <> 'done'
+      ORDER BY aggregate_id, id LIMIT 1)
+    UNION ALL
+    SELECT nx.aggregate_id, nx.id, h.n + 1 FROM heads AS h CROSS JOIN LATERAL (
+        SELECT aggregate_id, id FROM {t}
+         WHERE status <> 'done' AND aggregate_id > h.aggregate_id
+         ORDER BY aggregate_id, id LIMIT 1) AS nx
+     WHERE h.n < %(limit)s
+), head_rows AS (
+    SELECT o.aggregate_id, o.id, o.status, o.available_at, o.lease_until
+      FROM heads AS h JOIN {t} AS o ON o.id = h.id
+)
+"""
+)
+
+# Ordered mode's claimable figures. The oldest claimable head is the first row of the claim
+# order that is a head (what the ordered claim itself finds), looked for among the oldest
+# %(limit)s ready rows; the heads of the skip scan cover a backlog older than that.
+_ORDERED_COLUMNS = sql.SQL(
+    """,
+       (SELECT count(*) FROM head_rows AS h
+         WHERE (h.status = 'pending' AND h.available_at <= now())
+            OR (h.status = 'processing' AND h.lease_until < now())),
+       greatest(
+         (SELECT extract(epoch FROM now() - c.available_at)::float8
+            FROM (SELECT id, aggregate_id, available_at FROM {t}
+                   WHERE status = 'pending' AND available_at <= now()
+                   ORDER BY available_at, id LIMIT %(limit)s) AS c
+           WHERE NOT EXISTS (SELECT 1 FROM {t} AS prev
+                              WHERE prev.aggregate_id = c.aggregate_id AND prev.id < c.id
+                                AND prev.status <> 'done')
+           ORDER BY c.available_at, c.id LIMIT 1),
+         (SELECT extract(epoch FROM now() - min(h.available_at))::float8 FROM head_rows AS h
+           WHERE h.status = 'pending' AND h.available_at <= now())),
+       (SELECT count(*) FROM (
+          SELECT 1 FROM head_rows AS h JOIN {t} AS b
+              ON b.aggregate_id = h.aggregate_id AND b.id > h.id AND b.status <> 'done'
+           WHERE h.status = 'dead' LIMIT %(limit)s) AS c)"""
+)
+
+
+def _statement(table: Table, exact: bool, ordered: bool) -> sql.Composed:
+    t = table.ident
+
+    def count(where: str, order: str) -> sql.Composed:
+        if exact:  # every row is read anyway: let the planner choose how
+            return sql.SQL("(SELECT count(*) FROM {t} WHERE {w})").format(
+                t=t,
+                w=sql.SQL(where),
+            )
+        return _bounded_count(t, sql.SQL(where), sql.SQL(order))
+
     done = (
-        sql.SQL("(SELECT count(*) FROM {t} WHERE status = 'done')")
+        count("status = 'done'", "id")
         if exact
         else sql.SQL(
             "(SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = {rc}::regclass)"
-        )
+        ).format(rc=table.regclass_literal)
     )
-    return sql.SQL(
+    body = sql.SQL(
         """SELECT now(),
-       (SELECT count(*) FROM {t} WHERE status = 'pending'),
-       (SELECT count(*) FROM {t} WHERE status = 'pending' AND available_at <= now()),
-       (SELECT count(*) FROM {t} WHERE status = 'processing'),
-       (SELECT count(*) FROM {t} WHERE status = 'dead'),
+       {pending},
+       {ready},
+       {processing},
+       {dead},
        {done},
-       (SELECT count(*) FROM {t} WHERE status = 'processing' AND lease_until < now()),
+       {expired},
        (SELECT extract(epoch FROM now() - created_at)::float8 FROM {t}
          WHERE status IN ('pending', 'processing') ORDER BY id LIMIT 1),
-       (SELECT extract(epoch FROM now() - min(available_at))::float8 FROM {t}
-         WHERE status = 'pending' AND available_at <= now()),
+       (SELECT extract(epoch FROM now() - available_at)::float8 FROM {t}
+         WHERE status = 'pending' AND available_at <= now() ORDER BY available_at, id LIMIT 1),
+       (SELECT id FROM {t}
+         WHERE status = 'pending' AND available_at <= now() ORDER BY available_at, id LIMIT 1),
        coalesce((SELECT max(id) FROM {t}), 0),
        (SELECT coalesce(jsonb_object_agg(attempts, n), '{{}}') FROM
-          (SELECT attempts, count(*) AS n FROM {t}
-            WHERE status IN ('pending', 'processing') GROUP BY attempts) AS a)"""
+          (SELECT attempts, count(*) AS n FROM
+             (SELECT attempts FROM {t} WHERE status IN ('pending', 'processing')
+               ORDER BY id LIMIT %(limit)s) AS w
+            GROUP BY attempts) AS a){ordered}"""
     ).format(
-        t=table.ident,
-        rc=table.regclass_literal,
-        done=done.format(t=table.ident, rc=table.regclass_literal),
+        t=t,
+        pending=count("status = 'pending'", "available_at, id"),
+        ready=count("status = 'pending' AND available_at <= now()", "available_at, id"),
+        processing=count("status = 'processing'", "lease_until"),
+        dead=count("status = 'dead'", "id"),
+        expired=count("status = 'processing' AND lease_until < now()", "lease_until"),
+        done=done,
+        ordered=_ORDERED_COLUMNS.format(t=t) if ordered else sql.SQL(""),
     )
+    return sql.Composed([_HEADS.format(t=t), body]) if ordered else body
 
 
-def _build(table: Table, row: tuple[Any, ...], exact: bool) -> QueueStats:
-    (now, pending, ready, processing, dead, done, expired, oldest, oldest_ready, max_id, dist) = row
+def _build(table: Table, row: tuple[Any, ...], exact: bool, limit: int | None) -> QueueStats:
+    (now, pending, ready, processing, dead, done, expired, oldest, oldest_ready, ready_id) = row[
+        :10
+    ]
+    max_id, dist = row[10:12]
+    heads, head_age, blocked = row[12:15] if len(row) > 12 else (None, None, None)
     if not exact:
         # reltuples counts every row: what is not waiting or dead is (roughly) done.
         done = max(int(done) - pending - processing - dead, 0)
@@ -118,19 +273,56 @@ def _build(table: Table, row: tuple[Any, ...], exact: bool) -> QueueStats:
         oldest_ready_age=oldest_ready,
         max_id=int(max_id),
         attempts={int(k): int(v) for k, v in sorted(dist.items(), key=lambda kv: int(kv[0]))},
+        count_limit=limit,
+        oldest_ready_id=ready_id,
+        claimable_heads=heads,
+        oldest_claimable_age=head_age,
+        blocked_by_dead=blocked,
     )
 
 
-def queue_stats(conn: psycopg.Connection[Any], table: Table, *, exact: bool = False) -> QueueStats:
-    row = conn.execute(_query(table, exact)).fetchone()
-    assert row is not None
-    return _build(table, row, exact)
+def stats_query(
+    table: Table, *, exact: bool = False, ordered: bool = False, count_limit: int = COUNT_LIMIT
+) -> StatsQuery:
+    """The snapshot statement: bounded counts (`count_limit`) unless `exact`; the claimable
+    figures of an ordered table if `ordered`."""
+    if count_limit < 1:
+        raise ValueError("count_limit must be at least 1")
+    limit = None if exact else count_limit
+
+    def parse(rows: list[tuple[Any, ...]]) -> QueueStats:
+        return _build(table, rows[0], exact, limit)
+
+    return StatsQuery(_statement(table, exact, ordered), {"limit": limit or _UNBOUNDED}, parse)
+
+
+def _query(table: Table, exact: bool, ordered: bool = False) -> sql.Composable:
+    """The statement with the default count limit written in, for EXPLAIN in plan guards."""
+    query = stats_query(table, exact=exact, ordered=ordered)
+    text = query.statement.as_string(None).replace("%(limit)s", str(int(query.params["limit"])))
+    return sql.SQL(text)  # composed from quoted parts above
+
+
+def queue_stats(
+    conn: psycopg.Connection[Any],
+    table: Table,
+    *,
+    exact: bool = False,
+    ordered: bool = False,
+    count_limit: int = COUNT_LIMIT,
+) -> QueueStats:
+    query = stats_query(table, exact=exact, ordered=ordered, count_limit=count_limit)
+    return query.parse(conn.execute(query.statement, query.params).fetchall())
 
 
 async def queue_stats_async(
-    conn: psycopg.AsyncConnection[Any], table: Table, *, exact: bool = False
+    conn: psycopg.AsyncConnection[Any],
+    table: Table,
+    *,
+    exact: bool = False,
+    ordered: bool = False,
+    count_limit: int = COUNT_LIMIT,
 ) -> QueueStats:
-    cur = await conn.execute(_query(table, exact))
-    row = await cur.fetchone()
-    assert row is not None
-    return _build(table, row, exact)
+    query = stats_query(table, exact=exact, ordered=ordered, count_limit=count_limit)
+    cursor = await conn.execute(query.statement, query.params)
+    return query.parse(await cursor.fetchall())

@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from outbox.controller.render import TEMPLATE_HASH, render_deployment
+from outbox.controller.render import SECRET_VERSION, TEMPLATE_HASH, render_deployment
 from outbox.controller.resource import selector_string
 from outbox.settings import parse_duration
 
@@ -222,3 +222,69 @@ def test_publishers_without_options(kind: str) -> None:
     env = env_of(render(resource(publisher={"type": kind})))
     assert env["OUTBOX_PUBLISHER"] == kind
     assert "OUTBOX_PUBLISH_TIMEOUT" not in env
+
+
+def _worker_variables() -> set[str]:
+    from outbox.cliutil import env_name
+    from outbox.worker.publishers.registry import load_publisher
+    from outbox.worker.settings import BUILTIN_PUBLISHERS, build_parser
+
+    parser = build_parser([load_publisher(name) for name in BUILTIN_PUBLISHERS])
+    return {env_name(flag) for action in parser._actions for flag in action.option_strings
+            if flag.startswith("--") and flag != "--help"}  # fmt: skip
+
+
+PUBLISHERS = [
+    {"type": "http", "http": {"url": "http://sink.example/in", "timeout": "3s",
+                              "headersSecretRef": {"name": "h", "key": "headers"}}},
+    {"type": "nats", "nats": {"urls": ["nats://n1:4222"], "subject": "events.{event_type}",
+                              "tokenSecretRef": {"name": "n", "key": "token"}}},
+    {"type": "kafka", "kafka": {"bootstrapServers": "k1:9092", "topic": "{aggregate_type}",
+                                "compression": "zstd",
+                                "config": {"security.protocol": "plaintext"}}},
+    {"type": "log"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("publisher", PUBLISHERS, ids=lambda p: p["type"])
+def test_the_worker_understands_every_variable_the_operator_sets(
+    publisher: dict[str, Any],
+) -> None:
+    """The rendered env, with the Secrets' values filled in, is a valid worker configuration."""
+    from outbox.worker.settings import load_settings
+
+    body = resource(publisher=publisher, lease="30s", batchSize=7, ordering="aggregate")
+    secrets = {"OUTBOX_DSN": "postgresql://app@db/orders", "OUTBOX_HTTP_HEADER": "X-Token: t",
+               "OUTBOX_NATS_TOKEN": "secret-token"}  # fmt: skip
+    env: dict[str, str] = {}
+    for item in render(body)["spec"]["template"]["spec"]["containers"][0]["env"]:
+        name = item["name"]
+        if name.startswith("OUTBOX_"):
+            assert name in _worker_variables(), f"the worker has no {name}"
+            if "value" in item:
+                env[name] = item["value"]
+            elif "secretKeyRef" in item["valueFrom"]:
+                env[name] = secrets[name]
+            else:
+                env[name] = "orders-worker-abc12"  # fieldRef metadata.name
+    settings = load_settings([], env)
+    assert settings.publisher == publisher["type"]
+    assert (settings.batch, settings.ordering) == (7, "aggregate")
+    assert settings.lease.total_seconds() == 30
+    assert settings.owner == "orders-worker-abc12"
+    assert settings.metrics_port == 9000
+    if publisher["type"] == "http":
+        assert settings.publisher_options["http_url"] == "http://sink.example/in"
+        assert settings.publish_timeout.total_seconds() == 3
+    if publisher["type"] == "kafka":
+        assert settings.publisher_options["kafka_compression"] == "zstd"
+
+
+def test_a_changed_dsn_secret_rolls_the_workers() -> None:
+    body = resource()
+    first = render_deployment(body, replicas=1, default_image="i", secret_version="41")
+    again = render_deployment(body, replicas=3, default_image="i", secret_version="41")
+    rotated = render_deployment(body, replicas=1, default_image="i", secret_version="97")
+    hashes = [d["metadata"]["annotations"][TEMPLATE_HASH] for d in (first, again, rotated)]
+    assert hashes[0] == hashes[1] != hashes[2]
+    assert rotated["spec"]["template"]["metadata"]["annotations"][SECRET_VERSION] == "97"

@@ -106,3 +106,14 @@ def test_scaling_is_true_while_the_pods_have_not_reached_the_decided_count() -> 
     assert st.scaling_condition(decision, 3).status is False
     assert st.scaling_condition(decision, None).status is False  # no Deployment yet
     assert st.scaling_condition(decision, 1).reason == "Backlog"
+
+
+def test_counts_at_the_limit_say_they_are_lower_bounds() -> None:
+    exact = st.backlog_status(stats(count_limit=10_000), None)
+    assert exact["countsExact"] is True and exact["readyEstimate"] == 4
+    capped = st.backlog_status(
+        stats(ready=10_000, pending=10_000, count_limit=10_000, oldest_ready_id=1, max_id=50_000),
+        None,
+    )
+    assert capped["countsExact"] is False
+    assert capped["readyEstimate"] == 50_000

@@ -50,13 +50,21 @@ def snap(
 class Queue:
     """A FIFO queue with a known per-worker drain rate, sampled like the operator samples."""
 
-    def __init__(self, policy: ScalingPolicy, *, mu: float, replicas: int = 0) -> None:
-        self.policy, self.mu = policy, mu
+    def __init__(
+        self,
+        policy: ScalingPolicy,
+        *,
+        mu: float,
+        replicas: int = 0,
+        startup: float = STARTUP_DELAY_SECONDS,
+    ) -> None:
+        self.policy, self.mu, self.startup = policy, mu, startup
         self.t, self.arrived = 0.0, 0
         self.cohorts: deque[list[float]] = deque()  # [arrived at, messages], oldest first
         self.replicas = self.ready = replicas
         self.starting: list[tuple[float, int]] = []  # (productive at, replicas asked for)
         self.decisions: list[Decision] = []
+        self.max_age = 0.0
 
     @property
     def waiting(self) -> float:
@@ -87,6 +95,7 @@ class Queue:
                 self.cohorts.append([self.t, rate])
                 self.arrived += round(rate)
             self._serve(self.mu * self.ready)
+            self.max_age = max(self.max_age, self.age)
             if self.t % every:
                 continue
             d = self.policy.decide_explained(
@@ -95,7 +104,7 @@ class Queue:
                 ready_replicas=self.ready,
             )
             if d.replicas > self.replicas:
-                self.starting.append((self.t + STARTUP_DELAY_SECONDS, d.replicas))
+                self.starting.append((self.t + self.startup, d.replicas))
             self.ready = min(self.ready, d.replicas)
             self.replicas = d.replicas
             out.append(d)
@@ -163,7 +172,7 @@ def test_scales_up_at_once_and_keeps_the_age_under_the_target():
     first = queue.run(5, rate=2000)[0]
     assert first.replicas > steady, first  # one poll after the step
     queue.run(300, rate=2000)
-    assert queue.age < 30
+    assert queue.max_age < 30
     assert queue.replicas >= 10  # 2,000/s needs at least 10 workers of 200/s
 
 
@@ -217,13 +226,17 @@ def test_never_outside_the_bounds():
 
 def test_ordered_mode_sizes_on_claimable_heads_and_caps_at_aggregates_with_work():
     policy = ScalingPolicy({"maxReplicas": 50})
-    # 90,000 rows wait, but only 3 aggregates have a claimable head: 3 workers at most.
-    stats = snap(0, max_id=90_000, ready=90_000, age=3000, heads=3, head_age=2.0)
+    # 50,000 rows arrive in 5 s and wait (a deep backlog, an hour old), but they belong to
+    # 3 aggregates: 3 claimable heads, so 3 workers at most, however high the arrival rate.
+    policy.decide(snap(0, max_id=0), replicas=1, ready_replicas=1)
+    stats = snap(5, max_id=50_000, ready=50_000, age=3600, heads=3, head_age=2.0)
     d = policy.decide_explained(stats, replicas=1, ready_replicas=1)
     assert d.replicas == 3 and d.reason == "AggregatesWithWork"
-    # Nothing claimable and nothing in flight: rows behind dead heads need no workers.
-    later = snap(400, max_id=90_000, ready=90_000, age=3400, heads=0, head_age=None)
-    assert policy.decide(later, replicas=3, ready_replicas=3) <= 1
+    # Nothing claimable and nothing in flight: rows behind dead heads need no workers, and
+    # their age (an hour) is not the claimable age.
+    later = snap(10, max_id=50_000, ready=50_000, age=3605, heads=0, head_age=None)
+    d = policy.decide_explained(later, replicas=3, ready_replicas=3)
+    assert (d.replicas, d.reason) == (1, "IdleStabilizing")
 
 
 def test_same_snapshots_same_decisions():
@@ -232,3 +245,37 @@ def test_same_snapshots_same_decisions():
         return queue.run(200, rate=20) + queue.run(200, rate=1500) + queue.run(600, rate=40)
 
     assert run() == run()
+
+
+def test_learns_how_long_new_workers_take_to_start():
+    policy = ScalingPolicy({"maxReplicas": 50})
+    assert policy.startup_delay.value == STARTUP_DELAY_SECONDS  # assumed until measured
+    queue = Queue(policy, mu=200, replicas=1, startup=45)
+    queue.run(60, rate=100)
+    queue.run(120, rate=3000)  # scale-ups, each timed until the ready replicas reach it
+    assert policy.startup_delay.value == pytest.approx(45, abs=5)  # to within a poll
+
+
+def test_a_slow_start_asks_for_more_workers_sooner():
+    def first_scale_up(startup: float) -> int:
+        policy = ScalingPolicy({"maxReplicas": 100})
+        queue = Queue(policy, mu=200, replicas=1, startup=startup)
+        queue.run(60, rate=100)
+        queue.run(120, rate=3000)  # the policy measures the start-up delay here
+        queue.run(900, rate=100)
+        return next(d.replicas for d in queue.run(30, rate=1500) if d.reason == "Backlog")
+
+    # The same step asks for more when pods take 60 s: more backlog builds before they help.
+    assert first_scale_up(60) > first_scale_up(10)
+
+
+def test_an_over_provisioned_deployment_finds_its_real_capacity():
+    # 20 workers for 500/s at 400/s each: never saturated, so the drain rate is only ever
+    # bounded from below; probing removes workers until they saturate, which measures it.
+    policy = ScalingPolicy({"maxReplicas": 50})
+    queue = Queue(policy, mu=400, replicas=20)
+    queue.run(1800, rate=500)
+    assert policy.drain_rate.measured
+    assert policy.drain_rate.value == pytest.approx(400, rel=0.02)
+    assert queue.replicas == 2  # ceil(500 / (0.9 x 400))
+    assert queue.max_age < 30  # probing cost a few seconds of age, never the target

@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from helpers import seed
+from helpers import explain_prepared, seed
 
 from outbox import Outcome, queue_stats, queue_stats_async, rates
 from outbox.lease import claim, finalize
 from outbox.schema import migrate
-from outbox.stats import QueueStats
+from outbox.stats import QueueStats, stats_query
 from outbox.table import Table
 
 
@@ -169,3 +169,161 @@ def test_rates_never_report_negative_completions(conn, table):
     assert result is not None
     assert result.arrivals_per_second == 0
     assert result.completions_per_second == 0
+
+
+# -- bounded counts: a snapshot's cost does not grow with the backlog ------------------------
+
+
+def test_counts_stop_at_the_limit_and_say_so(conn, table):
+    ids = _shape(conn)  # 4 pending (3 ready), 3 processing, 2 dead
+    stats = queue_stats(conn, table, count_limit=3)
+    assert stats.count_limit == 3
+    assert (stats.pending, stats.ready, stats.processing, stats.dead) == (3, 3, 3, 2)
+    assert stats.at_least("pending") and stats.at_least("ready") and stats.at_least("processing")
+    assert not stats.at_least("dead") and not stats.at_least("expired_leases")
+    assert not stats.counts_exact
+    assert stats.count_text("pending") == "≥3" and stats.count_text("dead") == "2"
+    # The attempts distribution covers the oldest 3 waiting messages only.
+    assert sum(stats.attempts.values()) == 3
+    # Ages and the arrival counter never depend on the limit.
+    exact = queue_stats(conn, table, exact=True)
+    assert exact.count_limit is None and exact.counts_exact
+    assert stats.max_id == exact.max_id == max(ids)
+    assert stats.oldest_pending_age == pytest.approx(exact.oldest_pending_age, abs=5)
+    assert stats.to_dict()["at_least"] == ["pending", "ready", "processing"]
+
+
+def test_below_the_limit_every_count_is_exact(conn, table):
+    _shape(conn)
+    bounded, exact = queue_stats(conn, table), queue_stats(conn, table, exact=True)
+    assert bounded.counts_exact and bounded.count_limit is not None
+    counts = ("pending", "ready", "processing", "dead", "expired_leases", "attempts")
+    assert [getattr(bounded, n) for n in counts] == [getattr(exact, n) for n in counts]
+
+
+def test_a_deep_backlog_is_estimated_from_the_head_of_the_claim_order(conn, table):
+    ids = seed(conn, 500)
+    stats = queue_stats(conn, table, count_limit=100)
+    assert stats.ready == 100 and stats.at_least("ready")
+    assert stats.oldest_ready_id == ids[0]
+    assert stats.ready_estimate == 500
+    # Below the limit the estimate is the count.
+    assert queue_stats(conn, table).ready_estimate == 500
+
+
+async def test_rates_past_the_limit_follow_the_head_of_the_claim_order(conn, aconn, table):
+    seed(conn, 500)
+    before = queue_stats(conn, table, count_limit=100)
+    seed(conn, 50)
+    claimed = await claim(
+        aconn, table, owner="t", batch=120, lease=timedelta(minutes=1), max_attempts=5
+    )
+    assert len(claimed) == 120
+    assert len(await finalize(aconn, table, [Outcome.done(m) for m in claimed])) == 120
+    after = queue_stats(conn, table, count_limit=100)
+    assert after.backlog == before.backlog == 100  # both counts stopped at the limit
+    result = rates(before, after)
+    assert result is not None
+    seconds = (after.sampled_at - before.sampled_at).total_seconds()
+    assert result.arrivals_per_second == pytest.approx(50 / seconds)
+    assert result.completions_per_second == pytest.approx(120 / seconds)
+
+
+def test_count_limit_must_be_positive(table):
+    with pytest.raises(ValueError, match="count_limit"):
+        stats_query(table, count_limit=0)
+
+
+# -- ordered tables: what can be claimed at all -------------------------------------------
+
+
+def _ordered_shape(conn) -> dict[str, list[int]]:
+    """Five aggregates: a dead head with 3 behind it, a head in flight with 2 behind, a ready
+    head with 2 behind, a head waiting for its retry with 1 behind, a ready head alone that
+    has waited 10 minutes. The oldest ready row (an hour) is stuck behind the dead head."""
+    rows: dict[str, list[int]] = {}
+    for name, count in (("dead", 4), ("flight", 3), ("ready", 3), ("retry", 2), ("alone", 1)):
+        rows[name] = seed(conn, count, aggregates=1, event_type=name)
+        conn.execute("UPDATE outbox SET aggregate_id = %s WHERE id = ANY(%s)", (name, rows[name]))
+    _set(conn, rows["dead"][:1], "status = 'dead', attempts = 12")
+    _set(conn, rows["dead"][1:2], "available_at = now() - interval '1 hour'")
+    _set(conn, rows["flight"][:1], "status = 'processing', lease_owner = 'w', "
+                                   "lease_until = now() + interval '1 minute'")  # fmt: skip
+    _set(conn, rows["retry"][:1], "available_at = now() + interval '1 hour', attempts = 2")
+    _set(conn, rows["alone"], "available_at = now() - interval '10 minutes'")
+    return rows
+
+
+def test_ordered_stats_count_only_claimable_heads(conn, table):
+    _ordered_shape(conn)
+    stats = queue_stats(conn, table, ordered=True)
+    # The unordered figures see the hour-old row stuck behind the dead head...
+    assert stats.oldest_ready_age == pytest.approx(3600, abs=5)
+    # ...the claimable ones do not: the oldest claimable head has waited ten minutes.
+    assert stats.claimable_heads == 2  # "ready" and "alone"
+    assert stats.oldest_claimable_age == pytest.approx(600, abs=5)
+    assert stats.blocked_by_dead == 3
+    assert queue_stats(conn, table).claimable_heads is None  # unordered: not computed
+
+
+def test_an_expired_lease_is_a_claimable_head(conn, table):
+    rows = _ordered_shape(conn)
+    _set(conn, rows["flight"][:1], "lease_until = now() - interval '1 second'")
+    assert queue_stats(conn, table, ordered=True).claimable_heads == 3
+
+
+def test_ordered_figures_stop_at_the_limit(conn, table):
+    _ordered_shape(conn)
+    stats = queue_stats(conn, table, ordered=True, count_limit=2)
+    assert stats.blocked_by_dead == 2 and stats.at_least("blocked_by_dead")
+    # The skip scan visits 2 aggregates ("alone", "dead": in aggregate order); the claim
+    # order's walk still finds the oldest claimable head among the oldest ready rows.
+    assert stats.claimable_heads is not None and stats.claimable_heads <= 2
+    assert stats.oldest_claimable_age == pytest.approx(600, abs=5)
+
+
+async def test_ordered_async_stats_match_sync(conn, aconn, table):
+    _ordered_shape(conn)
+    sync = queue_stats(conn, table, ordered=True)
+    async_ = await queue_stats_async(aconn, table, ordered=True)
+    assert (async_.claimable_heads, async_.blocked_by_dead) == (2, 3)
+    assert (sync.claimable_heads, sync.blocked_by_dead) == (2, 3)
+
+
+def test_an_empty_ordered_table(conn, table):
+    stats = queue_stats(conn, table, ordered=True)
+    assert (stats.claimable_heads, stats.oldest_claimable_age, stats.blocked_by_dead) == (
+        0,
+        None,
+        0,
+    )
+
+
+# -- plan guards: index-backed at a backlog, under custom and generic plans -----------------
+
+
+@pytest.fixture
+def deep_backlog(conn):
+    """10,000 done, 5,000 waiting over 200 aggregates, 50 in flight, 20 dead."""
+    seed(conn, 15_070, aggregates=200)
+    conn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id <= 10000")
+    conn.execute(
+        "UPDATE outbox SET status = 'processing', lease_until = now() + interval '1 minute' "
+        "WHERE id > 15000 AND id <= 15050"
+    )
+    conn.execute("UPDATE outbox SET status = 'dead' WHERE id > 15050")
+    conn.execute("VACUUM ANALYZE outbox")
+    return conn
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+def test_stats_are_index_backed_and_bounded(deep_backlog, table, generic, ordered):
+    query = stats_query(table, ordered=ordered, count_limit=1000)
+    plan = explain_prepared(deep_backlog, query.statement, dict(query.params), generic=generic)
+    assert "Seq Scan on outbox" not in plan, plan
+    # Every count and the attempts distribution read at most the limit: a Limit node above
+    # each scan of the backlog, none of them a full aggregate over it.
+    assert plan.count("Limit") >= 6, plan
+    if ordered:
+        assert "outbox_aggregate" in plan, plan  # the skip scan and the head checks

@@ -16,17 +16,18 @@ import concurrent.futures
 import functools
 import itertools
 import os
+import shutil
 import ssl
 import subprocess
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp.test_utils
-import kmock
 import kubernetes.client
 import kubernetes.config
+import pytest
 import yaml
 
 from .emulator import Emulator
@@ -97,6 +98,8 @@ class LocalCluster:
             raise
 
     def _certificate(self) -> Path:
+        if shutil.which("openssl") is None:
+            pytest.skip("openssl is not installed (needed for the emulator's TLS certificate)")
         cert, key = self.workdir / "tls.crt", self.workdir / "tls.key"
         subprocess.run(
             [
@@ -132,8 +135,10 @@ class LocalCluster:
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             context.load_cert_chain(self.ca_path, self.workdir / "tls.key")
             server_cls = functools.partial(_TLSServer, ssl_context=context)
-        async with self.emulator, kmock.Server(self.emulator, server_cls=server_cls) as server:
-            self.url = str(server.url).rstrip("/")
+        # The emulator served by aiohttp's server directly: `kmock.Server` would also patch
+        # aiohttp's resolver for the whole process, which two emulators at once cannot share.
+        async with self.emulator, server_cls(self.emulator, host="127.0.0.1") as server:
+            self.url = str(server.make_url("")).rstrip("/")
             self._started.set()
             await self._stop.wait()
 
@@ -141,6 +146,16 @@ class LocalCluster:
         if self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(30)
+
+    def on_loop(self, function: Callable[[Emulator], T], timeout: float = 30) -> T:
+        """Run `function(emulator)` on the emulator's loop, e.g. to add a kmock reaction:
+        `k8s.on_loop(lambda e: e["patch", kmock.resource("apps", "v1", "deployments")][:1] << 503)`.
+        """
+
+        async def run() -> T:
+            return function(self.emulator)
+
+        return self.call(run(), timeout)
 
     def call(self, coroutine: Coroutine[Any, Any, T], timeout: float = 30) -> T:
         """Run a coroutine on the emulator's loop (e.g. `emulator.snapshot(...)`)."""
@@ -186,6 +201,8 @@ class LocalCluster:
         timeout: float = 60,
     ) -> subprocess.CompletedProcess[str]:
         """The real kubectl against this emulator; a failure raises with its stderr."""
+        if not os.access(KUBECTL, os.X_OK):
+            pytest.skip(f"kubectl is not installed at {KUBECTL} (Debian package kubectl)")
         # A fresh discovery cache per call: a CRD installed a moment ago is always visible.
         cache = self.workdir / f"kubectl-cache-{next(self._calls)}"
         env = {

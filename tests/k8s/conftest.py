@@ -32,10 +32,12 @@ def k8s(tmp_path: Path) -> Iterator[LocalCluster]:
 @pytest.fixture
 def kubelet(k8s: LocalCluster, tmp_path: Path) -> Iterator[Kubelet]:
     """A local kubelet on `k8s`; at teardown every pod's process is stopped."""
-    node = Kubelet(k8s.url, ADMIN_TOKEN, tmp_path / "kubelet").start()
+    node = Kubelet(k8s.url, ADMIN_TOKEN, tmp_path / "kubelet", ca_path=k8s.ca_path).start()
+    k8s.emulator.pod_logs = node.log  # `kubectl logs` reads the processes' output
     try:
         yield node
     finally:
         node.stop()
+        k8s.emulator.pod_logs = None
     running = [r for r in node.records if r.returncode is None]
     assert not running, f"processes left running: {running}"

@@ -18,8 +18,9 @@ Kubernetes requests itself, as an API server would:
 - the `status` subresource (writes to `/status` change only status, writes to the object
   ignore status) and the `scale` subresource (an `autoscaling/v1` Scale, GET, PUT and PATCH);
 - deletion: finalizers hold an object with `deletionTimestamp` until they are gone; owner
-  references are garbage-collected (an object whose owners are all gone is deleted too,
-  unless deleted with `propagationPolicy=Orphan`); deleting a namespace deletes its objects;
+  references are garbage-collected (an object whose owners are all gone is deleted too;
+  `propagationPolicy` Background, Foreground and Orphan); deleting a namespace deletes its
+  objects;
 - discovery (`/api`, `/apis`, per group and version), `/version`, Table output with the
   CRDs' printer columns for `kubectl get`, and `/openapi/v3` so that `kubectl apply`
   validates on the server (`fieldValidation=Strict`) without `--validate=false`;
@@ -58,7 +59,8 @@ from kmock._internal import apps, parsing
 
 from .openapi import OpenAPI
 from .patching import PatchError, json_patch, merge_patch, strategic_merge_patch
-from .rbac import Authorizer
+from .quantities import canonical_resources
+from .rbac import Authorizer, Identity
 from .selectors import match_fields, match_labels, selector_string
 from .tables import table
 from .validation import BuiltinSchemas, CustomSchema, FieldError
@@ -70,6 +72,7 @@ SERVER_VERSION = {
     "gitVersion": "v1.32.0-emulator",
     "platform": "linux/amd64",
 }
+FOREGROUND = "foregroundDeletion"
 # How many events per resource a watch can replay; older resourceVersions are 410 Gone.
 EVENT_LOG_SIZE = 10_000
 
@@ -141,6 +144,15 @@ def _builtin(group: str, version: str, plural: str, kind: str, **kw: Any) -> Res
 
 
 BUILTINS = (
+    # Answered, never stored: `kubectl auth can-i` asks the authorizer through it.
+    _builtin(
+        "authorization.k8s.io",
+        "v1",
+        "selfsubjectaccessreviews",
+        "SelfSubjectAccessReview",
+        namespaced=False,
+        verbs=("create",),
+    ),
     _builtin(
         "",
         "v1",
@@ -157,7 +169,9 @@ BUILTINS = (
     _builtin(
         "", "v1", "services", "Service", short_names=("svc",), subresources=frozenset({"status"})
     ),
-    _builtin("", "v1", "pods", "Pod", short_names=("po",), subresources=frozenset({"status"})),
+    _builtin(
+        "", "v1", "pods", "Pod", short_names=("po",), subresources=frozenset({"status", "log"})
+    ),
     _builtin(
         "apps",
         "v1",
@@ -311,10 +325,12 @@ parsing.parse_path = _fixed_parse_path
 
 
 @attrs.define(kw_only=True)
-class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
+class Emulator(kmock.KubernetesEmulator):
     """The API server; serve it with `kmock.Server(emulator)` inside `async with emulator`."""
 
     authorizer: Authorizer | None = None
+    # Where `pods/log` comes from: (namespace, pod) -> the log text, None if unknown (kubelet).
+    pod_logs: Callable[[str, str], str | None] | None = None
     _store: dict[tuple[ResourceType, str | None, str], JSON] = attrs.field(factory=dict, init=False)
     _types: dict[tuple[str, str, str], ResourceType] = attrs.field(factory=dict, init=False)
     _schemas: dict[tuple[str, str, str], CustomSchema] = attrs.field(factory=dict, init=False)
@@ -341,16 +357,17 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     # ---- the request pipeline ----------------------------------------------------------
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        headers = request._raw_request.headers if request._raw_request else request.headers
         try:
-            identity = self.authorizer.authenticate(request.headers) if self.authorizer else None
+            identity = (
+                self.authorizer.authenticate(headers, self._rbac_objects())
+                if (self.authorizer)
+                else None
+            )
             target = self._target(request.url.path)
             if self.authorizer is not None:
-                stored = [
-                    obj
-                    for (rtype, _, _), obj in self._store.items()
-                    if rtype.group == "rbac.authorization.k8s.io"
-                ]
-                self.authorizer.check(identity, self._attributes(request, target), stored)
+                attributes = self._attributes(request, target)
+                self.authorizer.check(identity, attributes, self._rbac_objects())
         except ApiError as exc:
             return aiohttp.web.json_response(exc.status(), status=exc.code)
         # Reactions that tests add with kmock's DSL come first (faults, delays, spies).
@@ -359,9 +376,46 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         except NotImplementedError:
             pass
         try:
+            if target is not None and target.rtype.kind == "SelfSubjectAccessReview":
+                return aiohttp.web.json_response(self._review(request, identity), status=201)
             return await self._serve(request, target)
         except ApiError as exc:
             return aiohttp.web.json_response(exc.status(), status=exc.code)
+
+    def _rbac_objects(self) -> list[JSON]:
+        return [
+            obj
+            for (rtype, _, _), obj in self._store.items()
+            if rtype.group == "rbac.authorization.k8s.io"
+        ]
+
+    def _review(self, request: kmock.Request, identity: Identity | None) -> JSON:
+        if "protobuf" in request.headers.get("Content-Type", ""):
+            review = _access_review_from_protobuf(request.body)  # what `kubectl auth can-i` sends
+        else:
+            review = self._body(request, "POST")
+        if not isinstance(review, dict):
+            raise ApiError(400, "BadRequest", "the body of the request must be an object")
+        spec = review.get("spec", {})
+        if "resourceAttributes" in spec:
+            wanted = spec["resourceAttributes"]
+            attributes = {
+                "verb": wanted.get("verb", ""),
+                "apiGroup": wanted.get("group", ""),
+                "resource": wanted.get("resource", ""),
+                "subresource": wanted.get("subresource", ""),
+                "namespace": wanted.get("namespace", ""),
+                "name": wanted.get("name", ""),
+            }
+        else:
+            wanted = spec.get("nonResourceAttributes", {})
+            attributes = {"path": wanted.get("path", "/"), "verb": wanted.get("verb", "get")}
+        allowed = (
+            identity is None
+            or self.authorizer is None
+            or self.authorizer.allowed(identity, attributes, self._rbac_objects())
+        )
+        return {**review, "status": {"allowed": allowed}}
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
         # An emulator bug, not an API answer: remembered so that the fixture fails the test.
@@ -429,6 +483,15 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 raise ApiError(405, "MethodNotAllowed", "the server does not allow this method")
             return aiohttp.web.json_response(self._discovery(path))
         params = dict(request.params)
+        if target.subresource == "log" and method == "GET":
+            found = (
+                self.pod_logs(target.namespace or "", target.name or "")
+                if (self.pod_logs)
+                else None
+            )
+            if found is None or (target.rtype, target.namespace, target.name) not in self._store:
+                raise _not_found(target.rtype, target.name or "")
+            return aiohttp.web.Response(text=found, content_type="text/plain")
         if method == "GET" and params.get("watch") in ("true", "1"):
             return await self._watch(request, target, params)
         body = self._body(request, method)
@@ -677,8 +740,8 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 if batch is None:  # this watcher fell behind the log: start over, as kopf can
                     await self._gone(response, since, log)
                     return response
-                for event in batch:
-                    out = self._watch_event(event, target, params)
+                for logged in batch:
+                    out = self._watch_event(logged, target, params)
                     if out is not None:
                         await self._send(response, out, target.rtype, as_table)
         except (ConnectionResetError, asyncio.CancelledError):
@@ -943,6 +1006,7 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         assert rtype.scale is not None
         spec_path, status_path, selector_path = rtype.scale
         status: JSON = {"replicas": _lookup(obj, status_path) or 0}
+        selector: str | None
         if rtype.crd is None:
             selector = selector_string(obj.get("spec", {}).get("selector"))
         else:
@@ -1087,6 +1151,11 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         policy = options.get("propagationPolicy") or params.get("propagationPolicy")
         if policy == "Orphan" or options.get("orphanDependents") is True:
             self._orphan(obj["metadata"]["uid"])
+        elif policy == "Foreground" and not obj["metadata"].get("deletionTimestamp"):
+            # The owner stays (deletionTimestamp, this finalizer) until its dependents are gone.
+            finalizers = obj["metadata"].setdefault("finalizers", [])
+            if FOREGROUND not in finalizers:
+                finalizers.append(FOREGROUND)
         result = self._mark_deleted(target.rtype, target.namespace, target.name)
         self._collect_garbage()
         return result
@@ -1160,7 +1229,9 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                     continue
                 meta = obj["metadata"]
                 refs = meta.get("ownerReferences") or []
-                if meta.get("deletionTimestamp"):
+                if meta.get("deletionTimestamp") and FOREGROUND in (meta.get("finalizers") or []):
+                    changed |= self._delete_dependents_first(rtype, obj)
+                elif meta.get("deletionTimestamp"):
                     finished = not meta.get("finalizers") and not (
                         rtype.kind == "Namespace" and self._namespace_has_objects(name)
                     )
@@ -1174,6 +1245,27 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 elif refs and not any(ref.get("uid") in uids for ref in refs):
                     self._mark_deleted(rtype, ns, name)
                     changed = True
+
+    def _delete_dependents_first(self, rtype: ResourceType, owner: JSON) -> bool:
+        """Foreground deletion: delete the dependents, then drop the owner's finalizer."""
+        uid = owner["metadata"]["uid"]
+        dependents = [
+            (other, ns, name)
+            for (other, ns, name), obj in self._store.items()
+            if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
+        ]
+        pending = [
+            key for key in dependents if not self._store[key]["metadata"].get("deletionTimestamp")
+        ]
+        for other, ns, name in pending:
+            self._mark_deleted(other, ns, name)
+        if dependents:
+            return bool(pending)
+        old = copy.deepcopy(owner)
+        owner["metadata"]["finalizers"].remove(FOREGROUND)
+        owner["metadata"]["resourceVersion"] = self._next_rv()
+        self._record(rtype, "MODIFIED", owner, old)
+        return True
 
     # ---- CustomResourceDefinitions ----------------------------------------------------
 
@@ -1313,6 +1405,72 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             ]
 
 
+def _protobuf_fields(data: bytes) -> dict[int, list[bytes | int]]:
+    """The fields of one protobuf message (wire types varint and length-delimited only)."""
+    fields: dict[int, list[bytes | int]] = {}
+    position = 0
+
+    def varint() -> int:
+        nonlocal position
+        result = shift = 0
+        while True:
+            byte = data[position]
+            position += 1
+            result |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                return result
+
+    while position < len(data):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            fields.setdefault(number, []).append(varint())
+        elif wire == 2:
+            length = varint()
+            fields.setdefault(number, []).append(data[position : position + length])
+            position += length
+        else:
+            raise ApiError(415, "UnsupportedMediaType", f"unexpected protobuf wire type {wire}")
+    return fields
+
+
+def _access_review_from_protobuf(body: bytes) -> JSON:
+    """A SelfSubjectAccessReview from Kubernetes' protobuf envelope (`k8s\\0` + Unknown)."""
+    if not body.startswith(b"k8s\x00"):
+        raise ApiError(415, "UnsupportedMediaType", "not a Kubernetes protobuf body")
+
+    def text(fields: dict[int, list[bytes | int]], number: int) -> str:
+        value = fields.get(number, [b""])[0]
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def message(fields: dict[int, list[bytes | int]], number: int) -> dict[int, list[bytes | int]]:
+        value = fields.get(number)
+        return _protobuf_fields(value[0]) if value and isinstance(value[0], bytes) else {}
+
+    raw = message(_protobuf_fields(body[4:]), 2)  # Unknown.raw: the review itself
+    spec = message(raw, 2)
+    review: JSON = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectAccessReview",
+        "metadata": {},
+        "spec": {},
+    }
+    if 1 in spec:
+        attributes = message(spec, 1)
+        names = ("namespace", "verb", "group", "version", "resource", "subresource", "name")
+        review["spec"]["resourceAttributes"] = {
+            key: text(attributes, number) for number, key in enumerate(names, 1)
+        }
+    if 2 in spec:
+        attributes = message(spec, 2)
+        review["spec"]["nonResourceAttributes"] = {
+            "path": text(attributes, 1),
+            "verb": text(attributes, 2),
+        }
+    return review
+
+
 def _crd_status(crd: JSON, old: JSON | None) -> JSON:
     """A CRD is established at once (a real server takes a moment)."""
     if old is not None and old.get("status"):
@@ -1372,9 +1530,11 @@ def _default_builtin(obj: JSON) -> None:
     if kind == "Secret":
         obj.setdefault("type", "Opaque")
         string_data = obj.pop("stringData", None) or {}
-        data = obj.setdefault("data", {}) if string_data else obj.get("data")
+        data: JSON = obj.setdefault("data", {}) if string_data else {}
         for key, value in string_data.items():
             data[key] = base64.b64encode(str(value).encode()).decode()
+    if kind == "Pod":
+        canonical_resources(obj.get("spec", {}))
     if kind == "Deployment":
         spec = obj.setdefault("spec", {})
         spec.setdefault("replicas", 1)
@@ -1391,6 +1551,7 @@ def _default_builtin(obj: JSON) -> None:
         pod.setdefault("dnsPolicy", "ClusterFirst")
         pod.setdefault("schedulerName", "default-scheduler")
         pod.setdefault("securityContext", {})
+        canonical_resources(pod)
         for container in pod.get("containers", []):
             image = str(container.get("image", ""))
             latest = ":" not in image.rsplit("/", 1)[-1] or image.endswith(":latest")

@@ -15,25 +15,31 @@ running from the pod template's first container:
   value or argument equal to N (or ending in `:N` or `=N`) is rewritten to it, and probes on
   N (by number or by port name) go to it. So `OUTBOX_METRICS_PORT=9090` with containerPort
   9090 and a `/readyz` probe on 9090 works with many pods on one machine;
-- readiness: `readinessProbe.httpGet` on 127.0.0.1, every `probe_interval` seconds (not the
-  probe's `periodSeconds`: tests should not wait), ready after `successThreshold` successes,
-  unready after `failureThreshold` failures; no probe: ready once started;
-  `initialDelaySeconds` is not waited for;
+- probes (`httpGet` on 127.0.0.1; exec and tcpSocket probes pass), every `probe_interval`
+  seconds rather than `periodSeconds` (tests should not wait), `initialDelaySeconds` not
+  waited for: first the startup probe (a container that does not pass it within
+  `failureThreshold` x `periodSeconds` is restarted); then readiness (ready after
+  `successThreshold` successes, unready after `failureThreshold` failures; no probe: ready
+  once started) and liveness, which starts once the startup probe, or else the readiness
+  probe, passed, and restarts the container after `failureThreshold` failures (SIGTERM, then
+  SIGKILL after the grace period: a SIGSTOPped worker is killed and restarted);
 - status: `replicas`, `readyReplicas`, `availableReplicas`, `updatedReplicas`,
   `unavailableReplicas`, `observedGeneration` and the Available/Progressing conditions are
   written to the Deployment's status subresource (zero counts omitted, as the real
   controller does);
 - rollouts: a changed pod template starts pods of the new template and stops old ones within
-  `maxSurge`/`maxUnavailable` (RollingUpdate) or stops all first (Recreate);
+  `maxSurge`/`maxUnavailable` (RollingUpdate) or stops all first (Recreate); a pod counts as
+  available `minReadySeconds` after it became ready; `paused: true` holds the template back;
 - stopping (scale-down, rollout, deletion, kubelet stop): SIGTERM, then SIGKILL after the pod's
   `terminationGracePeriodSeconds`; scale-down picks unready pods first, then the newest;
 - a process that exits on its own is restarted (restartPolicy Always) after a short backoff.
 
 - Pod objects: each process is published as a Pod (owned by its Deployment, since there are
   no ReplicaSets here) whose status says Running and Ready; `kubectl get pods` lists them,
-  and `kubectl delete pod` stops the process, which the Deployment then replaces.
+  `kubectl delete pod` stops the process, which the Deployment then replaces, and
+  `kubectl logs` shows the process's output.
 
-Not emulated: ReplicaSets, liveness and startup probes, resources, volumes,
+Not emulated: ReplicaSets, resources, volumes,
 nodeSelector/affinity/tolerations (one local node), the image itself.
 """
 
@@ -51,6 +57,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -94,11 +101,17 @@ class Pod:
     record: PodRecord
     started: float = field(default_factory=time.monotonic)
     ready: bool = False
+    ready_since: float | None = None  # when it last became ready (for minReadySeconds)
     successes: int = 0
     failures: int = 0
     stopping: asyncio.Future[None] | None = None
     restarts: int = 0
     reported: tuple[bool, int] | None = None  # (ready, restarts) last written to the Pod
+    liveness: JSON | None = None
+    startup: JSON | None = None
+    started_ok: bool = False  # the startup probe (else the readiness probe) passed once
+    liveness_failures: int = 0
+    killing: asyncio.Future[None] | None = None  # a liveness or startup failure's restart
 
 
 def _free_port() -> int:
@@ -128,6 +141,7 @@ class Kubelet:
         bin_dir: Path | None = None,
         default_command: tuple[str, ...] = ("outbox-worker",),
         probe_interval: float = 0.2,
+        ca_path: Path | None = None,
     ) -> None:
         self.url = url
         self.workdir = workdir
@@ -135,6 +149,7 @@ class Kubelet:
         self.default_command = default_command
         self.probe_interval = probe_interval
         self._headers = {"Authorization": f"Bearer {token}"}
+        self._ssl = ssl.create_default_context(cafile=str(ca_path)) if ca_path else None
         self._deployments: dict[tuple[str, str], JSON] = {}
         self._pods: dict[tuple[str, str], list[Pod]] = {}
         self._written: dict[tuple[str, str], JSON] = {}
@@ -167,7 +182,10 @@ class Kubelet:
 
     async def _main(self) -> None:
         self._wake = asyncio.Event()
-        async with aiohttp.ClientSession(self.url, headers=self._headers) as session:
+        connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl else None
+        async with aiohttp.ClientSession(
+            self.url, headers=self._headers, connector=connector
+        ) as session:
             self._session = session
             watcher = asyncio.create_task(self._watch(session))
             try:
@@ -239,6 +257,11 @@ class Kubelet:
                     self._stop_pod(pod, "pod-deleted")  # `kubectl delete pod`: a replacement
             await self._restart_exited(session, deployment, pods)
             await asyncio.gather(*(self._probe(session, p) for p in pods if not p.stopping))
+            for pod in pods:
+                if not pod.ready:
+                    pod.ready_since = None
+                elif pod.ready_since is None:
+                    pod.ready_since = time.monotonic()
             await asyncio.gather(*(self._report(session, p) for p in pods if not p.stopping))
             await self._converge(session, deployment, pods)
             pods[:] = [p for p in pods if not (p.stopping and p.stopping.done())]
@@ -249,7 +272,7 @@ class Kubelet:
     ) -> None:
         spec = deployment.get("spec", {})
         desired = int(spec.get("replicas", 1))
-        current_hash = template_hash(spec.get("template", {}))
+        current_hash = _current_hash(deployment, pods)
         live = [p for p in pods if not p.stopping]
         new = [p for p in live if p.template_hash == current_hash]
         old = [p for p in live if p.template_hash != current_hash]
@@ -274,12 +297,13 @@ class Kubelet:
             live.append(pod)
             new.append(pod)
         # Stop old pods while enough stay ready; then surplus new pods.
-        ready = sum(1 for p in live if p.ready)
+        min_ready = float(spec.get("minReadySeconds", 0))
+        available = sum(1 for p in live if _available(p, min_ready))
         floor = desired - unavailable
-        for pod in sorted(old, key=lambda p: (p.ready, -p.started)):
-            if pod.ready and ready - 1 < floor:
+        for pod in sorted(old, key=lambda p: (_available(p, min_ready), -p.started)):
+            if _available(pod, min_ready) and available - 1 < floor:
                 break
-            ready -= pod.ready
+            available -= _available(pod, min_ready)
             self._stop_pod(pod, "rollout")
         surplus = len(new) - desired
         if surplus > 0 and not old:
@@ -291,6 +315,8 @@ class Kubelet:
     ) -> None:
         for index, pod in enumerate(pods):
             if pod.stopping or pod.process.returncode is None:
+                continue
+            if pod.killing is not None and not pod.killing.done():
                 continue
             pod.record.returncode = pod.process.returncode
             pod.ready = False
@@ -338,9 +364,12 @@ class Kubelet:
             )
         record = PodRecord(pod_name, namespace, deployment_name, process.pid)
         self.records.append(record)
-        probe = container.get("readinessProbe")
-        if probe is not None:
-            probe = {**probe, "port": self._probe_port(probe, container, ports)}
+        probes = {
+            kind: {**probe, "port": self._probe_port(probe, container, ports)}
+            for kind in ("readinessProbe", "livenessProbe", "startupProbe")
+            if isinstance(probe := container.get(kind), dict)
+        }
+        probe = probes.get("readinessProbe")
         manifest = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -366,7 +395,7 @@ class Kubelet:
             },
             "spec": {**pod_spec, "nodeName": "local"},
         }
-        return Pod(
+        started = Pod(
             manifest,
             pod_name,
             namespace,
@@ -378,6 +407,9 @@ class Kubelet:
             float(pod_spec.get("terminationGracePeriodSeconds", 30)),
             record,
         )
+        started.liveness = probes.get("livenessProbe")
+        started.startup = probes.get("startupProbe")
+        return started
 
     def _stop_pod(self, pod: Pod, reason: str) -> None:
         if pod.stopping is None:
@@ -388,19 +420,9 @@ class Kubelet:
     async def _terminate(self, pod: Pod, reason: str) -> None:
         pod.ready = False
         pod.record.reason = pod.record.reason or reason
-        process = pod.process
-        if process.returncode is None:
-            pod.record.signals.append("SIGTERM")
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), pod.grace)
-            except TimeoutError:
-                pod.record.signals.append("SIGKILL")
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                await process.wait()
-        pod.record.returncode = process.returncode
+        if pod.killing is not None:
+            await pod.killing
+        await self._signal(pod)
         if self._session is not None and not self._session.closed and pod.reported is not None:
             path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
             async with self._session.delete(path):
@@ -555,67 +577,89 @@ class Kubelet:
     # ---- readiness and status --------------------------------------------------------------
 
     async def _probe(self, session: aiohttp.ClientSession, pod: Pod) -> None:
-        if pod.process.returncode is not None:
+        """Startup, then readiness and liveness, as a kubelet orders them."""
+        if pod.process.returncode is not None or pod.killing is not None:
             pod.ready = False
             return
+        if not pod.started_ok and pod.startup is not None:
+            if await _http_probe(pod.startup):
+                pod.started_ok = True
+            else:
+                budget = float(pod.startup.get("failureThreshold", 3)) * float(
+                    pod.startup.get("periodSeconds", 10)
+                ) + float(pod.startup.get("initialDelaySeconds", 0))
+                if time.monotonic() - pod.started > budget:
+                    self._restart_unhealthy(pod, "startup")
+                return
         if pod.probe is None:
-            pod.ready = True
-            return
-        http = pod.probe.get("httpGet") or {}
-        if not http or pod.probe.get("port") is None:
-            pod.ready = True  # exec/tcp probes: not emulated, taken as passing
-            return
-        url = f"http://127.0.0.1:{pod.probe['port']}{http.get('path', '/')}"
-        timeout = aiohttp.ClientTimeout(total=float(pod.probe.get("timeoutSeconds", 1)))
-        try:
-            async with (
-                aiohttp.ClientSession() as probe_session,
-                probe_session.get(url, timeout=timeout) as response,
-            ):
-                passed = 200 <= response.status < 400
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            passed = False
-        if passed:
+            pod.ready = pod.started_ok = True
+        elif await _http_probe(pod.probe):
             pod.successes, pod.failures = pod.successes + 1, 0
             if pod.successes >= int(pod.probe.get("successThreshold", 1)):
-                pod.ready = True
+                pod.ready = pod.started_ok = True
         else:
             pod.failures, pod.successes = pod.failures + 1, 0
             if pod.failures >= int(pod.probe.get("failureThreshold", 3)):
                 pod.ready = False
+        if pod.started_ok and pod.liveness is not None:
+            if await _http_probe(pod.liveness):
+                pod.liveness_failures = 0
+            else:
+                pod.liveness_failures += 1
+                if pod.liveness_failures >= int(pod.liveness.get("failureThreshold", 3)):
+                    self._restart_unhealthy(pod, "liveness")
+
+    def _restart_unhealthy(self, pod: Pod, reason: str) -> None:
+        """Kill the container (SIGTERM, then SIGKILL after the grace period); the pod stays and
+        its container is restarted once the process is gone."""
+        pod.ready = False
+        pod.record.reason = reason
+        pod.killing = asyncio.ensure_future(self._signal(pod))
+
+    async def _signal(self, pod: Pod) -> None:
+        process = pod.process
+        if process.returncode is None:
+            pod.record.signals.append("SIGTERM")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), pod.grace)
+            except TimeoutError:
+                pod.record.signals.append("SIGKILL")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                await process.wait()
+        pod.record.returncode = process.returncode
 
     async def _write_status(
         self, session: aiohttp.ClientSession, deployment: JSON, pods: list[Pod]
     ) -> None:
         meta, spec = deployment["metadata"], deployment.get("spec", {})
-        current = template_hash(spec.get("template", {}))
+        current = _current_hash(deployment, pods)
         desired = int(spec.get("replicas", 1))
         live = [p for p in pods if not p.stopping]
         ready = sum(1 for p in live if p.ready)
+        available = sum(1 for p in live if _available(p, float(spec.get("minReadySeconds", 0))))
         updated = sum(1 for p in live if p.template_hash == current)
         counts = {
             "replicas": len(live),
             "readyReplicas": ready,
-            "availableReplicas": ready,
+            "availableReplicas": available,
             "updatedReplicas": updated,
-            "unavailableReplicas": max(0, desired - ready),
+            "unavailableReplicas": max(0, desired - available),
         }
         status: JSON = {k: v for k, v in counts.items() if v}
         status["observedGeneration"] = meta.get("generation", 1)
-        complete = updated == desired == len(live) and ready == desired
+        complete = updated == desired == len(live) and available == desired
+        max_unavailable = (
+            spec.get("strategy", {}).get("rollingUpdate", {}).get("maxUnavailable", "25%")
+        )
+        enough = available >= desired - _count(max_unavailable, desired, round_up=False)
         status["conditions"] = [
             {
                 "type": "Available",
-                "status": "True"
-                if ready
-                >= desired
-                - _count(
-                    spec.get("strategy", {}).get("rollingUpdate", {}).get("maxUnavailable", "25%"),
-                    desired,
-                    round_up=False,
-                )
-                else "False",
-                "reason": "MinimumReplicasAvailable" if ready else "MinimumReplicasUnavailable",
+                "status": "True" if enough else "False",
+                "reason": "MinimumReplicasAvailable" if enough else "MinimumReplicasUnavailable",
             },
             {
                 "type": "Progressing",
@@ -645,8 +689,39 @@ class Kubelet:
         return [p for p in self._pods.get((namespace, deployment), []) if not p.stopping]
 
     def logs(self, namespace: str, pod: str) -> str:
+        """What a pod's process wrote to stdout and stderr ("" if none)."""
+        return self.log(namespace, pod) or ""
+
+    def log(self, namespace: str, pod: str) -> str | None:
         path = self.workdir / namespace / f"{pod}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
+        return path.read_text(errors="replace") if path.exists() else None
+
+
+async def _http_probe(probe: JSON) -> bool:
+    """One `httpGet` probe on 127.0.0.1; other kinds (exec, tcpSocket) pass (not emulated)."""
+    http = probe.get("httpGet")
+    if not http or probe.get("port") is None:
+        return True
+    url = f"http://127.0.0.1:{probe['port']}{http.get('path', '/')}"
+    timeout = aiohttp.ClientTimeout(total=float(probe.get("timeoutSeconds", 1)))
+    try:
+        async with aiohttp.ClientSession() as session, session.get(url, timeout=timeout) as r:
+            return 200 <= r.status < 400
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return False
+
+
+def _available(pod: Pod, min_ready_seconds: float) -> bool:
+    return pod.ready_since is not None and time.monotonic() - pod.ready_since >= min_ready_seconds
+
+
+def _current_hash(deployment: JSON, pods: list[Pod]) -> str:
+    """The template the pods should run: the spec's, or the running one while paused."""
+    spec = deployment.get("spec", {})
+    running = [p.template_hash for p in pods if not p.stopping]
+    if spec.get("paused") and running:
+        return max(set(running), key=running.count)
+    return template_hash(spec.get("template", {}))
 
 
 def _timestamp(monotonic: float) -> str:

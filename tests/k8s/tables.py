@@ -8,6 +8,7 @@ Built-in kinds get the columns kubectl users know for the few kinds the tests pr
 from __future__ import annotations
 
 import datetime
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +82,7 @@ _BUILTIN: dict[str, list[tuple[str, str, Callable[[JSON], Any]]]] = {
 }
 
 
-def _cell(column: JSON, obj: JSON) -> Any:
+def _column_cell(column: JSON, obj: JSON) -> Any:
     try:
         values = jsonpath(obj, column["jsonPath"])
     except ValueError:
@@ -120,7 +121,7 @@ def table(
                     "priority": column.get("priority", 0),
                 }
             )
-            cells.append(lambda o, c=column: _cell(c, o))
+            cells.append(functools.partial(_column_cell, column))
     else:
         for name, kind, cell in _BUILTIN.get(rtype.kind, []):
             definitions.append(

@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import kmock
 import kubernetes.client
 import pytest
 import yaml
@@ -134,6 +135,21 @@ def test_kubectl_apply_get_patch_scale_delete_a_deployment(k8s: LocalCluster) ->
     assert not k8s.objects("apps/v1", "deployments", "default", "web")
 
 
+def test_resource_quantities_are_stored_in_canonical_form(k8s: LocalCluster) -> None:
+    sized = json.loads(deployment("web"))
+    sized["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "requests": {"cpu": "0.5", "memory": "2048Mi"},
+        "limits": {"cpu": "1000m", "memory": "1.5Gi", "ephemeral-storage": "129e6"},
+    }
+    k8s.kubectl("apply", "-f", "-", input=json.dumps(sized))
+    stored = k8s.objects("apps/v1", "deployments", "default", "web")[0]
+    resources = stored["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources == {
+        "requests": {"cpu": "500m", "memory": "2Gi"},
+        "limits": {"cpu": "1", "memory": "1536Mi", "ephemeral-storage": "129e6"},
+    }
+
+
 def test_kubectl_prints_the_printer_columns_of_a_crd(k8s: LocalCluster) -> None:
     k8s.kubectl("apply", "-f", str(WIDGETS))
     k8s.kubectl("wait", "--for=condition=Established", "crd/widgets.example.com")
@@ -234,6 +250,16 @@ def test_kubectl_server_dry_run_stores_nothing(k8s: LocalCluster) -> None:
     out = k8s.kubectl("apply", "--dry-run=server", "-f", "-", input=deployment("web")).stdout
     assert "created (server dry run)" in out
     assert not k8s.objects("apps/v1", "deployments")
+
+
+def test_faults_can_be_injected_with_kmocks_dsl(k8s: LocalCluster) -> None:
+    k8s.kubectl("apply", "-f", "-", input=deployment("web"))
+    deployments = kmock.resource("apps", "v1", "deployments")
+    k8s.on_loop(lambda emulator: emulator["patch", deployments][:1] << 503)
+    failed = k8s.kubectl("scale", "deployment", "web", "--replicas=3", check=False)
+    assert "ServiceUnavailable" in failed.stderr
+    k8s.kubectl("scale", "deployment", "web", "--replicas=3")  # the fault was for one request
+    assert k8s.objects("apps/v1", "deployments", "default", "web")[0]["spec"]["replicas"] == 3
 
 
 def test_protobuf_bodies_are_refused_with_a_hint(k8s: LocalCluster) -> None:
@@ -466,7 +492,7 @@ def test_deleting_an_owner_collects_its_dependents_unless_orphaned(
             }
         ]
         k8s.kubectl("apply", "-f", "-", input=json.dumps(owned))
-    k8s.kubectl("delete", "widget", "w1")
+    k8s.kubectl("delete", "widget", "w1", "--cascade=foreground")
     k8s.kubectl("delete", "widget", "w2", "--cascade=orphan")
     names = [d["metadata"]["name"] for d in k8s.objects("apps/v1", "deployments")]
     assert names == ["w2-workers"]
@@ -505,7 +531,10 @@ def test_secrets_take_string_data_and_leases_renew(k8s: LocalCluster) -> None:
 # ---- authorization ------------------------------------------------------------------------------
 
 
-def test_rbac_allows_what_a_role_grants_and_forbids_the_rest(tmp_path: Path) -> None:
+def test_rbac_allows_what_a_role_grants_and_forbids_the_rest(
+    k8s: LocalCluster, tmp_path: Path
+) -> None:
+    # A second emulator beside the `k8s` fixture's: two at once must not disturb each other.
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
@@ -567,5 +596,13 @@ def test_rbac_allows_what_a_role_grants_and_forbids_the_rest(tmp_path: Path) -> 
         assert status == 200
         status, _ = http(cluster, "GET", "/api/v1/namespaces", token="nobody")
         assert status == 401
+        # The admin can check (or act) as anyone: `kubectl --as` and `kubectl auth can-i`.
+        account = "--as=system:serviceaccount:default:op"
+        assert cluster.kubectl("auth", "can-i", "list", "secrets", account).stdout == "yes\n"
+        cannot = cluster.kubectl("auth", "can-i", "delete", "deployments", account, check=False)
+        assert cannot.stdout == "no\n" and cannot.returncode == 1
+        denied = cluster.kubectl("delete", "deploy", "web", account, check=False)
+        assert "cannot delete resource" in denied.stderr
+        assert "web" not in k8s.kubectl("get", "deploy").stdout
     finally:
         cluster.stop()

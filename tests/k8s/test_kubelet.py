@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -187,6 +189,8 @@ def test_pods_are_published_and_deleting_one_replaces_its_process(
     listed = k8s.kubectl("get", "pods", "-o", "name").stdout.split()
     assert sorted(listed) == sorted(f"pod/{p.name}" for p in kubelet.pods("default", "workers"))
     victim = listed[0].removeprefix("pod/")
+    assert f"worker {victim} dispatching" in k8s.kubectl("logs", listed[0]).stdout
+    assert "dispatching" in k8s.kubectl("logs", "deployment/workers").stdout
     k8s.kubectl("delete", "pod", victim)
     record = next(r for r in kubelet.records if r.name == victim)
     eventually(lambda: record.returncode is not None, "the deleted pod's process ended")
@@ -203,3 +207,58 @@ def test_pods_are_published_and_deleting_one_replaces_its_process(
     k8s.kubectl("delete", "deployment", "workers")
     eventually(lambda: not k8s.objects("v1", "pods", "default"), "pods collected")
     eventually(lambda: all(r.returncode is not None for r in kubelet.records), "all stopped")
+
+
+def test_a_process_ignoring_sigterm_is_killed_after_its_grace_period(
+    k8s: LocalCluster, kubelet: Kubelet
+) -> None:
+    stubborn = json.loads(worker_deployment("stubborn", 1, grace=1))
+    container = stubborn["spec"]["template"]["spec"]["containers"][0]
+    container.update(command=["sh", "-c", "trap '' TERM; sleep 600"], env=[])
+    del container["readinessProbe"]
+    k8s.kubectl("apply", "-f", "-", input=json.dumps(stubborn))
+    eventually(lambda: deployment_status(k8s, "stubborn").get("readyReplicas") == 1, "running")
+    k8s.kubectl("scale", "deployment", "stubborn", "--replicas=0")
+    record = kubelet.records[0]
+    eventually(lambda: record.returncode is not None, "the process ended")
+    assert record.signals == ["SIGTERM", "SIGKILL"]
+    assert record.returncode == -9
+
+
+def test_a_stopped_worker_fails_its_liveness_probe_and_is_restarted(
+    dsn: str, k8s: LocalCluster, kubelet: Kubelet
+) -> None:
+    deployment = json.loads(worker_deployment("workers", 1, grace=2))
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["livenessProbe"] = {
+        "httpGet": {"path": "/healthz", "port": "metrics"},
+        "failureThreshold": 2,
+    }
+    k8s.kubectl("apply", "-f", "-", input=secret(dsn))
+    k8s.kubectl("apply", "-f", "-", input=json.dumps(deployment))
+    eventually(lambda: deployment_status(k8s, "workers").get("readyReplicas") == 1, "ready")
+    (pod,) = kubelet.pods("default", "workers")
+    first = pod.record
+    os.kill(pod.process.pid, signal.SIGSTOP)  # a hung worker: alive, answering nothing
+    eventually(lambda: first.returncode is not None, "the hung worker killed", timeout=90)
+    assert first.reason == "liveness"
+    assert first.signals == ["SIGTERM", "SIGKILL"]  # a stopped process cannot take SIGTERM
+    eventually(
+        lambda: (
+            deployment_status(k8s, "workers").get("readyReplicas") == 1
+            and kubelet.pods("default", "workers")[0].record is not first
+        ),
+        "restarted",
+    )
+    (restarted,) = kubelet.pods("default", "workers")
+    assert restarted.name == pod.name and restarted.restarts == 1
+    statuses = eventually(
+        lambda: [
+            c
+            for p in k8s.objects("v1", "pods", "default", pod.name)
+            for c in p.get("status", {}).get("containerStatuses", [])
+            if c["restartCount"] == 1
+        ],
+        "the restart count published",
+    )
+    assert statuses[0]["ready"] is True

@@ -537,6 +537,16 @@ def test_deleting_the_resource_deletes_its_deployment_and_leaves_the_table(
     wait_for("the Deployment to go", lambda: deployment_of(cluster) is None)
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (5,)
+    # Foreground: the resource waits for its Deployment, which the operator does not recreate.
+    apply(cluster, dispatcher_manifest())
+    wait_for("the Deployment again", lambda: deployment_of(cluster))
+    cluster.kubectl("delete", "obd", "orders", "--cascade=foreground", "--wait=true")
+    wait_for(
+        "both gone",
+        lambda: (
+            deployment_of(cluster) is None and get(cluster, "outboxdispatchers", "orders") is None
+        ),
+    )
 
 
 def test_changes_made_while_the_operator_was_down_are_handled_when_it_starts(
@@ -549,6 +559,8 @@ def test_changes_made_while_the_operator_was_down_are_handled_when_it_starts(
     wait_for("a second resource", lambda: deployment_of(cluster, "doomed"))
     first.signal(signal.SIGTERM)
     assert first.wait() == 0
+    lease = get(cluster, "leases", "outbox-controller")
+    assert lease is not None and not lease["spec"].get("holderIdentity")  # handed over at once
     # While nobody runs: one resource changed, one deleted, one made.
     cluster.kubectl("patch", "obd", "early", "--type=merge", "-p", '{"spec":{"concurrency":3}}')
     cluster.kubectl("delete", "obd", "doomed")
@@ -668,3 +680,26 @@ def test_postgres_restarted_under_the_operator(
     )
     assert "Recovered" in wait_for("the Recovered event", lambda: reasons(cluster, "orders"))
     assert scaled_up(cluster) == 2
+
+
+def test_a_changed_dsn_secret_rolls_the_workers(
+    cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
+) -> None:
+    operators()
+    apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest())
+    first = wait_for("the Deployment", lambda: deployment_of(cluster))
+    # Any change of the Secret (here a key added) is a new resourceVersion: the pods restart.
+    apply(cluster, secret_manifest("orders-db", dsn=dsn, note="rotated"))
+    rolled = wait_for(
+        "a new template",
+        lambda: (
+            (d := deployment_of(cluster))
+            and d["metadata"]["generation"] > first["metadata"]["generation"]
+            and d
+        ),
+    )
+    secret = get(cluster, "secrets", "orders-db")
+    assert secret is not None
+    annotations = rolled["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["outbox.dev/dsn-secret-version"] == secret["metadata"]["resourceVersion"]
+    assert dsn not in json.dumps(rolled)

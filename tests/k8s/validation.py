@@ -26,6 +26,9 @@ from urllib.parse import urlparse
 import celpy
 import celpy.celtypes
 import jsonschema
+from celpy.adapter import json_to_cel
+from celpy.celparser import CELParseError
+from celpy.evaluation import CELEvalError
 from kubernetes_validate import utils as kv
 from referencing import Registry, Resource
 
@@ -122,7 +125,7 @@ class CustomSchema:
             for source in filter(None, (rule.get("rule"), rule.get("messageExpression"))):
                 try:
                     self._program(source)
-                except celpy.CELParseError as exc:
+                except CELParseError as exc:
                     yield path or "<root>", source, str(exc).splitlines()[0]
         for key, child in node.get("properties", {}).items():
             yield from self._compile(child, _join(path, key))
@@ -218,23 +221,23 @@ class CustomSchema:
         transition = re.search(r"\boldSelf\b", source) is not None
         if transition and old is None:
             return []  # a transition rule only judges a change of an existing value
-        activation: dict[str, Any] = {"self": celpy.json_to_cel(_strip_meta(value, root))}
+        activation: dict[str, Any] = {"self": json_to_cel(_strip_meta(value, root))}
         if transition:
-            activation["oldSelf"] = celpy.json_to_cel(_strip_meta(old, root))
+            activation["oldSelf"] = json_to_cel(_strip_meta(old, root))
         field = path + rule.get("fieldPath", "") if rule.get("fieldPath") else path
         field = field.lstrip(".") or "<root>"
         try:
             result = self._program(source).evaluate(activation)
-        except celpy.CELEvalError as exc:
+        except CELEvalError as exc:
             return [FieldError(field, "FieldValueInvalid", _cel_error(exc), value)]
-        if isinstance(result, celpy.CELEvalError):
+        if isinstance(result, CELEvalError):
             return [FieldError(field, "FieldValueInvalid", _cel_error(result), value)]
         if bool(result):
             return []
         message = rule.get("message") or f"failed rule: {source}"
         if rule.get("messageExpression"):
             # On an evaluation error a real server falls back to the static message too.
-            with contextlib.suppress(celpy.CELEvalError):
+            with contextlib.suppress(CELEvalError):
                 message = str(self._program(rule["messageExpression"]).evaluate(activation))
         reason = rule.get("reason", "FieldValueInvalid")
         return [FieldError(field, reason, message, value)]
@@ -250,7 +253,7 @@ def _strip_meta(value: Any, root: bool) -> Any:
     return result
 
 
-def _cel_error(exc: celpy.CELEvalError) -> str:
+def _cel_error(exc: CELEvalError) -> str:
     message = exc.args[0] if exc.args else str(exc)
     if "no such member" in str(message) or "no such key" in str(message):
         key = str(message).rsplit(":", 1)[-1].strip().strip("'")
@@ -508,7 +511,7 @@ def _is_url(value: celpy.celtypes.StringType) -> celpy.celtypes.BoolType:
 
 
 def _string_fn(fn: Any) -> Any:
-    return lambda *args: celpy.json_to_cel(fn(*(str(a) if isinstance(a, str) else a for a in args)))
+    return lambda *args: json_to_cel(fn(*(str(a) if isinstance(a, str) else a for a in args)))
 
 
 _CEL_FUNCTIONS: dict[str, Any] = {
@@ -623,8 +626,8 @@ class BuiltinSchemas:
             "merge,retainKeys",
         ):
             return None
-        key = node.get("x-kubernetes-patch-merge-key")
-        return str(key) if key else None
+        merge_key = node.get("x-kubernetes-patch-merge-key")
+        return str(merge_key) if merge_key else None
 
     def _resolve(self, node: JSON | None) -> JSON | None:
         while node is not None and "$ref" in node:
