@@ -116,7 +116,7 @@ def test_the_charts_rbac_is_enough_to_serve_a_resource(
         lambda: (d := deployment_of(cluster)) and d["spec"]["replicas"] == 2,
     )
     log = operator.log()
-    assert "403" not in log and "Forbidden" not in log, log
+    assert "Forbidden" not in log, log  # (a bare "403" may be a timestamp's milliseconds)
 
 
 def test_the_operator_account_cannot_do_more_than_the_chart_grants(
@@ -164,5 +164,5 @@ def test_a_verb_removed_from_the_chart_makes_the_operator_fail(
         wait_for(what, probe[what], timeout=15)
     wait_for(
         "the refusal in the operator's log",
-        lambda: "403" in operator.log() or "Forbidden" in operator.log(),
+        lambda: "Forbidden" in operator.log(),
     )
