@@ -20,11 +20,12 @@ has the formulas and the simulation that measures them):
   oldest claimable message. In ordered mode these are the claimable heads' figures
   (`stats.oldest_claimable_age`, `stats.claimable_heads`): rows behind an unfinished or dead
   head cannot be claimed, and sizing on them would add workers that have nothing to do.
-- The capacity: a worker's drain rate is measured, never configured. An interval in which
-  claimable work waited at both ends (the workers were saturated) gives completions per ready
-  replica; an interval that drained the queue gives only a lower bound. While the rate has
-  not been seen under saturation, the estimate is probed upwards after each calm
-  stabilization window, so an over-provisioned deployment finds its real capacity.
+- The capacity: a worker's drain rate is measured, never configured. A span of polls in
+  which claimable work waited throughout (the workers were saturated) gives completions per
+  ready replica; any other span gives only a lower bound. While the rate has not been seen
+  under saturation, the estimate is probed upwards after each calm minute, so that an
+  over-provisioned deployment sheds workers until they saturate, which measures it. The
+  start-up delay of new workers is measured too (`StartupDelay`).
 - The size: enough capacity that (1) arrivals are served with headroom, and (2) every
   message already waiting, or arriving before a pod started now becomes productive
   (measured; `STARTUP_DELAY_SECONDS` until then), is delivered before its age reaches the
@@ -65,8 +66,10 @@ UTILIZATION = 0.9
 # the backlog part serves) does not inflate the rate part.
 ARRIVAL_WINDOW_SECONDS = 60.0
 
-# Drain rate: the median of this many recent saturated measurements.
+# Drain rate: the median of this many recent saturated measurements, each over at least
+# SAMPLE_SECONDS (several polls when polls are shorter).
 DRAIN_SAMPLES = 5
+SAMPLE_SECONDS = 5.0
 
 # The drain rate assumed before anything was measured (messages/s per worker): a cautious
 # guess, low for the worker's usual publishers, so that the first wake-up asks for more
@@ -79,6 +82,13 @@ PRIOR_DRAIN_RATE = 100.0
 # that overshoots costs a few seconds of age and measures the rate.
 PROBE_FACTOR = 1.5
 PROBE_AFTER_SECONDS = 60.0
+
+# A lower bound this much above the measured drain rate says the workers got faster (less
+# than that is how unevenly completions are finalized).
+FASTER = 1.1
+
+# A measurement this old, taken when the downstream may have been slower, is probed again.
+STALE_AFTER_SECONDS = 900.0
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,10 @@ class ScalingSettings:
         settings._check()
         return settings
 
+    def to_spec(self) -> dict[str, float]:
+        """The settings as `spec.scaling` (camelCase keys)."""
+        return {_camel(f.name): getattr(self, f.name) for f in fields(self)}
+
     def _check(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
@@ -142,16 +156,21 @@ class Decision:
 class DrainRate:
     """What one ready worker delivers per second, as the policy has come to know it.
 
-    Saturated intervals (claimable work waiting at both ends, the same workers ready
-    throughout) measure it: the median of the last few. Other intervals bound it from
-    below. Until it is measured the value is a guess: `PRIOR_DRAIN_RATE`, raised by
-    `probe()` (and never below the lower bound), which a saturated interval replaces.
+    Saturated spans (claimable work waiting at every poll, the same workers ready throughout)
+    measure it: the median of the last few. Other spans bound it from below. A span covers
+    at least `SAMPLE_SECONDS`, so that completions finalized in batches do not read as
+    bursts of speed at short poll intervals. Until it is measured the value is a guess:
+    `PRIOR_DRAIN_RATE`, raised by `probe()`, never below the lower bound; a measurement
+    replaces it. A lower bound above the measurement (the workers got faster) makes it a
+    guess again, from there.
     """
 
     def __init__(self) -> None:
         self._saturated: deque[float] = deque(maxlen=DRAIN_SAMPLES)
         self._floor = 0.0
         self._guess = PRIOR_DRAIN_RATE
+        self._span: tuple[bool, float, float, float] | None = None  # kind, done, worker-s, s
+        self._measured_at = -math.inf
 
     @property
     def value(self) -> float:
@@ -161,16 +180,43 @@ class DrainRate:
 
     @property
     def measured(self) -> bool:
-        """Seen under saturation, and no interval has delivered more per worker since."""
-        return bool(self._saturated) and statistics.median(self._saturated) >= self._floor
+        """Seen under saturation, and no span has delivered more per worker since."""
+        return bool(self._saturated) and statistics.median(self._saturated) * FASTER >= self._floor
 
-    def saturated(self, per_replica: float) -> None:
-        self._saturated.append(per_replica)
+    def observe(
+        self, *, at: float, saturated: bool, completed: float, workers: int, seconds: float
+    ) -> None:
+        """One poll interval: `completed` messages by `workers` ready workers."""
+        if workers <= 0 or seconds <= 0:
+            self._span = None
+            return
+        kind, done, worker_seconds, covered = self._span or (saturated, 0.0, 0.0, 0.0)
+        if kind != saturated:
+            kind, done, worker_seconds, covered = saturated, 0.0, 0.0, 0.0
+        done, worker_seconds, covered = (
+            done + completed, worker_seconds + workers * seconds, covered + seconds
+        )  # fmt: skip
+        if covered < SAMPLE_SECONDS:
+            self._span = (kind, done, worker_seconds, covered)
+            return
+        self._span = None
+        if done <= 0:
+            return  # nothing finished at all: a stalled downstream, not a worker's speed
+        per_worker = done / worker_seconds
+        if saturated:
+            self._saturated.append(per_worker)
+            self._measured_at = at
+            # The newest measurement is the truth now: older bounds and guesses yield to it.
+            self._floor = 0.0
+            self._guess = statistics.median(self._saturated)
+        else:
+            self._floor = max(self._floor, per_worker)
 
-    def at_least(self, per_replica: float) -> None:
-        self._floor = max(self._floor, per_replica)
-
-    def probe(self) -> None:
+    def probe(self, at: float, stale_after: float) -> None:
+        """Raise the guess; a measurement older than `stale_after` becomes a guess first."""
+        if self.measured and at - self._measured_at >= stale_after:
+            self._guess = statistics.median(self._saturated)
+            self._saturated.clear()
         if not self.measured:
             self._guess = self.value * PROBE_FACTOR
 
@@ -312,13 +358,14 @@ class ScalingPolicy:
             self._arrivals.popleft()
         # Messages that left the backlog were delivered (or given up on).
         measured = rates(before.stats, work.stats)
-        completed = measured.completions_per_second * seconds if measured else 0.0
-        if completed <= 0:
-            return
-        if before.claimable > 0 and work.claimable > 0 and ready_before == ready_replicas > 0:
-            self.drain_rate.saturated(completed / seconds / ready_replicas)
-        elif max(ready_before, ready_replicas) > 0:
-            self.drain_rate.at_least(completed / seconds / max(ready_before, ready_replicas))
+        saturated = before.claimable > 0 and work.claimable > 0 and ready_before == ready_replicas
+        self.drain_rate.observe(
+            at=work.at,
+            saturated=saturated,
+            completed=measured.completions_per_second * seconds if measured else 0.0,
+            workers=ready_replicas if saturated else max(ready_before, ready_replicas),
+            seconds=seconds,
+        )
 
     @property
     def _poll(self) -> float:
@@ -441,7 +488,7 @@ class ScalingPolicy:
         )
         self._calm_since = (self._calm_since or work.at) if calm else None
         if self._calm_since is not None and work.at - self._calm_since >= PROBE_AFTER_SECONDS:
-            self.drain_rate.probe()
+            self.drain_rate.probe(work.at, stale_after=STALE_AFTER_SECONDS)
             self._calm_since = work.at
 
         if self._burst_hold:

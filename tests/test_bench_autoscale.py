@@ -48,7 +48,7 @@ def test_smoke_run_writes_a_complete_report(tmp_path):
 @pytest.mark.slow
 def test_full_run_meets_the_goal_against_keda(tmp_path):
     report = _run(tmp_path)
-    assert set(report["worlds"]) == {"200", "100", "400"}
+    assert set(report["worlds"]) == {"200", "100", "400", "200-unsteady"}
     goal = report["goal"]
     assert goal["violations_vs_keda_on_age"] <= 0.005, goal
     assert goal["violations_vs_keda_on_pending"] <= 0.01, goal
@@ -57,3 +57,31 @@ def test_full_run_meets_the_goal_against_keda(tmp_path):
     for world in goal["other_worlds"].values():
         assert world["violations_vs_keda_on_pending"] <= 0.05, goal
     assert goal["met"]
+
+
+@pytest.mark.slow
+def test_snapshot_cost_smoke_run_writes_a_complete_report(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.snapshot_cost", "--smoke", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "autoscaling_snapshot_cost.json").read_text())
+    assert [row["pending"] for row in report["rows"]] == [1_000, 10_000]
+    for row in report["rows"]:
+        assert (
+            set(row["ms"])
+            == set(row["buffers"])
+            == {
+                "bounded",
+                "bounded, ordered",
+                "exact (peer)",
+            }
+        )
+        assert all(value > 0 for value in row["buffers"].values())
+        # Every pending row but the 50 in flight is claimable, and the estimate says so.
+        assert row["ready_estimate"] == row["pending"] - 50
+    assert "peer / bounded" in (tmp_path / "autoscaling_snapshot_cost.md").read_text()

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections import deque
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
+import yaml
 
 from outbox.controller.scaling import (
+    STALE_AFTER_SECONDS,
     STARTUP_DELAY_SECONDS,
     Decision,
     ScalingPolicy,
@@ -279,3 +282,29 @@ def test_an_over_provisioned_deployment_finds_its_real_capacity():
     assert policy.drain_rate.value == pytest.approx(400, rel=0.02)
     assert queue.replicas == 2  # ceil(500 / (0.9 x 400))
     assert queue.max_age < 30  # probing cost a few seconds of age, never the target
+
+
+def test_the_defaults_are_the_crds():
+    crd = yaml.safe_load((Path(__file__).parent.parent / "crds/outboxdispatchers.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    schema = spec["properties"]["scaling"]["properties"]
+    defaults = {key: value["default"] for key, value in schema.items()}
+    assert ScalingSettings.from_spec(defaults) == ScalingSettings()
+    assert set(defaults) == set(ScalingSettings().to_spec())
+
+
+def test_a_measurement_that_grew_stale_is_probed_again():
+    # Measured while the downstream was slow (100/s per worker); then it gets three times
+    # faster. The workers are never saturated again, so only probing can find it out.
+    policy = ScalingPolicy({"maxReplicas": 50})
+    queue = Queue(policy, mu=100, replicas=1)
+    queue.run(600, rate=500)
+    assert policy.drain_rate.measured and policy.drain_rate.value == pytest.approx(100, rel=0.02)
+    slow = queue.replicas
+    assert slow == 6  # ceil(500 / (0.9 x 100))
+    queue.mu = 300
+    queue.run(STALE_AFTER_SECONDS / 3, rate=500)
+    assert queue.replicas == slow  # a fresh measurement is trusted
+    queue.run(1200, rate=500)
+    assert policy.drain_rate.value == pytest.approx(300, rel=0.02)
+    assert queue.replicas == 2  # ceil(500 / (0.9 x 300))

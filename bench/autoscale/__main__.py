@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from bench.autoscale.contenders import Ours, keda_on_age, keda_on_pending
 from bench.autoscale.report import plot, render
@@ -26,6 +29,7 @@ STARTUP_DELAY = 20.0
 MAX_REPLICAS = 100
 DRAIN_RATES = (200.0, 100.0, 400.0)  # the first is the main world; the others test learning
 SEED = 11
+UNSTEADY = f"{DRAIN_RATES[0]:g}-unsteady"
 
 
 def scaling() -> dict[str, Any]:
@@ -41,7 +45,18 @@ def contenders(drain_rate: float) -> list[Autoscaler]:
     ]
 
 
-def run_world(drain_rate: float, seconds: int) -> tuple[dict[str, Any], dict[str, dict[str, Run]]]:
+def unsteady_speed(seconds: int) -> list[float]:
+    """A downstream whose speed drifts ±25% over half an hour, with ±10% noise per second."""
+    rng = np.random.default_rng(SEED)
+    return [
+        (1 + 0.25 * math.sin(2 * math.pi * t / 1800)) * float(rng.uniform(0.9, 1.1))
+        for t in range(seconds)
+    ]
+
+
+def run_world(
+    drain_rate: float, seconds: int, speed: list[float] | None = None
+) -> tuple[dict[str, Any], dict[str, dict[str, Run]]]:
     rows: dict[str, Any] = {}
     runs: dict[str, dict[str, Run]] = {}
     for i, trace in enumerate(TRACES):
@@ -49,7 +64,13 @@ def run_world(drain_rate: float, seconds: int) -> tuple[dict[str, Any], dict[str
         runs[trace.name] = {}
         rows[trace.name] = {}
         for autoscaler in contenders(drain_rate):
-            run = simulate(autoscaler, arrivals, drain_rate=drain_rate, startup_delay=STARTUP_DELAY)
+            run = simulate(
+                autoscaler,
+                arrivals,
+                drain_rate=drain_rate,
+                startup_delay=STARTUP_DELAY,
+                speed=speed or (),
+            )
             runs[trace.name][autoscaler.name] = run
             rows[trace.name][autoscaler.name] = run.summary(SLO)
     total: dict[str, dict[str, float]] = {}
@@ -145,6 +166,9 @@ def main(argv: list[str] | None = None) -> None:
     }
     if not args.smoke:
         report["goal"] = goal(worlds)
+        # Not part of the goal: the main world with a downstream whose speed drifts and jitters
+        # (KEDA on pending configured with the mean rate).
+        worlds[UNSTEADY], _ = run_world(DRAIN_RATES[0], seconds, unsteady_speed(seconds))
         report["poll_intervals"] = poll_sensitivity(seconds)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "autoscaling.json").write_text(json.dumps(report, indent=2) + "\n")

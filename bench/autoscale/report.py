@@ -76,7 +76,13 @@ def render(report: dict[str, Any]) -> str:
             cells = " | ".join(fmt.format(summary[key]) for key, _, fmt in COLUMNS)
             lines.append(f"| {poll} | {cells} |")
     for rate, world in report["worlds"].items():
-        lines += ["", f"## Drain rate {rate} msg/s per worker", "", "### All traces summed", ""]
+        rate_text, _, unsteady = rate.partition("-")
+        title = f"## Drain rate {rate_text} msg/s per worker" + (
+            ", an unsteady downstream (±25% over 30 min, ±10% per second; not in the goal)"
+            if unsteady
+            else ""
+        )
+        lines += ["", title, "", "### All traces summed", ""]
         lines += _table(world["total"])
         for trace, rows in world["traces"].items():
             lines += ["", f"### {trace}", ""]

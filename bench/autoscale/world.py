@@ -51,6 +51,7 @@ class World:
     in_flight: float = 0.0
     cohorts: deque[Cohort] = field(default_factory=deque)
     pods: list[float] = field(default_factory=list)  # when each pod becomes productive
+    speed: Sequence[float] = ()  # the downstream's speed, a factor of drain_rate per second
 
     @property
     def unfinished(self) -> float:
@@ -102,7 +103,8 @@ class World:
             self.cohorts.append(Cohort(self.t, arrivals, arrivals))
             self.waiting += arrivals
             self.arrived += arrivals
-        capacity = total = self.drain_rate * productive
+        factor = self.speed[self.t] if self.t < len(self.speed) else 1.0
+        capacity = total = self.drain_rate * factor * productive
         while capacity > 1e-9 and self.cohorts:
             head = self.cohorts[0]
             served = min(capacity, head.left)
@@ -146,9 +148,14 @@ class Run:
 
 
 def simulate(
-    autoscaler: Autoscaler, arrivals: Sequence[int], *, drain_rate: float, startup_delay: float
+    autoscaler: Autoscaler,
+    arrivals: Sequence[int],
+    *,
+    drain_rate: float,
+    startup_delay: float,
+    speed: Sequence[float] = (),
 ) -> Run:
-    world = World(drain_rate=drain_rate, startup_delay=startup_delay)
+    world = World(drain_rate=drain_rate, startup_delay=startup_delay, speed=speed)
     run = Run(autoscaler.name)
     for count in arrivals:
         world.tick(count)

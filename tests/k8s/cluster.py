@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import itertools
 import os
 import shutil
 import ssl
@@ -75,7 +74,6 @@ class LocalCluster:
         self._started = threading.Event()
         self._stop: asyncio.Event | None = None
         self._failure: BaseException | None = None
-        self._calls = itertools.count()
         self.emulator: Emulator
         self.url = ""
 
@@ -203,8 +201,9 @@ class LocalCluster:
         """The real kubectl against this emulator; a failure raises with its stderr."""
         if not os.access(KUBECTL, os.X_OK):
             pytest.skip(f"kubectl is not installed at {KUBECTL} (Debian package kubectl)")
-        # A fresh discovery cache per call: a CRD installed a moment ago is always visible.
-        cache = self.workdir / f"kubectl-cache-{next(self._calls)}"
+        # One discovery cache per emulator, as a user's: kubectl rediscovers by itself when a
+        # kind is missing from it (a CRD installed since), and it saves a third of each call.
+        cache = self.workdir / "kubectl-cache"
         env = {
             **os.environ,
             "HOME": str(self.workdir),

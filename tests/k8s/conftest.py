@@ -41,3 +41,4 @@ def kubelet(k8s: LocalCluster, tmp_path: Path) -> Iterator[Kubelet]:
         k8s.emulator.pod_logs = None
     running = [r for r in node.records if r.returncode is None]
     assert not running, f"processes left running: {running}"
+    assert not node.failures, node.failures

@@ -1,7 +1,7 @@
 """A realistic, validating Kubernetes API server for the tests, built on `kmock`.
 
-`kmock.KubernetesEmulator` gives the HTTP server, the request parsing and the DSL for
-injecting reactions (`emulator["patch", "deployments"] << 500` still works for fault tests);
+`kmock.KubernetesEmulator` gives the request handling, the request parsing and the DSL for
+injecting reactions (a 503 for the next patch still works for fault tests, see README.md);
 its in-memory semantics are too loose for kopf and kubectl, so this subclass answers
 Kubernetes requests itself, as an API server would:
 
@@ -57,6 +57,7 @@ import kmock
 import yaml
 from kmock._internal import apps, parsing
 
+from .metadata import check_meta, check_pod_spec
 from .openapi import OpenAPI
 from .patching import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .quantities import canonical_resources
@@ -326,7 +327,7 @@ parsing.parse_path = _fixed_parse_path
 
 @attrs.define(kw_only=True)
 class Emulator(kmock.KubernetesEmulator):
-    """The API server; serve it with `kmock.Server(emulator)` inside `async with emulator`."""
+    """The API server: an aiohttp handler, entered (`async with`) and served by cluster.py."""
 
     authorizer: Authorizer | None = None
     # Where `pods/log` comes from: (namespace, pod) -> the log text, None if unknown (kubelet).
@@ -1103,7 +1104,7 @@ class Emulator(kmock.KubernetesEmulator):
                 )
             warnings += [f'unknown field "{u}"' for u in unknown]
             schema.default(obj)
-            errors = schema.validate(obj, old)
+            errors = check_meta(obj["metadata"], "metadata") + schema.validate(obj, old)
         else:
             _default_builtin(obj)
             if strict:
@@ -1122,6 +1123,7 @@ class Emulator(kmock.KubernetesEmulator):
                         f"strict decoding error: {fields}",
                     )
             errors = self._builtin_schemas.validate(obj)
+            errors += check_meta(obj["metadata"], "metadata")
             errors += _builtin_rules(rtype, obj, old)
             if rtype.kind == "CustomResourceDefinition" and not errors:
                 errors += self._check_crd(obj)
@@ -1574,8 +1576,13 @@ def _default_builtin(obj: JSON) -> None:
 def _builtin_rules(rtype: ResourceType, obj: JSON, old: JSON | None) -> list[FieldError]:
     """The few validations of built-in kinds that their schemas cannot say."""
     errors: list[FieldError] = []
+    if rtype.kind == "Pod":
+        errors += check_pod_spec(obj.get("spec", {}), "spec")
     if rtype.kind == "Deployment":
         spec = obj.get("spec", {})
+        template = spec.get("template", {})
+        errors += check_meta(template.get("metadata", {}), "spec.template.metadata")
+        errors += check_pod_spec(template.get("spec", {}), "spec.template.spec")
         selector = spec.get("selector") or {}
         labels = spec.get("template", {}).get("metadata", {}).get("labels") or {}
         if not match_labels(selector_string(selector), labels) or not selector:

@@ -60,6 +60,24 @@ _BUILTIN: dict[str, list[tuple[str, str, Callable[[JSON], Any]]]] = {
         ("Up-to-date", "integer", lambda o: o.get("status", {}).get("updatedReplicas", 0)),
         ("Available", "integer", lambda o: o.get("status", {}).get("availableReplicas", 0)),
     ],
+    "Pod": [
+        (
+            "Ready",
+            "string",
+            lambda o: "{}/{}".format(
+                sum(1 for c in o.get("status", {}).get("containerStatuses", []) if c.get("ready")),
+                len(o.get("spec", {}).get("containers", [])),
+            ),
+        ),
+        ("Status", "string", lambda o: o.get("status", {}).get("phase", "Pending")),
+        (
+            "Restarts",
+            "integer",
+            lambda o: sum(
+                c.get("restartCount", 0) for c in o.get("status", {}).get("containerStatuses", [])
+            ),
+        ),
+    ],
     "Secret": [
         ("Type", "string", lambda o: o.get("type")),
         ("Data", "integer", lambda o: len(o.get("data") or {})),

@@ -198,6 +198,19 @@ def test_kubectl_apply_of_a_bad_resource_prints_the_reasons(k8s: LocalCluster) -
     assert not k8s.objects("apps/v1", "deployments")
 
 
+def test_labels_and_env_names_are_checked_as_a_real_server_does(k8s: LocalCluster) -> None:
+    bad = json.loads(deployment("web"))
+    bad["metadata"]["labels"] = {"app.kubernetes.io/instance": "x" * 64, "bad key": "v"}
+    bad["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "1ST", "value": "v"}]
+    result = k8s.kubectl("apply", "-f", "-", input=json.dumps(bad), check=False)
+    assert f'metadata.labels: Invalid value: "{"x" * 64}": must be no more than 63 characters' in (
+        result.stderr
+    )
+    assert 'metadata.labels: Invalid value: "bad key": name part must consist of' in result.stderr
+    assert 'spec.template.spec.containers[0].env[0].name: Invalid value: "1ST"' in result.stderr
+    assert not k8s.objects("apps/v1", "deployments")
+
+
 def test_cel_rules_refuse_with_their_messages(k8s: LocalCluster) -> None:
     k8s.kubectl("apply", "-f", str(WIDGETS))
     bad = manifest(

@@ -97,3 +97,14 @@ async def test_kopf_handles_resources_made_before_and_after_it_started(k8s: Loca
             ),
             what="an Event posted",
         )
+
+
+@pytest.mark.slow
+async def test_kopf_starts_serving_a_crd_installed_after_it_started(k8s: LocalCluster) -> None:
+    async with operator(k8s) as handled:
+        await asyncio.to_thread(k8s.kubectl, "apply", "-f", str(WIDGETS))
+        # kopf notices the new CRD through its watch on CRDs; until then a kubectl apply of
+        # a widget may come first, which is fine: kopf lists what exists when it starts.
+        await asyncio.to_thread(k8s.kubectl, "apply", "-f", "-", input=widget("fresh", 4))
+        await wait_until(lambda: status_replicas(k8s, "fresh") == 4, what="fresh handled")
+        assert handled == ["create fresh"]

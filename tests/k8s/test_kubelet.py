@@ -186,6 +186,9 @@ def test_pods_are_published_and_deleting_one_replaces_its_process(
         ),
         "two Ready pods",
     )
+    table = k8s.kubectl("get", "pods").stdout.splitlines()
+    assert table[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    assert [row.split()[1:4] for row in table[1:]] == [["1/1", "Running", "0"]] * 2
     listed = k8s.kubectl("get", "pods", "-o", "name").stdout.split()
     assert sorted(listed) == sorted(f"pod/{p.name}" for p in kubelet.pods("default", "workers"))
     victim = listed[0].removeprefix("pod/")

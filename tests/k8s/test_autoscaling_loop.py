@@ -1,0 +1,190 @@
+"""Autoscaling in the closed loop: the real operator and its `ScalingPolicy`, the emulator,
+the local kubelet running real workers, and a downstream that takes a fixed time per message
+(so a worker's drain rate is known: its concurrency / that time).
+
+A step in arrivals scales up, the oldest ready age comes back under the target, the backlog
+drains, and after the stabilization window the Deployment goes to minReplicas (0); the next
+message wakes it again. The test asserts the sequence of decisions and the Events, never how
+long anything took.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from outbox.demo.sink import Reply, Sink
+from outbox.models import Event
+from outbox.producer import enqueue_many
+from outbox.table import Table
+
+from . import test_operator as harness
+from .cluster import LocalCluster
+from .kubelet import Kubelet
+from .test_operator import (
+    Operator,
+    apply,
+    condition,
+    dispatcher_manifest,
+    events,
+    get,
+    secret_manifest,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+cluster = harness.cluster  # the fixtures, shared with test_operator.py
+operators = harness.operators
+
+PUBLISH_SECONDS = 0.05  # the downstream's time per message
+CONCURRENCY = 2  # per worker: 2 / 0.05 s = 40 msg/s
+TARGET = 10  # targetOldestReadyAgeSeconds
+WINDOW = 10  # scaleDownStabilizationSeconds
+MAX_REPLICAS = 4
+SCALED = re.compile(r"^(\d+) -> (\d+) workers: (.*)$", re.DOTALL)
+
+
+class Arrivals:
+    """Enqueues at a steady rate from a thread until stopped, in batches every 0.1 s."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.rate = 0.0
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        owed = 0.0
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.wait(0.1):
+                owed += self.rate * 0.1
+                n = int(owed)
+                if n:
+                    owed -= n
+                    events = [Event("order", f"o{self.sent + i}", "placed", {}) for i in range(n)]
+                    enqueue_many(conn, events, table=Table.parse("outbox"))
+                    self.sent += n
+
+    def __enter__(self) -> Arrivals:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+@pytest.fixture
+def sink() -> Iterator[Sink]:
+    with Sink(lambda body, nth: Reply(delay=PUBLISH_SECONDS)) as server:
+        yield server
+
+
+def unfinished(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM outbox WHERE status <> 'done'").fetchone()
+    return int(row[0]) if row else -1
+
+
+def scale_events(k8s: LocalCluster) -> list[tuple[int, int, str]]:
+    """(from, to, the policy's message) of every scale Event, in the order they were written."""
+    found = []
+    for event in sorted(events(k8s, "orders"), key=lambda e: int(e["metadata"]["resourceVersion"])):
+        match = SCALED.match(event.get("message", ""))
+        if event["reason"] in ("ScaledUp", "ScaledDown") and match:
+            found.append((int(match[1]), int(match[2]), match[3]))
+    return found
+
+
+def replicas(k8s: LocalCluster) -> int:
+    deployment = get(k8s, "deployments", "orders-worker")
+    return int(deployment["spec"]["replicas"]) if deployment else -1
+
+
+def status(k8s: LocalCluster) -> dict[str, Any]:
+    return (get(k8s, "outboxdispatchers", "orders") or {}).get("status") or {}
+
+
+# `dsn` first: the database outlives the workers at teardown.
+def test_a_step_scales_up_drains_scales_to_zero_and_wakes_again(
+    dsn: str,
+    cluster: LocalCluster,
+    kubelet: Kubelet,
+    sink: Sink,
+    operators: Callable[..., Operator],
+) -> None:
+    operators("--worker-publishers", "log,http,null")
+    scaling = {
+        "minReplicas": 0,
+        "maxReplicas": MAX_REPLICAS,
+        "pollIntervalSeconds": 1,
+        "targetOldestReadyAgeSeconds": TARGET,
+        "scaleDownStabilizationSeconds": WINDOW,
+    }
+    apply(
+        cluster,
+        secret_manifest("orders-db", dsn=dsn),
+        dispatcher_manifest(
+            publisher={"type": "http", "http": {"url": sink.url, "timeout": "5s"}},
+            concurrency=CONCURRENCY,
+            batchSize=CONCURRENCY,
+            scaling=scaling,
+        ),
+    )
+    wait_for("an idle Deployment at zero", lambda: replicas(cluster) == 0)
+
+    with Arrivals(dsn) as arrivals:
+        arrivals.rate = 10  # a quarter of one worker's drain rate
+        wait_for("the wake-up from zero", lambda: replicas(cluster) >= 1)
+        wait_for("a ready worker", lambda: status(cluster).get("readyReplicas", 0) >= 1)
+        before_step = len(scale_events(cluster))
+        arrivals.rate = 120  # three workers' worth
+        wait_for(
+            "a scale-up for the step",
+            lambda: any(to >= 3 for _, to, _ in scale_events(cluster)[before_step:]),
+            timeout=90,
+        )
+        wait_for(
+            "the oldest ready age back under the target, arrivals still at the step",
+            lambda: (
+                status(cluster).get("readyReplicas", 0) >= 3
+                and status(cluster)["backlog"]["oldestReadyAgeSeconds"] < TARGET
+            ),
+            timeout=120,
+        )
+    sent = arrivals.sent
+    wait_for("the backlog to drain", lambda: unfinished(dsn) == 0, timeout=180)
+    drained_at = len(scale_events(cluster))
+    wait_for("the scale-down to zero after the window", lambda: replicas(cluster) == 0, timeout=120)
+    wait_for("every worker process gone", lambda: not kubelet.pods("default", "orders-worker"))
+    assert condition(cluster, "orders", "Ready")["reason"] == "ScaledToZero"
+    assert len(set(sink.delivered_ids())) == sent
+
+    # The next message wakes it at once, and it goes back to zero after the window.
+    asleep = len(scale_events(cluster))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue_many(conn, [Event("order", "late", "placed", {})], table=Table.parse("outbox"))
+    wait_for("the wake-up on the next message", lambda: replicas(cluster) >= 1)
+    wait_for("its delivery", lambda: len(set(sink.delivered_ids())) == sent + 1, timeout=90)
+    wait_for("zero again", lambda: replicas(cluster) == 0, timeout=120)
+
+    story = scale_events(cluster)
+
+    sizes = [to for _, to, _ in story]
+    assert story[0][0] == 0 and story[0][1] >= 1, story  # woken from zero
+    assert max(sizes) <= MAX_REPLICAS, story
+    assert max(sizes[before_step:drained_at]) >= 3, story  # the step asked for three or more
+    # To zero only after the drain and a whole idle window, and said why.
+    to_zero = [i for i, (_, to, _) in enumerate(story) if to == 0]
+    assert to_zero and min(to_zero) >= drained_at, story
+    assert all("nothing claimable or in flight" in story[i][2] for i in to_zero), story
+    # Zero, then the wake-up on the next message, then zero again: nothing else after it.
+    assert story[asleep][0] == 0 and story[asleep][1] >= 1, story
+    assert story[-1][1] == 0 and [to for _, to, _ in story[asleep:]].count(0) == 1, story
