@@ -210,6 +210,8 @@ class Dispatcher:
         if scaled:
             direction = "up" if decision.replicas > current else "down"
             self.context.metrics.scale_decisions.labels(self.namespace, self.name, direction).inc()
+            log.info("%s/%s: %d -> %d workers (%s): %s", self.namespace, self.name, current,
+                     decision.replicas, decision.reason, decision.message)  # fmt: skip
             await kube.event(
                 body,
                 "Normal",
