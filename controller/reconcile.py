@@ -189,6 +189,15 @@ class Dispatcher:
 
         name = deployment_name(self.name)
         deployment = await kube.deployment(self.namespace, name)
+        if deployment is not None and not _owned_by(deployment, meta.get("uid")):
+            # Someone else's Deployment (or a deleted namesake's, about to be collected):
+            # never taken over, never resized.
+            problem = st.Problem(
+                "DeploymentNotOwned",
+                f"Deployment {self.namespace}/{name} exists and does not belong to this "
+                "resource; delete or rename it",
+            )
+            deployment = None
         current = int(deployment["spec"].get("replicas", 0)) if deployment else 0
         decision = self._decide(spec, stats, current, _ready(deployment), problem)
 
@@ -201,6 +210,8 @@ class Dispatcher:
         if scaled:
             direction = "up" if decision.replicas > current else "down"
             self.context.metrics.scale_decisions.labels(self.namespace, self.name, direction).inc()
+            log.info("%s/%s: %d -> %d workers (%s): %s", self.namespace, self.name, current,
+                     decision.replicas, decision.reason, decision.message)  # fmt: skip
             await kube.event(
                 body,
                 "Normal",
@@ -312,9 +323,14 @@ class Dispatcher:
                 decision, int(dstatus.get("replicas") or 0) if deployment else None
             ),
         ]
+        connected = st.Condition(
+            st.DATABASE_REACHABLE, True, "Connected", "the table is a usable outbox table"
+        )
         if problem is not None:
             conditions.extend(st.problem_conditions(problem))
-            if not problem.database:
+            if stats is not None:
+                conditions.append(connected)  # the problem lies elsewhere
+            elif not problem.database:
                 conditions.append(
                     st.Condition(
                         st.DATABASE_REACHABLE,
@@ -324,14 +340,7 @@ class Dispatcher:
                     )
                 )
         else:
-            conditions.append(
-                st.Condition(
-                    st.DATABASE_REACHABLE,
-                    True,
-                    "Connected",
-                    "the table is a usable outbox table",
-                )
-            )
+            conditions.append(connected)
             conditions.append(st.ready_condition(ready, decision.replicas))
         status: dict[str, Any] = {
             "observedGeneration": generation,
@@ -383,6 +392,11 @@ class Dispatcher:
             await self.context.kube.event(
                 body, "Normal", "Recovered", f"recovered from {was.get('reason')}: {now['message']}"
             )
+
+
+def _owned_by(deployment: Mapping[str, Any], uid: object) -> bool:
+    owners = deployment["metadata"].get("ownerReferences") or ()
+    return any(owner.get("uid") == uid and owner.get("controller") for owner in owners)
 
 
 def _ready(deployment: Mapping[str, Any] | None) -> int:

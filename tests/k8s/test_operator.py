@@ -350,7 +350,8 @@ def test_paused_scales_to_zero_and_says_so(
     wait_for(
         "one worker again", lambda: (d := deployment_of(cluster)) and d["spec"]["replicas"] == 1
     )
-    assert condition(cluster, "orders", "Paused")["status"] == "False"
+    # The same pass resizes, then writes the status: wait for the latter too.
+    wait_for("Paused=False", lambda: condition(cluster, "orders", "Paused")["status"] == "False")
 
 
 def _bad_table(dsn: str) -> str:
@@ -703,3 +704,42 @@ def test_a_changed_dsn_secret_rolls_the_workers(
     annotations = rolled["spec"]["template"]["metadata"]["annotations"]
     assert annotations["outbox.dev/dsn-secret-version"] == secret["metadata"]["resourceVersion"]
     assert dsn not in json.dumps(rolled)
+
+
+def test_a_deployment_of_the_same_name_that_is_not_ours_is_left_alone(
+    cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
+) -> None:
+    theirs_manifest = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "orders-worker", "namespace": NS},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "theirs"}},
+            "template": {
+                "metadata": {"labels": {"app": "theirs"}},
+                "spec": {"containers": [{"name": "web", "image": "nginx"}]},
+            },
+        },
+    }
+    apply(cluster, theirs_manifest)
+    operators()
+    apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest())
+    ready = wait_for(
+        "DeploymentNotOwned",
+        lambda: (
+            (c := condition(cluster, "orders", "Ready")).get("reason") == "DeploymentNotOwned" and c
+        ),
+    )
+    assert "orders-worker" in ready["message"]
+    assert condition(cluster, "orders", "DatabaseReachable")["status"] == "True"
+    theirs = deployment_of(cluster)
+    assert theirs is not None
+    assert theirs["spec"]["replicas"] == 2 and "ownerReferences" not in theirs["metadata"]
+    assert theirs["spec"]["template"]["spec"]["containers"][0]["image"] == "nginx"
+    cluster.kubectl("delete", "deployment", "orders-worker")
+    ours = wait_for(
+        "our own Deployment",
+        lambda: (d := deployment_of(cluster)) and d["metadata"].get("ownerReferences") and d,
+    )
+    assert ours["spec"]["template"]["spec"]["containers"][0]["command"] == ["outbox-worker"]

@@ -114,5 +114,5 @@ def test_the_documented_rbac_is_enough(secured: LocalCluster, tmp_path: Path, ds
     finally:
         operator.stop()
     log = operator.log()
-    assert "403" not in log and "Forbidden" not in log, log
+    assert "API error 403" not in log and "orbidden" not in log, log
     assert operator.wait() == 0
