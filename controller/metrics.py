@@ -18,7 +18,7 @@ from outbox.stats import QueueStats
 
 log = logging.getLogger("outbox.controller")
 
-BACKLOG_STATES = ("pending", "ready", "processing", "dead")
+BACKLOG_STATES = ("pending", "ready", "processing", "dead", "expired_leases")
 RESOURCE = ["namespace", "dispatcher"]
 
 

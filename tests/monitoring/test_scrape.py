@@ -57,13 +57,6 @@ OPERATOR_PRESENT = (
 )
 # Series the alerts and the dashboard name that the operator does not export yet: the
 # expired-lease count (QueueStats.expired_leases) as a backlog state.
-NOT_EXPORTED_YET = ('state="expired_leases"',)
-
-
-def _not_exported_yet(selectors: list[str]) -> bool:
-    return bool(selectors) and all(any(m in s for m in NOT_EXPORTED_YET) for s in selectors)
-
-
 class Prometheus:
     def __init__(self, url: str) -> None:
         self.url = url
@@ -234,8 +227,6 @@ def test_every_selector_has_a_series(scraped: Prometheus, query: m.Query) -> Non
             continue
         if not scraped.query(f"count({selector})"):
             missing.append(selector)
-    if _not_exported_yet(missing):
-        pytest.xfail(f"not exported by the operator yet: {missing}")
     assert missing == []
 
 
@@ -243,8 +234,6 @@ def test_every_selector_has_a_series(scraped: Prometheus, query: m.Query) -> Non
 def test_every_panel_query_returns_a_series(scraped: Prometheus, query: m.Query) -> None:
     _pending_on_the_operator(query)
     result = scraped.query(query.expr)
-    if not result and _not_exported_yet(query.selectors):
-        pytest.xfail(f"not exported by the operator yet: {NOT_EXPORTED_YET}")
     assert result, query.expr
 
 
@@ -254,8 +243,6 @@ def test_every_alert_expression_returns_a_series_with_its_threshold_opened(
 ) -> None:
     _pending_on_the_operator(query)
     result = scraped.query(query.opened())
-    if not result and _not_exported_yet(query.selectors):
-        pytest.xfail(f"not exported by the operator yet: {NOT_EXPORTED_YET}")
     assert result, query.opened()
     if "dispatcher" in query.expr:
         # The labels the alert's summary names survive its aggregations and joins.
