@@ -163,6 +163,8 @@ def test_a_step_scales_up_drains_scales_to_zero_and_wakes_again(
     wait_for("the backlog to drain", lambda: unfinished(dsn) == 0, timeout=180)
     drained_at = len(scale_events(cluster))
     wait_for("the scale-down to zero after the window", lambda: replicas(cluster) == 0, timeout=120)
+    # The Event follows the resize: wait for it, so the story below is read whole.
+    wait_for("the Event of the scale to zero", lambda: scale_events(cluster)[-1][1] == 0)
     wait_for("every worker process gone", lambda: not kubelet.pods("default", "orders-worker"))
     assert condition(cluster, "orders", "Ready")["reason"] == "ScaledToZero"
     assert len(set(sink.delivered_ids())) == sent
@@ -174,6 +176,7 @@ def test_a_step_scales_up_drains_scales_to_zero_and_wakes_again(
     wait_for("the wake-up on the next message", lambda: replicas(cluster) >= 1)
     wait_for("its delivery", lambda: len(set(sink.delivered_ids())) == sent + 1, timeout=90)
     wait_for("zero again", lambda: replicas(cluster) == 0, timeout=120)
+    wait_for("the Event of the second scale to zero", lambda: scale_events(cluster)[-1][1] == 0)
 
     story = scale_events(cluster)
 
