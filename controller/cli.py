@@ -19,8 +19,8 @@ import kopf
 from kubernetes.aio.client import ApiClient, Configuration
 from kubernetes.aio.config import ConfigException, load_incluster_config, load_kube_config
 
+from outbox import logs
 from outbox.cliutil import fail
-from outbox.controller import logs
 from outbox.controller.handlers import Supervisor, build_kopf_settings, build_registry
 from outbox.controller.kube import Kube
 from outbox.controller.leader import LeaderElector
@@ -118,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings = load_settings(argv)
     except SettingError as exc:
         fail(PROG, str(exc))
-    logs.configure(settings.log_format, settings.log_level)
+    # kopf narrates every watch event at INFO; its warnings and errors still show.
+    logs.configure(settings.log_format, settings.log_level, {"kopf": logging.WARNING})
     namespaces = ", ".join(settings.namespaces) or "all namespaces"
     log.info("outbox-controller serving %s as %s", namespaces, settings.leader_identity)
     sys.exit(asyncio.run(run(settings)))

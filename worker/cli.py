@@ -9,10 +9,10 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from outbox import logs
 from outbox.cliutil import USAGE_ERROR, fail
 from outbox.schema import SchemaError
 from outbox.settings import SettingError
-from outbox.worker import logs
 from outbox.worker.dispatcher import Dispatcher
 from outbox.worker.metrics import HealthServer, Metrics
 from outbox.worker.publishers.base import Publisher
@@ -90,7 +90,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings = load_settings(argv)
     except SettingError as exc:
         fail(PROG, str(exc))
-    logs.configure(settings.log_format, settings.log_level)
+    # The dispatcher reports database trouble itself, once per streak; the pool would repeat it.
+    logs.configure(settings.log_format, settings.log_level, {"psycopg.pool": logging.ERROR})
     for warning in settings.warnings():
         log.warning("settings: %s", warning)
     try:

@@ -55,6 +55,8 @@ OPERATOR_PRESENT = (
     importlib.util.find_spec("outbox.controller.cli") is not None
     and (Path(__file__).parents[1] / "k8s" / "test_operator.py").exists()
 )
+
+
 # Series the alerts and the dashboard name that the operator does not export yet: the
 # expired-lease count (QueueStats.expired_leases) as a backlog state.
 class Prometheus:

@@ -1,10 +1,11 @@
-"""Logging: JSON lines in containers, readable lines on a terminal."""
+"""Logging for every component: JSON lines in containers, readable lines on a terminal."""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
@@ -24,7 +25,8 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def configure(log_format: str, level: str) -> None:
+def configure(log_format: str, level: str, quieter: Mapping[str, int] | None = None) -> None:
+    """Log to stderr; `quieter` raises the level of a component's chattier libraries."""
     handler = logging.StreamHandler(sys.stderr)
     use_json = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
     handler.setFormatter(
@@ -36,5 +38,5 @@ def configure(log_format: str, level: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    # The dispatcher reports database trouble itself, once per streak; the pool would repeat it.
-    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+    for name, floor in (quieter or {}).items():
+        logging.getLogger(name).setLevel(max(floor, logging.getLevelName(level)))
