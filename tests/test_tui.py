@@ -21,6 +21,7 @@ from tui_fakes import FakeSource
 
 from outbox import repair
 from outbox.query import fetch
+from outbox.stats import queue_stats
 from outbox.table import Table
 from outbox.tui.app import OutboxApp
 from outbox.tui.config import Config, parse_args
@@ -104,6 +105,9 @@ async def test_dashboard_counts_match_the_database_and_follow_it_live(conn, dsn)
         assert re.search(r"expired leases\s+1\b", text), text
         assert re.search(r"w1\s+2\s+1\b", text), text  # lease holder: held, expired
         assert re.search(r"blocked aggregates\s+\d", text), text
+        # Ordered: what the workers may claim now, as the stats (and the operator) read it.
+        heads = queue_stats(conn, Table.default(), ordered=True).claimable_heads
+        assert re.search(rf"oldest claimable\s+\S+\s+{heads} heads", text), text
         assert "● connected" in text
         # Attempts of waiting rows: 0 -> 3, 1 -> 2, 2 -> 1.
         assert re.search(r"0 █+\s+3\b", text) and re.search(r"2 █+\s+1\b", text), text

@@ -169,7 +169,10 @@ class PgSource:
 
     async def overview(self, ordered: bool) -> Overview:
         async def work(conn: psycopg.AsyncConnection[Any]) -> Overview:
-            stats = await queue_stats_async(conn, self.table, exact=self._small_table)
+            # Ordered: the claimable figures too (rows behind an unfinished head are not claimable).
+            stats = await queue_stats_async(
+                conn, self.table, exact=self._small_table, ordered=ordered
+            )
             # Exact from the next poll on while counting done rows costs next to nothing.
             self._small_table = stats.pending + stats.processing + stats.dead + stats.done < (
                 EXACT_DONE_BELOW

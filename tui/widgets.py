@@ -146,16 +146,17 @@ class AgesPanel(Static):
 
     def show(self, stats: QueueStats, slo: float, blocked: Blocked | None) -> None:
         grid = _grid()
-        for label, value in (
-            ("oldest pending", stats.oldest_pending_age),
-            ("oldest ready", stats.oldest_ready_age),
-        ):
+        # Ordered: rows behind an unfinished head are not claimable, so the oldest claimable
+        # head is the age that matters (the one the operator sizes on), beside how many.
+        ordered = stats.claimable_heads is not None
+        ready = ("oldest claimable", stats.oldest_claimable_age) if ordered else (
+            "oldest ready", stats.oldest_ready_age)  # fmt: skip
+        for label, value in (("oldest pending", stats.oldest_pending_age), ready):
             over = value is not None and value > slo
-            grid.add_row(
-                label,
-                Text(fmt.age(value), style=slo_style(value, slo)),
-                Text("over SLO", style="bold red") if over else "",
-            )
+            note: str | Text = Text("over SLO", style="bold red") if over else ""
+            if ordered and label == "oldest claimable" and not over:
+                note = f"{fmt.count(stats.claimable_heads or 0)} heads"
+            grid.add_row(label, Text(fmt.age(value), style=slo_style(value, slo)), note)
         grid.add_row(
             "expired leases",
             Text(fmt.count(stats.expired_leases), "bold red" if stats.expired_leases else ""),
