@@ -219,8 +219,14 @@ class OutboxApp(App[None]):
 
 
 def describe_error(exc: BaseException) -> str:
-    """A database error in a few words, its reason kept (`outbox.dberrors.describe`)."""
-    return f"{type(exc).__name__}: {dberrors.describe(exc)}"
+    """A database error in a few words, its reason kept (`outbox.dberrors.describe`).
+
+    The status line is narrow: a server's refusal (`FATAL: database "x" does not exist`)
+    comes first, without the host and port libpq puts before it (the top bar shows those)."""
+    text = dberrors.describe(exc)
+    if "FATAL: " in text:
+        text = text.split("FATAL: ", 1)[1]
+    return f"{type(exc).__name__}: {text}"
 
 
 def _hosts_the_screens(app: OutboxApp) -> Host:
