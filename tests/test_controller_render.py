@@ -226,10 +226,10 @@ def test_publishers_without_options(kind: str) -> None:
 
 def _worker_variables() -> set[str]:
     from outbox.cliutil import env_name
-    from outbox.worker.publishers.registry import load_publisher
-    from outbox.worker.settings import BUILTIN_PUBLISHERS, build_parser
+    from outbox.worker.publishers.registry import builtin_names, load_publisher
+    from outbox.worker.settings import build_parser
 
-    parser = build_parser([load_publisher(name) for name in BUILTIN_PUBLISHERS])
+    parser = build_parser([load_publisher(name) for name in builtin_names()])
     return {env_name(flag) for action in parser._actions for flag in action.option_strings
             if flag.startswith("--") and flag != "--help"}  # fmt: skip
 
