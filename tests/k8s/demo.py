@@ -131,6 +131,11 @@ class Recorder:
     def peak_age(self) -> float:
         return max((s.oldest_ready_age for s in self.samples), default=0.0)
 
+    def violation_seconds(self, target: float) -> float:
+        """How long the oldest ready message was older than `target` (sample to sample)."""
+        pairs = itertools.pairwise(self.samples)
+        return sum(b.at - a.at for a, b in pairs if a.oldest_ready_age > target)
+
     def replica_seconds(self) -> float:
         """The Deployment's size integrated over time (each sample holds until the next)."""
         return sum(a.replicas * (b.at - a.at) for a, b in itertools.pairwise(self.samples))
