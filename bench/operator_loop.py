@@ -89,7 +89,9 @@ class Trace:
         return self.before + self.step + self.after
 
 
-FULL = Trace(quiet_rate=5, step_rate=3 * DRAIN_RATE, before=10, step=40, after=90)
+# The quiet tail outlasts every scale-down window, the policy's 60 s arrival window included
+# (a constant of the policy, not compressed).
+FULL = Trace(quiet_rate=5, step_rate=3 * DRAIN_RATE, before=10, step=40, after=150)
 SMOKE = Trace(quiet_rate=5, step_rate=3 * DRAIN_RATE, before=3, step=10, after=15)
 
 
@@ -193,6 +195,7 @@ class Result:
     max_age_seconds: float
     replica_seconds: float
     largest: int
+    back_to_min_seconds: float | None  # after the step ended; None: not within the trace
     scale_changes: int
     sent: int
     lost: int
@@ -204,6 +207,7 @@ class Result:
             "max_age_seconds": round(self.max_age_seconds, 1),
             "replica_seconds": round(self.replica_seconds),
             "largest": self.largest,
+            "back_to_min_seconds": self.back_to_min_seconds,
             "scale_changes": self.scale_changes,
             "sent": self.sent,
             "lost": self.lost,
@@ -289,11 +293,21 @@ def run_contender(bench: Bench, trace: Trace, policy: KedaPolicy | None) -> Resu
         max_age_seconds=recorder.peak_age(),
         replica_seconds=recorder.replica_seconds(),
         largest=max((to for _, to, _ in decisions), default=MIN_REPLICAS),
+        back_to_min_seconds=back_to_min(recorder, trace.before + trace.step),
         scale_changes=len(decisions),
         sent=arrivals.sent,
         lost=arrivals.sent - len(delivered),
         decisions=decisions,
     )
+
+
+def back_to_min(recorder: Recorder, step_end: float) -> float | None:
+    """Seconds from the end of the step until the Deployment was at minReplicas for good."""
+    above = [s.at for s in recorder.samples if s.replicas != MIN_REPLICAS]
+    if not above or above[-1] < step_end:
+        return 0.0
+    after = [s.at for s in recorder.samples if s.at > above[-1]]
+    return round(after[0] - step_end, 1) if after else None
 
 
 def render(report: dict[str, Any]) -> str:
@@ -309,13 +323,18 @@ def render(report: dict[str, Any]) -> str:
         + (" (smoke size)." if report["smoke"] else "."),
         "",
         "| autoscaler | violation-seconds | max age (s) | replica-seconds | largest "
-        "| scale changes | sent | lost |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| back to min after the step (s) | scale changes | sent | lost |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in report["contenders"].items():
+        back = (
+            "not within the trace"
+            if row["back_to_min_seconds"] is None
+            else row["back_to_min_seconds"]
+        )
         lines.append(
             f"| {name} | {row['violation_seconds']:g} | {row['max_age_seconds']:g} | "
-            f"{row['replica_seconds']} | {row['largest']} | {row['scale_changes']} | "
+            f"{row['replica_seconds']} | {row['largest']} | {back} | {row['scale_changes']} | "
             f"{row['sent']} | {row['lost']} |"
         )
     lines += ["", "Measured on a shared machine: one run, read the figures as ratios.", ""]
