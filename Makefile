@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[all,dev,bench]'
 	touch $(STAMP)
 
+# The worker demo, then the operator's story on the API emulator and the local kubelet
+# (test infrastructure, hence from tests/).
 demo: $(STAMP)
 	$(BIN)/outbox demo
+	PYTHONPATH=tests $(BIN)/python -m k8s.demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -94,3 +94,29 @@ def test_demo_keep_leaves_a_database_to_connect_to():
         while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.05)  # a server we did not start: nothing to wait() on
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_operator_demo_scales_for_the_burst_and_back_losing_nothing():
+    """`make demo`'s second part, as it runs it (its outcome against the emulator and the
+    table is asserted in k8s/test_demo_story.py)."""
+    import os
+
+    if not os.access("/usr/bin/kubectl", os.X_OK):
+        pytest.skip("kubectl is not installed at /usr/bin/kubectl (Debian package kubectl)")
+    tests = Path(__file__).parent
+    result = subprocess.run(
+        [sys.executable, "-m", "k8s.demo", "--burst-seconds", "12"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(tests)},
+        cwd=tests.parent,
+    )
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert re.search(r"NAME\s+READY\s+DESIRED\s+BACKLOG\s+OLDEST-READY", out), out
+    workers = re.search(r"workers\s+(\d+) -> (\d+) -> (\d+)", out)
+    assert workers and int(workers[2]) > int(workers[1]) == int(workers[3]), out
+    assert re.search(r"ScaledUp .* 1 -> \d+ workers: ", out), out
+    assert re.search(r"^\s+lost\s+0$", out, re.MULTILINE), out
+    assert "Result: OK" in out
