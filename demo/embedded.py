@@ -178,10 +178,6 @@ class EmbeddedPostgres:
         if remove if remove is not None else self._owns_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    def restart(self) -> None:
-        self.stop(remove=False)
-        self.start()
-
     def detach(self) -> None:
         """Leave the server running after this process exits (`outbox demo --keep`)."""
         self._process = None
