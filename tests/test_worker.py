@@ -324,11 +324,10 @@ async def test_a_publish_that_waits_then_overruns_is_timed_out_and_retried(conn,
 
     s = settings(dsn, publish_timeout=timedelta(milliseconds=200), **NO_QUICK_RETRY)
     async with dispatching(s, Scripted(behave)):
+        # One read of the row: two could see `pending` before the claim and `attempts = 1`
+        # of the claim itself, and then the shutdown gives the row back unfinished.
         await wait_until(
-            lambda: (
-                row(conn, message_id)["status"] == "pending"
-                and row(conn, message_id)["attempts"] == 1
-            )
+            lambda: (r := row(conn, message_id))["status"] == "pending" and r["attempts"] == 1
         )
     assert "publish timed out" in row(conn, message_id)["last_error"]
 
