@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import psycopg
 
+from outbox import dberrors
 from outbox.controller.status import Problem
 from outbox.maintenance import purge_done
 from outbox.schema import SchemaError, check_table
@@ -44,13 +45,21 @@ def _scrub(message: str, dsn: str) -> str:
 
 
 def _database_problem(exc: psycopg.Error, dsn: str) -> Problem:
-    if isinstance(exc, psycopg.OperationalError):
+    """The one classification every component uses (outbox.dberrors), as a condition reason:
+    refused for good (a person must fix the Secret or the database), unreachable for now,
+    or a statement that failed."""
+    reason = _scrub(dberrors.describe(exc), dsn)
+    if dberrors.is_permanent_connection_failure(exc):
         return Problem(
-            "DatabaseUnreachable",
-            f"cannot connect to {redact_dsn(dsn)}: {_scrub(str(exc), dsn)}",
+            "DatabaseRefused",
+            f"{redact_dsn(dsn)} refused the connection (waiting will not fix it): {reason}",
             database=True,
         )
-    return Problem("DatabaseError", _scrub(str(exc), dsn), database=True)
+    if isinstance(exc, psycopg.OperationalError) and dberrors.is_transient(exc):
+        return Problem(
+            "DatabaseUnreachable", f"cannot connect to {redact_dsn(dsn)}: {reason}", database=True
+        )
+    return Problem("DatabaseError", reason, database=True)
 
 
 async def read_backlog(dsn: str, table: Table, *, ordered: bool = False) -> QueueStats:

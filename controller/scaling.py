@@ -524,5 +524,8 @@ class ScalingPolicy:
             n, reason = s.max_replicas, "MaxReplicas"
             message = f"wanted more: {message}"
         if n < s.min_replicas:
+            # Say what the floor raised, not only why fewer were wanted ("idle for 0s" alone
+            # reads oddly on a wake-up to the minimum).
+            message = f"minReplicas is {s.min_replicas}; wanted {n}: {message}"
             n, reason = s.min_replicas, "MinReplicas"
         return Decision(n, reason, message)

@@ -308,3 +308,11 @@ def test_a_measurement_that_grew_stale_is_probed_again():
     queue.run(1200, rate=500)
     assert policy.drain_rate.value == pytest.approx(300, rel=0.02)
     assert queue.replicas == 2  # ceil(500 / (0.9 x 300))
+
+
+def test_a_decision_raised_to_min_replicas_says_so():
+    policy = ScalingPolicy({"minReplicas": 2, "maxReplicas": 4})
+    queue = Queue(policy, mu=200, replicas=2)
+    decision = queue.run(900, rate=0)[-1]
+    assert decision.reason == "MinReplicas"
+    assert decision.message.startswith("minReplicas is 2; wanted 0: "), decision.message

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 import yaml
+from psycopg.conninfo import make_conninfo
 
 from outbox.demo.embedded import EmbeddedPostgres
 from outbox.models import Event
@@ -372,6 +373,7 @@ UNREACHABLE = (
         ("no key", "SecretKeyMissing"),
         ("bad dsn", "InvalidDsn"),
         ("unreachable", "DatabaseUnreachable"),
+        ("refused", "DatabaseRefused"),
         ("no table", "TableMissing"),
         ("wrong table", "TableInvalid"),
         ("no publisher", "PublisherUnavailable"),
@@ -396,6 +398,8 @@ def test_a_resource_that_cannot_be_served_says_why_and_recovers_when_fixed(
         secret = secret_manifest("orders-db", dsn="host=db password=hunter2-secret port=notaport =")
     elif case == "unreachable":
         secret = secret_manifest("orders-db", dsn=UNREACHABLE)
+    elif case == "refused":  # a role the server does not have: waiting will not fix it
+        secret = secret_manifest("orders-db", dsn=make_conninfo(dsn, user="no_such_role"))
     elif case == "no table":
         secret = secret_manifest("orders-db", dsn=empty_dsn)
     elif case == "wrong table":
@@ -417,7 +421,7 @@ def test_a_resource_that_cannot_be_served_says_why_and_recovers_when_fixed(
     database = condition(cluster, "orders", "DatabaseReachable")
     assert database["status"] == (
         "False"
-        if reason == "DatabaseUnreachable"
+        if reason in ("DatabaseUnreachable", "DatabaseRefused")
         else "Unknown"
         if reason.startswith(("Secret", "InvalidDsn", "Publisher"))
         else database["status"]
