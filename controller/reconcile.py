@@ -133,11 +133,13 @@ class Dispatcher:
         return dsn, await read_backlog(dsn, table, ordered=ordered)
 
     def _policy_for(self, scaling: Mapping[str, Any]) -> ScalingPolicy:
-        # One policy per resource, kept between passes (it holds the stabilization window);
-        # a new one when spec.scaling changes.
-        if self._policy is None or self._policy_spec != scaling:
+        # One policy per resource, kept between passes (it holds the stabilization window and
+        # what it learned), given the new settings when spec.scaling changes.
+        if self._policy is None:
             self._policy = ScalingPolicy(dict(scaling))
-            self._policy_spec = dict(scaling)
+        elif self._policy_spec != scaling:
+            self._policy.reconfigure(dict(scaling))
+        self._policy_spec = dict(scaling)
         return self._policy
 
     def _decide(

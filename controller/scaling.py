@@ -307,6 +307,12 @@ class ScalingPolicy:
         self._idle_since: float | None = None
         self._calm_since: float | None = None
 
+    def reconfigure(self, scaling: Mapping[str, Any] | None) -> None:
+        """New settings (spec.scaling edited), keeping what was learned: the drain rate per
+        worker, the start-up delay and the arrival history describe the workers and the
+        traffic, not the settings, and relearning them would cost minutes of poor sizing."""
+        self.settings = ScalingSettings.from_spec(scaling)
+
     def decide(
         self, stats: QueueStats, *, replicas: int, ready_replicas: int, paused: bool = False
     ) -> int:

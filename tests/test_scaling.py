@@ -316,3 +316,19 @@ def test_a_decision_raised_to_min_replicas_says_so():
     decision = queue.run(900, rate=0)[-1]
     assert decision.reason == "MinReplicas"
     assert decision.message.startswith("minReplicas is 2; wanted 0: "), decision.message
+
+
+def test_an_edited_spec_scaling_keeps_what_the_policy_learned():
+    from outbox.controller.reconcile import Dispatcher
+
+    # _policy_for reads no context: the resource's own policy, across spec edits.
+    dispatcher = Dispatcher(context=None, body={})  # type: ignore[arg-type]
+    policy = dispatcher._policy_for({"maxReplicas": 50})
+    Queue(policy, mu=200, replicas=2).run(60, rate=1000)
+    assert policy.drain_rate.measured
+
+    edited = dispatcher._policy_for({"maxReplicas": 20, "targetOldestReadyAgeSeconds": 5})
+    assert edited is policy
+    assert edited.settings.max_replicas == 20
+    assert edited.settings.target_oldest_ready_age_seconds == 5
+    assert edited.drain_rate.value == pytest.approx(200, rel=0.01)
