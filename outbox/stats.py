@@ -111,13 +111,15 @@ class Rates:
 
 
 def rates(before: QueueStats, after: QueueStats) -> Rates | None:
-    """Arrival and completion rates between two snapshots; None if no time passed.
+    """Arrival and completion rates between two snapshots; None if no time passed, or if
+    max(id) went down (the newest rows were purged or the table emptied): no arrival count
+    can be had from that pair.
 
     Completions are arrivals minus the backlog's growth while both backlogs are exact;
     past the count limit, how far the head of the claim order moved through the ids.
     """
     seconds = (after.sampled_at - before.sampled_at).total_seconds()
-    if seconds <= 0:
+    if seconds <= 0 or after.max_id < before.max_id:
         return None
     arrived = after.max_id - before.max_id
     if before.at_least("pending") or after.at_least("pending"):

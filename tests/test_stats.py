@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 from helpers import explain_prepared, seed
+from psycopg import sql
 
 from outbox import Outcome, queue_stats, queue_stats_async, rates
 from outbox.lease import claim, finalize
@@ -158,6 +159,16 @@ def test_rates_need_time_to_pass(conn, table):
     seed(conn, 2)
     snapshot = queue_stats(conn, table)
     assert rates(snapshot, snapshot) is None
+
+
+def test_rates_are_unknown_when_the_newest_rows_went_away(conn, table):
+    seed(conn, 4)
+    before = queue_stats(conn, table)
+    with conn.transaction():
+        conn.execute(sql.SQL("DELETE FROM {t}").format(t=table.ident))
+    after = queue_stats(conn, table)
+    assert after.max_id < before.max_id
+    assert rates(before, after) is None  # not a negative arrival rate
 
 
 def test_rates_never_report_negative_completions(conn, table):
