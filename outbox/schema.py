@@ -59,6 +59,12 @@ COLUMN_SHAPES: dict[str, tuple[str, bool, bool]] = {
 }
 assert tuple(COLUMN_SHAPES) == REQUIRED_COLUMNS
 
+# Columns the later migration steps add: a hand-made table adopted by `outbox migrate` need
+# not have them (migrate adds them), but a migrated table in use must.
+ADDED_COLUMNS: dict[str, tuple[str, bool, bool]] = {
+    "errors": ("jsonb", False, False),  # v3
+}
+
 
 class SchemaError(RuntimeError):
     """The table is missing, has the wrong shape, or is newer than this code."""
@@ -217,18 +223,20 @@ def _columns_query(table: Table) -> sql.Composed:
     ).format(t=table.regclass_literal)
 
 
-def _missing(rows: list[tuple[object, ...]]) -> list[str]:
+def _missing(rows: list[tuple[object, ...]], *, migrated: bool = False) -> list[str]:
     present = {str(row[0]) for row in rows}
-    return [column for column in REQUIRED_COLUMNS if column not in present]
+    wanted = [*REQUIRED_COLUMNS, *ADDED_COLUMNS] if migrated else REQUIRED_COLUMNS
+    return [column for column in wanted if column not in present]
 
 
 def _misshapen(rows: list[tuple[object, ...]]) -> list[str]:
     """What is wrong with the required columns that exist, one phrase each."""
+    shapes = {**COLUMN_SHAPES, **ADDED_COLUMNS}
     problems = []
     for name, type_, not_null, has_default in rows:
-        if name not in COLUMN_SHAPES:
+        if name not in shapes:
             continue  # extra columns are the application's business
-        want_type, want_not_null, want_default = COLUMN_SHAPES[str(name)]
+        want_type, want_not_null, want_default = shapes[str(name)]
         if type_ != want_type:
             problems.append(f"{name} is {type_} (expected {want_type})")
         if want_not_null and not not_null:
@@ -301,7 +309,7 @@ async def check_table(conn: psycopg.AsyncConnection[tuple[object, ...]], table: 
     async with conn.cursor() as cur:
         await cur.execute(_columns_query(table))
         rows = await cur.fetchall()
-    missing = _missing(rows)
+    missing = _missing(rows, migrated=True)
     if missing:
         raise SchemaError(f"table {table} lacks required columns: {', '.join(missing)}")
     misshapen = _misshapen(rows)

@@ -299,6 +299,7 @@ def test_migrate_adopts_a_hand_made_table_with_an_identity_and_extra_columns(emp
             "ALTER TABLE outbox ALTER COLUMN available_at DROP DEFAULT",
             "available_at has no default",
         ),
+        ("ALTER TABLE outbox ALTER COLUMN errors TYPE text", "errors is text (expected jsonb)"),
     ],
 )
 def test_worker_refuses_a_migrated_table_whose_columns_were_altered(empty_dsn, alter, reason):
@@ -310,6 +311,17 @@ def test_worker_refuses_a_migrated_table_whose_columns_were_altered(empty_dsn, a
     line = one_line(result.stderr)
     assert line.startswith("outbox-worker: error: table outbox has wrong columns: ")
     assert reason in line
+
+
+def test_worker_refuses_a_migrated_table_that_lost_a_column_a_later_step_added(empty_dsn):
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, Table.parse("outbox"))
+        conn.execute("ALTER TABLE outbox DROP COLUMN errors")  # v3's, dropped by hand
+    result = run("outbox.worker", "--dsn", empty_dsn, "--publisher", "null", timeout=30)
+    assert result.returncode == 2, result
+    assert one_line(result.stderr) == (
+        "outbox-worker: error: table outbox lacks required columns: errors"
+    )
 
 
 def test_migrate_refuses_a_table_of_the_wrong_shape(empty_dsn):
