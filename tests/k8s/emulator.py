@@ -185,6 +185,9 @@ BUILTINS = (
     ),
     _builtin("coordination.k8s.io", "v1", "leases", "Lease"),
     _builtin(
+        "networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", short_names=("netpol",)
+    ),
+    _builtin(
         "apiextensions.k8s.io",
         "v1",
         "customresourcedefinitions",
