@@ -39,10 +39,10 @@ from kubernetes.aio.client import ApiClient, Configuration
 
 from bench.autoscale.contenders import KedaHpa
 from bench.env import Bench
-from outbox.controller import status as st
 from outbox.controller.kube import Kube
 from outbox.controller.metrics import Metrics
 from outbox.controller.reconcile import Context, Dispatcher
+from outbox.controller.scaling import Decision
 from outbox.controller.settings import ControllerSettings
 from outbox.demo.sink import Reply, Sink
 from outbox.stats import QueueStats
@@ -128,7 +128,12 @@ class KedaPolicy:
         self._start: float | None = None
         self._t = -1
 
-    def decide(self, stats: QueueStats, *, replicas: int) -> tuple[int, str]:
+    def reconfigure(self, scaling: Mapping[str, Any] | None) -> None:
+        """The trace never edits spec.scaling."""
+
+    def decide_explained(
+        self, stats: QueueStats, *, replicas: int, ready_replicas: int, paused: bool = False
+    ) -> Decision:
         now = stats.sampled_at.timestamp()
         self._start = now if self._start is None else self._start
         observed = Observed(replicas, stats.oldest_pending_age or 0.0, float(stats.backlog))
@@ -140,7 +145,8 @@ class KedaPolicy:
                 wanted = asked
                 observed = Observed(wanted, observed.oldest_age, observed.pending)
         value = self.model.metric(observed)  # type: ignore[arg-type]
-        return wanted, f"{self.name}: metric {value:.1f}, target {self.model.target:g} per replica"
+        message = f"{self.name}: metric {value:.1f}, target {self.model.target:g} per replica"
+        return Decision(wanted, "KedaHpa", message)
 
 
 def keda(name: str, metric: Callable[[Observed], float], target: float) -> KedaPolicy:
@@ -157,26 +163,6 @@ def keda(name: str, metric: Callable[[Observed], float], target: float) -> KedaP
         downscale_window=300 // COMPRESSION,
     )
     return KedaPolicy(model)
-
-
-@dataclass
-class KedaDispatcher(Dispatcher):
-    """The operator's Dispatcher with the sizing decision taken by a KEDA model."""
-
-    keda: KedaPolicy | None = None
-
-    def _decide(
-        self,
-        spec: Mapping[str, Any],
-        stats: QueueStats | None,
-        current: int,
-        ready: int,
-        problem: st.Problem | None,
-    ) -> st.Decision:
-        if self.keda is None or stats is None or problem is not None:
-            return super()._decide(spec, stats, current, ready, problem)
-        wanted, message = self.keda.decide(stats, replicas=current)
-        return st.Decision(st.bounded(wanted, spec["scaling"]), "KedaHpa", message)
 
 
 CONTENDERS: dict[str, Callable[[], KedaPolicy | None]] = {
@@ -230,9 +216,9 @@ async def drive(
     settings = ControllerSettings(worker_publishers=("log", "http", "null"), health_port=0)
     context = Context(settings, Kube(api, lambda: None, "bench"), Metrics())
     body = wait_for("the stored resource", lambda: get(cluster, "outboxdispatchers", "orders"))
-    dispatcher = (
-        Dispatcher(context, body) if policy is None else KedaDispatcher(context, body, keda=policy)
-    )
+    dispatcher = Dispatcher(context, body)
+    if policy is not None:
+        dispatcher.new_policy = lambda scaling: policy
     task = asyncio.create_task(dispatcher.run(), name="dispatcher")
     try:
         await asyncio.to_thread(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,7 +27,7 @@ from outbox.controller.leader import LeadershipLost
 from outbox.controller.metrics import Metrics
 from outbox.controller.render import TEMPLATE_HASH, render_deployment
 from outbox.controller.resource import deployment_name, selector_string
-from outbox.controller.scaling import ScalingPolicy
+from outbox.controller.scaling import ScalingPolicy, SizingPolicy
 from outbox.controller.settings import ControllerSettings
 from outbox.settings import format_duration, parse_duration
 from outbox.stats import QueueStats, rates
@@ -53,7 +53,9 @@ class Dispatcher:
     context: Context
     body: Mapping[str, Any]
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    _policy: ScalingPolicy | None = None
+    # Builds the resource's policy from spec.scaling (another policy can be measured in its place).
+    new_policy: Callable[[Mapping[str, Any]], SizingPolicy] = ScalingPolicy
+    _policy: SizingPolicy | None = None
     _policy_spec: Mapping[str, Any] | None = None
     _previous: QueueStats | None = None
     _last_purge: datetime | None = None
@@ -132,11 +134,11 @@ class Dispatcher:
         ordered = spec.get("ordering") == "aggregate"
         return dsn, await read_backlog(dsn, table, ordered=ordered)
 
-    def _policy_for(self, scaling: Mapping[str, Any]) -> ScalingPolicy:
+    def _policy_for(self, scaling: Mapping[str, Any]) -> SizingPolicy:
         # One policy per resource, kept between passes (it holds the stabilization window and
         # what it learned), given the new settings when spec.scaling changes.
         if self._policy is None:
-            self._policy = ScalingPolicy(dict(scaling))
+            self._policy = self.new_policy(dict(scaling))
         elif self._policy_spec != scaling:
             self._policy.reconfigure(dict(scaling))
         self._policy_spec = dict(scaling)

@@ -45,7 +45,7 @@ import statistics
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Protocol
 
 from outbox.stats import QueueStats, rates
 
@@ -151,6 +151,17 @@ class Decision:
     replicas: int
     reason: str  # CamelCase, e.g. Backlog, ArrivalRate, Idle, Paused
     message: str
+
+
+class SizingPolicy(Protocol):
+    """What the operator asks of a policy on every pass (`ScalingPolicy` is the one it ships;
+    the benchmark plugs KEDA's models in through the same door)."""
+
+    def decide_explained(
+        self, stats: QueueStats, *, replicas: int, ready_replicas: int, paused: bool = False
+    ) -> Decision: ...
+
+    def reconfigure(self, scaling: Mapping[str, Any] | None) -> None: ...
 
 
 class DrainRate:
