@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
+import contextlib
 import os
 import shutil
 import ssl
 import subprocess
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiohttp.test_utils
+import aiohttp.web
 import kubernetes.client
 import kubernetes.config
 import pytest
@@ -38,13 +38,12 @@ ADMIN_TOKEN = "emulator-admin-token"
 T = TypeVar("T")
 
 
-class _TLSServer(aiohttp.test_utils.RawTestServer):
-    def __init__(self, *args: Any, ssl_context: ssl.SSLContext, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._ssl_context = ssl_context
-
-    async def start_server(self, loop: Any = None, **kwargs: Any) -> None:
-        await super().start_server(loop=loop, ssl=self._ssl_context, **kwargs)
+async def _first_of(*waits: Coroutine[Any, Any, Any]) -> None:
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -127,23 +126,69 @@ class LocalCluster:
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
+        # An outage: asked for (`_down`, `_up`), and done (`_closed`, `_listening`).
+        self._down, self._up = asyncio.Event(), asyncio.Event()
+        self._closed, self._listening = asyncio.Event(), asyncio.Event()
         self.emulator = Emulator(authorizer=self._authorizer)
-        server_cls: Any = aiohttp.test_utils.RawTestServer
+        context = None
         if self.ca_path is not None:
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             context.load_cert_chain(self.ca_path, self.workdir / "tls.key")
-            server_cls = functools.partial(_TLSServer, ssl_context=context)
-        # The emulator served by aiohttp's server directly: `kmock.Server` would also patch
-        # aiohttp's resolver for the whole process, which two emulators at once cannot share.
-        async with self.emulator, server_cls(self.emulator, host="127.0.0.1") as server:
-            self.url = str(server.make_url("")).rstrip("/")
-            self._started.set()
-            await self._stop.wait()
+        scheme = "https" if context else "http"
+        port = 0
+        async with self.emulator:
+            while not self._stop.is_set():
+                # The emulator served by aiohttp's low-level server directly: `kmock.Server`
+                # would also patch aiohttp's resolver for the whole process, which two
+                # emulators at once cannot share. Stopping cuts open watches at once, as an
+                # API server going away does, instead of waiting for them to end.
+                runner = aiohttp.web.ServerRunner(
+                    aiohttp.web.Server(self.emulator, handler_cancellation=True),
+                    shutdown_timeout=0.1,
+                )
+                await runner.setup()
+                try:
+                    site = aiohttp.web.TCPSite(
+                        runner, "127.0.0.1", port, ssl_context=context, reuse_address=True
+                    )
+                    await site.start()
+                    port = runner.addresses[0][1]  # back on the same address after an outage
+                    self.url = f"{scheme}://127.0.0.1:{port}"
+                    self._started.set()
+                    self._listening.set()
+                    await _first_of(self._stop.wait(), self._down.wait())
+                    self._listening.clear()
+                finally:
+                    await runner.cleanup()
+                self._closed.set()
+                await _first_of(self._stop.wait(), self._up.wait())
+                for event in (self._down, self._up, self._closed):
+                    event.clear()
 
     def stop(self) -> None:
         if self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(30)
+
+    @contextlib.contextmanager
+    def outage(self) -> Iterator[None]:
+        """The API server goes away: its socket closes, open watches and requests are cut,
+        connections are refused; on leaving, it is back on the same address with every
+        object as it was (an API server restart, or a network partition healing)."""
+
+        async def down() -> None:
+            self._down.set()
+            await self._closed.wait()
+
+        async def up() -> None:
+            self._up.set()
+            await self._listening.wait()
+
+        self.call(down())
+        try:
+            yield
+        finally:
+            self.call(up())
 
     def on_loop(self, function: Callable[[Emulator], T], timeout: float = 30) -> T:
         """Run `function(emulator)` on the emulator's loop, e.g. to add a kmock reaction:

@@ -25,6 +25,7 @@ import pytest
 import yaml
 from psycopg.conninfo import make_conninfo
 
+from outbox.controller.cli import LOST_LEADERSHIP
 from outbox.demo.embedded import EmbeddedPostgres
 from outbox.models import Event
 from outbox.producer import enqueue_many
@@ -747,3 +748,54 @@ def test_a_deployment_of_the_same_name_that_is_not_ours_is_left_alone(
         lambda: (d := deployment_of(cluster)) and d["metadata"].get("ownerReferences") and d,
     )
     assert ours["spec"]["template"]["spec"]["containers"][0]["command"] == ["outbox-worker"]
+
+
+SLOW_LEADER = ["--lease-duration", "30s", "--renew-deadline", "20s", "--retry-period", "250ms"]
+
+
+def test_the_api_server_going_away_mid_watch_is_ridden_out(
+    cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
+) -> None:
+    # A renew deadline longer than the outage: the leader keeps leading through it.
+    operator = operators(*SLOW_LEADER)
+    apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest())
+    wait_for("the first pass", lambda: observed(cluster))
+    before = len(operator.log())
+    with cluster.outage():  # open watches cut, connections refused
+        wait_for(
+            "the operator to meet the outage",
+            lambda: "cannot reach the API" in operator.log()[before:],
+        )
+    # The watch is back: a change made now is seen and rolled out.
+    cluster.kubectl("patch", "obd", "orders", "--type=merge", "-p", '{"spec":{"batchSize":7}}')
+    rolled = wait_for(
+        "the change after the outage",
+        lambda: (d := deployment_of(cluster)) and env_value(d, "OUTBOX_BATCH") == "7" and d,
+    )
+    assert rolled is not None
+    assert (
+        wait_for("observedGeneration 2", lambda: observed(cluster))["metadata"]["generation"] == 2
+    )
+    assert operator.process is not None and operator.process.poll() is None  # never restarted
+
+
+def test_an_outage_past_the_renew_deadline_restarts_the_leader_and_its_successor_converges(
+    cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
+) -> None:
+    leader = operators(name="leader")  # renews within 2 s, or stops acting
+    apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest())
+    wait_for("the first pass", lambda: observed(cluster))
+    with cluster.outage():
+        # It cannot know whether another replica took over: it exits, so its pod restarts.
+        assert leader.wait(timeout=60) == LOST_LEADERSHIP
+    assert "lost lease" in leader.log()
+    cluster.kubectl("patch", "obd", "orders", "--type=merge", "-p", '{"spec":{"batchSize":9}}')
+    operators(name="restarted")  # waits out the old Lease, then leads
+    rolled = wait_for(
+        "the change handled by the restarted operator",
+        lambda: (d := deployment_of(cluster)) and env_value(d, "OUTBOX_BATCH") == "9" and d,
+        timeout=90,
+    )
+    assert rolled is not None
+    lease = get(cluster, "leases", "outbox-controller")
+    assert lease is not None and lease["spec"]["holderIdentity"] == "restarted"
