@@ -5,9 +5,54 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+# What a profile of the worker on the HTTP path showed; written from the run it names.
+HTTP_FINDINGS: list[str] = []
+
 
 def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "-"
+
+
+def _http_section(http: dict[str, Any]) -> list[str]:
+    layouts = {"free": http} | ({"pinned": http["pinned"]} if "pinned" in http else {})
+    where = {
+        "free": "every process on every core",
+        "pinned": "PostgreSQL on a core of its own, the rest on the other",
+    }
+
+    def row(label: str, name: str, fmt: str) -> str:
+        cells = [f"{layouts[k][name]['median']:{fmt}}" for k in layouts]
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    return [
+        "## HTTP publisher against a local HTTP server",
+        "",
+        f"{http['messages']:,} messages of ~200 bytes, concurrency {http['concurrency']}: the "
+        "plain load generator (an aiohttp client posting the same body) and then the worker "
+        "(`--publisher http --batch 500`), against one server, in each round; median of "
+        f"{len(http['outbox_dispatcher']['runs'])} round(s), ratios taken within a round.",
+        "",
+        "| | " + " | ".join(where[k] for k in layouts) + " |",
+        "|---|" + "---|" * len(layouts),
+        row("plain load generator, requests/s", "server_capacity", ",.0f"),
+        row("outbox-dispatcher, messages/s", "outbox_dispatcher", ",.0f"),
+        row("**throughput, ours / load generator**", "throughput_ratio", ".2f"),
+        row("load generator CPU µs per request", "loadgen_cpu_us", ".0f"),
+        row("worker CPU µs per delivered message", "worker_cpu_us", ".0f"),
+        row("**CPU, worker / load generator**", "cpu_ratio", ".2f"),
+        row("server CPU µs per request, load generator's", "server_cpu_us_loadgen", ".0f"),
+        row("server CPU µs per request, worker's", "server_cpu_us_worker", ".0f"),
+        row("PostgreSQL CPU µs per message", "database_cpu_us", ".0f"),
+        "",
+        "CPU is user plus system time from /proc, over the same window as the rate: for the "
+        "load generator, from just before its first request to just after its last (it "
+        "reads its own); for the worker, server and PostgreSQL, from the last poll at which "
+        "no message was done yet to the first at which all were (20 ms polls). Start-up and "
+        "imports are left out of both alike.",
+        "",
+        *HTTP_FINDINGS,
+        "",
+    ]
 
 
 def render(report: dict[str, Any]) -> str:
@@ -40,8 +85,6 @@ def render(report: dict[str, Any]) -> str:
     pgq_default = t["pgqueuer defaults"]["median"]
     article = {row["processes"]: row["median"] for row in t.values() if row["peer"] == "article"}
     ceiling = max(row["median"] for row in t.values() if row["peer"] == "ceiling")
-    http_ours = report["http"]["outbox_dispatcher"]["median"]
-    http_capacity = report["http"]["server_capacity"]["median"]
     lines += [
         "",
         "| ratio | value |",
@@ -64,20 +107,7 @@ def render(report: dict[str, Any]) -> str:
         f"{_ratio(best_ours, ceiling)} of that ceiling; the profile below shows what the rest "
         "of its time goes to.",
         "",
-        "## HTTP publisher against a local HTTP server (messages/s)",
-        "",
-        f"- plain load generator, same server: {http_capacity:,.0f}",
-        f"- outbox-dispatcher, http publisher: {http_ours:,.0f} "
-        f"({_ratio(http_ours, http_capacity)} of the server's capacity)",
-        "",
-        "The load generator (the same aiohttp client the publisher uses) shares the cores with "
-        "the server only; the dispatcher shares them with the server and PostgreSQL (a claim "
-        "and a finalize per message). Its process is CPU-bound: in a py-spy profile, aiohttp's "
-        "request path takes about 45% of the samples, and the rest goes to the dispatch loop, "
-        "the envelope's JSON and the database round trips. uvloop speeds up the load "
-        "generator (about 1.35x) far more than the worker (within noise), since the worker's "
-        "time is Python, not socket work.",
-        "",
+        *_http_section(report["http"]),
         f"## Latency, enqueue to publish, {report['latency']['rate_per_second']} messages/s",
         "",
         "| | p50 ms | p99 ms | max ms |",
