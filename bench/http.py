@@ -56,7 +56,14 @@ def run_http(
         if can_pin:
             log(f"http: the same, PostgreSQL pinned to a core of its own ({n + 1}/{repeat})")
             pinned.append(scenarios.http_throughput(bench, messages, CONCURRENCY, pinned=True))
-    report: dict[str, Any] = {"messages": messages, "concurrency": CONCURRENCY, **_summarize(free)}
+    env = bench.environment()
+    report: dict[str, Any] = {
+        "messages": messages,
+        "concurrency": CONCURRENCY,
+        "commit": env["commit"],
+        "started": env["started"],
+        **_summarize(free),
+    }
     if pinned:
         report["pinned"] = _summarize(pinned)
     return report

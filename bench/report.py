@@ -30,7 +30,8 @@ def _http_section(http: dict[str, Any]) -> list[str]:
         f"{http['messages']:,} messages of ~200 bytes, concurrency {http['concurrency']}: the "
         "plain load generator (an aiohttp client posting the same body) and then the worker "
         "(`--publisher http --batch 500`), against one server, in each round; median of "
-        f"{len(http['outbox_dispatcher']['runs'])} round(s), ratios taken within a round.",
+        f"{len(http['outbox_dispatcher']['runs'])} round(s), ratios taken within a round"
+        + (f" (commit {http['commit']}, {http['started']})." if "commit" in http else "."),
         "",
         "| | " + " | ".join(where[k] for k in layouts) + " |",
         "|---|" + "---|" * len(layouts),
