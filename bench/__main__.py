@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }  # fmt: skip
         report["throughput"] = throughput
 
-        report["http"] = run_http(bench, messages, repeat, _log)
+        report["http"] = run_http(bench, messages, repeat, _log, profile=args.profile)
 
         latency_count = 200 if smoke else 1000
         _log(f"latency: {latency_count} messages at 100/s, ours, pgqueuer, ours via HTTP")

@@ -159,12 +159,49 @@ def _check_alive(worker: subprocess.Popen[bytes], deadline: float) -> None:
         raise RuntimeError("the worker process failed")
 
 
+def _worker_drain(
+    bench: Bench,
+    messages: int,
+    publisher: tuple[str, ...],
+    concurrency: int,
+    cores: tuple[int | None, int | None],
+    server: subprocess.Popen[bytes] | None = None,
+) -> tuple[float, dict[str, float]]:
+    """One worker draining `messages` fresh rows: its rate, and CPU µs per message of the
+    worker, the database and (given) the HTTP server. `cores`: (database's, everyone else's)."""
+    db_core, app_core = cores
+    postmaster = bench.server.pid
+    assert postmaster is not None
+    with bench.database() as dsn, _database_pinned(bench, db_core):
+        seed_outbox(dsn, messages)
+        worker = _on(
+            app_core, "outbox.worker", "--dsn", dsn, *publisher, "--batch", "500",
+            "--concurrency", str(concurrency), "--log-level", "WARNING",
+        )  # fmt: skip
+        progress = _Progress(dsn)
+
+        def sample() -> dict[str, float]:
+            return {
+                "worker": cpu_seconds(worker.pid),
+                "database": _tree_cpu_seconds(postmaster, progress.backend_pid),
+                **({"server": cpu_seconds(server.pid)} if server else {}),
+            }
+
+        try:
+            rate, spent = _drain_with_cpu(progress, messages, worker, sample)
+        finally:
+            _stop([worker])
+            progress.conn.close()
+    return rate, {name: seconds * 1e6 / messages for name, seconds in spent.items()}
+
+
 def http_throughput(
     bench: Bench, messages: int, concurrency: int = 64, *, pinned: bool = False
 ) -> dict[str, float]:
     """The plain load generator, then the worker, against one server in one run: rates, and
     CPU µs per request (loadgen) and per delivered message (worker), server and database
-    beside them. `pinned`: PostgreSQL on one core, everything else on another."""
+    beside them; then the worker with the no-op publisher, the dispatch loop's own share.
+    `pinned`: PostgreSQL on one core, everything else on another."""
     cores = sorted(os.sched_getaffinity(0))
     if pinned and len(cores) < 2:
         raise RuntimeError("pinning needs two cores")
@@ -181,41 +218,25 @@ def http_throughput(
             capture_output=True, text=True, check=True, cwd=ROOT,
         )  # fmt: skip
         # The server did nothing else meanwhile: its whole CPU is the load generator's requests.
-        server_for_loadgen = cpu_seconds(server.pid) - server_cpu_before
+        server_for_loadgen = (cpu_seconds(server.pid) - server_cpu_before) * 1e6 / messages
         plain = json.loads(loadgen.stdout)
-        with bench.database() as dsn, _database_pinned(bench, db_core):
-            seed_outbox(dsn, messages)
-            worker = _on(
-                app_core, "outbox.worker", "--dsn", dsn, "--publisher", "http", "--http-url", url,
-                "--batch", "500", "--concurrency", str(concurrency), "--log-level", "WARNING",
-            )  # fmt: skip
-            postmaster = bench.server.pid
-            assert postmaster is not None
-            progress = _Progress(dsn)
-
-            def sample() -> dict[str, float]:
-                return {
-                    "worker": cpu_seconds(worker.pid),
-                    "server": cpu_seconds(server.pid),
-                    "database": _tree_cpu_seconds(postmaster, progress.backend_pid),
-                }
-
-            try:
-                ours, spent = _drain_with_cpu(progress, messages, worker, sample)
-            finally:
-                _stop([worker])
-                progress.conn.close()
+        http = ("--publisher", "http", "--http-url", url)
+        ours, spent = _worker_drain(bench, messages, http, concurrency, (db_core, app_core), server)
     finally:
         _stop([server])
-    per = 1e6 / messages
+    _, null = _worker_drain(
+        bench, messages, ("--publisher", "null"), concurrency, (db_core, app_core)
+    )
     return {
         "server_capacity": plain["requests_per_second"],
         "outbox_dispatcher": ours,
-        "loadgen_cpu_us": plain["cpu_seconds"] * per,
-        "worker_cpu_us": spent["worker"] * per,
-        "server_cpu_us_loadgen": server_for_loadgen * per,
-        "server_cpu_us_worker": spent["server"] * per,
-        "database_cpu_us": spent["database"] * per,
+        "loadgen_cpu_us": plain["cpu_seconds"] * 1e6 / messages,
+        "worker_cpu_us": spent["worker"],
+        "server_cpu_us_loadgen": server_for_loadgen,
+        "server_cpu_us_worker": spent["server"],
+        "database_cpu_us": spent["database"],
+        "null_worker_cpu_us": null["worker"],
+        "null_database_cpu_us": null["database"],
     }
 
 
