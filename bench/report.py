@@ -25,8 +25,9 @@ def _http_section(http: dict[str, Any]) -> list[str]:
         "## HTTP publisher against a local HTTP server",
         "",
         f"{http['messages']:,} messages of ~200 bytes, concurrency {http['concurrency']}: the "
-        "plain load generator (an aiohttp client posting the same body) and then the worker "
-        "(`--publisher http --batch 500`), against one server, in each round; median of "
+        "plain load generator (an aiohttp client posting the same body), the worker "
+        "(`--publisher http --batch 500`) and the load generator again (its two runs "
+        "averaged), against one server, in each round; median of "
         f"{len(http['outbox_dispatcher']['runs'])} round(s), ratios taken within a round"
         + (f" (commit {http['commit']}, {http['started']})." if "commit" in http else "."),
         "",

@@ -198,9 +198,10 @@ def _worker_drain(
 def http_throughput(
     bench: Bench, messages: int, concurrency: int = 64, *, pinned: bool = False
 ) -> dict[str, float]:
-    """The plain load generator, then the worker, against one server in one run: rates, and
-    CPU µs per request (loadgen) and per delivered message (worker), server and database
-    beside them; then the worker with the no-op publisher, the dispatch loop's own share.
+    """The plain load generator, the worker, the load generator again, against one server in
+    one run: rates, and CPU µs per request (load generator) and per delivered message
+    (worker), server and database beside them; then the worker with the no-op publisher, the
+    dispatch loop's own share.
     `pinned`: PostgreSQL on one core, everything else on another."""
     cores = sorted(os.sched_getaffinity(0))
     if pinned and len(cores) < 2:
@@ -209,30 +210,40 @@ def http_throughput(
     port = free_port()
     url = f"http://127.0.0.1:{port}/events"
     server = _on(app_core, "bench.http_server", str(port))
-    try:
-        _wait_for_port(port)
+
+    def plain_client() -> tuple[float, float, float]:
+        """(requests/s, its CPU µs per request, the server's CPU µs per request)"""
         server_cpu_before = cpu_seconds(server.pid)
         loadgen = subprocess.run(
             [*(("taskset", "--cpu-list", str(app_core)) if pinned else ()), sys.executable,
              "-m", "bench.loadgen", url, str(messages), str(concurrency)],
             capture_output=True, text=True, check=True, cwd=ROOT,
         )  # fmt: skip
-        # The server did nothing else meanwhile: its whole CPU is the load generator's requests.
-        server_for_loadgen = (cpu_seconds(server.pid) - server_cpu_before) * 1e6 / messages
+        # The server did nothing else meanwhile: its whole CPU is the load generator's.
+        server_us = (cpu_seconds(server.pid) - server_cpu_before) * 1e6 / messages
         plain = json.loads(loadgen.stdout)
+        return plain["requests_per_second"], plain["cpu_seconds"] * 1e6 / messages, server_us
+
+    try:
+        _wait_for_port(port)
+        # The load generator before and after the worker, averaged: the shared machine's load
+        # drifts, and bracketing cancels a drift that is steady over the round.
+        before = plain_client()
         http = ("--publisher", "http", "--http-url", url)
         ours, spent = _worker_drain(bench, messages, http, concurrency, (db_core, app_core), server)
+        after = plain_client()
     finally:
         _stop([server])
+    rate, loadgen_us, server_us = ((b + a) / 2 for b, a in zip(before, after, strict=True))
     _, null = _worker_drain(
         bench, messages, ("--publisher", "null"), concurrency, (db_core, app_core)
     )
     return {
-        "server_capacity": plain["requests_per_second"],
+        "server_capacity": rate,
         "outbox_dispatcher": ours,
-        "loadgen_cpu_us": plain["cpu_seconds"] * 1e6 / messages,
+        "loadgen_cpu_us": loadgen_us,
         "worker_cpu_us": spent["worker"],
-        "server_cpu_us_loadgen": server_for_loadgen,
+        "server_cpu_us_loadgen": server_us,
         "server_cpu_us_worker": spent["server"],
         "database_cpu_us": spent["database"],
         "null_worker_cpu_us": null["worker"],
