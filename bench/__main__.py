@@ -18,6 +18,7 @@ from typing import Any
 from bench import scenarios
 from bench.ceiling import run_ceiling
 from bench.env import Bench
+from bench.http import run_http
 from bench.profile import profile_worker
 from bench.report import plot, render
 from bench.throughput import CONTENDERS, run_contender
@@ -65,12 +66,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }  # fmt: skip
         report["throughput"] = throughput
 
-        _log("http: plain load generator, then the http publisher")
-        http_runs = [scenarios.http_throughput(bench, messages) for _ in range(repeat)]
-        report["http"] = {
-            "server_capacity": _summary([r["server_capacity"] for r in http_runs]),
-            "outbox_dispatcher": _summary([r["outbox_dispatcher"] for r in http_runs]),
-        }
+        report["http"] = run_http(bench, messages, repeat, _log, profile=args.profile)
 
         latency_count = 200 if smoke else 1000
         _log(f"latency: {latency_count} messages at 100/s, ours, pgqueuer, ours via HTTP")

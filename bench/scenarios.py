@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from bench.env import Bench, measure_drain, python_module, seed_outbox
+from bench.cpu import cpu_seconds
+from bench.env import ROOT, Bench, measure_drain, python_module, seed_outbox
 from outbox.demo.embedded import free_port
 from outbox.demo.sink import Sink
 from outbox.lease import OrderedClaims, claim, finalize
@@ -55,30 +59,196 @@ def _wait_for_port(port: int, timeout: float = 20) -> None:
 # -- HTTP publisher against what the server can take ---------------------------------------
 
 
-def http_throughput(bench: Bench, messages: int, concurrency: int = 64) -> dict[str, float]:
+def _children(pid: int) -> list[int]:
+    """Every live descendant of `pid` (PostgreSQL's backends and background processes)."""
+    found, queue = [], [pid]
+    while queue:
+        parent = queue.pop()
+        for task in Path(f"/proc/{parent}/task").iterdir():
+            with contextlib.suppress(OSError):
+                kids = [int(k) for k in (task / "children").read_text().split()]
+                found += kids
+                queue += kids
+    return found
+
+
+def _tree_cpu_seconds(pid: int, leave_out: int) -> float:
+    """CPU seconds of `pid`'s live descendants but `leave_out` (the benchmark's own poll): a
+    backend that ends meanwhile drops out, but the ones serving a drain live as long as the
+    worker's pool does."""
+    total = 0.0
+    for child in _children(pid):
+        if child != leave_out:
+            with contextlib.suppress(OSError):
+                total += cpu_seconds(child)
+    return total
+
+
+@contextlib.contextmanager
+def _database_pinned(bench: Bench, core: int | None) -> Iterator[None]:
+    """PostgreSQL's postmaster and its running children on `core`; the backends it forks
+    meanwhile inherit that. All cores again afterwards. `core` None: left alone."""
+    postmaster = bench.server.pid
+    if core is None or postmaster is None:
+        yield
+        return
+    every = os.sched_getaffinity(postmaster)
+    for pid in (postmaster, *_children(postmaster)):
+        os.sched_setaffinity(pid, {core})
+    try:
+        yield
+    finally:
+        for pid in (postmaster, *_children(postmaster)):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(pid, every)
+
+
+def _on(core: int | None, module: str, *args: str) -> subprocess.Popen[bytes]:
+    pin = ("taskset", "--cpu-list", str(core)) if core is not None else ()
+    return subprocess.Popen([*pin, sys.executable, "-m", module, *args], cwd=ROOT)
+
+
+class _Progress:
+    """Where a drain is, asked cheaply: a count of what is left only until the drain starts
+    (the worker is idle then), afterwards whether anything is left (the partial index's first
+    entry), so that polling takes little from the contenders while they run."""
+
+    def __init__(self, dsn: str) -> None:
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.backend_pid: int = self.conn.info.backend_pid
+
+    def left(self) -> int:
+        query = "SELECT count(*) FROM outbox WHERE status IN ('pending', 'processing')"
+        return int(self.conn.execute(query).fetchone()[0])  # type: ignore[index]
+
+    def finished(self) -> bool:
+        query = "SELECT NOT EXISTS (SELECT FROM outbox WHERE status IN ('pending', 'processing'))"
+        return bool(self.conn.execute(query).fetchone()[0])  # type: ignore[index]
+
+
+def _drain_with_cpu(
+    progress: _Progress,
+    total: int,
+    worker: subprocess.Popen[bytes],
+    sample: Callable[[], dict[str, float]],
+) -> tuple[float, dict[str, float]]:
+    """Messages per second and `sample()`'s CPU seconds over the same window: from the last
+    poll at which nothing was done yet to the first at which everything was (start-up left
+    out, as in measure_drain). A poll lands within 20 ms of either end."""
+    deadline = time.monotonic() + 600
+    started_at, cpu_before = time.monotonic(), sample()
+    while True:
+        cpu_now, left, now = sample(), progress.left(), time.monotonic()
+        if left < total:
+            break
+        started_at, cpu_before = now, cpu_now
+        _check_alive(worker, deadline)
+        time.sleep(0.02)
+    while not progress.finished():
+        _check_alive(worker, deadline)
+        time.sleep(0.02)
+        cpu_now, now = sample(), time.monotonic()
+    spent = {name: cpu_now[name] - cpu_before[name] for name in cpu_now}
+    return total / max(now - started_at, 1e-6), spent
+
+
+def _check_alive(worker: subprocess.Popen[bytes], deadline: float) -> None:
+    if time.monotonic() > deadline:
+        raise TimeoutError("the drain did not finish")
+    if worker.poll() not in (None, 0):
+        raise RuntimeError("the worker process failed")
+
+
+def _worker_drain(
+    bench: Bench,
+    messages: int,
+    publisher: tuple[str, ...],
+    concurrency: int,
+    cores: tuple[int | None, int | None],
+    server: subprocess.Popen[bytes] | None = None,
+) -> tuple[float, dict[str, float]]:
+    """One worker draining `messages` fresh rows: its rate, and CPU µs per message of the
+    worker, the database and (given) the HTTP server. `cores`: (database's, everyone else's)."""
+    db_core, app_core = cores
+    postmaster = bench.server.pid
+    assert postmaster is not None
+    with bench.database() as dsn, _database_pinned(bench, db_core):
+        seed_outbox(dsn, messages)
+        worker = _on(
+            app_core, "outbox.worker", "--dsn", dsn, *publisher, "--batch", "500",
+            "--concurrency", str(concurrency), "--log-level", "WARNING",
+        )  # fmt: skip
+        progress = _Progress(dsn)
+
+        def sample() -> dict[str, float]:
+            return {
+                "worker": cpu_seconds(worker.pid),
+                "database": _tree_cpu_seconds(postmaster, progress.backend_pid),
+                **({"server": cpu_seconds(server.pid)} if server else {}),
+            }
+
+        try:
+            rate, spent = _drain_with_cpu(progress, messages, worker, sample)
+        finally:
+            _stop([worker])
+            progress.conn.close()
+    return rate, {name: seconds * 1e6 / messages for name, seconds in spent.items()}
+
+
+def http_throughput(
+    bench: Bench, messages: int, concurrency: int = 64, *, pinned: bool = False
+) -> dict[str, float]:
+    """The plain load generator, the worker, the load generator again, against one server in
+    one run: rates, and CPU µs per request (load generator) and per delivered message
+    (worker), server and database beside them; then the worker with the no-op publisher, the
+    dispatch loop's own share.
+    `pinned`: PostgreSQL on one core, everything else on another."""
+    cores = sorted(os.sched_getaffinity(0))
+    if pinned and len(cores) < 2:
+        raise RuntimeError("pinning needs two cores")
+    db_core, app_core = (cores[-1], cores[0]) if pinned else (None, None)
     port = free_port()
-    server = python_module("bench.http_server", str(port))
     url = f"http://127.0.0.1:{port}/events"
+    server = _on(app_core, "bench.http_server", str(port))
+
+    def plain_client() -> tuple[float, float, float]:
+        """(requests/s, its CPU µs per request, the server's CPU µs per request)"""
+        server_cpu_before = cpu_seconds(server.pid)
+        loadgen = subprocess.run(
+            [*(("taskset", "--cpu-list", str(app_core)) if pinned else ()), sys.executable,
+             "-m", "bench.loadgen", url, str(messages), str(concurrency)],
+            capture_output=True, text=True, check=True, cwd=ROOT,
+        )  # fmt: skip
+        # The server did nothing else meanwhile: its whole CPU is the load generator's.
+        server_us = (cpu_seconds(server.pid) - server_cpu_before) * 1e6 / messages
+        plain = json.loads(loadgen.stdout)
+        return plain["requests_per_second"], plain["cpu_seconds"] * 1e6 / messages, server_us
+
     try:
         _wait_for_port(port)
-        plain = subprocess.run(
-            [sys.executable, "-m", "bench.loadgen", url, str(messages), str(concurrency)],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        server_capacity = float(plain.stdout.strip())
-        with bench.database() as dsn:
-            seed_outbox(dsn, messages)
-            worker = python_module(
-                "outbox.worker", "--dsn", dsn, "--publisher", "http", "--http-url", url,
-                "--batch", "500", "--concurrency", str(concurrency), "--log-level", "WARNING",
-            )  # fmt: skip
-            try:
-                ours = measure_drain(_remaining(dsn), messages, [worker], timeout=600)
-            finally:
-                _stop([worker])
+        # The load generator before and after the worker, averaged: the shared machine's load
+        # drifts, and bracketing cancels a drift that is steady over the round.
+        before = plain_client()
+        http = ("--publisher", "http", "--http-url", url)
+        ours, spent = _worker_drain(bench, messages, http, concurrency, (db_core, app_core), server)
+        after = plain_client()
     finally:
         _stop([server])
-    return {"server_capacity": server_capacity, "outbox_dispatcher": ours}
+    rate, loadgen_us, server_us = ((b + a) / 2 for b, a in zip(before, after, strict=True))
+    _, null = _worker_drain(
+        bench, messages, ("--publisher", "null"), concurrency, (db_core, app_core)
+    )
+    return {
+        "server_capacity": rate,
+        "outbox_dispatcher": ours,
+        "loadgen_cpu_us": loadgen_us,
+        "worker_cpu_us": spent["worker"],
+        "server_cpu_us_loadgen": server_us,
+        "server_cpu_us_worker": spent["server"],
+        "database_cpu_us": spent["database"],
+        "null_worker_cpu_us": null["worker"],
+        "null_database_cpu_us": null["database"],
+    }
 
 
 # -- latency at light load --------------------------------------------------------------------

@@ -6,6 +6,7 @@ No timing is asserted: these machines are shared and noisy. The figures live in 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,8 +38,17 @@ def test_bench_smoke_run_writes_a_complete_report(tmp_path):
         row["median"] > 0 and row["min"] <= row["median"] <= row["max"]
         for row in throughput.values()
     )
-    assert report["http"]["server_capacity"]["median"] > 0
-    assert report["http"]["outbox_dispatcher"]["median"] > 0
+    http = report["http"]
+    layouts = [http, http["pinned"]] if len(os.sched_getaffinity(0)) >= 2 else [http]
+    for figures in layouts:  # every process on every core; PostgreSQL on a core of its own
+        for name in ("server_capacity", "outbox_dispatcher", "loadgen_cpu_us", "worker_cpu_us",
+                     "server_cpu_us_worker", "database_cpu_us", "null_worker_cpu_us"):  # fmt: skip
+            assert figures[name]["median"] > 0, name
+        cpu = figures["worker_cpu_us"]["median"] / figures["loadgen_cpu_us"]["median"]
+        assert figures["cpu_ratio"]["median"] == pytest.approx(cpu)  # one round at smoke size
+    parts = http["profile"]["parts_us"]
+    assert parts["aiohttp: request and response"]["worker"] > 0
+    assert parts["aiohttp: request and response"]["loadgen"] > 0
     for name in ("outbox_dispatcher", "pgqueuer", "outbox_dispatcher_via_http"):
         latency = report["latency"][name]
         assert latency["samples"] == 200 and 0 < latency["p50_ms"] <= latency["p99_ms"]
@@ -52,6 +62,8 @@ def test_bench_smoke_run_writes_a_complete_report(tmp_path):
         "Throughput",
         "ratio",
         "HTTP publisher",
+        "CPU, worker / load generator",
+        "Where the worker's CPU goes",
         "Latency",
         "Scale",
         "Ordered",

@@ -14,6 +14,7 @@ from outbox.demo.embedded import free_port
 from outbox.models import Message
 from outbox.worker.backoff import full_jitter, retry_delay
 from outbox.worker.publishers.base import PermanentError, RetryableError
+from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.http import HttpPublisher, classify, parse_retry_after
 
 NOW = datetime(2025, 3, 14, 12, 0, 0, tzinfo=UTC)
@@ -289,3 +290,71 @@ async def test_urls_in_a_failure_reason_lose_credentials_and_query_values():
     finally:
         await publisher.close()
     assert "s3cret" not in str(info.value)
+
+
+async def test_a_request_carries_the_envelope_and_the_message_headers():
+    seen: list[tuple[dict[str, str], bytes]] = []
+
+    async def record(receiver: _Receiver, request: web.Request) -> web.Response:
+        seen.append((dict(request.headers), await request.read()))
+        return web.Response(status=204)
+
+    message = Message(41, 3, 2, "order", "o-1", "OrderPaid", '{"total": 12}', datetime.now(UTC))
+    async with _Receiver(record) as receiver:
+        publisher = HttpPublisher(
+            receiver.url + "/events", owner="w-7", headers={"Authorization": "Bearer t0ken"}
+        )
+        await publisher.start()
+        try:
+            await publisher.publish(message)
+            await publisher.publish(message._replace(attempts=3))  # a retry: the same key
+        finally:
+            await publisher.close()
+    (first, body), (retry, _) = seen
+    assert body == envelope(message).encode()
+    assert first["Content-Type"] == "application/json"
+    assert first["Authorization"] == "Bearer t0ken"
+    assert (first["Idempotency-Key"], retry["Idempotency-Key"]) == ("41", "41")
+    assert (first["Outbox-Attempt"], retry["Outbox-Attempt"]) == ("2", "3")
+    assert first["Outbox-Event-Type"] == "OrderPaid" and first["Outbox-Worker"] == "w-7"
+
+
+async def test_a_redirect_is_permanent_and_not_followed():
+    async def redirect(receiver: _Receiver, request: web.Request) -> web.Response:
+        if request.path == "/moved":
+            return web.Response(status=200)
+        return web.Response(status=307, headers={"Location": "/moved"})
+
+    async with _Receiver(redirect) as receiver:
+        publisher = HttpPublisher(receiver.url + "/events", owner="t")
+        await publisher.start()
+        try:
+            with pytest.raises(PermanentError, match="HTTP 307"):
+                await publisher.publish(_message())
+        finally:
+            await publisher.close()
+    assert len(receiver.requests) == 1  # /moved never asked
+
+
+async def test_a_body_in_several_chunks_is_read_whole_within_the_bound():
+    async def chunked(receiver: _Receiver, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=422)
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for part in (b"first ", b"second ", b"third"):
+            await response.write(part)
+            await asyncio.sleep(0)  # let each go out as a chunk of its own
+        await response.write_eof()
+        return response
+
+    async with _Receiver(chunked) as receiver:
+        publisher = HttpPublisher(receiver.url + "/events", owner="t")
+        await publisher.start()
+        try:
+            for _ in range(2):  # the connection is still good for the next request
+                with pytest.raises(PermanentError) as info:
+                    await publisher.publish(_message())
+                assert str(info.value) == "HTTP 422: first second third"
+        finally:
+            await publisher.close()
+    assert len(receiver.requests) == 2

@@ -153,6 +153,9 @@ class HttpPublisher:
         connector = aiohttp.TCPConnector(limit=self._max_connections)
         self._session = aiohttp.ClientSession(
             connector=connector,
+            # The dispatch loop times every publish out (connecting included); aiohttp's own
+            # default timer (5 minutes) would only add a timer per request that never fires.
+            timeout=aiohttp.ClientTimeout(),
             headers={
                 "Content-Type": "application/json",
                 "User-Agent": "outbox-dispatcher",
@@ -191,12 +194,16 @@ class HttpPublisher:
 async def _bounded_body(response: aiohttp.ClientResponse) -> bytes:
     """At most MAX_RESPONSE_BYTES of the body; a longer one's connection is closed, not
     drained (a receiver may stream for ever)."""
-    body = bytearray()
+    content = response.content
+    first = await content.read(MAX_RESPONSE_BYTES)
+    if content.at_eof():  # the usual short answer, whole in one read
+        return first
+    body = bytearray(first)
     while len(body) < MAX_RESPONSE_BYTES:
-        chunk = await response.content.read(MAX_RESPONSE_BYTES - len(body))
+        chunk = await content.read(MAX_RESPONSE_BYTES - len(body))
         if not chunk:
             return bytes(body)
         body += chunk
-    if not response.content.at_eof():
+    if not content.at_eof():
         response.close()
     return bytes(body)
