@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -278,6 +279,9 @@ def plain_client(broker: Broker, messages: int) -> dict[str, float]:
         "messages_per_second": messages / result["seconds"],
         "cpu_us_per_message": (cpu_after - cpu_before) / messages * 1e6,
         "broker_cpu_us_per_message": (server_after - server_before) / messages * 1e6,
+        # Its window is always full: every acknowledgement takes concurrency / rate.
+        "publish_ms": CONCURRENCY / (messages / result["seconds"]) * 1e3,
+        "publishes_in_flight": float(CONCURRENCY),
     }
 
 
@@ -306,9 +310,10 @@ def worker(
         if before is not None:
             publisher = f"before_{broker.name}:{EARLIER_CLASSES[broker.name]}"
             env = {**os.environ, "PYTHONPATH": str(before)}
+        metrics_port = free_port()
         proc = python_module(
             "outbox.worker", "--dsn", dsn, *broker.worker_flags(publisher), *WORKER_FLAGS,
-            *event_loop, env=env,
+            "--metrics-port", str(metrics_port), *event_loop, env=env,
         )  # fmt: skip
         spy: subprocess.Popen[bytes] | None = None
         try:
@@ -328,6 +333,7 @@ def worker(
                 time.sleep(0.02)
             seconds, cpu_used, server_used = now - started, cpu - cpu_before, server - server_before
             done = _count(conn, ("done",))
+            publish_seconds = _publish_seconds(metrics_port)
         finally:
             if spy is not None:
                 spy.send_signal(signal.SIGINT)  # py-spy writes its samples and exits
@@ -342,7 +348,21 @@ def worker(
         "messages_per_second": messages / seconds,
         "cpu_us_per_message": cpu_used / messages * 1e6,
         "broker_cpu_us_per_message": server_used / messages * 1e6,
+        # Little's law: publishes in flight on average = arrival rate x time in the system.
+        "publish_ms": publish_seconds / messages * 1e3,
+        "publishes_in_flight": publish_seconds / seconds,
     }
+
+
+def _publish_seconds(port: int) -> float:
+    """The worker's own total of time spent in publish calls (its metrics endpoint)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("outbox_publish_duration_seconds_sum "):
+                return float(line.split()[1])
+    raise RuntimeError("the worker's metrics have no outbox_publish_duration_seconds_sum")
 
 
 EARLIER_CLASSES = {"nats": "NatsPublisher", "kafka": "KafkaPublisher"}
@@ -429,7 +449,12 @@ def _summary(values: list[float]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     messages = 300 if args.smoke else args.messages
     repeat = 1 if args.smoke else args.repeat
-    results: dict[str, Any] = {"messages": messages, "repeat": repeat, "concurrency": CONCURRENCY}
+    results: dict[str, Any] = {
+        "command": " ".join(["python -m bench.brokers", *map(shlex.quote, sys.argv[1:])]),
+        "messages": messages,
+        "repeat": repeat,
+        "concurrency": CONCURRENCY,
+    }
     with (
         Bench() as bench,
         tempfile.TemporaryDirectory(prefix="bench-brokers-") as tmp,
@@ -521,10 +546,11 @@ def _compare(per_broker: dict[str, dict[str, list[dict[str, float]]]]) -> dict[s
 TITLES = {"nats": "NATS JetStream (nats-py)", "kafka": "Kafka (confluent-kafka, mock cluster)"}
 
 
-def _range(summary: dict[str, Any] | None, fmt: str) -> str:
+def _range(summary: dict[str, Any] | None, fmt: str, unit: str = "") -> str:
     if summary is None:
         return "n/a"
-    return f"{summary['median']:{fmt}} [{summary['min']:{fmt}}-{summary['max']:{fmt}}]"
+    low, high = f"{summary['min']:{fmt}}", f"{summary['max']:{fmt}}"
+    return f"{summary['median']:{fmt}}{unit} [{low}-{high}]"
 
 
 def _verdict(summary: dict[str, Any] | None, meets: Callable[[float], bool]) -> str:
@@ -549,8 +575,7 @@ def render(results: dict[str, Any]) -> str:
         f"{results['repeat']} round(s) [min-max]; {results['concurrency']} publishes in flight "
         "on both sides. Every figure below comes from this one run.",
         "",
-        "Command: `python -m bench.brokers --repeat 3 --profile` (under the shared benchmark "
-        "lock).",
+        f"Command: `{results['command']}`.",
         "",
     ]
     for mode, per_broker in results.get("modes", {}).items():
@@ -570,10 +595,10 @@ def render(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {TITLES[name]} | {_range(row['plain']['messages_per_second'], ',.0f')} | "
                 f"{_range(row['worker']['messages_per_second'], ',.0f')} | "
-                f"{_range(row['throughput_ratio'], '.2f')}x | "
+                f"{_range(row['throughput_ratio'], '.2f', 'x')} | "
                 f"{_range(row['plain']['cpu_us_per_message'], '.0f')} | "
                 f"{_range(row['worker']['cpu_us_per_message'], '.0f')} | "
-                f"{_range(row['cpu_ratio'], '.2f')}x | "
+                f"{_range(row['cpu_ratio'], '.2f', 'x')} | "
                 f"{row['plain']['broker_cpu_us_per_message']['median']:.0f} / "
                 f"{row['worker']['broker_cpu_us_per_message']['median']:.0f} |"
             )
@@ -585,6 +610,12 @@ def render(results: dict[str, Any]) -> str:
                     f"{_range(row['before']['cpu_us_per_message'], '.0f')} | | "
                     f"/ {row['before']['broker_cpu_us_per_message']['median']:.0f} |"
                 )
+        latency_rows = [
+            f"| {TITLES[name]} | {row['plain']['publish_ms']['median']:.1f} | "
+            f"{row['worker']['publish_ms']['median']:.1f} | "
+            f"{row['worker']['publishes_in_flight']['median']:.0f} of {results['concurrency']} |"
+            for name, row in per_broker.items()
+        ]
         floor = results["null_publisher"][mode]
         lines.append(
             f"| worker, null publisher (claim + finalize only) | | "
@@ -600,6 +631,16 @@ def render(results: dict[str, Any]) -> str:
             for name, row in per_broker.items()
         ]
         lines += [f"Targets: {'; '.join(met)}.", ""]
+        lines += [
+            "Time per publish, acknowledgement included, and publishes in flight on average "
+            "(the worker's own publish-duration metric; Little's law: in flight = rate x "
+            "time per publish):",
+            "",
+            "| broker | plain client ms | worker ms | worker in flight |",
+            "|---|---|---|---|",
+            *latency_rows,
+            "",
+        ]
     for name, prof in results.get("profile", {}).items():
         lines += [f"## Where the {name} worker's time goes (py-spy, asyncio event loop)", ""]
         if "skipped" in prof:
