@@ -113,6 +113,7 @@ RETIRE_FLUSH = 5.0
 MAX_CLOSE_FLUSH = 30.0
 # How long the poll thread blocks in one poll(); also its reaction time to stop().
 POLL_INTERVAL = 0.1
+TOPIC_CACHE_SIZE = 4096  # rendered topics kept; emptied when full
 
 
 # -- errors ----------------------------------------------------------------------------------
@@ -256,8 +257,9 @@ def message_timeout_ms(publish_timeout: float) -> int:
 class _Session:
     """One librdkafka producer and the thread serving its delivery reports.
 
-    Delivery callbacks run on the poll thread and only hand results to the event loop; the
-    futures are touched on the loop alone.
+    Delivery callbacks run on the poll thread and only collect results; what one poll()
+    served goes to the event loop in one call (one wake-up of the loop per batch, not per
+    message). The futures are touched on the loop alone.
     """
 
     def __init__(
@@ -269,6 +271,8 @@ class _Session:
         self.producer = Producer(config)
         self.fatal: KafkaError | None = None
         self.pending: set[asyncio.Future[KafkaError | None]] = set()
+        # Delivery reports served by the current poll() or flush(), not yet on the loop.
+        self._reports: list[tuple[asyncio.Future[KafkaError | None], KafkaError | None]] = []
         self._loop = loop
         self._on_fatal = on_fatal
         self._stopping = threading.Event()
@@ -286,14 +290,24 @@ class _Session:
         return future
 
     def _report(self, future: asyncio.Future[KafkaError | None], error: Any, _: Any) -> None:
-        # Poll thread. Anything raised here would surface from poll(), so nothing may be.
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            self._loop.call_soon_threadsafe(self._settle, future, error)
+        # Inside poll() or flush(). Anything raised here would surface from them: keep it
+        # to an append, which cannot fail.
+        self._reports.append((future, error))
 
-    def _settle(self, future: asyncio.Future[KafkaError | None], error: KafkaError | None) -> None:
-        self.pending.discard(future)
-        if not future.done():  # a publish that timed out has cancelled its future
-            future.set_result(error)
+    def _hand_over(self) -> None:
+        """Poll thread (or the closing thread): the reports collected so far to the loop."""
+        if self._reports:
+            reports, self._reports = self._reports, []
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                self._loop.call_soon_threadsafe(self._settle, reports)
+
+    def _settle(
+        self, reports: list[tuple[asyncio.Future[KafkaError | None], KafkaError | None]]
+    ) -> None:
+        for future, error in reports:
+            self.pending.discard(future)
+            if not future.done():  # a publish that timed out has cancelled its future
+                future.set_result(error)
 
     def _poll(self) -> None:
         while not self._stopping.is_set():
@@ -308,6 +322,8 @@ class _Session:
                     log.error("kafka producer fatal error: %s", fatal.str())
                     with contextlib.suppress(RuntimeError):
                         self._loop.call_soon_threadsafe(self._on_fatal, self)
+            finally:
+                self._hand_over()
 
     def close(self, timeout: float) -> None:
         """Blocking: stop polling, deliver what is queued within `timeout`, purge the rest."""
@@ -321,6 +337,8 @@ class _Session:
                 self.producer.flush(1.0)  # serves the purged messages' delivery reports
         except KafkaException as exc:
             log.warning("kafka: flush on close failed: %s", _error_of(exc).str())
+        finally:
+            self._hand_over()  # the reports flush() served
         # Producer.close() (confluent-kafka 2.13+) flushes without a bound, so only once empty;
         # otherwise, or on older versions, dropping the last reference destroys the client.
         close = getattr(self.producer, "close", None)
@@ -401,6 +419,10 @@ class KafkaPublisher:
         }
         self._session: _Session | None = None
         self._retiring: set[asyncio.Task[None]] = set()
+        # Rendering a topic is three regex substitutions; messages of one aggregate type and
+        # event type share theirs (and the aggregate id, when the template uses it).
+        self._by_id = "{aggregate_id}" in self.topic
+        self._topics: dict[tuple[str, str, str], str] = {}
 
     def check_config(self) -> None:
         """Raise SettingError if librdkafka refuses the whole configuration.
@@ -471,8 +493,21 @@ class KafkaPublisher:
         session = self._live_session()
         return session, session.produce(topic, key, value, headers)
 
+    def _topic(self, message: Message) -> str:
+        key = (
+            message.aggregate_type,
+            message.event_type,
+            message.aggregate_id if self._by_id else "",
+        )
+        topic = self._topics.get(key)
+        if topic is None:
+            if len(self._topics) >= TOPIC_CACHE_SIZE:
+                self._topics.clear()
+            topic = self._topics[key] = render_topic(self.topic, message)  # may raise: uncached
+        return topic
+
     async def publish(self, message: Message) -> None:
-        topic = render_topic(self.topic, message)
+        topic = self._topic(message)
         headers: Headers = [
             ("outbox-id", str(message.id).encode()),
             ("outbox-event-type", message.event_type.encode()),

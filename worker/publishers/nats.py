@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import itertools
+import json
 import logging
 import re
 import ssl
@@ -51,8 +53,7 @@ from typing import Any
 
 import nats.errors
 from nats.aio.client import Client
-from nats.js import JetStreamContext
-from nats.js.api import PubAck
+from nats.aio.msg import Msg
 from nats.js.errors import (
     APIError,
     NoStreamResponseError,
@@ -76,6 +77,8 @@ SCHEMES = ("nats", "tls", "ws", "wss")
 NO_STREAM_POLICIES = ("dead", "retry")
 RECONNECT_WAIT = 2.0  # seconds between attempts on one server (the client's default)
 CONNECT_TIMEOUT = 2.0  # one TCP + handshake attempt; also how long start() waits for it
+NO_RESPONDERS_STATUS = "503"  # the server's status reply when nothing listens on a subject
+SUBJECT_CACHE_SIZE = 4096  # rendered subjects kept; emptied when full
 
 # Anything that cannot stand inside one subject token: whitespace and control characters
 # break the protocol line, `.` separates tokens, `*` and `>` are wildcards.
@@ -200,6 +203,11 @@ def tls_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLCon
 
 
 # -- classification ----------------------------------------------------------------------------
+
+
+def _no_ack(reply: asyncio.Future[Msg]) -> None:
+    if not reply.done():
+        reply.set_exception(nats.errors.TimeoutError())
 
 
 def _no_stream(reason: str, policy: str) -> PermanentError | RetryableError:
@@ -336,19 +344,34 @@ class NatsPublisher:
         self._reconnect_wait = reconnect_wait
         self._shown = ", ".join(redact_url(url) for url in self.servers)
         self._nc: Client | None = None
-        self._js: JetStreamContext | None = None
+        self._inbox = ""  # the client's PubAck inbox prefix: `<inbox>.<token>` per publish
         self._connecting: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
         self._closing = False
         self._last_error = "not connected yet"
         self._logged_error = ""
-        # Publishes waiting for a PubAck, by lower-cased subject (the client lower-cases the
-        # server's -ERR lines): a permissions violation for that subject ends them at once.
-        self._denied: dict[str, set[asyncio.Future[str | None]]] = {}
+        # Publishes waiting for their PubAck, by reply token, with the subject they went to: a
+        # permissions violation for that subject ends them at once.
+        self._waiting: dict[str, tuple[asyncio.Future[Msg], str]] = {}
+        self._tokens = itertools.count()
         self._acks_denied: str | None = None
+        # Rendering a subject is three regex substitutions; messages of one aggregate type and
+        # event type share theirs (and the aggregate id, when the template uses it).
+        self._by_id = "{aggregate_id}" in self.subject_template
+        self._subjects: dict[tuple[str, str, str], str] = {}
 
     def subject(self, message: Message) -> str:
-        return render_subject(self.subject_template, message)
+        key = (
+            message.aggregate_type,
+            message.event_type,
+            message.aggregate_id if self._by_id else "",
+        )
+        subject = self._subjects.get(key)
+        if subject is None:
+            if len(self._subjects) >= SUBJECT_CACHE_SIZE:
+                self._subjects.clear()
+            subject = self._subjects[key] = render_subject(self.subject_template, message)
+        return subject
 
     async def start(self) -> None:
         self._connect()
@@ -365,7 +388,7 @@ class NatsPublisher:
     def _connect(self) -> None:
         """Start a client that connects in the background and then reconnects forever."""
         self._nc = Client()
-        self._js = self._nc.jetstream()
+        self._inbox = ""
         self._connected.clear()
         self._connecting = asyncio.create_task(self._run_connect(self._nc), name="nats connect")
 
@@ -385,9 +408,14 @@ class NatsPublisher:
                 closed_cb=self._on_closed,
                 **self._auth,  # type: ignore[arg-type]
             )
+            # One subscription receives every PubAck (the client resubscribes it after a
+            # reconnect), as nats-py's own requests do; each publish has its reply token.
+            inbox = nc.new_inbox()
+            await nc.subscribe(f"{inbox}.*", cb=self._on_reply)
         except Exception as exc:  # e.g. an unreadable credentials file: reported per publish
             self._note_error(exc)
             return
+        self._inbox = f"{inbox}."
         self._connected.set()
         log.info("nats: connected to %s", self._current_url(nc))
 
@@ -408,17 +436,23 @@ class NatsPublisher:
         self._note_error(exc)
 
     def _permission_denied(self, kind: str, subject: str) -> None:
-        reason: str | None = None  # for a publish, _request names the subject as it was sent
-        if kind == "publish":
-            waiters = self._denied.get(subject, set())
-        else:
+        if kind == "subscription":
             # The only subscription is the inbox PubAcks arrive on: no publish can succeed.
-            reason = f"permission denied: subscription to {subject!r}, where PubAcks arrive"
-            self._acks_denied = reason
-            waiters = {w for group in self._denied.values() for w in group}
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(reason)
+            self._acks_denied = (
+                f"permission denied: subscription to {subject!r}, where PubAcks arrive"
+            )
+        # The client lower-cases the server's -ERR line: compare subjects lower-cased too.
+        for reply, sent_to in list(self._waiting.values()):
+            if kind == "subscription" or sent_to.lower() == subject:
+                reason = self._acks_denied if kind == "subscription" else None
+                reason = reason or f"permission denied: publish to subject {sent_to!r}"
+                if not reply.done():
+                    reply.set_exception(self._refused(reason))
+
+    async def _on_reply(self, msg: Msg) -> None:
+        waiting = self._waiting.get(msg.subject[len(self._inbox) :])
+        if waiting is not None and not waiting[0].done():
+            waiting[0].set_result(msg)
 
     async def _on_disconnected(self) -> None:
         if not self._closing:
@@ -435,19 +469,21 @@ class NatsPublisher:
             log.warning("nats: connection closed (%s); connecting anew", self._last_error)
             self._connect()
 
-    def _client(self) -> JetStreamContext:
+    def _client(self) -> Client:
         if (
             self._connecting is not None
             and self._connecting.done()
             and not self._connected.is_set()
         ):
             self._connect()  # the last attempt gave up with an error: try again
-        if self._nc is None or self._js is None or not self._nc.is_connected:
+        if self._nc is None or not self._inbox or not self._nc.is_connected:
             raise RetryableError(f"not connected to NATS ({self._shown}): {self._last_error}")
-        return self._js
+        return self._nc
 
     async def publish(self, message: Message) -> None:
-        js = self._client()
+        nc = self._client()
+        if self._acks_denied is not None:
+            raise self._refused(self._acks_denied)
         subject = self.subject(message)
         headers = {
             "Nats-Msg-Id": str(message.id),
@@ -456,7 +492,7 @@ class NatsPublisher:
             "Outbox-Aggregate-Id": message.aggregate_id,
         }
         try:
-            ack = await self._request(js, subject, envelope(message).encode(), headers)
+            duplicate = await self._request(nc, subject, envelope(message).encode(), headers)
         except (PermanentError, RetryableError):
             raise
         except Exception as exc:
@@ -464,36 +500,41 @@ class NatsPublisher:
             if failure is exc:
                 raise  # of no known kind: a bug, reported by the loop with its traceback
             raise failure from exc
-        if ack.duplicate:
+        if duplicate:
             self._on_duplicate()  # the stream already had this id: nothing stored twice
 
     async def _request(
-        self, js: JetStreamContext, subject: str, body: bytes, headers: dict[str, str]
-    ) -> PubAck:
-        """js.publish, ended early if the server reports a permissions violation for it: the
-        server drops such a message silently apart from an asynchronous -ERR."""
-        if self._acks_denied is not None:
-            raise self._refused(self._acks_denied)
-        denied: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        key = subject.lower()
-        self._denied.setdefault(key, set()).add(denied)
-        request = asyncio.ensure_future(
-            js.publish(subject, body, timeout=self._ack_timeout, headers=headers)
-        )
+        self, nc: Client, subject: str, body: bytes, headers: dict[str, str]
+    ) -> bool:
+        """What js.publish does, with the reply awaited on a future of our own: the PubAck, a
+        timeout or a permissions violation for the subject (the server drops such a message
+        silently apart from an asynchronous -ERR) ends it, with no task or wait per message.
+        Returns whether the stream already had this message id (a duplicate)."""
+        token = str(next(self._tokens))
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[Msg] = loop.create_future()
+        self._waiting[token] = (reply, subject)
+        deadline = loop.call_later(self._ack_timeout, _no_ack, reply)
         try:
-            await asyncio.wait((request, denied), return_when=asyncio.FIRST_COMPLETED)
-            if request.done():
-                return request.result()
-            raise self._refused(
-                denied.result() or f"permission denied: publish to subject {subject!r}"
-            )
+            await nc.publish(subject, body, reply=self._inbox + token, headers=headers)
+            msg = await reply
         finally:
-            request.cancel()  # no-op when done; on our own cancellation, stop waiting too
-            waiting = self._denied.get(key)
-            if waiting is not None:
-                waiting.discard(denied)
-                if not waiting:
-                    del self._denied[key]
+            deadline.cancel()
+            del self._waiting[token]
+            if reply.done() and not reply.cancelled():
+                reply.exception()  # a verdict that came while publishing was cancelled: seen
+        if msg.headers and msg.headers.get("Status") == NO_RESPONDERS_STATUS:
+            raise NoStreamResponseError
+        answer = json.loads(msg.data)  # ValueError: not JSON, so not a stream
+        if not isinstance(answer, dict):
+            raise TypeError(f"not a PubAck: {msg.data[:100]!r}")
+        if "error" in answer:
+            raise APIError.from_error(answer["error"])
+        # The fields a PubAck must have, checked without building nats-py's PubAck (reading
+        # it field by field cost more than the rest of the reply's handling).
+        if "stream" not in answer or "seq" not in answer:
+            raise TypeError(f"not a PubAck: {msg.data[:100]!r}")
+        return answer.get("duplicate") is True
 
     def _refused(self, reason: str) -> Exception:
         return _no_stream(reason, self.no_stream)

@@ -1,0 +1,38 @@
+"""The broker benchmark at smoke size: both brokers, both sides, a complete report.
+
+No timing is asserted: these machines are shared and noisy. The figures live in bench/.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_broker_bench_smoke_run_writes_a_complete_report(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.brokers", "--smoke", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "brokers.json").read_text())
+    assert report["environment"]["postgresql"].startswith("18.")
+    assert report["messages"] > 0 and report["repeat"] == 1
+    [mode] = report["modes"]
+    assert set(report["modes"][mode]) == {"nats", "kafka"}
+    for row in report["modes"][mode].values():
+        for side in ("plain", "worker"):
+            assert row[side]["messages_per_second"]["median"] > 0
+            assert row[side]["cpu_us_per_message"]["median"] >= 0
+        assert row["throughput_ratio"]["median"] > 0
+    assert report["null_publisher"][mode]["messages_per_second"]["median"] > 0
+    text = (tmp_path / "brokers.md").read_text()
+    for heading in ("NATS JetStream", "Kafka", "null publisher", "Targets", "How it is measured"):
+        assert heading in text
