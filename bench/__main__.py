@@ -21,7 +21,7 @@ from bench.ceiling import run_ceiling
 from bench.costs import statement_costs
 from bench.env import Bench
 from bench.profile import profile_worker
-from bench.report import plot, render, render_throughput
+from bench.report import plot, render, render_section, render_throughput
 from bench.throughput import BATCH, CONTENDERS, SEEDS, run_contender
 
 
@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument(
         "--only",
         choices=["throughput"],
-        help="run one section (no-op throughput and the SQL ceiling); writes throughput.json",
+        help="run one section (no-op throughput and the SQL ceiling); writes throughput.json/.md",
     )
     args = parser.parse_args()
     report = run(args)
@@ -155,7 +155,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.only:
         (out / f"{args.only}.json").write_text(json.dumps(report, indent=2))
-        print("\n".join(render_throughput(report)))
+        text = render_section(report, render_throughput(report))
+        (out / f"{args.only}.md").write_text(text)
+        print(text)
         return
     (out / "report.json").write_text(json.dumps(report, indent=2))
     text = render(report)

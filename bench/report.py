@@ -166,6 +166,22 @@ def _gap(report: dict[str, Any], of: Any, seeds: list[str]) -> list[str]:
     return lines
 
 
+def render_section(report: dict[str, Any], section: list[str]) -> str:
+    """One section's lines under the run's environment, for `python -m bench --only`."""
+    env = report["environment"]
+    smoke = " (smoke run)" if report["smoke"] else ""
+    return "\n".join([
+        f"# outbox-dispatcher benchmark report, one section{smoke}",
+        "",
+        f"PostgreSQL {env['postgresql']}, {env['cores']} cores, Python {env['python']}, "
+        f"{env.get('event_loop', 'asyncio')} event loop, commit {env['commit']}, {env['started']}.",
+        f"{report['messages']:,} messages of ~200 bytes per run, median of {report['repeat']} "
+        "round(s) (min-max in brackets), every contender once per round.",
+        "",
+        *section,
+    ]) + "\n"  # fmt: skip
+
+
 def render(report: dict[str, Any]) -> str:
     env = report["environment"]
     http_ours = report["http"]["outbox_dispatcher"]["median"]

@@ -418,3 +418,32 @@ async def test_the_next_claim_runs_while_the_last_batch_is_being_finalized(conn,
     finally:
         blocker.close()
     assert _count(conn, "lease_version <> 1") == 0  # each claimed once: nothing lost a lease
+
+
+def test_the_publish_histogram_exposes_what_a_prometheus_histogram_would():
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from outbox.worker.metrics import Metrics
+
+    observed = (0.0, 0.0000004, 0.001, 0.0011, 0.3, 30, 31)
+    metrics = Metrics()
+    reference_registry = CollectorRegistry()
+    reference = Histogram(
+        "outbox_publish_duration_seconds",
+        "Time spent in one publish, whatever its outcome",
+        buckets=metrics.publish_seconds._bounds[:-1],
+        registry=reference_registry,
+    )
+    for seconds in observed:
+        metrics.publish_seconds.observe(seconds)
+        reference.observe(seconds)
+
+    def lines(registry: CollectorRegistry) -> list[str]:
+        text = generate_latest(registry).decode()
+        return [
+            line for line in text.splitlines()
+            if line.startswith("outbox_publish_duration_seconds") and "_created" not in line
+        ]  # fmt: skip
+
+    assert lines(metrics.registry) == lines(reference_registry)
+    assert 'outbox_publish_duration_seconds_bucket{le="0.001"} 3.0' in lines(metrics.registry)

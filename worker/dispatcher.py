@@ -419,7 +419,8 @@ class Dispatcher:
                     self._lost_lease(outcome)
                 else:  # a defer past the maximum defer age ended dead: count what happened
                     counts["dead" if ended == "dead" else outcome.kind] += 1
-                self._forget(outcome.message_id, outcome.lease_version)
+                self._drop(outcome.message_id, outcome.lease_version)
+            self._freed()
             for label, count in counts.items():
                 self.metrics.messages.labels(label).inc(count)
             self.metrics.in_flight.set(len(self._held))
@@ -445,10 +446,18 @@ class Dispatcher:
         )  # fmt: skip
 
     def _forget(self, message_id: int, lease_version: int) -> None:
+        self._drop(message_id, lease_version)
+        self._freed()
+
+    def _drop(self, message_id: int, lease_version: int) -> None:
         held = self._held.get(message_id)
         if held is not None and held.lease_version == lease_version:  # not a newer claim
             del self._held[message_id]
             self._renewed_at.pop(message_id, None)
+
+    def _freed(self) -> None:
+        """After dropping held messages (once per batch, not per message): wake the claimer,
+        and the shutdown once nothing is held."""
         self._room.set()
         if not self._held:
             self._drained.set()
