@@ -2,6 +2,7 @@
 
 python -m bench                   # the full run (about 15 minutes on 2 cores)
 python -m bench --smoke           # tiny sizes, one repeat: checks the harness only
+python -m bench --only throughput # the no-op throughput section and the SQL ceiling alone
 python -m bench --repeat 4 --messages 20000 --out bench/results
 """
 
@@ -17,11 +18,12 @@ from typing import Any
 
 from bench import scenarios
 from bench.ceiling import run_ceiling
+from bench.costs import statement_costs
 from bench.env import Bench
 from bench.http import run_http
 from bench.profile import profile_worker
-from bench.report import plot, render
-from bench.throughput import CONTENDERS, run_contender
+from bench.report import plot, render, render_section, render_throughput
+from bench.throughput import BATCH, CONTENDERS, SEEDS, run_contender
 
 
 def _summary(values: list[float]) -> dict[str, Any]:
@@ -37,6 +39,45 @@ def _log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def run_throughput(bench: Bench, messages: int, repeat: int) -> dict[str, Any]:
+    """Every contender and the SQL ceiling on both seeds, in rounds: each round runs every
+    one once, so that a machine whose load drifts weighs on all of them alike."""
+    ceilings = [
+        (f"SQL ceiling (pgbench), {clients} client(s){suffix}", clients, seed)
+        for seed, suffix in zip(SEEDS, ("", ", one aggregate per row"), strict=True)
+        for clients in (1, 2)
+    ]
+    runs: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
+    for n in range(repeat):
+        for contender in CONTENDERS:
+            _log(f"throughput: {contender.name} ({n + 1}/{repeat})")
+            drained = run_contender(bench, contender, messages)
+            runs.setdefault(contender.name, []).append(drained.messages_per_second)
+            if drained.cpu_us_per_message is not None:
+                cpu.setdefault(contender.name, []).append(drained.cpu_us_per_message)
+        for name, clients, seed in ceilings:
+            _log(f"ceiling: {name} ({n + 1}/{repeat})")
+            aggregates = SEEDS[seed] or messages
+            runs.setdefault(name, []).append(
+                run_ceiling(bench, messages, clients, BATCH, aggregates)
+            )
+    throughput: dict[str, Any] = {}
+    for contender in CONTENDERS:
+        throughput[contender.name] = {
+            "peer": contender.peer, "processes": contender.processes,
+            "detail": contender.detail, "seed": contender.seed, **_summary(runs[contender.name]),
+        }  # fmt: skip
+        if contender.name in cpu:
+            throughput[contender.name]["cpu_us_per_message"] = _summary(cpu[contender.name])
+    for name, clients, seed in ceilings:
+        throughput[name] = {
+            "peer": "ceiling", "processes": clients, "seed": seed,
+            "detail": "our claim + batched finalize, no Python", **_summary(runs[name]),
+        }  # fmt: skip
+    return throughput
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     smoke = args.smoke
     messages = args.messages or (2000 if smoke else 20_000)
@@ -45,26 +86,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with Bench() as bench:
         report["environment"] = bench.environment()
 
-        throughput: dict[str, Any] = {}
-        for contender in CONTENDERS:
-            runs = []
-            for n in range(repeat):
-                _log(f"throughput: {contender.name} ({n + 1}/{repeat})")
-                runs.append(run_contender(bench, contender, messages))
-            throughput[contender.name] = {
-                "peer": contender.peer,
-                "processes": contender.processes,
-                "detail": contender.detail,
-                **_summary(runs),
-            }
-        for clients in (1, 2):
-            _log(f"ceiling: pgbench, {clients} client(s)")
-            runs = [run_ceiling(bench, messages, clients) for _ in range(repeat)]
-            throughput[f"SQL ceiling (pgbench), {clients} client(s)"] = {
-                "peer": "ceiling", "processes": clients,
-                "detail": "our claim + batched finalize, no Python", **_summary(runs),
-            }  # fmt: skip
+        throughput = run_throughput(bench, messages, repeat)
         report["throughput"] = throughput
+        _log("costs: claim and finalize under EXPLAIN ANALYZE, both seeds")
+        report["costs"] = statement_costs(bench, messages, SEEDS, repeat)
+        if args.only == "throughput":
+            return report
 
         report["http"] = run_http(bench, messages, repeat, _log, profile=args.profile)
 
@@ -113,10 +140,21 @@ def main() -> None:
     parser.add_argument(
         "--no-profile", dest="profile", action="store_false", help="skip the py-spy profile"
     )
+    parser.add_argument(
+        "--only",
+        choices=["throughput"],
+        help="run one section (no-op throughput and the SQL ceiling); writes throughput.json/.md",
+    )
     args = parser.parse_args()
     report = run(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.only:
+        (out / f"{args.only}.json").write_text(json.dumps(report, indent=2))
+        text = render_section(report, render_throughput(report))
+        (out / f"{args.only}.md").write_text(text)
+        print(text)
+        return
     (out / "report.json").write_text(json.dumps(report, indent=2))
     text = render(report)
     (out / "report.md").write_text(text)

@@ -40,9 +40,11 @@ def pgbench_script(batch: int) -> str:
     )
 
 
-def run_ceiling(bench: Bench, messages: int, clients: int, batch: int = 500) -> float:
+def run_ceiling(
+    bench: Bench, messages: int, clients: int, batch: int = 500, aggregates: int = 1000
+) -> float:
     with bench.database() as dsn:
-        seed_outbox(dsn, messages)
+        seed_outbox(dsn, messages, aggregates=aggregates)
         return pgbench_cycles(bench, dsn, pgbench_script(batch), messages, clients, batch)
 
 

@@ -10,6 +10,178 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "-"
 
 
+SEED_NAMES = ("1,000 aggregates", "one aggregate per row")
+
+
+def _cpu(row: dict[str, Any]) -> str:
+    cpu = row.get("cpu_us_per_message")
+    return f"{cpu['median']:.1f}" if cpu else "-"
+
+
+def render_throughput(report: dict[str, Any]) -> list[str]:
+    """The no-op throughput section: every contender, the ratios, what one message costs the
+    database, and what the gap between the worker and the SQL ceiling is made of."""
+    t = report["throughput"]
+    lines = [
+        "## Throughput, no-op publisher (messages/s)",
+        "",
+        "Two seeds, each row its own ~200-byte message: spread over 1,000 aggregates, and one "
+        "aggregate per row. The worker runs with every setting at its default but `--batch "
+        "500`; the plain loop is a synchronous psycopg loop of the project's own claim and "
+        "batched fenced finalize on one connection (bench/peers/plain_loop.py). CPU is the "
+        "contender's own processes over the drain, per message (not the database's).",
+        "",
+        "| contender | seed | processes | messages/s | CPU µs/message | detail |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in t.items():
+        lines.append(
+            f"| {name} | {row.get('seed', SEED_NAMES[0])} | {row['processes']} | "
+            f"{row['median']:,.0f} [{row['min']:,.0f}-{row['max']:,.0f}] | {_cpu(row)} | "
+            f"{row['detail']} |"
+        )
+
+    def of(peer: str, seed: str) -> dict[int, dict[str, Any]]:
+        return {
+            row["processes"]: row
+            for row in t.values()
+            if row["peer"] == peer and row.get("seed", SEED_NAMES[0]) == seed
+        }
+
+    seeds = [seed for seed in SEED_NAMES if of("ours", seed)]
+    lines += ["", "| ratio | " + " | ".join(seeds) + " |", "|---|" + "---|" * len(seeds)]
+
+    def ratio_row(label: str, value: Any) -> None:
+        lines.append(f"| {label} | " + " | ".join(value(seed) for seed in seeds) + " |")
+
+    for n in (1, 2):
+        ratio_row(
+            f"outbox-dispatcher / plain loop, {n} process{'es' if n > 1 else ''}",
+            lambda seed, n=n: _ratio(
+                of("ours", seed)[n]["median"], of("plain-loop", seed)[n]["median"]
+            ),
+        )
+    for n in (1, 2):
+        ratio_row(
+            f"outbox-dispatcher {n} process{'es' if n > 1 else ''} / SQL ceiling {n} client(s)",
+            lambda seed, n=n: _ratio(
+                of("ours", seed)[n]["median"], of("ceiling", seed)[n]["median"]
+            ),
+        )
+    ratio_row(
+        "CPU per message, outbox-dispatcher / plain loop (1 process)",
+        lambda seed: _ratio(
+            of("ours", seed)[1]["cpu_us_per_message"]["median"],
+            of("plain-loop", seed)[1]["cpu_us_per_message"]["median"],
+        ),
+    )
+    first = SEED_NAMES[0]
+    ours = {n: row["median"] for n, row in of("ours", first).items()}
+    best_ours = max(ours.values())
+    ceiling = max(row["median"] for row in of("ceiling", first).values())
+    if "pgqueuer best" in t:
+        pgq_best = t["pgqueuer best"]["median"]
+        pgq_default = t["pgqueuer defaults"]["median"]
+        article = {n: row["median"] for n, row in of("article", first).items()}
+        lines += [
+            "",
+            f"Beside the other designs ({first}):",
+            "",
+            "| ratio | value |",
+            "|---|---|",
+            f"| best outbox-dispatcher / pgqueuer best | {_ratio(best_ours, pgq_best)} |",
+            f"| outbox-dispatcher 1 process / pgqueuer best | {_ratio(ours[1], pgq_best)} |",
+            f"| best outbox-dispatcher / pgqueuer defaults | {_ratio(best_ours, pgq_default)} |",
+            f"| outbox-dispatcher 1 process / article design 1 process | "
+            f"{_ratio(ours[1], article[1])} |",
+            f"| best outbox-dispatcher / article design 4 processes | "
+            f"{_ratio(best_ours, article[4])} |",
+            f"| best outbox-dispatcher / SQL ceiling | {_ratio(best_ours, ceiling)} |",
+            f"| SQL ceiling / pgqueuer best | {_ratio(ceiling, pgq_best)} |",
+        ]
+    costs = report.get("costs")
+    if costs:
+        lines += [
+            "",
+            "### What one message costs the database",
+            "",
+            "Each claim and each finalize of a drain run under EXPLAIN (ANALYZE, BUFFERS, WAL), "
+            "per message, after a checkpoint (so full-page images are counted); also with each "
+            "of the two indexes a drain writes but never reads dropped, to show what each costs. "
+            "Every claim and finalize is a non-HOT update (status is in the partial indexes' "
+            "predicates): a claimed row version gets an entry in the primary key, `leased`, "
+            "`aggregate` and `waiting`; a done one in the primary key only.",
+            "",
+            "| seed | indexes | claim µs | claim buffers | claim WAL bytes | finalize µs | "
+            "finalize buffers | finalize WAL bytes | WAL bytes/message | aggregate index pages |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for c in costs:
+            lines.append(
+                f"| {c['seed']} | {c['variant']} | {c['claim_us']:.1f} | "
+                f"{c['claim_buffers']:.1f} | {c['claim_wal_bytes']:,.0f} | "
+                f"{c['finalize_us']:.1f} | {c['finalize_buffers']:.1f} | "
+                f"{c['finalize_wal_bytes']:,.0f} | {c['wal_bytes_total']:,.0f} | "
+                f"{c['index_pages'].get('outbox_aggregate', '-')} |"
+            )
+        lines += ["", *_gap(report, of, seeds)]
+    return lines
+
+
+def _gap(report: dict[str, Any], of: Any, seeds: list[str]) -> list[str]:
+    """What separates the worker from the ceiling and the plain loop, in figures."""
+    costs = {(c["seed"], c["variant"]): c for c in report["costs"]}
+    cores = report["environment"]["cores"]
+    lines = ["### What the gap is made of", ""]
+    for seed in seeds:
+        shipped = costs.get((seed, "as shipped"))
+        if shipped is None:
+            continue
+        server = shipped["claim_us"] + shipped["finalize_us"]
+        worker = of("ours", seed)[1]["cpu_us_per_message"]["median"]
+        plain = of("plain-loop", seed)[1]["cpu_us_per_message"]["median"]
+        lines.append(
+            f"- {seed}: the database spends {server:.1f} µs executing one message's share of a "
+            f"claim and a finalize (planning, commit and protocol work come on top); the worker "
+            f"process {worker:.1f} µs of CPU, the plain loop {plain:.1f} µs. With {cores} cores "
+            f"and everything CPU-bound, that caps the worker at about "
+            f"{cores * 1e6 / (server + worker):,.0f} messages/s and the plain loop at "
+            f"{cores * 1e6 / (server + plain):,.0f}, whatever the number of processes."
+        )
+    for seed in seeds:
+        shipped = costs.get((seed, "as shipped"))
+        for variant, index in (
+            ("without outbox_aggregate (ordered mode's)", "outbox_aggregate"),
+            ("without outbox_waiting (the stats')", "outbox_waiting"),
+        ):
+            other = costs.get((seed, variant))
+            if shipped is None or other is None:
+                continue
+            wal = shipped["wal_bytes_total"] - other["wal_bytes_total"]
+            lines.append(
+                f"- {seed}: `{index}` costs each message {wal:,.0f} WAL bytes "
+                f"({wal / shipped['wal_bytes_total']:.0%}) and "
+                f"{shipped['claim_buffers'] - other['claim_buffers']:.1f} buffers in the claim."
+            )
+    return lines
+
+
+def render_section(report: dict[str, Any], section: list[str]) -> str:
+    """One section's lines under the run's environment, for `python -m bench --only`."""
+    env = report["environment"]
+    smoke = " (smoke run)" if report["smoke"] else ""
+    return "\n".join([
+        f"# outbox-dispatcher benchmark report, one section{smoke}",
+        "",
+        f"PostgreSQL {env['postgresql']}, {env['cores']} cores, Python {env['python']}, "
+        f"{env.get('event_loop', 'asyncio')} event loop, commit {env['commit']}, {env['started']}.",
+        f"{report['messages']:,} messages of ~200 bytes per run, median of {report['repeat']} "
+        "round(s) (min-max in brackets), every contender once per round.",
+        "",
+        *section,
+    ]) + "\n"  # fmt: skip
+
+
 def _http_section(http: dict[str, Any]) -> list[str]:
     layouts = {"free": http} | ({"pinned": http["pinned"]} if "pinned" in http else {})
     where = {
@@ -135,7 +307,6 @@ def _http_profile(profile: dict[str, Any]) -> list[str]:
 
 def render(report: dict[str, Any]) -> str:
     env = report["environment"]
-    t = report["throughput"]
     lines = [
         "# outbox-dispatcher benchmark report" + (" (smoke run)" if report["smoke"] else ""),
         "",
@@ -147,43 +318,7 @@ def render(report: dict[str, Any]) -> str:
         f"{report['messages']:,} messages of ~200 bytes per throughput run, median of "
         f"{report['repeat']} run(s) (min-max in brackets). All contenders ran in this one run.",
         "",
-        "## Throughput, no-op publisher (messages/s)",
-        "",
-        "| contender | processes | messages/s | detail |",
-        "|---|---|---|---|",
-    ]
-    for name, row in t.items():
-        lines.append(
-            f"| {name} | {row['processes']} | {row['median']:,.0f} "
-            f"[{row['min']:,.0f}-{row['max']:,.0f}] | {row['detail']} |"
-        )
-    ours = {row["processes"]: row["median"] for row in t.values() if row["peer"] == "ours"}
-    best_ours = max(ours.values())
-    pgq_best = t["pgqueuer best"]["median"]
-    pgq_default = t["pgqueuer defaults"]["median"]
-    article = {row["processes"]: row["median"] for row in t.values() if row["peer"] == "article"}
-    ceiling = max(row["median"] for row in t.values() if row["peer"] == "ceiling")
-    lines += [
-        "",
-        "| ratio | value |",
-        "|---|---|",
-        f"| best outbox-dispatcher / pgqueuer best | {_ratio(best_ours, pgq_best)} |",
-        f"| outbox-dispatcher 1 process / pgqueuer best | {_ratio(ours[1], pgq_best)} |",
-        f"| best outbox-dispatcher / pgqueuer defaults | {_ratio(best_ours, pgq_default)} |",
-        f"| outbox-dispatcher 1 process / article design 1 process | "
-        f"{_ratio(ours[1], article[1])} |",
-        f"| best outbox-dispatcher / article design 4 processes | "
-        f"{_ratio(best_ours, article[4])} |",
-        f"| best outbox-dispatcher / SQL ceiling | {_ratio(best_ours, ceiling)} |",
-        f"| SQL ceiling / pgqueuer best | {_ratio(ceiling, pgq_best)} |",
-        "",
-        f"What stands in the way of 4x pgqueuer's best ({4 * pgq_best:,.0f} messages/s): our "
-        f"claim and finalize statements alone, driven by pgbench with no Python at all, reach "
-        f"{ceiling:,.0f} messages/s ({_ratio(ceiling, pgq_best)} pgqueuer's best) on this "
-        "machine. Every message costs two row updates (claim, finalize), each with its index "
-        "and WAL work, and PostgreSQL shares the cores with the workers. The worker reaches "
-        f"{_ratio(best_ours, ceiling)} of that ceiling; the profile below shows what the rest "
-        "of its time goes to.",
+        *render_throughput(report),
         "",
         *_http_section(report["http"]),
         f"## Latency, enqueue to publish, {report['latency']['rate_per_second']} messages/s",
@@ -253,7 +388,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
     t = report["throughput"]
     figure, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
     names = list(t)
-    colours = {"ours": "tab:green", "article": "tab:gray", "ceiling": "tab:blue"}
+    colours = {
+        "ours": "tab:green", "plain-loop": "tab:olive", "article": "tab:gray", "ceiling": "tab:blue"
+    }  # fmt: skip
     left.barh(
         names,
         [t[n]["median"] for n in names],

@@ -60,6 +60,9 @@ class Event:
     payload: object
 
 
+_new_tuple = tuple.__new__
+
+
 class Outcome(NamedTuple):
     """How one claimed message ends its lease; built with the constructors below."""
 
@@ -86,7 +89,9 @@ class Outcome(NamedTuple):
 
     @classmethod
     def done(cls, msg: Message) -> Outcome:
-        return cls(msg.id, msg.lease_version, OutcomeKind.DONE)  # the hot path: positional
+        # The hot path, once per message: built as the tuple it is, every field given, which
+        # costs half of the generated constructor's keyword and default handling.
+        return _new_tuple(cls, (msg.id, msg.lease_version, OutcomeKind.DONE, 0.0, None))
 
     @classmethod
     def dead(cls, msg: Message, error: str) -> Outcome:

@@ -33,7 +33,29 @@ def test_bench_smoke_run_writes_a_complete_report(tmp_path):
     assert env["postgresql"].startswith("18.") and env["cores"] >= 1 and env["commit"]
     throughput = report["throughput"]
     peers = {row["peer"] for row in throughput.values()}
-    assert peers == {"ours", "article", "pgqueuer-default", "pgqueuer-best", "ceiling"}
+    assert peers == {
+        "ours", "plain-loop", "article", "pgqueuer-default", "pgqueuer-best", "ceiling"
+    }  # fmt: skip
+    # The worker, the plain loop of its own statements and the SQL ceiling on both seeds.
+    for peer in ("ours", "plain-loop", "ceiling"):
+        assert {
+            (row["seed"], row["processes"]) for row in throughput.values() if row["peer"] == peer
+        } >= {(seed, n) for seed in ("1,000 aggregates", "one aggregate per row") for n in (1, 2)}
+    assert all(
+        row["cpu_us_per_message"]["median"] > 0
+        for row in throughput.values()
+        if row["peer"] in ("ours", "plain-loop")
+    )
+    assert {(c["seed"], c["variant"]) for c in report["costs"]} == {
+        (seed, variant)
+        for seed in ("1,000 aggregates", "one aggregate per row")
+        for variant in (
+            "as shipped",
+            "without outbox_aggregate (ordered mode's)",
+            "without outbox_waiting (the stats')",
+        )
+    }
+    assert all(c["claim_wal_bytes"] > 0 and c["claim_buffers"] > 0 for c in report["costs"])
     assert all(
         row["median"] > 0 and row["min"] <= row["median"] <= row["max"]
         for row in throughput.values()
@@ -61,6 +83,9 @@ def test_bench_smoke_run_writes_a_complete_report(tmp_path):
     for heading in (
         "Throughput",
         "ratio",
+        "outbox-dispatcher / plain loop, 1 process",
+        "What one message costs the database",
+        "What the gap is made of",
         "HTTP publisher",
         "CPU, worker / load generator",
         "Where the worker's CPU goes",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -11,6 +11,7 @@ from helpers import row, seed, wait_until_db
 
 from outbox import Outcome, Status
 from outbox.lease import OrderedClaims, claim, extend, finalize, release
+from outbox.models import Message, OutcomeKind
 from outbox.queries import REAPED_ERROR
 from outbox.table import Table
 from outbox.worker.dispatcher import EXPLICIT_PREPARE_ONLY
@@ -342,3 +343,12 @@ async def test_protocol_works_on_qualified_and_hostile_table_names(empty_dsn, na
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT to_regclass('x') IS NOT NULL").fetchone() == (True,)
     assert Status.DONE.value == "done"
+
+
+def test_a_done_outcome_is_the_one_its_fields_make():
+    """Outcome.done builds its tuple directly (the hot path): it must equal the outcome the
+    named constructor makes, defaults included."""
+    message = Message(7, 3, 1, "order", "order-1", "OrderPlaced", "{}", datetime.now(UTC))
+    done = Outcome.done(message)
+    assert done == Outcome(7, 3, OutcomeKind.DONE) and type(done) is Outcome
+    assert (done.status, done.refund_attempt, done.deferred) == (Status.DONE, False, False)

@@ -385,3 +385,65 @@ async def test_reclaiming_its_own_expired_message_keeps_both_generations_apart(c
     assert any(
         f"message {message_id} lease_version 1" in rec.getMessage() for rec in caplog.records
     )
+
+
+async def test_the_next_claim_runs_while_the_last_batch_is_being_finalized(conn, dsn):
+    """A publisher that never waits leaves the finalize as the slow step: the claimer must
+    not wait for it, but claim once more, and no further (one batch being finalized)."""
+    seed(conn, 50)
+    batch = 10
+    blocker = psycopg.connect(dsn)  # holds the first batch's rows, so its finalize waits
+    locked: list[int] = []
+
+    def behave(m: Message) -> None:
+        if not locked:
+            rows = blocker.execute(
+                "SELECT id FROM outbox WHERE status = 'processing' FOR UPDATE"
+            ).fetchall()
+            locked.extend(r[0] for r in rows)
+
+    try:
+        async with dispatching(settings(dsn, batch=batch, concurrency=1), Scripted(behave)) as d:
+            await wait_until(
+                lambda: _count(conn, "status = 'processing'") == 2 * batch,
+                what="a second claim while the first batch's finalize waits",
+            )
+            assert len(locked) == batch and _count(conn, "status = 'done'") == 0
+            # Both batches published, the first one's outcomes still unwritten: no room
+            # for a third claim (held at most 2 x batch + concurrency).
+            await wait_until(lambda: len(d._outcomes) == batch or not d._waiting)
+            assert len(d._held) == 2 * batch
+            blocker.rollback()
+            await wait_until(lambda: _count(conn, "status = 'done'") == 50)
+    finally:
+        blocker.close()
+    assert _count(conn, "lease_version <> 1") == 0  # each claimed once: nothing lost a lease
+
+
+def test_the_publish_histogram_exposes_what_a_prometheus_histogram_would():
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from outbox.worker.metrics import Metrics
+
+    observed = (0.0, 0.0000004, 0.001, 0.0011, 0.3, 30, 31)
+    metrics = Metrics()
+    reference_registry = CollectorRegistry()
+    reference = Histogram(
+        "outbox_publish_duration_seconds",
+        "Time spent in one publish, whatever its outcome",
+        buckets=metrics.publish_seconds._bounds[:-1],
+        registry=reference_registry,
+    )
+    for seconds in observed:
+        metrics.publish_seconds.observe(seconds)
+        reference.observe(seconds)
+
+    def lines(registry: CollectorRegistry) -> list[str]:
+        text = generate_latest(registry).decode()
+        return [
+            line for line in text.splitlines()
+            if line.startswith("outbox_publish_duration_seconds") and "_created" not in line
+        ]  # fmt: skip
+
+    assert lines(metrics.registry) == lines(reference_registry)
+    assert 'outbox_publish_duration_seconds_bucket{le="0.001"} 3.0' in lines(metrics.registry)

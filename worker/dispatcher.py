@@ -3,8 +3,11 @@
 Three tasks share the work, each on its own pooled connection, so that database round trips
 overlap with publishing:
 
-- the claimer leases up to `batch` messages whenever there is room (at most
-  `batch + concurrency` messages are held at once) and wakes on NOTIFY or the poll timer;
+- the claimer leases up to `batch` messages whenever there is room and wakes on NOTIFY or
+  the poll timer. At most `batch + concurrency` messages wait or publish at once, and at most
+  `2 * batch + concurrency` are held in all: the extra batch is outcomes the finalizer is
+  still writing, so that with a fast publisher the next claim runs while the last batch is
+  finalized instead of after it (claim and finalize are each a database round trip);
 - up to `concurrency` publishing tasks take claimed messages in order, publish each under
   the publish timeout and turn the result into an Outcome;
 - the finalizer writes outcomes as they arrive, all that are waiting in one statement,
@@ -89,8 +92,11 @@ class Dispatcher:
         self._publishing: dict[tuple[int, int], Message] = {}  # publish in progress
         self._publishers: set[asyncio.Task[None]] = set()
         self._pool_check: asyncio.Task[None] | None = None
-        self._outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
-        self._room = asyncio.Event()  # set when finalizing frees room for a claim
+        # Outcomes not written yet, and the event that wakes the finalizer for them (a deque
+        # and an event cost less per message than an asyncio.Queue).
+        self._outcomes: collections.deque[Outcome] = collections.deque()
+        self._outcomes_waiting = asyncio.Event()
+        self._room = asyncio.Event()  # set when publishing or finalizing frees room to claim
         self._wakeup = asyncio.Event()  # set by NOTIFY
         self._drained = asyncio.Event()  # set when nothing is held
         self._drained.set()
@@ -191,7 +197,7 @@ class Dispatcher:
             len(unstarted), s.shutdown_grace.total_seconds(), len(self._publishing),
         )  # fmt: skip
         for message in unstarted:
-            self._outcomes.put_nowait(Outcome.release(message))
+            self._put_outcome(Outcome.release(message))
         if self._publishers:
             _, late = await asyncio.wait(
                 list(self._publishers), timeout=s.shutdown_grace.total_seconds()
@@ -212,13 +218,16 @@ class Dispatcher:
 
     async def _claimer(self, stop: asyncio.Event) -> None:
         s = self.settings
-        limit = s.batch + s.concurrency
+        unpublished_limit = s.batch + s.concurrency
+        held_limit = unpublished_limit + s.batch  # room for one batch being finalized
         empty_claims = 0
         db_failures = 0
         while not stop.is_set():
-            room = limit - len(self._held)
+            unpublished = len(self._waiting) + len(self._publishing)
+            room = min(unpublished_limit - unpublished, held_limit - len(self._held))
             if room < min(s.batch, max(1, s.batch // 2)) and self._held:
-                # Not enough room for a worthwhile claim: wait until finalizing frees some.
+                # Not enough room for a worthwhile claim: wait until publishing or finalizing
+                # frees some.
                 self._room.clear()
                 await _first_of(stop.wait(), self._room.wait())
                 continue
@@ -308,7 +317,7 @@ class Dispatcher:
                 outcome = await self._publish(message)
             except asyncio.CancelledError:
                 # Shutdown, after the grace period: abandon it and give it back.
-                self._outcomes.put_nowait(Outcome.release(message))
+                self._put_outcome(Outcome.release(message))
                 raise
             except Exception:
                 # Fits no failure class: a bug. Leave the row to its lease; the attempt
@@ -325,13 +334,18 @@ class Dispatcher:
                 self._publishing.pop(key, None)
                 self.metrics.publish_seconds.observe(time.perf_counter() - started)
             if outcome is not None:
-                self._outcomes.put_nowait(outcome)
+                self._put_outcome(outcome)
+        # Every claimed message has started: room for the next claim, if the finalizer
+        # leaves some.
+        self._room.set()
 
     async def _publish(self, message: Message) -> Outcome:
         s = self.settings
         try:
             publish = self.publisher.publish(message)
-            if not isinstance(publish, Coroutine):  # an awaitable of another kind
+            # The exact type first: isinstance against the ABC costs more, once per message.
+            if type(publish) is not types.CoroutineType and not isinstance(publish, Coroutine):
+                # an awaitable of another kind
                 async with asyncio.timeout(s.publish_timeout.total_seconds()):
                     await publish
                 return Outcome.done(message)
@@ -367,9 +381,12 @@ class Dispatcher:
 
     async def _finalizer(self) -> None:
         while True:
-            outcomes = [await self._outcomes.get()]
-            while not self._outcomes.empty() and len(outcomes) < FINALIZE_CHUNK:
-                outcomes.append(self._outcomes.get_nowait())
+            if not self._outcomes:
+                self._outcomes_waiting.clear()
+                await self._outcomes_waiting.wait()
+                continue
+            waiting = self._outcomes
+            outcomes = [waiting.popleft() for _ in range(min(len(waiting), FINALIZE_CHUNK))]
             try:
                 applied = await self._with_retries("finalize", self._finalize, outcomes)
             except psycopg.Error:
@@ -402,10 +419,15 @@ class Dispatcher:
                     self._lost_lease(outcome)
                 else:  # a defer past the maximum defer age ended dead: count what happened
                     counts["dead" if ended == "dead" else outcome.kind] += 1
-                self._forget(outcome.message_id, outcome.lease_version)
+                self._drop(outcome.message_id, outcome.lease_version)
+            self._freed()
             for label, count in counts.items():
                 self.metrics.messages.labels(label).inc(count)
             self.metrics.in_flight.set(len(self._held))
+
+    def _put_outcome(self, outcome: Outcome) -> None:
+        self._outcomes.append(outcome)
+        self._outcomes_waiting.set()
 
     async def _finalize(self, outcomes: list[Outcome]) -> lease.Applied:
         assert self._pool is not None
@@ -424,10 +446,18 @@ class Dispatcher:
         )  # fmt: skip
 
     def _forget(self, message_id: int, lease_version: int) -> None:
+        self._drop(message_id, lease_version)
+        self._freed()
+
+    def _drop(self, message_id: int, lease_version: int) -> None:
         held = self._held.get(message_id)
         if held is not None and held.lease_version == lease_version:  # not a newer claim
             del self._held[message_id]
             self._renewed_at.pop(message_id, None)
+
+    def _freed(self) -> None:
+        """After dropping held messages (once per batch, not per message): wake the claimer,
+        and the shutdown once nothing is held."""
         self._room.set()
         if not self._held:
             self._drained.set()

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
+import math
+from collections.abc import Iterator, Sequence
 
 from aiohttp import web
 from prometheus_client import (
@@ -13,6 +17,9 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger("outbox.worker")
 
@@ -38,7 +45,7 @@ class Metrics:
             "Finalizes rejected by the fence: the lease expired and was taken over or reaped",
             registry=r,
         )
-        self.publish_seconds = Histogram(
+        self.publish_seconds = LoopHistogram(
             "outbox_publish_duration_seconds",
             "Time spent in one publish, whatever its outcome",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
@@ -63,6 +70,38 @@ class Metrics:
             "outbox_database_errors", "Failed database operations", ["operation"], registry=r
         )
         self.ready = False
+
+
+class LoopHistogram(Collector):
+    """A histogram observed and collected on one event loop's thread (the worker's: the
+    metrics endpoint runs on it too), so an observation takes no lock. It is made once per
+    message: prometheus_client's Histogram, with a lock for the sum and one for the bucket,
+    cost several times as much, a tenth of the worker's time with a fast publisher."""
+
+    def __init__(
+        self, name: str, documentation: str, buckets: Sequence[float], registry: CollectorRegistry
+    ) -> None:
+        self._name, self._documentation = name, documentation
+        self._bounds = [*buckets, math.inf]
+        # Spelled as prometheus_client spells its own histograms' bounds ("1.0", "+Inf").
+        self._labels = [floatToGoString(b) for b in self._bounds]  # type: ignore[no-untyped-call]
+        self._counts = [0] * len(self._bounds)
+        self._sum = 0.0
+        registry.register(self)
+
+    def observe(self, amount: float) -> None:
+        self._counts[bisect.bisect_left(self._bounds, amount)] += 1  # le: bound >= amount
+        self._sum += amount
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self._name, self._documentation)
+        cumulative = itertools.accumulate(self._counts)
+        family.add_metric(
+            [],
+            list(zip(self._labels, cumulative, strict=True)),
+            self._sum,
+        )
+        yield family
 
 
 class HealthServer:
