@@ -21,8 +21,12 @@ demo: $(STAMP)
 	$(BIN)/outbox demo
 	PYTHONPATH=tests $(BIN)/python -m k8s.demo
 
+# Two pytest-xdist workers: most tests wait on servers, processes and timers, not on a core.
+# Tests that share something costly (the image, a module's servers) run on one worker
+# (xdist_group). PYTEST_WORKERS=0 runs them in this process; PYTEST_ARGS adds options.
+PYTEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The chaos suite as a soak: more messages, more faults, longer outages than `make test`
 # runs; prints the per-scenario report at the end and fails on any loss or broken invariant.

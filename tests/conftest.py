@@ -8,6 +8,7 @@ copy of it, which takes milliseconds (procrastinate's fixtures do the same).
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import uuid
@@ -34,6 +35,20 @@ TEST_SETTINGS = {
     "full_page_writes": "off",
     "max_connections": "300",
 }
+
+
+# The tiers whose conftest prints a report at the end of the run (`pytest_terminal_summary`).
+REPORTING_CONFTESTS = ("chaos.conftest", "image.conftest")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The pytest-xdist controller collects nothing, so it would never load those conftests:
+    it loads them here, to merge what the workers hand over and print it."""
+    if getattr(config, "workerinput", None) is None and config.getoption("numprocesses", None):
+        for name in REPORTING_CONFTESTS:
+            module = importlib.import_module(name)
+            if not config.pluginmanager.is_registered(module):
+                config.pluginmanager.register(module)
 
 
 @pytest.fixture(scope="session")

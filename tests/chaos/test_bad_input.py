@@ -244,7 +244,9 @@ def test_a_stop_signal_gives_back_every_held_row(conn, dsn, tmp_path, sig):
             owner="w-signal", log_path=str(log),
         )  # fmt: skip
         try:
-            _wait(lambda: _processing(conn) >= 10 and sink.requests, "claims and publishes")
+            # `_seen` counts requests as they arrive; `requests` only once answered (here,
+            # after the hang): the signal must land while both publishes are in flight.
+            _wait(lambda: _processing(conn) >= 10 and len(sink._seen) == 2, "claims and publishes")
         finally:
             proc.send_signal(sig)
             code = proc.wait(timeout=30)

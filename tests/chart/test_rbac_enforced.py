@@ -32,7 +32,7 @@ from chart import chart as c
 pytestmark = pytest.mark.slow
 TOKEN = "chart-service-account-token"
 RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-# The harness sets these itself (a free port, fast leader timings for the test's pace, text logs).
+# The harness sets these itself (a free port, leader timings for the test's pace, text logs).
 HARNESS_FLAGS = ("--health-port", "--lease-duration", "--renew-deadline", "--retry-period",
                  "--log-format")  # fmt: skip
 

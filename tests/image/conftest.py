@@ -6,7 +6,9 @@ session is not root; `.ci/run` installs the Debian packages first, so CI always 
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -28,6 +30,21 @@ def image(request: pytest.FixtureRequest) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def facts(image: str, request: pytest.FixtureRequest) -> images.ImageFacts:
     return request.config.stash[_FACTS]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under pytest-xdist, the worker that built the image hands its facts to the controller."""
+    output = getattr(session.config, "workeroutput", None)
+    facts = session.config.stash.get(_FACTS, None)
+    if output is not None and facts is not None:
+        output["image_facts"] = pickle.dumps(facts)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    data = getattr(node, "workeroutput", {}).get("image_facts")
+    if data:
+        node.config.stash[_FACTS] = pickle.loads(data)
 
 
 def pytest_terminal_summary(

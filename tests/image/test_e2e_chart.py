@@ -41,7 +41,13 @@ from k8s.test_operator import (
 from image import images
 from outbox.demo.sink import Sink
 
-pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(2400)]
+# One worker under pytest-xdist runs every test of the image, so the image is built once.
+pytestmark = [
+    pytest.mark.container,
+    pytest.mark.slow,
+    pytest.mark.timeout(2400),
+    pytest.mark.xdist_group("image"),
+]
 
 
 class ContainerKubelet(Kubelet):

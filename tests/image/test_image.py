@@ -17,7 +17,13 @@ from helpers import seed, statuses
 from image import images
 from outbox.demo.sink import Sink
 
-pytestmark = [pytest.mark.container, pytest.mark.slow, pytest.mark.timeout(2400)]
+# One worker under pytest-xdist runs every test of the image, so the image is built once.
+pytestmark = [
+    pytest.mark.container,
+    pytest.mark.slow,
+    pytest.mark.timeout(2400),
+    pytest.mark.xdist_group("image"),
+]
 
 # Stricter than Kubernetes' readOnlyRootFilesystem: not even a tmpfs on /tmp or /run.
 READ_ONLY = ("--read-only", "--read-only-tmpfs=false")

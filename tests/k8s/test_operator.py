@@ -1,7 +1,7 @@
 """The real operator (`outbox-controller`, kopf) against the emulator, driven by kubectl.
 
-Each test starts the operator as its own process with short leader-election timings and a
-one-second poll, writes resources with the real `kubectl`, and waits for the state it
+Each test starts the operator as its own process with leader-election timings of its own and
+a one-second poll, writes resources with the real `kubectl`, and waits for the state it
 asserts (status, Deployment, Events) with a deadline, never a fixed sleep.
 """
 
@@ -40,7 +40,13 @@ CONTROLLER = str(Path(sys.executable).parent / "outbox-controller")
 NS = "default"
 T = TypeVar("T")
 pytestmark = pytest.mark.slow
-FAST_LEADER = ["--lease-duration", "3s", "--renew-deadline", "2s", "--retry-period", "250ms"]
+# Leader election at the pace of the tests whose subject is a takeover: a successor waits
+# out a killed or frozen leader's whole lease.
+FAST_LEADER = ("--lease-duration", "3s", "--renew-deadline", "2s", "--retry-period", "250ms")
+# Every other test has one leader, which must not lose its Lease because a loaded machine
+# delayed its renewals past a 2 s deadline (its process then exits, and the test waits in
+# vain); SIGTERM still hands the Lease over at once.
+STEADY_LEADER = ("--lease-duration", "20s", "--renew-deadline", "15s", "--retry-period", "250ms")
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60) -> T:
@@ -68,6 +74,7 @@ class Operator:
         *args: str,
         name: str = "op",
         kubeconfig: Path | None = None,
+        leader: tuple[str, ...] = STEADY_LEADER,
     ) -> None:
         self.k8s = k8s
         self.kubeconfig = kubeconfig or k8s.kubeconfig
@@ -77,7 +84,7 @@ class Operator:
             "0",
             "--log-format",
             "text",
-            *FAST_LEADER,
+            *leader,
             "--leader-identity",
             name,
             *args,
@@ -151,8 +158,8 @@ def cluster(k8s: LocalCluster) -> LocalCluster:
 def operators(cluster: LocalCluster, tmp_path: Path) -> Iterator[Callable[..., Operator]]:
     started: list[Operator] = []
 
-    def start(*args: str, name: str = "op") -> Operator:
-        operator = Operator(cluster, tmp_path, *args, name=name).start()
+    def start(*args: str, name: str = "op", leader: tuple[str, ...] = STEADY_LEADER) -> Operator:
+        operator = Operator(cluster, tmp_path, *args, name=name, leader=leader).start()
         started.append(operator)
         return operator
 
@@ -585,14 +592,14 @@ def test_changes_made_while_the_operator_was_down_are_handled_when_it_starts(
 def test_an_operator_killed_mid_reconcile_converges_after_restart(
     cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
 ) -> None:
-    victim = operators(name="victim")
+    victim = operators(name="victim", leader=FAST_LEADER)
     apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest())
     # The Deployment exists, the status may not yet: somewhere inside the first pass.
     wait_for("the Deployment", lambda: deployment_of(cluster))
     victim.signal(signal.SIGKILL)
     assert victim.wait() == -signal.SIGKILL
     cluster.kubectl("patch", "obd", "orders", "--type=merge", "-p", '{"spec":{"maxAttempts":4}}')
-    operators(name="successor")  # waits out the dead one's Lease, then takes over
+    operators(name="successor", leader=FAST_LEADER)  # waits out the dead one's Lease
     body = wait_for("observedGeneration == generation", lambda: observed(cluster), timeout=90)
     assert body["metadata"]["generation"] == 2
     deployment = deployment_of(cluster)

@@ -14,6 +14,7 @@ from .cluster import LocalCluster
 from .rbac import MASTERS, Identity
 from .test_operator import (
     CRD,
+    FAST_LEADER,
     Operator,
     apply,
     deployment_of,
@@ -84,12 +85,16 @@ def test_two_replicas_never_both_act(cluster: LocalCluster, tmp_path: Path, dsn:
         name: cluster.write_kubeconfig(tmp_path / f"kubeconfig-{name}", f"token-{name}")
         for name in ("a", "b")
     }
-    a = Operator(cluster, tmp_path, name="a", kubeconfig=kubeconfigs["a"]).start()
+    a = Operator(
+        cluster, tmp_path, name="a", kubeconfig=kubeconfigs["a"], leader=FAST_LEADER
+    ).start()
     b: Operator | None = None
     watcher: BothLeading | None = None
     try:
         wait_for("a to lead", a.leading)
-        b = Operator(cluster, tmp_path, name="b", kubeconfig=kubeconfigs["b"]).start()
+        b = Operator(
+            cluster, tmp_path, name="b", kubeconfig=kubeconfigs["b"], leader=FAST_LEADER
+        ).start()
         watcher = BothLeading(a, b)
         apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest("first"))
         wait_for("a to serve the first resource", lambda: deployment_of(cluster, "first"))

@@ -36,6 +36,7 @@ from outbox.demo.sink import Reply, Sink
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(300),
+    pytest.mark.xdist_group("monitoring-scrape"),  # one worker: `scraped` is set up once
     pytest.mark.skipif(
         shutil.which("prometheus") is None,
         reason="needs prometheus (Debian package prometheus; .ci/run installs it)",
