@@ -757,14 +757,11 @@ def test_a_deployment_of_the_same_name_that_is_not_ours_is_left_alone(
     assert ours["spec"]["template"]["spec"]["containers"][0]["command"] == ["outbox-worker"]
 
 
-SLOW_LEADER = ["--lease-duration", "30s", "--renew-deadline", "20s", "--retry-period", "250ms"]
-
-
 def test_the_api_server_going_away_mid_watch_is_ridden_out(
     cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
 ) -> None:
-    # A renew deadline longer than the outage: the leader keeps leading through it.
-    operator = operators(*SLOW_LEADER)
+    # A renew deadline (15 s) longer than the outage: the leader keeps leading through it.
+    operator = operators()
     apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest())
     wait_for("the first pass", lambda: observed(cluster))
     before = len(operator.log())
@@ -789,7 +786,7 @@ def test_the_api_server_going_away_mid_watch_is_ridden_out(
 def test_an_outage_past_the_renew_deadline_restarts_the_leader_and_its_successor_converges(
     cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
 ) -> None:
-    leader = operators(name="leader")  # renews within 2 s, or stops acting
+    leader = operators(name="leader", leader=FAST_LEADER)  # renews within 2 s, or stops
     apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest())
     wait_for("the first pass", lambda: observed(cluster))
     with cluster.outage():
@@ -797,7 +794,7 @@ def test_an_outage_past_the_renew_deadline_restarts_the_leader_and_its_successor
         assert leader.wait(timeout=60) == LOST_LEADERSHIP
     assert "lost lease" in leader.log()
     cluster.kubectl("patch", "obd", "orders", "--type=merge", "-p", '{"spec":{"batchSize":9}}')
-    operators(name="restarted")  # waits out the old Lease, then leads
+    operators(name="restarted", leader=FAST_LEADER)  # waits out the old Lease, then leads
     rolled = wait_for(
         "the change handled by the restarted operator",
         lambda: (d := deployment_of(cluster)) and env_value(d, "OUTBOX_BATCH") == "9" and d,
