@@ -29,7 +29,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -43,7 +42,7 @@ import psycopg
 
 from bench.cpu import cpu_seconds
 from bench.env import ROOT, Bench, python_module, seed_outbox
-from bench.profile import summarize
+from bench.profile import samples, stop_profiled, summarize
 from outbox.demo.embedded import free_port
 
 CONCURRENCY = 64
@@ -335,11 +334,7 @@ def worker(
             done = _count(conn, ("done",))
             publish_seconds = _publish_seconds(metrics_port)
         finally:
-            if spy is not None:
-                spy.send_signal(signal.SIGINT)  # py-spy writes its samples and exits
-                spy.wait(timeout=60)
-            proc.terminate()
-            proc.wait()
+            stop_profiled(spy, proc)
             conn.close()
     stored = broker.stored() - stored_before if broker.name != "null" else messages
     if done != messages or stored != messages:
@@ -428,14 +423,11 @@ def inclusive(raw: str) -> dict[str, Any]:
     """Share of samples whose stack passes through each layer (a sample may count in several)."""
     counts = dict.fromkeys(LAYERS, 0)
     total = 0
-    for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
-            continue
-        total += int(count)
+    for stack, count in samples(raw):
+        total += count
         for layer, needles in LAYERS.items():
             if any(needle in stack for needle in needles):
-                counts[layer] += int(count)
+                counts[layer] += count
     return {"layers": {layer: n / max(total, 1) for layer, n in counts.items()}}
 
 

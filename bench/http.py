@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from typing import Any
 from bench import scenarios
 from bench.cpu import cpu_seconds
 from bench.env import ROOT, Bench, python_module
+from bench.profile import samples, stop_profiled
 from outbox.demo.embedded import free_port
 
 CONCURRENCY = 64
@@ -100,9 +100,8 @@ PROFILE_PARTS = (
 def _parts(raw: str) -> dict[str, float]:
     """Share of the samples per PROFILE_PARTS (imports left out: start-up, not the run)."""
     counts = dict.fromkeys([name for name, _ in PROFILE_PARTS] + ["other"], 0)
-    for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit() or "_find_and_load" in stack:
+    for stack, count in samples(raw):
+        if "_find_and_load" in stack:
             continue
         frames = stack.split(";")
         part = next(
@@ -110,7 +109,7 @@ def _parts(raw: str) -> dict[str, float]:
              if any(needle in frame for frame in frames for needle in needles)),
             "other",
         )  # fmt: skip
-        counts[part] += int(count)
+        counts[part] += count
     total = max(sum(counts.values()), 1)
     return {name: n / total for name, n in counts.items()}
 
@@ -159,11 +158,7 @@ def profile_http(bench: Bench, messages: int) -> dict[str, Any]:
                         time.sleep(0.02)
                     worker_cpu = cpu_seconds(worker.pid) - cpu_before
                 finally:
-                    if spy is not None:
-                        spy.send_signal(signal.SIGINT)  # py-spy writes its samples and exits
-                        spy.wait(timeout=60)
-                    worker.terminate()
-                    worker.wait()
+                    stop_profiled(spy, worker)
                     progress.conn.close()
             loadgen_text, worker_text = loadgen_raw.read_text(), worker_raw.read_text()
     finally:

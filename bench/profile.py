@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,26 +42,36 @@ def profile_worker(bench: Bench, messages: int) -> dict[str, Any]:
             )  # fmt: skip
             rate = measure_drain(remaining, messages, [worker], timeout=600)
         finally:
-            if spy is not None:
-                spy.send_signal(signal.SIGINT)  # py-spy writes its samples and exits
-                spy.wait(timeout=60)
-            worker.terminate()
-            worker.wait()
+            stop_profiled(spy, worker)
         if not raw.exists():
             return {"skipped": "py-spy could not sample the worker (ptrace not permitted?)"}
         return {"messages_per_second": rate, **summarize(raw.read_text())}
+
+
+def stop_profiled(spy: subprocess.Popen[bytes] | None, worker: subprocess.Popen[bytes]) -> None:
+    """Let py-spy write its samples (it does on SIGINT), then stop the process it sampled."""
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(timeout=60)
+    worker.terminate()
+    worker.wait()
+
+
+def samples(raw: str) -> Iterator[tuple[str, int]]:
+    """(stack, sample count) per line of py-spy's raw output."""
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if count.isdigit():
+            yield stack, int(count)
 
 
 def summarize(raw: str, top: int = 12) -> dict[str, Any]:
     """Share of samples per innermost frame, with waiting on sockets counted apart."""
     own: collections.Counter[str] = collections.Counter()
     total = 0
-    for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
-            continue
-        total += int(count)
-        own[stack.split(";")[-1].strip()] += int(count)
+    for stack, count in samples(raw):
+        total += count
+        own[stack.split(";")[-1].strip()] += count
     waiting = sum(n for frame, n in own.items() if frame.startswith(("EpollSelector.select",)))
     return {
         "samples": total,
