@@ -51,13 +51,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the emulator and the kubelet are test infrastructure
 
 from k8s.cluster import ADMIN_TOKEN, LocalCluster  # noqa: E402
-from k8s.demo import CONCURRENCY, PUBLISH_SECONDS, Recorder  # noqa: E402
+from k8s.demo import Recorder  # noqa: E402
 from k8s.kubelet import Kubelet  # noqa: E402
-from k8s.test_autoscaling_loop import Arrivals, scale_events, unfinished  # noqa: E402
+from k8s.test_autoscaling_loop import (  # noqa: E402
+    CONCURRENCY,
+    PUBLISH_SECONDS,
+    Arrivals,
+    scale_events,
+    sink_dispatcher,
+    unfinished,
+)
 from k8s.test_operator import (  # noqa: E402
     CRD,
     apply,
-    dispatcher_manifest,
     get,
     secret_manifest,
     wait_for,
@@ -260,12 +266,7 @@ def run_contender(bench: Bench, trace: Trace, policy: KedaPolicy | None) -> Resu
                 apply(
                     cluster,
                     secret_manifest("orders-db", dsn=dsn),
-                    dispatcher_manifest(
-                        publisher={"type": "http", "http": {"url": sink.url, "timeout": "5s"}},
-                        concurrency=CONCURRENCY,
-                        batchSize=CONCURRENCY,
-                        scaling=scaling(),
-                    ),
+                    sink_dispatcher(sink.url, scaling()),
                 )
                 recorder, arrivals = asyncio.run(drive(cluster, dsn, trace, policy))
                 decisions = scale_events(cluster)

@@ -37,19 +37,22 @@ from outbox.table import Table
 
 from .cluster import ADMIN_TOKEN, KUBECTL, LocalCluster
 from .kubelet import Kubelet
-from .test_autoscaling_loop import Arrivals, scale_events, unfinished
+from .test_autoscaling_loop import (
+    CONCURRENCY,
+    PUBLISH_SECONDS,
+    Arrivals,
+    scale_events,
+    sink_dispatcher,
+    unfinished,
+)
 from .test_operator import (
     CRD,
     Operator,
     apply,
-    dispatcher_manifest,
     get,
     secret_manifest,
     wait_for,
 )
-
-PUBLISH_SECONDS = 0.05  # the downstream's time per message
-CONCURRENCY = 2  # per worker: 2 / 0.05 s = 40 msg/s
 
 
 @dataclass(frozen=True)
@@ -195,12 +198,7 @@ def run_story(
     apply(
         cluster,
         secret_manifest("orders-db", dsn=dsn),
-        dispatcher_manifest(
-            publisher={"type": "http", "http": {"url": sink_url, "timeout": "5s"}},
-            concurrency=CONCURRENCY,
-            batchSize=CONCURRENCY,
-            scaling=sizing.spec(),
-        ),
+        sink_dispatcher(sink_url, sizing.spec()),
     )
     one_worker = CONCURRENCY / PUBLISH_SECONDS
     with Recorder(dsn, cluster) as recorder, Arrivals(dsn) as arrivals:

@@ -45,6 +45,18 @@ operators = harness.operators
 
 PUBLISH_SECONDS = 0.05  # the downstream's time per message
 CONCURRENCY = 2  # per worker: 2 / 0.05 s = 40 msg/s
+
+
+def sink_dispatcher(sink_url: str, scaling: dict[str, Any]) -> dict[str, Any]:
+    """The resource these stories scale: workers POSTing to the demo sink, CONCURRENCY each."""
+    return dispatcher_manifest(
+        publisher={"type": "http", "http": {"url": sink_url, "timeout": "5s"}},
+        concurrency=CONCURRENCY,
+        batchSize=CONCURRENCY,
+        scaling=scaling,
+    )
+
+
 TARGET = 10  # targetOldestReadyAgeSeconds
 WINDOW = 10  # scaleDownStabilizationSeconds
 MAX_REPLICAS = 4
@@ -136,12 +148,7 @@ def test_a_step_scales_up_drains_scales_to_zero_and_wakes_again(
     apply(
         cluster,
         secret_manifest("orders-db", dsn=dsn),
-        dispatcher_manifest(
-            publisher={"type": "http", "http": {"url": sink.url, "timeout": "5s"}},
-            concurrency=CONCURRENCY,
-            batchSize=CONCURRENCY,
-            scaling=scaling,
-        ),
+        sink_dispatcher(sink.url, scaling),
     )
     wait_for("an idle Deployment at zero", lambda: replicas(cluster) == 0)
 
