@@ -40,7 +40,7 @@ from typing import Any
 
 import psycopg
 
-from bench.cpu import cpu_seconds
+from bench.cpu import cpu_seconds, pin
 from bench.env import ROOT, Bench, python_module, seed_outbox
 from bench.profile import samples, stop_profiled, summarize
 from outbox.demo.embedded import free_port
@@ -59,35 +59,6 @@ def _log(message: str) -> None:
 
 
 # -- pinning -----------------------------------------------------------------------------------
-
-
-def _threads(pid: int) -> list[int]:
-    try:
-        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
-    except FileNotFoundError:
-        return []
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                if int(stat.rpartition(")")[2].split()[1]) == pid:
-                    found.append(int(entry))
-    return found
-
-
-def pin(pid: int, cpus: set[int], *, tree: bool = False) -> None:
-    """Every thread of `pid` (and with `tree`, of its children) on `cpus`; what they fork
-    later inherits it."""
-    for tid in _threads(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.sched_setaffinity(tid, cpus)
-    if tree:
-        for child in _children(pid):
-            pin(child, cpus)
 
 
 class Placement:

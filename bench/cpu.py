@@ -7,6 +7,7 @@ loaded at that moment.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -25,3 +26,46 @@ def own_cpu_seconds() -> float:
     """This process's CPU seconds, all threads (librdkafka's and nats' included)."""
     times = os.times()
     return times.user + times.system
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid` (PostgreSQL's backends and background processes). Any of
+    them may exit while this runs, or right after: callers must expect a pid to be gone."""
+    found, queue = [], [pid]
+    while queue:
+        parent = queue.pop()
+        try:
+            tasks = list(Path(f"/proc/{parent}/task").iterdir())
+        except OSError:  # exited since its parent listed it
+            continue
+        for task in tasks:
+            with contextlib.suppress(OSError):
+                kids = [int(k) for k in (task / "children").read_text().split()]
+                found += kids
+                queue += kids
+    return found
+
+
+def tree_cpu_seconds(pid: int, leave_out: int | None = None) -> float:
+    """CPU seconds of `pid`'s live descendants but `leave_out` (a benchmark's own poll): a
+    backend that ends meanwhile drops out, but the ones serving a drain live as long as the
+    worker's pool does."""
+    total = 0.0
+    for child in descendants(pid):
+        if child != leave_out:
+            with contextlib.suppress(OSError):
+                total += cpu_seconds(child)
+    return total
+
+
+def pin(pid: int, cpus: set[int], *, tree: bool = False) -> None:
+    """Every thread of `pid` (with `tree`, of its descendants too) on `cpus`; what they fork
+    later inherits it. A thread or process that has exited meanwhile needs no core."""
+    for pid_ in (pid, *(descendants(pid) if tree else ())):
+        try:
+            threads = [int(tid) for tid in os.listdir(f"/proc/{pid_}/task")]
+        except OSError:
+            continue
+        for tid in threads:
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(tid, cpus)

@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from bench.cpu import cpu_seconds
+from bench.cpu import cpu_seconds, pin, tree_cpu_seconds
 from bench.env import ROOT, Bench, measure_drain, python_module, seed_outbox
 from outbox.demo.embedded import free_port
 from outbox.demo.sink import Sink
@@ -59,31 +59,6 @@ def _wait_for_port(port: int, timeout: float = 20) -> None:
 # -- HTTP publisher against what the server can take ---------------------------------------
 
 
-def _children(pid: int) -> list[int]:
-    """Every live descendant of `pid` (PostgreSQL's backends and background processes)."""
-    found, queue = [], [pid]
-    while queue:
-        parent = queue.pop()
-        for task in Path(f"/proc/{parent}/task").iterdir():
-            with contextlib.suppress(OSError):
-                kids = [int(k) for k in (task / "children").read_text().split()]
-                found += kids
-                queue += kids
-    return found
-
-
-def _tree_cpu_seconds(pid: int, leave_out: int) -> float:
-    """CPU seconds of `pid`'s live descendants but `leave_out` (the benchmark's own poll): a
-    backend that ends meanwhile drops out, but the ones serving a drain live as long as the
-    worker's pool does."""
-    total = 0.0
-    for child in _children(pid):
-        if child != leave_out:
-            with contextlib.suppress(OSError):
-                total += cpu_seconds(child)
-    return total
-
-
 @contextlib.contextmanager
 def _database_pinned(bench: Bench, core: int | None) -> Iterator[None]:
     """PostgreSQL's postmaster and its running children on `core`; the backends it forks
@@ -93,14 +68,11 @@ def _database_pinned(bench: Bench, core: int | None) -> Iterator[None]:
         yield
         return
     every = os.sched_getaffinity(postmaster)
-    for pid in (postmaster, *_children(postmaster)):
-        os.sched_setaffinity(pid, {core})
+    pin(postmaster, {core}, tree=True)
     try:
         yield
     finally:
-        for pid in (postmaster, *_children(postmaster)):
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(pid, every)
+        pin(postmaster, every, tree=True)
 
 
 def _on(core: int | None, module: str, *args: str) -> subprocess.Popen[bytes]:
@@ -183,7 +155,7 @@ def _worker_drain(
         def sample() -> dict[str, float]:
             return {
                 "worker": cpu_seconds(worker.pid),
-                "database": _tree_cpu_seconds(postmaster, progress.backend_pid),
+                "database": tree_cpu_seconds(postmaster, progress.backend_pid),
                 **({"server": cpu_seconds(server.pid)} if server else {}),
             }
 
