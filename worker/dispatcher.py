@@ -3,13 +3,15 @@
 Three tasks share the work, each on its own pooled connection, so that database round trips
 overlap with publishing:
 
-- the claimer leases up to `batch` messages whenever there is room and wakes on NOTIFY or
-  the poll timer. At most `batch + concurrency` messages wait or publish at once, and at most
-  `2 * batch + concurrency` are held in all: the extra batch is outcomes the finalizer is
-  still writing, so that with a fast publisher the next claim runs while the last batch is
-  finalized instead of after it (claim and finalize are each a database round trip);
+- the claimer leases up to `batch` messages whenever there is room, and wakes on NOTIFY or
+  the poll timer. At most `2 * batch + concurrency` are held in all (the extra batch is
+  outcomes being written), and at most `batch + concurrency` wait or publish. A publisher
+  that outpaces the database gets one batch more: the next claim then goes out as soon as
+  the last one is in, and its round trip overlaps the publishing of that batch and the
+  finalizing of the one before;
 - up to `concurrency` publishing tasks take claimed messages in order, publish each under
-  the publish timeout and turn the result into an Outcome;
+  the publish timeout (one timer for all, see in_flight) and turn the result into an
+  Outcome;
 - the finalizer writes outcomes as they arrive, all that are waiting in one statement,
   each row fenced on its own lease_version.
 
@@ -25,9 +27,9 @@ import collections
 import contextlib
 import logging
 import time
-import types
-from collections.abc import Awaitable, Callable, Coroutine, Generator
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -45,6 +47,7 @@ from outbox.settings import (
     redact_urls,
 )
 from outbox.worker.backoff import retry_delay
+from outbox.worker.in_flight import InFlight
 from outbox.worker.metrics import Metrics
 from outbox.worker.publishers.base import Defer, PermanentError, Publisher, RetryableError
 from outbox.worker.publishers.registry import load_publisher, shown_values
@@ -87,9 +90,7 @@ class Dispatcher:
         self._held: dict[int, Message] = {}  # claimed, not finalized yet
         self._renewed_at: dict[int, float] = {}  # monotonic time of claim or last extension
         self._waiting: collections.deque[Message] = collections.deque()  # not started yet
-        # Keyed by (id, lease_version): after a lease expired mid-publish this worker may hold
-        # a newer generation of the same message while the old one is still publishing.
-        self._publishing: dict[tuple[int, int], Message] = {}  # publish in progress
+        self._in_flight = InFlight(settings.publish_timeout.total_seconds())
         self._publishers: set[asyncio.Task[None]] = set()
         self._pool_check: asyncio.Task[None] | None = None
         # Outcomes not written yet, and the event that wakes the finalizer for them (a deque
@@ -102,6 +103,11 @@ class Dispatcher:
         self._drained.set()
         self.listening = False  # a LISTEN connection is up
         self._ordered_claims = lease.OrderedClaims()
+        # How long the last claim that found messages took; when the last batch came in, and
+        # how long after that everything waiting had started publishing.
+        self._claim_seconds = 0.0
+        self._held_at = 0.0
+        self._published_in = 0.0
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[tuple[object, ...]]] | None = None
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -150,6 +156,7 @@ class Dispatcher:
                 for task in helpers:
                     task.cancel()
                 await asyncio.gather(*helpers, return_exceptions=True)
+                self._in_flight.close()
         finally:
             self.metrics.ready = False
             if self._pool_check is not None:
@@ -194,7 +201,7 @@ class Dispatcher:
         self._waiting.clear()
         log.info(
             "stopping: releasing %d unstarted messages, waiting up to %.1fs for %d in flight",
-            len(unstarted), s.shutdown_grace.total_seconds(), len(self._publishing),
+            len(unstarted), s.shutdown_grace.total_seconds(), len(self._in_flight),
         )  # fmt: skip
         for message in unstarted:
             self._put_outcome(Outcome.release(message))
@@ -218,13 +225,10 @@ class Dispatcher:
 
     async def _claimer(self, stop: asyncio.Event) -> None:
         s = self.settings
-        unpublished_limit = s.batch + s.concurrency
-        held_limit = unpublished_limit + s.batch  # room for one batch being finalized
         empty_claims = 0
         db_failures = 0
         while not stop.is_set():
-            unpublished = len(self._waiting) + len(self._publishing)
-            room = min(unpublished_limit - unpublished, held_limit - len(self._held))
+            room = self._room_to_claim()
             if room < min(s.batch, max(1, s.batch // 2)) and self._held:
                 # Not enough room for a worthwhile claim: wait until publishing or finalizing
                 # frees some.
@@ -233,6 +237,7 @@ class Dispatcher:
                 continue
             want = min(s.batch, room)
             self._wakeup.clear()  # a NOTIFY during the claim must still wake the next wait
+            started = time.monotonic()
             try:
                 messages = await self._claim(want)
             except (psycopg.Error, OSError) as exc:
@@ -245,6 +250,7 @@ class Dispatcher:
                 db_failures = 0
             self.metrics.ready = True  # whichever operation failed before, claiming works
             if messages:
+                self._claim_seconds = time.monotonic() - started
                 self._hold(messages)
                 empty_claims = 0
                 continue  # claim again at once: more is probably waiting
@@ -259,6 +265,25 @@ class Dispatcher:
             )
             if woken:
                 empty_claims = 0
+
+    def _room_to_claim(self) -> int:
+        """How many messages the next claim may ask for.
+
+        At most `2 * batch + concurrency` may be held: one batch's outcomes being written
+        while the next is published. Of those, at most `batch + concurrency` may be waiting
+        or publishing; a publisher faster than the database (the last batch was published
+        in less time than a claim takes) gets one batch more. The next claim then goes out
+        as soon as the last one is in, so its round trip overlaps publishing instead of
+        following it. A slower publisher is not claimed ahead of: its messages would wait,
+        leased, while other workers could publish them.
+        """
+        s = self.settings
+        unpublished = len(self._waiting) + len(self._in_flight)
+        limit = s.batch + s.concurrency
+        if self._publishing_outpaces_claims():
+            limit += s.batch
+        held_limit = 2 * s.batch + s.concurrency
+        return min(limit - unpublished, held_limit - len(self._held))
 
     async def _claim(self, want: int) -> list[Message]:
         s = self.settings
@@ -285,8 +310,17 @@ class Dispatcher:
             )  # fmt: skip
         return messages
 
+    def _publishing_outpaces_claims(self) -> bool:
+        """The last batch in had all started publishing sooner than a claim takes, and no
+        message waiting now has waited that long."""
+        waited = self._published_in
+        if self._waiting:
+            oldest = self._waiting[0].id
+            waited = max(waited, time.monotonic() - self._renewed_at.get(oldest, self._held_at))
+        return waited < self._claim_seconds
+
     def _hold(self, messages: list[Message]) -> None:
-        now = time.monotonic()
+        now = self._held_at = time.monotonic()
         for message in messages:
             self._held[message.id] = message
             self._renewed_at[message.id] = now
@@ -307,14 +341,14 @@ class Dispatcher:
 
     async def _publish_waiting(self) -> None:
         """Publish claimed messages one after the other until none is waiting."""
+        task = asyncio.current_task()
+        assert task is not None
         while self._waiting:
             message = self._waiting.popleft()
-            key = (message.id, message.lease_version)
-            self._publishing[key] = message
             started = time.perf_counter()
             outcome: Outcome | None
             try:
-                outcome = await self._publish(message)
+                outcome = await self._publish(message, task)
             except asyncio.CancelledError:
                 # Shutdown, after the grace period: abandon it and give it back.
                 self._put_outcome(Outcome.release(message))
@@ -331,51 +365,44 @@ class Dispatcher:
                 self._forget(message.id, message.lease_version)
                 outcome = None
             finally:
-                self._publishing.pop(key, None)
                 self.metrics.publish_seconds.observe(time.perf_counter() - started)
             if outcome is not None:
                 self._put_outcome(outcome)
         # Every claimed message has started: room for the next claim, if the finalizer
         # leaves some.
+        self._published_in = time.monotonic() - self._held_at
         self._room.set()
 
-    async def _publish(self, message: Message) -> Outcome:
+    async def _publish(self, message: Message, task: asyncio.Task[None]) -> Outcome:
         s = self.settings
         try:
-            publish = self.publisher.publish(message)
-            # The exact type first: isinstance against the ABC costs more, once per message.
-            if type(publish) is not types.CoroutineType and not isinstance(publish, Coroutine):
-                # an awaitable of another kind
-                async with asyncio.timeout(s.publish_timeout.total_seconds()):
-                    await publish
-                return Outcome.done(message)
-            try:
-                # Run it until it first waits: a publish that never waits (a buffering or a
-                # no-op publisher) cannot time out and needs no timer.
-                waiting_on = publish.send(None)
-            except StopIteration:
-                return Outcome.done(message)
-            async with asyncio.timeout(s.publish_timeout.total_seconds()):
-                await _resume(publish, waiting_on)
+            key = (message.id, message.lease_version)
+            await self._in_flight.publish(key, task, self.publisher.publish(message))
+        except TimeoutError:
+            return self._retry_or_dead(
+                message,
+                f"retryable: publish timed out after {s.publish_timeout.total_seconds():g}s",
+            )
         except Defer as defer:
             return Outcome.defer(message, defer.delay, _reason(defer))
         except PermanentError as exc:
             return Outcome.dead(message, f"permanent: {_reason(exc)}")
-        except (RetryableError, TimeoutError) as exc:
-            if isinstance(exc, RetryableError):
-                error, retry_after = f"retryable: {_reason(exc)}", exc.retry_after
-            else:
-                error = f"retryable: publish timed out after {s.publish_timeout.total_seconds():g}s"
-                retry_after = None
-            if message.attempts >= s.max_attempts:
-                return Outcome.dead(
-                    message, f"retries exhausted ({message.attempts}); last {error}"
-                )
-            delay = retry_delay(
-                message.attempts, retry_after=retry_after, base=s.backoff_base, cap=s.backoff_cap
+        except RetryableError as exc:
+            return self._retry_or_dead(
+                message, f"retryable: {_reason(exc)}", retry_after=exc.retry_after
             )
-            return Outcome.retry(message, delay, error)
         return Outcome.done(message)
+
+    def _retry_or_dead(
+        self, message: Message, error: str, *, retry_after: timedelta | None = None
+    ) -> Outcome:
+        s = self.settings
+        if message.attempts >= s.max_attempts:
+            return Outcome.dead(message, f"retries exhausted ({message.attempts}); last {error}")
+        delay = retry_delay(
+            message.attempts, retry_after=retry_after, base=s.backoff_base, cap=s.backoff_cap
+        )
+        return Outcome.retry(message, delay, error)
 
     # -- finalizing ---------------------------------------------------------------------------
 
@@ -599,28 +626,6 @@ class Dispatcher:
         self._pool_check = asyncio.get_running_loop().create_task(self._pool.check())
         # Its failure (the pool closing under it) is nobody's to report.
         self._pool_check.add_done_callback(lambda t: t.cancelled() or t.exception())
-
-
-@types.coroutine
-def _resume(coroutine: Coroutine[Any, Any, None], waiting_on: Any) -> Generator[Any, Any, None]:
-    """Finish a coroutine that has already run up to its first wait, as `await` would.
-
-    The event loop's task sees the future the coroutine is waiting on, and sends and throws
-    (cancellation, the timeout) reach the coroutine as usual.
-    """
-    while True:
-        try:
-            sent = yield waiting_on
-        except BaseException as exc:  # everything, cancellation included, goes to the coroutine
-            try:
-                waiting_on = coroutine.throw(exc)
-            except StopIteration:
-                return
-            continue
-        try:
-            waiting_on = coroutine.send(sent)
-        except StopIteration:
-            return
 
 
 def _reason(exc: Exception) -> str:
