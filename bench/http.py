@@ -88,13 +88,21 @@ PROFILE_PARTS = (
         "client (bench/loadgen.py",  # the load generator's loop: nothing but requests
     )),
     ("HttpPublisher.publish, the rest (headers, encode)", ("HttpPublisher.publish (",)),
-    ("dispatch loop: publish timeout", ("(asyncio/timeouts.py",)),
+    # Its own code only: every publish runs inside InFlight.publish's frame.
+    ("dispatch loop: publish timeout", ("(asyncio/timeouts.py", "innermost:(worker/in_flight.py")),
     ("dispatch loop: metrics", ("(prometheus_client/",)),
     ("claim (psycopg)", ("Dispatcher._claim",)),
     ("finalize (psycopg)", ("Dispatcher._finalize",)),
-    ("dispatch loop: the rest (tasks, queue, _resume)", ("(worker/dispatcher.py",)),
+    ("dispatch loop: the rest (tasks, queue)", ("(worker/dispatcher.py",)),
     ("event loop: sockets, callbacks, selector", ("(asyncio/", "(selectors.py")),
 )  # fmt: skip
+
+
+def _holds(frames: list[str], needle: str) -> bool:
+    """Whether a stack holds `needle` in any frame, or in its innermost with `innermost:`."""
+    if needle.startswith("innermost:"):
+        return needle.removeprefix("innermost:") in frames[-1]
+    return any(needle in frame for frame in frames)
 
 
 def _parts(raw: str) -> dict[str, float]:
@@ -105,10 +113,9 @@ def _parts(raw: str) -> dict[str, float]:
             continue
         frames = stack.split(";")
         part = next(
-            (name for name, needles in PROFILE_PARTS
-             if any(needle in frame for frame in frames for needle in needles)),
+            (name for name, needles in PROFILE_PARTS if any(_holds(frames, n) for n in needles)),
             "other",
-        )  # fmt: skip
+        )
         counts[part] += count
     total = max(sum(counts.values()), 1)
     return {name: n / total for name, n in counts.items()}

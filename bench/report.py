@@ -140,13 +140,19 @@ def _gap(report: dict[str, Any], of: Any, seeds: list[str]) -> list[str]:
         server = shipped["claim_us"] + shipped["finalize_us"]
         worker = of("ours", seed)[1]["cpu_us_per_message"]["median"]
         plain = of("plain-loop", seed)[1]["cpu_us_per_message"]["median"]
+        needed = (server + plain) / 1.1 - server  # the worker's CPU for 1.1x, cores saturated
+        below_plain = ", under the plain loop's own" if needed < plain else ""
         lines.append(
             f"- {seed}: the database spends {server:.1f} µs executing one message's share of a "
             f"claim and a finalize (planning, commit and protocol work come on top); the worker "
             f"process {worker:.1f} µs of CPU, the plain loop {plain:.1f} µs. With {cores} cores "
             f"and everything CPU-bound, that caps the worker at about "
             f"{cores * 1e6 / (server + worker):,.0f} messages/s and the plain loop at "
-            f"{cores * 1e6 / (server + plain):,.0f}, whatever the number of processes."
+            f"{cores * 1e6 / (server + plain):,.0f}, whatever the number of processes: once "
+            f"the cores are saturated the worker can reach at most "
+            f"{(server + plain) / (server + worker):.2f}x of the plain loop, and 1.1x would "
+            f"need its CPU per message below {needed:.1f} µs"
+            f"{below_plain}."
         )
     for seed in seeds:
         shipped = costs.get((seed, "as shipped"))
