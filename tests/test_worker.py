@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -14,9 +15,9 @@ from workers import dispatching, settings
 
 from outbox import enqueue
 from outbox.demo.sink import Reply, Sink
-from outbox.lease import claim
-from outbox.models import Message
-from outbox.worker.dispatcher import Dispatcher
+from outbox.lease import Applied, claim
+from outbox.models import Message, Outcome
+from outbox.worker.dispatcher import FINALIZE_LINGER, Dispatcher
 from outbox.worker.publishers.base import Defer, PermanentError, RetryableError
 from outbox.worker.publishers.http import HttpPublisher
 
@@ -469,6 +470,42 @@ async def test_a_publisher_slower_than_claims_is_not_claimed_ahead_of(conn, dsn)
     waiting = await _waiting_at_each_claim(conn, dsn, 6, 20, slow)
     assert waiting[:2] == [0, 20]  # nothing known yet at the start
     assert max(waiting[2:]) <= 10, waiting
+
+
+async def test_outcomes_of_a_waiting_publisher_gather_into_few_finalize_statements(conn, dsn):
+    """Outcomes arrive one by one while publishes are still running: the finalizer lets them
+    gather for FINALIZE_LINGER instead of writing every few at once, so the statements are
+    at most about one per linger (each costs a round trip whatever its size). The last ones,
+    with nothing left publishing, are written at once."""
+    seed(conn, 400)
+
+    async def waits(m: Message) -> None:
+        await asyncio.sleep(0.002)
+
+    dispatcher = Dispatcher(settings(dsn, batch=100, concurrency=20), Scripted(waits))
+    sizes: list[int] = []
+    times: list[float] = []
+    finalize = dispatcher._finalize
+
+    async def counted(outcomes: list[Outcome]) -> Applied:
+        sizes.append(len(outcomes))
+        times.append(time.monotonic())
+        return await finalize(outcomes)
+
+    dispatcher._finalize = counted  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    running = asyncio.create_task(dispatcher.run(stop))
+    try:
+        await wait_until(lambda: _count(conn, "status = 'done'") == 400)
+    finally:
+        stop.set()
+        await running
+    assert sum(sizes) == 400
+    # Writing as outcomes came (the old way) sent a statement per round trip, a few
+    # outcomes each; here at most one per linger, plus the last and any written at once
+    # when nothing was publishing between two claims.
+    assert len(sizes) <= (times[-1] - times[0]) / FINALIZE_LINGER + 4, (sizes, times)
+    assert max(sizes) > 20, sizes
 
 
 def test_the_publish_histogram_exposes_what_a_prometheus_histogram_would():
