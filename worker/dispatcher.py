@@ -351,8 +351,13 @@ class Dispatcher:
         """Publish claimed messages one after the other until none is waiting."""
         task = asyncio.current_task()
         assert task is not None
+        half_a_batch = self.settings.batch // 2
         while self._waiting:
             message = self._waiting.popleft()
+            if len(self._waiting) == half_a_batch:
+                # Room for a worthwhile claim now, whatever the finalizer does: wake the
+                # claimer, so the next batch comes in before publishing runs dry.
+                self._room.set()
             started = time.perf_counter()
             outcome: Outcome | None
             try:
