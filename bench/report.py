@@ -148,11 +148,11 @@ def _gap(report: dict[str, Any], of: Any, seeds: list[str]) -> list[str]:
             f"process {worker:.1f} µs of CPU, the plain loop {plain:.1f} µs. With {cores} cores "
             f"and everything CPU-bound, that caps the worker at about "
             f"{cores * 1e6 / (server + worker):,.0f} messages/s and the plain loop at "
-            f"{cores * 1e6 / (server + plain):,.0f}, whatever the number of processes: once "
-            f"the cores are saturated the worker can reach at most "
-            f"{(server + plain) / (server + worker):.2f}x of the plain loop, and 1.1x would "
-            f"need its CPU per message below {needed:.1f} µs"
-            f"{below_plain}."
+            f"{cores * 1e6 / (server + plain):,.0f}, whatever the number of processes. Were "
+            f"both cores saturated, the worker would reach about "
+            f"{(server + plain) / (server + worker):.2f}x of the plain loop (a measured ratio "
+            f"above that means they were not), and 1.1x would need its CPU per message below "
+            f"{needed:.1f} µs{below_plain}."
         )
     for seed in seeds:
         shipped = costs.get((seed, "as shipped"))
