@@ -12,10 +12,21 @@ import os
 from pathlib import Path
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+_SCHEDSTAT = Path("/proc/self/schedstat").exists()
 
 
 def cpu_seconds(pid: int) -> float:
-    """User plus system CPU seconds the live process `pid` has used so far (Linux)."""
+    """CPU seconds the live process `pid` has used so far, all its live threads (Linux).
+
+    From the scheduler's own accounting in nanoseconds (/proc/PID/task/*/schedstat): the
+    user plus system times of /proc/PID/stat count in clock ticks of 10 ms, too coarse for
+    a drain of a few thousand messages. Where schedstat is missing, those ticks."""
+    if _SCHEDSTAT:
+        total = 0
+        for task in os.listdir(f"/proc/{pid}/task"):  # raises if the process is gone
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+        return total / 1e9
     # Fields after the command name, which is in parentheses and may itself hold spaces.
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     utime, stime = int(fields[11]), int(fields[12])

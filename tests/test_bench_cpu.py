@@ -4,8 +4,9 @@ is pinned or measured is the normal case (PostgreSQL's backends come and go)."""
 import os
 import subprocess
 import sys
+import time
 
-from bench.cpu import descendants, pin, tree_cpu_seconds
+from bench.cpu import cpu_seconds, descendants, pin, tree_cpu_seconds
 
 # A parent with one child that exits at once and one that spends some CPU, says its pid and
 # waits for stdin to close.
@@ -37,3 +38,15 @@ def test_a_tree_with_exited_members_is_pinned_and_measured():
     assert descendants(parent.pid) == []
     pin(parent.pid, {core}, tree=True)
     assert tree_cpu_seconds(parent.pid) == 0
+
+
+def test_cpu_time_resolves_less_than_a_clock_tick():
+    """A few milliseconds of CPU (under the 10 ms tick of /proc/PID/stat) still read as
+    spent: a smoke-sized drain costs about that much."""
+    before = cpu_seconds(os.getpid())
+    spent_at_least = 0.0
+    while spent_at_least < 0.002:  # about 2 ms of this process's own CPU
+        started = time.process_time()
+        sum(range(10_000))
+        spent_at_least += time.process_time() - started
+    assert 0 < cpu_seconds(os.getpid()) - before < 0.5
