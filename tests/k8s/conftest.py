@@ -27,6 +27,7 @@ def k8s(tmp_path: Path) -> Iterator[LocalCluster]:
     finally:
         cluster.stop()
     assert not cluster.emulator.failures, cluster.emulator.failures
+    assert not cluster.unfinished, cluster.unfinished
 
 
 @pytest.fixture

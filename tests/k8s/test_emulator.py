@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 import urllib.error
 import urllib.request
+from http.client import IncompleteRead
 from pathlib import Path
 from typing import Any
 
@@ -447,6 +449,31 @@ def test_a_watch_with_a_label_selector_sees_objects_leave_it(
         k8s, "/apis/example.com/v1/widgets", resourceVersion=version, labelSelector="team=a"
     )
     assert [e["type"] for e in events] == ["DELETED"]
+
+
+def test_stopping_cuts_open_watches_and_unwinds_what_was_still_waiting(k8s: LocalCluster) -> None:
+    ended: list[str] = []
+
+    async def waiting() -> None:  # a request handler the stop caught mid-wait
+        try:
+            await asyncio.Event().wait()
+        except BaseException as exc:
+            ended.append(type(exc).__name__)
+            raise
+
+    k8s.on_loop(lambda _: asyncio.get_running_loop().create_task(waiting()))
+    request = urllib.request.Request(
+        f"{k8s.url}/api/v1/namespaces/default/configmaps?watch=true&timeoutSeconds=60",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200  # the watch is open, its handler waiting for changes
+        k8s.stop()
+        with pytest.raises(IncompleteRead):  # cut, not ended by its timeout
+            response.read()
+    # Unwound on the loop before it closed, not closed later when collected (GeneratorExit).
+    assert ended == ["CancelledError"]
+    assert k8s.unfinished == []
 
 
 # ---- deletion -------------------------------------------------------------------------------
