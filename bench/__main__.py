@@ -23,7 +23,7 @@ from bench.env import Bench
 from bench.http import run_http
 from bench.profile import profile_worker
 from bench.report import plot, render, render_section, render_throughput
-from bench.throughput import BATCH, CONTENDERS, SEEDS, run_contender
+from bench.throughput import BATCH, CONTENDERS, SEEDS, Contender, run_contender
 
 
 def _summary(values: list[float]) -> dict[str, Any]:
@@ -41,27 +41,38 @@ def _log(message: str) -> None:
 
 def run_throughput(bench: Bench, messages: int, repeat: int) -> dict[str, Any]:
     """Every contender and the SQL ceiling on both seeds, in rounds: each round runs every
-    one once, so that a machine whose load drifts weighs on all of them alike."""
-    ceilings = [
-        (f"SQL ceiling (pgbench), {clients} client(s){suffix}", clients, seed)
+    one once, so that a machine whose load drifts weighs on all of them alike. The ratios are
+    taken within a round: the SQL ceiling of n clients runs right after the worker and the
+    plain loop of n processes, and every other round runs in reverse order, so that neither
+    side of a ratio always runs first."""
+    ceilings = {
+        (seed, clients): f"SQL ceiling (pgbench), {clients} client(s){suffix}"
         for seed, suffix in zip(SEEDS, ("", ", one aggregate per row"), strict=True)
         for clients in (1, 2)
-    ]
+    }
+    jobs: list[Contender | tuple[str, int, str]] = []
+    for contender in CONTENDERS:
+        jobs.append(contender)
+        if contender.peer == "plain-loop":
+            key = (contender.seed, contender.processes)
+            jobs.append((ceilings[key], contender.processes, contender.seed))
     runs: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
     for n in range(repeat):
-        for contender in CONTENDERS:
-            _log(f"throughput: {contender.name} ({n + 1}/{repeat})")
-            drained = run_contender(bench, contender, messages)
-            runs.setdefault(contender.name, []).append(drained.messages_per_second)
-            if drained.cpu_us_per_message is not None:
-                cpu.setdefault(contender.name, []).append(drained.cpu_us_per_message)
-        for name, clients, seed in ceilings:
-            _log(f"ceiling: {name} ({n + 1}/{repeat})")
-            aggregates = SEEDS[seed] or messages
-            runs.setdefault(name, []).append(
-                run_ceiling(bench, messages, clients, BATCH, aggregates)
-            )
+        for job in jobs if n % 2 == 0 else reversed(jobs):
+            if isinstance(job, Contender):
+                _log(f"throughput: {job.name} ({n + 1}/{repeat})")
+                drained = run_contender(bench, job, messages)
+                runs.setdefault(job.name, []).append(drained.messages_per_second)
+                if drained.cpu_us_per_message is not None:
+                    cpu.setdefault(job.name, []).append(drained.cpu_us_per_message)
+            else:
+                name, clients, seed = job
+                _log(f"ceiling: {name} ({n + 1}/{repeat})")
+                aggregates = SEEDS[seed] or messages
+                runs.setdefault(name, []).append(
+                    run_ceiling(bench, messages, clients, BATCH, aggregates)
+                )
     throughput: dict[str, Any] = {}
     for contender in CONTENDERS:
         throughput[contender.name] = {
@@ -70,7 +81,7 @@ def run_throughput(bench: Bench, messages: int, repeat: int) -> dict[str, Any]:
         }  # fmt: skip
         if contender.name in cpu:
             throughput[contender.name]["cpu_us_per_message"] = _summary(cpu[contender.name])
-    for name, clients, seed in ceilings:
+    for (seed, clients), name in ceilings.items():
         throughput[name] = {
             "peer": "ceiling", "processes": clients, "seed": seed,
             "detail": "our claim + batched finalize, no Python", **_summary(runs[name]),
