@@ -20,6 +20,7 @@ from outbox.models import Message, Outcome
 from outbox.worker.dispatcher import FINALIZE_LINGER, Dispatcher
 from outbox.worker.publishers.base import Defer, PermanentError, RetryableError
 from outbox.worker.publishers.http import HttpPublisher
+from outbox.worker.publishers.null import NullPublisher
 
 # A retried message must stay pending while the test looks at it: the test settings' 50 ms
 # backoff cap would bring it back at once. (Full jitter may still pick a tiny delay: one in
@@ -253,6 +254,20 @@ async def test_notify_wakes_an_idle_worker_without_waiting_for_the_poll(conn, ds
         assert await asyncio.to_thread(sink.wait_for, lambda s: message_id in s.delivered_ids(), 60)
         assert loop.time() - started < 60  # far sooner than the 5-minute poll
         assert _claims(d) > claims_before
+
+
+async def test_an_idle_worker_has_its_claim_and_finalize_connections_open_before_work(conn, dsn):
+    """The first burst does not wait for a connection to be made: the claimer's and the
+    finalizer's are both open (beside the listener's) before anything arrives."""
+    owner = "connections-worker"
+    query = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s"
+    async with dispatching(settings(dsn, owner=owner), NullPublisher()) as d:
+        await wait_until(
+            lambda: d.listening and conn.execute(query, (owner + "%",)).fetchone()[0] == 3,
+            timeout=10,
+            what="two pooled connections and the listener's",
+        )
+        assert _claims(d) >= 1  # idle: it has claimed, and found nothing
 
 
 def _claims(d) -> int:

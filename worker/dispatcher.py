@@ -79,6 +79,10 @@ EXPLICIT_PREPARE_ONLY = 2**31 - 1
 POOL_TIMEOUT = 10.0
 # Shortest wait between two heartbeat rounds.
 HEARTBEAT_MIN_WAIT = 0.05
+# Pooled connections: the claimer's and the finalizer's, open from the start so that the
+# first burst does not wait for a second connection to be made; up to two more for the
+# heartbeat and for an operation that overlaps another. The listener has its own.
+POOL_MIN, POOL_MAX = 2, 4
 # Most seconds closing the pool waits for its background workers.
 POOL_CLOSE_TIMEOUT = 0.5
 # Reconnect back-off after a database error.
@@ -125,8 +129,8 @@ class Dispatcher:
         s = self.settings
         self._pool = AsyncConnectionPool(
             s.dsn,
-            min_size=1,
-            max_size=4,
+            min_size=POOL_MIN,
+            max_size=POOL_MAX,
             open=False,
             name="outbox-worker",
             kwargs={
