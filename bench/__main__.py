@@ -3,6 +3,7 @@
 python -m bench                   # the full run (about 15 minutes on 2 cores)
 python -m bench --smoke           # tiny sizes, one repeat: checks the harness only
 python -m bench --only throughput # the no-op throughput section and the SQL ceiling alone
+python -m bench --only latency    # the light-load latency section alone
 python -m bench --repeat 4 --messages 20000 --out bench/results
 """
 
@@ -22,7 +23,7 @@ from bench.costs import statement_costs
 from bench.env import Bench
 from bench.http import run_http
 from bench.profile import profile_worker
-from bench.report import plot, render, render_section, render_throughput
+from bench.report import plot, render, render_latency, render_section, render_throughput
 from bench.throughput import BATCH, CONTENDERS, SEEDS, Contender, run_contender
 
 
@@ -89,6 +90,40 @@ def run_throughput(bench: Bench, messages: int, repeat: int) -> dict[str, Any]:
     return throughput
 
 
+LATENCY_RATE = 100  # messages/s: light load
+
+
+def run_latency(bench: Bench, count: int, repeat: int) -> dict[str, Any]:
+    """Enqueue-to-publish percentiles at light load, in rounds (every other one in reverse
+    order); each contender's figures are the medians of its rounds' percentiles."""
+    contenders: dict[str, Any] = {
+        "outbox_dispatcher": lambda: scenarios.latency_ours(
+            bench, count, LATENCY_RATE, via_http=False
+        ),
+        "pgqueuer": lambda: scenarios.latency_pgqueuer(bench, count, LATENCY_RATE),
+        "outbox_dispatcher_via_http": lambda: scenarios.latency_ours(
+            bench, count, LATENCY_RATE, via_http=True
+        ),
+    }
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
+    for n in range(repeat):
+        names = list(contenders) if n % 2 == 0 else list(reversed(contenders))
+        for name in names:
+            _log(f"latency: {name}, {count} messages at {LATENCY_RATE}/s ({n + 1}/{repeat})")
+            rounds[name].append(contenders[name]())
+    latency: dict[str, Any] = {"rate_per_second": LATENCY_RATE}
+    for name, measured in rounds.items():
+        latency[name] = {
+            **{
+                key: statistics.median(r[key] for r in measured)
+                for key in ("p50_ms", "p99_ms", "max_ms")
+            },
+            "samples": measured[0]["samples"],
+            "rounds": measured,
+        }
+    return latency
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     smoke = args.smoke
     messages = args.messages or (2000 if smoke else 20_000)
@@ -97,25 +132,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with Bench() as bench:
         report["environment"] = bench.environment()
 
-        throughput = run_throughput(bench, messages, repeat)
-        report["throughput"] = throughput
-        _log("costs: claim and finalize under EXPLAIN ANALYZE, both seeds")
-        report["costs"] = statement_costs(bench, messages, SEEDS, repeat)
-        if args.only == "throughput":
+        if args.only in (None, "throughput"):
+            report["throughput"] = run_throughput(bench, messages, repeat)
+            _log("costs: claim and finalize under EXPLAIN ANALYZE, both seeds")
+            report["costs"] = statement_costs(bench, messages, SEEDS, repeat)
+            if args.only == "throughput":
+                return report
+            report["http"] = run_http(bench, messages, repeat, _log, profile=args.profile)
+
+        report["latency"] = run_latency(bench, 200 if smoke else 1000, repeat)
+        if args.only == "latency":
             return report
-
-        report["http"] = run_http(bench, messages, repeat, _log, profile=args.profile)
-
-        latency_count = 200 if smoke else 1000
-        _log(f"latency: {latency_count} messages at 100/s, ours, pgqueuer, ours via HTTP")
-        report["latency"] = {
-            "rate_per_second": 100,
-            "outbox_dispatcher": scenarios.latency_ours(bench, latency_count, 100, via_http=False),
-            "pgqueuer": scenarios.latency_pgqueuer(bench, latency_count, 100),
-            "outbox_dispatcher_via_http": scenarios.latency_ours(
-                bench, latency_count, 100, via_http=True
-            ),
-        }
 
         done_rows = (1_000, 10_000) if smoke else (10_000, 100_000, 1_000_000, 5_000_000)
         report["scale_done_rows"] = []
@@ -153,8 +180,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--only",
-        choices=["throughput"],
-        help="run one section (no-op throughput and the SQL ceiling); writes throughput.json/.md",
+        choices=["throughput", "latency"],
+        help="run one section: throughput (no-op, with the SQL ceiling and the statements' "
+        "costs) or latency; writes SECTION.json/.md",
     )
     args = parser.parse_args()
     report = run(args)
@@ -162,7 +190,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.only:
         (out / f"{args.only}.json").write_text(json.dumps(report, indent=2))
-        text = render_section(report, render_throughput(report))
+        section = render_throughput if args.only == "throughput" else render_latency
+        text = render_section(report, section(report))
         (out / f"{args.only}.md").write_text(text)
         print(text)
         return
