@@ -423,8 +423,10 @@ async def test_the_next_claim_runs_while_the_last_batch_is_being_finalized(conn,
 
     try:
         async with dispatching(settings(dsn, batch=batch, concurrency=1), Scripted(behave)) as d:
+            # Held by the worker, not only committed: the second claim's rows are in the
+            # table a moment before its result reaches the worker.
             await wait_until(
-                lambda: _count(conn, "status = 'processing'") == 2 * batch,
+                lambda: len(d._held) == 2 * batch,
                 what="a second claim while the first batch's finalize waits",
             )
             # The first publish locked the first batch's rows, and the second's too if that
@@ -432,8 +434,9 @@ async def test_the_next_claim_runs_while_the_last_batch_is_being_finalized(conn,
             assert len(locked) in (batch, 2 * batch) and _count(conn, "status = 'done'") == 0
             # Both batches published, the first one's outcomes still unwritten: no room
             # for a third claim (held at most 2 x batch + concurrency).
-            await wait_until(lambda: len(d._outcomes) == batch or not d._waiting)
+            await wait_until(lambda: not d._waiting and not d._in_flight)
             assert len(d._held) == 2 * batch
+            assert _count(conn, "status = 'processing'") == 2 * batch
             blocker.rollback()
             await wait_until(lambda: _count(conn, "status = 'done'") == 50)
     finally:
