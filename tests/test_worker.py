@@ -406,6 +406,32 @@ async def test_reclaiming_its_own_expired_message_keeps_both_generations_apart(c
     )
 
 
+async def test_a_claim_that_took_all_there_was_starts_publishing_before_claiming_again(conn, dsn):
+    """Light load: the messages in hand go first; the claim after them would find nothing."""
+    events: list[str] = []
+
+    def behave(m: Message) -> None:
+        events.append(f"publish {m.id}")
+
+    publisher = Scripted(behave)
+    async with dispatching(settings(dsn, batch=10, concurrency=4), publisher) as d:
+        claim = d._claim
+
+        async def recorded(want: int) -> list[Message]:
+            events.append("claim sent")
+            messages = await claim(want)
+            events.append(f"claimed {len(messages)}")
+            return messages
+
+        d._claim = recorded  # type: ignore[method-assign]
+        await wait_until(lambda: "claimed 0" in events, what="an idle claim")
+        [message_id] = seed(conn, 1)
+        await wait_until(lambda: _count(conn, "status = 'done'") == 1)
+    found = events.index("claimed 1")
+    # Its publish comes before the next claim is sent, not after.
+    assert events[found : found + 3] == ["claimed 1", f"publish {message_id}", "claim sent"]
+
+
 async def test_the_next_claim_runs_while_the_last_batch_is_being_finalized(conn, dsn):
     """A publisher that never waits leaves the finalize as the slow step: the claimer must
     not wait for it, but claim once more, and no further (one batch being finalized)."""

@@ -265,6 +265,11 @@ class Dispatcher:
                 self._claim_seconds = time.monotonic() - started
                 self._hold(messages)
                 empty_claims = 0
+                if len(messages) < want:
+                    # All there was: the next claim is not urgent, these messages are. Let
+                    # their publishing start before the claim is sent (half a millisecond
+                    # sooner at light load); a full batch sends the next claim at once.
+                    await asyncio.sleep(0)
                 continue  # claim again at once: more is probably waiting
             empty_claims += 1
             # Listening, new rows announce themselves: poll only for retries coming due and
