@@ -342,6 +342,7 @@ def render_latency(report: dict[str, Any]) -> list[str]:
         "outbox-dispatcher, at the publisher call": "outbox_dispatcher",
         "pgqueuer, at the entrypoint call": "pgqueuer",
         "outbox-dispatcher, until a local HTTP endpoint has it": "outbox_dispatcher_via_http",
+        "our producer's INSERT alone, its commit included (part of our figures above)": "insert",
     }
     for label, name in latency_rows.items():
         if name in latency:

@@ -237,7 +237,7 @@ def _pace(count: int, rate: float, send: Any) -> None:
             time.sleep(delay)
 
 
-def _percentiles(latencies: list[float]) -> dict[str, float]:
+def _percentiles(latencies: list[float]) -> dict[str, Any]:
     ordered = sorted(latencies)
     return {
         "p50_ms": 1000 * ordered[len(ordered) // 2],
@@ -247,7 +247,7 @@ def _percentiles(latencies: list[float]) -> dict[str, float]:
     }
 
 
-def latency_ours(bench: Bench, count: int, rate: float, *, via_http: bool) -> dict[str, float]:
+def latency_ours(bench: Bench, count: int, rate: float, *, via_http: bool) -> dict[str, Any]:
     """Enqueue to publish. `via_http`: until a local HTTP endpoint has the request; else until
     the publisher is called, which is where pgqueuer's figure is taken (its entrypoint)."""
     received: dict[int, float] = {}
@@ -261,6 +261,7 @@ def latency_ours(bench: Bench, count: int, rate: float, *, via_http: bool) -> di
         return Reply()
 
     sent: dict[int, float] = {}
+    committed: dict[int, float] = {}  # when the producer's INSERT (and its commit) returned
     with (
         Sink(record) as sink,
         bench.database() as dsn,
@@ -284,6 +285,7 @@ def latency_ours(bench: Bench, count: int, rate: float, *, via_http: bool) -> di
                         "VALUES ('order', %s, 'OrderPlaced', jsonb_build_object('n', %s::int))",
                         (f"order-{n}", n),
                     )
+                    committed[n] = time.time()
 
                 _pace(count + WARM_UP, rate, send)
                 if via_http:
@@ -294,7 +296,10 @@ def latency_ours(bench: Bench, count: int, rate: float, *, via_http: bool) -> di
             _stop([worker])  # SIGTERM: the timing publisher writes its file as it closes
         if not via_http:
             received.update((int(n), t) for n, t in json.loads(timings.read_text()).items())
-    return _percentiles([received[n] - sent[n] for n in sent if n in received and n >= WARM_UP])
+    figures = _percentiles([received[n] - sent[n] for n in sent if n in received and n >= WARM_UP])
+    # The floor under every figure: the producer's own statement, its commit's flush included.
+    figures["insert"] = _percentiles([committed[n] - sent[n] for n in sent if n >= WARM_UP])
+    return figures
 
 
 def _wait_done(conn: psycopg.Connection[Any], total: int, timeout: float = 60) -> None:

@@ -74,6 +74,8 @@ def test_bench_smoke_run_writes_a_complete_report(tmp_path):
     for name in ("outbox_dispatcher", "pgqueuer", "outbox_dispatcher_via_http"):
         latency = report["latency"][name]
         assert latency["samples"] == 200 and 0 < latency["p50_ms"] <= latency["p99_ms"]
+    insert = report["latency"]["insert"]  # the producer's own statement, part of our figure
+    assert 0 < insert["p50_ms"] < report["latency"]["outbox_dispatcher"]["p50_ms"]
     assert [row["done_rows"] for row in report["scale_done_rows"]] == [1_000, 10_000]
     assert all(row["messages"] == report["messages"] for row in report["scale_done_rows"])
     assert [row["aggregates"] for row in report["ordered"]] == [10, 100]
