@@ -8,7 +8,8 @@ overlap with publishing:
   outcomes being written), and at most `batch + concurrency` wait or publish. A publisher
   that outpaces the database gets one batch more: the next claim then goes out as soon as
   the last one is in, and its round trip overlaps the publishing of that batch and the
-  finalizing of the one before;
+  finalizing of the one before. After a claim that took all there was, the claimer lets
+  those messages start publishing before it claims again;
 - up to `concurrency` publishing tasks take claimed messages in order, publish each under
   the publish timeout (one timer for all, see in_flight) and turn the result into an
   Outcome;
