@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from .emulator import Emulator
+from .loops import close_unwound
 from .rbac import ADMIN, Authorizer, Identity
 
 KUBECTL = "/usr/bin/kubectl"
@@ -75,7 +76,7 @@ class LocalCluster:
         self._failure: BaseException | None = None
         # Tasks still pending on the emulator's loop once it stopped (none, unless a request
         # would not unwind).
-        self.unfinished: list[asyncio.Task[Any]] = []
+        self.unfinished: list[asyncio.Task[object]] = []
         self.emulator: Emulator
         self.url = ""
 
@@ -97,23 +98,8 @@ class LocalCluster:
             self._started.set()
             raise
         finally:
-            self._unwind()
-            self._loop.close()
-
-    def _unwind(self) -> None:
-        """Let every request the stop cut run to its end, as `asyncio.run` does.
-
-        Stopping cancels the open requests' tasks, but they unwind only when the loop next
-        runs. Left pending, a task is closed when the loop is collected, later and in another
-        test: a watch closed that way, inside its condition's wait, fails releasing a lock
-        it no longer holds, and aiohttp's handler reports that as an unraisable exception.
-        """
-        pending = asyncio.all_tasks(self._loop)
-        for task in pending:
-            task.cancel()
-        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-        self.unfinished = [task for task in asyncio.all_tasks(self._loop) if not task.done()]
+            # Stopping cancels the open requests, which unwind only when the loop next runs.
+            self.unfinished = close_unwound(self._loop)
 
     def _certificate(self) -> Path:
         if shutil.which("openssl") is None:

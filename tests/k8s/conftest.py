@@ -43,3 +43,4 @@ def kubelet(k8s: LocalCluster, tmp_path: Path) -> Iterator[Kubelet]:
     running = [r for r in node.records if r.returncode is None]
     assert not running, f"processes left running: {running}"
     assert not node.failures, node.failures
+    assert not node.unfinished, node.unfinished

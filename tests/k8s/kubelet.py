@@ -68,6 +68,8 @@ from typing import Any
 
 import aiohttp
 
+from .loops import close_unwound
+
 JSON = dict[str, Any]
 
 
@@ -158,6 +160,7 @@ class Kubelet:
         # Why a Deployment's pod is held back, e.g. a missing Secret (the latest reason).
         self.errors: dict[tuple[str, str], str] = {}
         self.failures: list[str] = []  # the kubelet's own errors (tracebacks)
+        self.unfinished: list[asyncio.Task[object]] = []  # pending when its loop stopped
         self._terminations: set[asyncio.Future[None]] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="kubelet", daemon=True)
@@ -180,7 +183,10 @@ class Kubelet:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._main())
+        try:
+            self._loop.run_until_complete(self._main())
+        finally:
+            self.unfinished = close_unwound(self._loop)
 
     async def _main(self) -> None:
         self._wake = asyncio.Event()
