@@ -269,9 +269,11 @@ class Dispatcher:
                 if len(messages) < want:
                     # All there was: the next claim is not urgent, these messages are. Let
                     # their publishing start before the claim is sent (half a millisecond
-                    # sooner at light load); a full batch sends the next claim at once.
+                    # sooner at light load).
                     await asyncio.sleep(0)
-                continue  # claim again at once: more is probably waiting
+                # Claim again without waiting: after a full batch, more is probably there;
+                # after a short one, a NOTIFY during the claim may have announced more.
+                continue
             empty_claims += 1
             # Listening, new rows announce themselves: poll only for retries coming due and
             # expired leases. Not listening, back off from a short wait up to the interval.
