@@ -41,9 +41,16 @@ def pgbench_script(batch: int) -> str:
 
 
 def run_ceiling(
-    bench: Bench, messages: int, clients: int, batch: int = 500, aggregates: int = 1000
+    bench: Bench,
+    messages: int,
+    clients: int,
+    batch: int = 500,
+    aggregates: int = 1000,
+    ordering: str | None = None,
 ) -> float:
-    with bench.database() as dsn:
+    """Messages per second of the claim and finalize statements alone, on a table migrated
+    with `ordering` (what ordered mode's index costs unordered claims)."""
+    with bench.database(ordering=ordering) as dsn:
         seed_outbox(dsn, messages, aggregates=aggregates)
         return pgbench_cycles(bench, dsn, pgbench_script(batch), messages, clients, batch)
 

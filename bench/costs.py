@@ -1,11 +1,12 @@
 """What one message costs the database: the claim and the batched finalize, statement by
-statement, with EXPLAIN (ANALYZE, BUFFERS, WAL), on both seeds, as shipped and without each
-of the two partial indexes the drain itself never reads (what each index costs a drain).
+statement, with EXPLAIN (ANALYZE, BUFFERS, WAL), on both seeds: as shipped (a table migrated
+for unordered workers), with ordered mode's index, and without `waiting`, the other partial
+index an unordered drain writes but never reads (what each index costs a drain).
 
 Every claim and finalize is a non-HOT update (status is in the partial indexes' predicates):
 each writes a new row version and an entry in every index whose predicate that version
-matches. A claimed row matches the primary key, `leased`, `aggregate` and `waiting`; a done
-row the primary key only.
+matches. A claimed row matches the primary key, `leased` and `waiting` (and `aggregate` on an
+ordered table); a done row the primary key only.
 """
 
 from __future__ import annotations
@@ -22,11 +23,19 @@ from outbox.queries import queries
 from outbox.table import Table
 
 TABLE = Table.parse("outbox")
-# (name, index dropped before seeding or None)
-VARIANTS = (
-    ("as shipped", None),
-    ("without outbox_aggregate (ordered mode's)", "outbox_aggregate"),
-    ("without outbox_waiting (the stats')", "outbox_waiting"),
+SHIPPED = "as shipped"
+WITH_ORDERING = "with outbox_aggregate (--ordering aggregate)"
+WITHOUT_WAITING = "without outbox_waiting (the stats')"
+# name: (the table's `outbox migrate --ordering`, an index dropped before seeding or None)
+VARIANTS = {
+    SHIPPED: (None, None),
+    WITH_ORDERING: ("aggregate", None),
+    WITHOUT_WAITING: (None, "outbox_waiting"),
+}
+# What one index costs: (index, the variant with it, the variant without it).
+INDEX_COSTS = (
+    ("outbox_aggregate", WITH_ORDERING, SHIPPED),
+    ("outbox_waiting", SHIPPED, WITHOUT_WAITING),
 )
 _EXPLAIN = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, WAL, FORMAT JSON) ")
 
@@ -39,12 +48,20 @@ def _costs_of(plan: dict[str, Any]) -> tuple[float, int, int]:
 
 
 def drain_costs(
-    bench: Bench, messages: int, aggregates: int, drop: str | None, batch: int = 500
+    bench: Bench,
+    messages: int,
+    aggregates: int,
+    ordering: str | None,
+    drop: str | None,
+    batch: int = 500,
 ) -> dict[str, Any]:
     """One drain with the worker's statements, each executed under EXPLAIN ANALYZE."""
     q = queries(TABLE)
     params = {"batch": batch, "owner": "costs", "lease": timedelta(seconds=60), "max_attempts": 12}
-    with bench.database() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
+    with (
+        bench.database(ordering=ordering) as dsn,
+        psycopg.connect(dsn, autocommit=True) as conn,
+    ):
         if drop:
             conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(drop)))
         seed_outbox(dsn, messages, aggregates=aggregates)
@@ -90,8 +107,8 @@ def statement_costs(bench: Bench, messages: int, seeds: dict[str, int | None], r
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for _ in range(repeat):
         for seed, aggregates in seeds.items():
-            for variant, drop in VARIANTS:
-                cost = drain_costs(bench, messages, aggregates or messages, drop)
+            for variant, (ordering, drop) in VARIANTS.items():
+                cost = drain_costs(bench, messages, aggregates or messages, ordering, drop)
                 runs.setdefault((seed, variant), []).append(cost)
     result = []
     for (seed, variant), costs in runs.items():

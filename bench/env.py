@@ -65,15 +65,16 @@ class Bench:
         return self.server.dsn()
 
     @contextmanager
-    def database(self, *, outbox: bool = True) -> Iterator[str]:
-        """A fresh database (with a migrated outbox table) for one measurement."""
+    def database(self, *, outbox: bool = True, ordering: str | None = None) -> Iterator[str]:
+        """A fresh database (with a migrated outbox table, `outbox migrate --ordering`'s way)
+        for one measurement."""
         name = f"bench_{uuid.uuid4().hex[:10]}"
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         dsn = with_dbname(self.admin_dsn, name)
         if outbox:
             with psycopg.connect(dsn, autocommit=True) as conn:
-                migrate(conn, Table.parse("outbox"))
+                migrate(conn, Table.parse("outbox"), ordering)
         try:
             yield dsn
         finally:

@@ -6,6 +6,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from bench.costs import INDEX_COSTS, SHIPPED
+
 
 def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "-"
@@ -81,6 +83,15 @@ def render_throughput(report: dict[str, Any]) -> list[str]:
             f"outbox-dispatcher {n} process{'es' if n > 1 else ''} / SQL ceiling {n} client(s)",
             lambda seed, n=n: _paired(of("ours", seed)[n], of("ceiling", seed)[n]),
         )
+    for n in (1, 2):
+        ratio_row(
+            f"SQL ceiling as shipped / on an ordered table, {n} client(s)",
+            lambda seed, n=n: (
+                _paired(of("ceiling", seed)[n], of("ceiling-ordered", seed)[n])
+                if of("ceiling-ordered", seed)
+                else "-"
+            ),
+        )
     ratio_row(
         "CPU per message, outbox-dispatcher / plain loop (1 process)",
         lambda seed: _paired(
@@ -119,11 +130,13 @@ def render_throughput(report: dict[str, Any]) -> list[str]:
             "### What one message costs the database",
             "",
             "Each claim and each finalize of a drain run under EXPLAIN (ANALYZE, BUFFERS, WAL), "
-            "per message, after a checkpoint (so full-page images are counted); also with each "
-            "of the two indexes a drain writes but never reads dropped, to show what each costs. "
-            "Every claim and finalize is a non-HOT update (status is in the partial indexes' "
-            "predicates): a claimed row version gets an entry in the primary key, `leased`, "
-            "`aggregate` and `waiting`; a done one in the primary key only.",
+            "per message, after a checkpoint (so full-page images are counted): as shipped (a "
+            "table migrated for unordered workers), with ordered mode's index (`outbox migrate "
+            "--ordering aggregate`), and without `outbox_waiting`, the other index an unordered "
+            "drain writes but never reads, to show what each costs. Every claim and finalize is "
+            "a non-HOT update (status is in the partial indexes' predicates): a claimed row "
+            "version gets an entry in the primary key, `leased` and `waiting` (and `aggregate` "
+            "on an ordered table); a done one in the primary key only.",
             "",
             "| seed | indexes | claim µs | claim buffers | claim WAL bytes | finalize µs | "
             "finalize buffers | finalize WAL bytes | WAL bytes/message | aggregate index pages |",
@@ -147,7 +160,7 @@ def _gap(report: dict[str, Any], of: Any, seeds: list[str]) -> list[str]:
     cores = report["environment"]["cores"]
     lines = ["### What the gap is made of", ""]
     for seed in seeds:
-        shipped = costs.get((seed, "as shipped"))
+        shipped = costs.get((seed, SHIPPED))
         if shipped is None:
             continue
         server = shipped["claim_us"] + shipped["finalize_us"]
@@ -168,19 +181,16 @@ def _gap(report: dict[str, Any], of: Any, seeds: list[str]) -> list[str]:
             f"{needed:.1f} µs{below_plain}."
         )
     for seed in seeds:
-        shipped = costs.get((seed, "as shipped"))
-        for variant, index in (
-            ("without outbox_aggregate (ordered mode's)", "outbox_aggregate"),
-            ("without outbox_waiting (the stats')", "outbox_waiting"),
-        ):
-            other = costs.get((seed, variant))
-            if shipped is None or other is None:
+        for index, with_it, without_it in INDEX_COSTS:
+            on, off = costs.get((seed, with_it)), costs.get((seed, without_it))
+            if on is None or off is None:
                 continue
-            wal = shipped["wal_bytes_total"] - other["wal_bytes_total"]
+            wal = on["wal_bytes_total"] - off["wal_bytes_total"]
             lines.append(
                 f"- {seed}: `{index}` costs each message {wal:,.0f} WAL bytes "
-                f"({wal / shipped['wal_bytes_total']:.0%}) and "
-                f"{shipped['claim_buffers'] - other['claim_buffers']:.1f} buffers in the claim."
+                f"({wal / on['wal_bytes_total']:.0%}), "
+                f"{on['claim_buffers'] - off['claim_buffers']:.1f} buffers and "
+                f"{on['claim_us'] - off['claim_us']:.1f} µs in the claim."
             )
     return lines
 
@@ -426,7 +436,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     figure, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
     names = list(t)
     colours = {
-        "ours": "tab:green", "plain-loop": "tab:olive", "article": "tab:gray", "ceiling": "tab:blue"
+        "ours": "tab:green", "plain-loop": "tab:olive", "article": "tab:gray",
+        "ceiling": "tab:blue", "ceiling-ordered": "tab:cyan",
     }  # fmt: skip
     left.barh(
         names,

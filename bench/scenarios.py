@@ -398,7 +398,7 @@ def scale_done_rows(bench: Bench, done_rows: int, messages: int) -> dict[str, fl
 
 
 def ordered_aggregates(bench: Bench, aggregates: int, messages: int) -> dict[str, float]:
-    with bench.database() as dsn:
+    with bench.database(ordering="aggregate") as dsn:
         seed_outbox(dsn, messages, aggregates=aggregates)
         started = time.perf_counter()
         micros, drained = asyncio.run(_drain_in_process(dsn, ordered=True))

@@ -78,7 +78,12 @@ def _measure(conn: psycopg.Connection[Any], variant: dict[str, bool]) -> dict[st
 
 def run(sizes: tuple[int, ...]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
-    with Bench() as bench, bench.database() as dsn, psycopg.connect(dsn, autocommit=True) as conn:
+    # An ordered table: the bounded, ordered snapshot probes ordered mode's index.
+    with (
+        Bench() as bench,
+        bench.database(ordering="aggregate") as dsn,
+        psycopg.connect(dsn, autocommit=True) as conn,
+    ):
         environment = bench.environment()
         have = 0
         for size in sizes:

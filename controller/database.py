@@ -75,7 +75,7 @@ async def read_backlog(dsn: str, table: Table, *, ordered: bool = False) -> Queu
             application_name=APPLICATION_NAME,
         ) as conn:
             try:
-                await check_table(conn, table)
+                await check_table(conn, table, ordered=ordered)
             except SchemaError as exc:
                 missing = "does not exist" in str(exc)
                 raise Problem("TableMissing" if missing else "TableInvalid", str(exc)) from None

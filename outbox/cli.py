@@ -16,6 +16,7 @@ from outbox import dberrors, extras
 from outbox.cliutil import (
     ArgumentParser,
     add_dsn_and_table,
+    choice,
     fail,
     int_between,
     positive_int,
@@ -25,7 +26,7 @@ from outbox.filters import DeadFilter
 from outbox.maintenance import purge_done
 from outbox.query import fetch
 from outbox.repair import Action, default_actor, repair, select_targets
-from outbox.schema import SchemaError, migrate, render_migration
+from outbox.schema import ORDERINGS, SchemaError, migrate, orderings, render_migration
 from outbox.settings import (
     SettingError,
     check_dsn,
@@ -75,6 +76,12 @@ def _parser() -> ArgumentParser:
     m = command("migrate", "create or upgrade the outbox table (idempotent)")
     add_dsn_and_table(m)
     _add_timeouts(m)
+    m.add_argument(
+        "--ordering",
+        help=f"{' or '.join(ORDERINGS)}, as the workers will run (env OUTBOX_ORDERING): "
+        "aggregate builds ordered mode's index, none drops it; unset, a new table gets none "
+        "and an existing one stays as it is",
+    )
     m.add_argument("--print", action="store_true", help="print the SQL instead of running it")
 
     s = command("stats", "counts per status, oldest ages, expired leases, attempts")
@@ -187,9 +194,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 )
             )
         table = _table(args)
-        if args.command == "migrate" and args.print:
-            print(render_migration(table), end="")
-            return
+        if args.command == "migrate":
+            args.ordering = resolve(args, "--ordering", choice(*ORDERINGS), None)
+            if args.print:
+                print(render_migration(table, args.ordering), end="")
+                return
         dsn = _dsn(args)
         purge_options = (
             {
@@ -251,11 +260,14 @@ def _run(
     purge_options: dict[str, Any],
 ) -> None:
     if args.command == "migrate":
-        before, after = migrate(conn, table)
-        if before == after:
-            print(f"{table}: already at schema v{after}")
-        else:
-            print(f"{table}: migrated from v{before} to v{after}")
+        before, after = migrate(conn, table, args.ordering)
+        done = (
+            f"already at schema v{after}"
+            if before == after
+            else f"migrated from v{before} to v{after}"
+        )
+        # Which worker setting the table serves: a worker with another one refuses to start.
+        print(f"{table}: {done}, for --ordering {' or '.join(orderings(conn, table))}")
     elif args.command == "stats":
         stats = queue_stats(conn, table, exact=args.exact)
         if args.json:

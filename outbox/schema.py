@@ -14,7 +14,7 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
-from outbox.table import Table
+from outbox.table import Table, text_constant
 
 SCHEMA_VERSION = 3
 _VERSION_COMMENT = re.compile(r"^outbox-dispatcher schema v(\d+)$")
@@ -107,11 +107,7 @@ def _v1(table: Table) -> list[sql.Composed]:
         sql.SQL(
             "CREATE INDEX IF NOT EXISTS {i} ON {t} (lease_until) WHERE status = 'processing'"
         ).format(i=table.index_name("leased"), t=t),
-        # Ordered mode asks "has this aggregate an unfinished earlier message?": one probe here,
-        # however many done rows the aggregate has.
-        sql.SQL(
-            "CREATE INDEX IF NOT EXISTS {i} ON {t} (aggregate_id, id) WHERE status <> 'done'"
-        ).format(i=table.index_name("aggregate"), t=t),
+        # Ordered mode's index is not a step: it follows `ordering` (see ordering_statements).
         # The oldest waiting message (the autoscaling signal) and the attempts distribution.
         sql.SQL(
             "CREATE INDEX IF NOT EXISTS {i} ON {t} (id) WHERE status IN ('pending', 'processing')"
@@ -177,13 +173,79 @@ def _v3(table: Table) -> list[sql.Composed]:
     return [sql.SQL("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS errors jsonb").format(t=table.ident)]
 
 
+# How workers may order their claims: the table serves "aggregate" only with ordering_index.
+ORDERINGS = ("none", "aggregate")
+
+
+_ORDERING_INDEX = "aggregate"
+
+
+def ordering_index_name(table: Table) -> str:
+    return table.derived_name(_ORDERING_INDEX)
+
+
+def ordering_statements(table: Table, ordering: str | None) -> list[sql.Composed]:
+    """What makes the table serve `ordering`; None keeps it as it is.
+
+    Ordered mode asks "has this aggregate an unfinished earlier message?": one probe of this
+    index, however many done rows the aggregate has. Every claim writes an entry in it (a
+    claimed row is not done), which costs an unordered claim about a fifth of its time and
+    7% of each message's WAL for nothing: so only a table whose workers order has it. Built
+    in the migration's transaction: on a table that already holds many rows this blocks
+    inserts while it reads the table (docs/protocol.md says how to build it concurrently).
+    """
+    if ordering is None:
+        return []
+    if ordering not in ORDERINGS:
+        raise ValueError(f"{ordering!r} is not an ordering (use {' or '.join(ORDERINGS)})")
+    if ordering == "none":
+        return [_drop_ordering_index(table)]
+    return [
+        sql.SQL(
+            "CREATE INDEX IF NOT EXISTS {i} ON {t} (aggregate_id, id) WHERE status <> 'done'"
+        ).format(i=table.index_name(_ORDERING_INDEX), t=table.ident)
+    ]
+
+
+def _drop_ordering_index(table: Table) -> sql.Composed:
+    return sql.SQL("DROP INDEX IF EXISTS {i}").format(i=table.sibling(_ORDERING_INDEX))
+
+
+def _ordering_index_query(table: Table) -> sql.Composed:
+    """One row (is it valid?) if the table has ordered mode's index, none if not. An invalid
+    one is what a failed CREATE INDEX CONCURRENTLY leaves: present, never used."""
+    return sql.SQL(
+        "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "WHERE i.indrelid = {t}::regclass AND c.relname = {name}"
+    ).format(t=table.regclass_literal, name=text_constant(ordering_index_name(table)))
+
+
+def _parse_ordering_index(row: tuple[object, ...] | None) -> bool | None:
+    """True: usable; False: present but invalid; None: absent."""
+    return None if row is None else bool(row[0])
+
+
+def orderings(conn: psycopg.Connection[tuple[object, ...]], table: Table) -> tuple[str, ...]:
+    """The orderings the table serves as it is now."""
+    with conn.cursor() as cur:
+        cur.execute(_ordering_index_query(table))
+        usable = _parse_ordering_index(cur.fetchone())
+    return ORDERINGS if usable else ORDERINGS[:1]
+
+
 # Index i holds the statements that bring a table from version i to version i + 1.
-# A released step is never edited: a table at vN upgrades in place by running the later steps.
+# A released step is never edited in what it leaves behind, so a table at vN upgrades in place
+# by running the later steps. The one exception kept that rule: v1's ordering index became an
+# option that a table at any version takes or leaves (ordering_statements), and a table that
+# has it keeps it until told otherwise.
 MIGRATIONS: list[Callable[[Table], list[sql.Composed]]] = [_v1, _v2, _v3]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
-def migration_statements(table: Table, from_version: int = 0) -> list[sql.Composed]:
+def migration_statements(
+    table: Table, from_version: int = 0, ordering: str | None = None
+) -> list[sql.Composed]:
+    """The steps from `from_version` on, then what makes the table serve `ordering`."""
     statements: list[sql.Composed] = []
     for version in range(from_version, SCHEMA_VERSION):
         statements.extend(MIGRATIONS[version](table))
@@ -192,12 +254,14 @@ def migration_statements(table: Table, from_version: int = 0) -> list[sql.Compos
                 t=table.ident, c=sql.Literal(f"outbox-dispatcher schema v{version + 1}")
             )
         )
-    return statements
+    return [*statements, *ordering_statements(table, ordering)]
 
 
-def render_migration(table: Table) -> str:
+def render_migration(table: Table, ordering: str | None = None) -> str:
     """The full migration as SQL text, for `outbox migrate --print` and for review."""
-    return "".join(f"{stmt.as_string(None)};\n\n" for stmt in migration_statements(table))
+    return "".join(
+        f"{stmt.as_string(None)};\n\n" for stmt in migration_statements(table, ordering=ordering)
+    )
 
 
 def _state_query(table: Table) -> sql.Composed:
@@ -262,11 +326,15 @@ def _shape_problems(cur: psycopg.Cursor[tuple[object, ...]], table: Table) -> st
     return shape_problems(cur.fetchall())
 
 
-def migrate(conn: psycopg.Connection[tuple[object, ...]], table: Table) -> tuple[int, int]:
+def migrate(
+    conn: psycopg.Connection[tuple[object, ...]], table: Table, ordering: str | None = None
+) -> tuple[int, int]:
     """Bring the table to SCHEMA_VERSION; returns (version before, version after).
 
-    Safe to run concurrently and repeatedly. Refuses a table newer than this code and a
-    table of the right name but the wrong shape.
+    `ordering` "aggregate" builds ordered mode's index, "none" drops it, None leaves the
+    table as it is (a new table then serves unordered workers only). Safe to run
+    concurrently and repeatedly. Refuses a table newer than this code and a table of the
+    right name but the wrong shape.
     """
     with conn.transaction(), conn.cursor() as cur:
         cur.execute(
@@ -285,13 +353,21 @@ def migrate(conn: psycopg.Connection[tuple[object, ...]], table: Table) -> tuple
                 f"table {table} is at schema v{current}, newer than this outbox-dispatcher "
                 f"supports (v{SCHEMA_VERSION}); upgrade outbox-dispatcher"
             )
-        for statement in migration_statements(table, current):
+        if ordering == "aggregate" and exists:
+            cur.execute(_ordering_index_query(table))
+            if _parse_ordering_index(cur.fetchone()) is False:
+                cur.execute(_drop_ordering_index(table))  # IF NOT EXISTS would keep it
+        for statement in migration_statements(table, current, ordering):
             cur.execute(statement)
         return current, SCHEMA_VERSION
 
 
-async def check_table(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table) -> None:
-    """Raise SchemaError unless the table exists at a version this code can use."""
+async def check_table(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table, *, ordered: bool = False
+) -> None:
+    """Raise SchemaError unless the table exists at a version this code can use, and, when
+    `ordered`, has the index ordered mode's every claim probes (without it each claim would
+    read every unfinished row)."""
     async with conn.cursor() as cur:
         await cur.execute(_state_query(table))
         exists, version = _parse_state(await cur.fetchone())
@@ -315,3 +391,14 @@ async def check_table(conn: psycopg.AsyncConnection[tuple[object, ...]], table: 
     misshapen = _misshapen(rows)
     if misshapen:
         raise SchemaError(f"table {table} has wrong columns: {'; '.join(misshapen)}")
+    if ordered:
+        async with conn.cursor() as cur:
+            await cur.execute(_ordering_index_query(table))
+            usable = _parse_ordering_index(await cur.fetchone())
+        if not usable:
+            state = "no valid" if usable is False else "no"
+            raise SchemaError(
+                f"table {table} has {state} index {ordering_index_name(table)}, which "
+                f"--ordering aggregate needs; run `outbox migrate --table {table} "
+                "--ordering aggregate`"
+            )

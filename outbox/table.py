@@ -107,11 +107,15 @@ class Table:
 
     def sibling(self, suffix: str) -> sql.Composable:
         """A related object (function) in the same schema, named after the table."""
-        return _identifier(*self._parts(_bounded(f"{self.name}_{suffix}")))
+        return _identifier(*self._parts(self.derived_name(suffix)))
 
     def index_name(self, suffix: str) -> sql.Composable:
         """Index names take the table's schema implicitly and must not be qualified."""
-        return _identifier(_bounded(f"{self.name}_{suffix}"))
+        return _identifier(self.derived_name(suffix))
+
+    def derived_name(self, suffix: str) -> str:
+        """The bare name of a related object (`outbox_ready`), as the catalog holds it."""
+        return _bounded(f"{self.name}_{suffix}")
 
     @property
     def regclass_literal(self) -> sql.Composable:

@@ -14,6 +14,8 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from outbox import Event, enqueue_many
+from outbox.schema import migrate
+from outbox.table import Table
 
 
 def seed(
@@ -25,6 +27,11 @@ def seed(
     ]
     with conn.transaction():
         return enqueue_many(conn, events)
+
+
+def serve_ordering(conn: psycopg.Connection[Any], table: str = "outbox") -> None:
+    """What an ordered deployment runs first: `outbox migrate --ordering aggregate`."""
+    migrate(conn, Table.parse(table), "aggregate")
 
 
 def row(conn: psycopg.Connection[Any], message_id: int) -> dict[str, Any]:

@@ -110,6 +110,7 @@ def test_requeue_a_schema_qualified_table(empty_dsn):
         (["requeue", "--dsn", "host=x", "--id", "0"], "--id"),
         (["skip", "--dsn", "host=x"], "--id"),
         (["skip", "--dsn", "host=x", "--error", "x"], "--id"),  # skip takes ids only
+        (["migrate", "--dsn", "host=x", "--ordering", "sideways"], "--ordering"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(args, named):
@@ -129,6 +130,6 @@ def test_migrate_reports_v1_to_v3_on_a_v1_table(empty_dsn):
             conn.execute(statement)
     result = outbox("migrate", "--dsn", empty_dsn)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "outbox: migrated from v1 to v3\n"
+    assert result.stdout == "outbox: migrated from v1 to v3, for --ordering none\n"
     again = outbox("migrate", "--dsn", empty_dsn)
-    assert again.stdout == "outbox: already at schema v3\n"
+    assert again.stdout == "outbox: already at schema v3, for --ordering none\n"

@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import explain_prepared, seed
+from helpers import explain_prepared, seed, serve_ordering
 
 from outbox import dashboard, dead_letters, repair
 from outbox.filters import parse_filter
@@ -60,6 +60,7 @@ def test_dead_letter_queries_walk_the_dead_index(mostly_done, table, name, gener
 
 
 def test_blocked_aggregates_touch_only_unfinished_rows(mostly_done, table):
+    serve_ordering(mostly_done)  # the view is ordered mode's
     plan = _plan(mostly_done, dashboard.blocked_aggregates(table), generic=False)
     assert "outbox_dead" in plan and "outbox_aggregate" in plan, plan
     assert "Seq Scan on outbox" not in plan, plan

@@ -34,10 +34,11 @@ def test_bench_smoke_run_writes_a_complete_report(tmp_path):
     throughput = report["throughput"]
     peers = {row["peer"] for row in throughput.values()}
     assert peers == {
-        "ours", "plain-loop", "article", "pgqueuer-default", "pgqueuer-best", "ceiling"
+        "ours", "plain-loop", "article", "pgqueuer-default", "pgqueuer-best", "ceiling",
+        "ceiling-ordered",
     }  # fmt: skip
     # The worker, the plain loop of its own statements and the SQL ceiling on both seeds.
-    for peer in ("ours", "plain-loop", "ceiling"):
+    for peer in ("ours", "plain-loop", "ceiling", "ceiling-ordered"):
         assert {
             (row["seed"], row["processes"]) for row in throughput.values() if row["peer"] == peer
         } >= {(seed, n) for seed in ("1,000 aggregates", "one aggregate per row") for n in (1, 2)}
@@ -51,7 +52,7 @@ def test_bench_smoke_run_writes_a_complete_report(tmp_path):
         for seed in ("1,000 aggregates", "one aggregate per row")
         for variant in (
             "as shipped",
-            "without outbox_aggregate (ordered mode's)",
+            "with outbox_aggregate (--ordering aggregate)",
             "without outbox_waiting (the stats')",
         )
     }

@@ -43,7 +43,7 @@ EXPECTED_TYPES = {
     "errors": "jsonb",  # v3: the error history
 }
 NULLABLE = {"lease_owner", "lease_until", "last_error", "done_at", "errors"}
-INDEX_SUFFIXES = ("ready", "leased", "aggregate", "waiting", "dead")
+INDEX_SUFFIXES = ("ready", "leased", "waiting", "dead")  # and "aggregate" when ordered
 
 
 def run(
@@ -114,7 +114,7 @@ def comment(conn: psycopg.Connection, regclass: str) -> str | None:
 def test_migrate_creates_the_contract_table_and_is_idempotent(empty_dsn):
     first = outbox("migrate", "--dsn", empty_dsn)
     assert first.returncode == 0, first.stderr
-    assert first.stdout == "outbox: migrated from v0 to v3\n"
+    assert first.stdout == "outbox: migrated from v0 to v3, for --ordering none\n"
     assert first.stderr == ""
 
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
@@ -141,13 +141,13 @@ def test_migrate_creates_the_contract_table_and_is_idempotent(empty_dsn):
 
     again = outbox("migrate", "--dsn", empty_dsn)
     assert again.returncode == 0, again.stderr
-    assert again.stdout == "outbox: already at schema v3\n"
+    assert again.stdout == "outbox: already at schema v3, for --ordering none\n"
 
 
 def test_migrate_reads_dsn_and_table_from_the_environment(empty_dsn):
     result = outbox("migrate", env={"OUTBOX_DSN": empty_dsn, "OUTBOX_TABLE": "from_env"})
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "from_env: migrated from v0 to v3\n"
+    assert result.stdout == "from_env: migrated from v0 to v3, for --ordering none\n"
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert comment(conn, "from_env") == "outbox-dispatcher schema v3"
         assert conn.execute("SELECT to_regclass('outbox')").fetchone() == (None,)
@@ -156,7 +156,7 @@ def test_migrate_reads_dsn_and_table_from_the_environment(empty_dsn):
 def test_migrate_a_schema_qualified_table(empty_dsn):
     result = outbox("migrate", "--dsn", empty_dsn, "--table", "app.events")
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "app.events: migrated from v0 to v3\n"
+    assert result.stdout == "app.events: migrated from v0 to v3, for --ordering none\n"
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert [c[0] for c in columns(conn, "app.events")] == [*REQUIRED_COLUMNS, "errors"]
         assert conn.execute("SELECT to_regclass('public.events')").fetchone() == (None,)
@@ -178,7 +178,7 @@ def test_migrate_a_schema_qualified_table(empty_dsn):
         assert [n.channel for n in received] == ["outbox:app.events"]
 
     again = outbox("migrate", "--dsn", empty_dsn, "--table", "app.events")
-    assert again.stdout == "app.events: already at schema v3\n"
+    assert again.stdout == "app.events: already at schema v3, for --ordering none\n"
     stats = outbox("stats", "--json", "--exact", "--dsn", empty_dsn, "--table", "app.events")
     assert stats.returncode == 0, stats.stderr
     assert json.loads(stats.stdout)["pending"] == 1
@@ -205,7 +205,68 @@ def test_migrate_print_shows_quoted_sql_and_touches_no_database(empty_dsn):
         conn.execute(sql_text.encode())
         assert comment(conn, "x") == "outbox-dispatcher schema v3"
     again = outbox("migrate", "--dsn", empty_dsn, "--table", "x")
-    assert again.stdout == "x: already at schema v3\n"
+    assert again.stdout == "x: already at schema v3, for --ordering none\n"
+
+
+def test_migrate_builds_and_drops_the_ordering_index_on_request_and_else_keeps_it(empty_dsn):
+    built = outbox("migrate", "--dsn", empty_dsn, "--ordering", "aggregate")
+    assert built.returncode == 0, built.stderr
+    assert built.stdout == "outbox: migrated from v0 to v3, for --ordering none or aggregate\n"
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert "outbox_aggregate" in indexes(conn, "outbox")
+        definition = conn.execute(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'outbox_aggregate'"
+        ).fetchone()
+        assert definition is not None
+        assert "(aggregate_id, id) WHERE (status <> 'done'::text)" in definition[0]
+    # Unset, an existing table stays as it is: an ordered deployment's upgrade keeps its index.
+    kept = outbox("migrate", "--dsn", empty_dsn)
+    assert kept.stdout == "outbox: already at schema v3, for --ordering none or aggregate\n"
+    # The same variable the workers read decides, when the flag is not given.
+    dropped = outbox("migrate", env={"OUTBOX_DSN": empty_dsn, "OUTBOX_ORDERING": "none"})
+    assert dropped.returncode == 0, dropped.stderr
+    assert dropped.stdout == "outbox: already at schema v3, for --ordering none\n"
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert indexes(conn, "outbox") == {"outbox_pkey"} | {
+            f"outbox_{suffix}" for suffix in INDEX_SUFFIXES
+        }
+
+
+def test_migrate_rebuilds_an_invalid_ordering_index(empty_dsn):
+    # What a failed CREATE INDEX CONCURRENTLY leaves: an index that exists and is never used.
+    # `IF NOT EXISTS` alone would keep it, and ordered workers would scan every unfinished row.
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, Table.parse("outbox"))
+        conn.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+            "VALUES ('a', '1', 'E', '{}'), ('a', '1', 'E', '{}')"
+        )
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute(
+                "CREATE UNIQUE INDEX CONCURRENTLY outbox_aggregate ON outbox (aggregate_id)"
+            )
+        assert conn.execute(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_aggregate'::regclass"
+        ).fetchone() == (False,)
+    result = outbox("migrate", "--dsn", empty_dsn, "--ordering", "aggregate")
+    assert result.stdout == "outbox: already at schema v3, for --ordering none or aggregate\n"
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert conn.execute(
+            "SELECT indisvalid, pg_get_indexdef(indexrelid) LIKE '%(aggregate_id, id)%' "
+            "FROM pg_index WHERE indexrelid = 'outbox_aggregate'::regclass"
+        ).fetchone() == (True, True)
+
+
+def test_migrate_print_with_an_ordering_shows_its_statement():
+    ordered = outbox("migrate", "--print", "--table", "x", "--ordering", "aggregate").stdout
+    assert ordered.endswith(
+        'CREATE INDEX IF NOT EXISTS "x_aggregate" ON "x" (aggregate_id, id) '
+        "WHERE status <> 'done';\n\n"
+    )
+    unordered = outbox("migrate", "--print", "--table", "app.x", "--ordering", "none").stdout
+    assert unordered.endswith('DROP INDEX IF EXISTS "app"."x_aggregate";\n\n')
+    assert "x_aggregate" not in outbox("migrate", "--print", "--table", "x").stdout
 
 
 def test_migrate_print_quotes_awkward_names():
@@ -287,7 +348,7 @@ def test_migrate_adopts_a_hand_made_table_with_an_identity_and_extra_columns(emp
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE outbox ({columns_sql}, tenant text)")  # extra: fine
     result = outbox("migrate", "--dsn", empty_dsn)
-    assert result.stdout == "outbox: migrated from v0 to v3\n", result.stderr
+    assert result.stdout == "outbox: migrated from v0 to v3, for --ordering none\n", result.stderr
 
 
 @pytest.mark.parametrize(
@@ -358,7 +419,7 @@ def test_migrate_adopts_a_hand_made_table_of_the_right_shape(empty_dsn):
         )
     result = outbox("migrate", "--dsn", empty_dsn)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "outbox: migrated from v0 to v3\n"
+    assert result.stdout == "outbox: migrated from v0 to v3, for --ordering none\n"
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert comment(conn, "outbox") == "outbox-dispatcher schema v3"
         assert {f"outbox_{s}" for s in INDEX_SUFFIXES} <= indexes(conn, "outbox")

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka import Message as KafkaMessage
-from helpers import row, seed, wait_until
+from helpers import row, seed, serve_ordering, wait_until
 from kafka_mock import PRODUCE, MockCluster, mock_cluster
 from workers import dispatching, settings, spawn_worker, stop_worker
 
@@ -351,6 +351,7 @@ async def test_a_worker_process_delivers_with_keys_headers_and_per_aggregate_ord
     conn, dsn, cluster, tmp_path
 ):
     aggregates, per_aggregate = 6, 5
+    serve_ordering(conn)
     ids = seed(conn, aggregates * per_aggregate, aggregates=aggregates)
     log = tmp_path / "worker.log"
     secret = "kafka-s3cret-pw"

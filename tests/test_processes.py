@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers import row, seed, statuses, wait_until
+from helpers import row, seed, serve_ordering, statuses, wait_until
 from workers import spawn_worker, stop_worker
 
 from outbox.demo.sink import Reply, Sink
@@ -120,6 +120,7 @@ async def test_paused_worker_loses_its_leases_and_is_fenced_when_it_resumes(conn
 
 
 async def test_ordered_mode_with_four_workers_delivers_one_aggregate_in_id_order(conn, dsn):
+    serve_ordering(conn)
     with Sink() as sink:
         workers = [
             spawn_worker(

@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import explain_prepared, seed
+from helpers import explain_prepared, seed, serve_ordering
 
 from outbox.queries import queries
 from outbox.stats import _query as stats_query
@@ -45,6 +45,7 @@ CLAIM_ARGS = {"max_attempts": "12", "batch": "100", "owner": "w", "lease": "60 s
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
 def test_ordered_claim_by_aggregate_skip_scans_the_aggregate_index(half_drained, table, generic):
+    serve_ordering(half_drained)
     plan = _plan(half_drained, queries(table).claim_heads, CLAIM_ARGS, generic=generic)
     assert "outbox_aggregate" in plan, plan
     assert "Seq Scan on outbox" not in plan, plan
@@ -53,6 +54,8 @@ def test_ordered_claim_by_aggregate_skip_scans_the_aggregate_index(half_drained,
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
 @pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
 def test_claim_walks_the_pending_index(half_drained, table, generic, ordered):
+    if ordered:
+        serve_ordering(half_drained)
     q = queries(table)
     plan = _plan(half_drained, q.claim_ordered if ordered else q.claim, CLAIM_ARGS, generic=generic)
     assert "outbox_ready" in plan, plan

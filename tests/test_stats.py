@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from helpers import explain_prepared, seed
+from helpers import explain_prepared, seed, serve_ordering
 from psycopg import sql
 
 from outbox import Outcome, queue_stats, queue_stats_async, rates
@@ -330,6 +330,8 @@ def deep_backlog(conn):
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
 @pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
 def test_stats_are_index_backed_and_bounded(deep_backlog, table, generic, ordered):
+    if ordered:
+        serve_ordering(deep_backlog)
     query = stats_query(table, ordered=ordered, count_limit=1000)
     plan = explain_prepared(deep_backlog, query.statement, dict(query.params), generic=generic)
     assert "Seq Scan on outbox" not in plan, plan

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import row, seed, statuses
+from helpers import row, seed, serve_ordering, statuses
 from psycopg import sql
 from textual.pilot import Pilot
 from textual.worker import WorkerCancelled
@@ -251,6 +251,7 @@ async def test_requeue_by_filter_changes_exactly_the_confirmed_rows(conn, dsn, t
 
 
 async def test_requeue_marked_rows_cancel_and_skip_a_head(conn, dsn, table):
+    serve_ordering(conn)
     ids = seed(conn, 6, aggregates=2)  # agg-0: ids 0, 2, 4; agg-1: 1, 3, 5
     conn.execute("UPDATE outbox SET status = 'dead', last_error = 'x' WHERE id = ANY(%s)",
                  (ids[:4],))  # fmt: skip
@@ -429,6 +430,16 @@ async def test_a_v1_table_is_reported_with_what_to_do(empty_dsn):
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: "outbox migrate" in screen_text(app), "the schema warning")
         assert "schema v1" in screen_text(app)
+
+
+async def test_ordered_mode_on_a_table_without_its_index_says_what_to_run(dsn, conn):
+    app = _app(dsn, ordered=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: "--ordering aggregate" in screen_text(app), "the warning")
+        assert "no index outbox_aggregate" in screen_text(app)
+        assert await app.source.check(ordered=False) is None  # unordered workers are served
+        serve_ordering(conn)
+        assert await app.source.check(ordered=True) is None
 
 
 async def test_help_lists_every_binding_and_the_filter_syntax():

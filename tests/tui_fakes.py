@@ -120,7 +120,7 @@ class FakeSource:
         finally:
             self.in_flight -= 1
 
-    async def check(self) -> str | None:
+    async def check(self, ordered: bool) -> str | None:
         return None
 
     async def overview(self, ordered: bool) -> Overview:

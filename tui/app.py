@@ -89,7 +89,7 @@ class OutboxApp(App[None]):
     @work(group="check", exit_on_error=False)
     async def _check_schema(self) -> None:
         try:
-            problem = await self.source.check()
+            problem = await self.source.check(self.config.ordered)
         except DATABASE_ERRORS:
             return  # the pollers report the connection problem
         self.set_state(schema_problem=problem)

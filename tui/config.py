@@ -14,6 +14,7 @@ from outbox.cliutil import (
     on_off,
     resolve,
 )
+from outbox.schema import ORDERINGS
 from outbox.settings import SettingError, check_dsn, parse_duration
 from outbox.table import Table
 
@@ -44,8 +45,8 @@ def _seconds(text: str) -> float:
 
 
 def _ordering(text: str) -> bool:
-    if text not in ("none", "aggregate"):
-        raise ValueError(f"{text!r} is not an ordering (use none or aggregate)")
+    if text not in ORDERINGS:
+        raise ValueError(f"{text!r} is not an ordering (use {' or '.join(ORDERINGS)})")
     return text == "aggregate"
 
 

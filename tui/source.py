@@ -58,8 +58,9 @@ class Source(Protocol):
         """Where the data comes from, for the top bar (never with a password)."""
         ...
 
-    async def check(self) -> str | None:
-        """A problem with the table people should know about (e.g. needs `migrate`)."""
+    async def check(self, ordered: bool) -> str | None:
+        """A problem with the table people should know about (e.g. needs `migrate`, or
+        ordered mode's index when `ordered`)."""
         ...
 
     async def overview(self, ordered: bool) -> Overview: ...
@@ -157,10 +158,10 @@ class PgSource:
     async def _fetch(self, channel: str, query: Query[T]) -> T:
         return await self._run(channel, lambda conn: fetch_async(conn, query))
 
-    async def check(self) -> str | None:
+    async def check(self, ordered: bool) -> str | None:
         async def work(conn: psycopg.AsyncConnection[Any]) -> str | None:
             try:
-                await check_table(conn, self.table)
+                await check_table(conn, self.table, ordered=ordered)
             except SchemaError as exc:
                 return str(exc)
             return None

@@ -206,7 +206,7 @@ class Dispatcher:
         async with await psycopg.AsyncConnection.connect(
             s.dsn, autocommit=True, application_name=s.owner, **connect_options(s.dsn)
         ) as conn:
-            await check_table(conn, s.table)
+            await check_table(conn, s.table, ordered=s.ordered)
 
     async def _shutdown(self) -> None:
         s = self.settings

@@ -22,6 +22,7 @@ from outbox.cliutil import (
     port,
     resolve,
 )
+from outbox.schema import ORDERINGS
 from outbox.settings import (
     SettingError,
     check_dsn,
@@ -37,7 +38,6 @@ from outbox.worker.publishers.registry import (
     load_publisher,
 )
 
-ORDERINGS = ("none", "aggregate")
 # What a setting may be; beyond these a value fails at every claim (the database cannot hold
 # it) or makes the worker hold more than it can. A lease under a second expires before it
 # can be renewed (the heartbeat renews at a third of it, after database round trips).
@@ -79,7 +79,7 @@ class WorkerSettings:
     """Claims a message may use before it goes dead (a crash counts as one; 1 to 2**31 - 1)."""
     ordering: str = "none"
     """`none`, or `aggregate`: only the oldest unfinished message of an aggregate is
-    claimable."""
+    claimable (the table needs `outbox migrate --ordering aggregate`)."""
     owner: str = field(default_factory=default_owner)
     """Written to lease_owner (and the session's application_name) for people to read;
     correctness rests on lease_version."""

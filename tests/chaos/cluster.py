@@ -29,6 +29,7 @@ from chaos.plugins import CRASH_EXIT_CODE
 from chaos.report import ScenarioReport
 from outbox.models import Event
 from outbox.producer import enqueue_many
+from outbox.schema import migrate
 from outbox.table import Table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,6 +144,9 @@ class Run:
         self.problems: list[str] = []  # found by the run itself (exit codes, producer)
         self.producers: list[Producer] = []
         self._spawned = 0
+        if ordered:  # as an ordered deployment does first: `outbox migrate --ordering aggregate`
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                migrate(conn, self.table, "aggregate")
         self.spawned_at: dict[str, float] = {}  # wall clock
         with psycopg.connect(dsn, autocommit=True) as conn:
             history.install(conn, self.table)

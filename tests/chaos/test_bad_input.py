@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from helpers import seed, statuses
+from helpers import seed, statuses, wait_until_db
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from workers import spawn_worker, stop_worker
@@ -264,9 +264,9 @@ def _processing(conn) -> int:
 # -- tables ------------------------------------------------------------------------------------
 
 
-def _run_worker(dsn: str) -> subprocess.CompletedProcess[str]:
+def _run_worker(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "outbox.worker", "--dsn", dsn, "--publisher", "null"],
+        [sys.executable, "-m", "outbox.worker", "--dsn", dsn, "--publisher", "null", *args],
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
 
@@ -286,6 +286,32 @@ def test_the_worker_refuses_a_migrated_table_that_lost_a_column(empty_dsn):
     result = _run_worker(empty_dsn)
     assert result.returncode == 2, result
     assert result.stderr.startswith("outbox-worker: error: ") and "lease_owner" in result.stderr
+
+
+def test_an_ordered_worker_refuses_a_table_without_the_ordering_index(empty_dsn):
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        migrate(c, Table.parse("outbox"))  # as `outbox migrate` with no --ordering
+        c.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+            "VALUES ('a', '1', 'E', '{}')"
+        )
+    result = _run_worker(empty_dsn, "--ordering", "aggregate")
+    assert result.returncode == 2, result
+    assert result.stderr.splitlines() == [
+        "outbox-worker: error: table outbox has no index outbox_aggregate, which --ordering "
+        "aggregate needs; run `outbox migrate --table outbox --ordering aggregate`"
+    ]
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        assert statuses(c) == {"pending": 1}  # nothing claimed
+        migrate(c, Table.parse("outbox"), "aggregate")
+        worker = spawn_worker(
+            empty_dsn, "--publisher", "null", "--ordering", "aggregate", owner="ordered"
+        )
+        try:
+            wait_until_db(c, "(SELECT count(*) = 1 FROM outbox WHERE status = 'done')")
+        finally:
+            code = stop_worker(worker)
+        assert code == 0
 
 
 def test_a_hostile_table_name_through_real_workers(new_run, empty_dsn):
@@ -336,7 +362,7 @@ def test_placeholder_characters_in_table_names_act_on_that_table_only(empty_dsn,
     for name in PLACEHOLDER_NAMES:
         result = _outbox("migrate", "--dsn", empty_dsn, "--table", name)
         assert result.returncode == 0, result.stderr
-        assert result.stdout == f"{name}: migrated from v0 to v3\n"
+        assert result.stdout == f"{name}: migrated from v0 to v3, for --ordering none\n"
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         for name in PLACEHOLDER_NAMES:  # one row each, telling where it was written
             enqueue(c, aggregate_type="t", aggregate_id=name, event_type="E", payload={},

@@ -384,6 +384,7 @@ UNREACHABLE = (
         ("refused", "DatabaseRefused"),
         ("no table", "TableMissing"),
         ("wrong table", "TableInvalid"),
+        ("table not ordered", "TableInvalid"),
         ("no publisher", "PublisherUnavailable"),
     ],
 )
@@ -412,6 +413,8 @@ def test_a_resource_that_cannot_be_served_says_why_and_recovers_when_fixed(
         secret = secret_manifest("orders-db", dsn=empty_dsn)
     elif case == "wrong table":
         secret = secret_manifest("orders-db", dsn=_bad_table(empty_dsn))
+    elif case == "table not ordered":  # migrated without --ordering aggregate
+        spec = {"ordering": "aggregate"}
     elif case == "no publisher":
         spec = {"publisher": {"type": "kafka", "kafka": {"bootstrapServers": "kafka:9092"}}}
     apply(cluster, *([secret] if secret else []), dispatcher_manifest(**spec))
@@ -421,6 +424,8 @@ def test_a_resource_that_cannot_be_served_says_why_and_recovers_when_fixed(
     )
     assert ready["status"] == "False"
     assert ready["message"]
+    if case == "table not ordered":
+        assert "run `outbox migrate --table outbox --ordering aggregate`" in ready["message"]
     warning = wait_for(
         "a Warning event", lambda: [e for e in events(cluster, "orders") if e["reason"] == reason]
     )
