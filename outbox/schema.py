@@ -173,11 +173,9 @@ def _v3(table: Table) -> list[sql.Composed]:
     return [sql.SQL("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS errors jsonb").format(t=table.ident)]
 
 
-# How workers may order their claims: the table serves "aggregate" only with ordering_index.
+# How workers may order their claims: a table serves "aggregate" only with its ordering index.
 ORDERINGS = ("none", "aggregate")
-
-
-_ORDERING_INDEX = "aggregate"
+_ORDERING_INDEX = "aggregate"  # the index's name is the table's, with this suffix
 
 
 def ordering_index_name(table: Table) -> str:
@@ -225,6 +223,19 @@ def _parse_ordering_index(row: tuple[object, ...] | None) -> bool | None:
     return None if row is None else bool(row[0])
 
 
+async def _ordering_index_state(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table
+) -> bool | None:
+    async with conn.cursor() as cur:
+        await cur.execute(_ordering_index_query(table))
+        return _parse_ordering_index(await cur.fetchone())
+
+
+async def serves_ordering(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table) -> bool:
+    """Whether the table has a usable ordering index (ordered mode's queries need it)."""
+    return bool(await _ordering_index_state(conn, table))
+
+
 def orderings(conn: psycopg.Connection[tuple[object, ...]], table: Table) -> tuple[str, ...]:
     """The orderings the table serves as it is now."""
     with conn.cursor() as cur:
@@ -235,9 +246,9 @@ def orderings(conn: psycopg.Connection[tuple[object, ...]], table: Table) -> tup
 
 # Index i holds the statements that bring a table from version i to version i + 1.
 # A released step is never edited in what it leaves behind, so a table at vN upgrades in place
-# by running the later steps. The one exception kept that rule: v1's ordering index became an
-# option that a table at any version takes or leaves (ordering_statements), and a table that
-# has it keeps it until told otherwise.
+# by running the later steps. v1 once built ordered mode's index too: that index is now an
+# option a table at any version takes or leaves (ordering_statements), and a table built with
+# it keeps it until told otherwise.
 MIGRATIONS: list[Callable[[Table], list[sql.Composed]]] = [_v1, _v2, _v3]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
@@ -392,9 +403,7 @@ async def check_table(
     if misshapen:
         raise SchemaError(f"table {table} has wrong columns: {'; '.join(misshapen)}")
     if ordered:
-        async with conn.cursor() as cur:
-            await cur.execute(_ordering_index_query(table))
-            usable = _parse_ordering_index(await cur.fetchone())
+        usable = await _ordering_index_state(conn, table)
         if not usable:
             state = "no valid" if usable is False else "no"
             raise SchemaError(

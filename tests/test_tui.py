@@ -30,6 +30,7 @@ from outbox.tui.screens.confirm import ConfirmScreen
 from outbox.tui.screens.dead import DeadScreen
 from outbox.tui.screens.detail import DetailScreen
 from outbox.tui.screens.help import HelpScreen
+from outbox.tui.source import PgSource
 
 SIZE = (120, 40)
 
@@ -89,6 +90,7 @@ def _app(dsn: str, **config: Any) -> OutboxApp:
 
 
 async def test_dashboard_counts_match_the_database_and_follow_it_live(conn, dsn):
+    serve_ordering(conn)
     _shape(conn)
     app = _app(dsn, ordered=True)
     async with app.run_test(size=SIZE) as pilot:
@@ -438,8 +440,17 @@ async def test_ordered_mode_on_a_table_without_its_index_says_what_to_run(dsn, c
         await until(pilot, lambda: "--ordering aggregate" in screen_text(app), "the warning")
         assert "no index outbox_aggregate" in screen_text(app)
         assert await app.source.check(ordered=False) is None  # unordered workers are served
+        # Meanwhile the dashboard polls what needs no ordering index, not every unfinished row.
+        overview = await app.source.overview(True)
+        assert overview.blocked is None and overview.stats.claimable_heads is None
         serve_ordering(conn)
         assert await app.source.check(ordered=True) is None
+    source = PgSource(dsn, Table.parse("outbox"))
+    try:
+        overview = await source.overview(True)
+        assert overview.blocked is not None and overview.stats.claimable_heads is not None
+    finally:
+        await source.close()
 
 
 async def test_help_lists_every_binding_and_the_filter_syntax():

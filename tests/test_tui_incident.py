@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import seed
+from helpers import seed, serve_ordering
 from test_tui import SIZE, _app, screen_text, settle, until
 from textual.widgets import DataTable, Input
 from tui_fakes import NOW, FakeSource, clock, dead_messages, stats
@@ -202,6 +202,7 @@ async def test_rates_after_a_purge_and_with_nothing_moving():
 
 
 async def test_the_skip_dialog_does_not_overstate(conn, dsn):
+    serve_ordering(conn)
     ids = seed(conn, 6, aggregates=2)  # agg-0: ids 0, 2, 4; agg-1: 1, 3, 5
     # agg-0: the dead head is followed by another dead message; agg-1: 1 done, 3 dead (head).
     conn.execute("UPDATE outbox SET status = 'dead', last_error = 'x' WHERE id = ANY(%s)",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import psycopg
-from helpers import row, seed, statuses
+from helpers import row, seed, serve_ordering, statuses
 from test_tui import SIZE, _app, screen_text, settle, until
 from textual.widgets import Input
 from tui_fakes import GROUP_KEYS, FakeSource, clock
@@ -26,6 +26,7 @@ from outbox.tui.screens.workers import WorkersScreen
 
 
 async def test_blocked_aggregates_list_their_dead_heads_and_skip_one_from_there(conn, dsn):
+    serve_ordering(conn)
     ids = seed(conn, 9, aggregates=3)  # agg-0: 0, 3, 6; agg-1: 1, 4, 7; agg-2: 2, 5, 8
     conn.execute("UPDATE outbox SET status = 'dead', last_error = 'HTTP 503' WHERE id = ANY(%s)",
                  ([ids[0], ids[5]],))  # fmt: skip

@@ -25,7 +25,7 @@ from outbox.dead_letters import DeadPage, ErrorGroup, MessageDetail
 from outbox.filters import DeadFilter, path_check
 from outbox.query import Query, fetch_async
 from outbox.repair import Action, ActionRecord, ActionResult, Seen
-from outbox.schema import SchemaError, check_table
+from outbox.schema import SchemaError, check_table, serves_ordering
 from outbox.stats import QueueStats, queue_stats_async
 from outbox.table import Table
 from outbox.text import first_line
@@ -120,6 +120,10 @@ class PgSource:
         self._connections: dict[str, psycopg.AsyncConnection[Any]] = {}
         self._label = describe_dsn(dsn)
         self._small_table = False  # known after the first poll's estimate
+        # Ordered mode's figures probe the ordering index: without it, every poll would read
+        # every unfinished row. Then the dashboard shows the unordered figures, and check()
+        # says what to run. Looked up at the first ordered poll.
+        self._serves_ordering: bool | None = None
 
     @property
     def label(self) -> str:
@@ -170,6 +174,10 @@ class PgSource:
 
     async def overview(self, ordered: bool) -> Overview:
         async def work(conn: psycopg.AsyncConnection[Any]) -> Overview:
+            nonlocal ordered
+            if ordered and self._serves_ordering is None:
+                self._serves_ordering = await serves_ordering(conn, self.table)
+            ordered = ordered and bool(self._serves_ordering)
             # Ordered: the claimable figures too (rows behind an unfinished head are not claimable).
             stats = await queue_stats_async(
                 conn, self.table, exact=self._small_table, ordered=ordered
