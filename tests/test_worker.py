@@ -270,6 +270,23 @@ async def test_an_idle_worker_has_its_claim_and_finalize_connections_open_before
         assert _claims(d) >= 1  # idle: it has claimed, and found nothing
 
 
+async def test_a_stop_ends_an_idle_wait_at_once(dsn):
+    """Idle, listening, with the next poll an hour away: a stop must not wait for it."""
+    d = Dispatcher(settings(dsn, poll_interval=timedelta(hours=1)), NullPublisher())
+    stop = asyncio.Event()
+    task = asyncio.create_task(d.run(stop))
+    try:
+        await wait_until(lambda: d.listening and _claims(d) >= 2, what="an idle wait")
+        stop.set()
+        # Were the stop not to wake the wait, this would run into the hour-long poll.
+        await asyncio.wait_for(task, timeout=30)
+    finally:
+        stop.set()
+        if not task.done():
+            task.cancel()
+    assert task.exception() is None
+
+
 def _claims(d) -> int:
     return int(
         sum(

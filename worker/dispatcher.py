@@ -237,6 +237,17 @@ class Dispatcher:
     # -- claiming -----------------------------------------------------------------------------
 
     async def _claimer(self, stop: asyncio.Event) -> None:
+        # A stop wakes the idle wait as a NOTIFY does: that wait is then one event and a
+        # timer, where waiting on three things took three tasks per wake-up (0.2 ms of the
+        # 0.3 ms from NOTIFY to claim at light load).
+        stopping = asyncio.ensure_future(stop.wait())
+        stopping.add_done_callback(lambda _: self._wakeup.set())
+        try:
+            await self._claim_until(stop)
+        finally:
+            stopping.cancel()
+
+    async def _claim_until(self, stop: asyncio.Event) -> None:
         s = self.settings
         empty_claims = 0
         db_failures = 0
@@ -280,10 +291,10 @@ class Dispatcher:
             idle = s.poll_interval.total_seconds()
             if not self.listening:
                 idle = min(idle, IDLE_WAIT_START * 2 ** (empty_claims - 1))
-            woken = await _first_of(
-                stop.wait(), self._wakeup.wait(), asyncio.sleep(idle), first=self._wakeup.is_set
-            )
-            if woken:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(idle):
+                    await self._wakeup.wait()
+            if self._wakeup.is_set():
                 empty_claims = 0
 
     def _room_to_claim(self) -> int:
