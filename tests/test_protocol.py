@@ -326,7 +326,7 @@ async def test_the_lease_prevents_the_double_take(conn, dsn, table):
 @pytest.mark.parametrize("name", ["app.events_outbox", 'Weird "Name"; DROP TABLE x; --'])
 async def test_protocol_works_on_qualified_and_hostile_table_names(empty_dsn, name):
     from outbox import enqueue
-    from outbox.schema import migrate
+    from outbox.schema import SchemaError, check_table, migrate, orderings
 
     quoted = name if "." in name else '"' + name.replace('"', '""') + '"'
     table = Table.parse(quoted)
@@ -340,6 +340,23 @@ async def test_protocol_works_on_qualified_and_hostile_table_names(empty_dsn, na
         [m] = await _claim(ac, table)
         assert m.id == message_id
         assert await finalize(ac, table, [Outcome.done(m)]) == {message_id}
+    # Ordered mode's index, built and dropped under the same name.
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        migrate(c, table, "aggregate")
+        assert orderings(c, table) == ("none", "aggregate")
+        second = enqueue(
+            c, aggregate_type="a", aggregate_id="1", event_type="E", payload={}, table=table
+        )
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as ac:
+        await check_table(ac, table, ordered=True)
+        [m] = await _claim(ac, table, ordered=True)
+        assert m.id == second
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        migrate(c, table, "none")
+        assert orderings(c, table) == ("none",)
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as ac:
+        with pytest.raises(SchemaError, match="--ordering aggregate"):
+            await check_table(ac, table, ordered=True)
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT to_regclass('x') IS NOT NULL").fetchone() == (True,)
     assert Status.DONE.value == "done"
