@@ -78,9 +78,9 @@ def _parser() -> ArgumentParser:
     _add_timeouts(m)
     m.add_argument(
         "--ordering",
-        help=f"{' or '.join(ORDERINGS)}, as the workers will run (env OUTBOX_ORDERING): "
-        "aggregate builds ordered mode's index, none drops it; unset, a new table gets none "
-        "and an existing one stays as it is",
+        help=f"{' or '.join(ORDERINGS)}, as the workers will run: aggregate builds ordered "
+        "mode's index (also env OUTBOX_ORDERING=aggregate), none drops it; unset, a new table "
+        "gets none and an existing one stays as it is",
     )
     m.add_argument("--print", action="store_true", help="print the SQL instead of running it")
 
@@ -195,7 +195,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         table = _table(args)
         if args.command == "migrate":
-            args.ordering = resolve(args, "--ordering", choice(*ORDERINGS), None)
+            ordering = resolve(args, "--ordering", choice(*ORDERINGS), None)
+            # From the environment it only builds: a variable meant for other workers must
+            # not drop an ordered table's index. Dropping takes the flag.
+            args.ordering = None if args.ordering is None and ordering == "none" else ordering
             if args.print:
                 print(render_migration(table, args.ordering), end="")
                 return

@@ -144,8 +144,10 @@ def error_groups(
 class MessageDetail:
     columns: dict[str, Any]  # every column of the row, extra ones included, in table order
     error_group: str
-    is_head: bool  # no earlier unfinished message of its aggregate (ordered mode's head)
-    waiting_behind: int  # unfinished messages of its aggregate after it
+    # Its place in its aggregate, None on a table without ordered mode's index (reading it
+    # there would scan the table).
+    is_head: bool | None  # no earlier unfinished message of its aggregate (ordered mode's head)
+    waiting_behind: int | None  # unfinished messages of its aggregate after it
     next_id: int | None = None  # the first of those, which a skip or requeue lets go next
     next_status: str | None = None
 
@@ -166,23 +168,36 @@ class MessageDetail:
         return Seen(self.id, self.status, self.lease_version)
 
 
-def message(table: Table, message_id: int) -> Query[MessageDetail | None]:
-    statement = sql.SQL(
-        """SELECT {group},
-       NOT EXISTS (SELECT 1 FROM {t} AS p WHERE p.aggregate_id = o.aggregate_id
+_PLACE_IN_AGGREGATE = """NOT EXISTS (SELECT 1 FROM {t} AS p WHERE p.aggregate_id = o.aggregate_id
                      AND p.id < o.id AND p.status <> 'done'),
        (SELECT count(*) FROM {t} AS w WHERE w.aggregate_id = o.aggregate_id
                      AND w.id > o.id AND w.status <> 'done'),
-       n.id, n.status,
+       n.id, n.status"""
+_NEXT_IN_AGGREGATE = """LEFT JOIN LATERAL (SELECT id, status FROM {t} AS w
+                     WHERE w.aggregate_id = o.aggregate_id AND w.id > o.id
+                       AND w.status <> 'done' ORDER BY w.id LIMIT 1) AS n ON true"""
+
+
+def message(table: Table, message_id: int, *, ordered: bool = True) -> Query[MessageDetail | None]:
+    """One message, every column; with `ordered` (the table has ordered mode's index, whose
+    probes these are) also its place in its aggregate."""
+    place = sql.SQL(_PLACE_IN_AGGREGATE if ordered else "NULL, NULL, NULL, NULL")
+    join = sql.SQL(_NEXT_IN_AGGREGATE if ordered else "")
+    statement = sql.SQL(
+        """SELECT {group}, {place},
        (SELECT array_agg(attname::text ORDER BY attnum) FROM pg_attribute
          WHERE attrelid = {rc}::regclass AND attnum > 0 AND NOT attisdropped),
        o.*
   FROM {t} AS o
-  LEFT JOIN LATERAL (SELECT id, status FROM {t} AS w WHERE w.aggregate_id = o.aggregate_id
-                        AND w.id > o.id AND w.status <> 'done' ORDER BY w.id LIMIT 1) AS n
-         ON true
+  {join}
  WHERE o.id = %(id)s::bigint"""
-    ).format(t=table.ident, group=ERROR_GROUP, rc=table.regclass_literal)
+    ).format(
+        place=place.format(t=table.ident),
+        join=join.format(t=table.ident),
+        t=table.ident,
+        group=ERROR_GROUP,
+        rc=table.regclass_literal,
+    )
 
     def parse(rows: list[Row]) -> MessageDetail | None:
         if not rows:
@@ -191,6 +206,13 @@ def message(table: Table, message_id: int) -> Query[MessageDetail | None]:
         # `o.*` lists the columns in attnum order, as pg_attribute does: every column,
         # also ones the application added, with its Python type (payload decoded).
         columns = dict(zip(names, values, strict=True))
-        return MessageDetail(columns, str(group), bool(is_head), int(behind), next_id, next_status)
+        return MessageDetail(
+            columns,
+            str(group),
+            None if is_head is None else bool(is_head),
+            None if behind is None else int(behind),
+            next_id,
+            next_status,
+        )
 
     return Query(statement, {"id": message_id}, parse)

@@ -183,7 +183,8 @@ def ordering_index_name(table: Table) -> str:
 
 
 def ordering_statements(table: Table, ordering: str | None) -> list[sql.Composed]:
-    """What makes the table serve `ordering`; None keeps it as it is.
+    """What makes the table serve `ordering`, as `outbox migrate --print` shows it; None
+    keeps the table as it is.
 
     Ordered mode asks "has this aggregate an unfinished earlier message?": one probe of this
     index, however many done rows the aggregate has. Every claim writes an entry in it (a
@@ -209,23 +210,45 @@ def _drop_ordering_index(table: Table) -> sql.Composed:
     return sql.SQL("DROP INDEX IF EXISTS {i}").format(i=table.sibling(_ORDERING_INDEX))
 
 
+# What an index of that name on the table is: ours and usable; ours but invalid (what a failed
+# CREATE INDEX CONCURRENTLY leaves, or one still running: present, never used); another
+# index that took the name; or absent (None).
+USABLE, INVALID, OTHER = "usable", "invalid", "other"
+
+
 def _ordering_index_query(table: Table) -> sql.Composed:
-    """One row (is it valid?) if the table has ordered mode's index, none if not. An invalid
-    one is what a failed CREATE INDEX CONCURRENTLY leaves: present, never used."""
     return sql.SQL(
-        "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-        "WHERE i.indrelid = {t}::regclass AND c.relname = {name}"
-    ).format(t=table.regclass_literal, name=text_constant(ordering_index_name(table)))
+        """SELECT i.indisvalid,
+       am.amname = 'btree' AND NOT i.indisunique AND i.indexprs IS NULL
+       AND ARRAY(SELECT a.attname::text
+                   FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
+                   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                  ORDER BY k.n) = ARRAY['aggregate_id', 'id']
+       AND pg_get_expr(i.indpred, i.indrelid) = {predicate}
+  FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam
+ WHERE i.indrelid = {t}::regclass AND c.relname = {name}"""
+    ).format(
+        t=table.regclass_literal,
+        name=text_constant(ordering_index_name(table)),
+        predicate=sql.Literal("(status <> 'done'::text)"),
+    )
 
 
-def _parse_ordering_index(row: tuple[object, ...] | None) -> bool | None:
-    """True: usable; False: present but invalid; None: absent."""
-    return None if row is None else bool(row[0])
+def _parse_ordering_index(row: tuple[object, ...] | None) -> str | None:
+    if row is None:
+        return None
+    valid, ours = row
+    return OTHER if not ours else USABLE if valid else INVALID
 
 
-async def _ordering_index_state(
+def _ordering_index_state(cur: psycopg.Cursor[tuple[object, ...]], table: Table) -> str | None:
+    cur.execute(_ordering_index_query(table))
+    return _parse_ordering_index(cur.fetchone())
+
+
+async def _ordering_index_state_async(
     conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table
-) -> bool | None:
+) -> str | None:
     async with conn.cursor() as cur:
         await cur.execute(_ordering_index_query(table))
         return _parse_ordering_index(await cur.fetchone())
@@ -233,15 +256,55 @@ async def _ordering_index_state(
 
 async def serves_ordering(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table) -> bool:
     """Whether the table has a usable ordering index (ordered mode's queries need it)."""
-    return bool(await _ordering_index_state(conn, table))
+    return await _ordering_index_state_async(conn, table) == USABLE
 
 
 def orderings(conn: psycopg.Connection[tuple[object, ...]], table: Table) -> tuple[str, ...]:
     """The orderings the table serves as it is now."""
     with conn.cursor() as cur:
-        cur.execute(_ordering_index_query(table))
-        usable = _parse_ordering_index(cur.fetchone())
+        usable = _ordering_index_state(cur, table) == USABLE
     return ORDERINGS if usable else ORDERINGS[:1]
+
+
+def _serve_ordering(cur: psycopg.Cursor[tuple[object, ...]], table: Table, ordering: str) -> None:
+    """Build or drop ordered mode's index, touching the table only when that changes
+    something: even `CREATE INDEX IF NOT EXISTS` takes a lock that blocks inserts, and every
+    replica may run the migration at start-up."""
+    name = ordering_index_name(table)
+    state = _ordering_index_state(cur, table)
+    if state == OTHER:
+        if ordering == "none":
+            return  # not ours to drop
+        raise SchemaError(
+            f"index {name} on {table} is not ordered mode's ((aggregate_id, id) WHERE status "
+            "<> 'done'); drop or rename it, then run this again"
+        )
+    if ordering == "none":
+        if state is not None:
+            cur.execute(_drop_ordering_index(table))
+        return
+    if state == USABLE:
+        return
+    if state == INVALID:
+        cur.execute(
+            sql.SQL(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_progress_create_index "
+                "WHERE relid = {t}::regclass)"
+            ).format(t=table.regclass_literal)
+        )
+        if cur.fetchone() == (True,):
+            raise SchemaError(
+                f"index {name} on {table} is being built (a CREATE INDEX CONCURRENTLY?); run "
+                "this again once that has ended"
+            )
+        cur.execute(_drop_ordering_index(table))  # left by a failed build: IF NOT EXISTS keeps it
+    for statement in ordering_statements(table, ordering):
+        cur.execute(statement)
+    if _ordering_index_state(cur, table) != USABLE:  # the name is another relation's
+        raise SchemaError(
+            f"could not build index {name} on {table}: another relation in its schema has "
+            "that name; rename it, then run this again"
+        )
 
 
 # Index i holds the statements that bring a table from version i to version i + 1.
@@ -364,12 +427,10 @@ def migrate(
                 f"table {table} is at schema v{current}, newer than this outbox-dispatcher "
                 f"supports (v{SCHEMA_VERSION}); upgrade outbox-dispatcher"
             )
-        if ordering == "aggregate" and exists:
-            cur.execute(_ordering_index_query(table))
-            if _parse_ordering_index(cur.fetchone()) is False:
-                cur.execute(_drop_ordering_index(table))  # IF NOT EXISTS would keep it
-        for statement in migration_statements(table, current, ordering):
+        for statement in migration_statements(table, current):
             cur.execute(statement)
+        if ordering is not None:
+            _serve_ordering(cur, table, ordering)
         return current, SCHEMA_VERSION
 
 
@@ -403,11 +464,11 @@ async def check_table(
     if misshapen:
         raise SchemaError(f"table {table} has wrong columns: {'; '.join(misshapen)}")
     if ordered:
-        usable = await _ordering_index_state(conn, table)
-        if not usable:
-            state = "no valid" if usable is False else "no"
+        state = await _ordering_index_state_async(conn, table)
+        if state != USABLE:
+            what = {None: "no index", INVALID: "no valid index", OTHER: "another index as"}
             raise SchemaError(
-                f"table {table} has {state} index {ordering_index_name(table)}, which "
+                f"table {table} has {what[state]} {ordering_index_name(table)}, which "
                 f"--ordering aggregate needs; run `outbox migrate --table {table} "
                 "--ordering aggregate`"
             )

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from helpers import seed
+from helpers import seed, wait_until_db
 from workers import stop_worker
 
 from outbox.demo.embedded import free_port
@@ -222,40 +223,102 @@ def test_migrate_builds_and_drops_the_ordering_index_on_request_and_else_keeps_i
     # Unset, an existing table stays as it is: an ordered deployment's upgrade keeps its index.
     kept = outbox("migrate", "--dsn", empty_dsn)
     assert kept.stdout == "outbox: already at schema v3, for --ordering none or aggregate\n"
-    # The same variable the workers read decides, when the flag is not given.
-    dropped = outbox("migrate", env={"OUTBOX_DSN": empty_dsn, "OUTBOX_ORDERING": "none"})
+    # The variable the workers read builds, but never drops: one meant for other workers
+    # must not take an ordered table's index away. Dropping takes the flag.
+    kept = outbox("migrate", env={"OUTBOX_DSN": empty_dsn, "OUTBOX_ORDERING": "none"})
+    assert kept.stdout == "outbox: already at schema v3, for --ordering none or aggregate\n"
+    dropped = outbox("migrate", "--dsn", empty_dsn, "--ordering", "none")
     assert dropped.returncode == 0, dropped.stderr
     assert dropped.stdout == "outbox: already at schema v3, for --ordering none\n"
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert indexes(conn, "outbox") == {"outbox_pkey"} | {
             f"outbox_{suffix}" for suffix in INDEX_SUFFIXES
         }
+    rebuilt = outbox("migrate", env={"OUTBOX_DSN": empty_dsn, "OUTBOX_ORDERING": "aggregate"})
+    assert rebuilt.stdout == "outbox: already at schema v3, for --ordering none or aggregate\n"
 
 
-def test_migrate_rebuilds_an_invalid_ordering_index(empty_dsn):
-    # What a failed CREATE INDEX CONCURRENTLY leaves: an index that exists and is never used.
-    # `IF NOT EXISTS` alone would keep it, and ordered workers would scan every unfinished row.
+def _open_writer(dsn: str) -> psycopg.Connection:
+    """A writing transaction left open: CREATE INDEX CONCURRENTLY waits for it to end, with
+    its index already in the catalog, marked invalid."""
+    holder = psycopg.connect(dsn)
+    holder.execute(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+        "VALUES ('a', '2', 'E', '{}')"
+    )
+    return holder
+
+
+_CONCURRENT_BUILD = (
+    "CREATE INDEX CONCURRENTLY outbox_aggregate ON outbox (aggregate_id, id) WHERE status <> 'done'"
+)
+
+
+def test_migrate_rebuilds_an_invalid_ordering_index_and_waits_for_one_being_built(empty_dsn):
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         migrate(conn, Table.parse("outbox"))
         conn.execute(
             "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
-            "VALUES ('a', '1', 'E', '{}'), ('a', '1', 'E', '{}')"
+            "VALUES ('a', '1', 'E', '{}')"
         )
+    # Being built: the migration must neither wait on it nor drop it.
+    holder = _open_writer(empty_dsn)
+    builder = psycopg.connect(empty_dsn, autocommit=True)
+    building = threading.Thread(target=_build, args=(builder,))
+    building.start()
+    try:
+        with psycopg.connect(empty_dsn, autocommit=True) as conn:
+            wait_until_db(conn, "EXISTS (SELECT 1 FROM pg_stat_progress_create_index)", timeout=30)
+        busy = outbox("migrate", "--dsn", empty_dsn, "--ordering", "aggregate")
+        assert busy.returncode == 1, busy
+        assert "index outbox_aggregate on outbox is being built" in one_line(busy.stderr)
+    finally:
+        holder.rollback()
+        holder.close()
+        building.join(timeout=60)
+        builder.close()
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        with pytest.raises(psycopg.errors.UniqueViolation):
-            conn.execute(
-                "CREATE UNIQUE INDEX CONCURRENTLY outbox_aggregate ON outbox (aggregate_id)"
-            )
         assert conn.execute(
             "SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_aggregate'::regclass"
-        ).fetchone() == (False,)
+        ).fetchone() == (True,)  # the concurrent build finished undisturbed
+        conn.execute("DROP INDEX outbox_aggregate")
+    # Left by a failed build (here cancelled by its statement timeout while it waited): an
+    # index that exists and is never used. IF NOT EXISTS alone would keep it for ever.
+    holder = _open_writer(empty_dsn)
+    try:
+        with psycopg.connect(empty_dsn, autocommit=True) as conn:
+            conn.execute("SET statement_timeout = '300ms'")
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                conn.execute(_CONCURRENT_BUILD)
+            assert conn.execute(
+                "SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_aggregate'::regclass"
+            ).fetchone() == (False,)
+    finally:
+        holder.rollback()
+        holder.close()
     result = outbox("migrate", "--dsn", empty_dsn, "--ordering", "aggregate")
     assert result.stdout == "outbox: already at schema v3, for --ordering none or aggregate\n"
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert conn.execute(
-            "SELECT indisvalid, pg_get_indexdef(indexrelid) LIKE '%(aggregate_id, id)%' "
-            "FROM pg_index WHERE indexrelid = 'outbox_aggregate'::regclass"
-        ).fetchone() == (True, True)
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_aggregate'::regclass"
+        ).fetchone() == (True,)
+
+
+def _build(conn: psycopg.Connection) -> None:
+    conn.execute(_CONCURRENT_BUILD)
+
+
+def test_migrate_will_not_take_another_index_for_the_ordering_index(empty_dsn):
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, Table.parse("outbox"))
+        conn.execute("CREATE INDEX outbox_aggregate ON outbox (aggregate_id)")  # someone's own
+    result = outbox("migrate", "--dsn", empty_dsn, "--ordering", "aggregate")
+    assert result.returncode == 1
+    assert "index outbox_aggregate on outbox is not ordered mode's" in one_line(result.stderr)
+    # Not ours to drop either.
+    assert outbox("migrate", "--dsn", empty_dsn, "--ordering", "none").returncode == 0
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert "outbox_aggregate" in indexes(conn, "outbox")
 
 
 def test_migrate_print_with_an_ordering_shows_its_statement():

@@ -30,7 +30,6 @@ from outbox.tui.screens.confirm import ConfirmScreen
 from outbox.tui.screens.dead import DeadScreen
 from outbox.tui.screens.detail import DetailScreen
 from outbox.tui.screens.help import HelpScreen
-from outbox.tui.source import PgSource
 
 SIZE = (120, 40)
 
@@ -435,22 +434,27 @@ async def test_a_v1_table_is_reported_with_what_to_do(empty_dsn):
 
 
 async def test_ordered_mode_on_a_table_without_its_index_says_what_to_run(dsn, conn):
+    dead, _ = seed(conn, 2)  # one aggregate: a dead head, one message behind it
+    conn.execute("UPDATE outbox SET status = 'dead', last_error = 'x' WHERE id = %s", (dead,))
     app = _app(dsn, ordered=True)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: "--ordering aggregate" in screen_text(app), "the warning")
         assert "no index outbox_aggregate" in screen_text(app)
         assert await app.source.check(ordered=False) is None  # unordered workers are served
-        # Meanwhile the dashboard polls what needs no ordering index, not every unfinished row.
+        # Meanwhile nothing that needs the index is read: each would scan the table.
         overview = await app.source.overview(True)
         assert overview.blocked is None and overview.stats.claimable_heads is None
+        assert await app.source.blocking_heads() == []
+        detail = await app.source.message(dead)
+        assert detail is not None and detail.is_head is None and detail.waiting_behind is None
+        # Someone runs what it says: the warning goes, and the figures come, without a restart.
         serve_ordering(conn)
-        assert await app.source.check(ordered=True) is None
-    source = PgSource(dsn, Table.parse("outbox"))
-    try:
-        overview = await source.overview(True)
+        await until(pilot, lambda: "outbox_aggregate" not in screen_text(app), "the fix seen")
+        overview = await app.source.overview(True)
         assert overview.blocked is not None and overview.stats.claimable_heads is not None
-    finally:
-        await source.close()
+        assert [h.id for h in await app.source.blocking_heads()] == [dead]
+        detail = await app.source.message(dead)
+        assert detail is not None and detail.is_head is True and detail.waiting_behind == 1
 
 
 async def test_help_lists_every_binding_and_the_filter_syntax():

@@ -86,7 +86,7 @@ class OutboxApp(App[None]):
     async def on_unmount(self) -> None:
         await self.source.close()
 
-    @work(group="check", exit_on_error=False)
+    @work(group="check", exclusive=True, exit_on_error=False)
     async def _check_schema(self) -> None:
         try:
             problem = await self.source.check(self.config.ordered)
@@ -111,6 +111,8 @@ class OutboxApp(App[None]):
     def on_poller_polled(self, message: Poller.Polled) -> None:
         if message.error is None:
             self.set_state(connected=True, error=None, refreshed_at=self.clock())
+            if self.state.schema_problem:
+                self._check_schema()  # gone once someone runs what it says, without a restart
         else:
             self.set_state(connected=False, error=describe_error(message.error))
 

@@ -63,6 +63,11 @@ class Source(Protocol):
         ordered mode's index when `ordered`)."""
         ...
 
+    # Ordered mode's figures (the claimable heads, blocked aggregates, a message's place in
+    # its aggregate) probe the ordering index; without it each poll would read every
+    # unfinished row, or every row of an aggregate. So each such read first looks the index
+    # up in the catalog (a few microseconds) and leaves those figures out without it; the
+    # status line says what to run (check).
     async def overview(self, ordered: bool) -> Overview: ...
 
     async def dead_page(
@@ -120,10 +125,6 @@ class PgSource:
         self._connections: dict[str, psycopg.AsyncConnection[Any]] = {}
         self._label = describe_dsn(dsn)
         self._small_table = False  # known after the first poll's estimate
-        # Ordered mode's figures probe the ordering index: without it, every poll would read
-        # every unfinished row. Then the dashboard shows the unordered figures, and check()
-        # says what to run. Looked up at the first ordered poll.
-        self._serves_ordering: bool | None = None
 
     @property
     def label(self) -> str:
@@ -175,9 +176,7 @@ class PgSource:
     async def overview(self, ordered: bool) -> Overview:
         async def work(conn: psycopg.AsyncConnection[Any]) -> Overview:
             nonlocal ordered
-            if ordered and self._serves_ordering is None:
-                self._serves_ordering = await serves_ordering(conn, self.table)
-            ordered = ordered and bool(self._serves_ordering)
+            ordered = ordered and await serves_ordering(conn, self.table)
             # Ordered: the claimable figures too (rows behind an unfinished head are not claimable).
             stats = await queue_stats_async(
                 conn, self.table, exact=self._small_table, ordered=ordered
@@ -219,13 +218,24 @@ class PgSource:
         return await self._fetch("groups", dead_letters.error_groups(self.table, f))
 
     async def blocking_heads(self) -> list[BlockingHead]:
-        return await self._fetch("blocked", dashboard.blocking_heads(self.table))
+        async def work(conn: psycopg.AsyncConnection[Any]) -> list[BlockingHead]:
+            if not await serves_ordering(conn, self.table):
+                return []  # no aggregate is blocked without ordered mode (see overview)
+            return await fetch_async(conn, dashboard.blocking_heads(self.table))
+
+        return await self._run("blocked", work)
 
     async def sessions(self) -> list[Session]:
         return await self._fetch("sessions", dashboard.sessions(self.table))
 
     async def message(self, message_id: int) -> MessageDetail | None:
-        return await self._fetch("detail", dead_letters.message(self.table, message_id))
+        async def work(conn: psycopg.AsyncConnection[Any]) -> MessageDetail | None:
+            ordered = await serves_ordering(conn, self.table)
+            return await fetch_async(
+                conn, dead_letters.message(self.table, message_id, ordered=ordered)
+            )
+
+        return await self._run("detail", work)
 
     async def history(self, message_id: int) -> list[ActionRecord]:
         return await self._fetch("detail", repair.history(self.table, message_id))

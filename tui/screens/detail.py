@@ -135,14 +135,14 @@ class DetailScreen(BaseScreen):
         went_dead = _went_dead(detail)
         if went_dead is not None:
             grid.add_row(Text("went dead"), _value("went dead", went_dead, now))
-        if detail.status != "done":
+        if detail.status != "done" and detail.is_head is not None:
             place = (
                 "head of its aggregate (claimable first in ordered mode)"
                 if detail.is_head
                 else "behind earlier unfinished messages of its aggregate"
             )
             grid.add_row(
-                "ordering", f"{place}; {fmt.count(detail.waiting_behind)} unfinished after it"
+                "ordering", f"{place}; {fmt.count(detail.waiting_behind or 0)} unfinished after it"
             )
         return grid
 
@@ -264,6 +264,8 @@ def _head_notes(detail: MessageDetail) -> list[str]:
     """What skipping it does to its aggregate in ordered mode, no more than that."""
     c = detail.columns
     aggregate = f"{c['aggregate_type']}/{c['aggregate_id']}"
+    if detail.is_head is None:
+        return []  # an unordered table: a skip blocks or unblocks nothing
     if not detail.is_head:
         return [
             f"It is not the head of {aggregate}: earlier messages are unfinished, so skipping "
