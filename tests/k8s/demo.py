@@ -176,8 +176,11 @@ class Screen:
         """Print a line every `every` s for `seconds` s (or until `until()`, with a deadline)."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
+            # Asked before the line is printed, so that the last line shows the state that
+            # ended the story (asked after, the state could change in between).
+            ended = until is not None and until()
             self.get_obd()
-            if until is not None and until():
+            if ended:
                 return
             time.sleep(every)  # the display's cadence, not a wait for a state
         if until is not None:
@@ -238,8 +241,14 @@ def run_story(
         arrivals.rate = step.quiet_rate
 
         def settled() -> bool:
+            # Back to the minimum as `kubectl get obd` shows it (the resource's status, which
+            # follows the Deployment's resize) and the burst drained.
             deployment = get(cluster, "deployments", "orders-worker") or {}
-            back = deployment.get("spec", {}).get("replicas") == sizing.min_replicas
+            status = (get(cluster, "outboxdispatchers", "orders") or {}).get("status", {})
+            back = (
+                deployment.get("spec", {}).get("replicas") == sizing.min_replicas
+                and status.get("desiredReplicas") == sizing.min_replicas
+            )
             return back and recorder.drained_at(burst_end) is not None
 
         screen.watch(120 + sizing.window_seconds, every, until=settled)
