@@ -33,6 +33,10 @@ class Request:
     status: int
     received: float  # time.monotonic() at arrival
     answered: float
+    # time.time() at arrival: the clock the database's now() reads, taken then (an offset
+    # between the two clocks taken once goes stale if the wall clock is stepped, as a
+    # paused and resumed virtual machine's is).
+    received_at: float = 0.0
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -93,7 +97,7 @@ class Sink:
     # -- serving ------------------------------------------------------------------------------
 
     def _answer(self, handler: BaseHTTPRequestHandler) -> None:
-        received = time.monotonic()
+        received, received_at = time.monotonic(), time.time()
         length = int(handler.headers.get("Content-Length") or 0)
         raw = handler.rfile.read(length)
         try:
@@ -128,6 +132,7 @@ class Sink:
                     status=reply.status,
                     received=received,
                     answered=time.monotonic(),
+                    received_at=received_at,
                 )
             )
             self._changed.notify_all()

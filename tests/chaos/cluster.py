@@ -133,7 +133,6 @@ class Run:
         self.publisher = publisher
         self.extra_args = worker_args
         self.started = time.monotonic()
-        self.offset = history.wall_clock_offset()
         self.sink = ChaosSink(script).start()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, Path] = {}
@@ -351,7 +350,7 @@ class Run:
             committed=committed,
             final=final,
             transitions=transitions,
-            deliveries=history.deliveries(list(self.sink.requests), self.offset),
+            deliveries=history.deliveries(list(self.sink.requests)),
             logs=history.read_logs(self.logs),
             faults=list(self.faults),
             died=frozenset(self.died),

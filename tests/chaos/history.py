@@ -17,7 +17,6 @@ Three independent witnesses, so the checker can catch one contradicting another:
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,12 +223,6 @@ def read_database(conn: psycopg.Connection[Any], table: Table) -> tuple[
 # -- the downstream witness ------------------------------------------------------------------
 
 
-def wall_clock_offset() -> float:
-    """Add to a time.monotonic() reading to get wall-clock time (the database's clock on
-    this host): the sink stamps requests with monotonic time."""
-    return time.time() - time.monotonic()
-
-
 def _int(value: object) -> int | None:
     if isinstance(value, int):
         return value
@@ -238,7 +231,9 @@ def _int(value: object) -> int | None:
     return None
 
 
-def deliveries(requests: Iterable[Request], offset: float) -> list[Delivery]:
+def deliveries(requests: Iterable[Request]) -> list[Delivery]:
+    """On the database's clock: the wall-clock arrival, and the answer that many monotonic
+    seconds later."""
     return [
         Delivery(
             key=_int(r.key),
@@ -246,8 +241,8 @@ def deliveries(requests: Iterable[Request], offset: float) -> list[Delivery]:
             worker=r.worker,
             attempt=r.attempt,
             status=r.status,
-            received=r.received + offset,
-            answered=r.answered + offset,
+            received=r.received_at,
+            answered=r.received_at + (r.answered - r.received),
         )
         for r in requests
     ]
