@@ -178,7 +178,7 @@ ORDERINGS = ("none", "aggregate")
 _ORDERING_INDEX = "aggregate"  # the index's name is the table's, with this suffix
 
 
-def ordering_index_name(table: Table) -> str:
+def _ordering_index_name(table: Table) -> str:
     return table.derived_name(_ORDERING_INDEX)
 
 
@@ -213,7 +213,7 @@ def _drop_ordering_index(table: Table) -> sql.Composed:
 # What an index of that name on the table is: ours and usable; ours but invalid (what a failed
 # CREATE INDEX CONCURRENTLY leaves, or one still running: present, never used); another
 # index that took the name; or absent (None).
-USABLE, INVALID, OTHER = "usable", "invalid", "other"
+_USABLE, _INVALID, _OTHER = "usable", "invalid", "other"
 
 
 def _ordering_index_query(table: Table) -> sql.Composed:
@@ -229,7 +229,7 @@ def _ordering_index_query(table: Table) -> sql.Composed:
  WHERE i.indrelid = {t}::regclass AND c.relname = {name}"""
     ).format(
         t=table.regclass_literal,
-        name=text_constant(ordering_index_name(table)),
+        name=text_constant(_ordering_index_name(table)),
         predicate=sql.Literal("(status <> 'done'::text)"),
     )
 
@@ -238,7 +238,7 @@ def _parse_ordering_index(row: tuple[object, ...] | None) -> str | None:
     if row is None:
         return None
     valid, ours = row
-    return OTHER if not ours else USABLE if valid else INVALID
+    return _OTHER if not ours else _USABLE if valid else _INVALID
 
 
 def _ordering_index_state(cur: psycopg.Cursor[tuple[object, ...]], table: Table) -> str | None:
@@ -256,13 +256,13 @@ async def _ordering_index_state_async(
 
 async def serves_ordering(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table) -> bool:
     """Whether the table has a usable ordering index (ordered mode's queries need it)."""
-    return await _ordering_index_state_async(conn, table) == USABLE
+    return await _ordering_index_state_async(conn, table) == _USABLE
 
 
 def orderings(conn: psycopg.Connection[tuple[object, ...]], table: Table) -> tuple[str, ...]:
     """The orderings the table serves as it is now."""
     with conn.cursor() as cur:
-        usable = _ordering_index_state(cur, table) == USABLE
+        usable = _ordering_index_state(cur, table) == _USABLE
     return ORDERINGS if usable else ORDERINGS[:1]
 
 
@@ -270,9 +270,9 @@ def _serve_ordering(cur: psycopg.Cursor[tuple[object, ...]], table: Table, order
     """Build or drop ordered mode's index, touching the table only when that changes
     something: even `CREATE INDEX IF NOT EXISTS` takes a lock that blocks inserts, and every
     replica may run the migration at start-up."""
-    name = ordering_index_name(table)
+    name = _ordering_index_name(table)
     state = _ordering_index_state(cur, table)
-    if state == OTHER:
+    if state == _OTHER:
         if ordering == "none":
             return  # not ours to drop
         raise SchemaError(
@@ -283,9 +283,9 @@ def _serve_ordering(cur: psycopg.Cursor[tuple[object, ...]], table: Table, order
         if state is not None:
             cur.execute(_drop_ordering_index(table))
         return
-    if state == USABLE:
+    if state == _USABLE:
         return
-    if state == INVALID:
+    if state == _INVALID:
         cur.execute(
             sql.SQL(
                 "SELECT EXISTS (SELECT 1 FROM pg_stat_progress_create_index "
@@ -300,7 +300,7 @@ def _serve_ordering(cur: psycopg.Cursor[tuple[object, ...]], table: Table, order
         cur.execute(_drop_ordering_index(table))  # left by a failed build: IF NOT EXISTS keeps it
     for statement in ordering_statements(table, ordering):
         cur.execute(statement)
-    if _ordering_index_state(cur, table) != USABLE:  # the name is another relation's
+    if _ordering_index_state(cur, table) != _USABLE:  # the name is another relation's
         raise SchemaError(
             f"could not build index {name} on {table}: another relation in its schema has "
             "that name; rename it, then run this again"
@@ -465,10 +465,10 @@ async def check_table(
         raise SchemaError(f"table {table} has wrong columns: {'; '.join(misshapen)}")
     if ordered:
         state = await _ordering_index_state_async(conn, table)
-        if state != USABLE:
-            what = {None: "no index", INVALID: "no valid index", OTHER: "another index as"}
+        if state != _USABLE:
+            what = {None: "no index", _INVALID: "no valid index", _OTHER: "another index as"}
             raise SchemaError(
-                f"table {table} has {what[state]} {ordering_index_name(table)}, which "
+                f"table {table} has {what[state]} {_ordering_index_name(table)}, which "
                 f"--ordering aggregate needs; run `outbox migrate --table {table} "
                 "--ordering aggregate`"
             )
