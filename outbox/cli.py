@@ -230,7 +230,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         except SchemaError as exc:
             fail(PROG, str(exc), 1)
         except psycopg.errors.UndefinedTable:
-            fail(PROG, f"table {table} does not exist; run `outbox migrate --table {table}`", 1)
+            fail(
+                PROG,
+                f"table {table} does not exist; run `outbox migrate --table {table.argument}`",
+                1,
+            )
         except psycopg.errors.LockNotAvailable:
             fail(
                 PROG,

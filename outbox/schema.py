@@ -444,7 +444,9 @@ async def check_table(
         await cur.execute(_state_query(table))
         exists, version = _parse_state(await cur.fetchone())
     if not exists:
-        raise SchemaError(f"table {table} does not exist; run `outbox migrate --table {table}`")
+        raise SchemaError(
+            f"table {table} does not exist; run `outbox migrate --table {table.argument}`"
+        )
     if version is None:
         raise SchemaError(f"table {table} was not created by `outbox migrate`; run it first")
     if version != SCHEMA_VERSION:
@@ -469,6 +471,6 @@ async def check_table(
             what = {None: "no index", _INVALID: "no valid index", _OTHER: "another index as"}
             raise SchemaError(
                 f"table {table} has {what[state]} {_ordering_index_name(table)}, which "
-                f"--ordering aggregate needs; run `outbox migrate --table {table} "
+                f"--ordering aggregate needs; run `outbox migrate --table {table.argument} "
                 "--ordering aggregate`"
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import shlex
 from dataclasses import dataclass
 
 from psycopg import sql
@@ -46,6 +47,13 @@ def text_constant(value: str) -> sql.Composable:
     return sql.SQL("convert_from(decode({}, 'hex'), 'UTF8')").format(
         sql.Literal(value.encode().hex())
     )
+
+
+def _quoted_part(part: str) -> str:
+    """One part as `_split_name` reads it back: double-quoted if it holds a dot or a quote."""
+    if "." not in part and '"' not in part:
+        return part
+    return '"' + part.replace('"', '""') + '"'
 
 
 def _split_name(name: str) -> list[str]:
@@ -99,6 +107,13 @@ class Table:
 
     def __str__(self) -> str:
         return f"{self.schema}.{self.name}" if self.schema else self.name
+
+    @property
+    def argument(self) -> str:
+        """The table as a `--table` value for a shell command line: `parse` reads it back as
+        this table. `str()` does not: a name holding a dot (`"a.b"`) prints as `a.b`, which
+        is table b of schema a."""
+        return shlex.quote(".".join(_quoted_part(part) for part in self._parts(self.name)))
 
     @property
     def ident(self) -> sql.Composable:

@@ -185,6 +185,28 @@ def test_migrate_a_schema_qualified_table(empty_dsn):
     assert json.loads(stats.stdout)["pending"] == 1
 
 
+@pytest.mark.parametrize("name", ['"orders.v2"', 'app."it\'s ""odd"""'])
+def test_the_migrate_command_an_error_suggests_names_the_same_table(empty_dsn, name):
+    """The suggestion is a shell command line: run as printed, it creates the very table the
+    failing command wanted (a dot inside quotes must stay quoted, a quote must survive)."""
+    missing = outbox("stats", "--dsn", empty_dsn, "--table", name)
+    assert missing.returncode == 1
+    suggested = one_line(missing.stderr).rpartition("run `")[2].removesuffix("`")
+    assert suggested.startswith("outbox migrate --table ")
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    subprocess.run(
+        ["bash", "-c", suggested], check=True, capture_output=True, timeout=60,
+        env={**BASE_ENV, "PATH": path, "OUTBOX_DSN": empty_dsn},
+    )  # fmt: skip
+    found = outbox("stats", "--json", "--exact", "--dsn", empty_dsn, "--table", name)
+    assert found.returncode == 0, found.stderr
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        [(tables,)] = conn.execute(
+            "SELECT count(*) FROM pg_class WHERE relname IN ('orders.v2', 'it''s \"odd\"')"
+        ).fetchall()
+    assert tables == 1  # that table, and no `v2` in a schema `orders`
+
+
 def test_migrate_print_shows_quoted_sql_and_touches_no_database(empty_dsn):
     # The DSN points nowhere: printing must not try to connect.
     result = outbox("migrate", "--print", "--table", "x", "--dsn", UNREACHABLE, timeout=10)
