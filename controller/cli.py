@@ -82,7 +82,7 @@ async def _lead(
     kopf_stop = asyncio.Event()
     watching = asyncio.create_task(
         kopf.operator(
-            registry=build_registry(supervisor),
+            registry=build_registry(supervisor, kopf_stop),
             settings=build_kopf_settings(settings.log_level),
             standalone=True,  # the Lease elects the leader, not kopf's peering
             clusterwide=not settings.namespaces,

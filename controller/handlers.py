@@ -70,8 +70,18 @@ class Supervisor:
         self._loops.clear()
 
 
-def build_registry(supervisor: Supervisor) -> kopf.OperatorRegistry:
+def build_registry(supervisor: Supervisor, stop_flag: asyncio.Event) -> kopf.OperatorRegistry:
+    """kopf's handlers; `stop_flag` is the one kopf.operator() is given."""
     registry = kopf.OperatorRegistry()
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        # On SIGTERM, which kopf handles itself, kopf then waits up to 5 s for every task it
+        # did not start, and only then cancels them: the dispatcher loops, and kopf's own
+        # waiter on the stop flag, which it leaves pending when a signal stops it. Its cleanup
+        # runs before that wait: end both here, and the operator stops at once.
+        await supervisor.close()
+        stop_flag.set()
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
