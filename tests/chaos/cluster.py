@@ -92,9 +92,11 @@ class Producer(threading.Thread):
                         raise psycopg.Rollback()
                 if not roll_back:
                     made += len(events)
-            except psycopg.OperationalError:
+            except (psycopg.OperationalError, psycopg.Rollback):
                 # The server restarted or is unreachable: the batch may or may not have
-                # committed. Either way the table says what was committed; try again.
+                # committed. Either way the table says what was committed; try again. (A
+                # Rollback escapes its transaction when the ROLLBACK itself finds the
+                # connection gone: nothing was committed.)
                 self.failures += 1
                 conn = None
                 self._halt.wait(0.2)
@@ -317,6 +319,7 @@ class Run:
         restarting crashed workers)."""
         deadline = time.monotonic() + timeout
         while not predicate():
+            self._raise_producer_errors()  # a producer that died would look like a stall
             if tick is not None:
                 tick()
             if time.monotonic() > deadline:
@@ -326,10 +329,13 @@ class Run:
             time.sleep(0.05)
 
     def produced(self) -> bool:
+        self._raise_producer_errors()
+        return all(not p.is_alive() for p in self.producers)
+
+    def _raise_producer_errors(self) -> None:
         for producer in self.producers:
             if producer.error is not None:
                 raise producer.error
-        return all(not p.is_alive() for p in self.producers)
 
     def drained(self) -> bool:
         return self.produced() and self.count("status IN ('pending', 'processing')") == 0
