@@ -40,7 +40,7 @@ from typing import Any
 
 import psycopg
 
-from bench.cpu import cpu_seconds, pin
+from bench.cpu import THREAD_GROUPS, cpu_seconds, cpu_seconds_by_thread, pin
 from bench.env import ROOT, Bench, python_module, seed_outbox
 from bench.profile import samples, stop_profiled, summarize
 from outbox.demo.embedded import free_port
@@ -229,11 +229,11 @@ def plain_client(broker: Broker, messages: int) -> dict[str, float]:
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the plain {broker.name} client did not start")
         before = broker.stored()  # its warm-up message included
-        cpu_before, server_before = cpu_seconds(proc.pid), broker.cpu()
+        threads_before, server_before = cpu_seconds_by_thread(proc.pid), broker.cpu()
         proc.stdin.write("go\n")
         proc.stdin.flush()
         line = proc.stdout.readline()
-        cpu_after, server_after = cpu_seconds(proc.pid), broker.cpu()
+        threads_after, server_after = cpu_seconds_by_thread(proc.pid), broker.cpu()
         if not line:
             raise RuntimeError(f"the plain {broker.name} client failed")
         result = json.loads(line)
@@ -247,12 +247,23 @@ def plain_client(broker: Broker, messages: int) -> dict[str, float]:
         )
     return {
         "messages_per_second": messages / result["seconds"],
-        "cpu_us_per_message": (cpu_after - cpu_before) / messages * 1e6,
+        **_cpu_figures(threads_before, threads_after, messages),
         "broker_cpu_us_per_message": (server_after - server_before) / messages * 1e6,
         # Its window is always full: every acknowledgement takes concurrency / rate.
         "publish_ms": CONCURRENCY / (messages / result["seconds"]) * 1e3,
         "publishes_in_flight": float(CONCURRENCY),
     }
+
+
+def _cpu_figures(
+    before: dict[str, float], after: dict[str, float], messages: int
+) -> dict[str, float]:
+    """CPU µs per message, in all and by group of threads (bench.cpu.THREAD_GROUPS)."""
+    by_group = {
+        f"cpu_us_per_message_{group}": (after[group] - before[group]) / messages * 1e6
+        for group in THREAD_GROUPS
+    }
+    return {"cpu_us_per_message": sum(by_group.values()), **by_group}
 
 
 def _count(conn: psycopg.Connection[Any], statuses: tuple[str, ...]) -> int:
@@ -288,12 +299,17 @@ def worker(
         spy: subprocess.Popen[bytes] | None = None
         try:
             deadline = time.monotonic() + 600
-            started = cpu_before = server_before = 0.0
+            started = server_before = 0.0
+            threads_before = dict.fromkeys(THREAD_GROUPS, 0.0)
             while True:
                 left = _count(conn, ("pending", "processing"))
-                now, cpu, server = time.monotonic(), cpu_seconds(proc.pid), broker.cpu()
+                now, threads, server = (
+                    time.monotonic(),
+                    cpu_seconds_by_thread(proc.pid),
+                    broker.cpu(),
+                )
                 if left == messages:
-                    started, cpu_before, server_before = now, cpu, server  # still starting
+                    started, threads_before, server_before = now, threads, server  # starting
                 elif profile_to is not None and spy is None:
                     spy = _py_spy(proc.pid, profile_to)  # draining: start-up is not sampled
                 if left == 0:
@@ -301,7 +317,7 @@ def worker(
                 if proc.poll() is not None or now > deadline:
                     raise RuntimeError(f"the {broker.name} worker failed: {left} left")
                 time.sleep(0.02)
-            seconds, cpu_used, server_used = now - started, cpu - cpu_before, server - server_before
+            seconds, server_used = now - started, server - server_before
             done = _count(conn, ("done",))
             publish_seconds = _publish_seconds(metrics_port)
         finally:
@@ -312,7 +328,7 @@ def worker(
         raise RuntimeError(f"{broker.name} worker: {done} done, {stored} of {messages} stored")
     return {
         "messages_per_second": messages / seconds,
-        "cpu_us_per_message": cpu_used / messages * 1e6,
+        **_cpu_figures(threads_before, threads, messages),
         "broker_cpu_us_per_message": server_used / messages * 1e6,
         # Little's law: publishes in flight on average = arrival rate x time in the system.
         "publish_ms": publish_seconds / messages * 1e3,
@@ -524,6 +540,11 @@ def _verdict(summary: dict[str, Any] | None, meets: Callable[[float], bool]) -> 
     return f"{median:.2f}x, {'met' if meets(median) else 'not met'}"
 
 
+def _threads_row(title: str, figures: dict[str, Any]) -> str:
+    cells = [f"{figures[f'cpu_us_per_message_{group}']['median']:.1f}" for group in THREAD_GROUPS]
+    return f"| {title} | {' | '.join(cells)} |"
+
+
 ANALYSIS = "\n## What the gap is made of\n"
 
 
@@ -604,6 +625,19 @@ def render(results: dict[str, Any]) -> str:
             "|---|---|---|---|",
             *latency_rows,
             "",
+            "CPU µs per message by thread: the main thread (the worker's event loop, the plain "
+            "client's loop), librdkafka's own threads, and the other threads (the Kafka "
+            "publisher's poll thread):",
+            "",
+            "| | main | librdkafka | other |",
+            "|---|---|---|---|",
+            *(
+                _threads_row(f"{TITLES[name]}, {side}", row[side])
+                for name, row in per_broker.items()
+                for side in ("plain", "worker")
+            ),
+            _threads_row("worker, null publisher", floor),
+            "",
         ]
     for name, prof in results.get("profile", {}).items():
         lines += [f"## Where the {name} worker's time goes (py-spy, asyncio event loop)", ""]
@@ -624,7 +658,8 @@ def render(results: dict[str, Any]) -> str:
         "",
         "- The plain clients are `bench/broker_client.py`: the same library, the worker's "
         "bytes (envelope, headers, key), 64 acknowledgements awaited at a time.",
-        "- CPU time is user + system time from /proc of each process, all threads. Start-up "
+        "- CPU time is the scheduler's run time of each thread (/proc/PID/task/*/schedstat), "
+        "summed over the process and by group of threads. Start-up "
         "is left out alike: the plain client connects, says `ready` and waits for a go "
         "signal; the worker's CPU is read at the last look at the table (every 20 ms) that "
         "found all rows untouched, and at the look that found none left.",

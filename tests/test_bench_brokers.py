@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -33,6 +35,24 @@ def test_broker_bench_smoke_run_writes_a_complete_report(tmp_path):
             assert row[side]["cpu_us_per_message"]["median"] >= 0
         assert row["throughput_ratio"]["median"] > 0
     assert report["null_publisher"][mode]["messages_per_second"]["median"] > 0
+    # CPU by thread: librdkafka's threads work for Kafka's two sides alone, and the worker's
+    # Kafka poll thread is one of its other threads.
+    for name, row in report["modes"][mode].items():
+        for side in ("plain", "worker"):
+            figures = {key: value["runs"][0] for key, value in row[side].items()}  # one round
+            librdkafka = figures["cpu_us_per_message_librdkafka"]
+            assert (librdkafka > 0) == (name == "kafka"), (name, side, figures)
+            parts = sum(figures[f"cpu_us_per_message_{g}"] for g in ("main", "librdkafka", "other"))
+            assert parts == pytest.approx(figures["cpu_us_per_message"])
+        assert row["worker"]["cpu_us_per_message_main"]["median"] > 0
+    assert report["modes"][mode]["kafka"]["worker"]["cpu_us_per_message_other"]["median"] > 0
     text = (tmp_path / "brokers.md").read_text()
-    for heading in ("NATS JetStream", "Kafka", "null publisher", "Targets", "How it is measured"):
+    for heading in (
+        "NATS JetStream",
+        "Kafka",
+        "null publisher",
+        "Targets",
+        "How it is measured",
+        "by thread",
+    ):
         assert heading in text
