@@ -64,7 +64,7 @@ async def run(settings: ControllerSettings) -> int:
     try:
         if not await elector.acquire(stop):
             return 0
-        return await _lead(settings, api, elector, metrics, stop)
+        return await _lead(settings, api, elector, metrics, health, stop)
     finally:
         await elector.release()
         await api.close()  # type: ignore[no-untyped-call]
@@ -76,13 +76,14 @@ async def _lead(
     api: ApiClient,
     elector: LeaderElector,
     metrics: Metrics,
+    health: HealthServer,
     stop: asyncio.Event,
 ) -> int:
     supervisor = Supervisor(Context(settings, Kube(api, elector.check, elector.identity), metrics))
     kopf_stop = asyncio.Event()
     watching = asyncio.create_task(
         kopf.operator(
-            registry=build_registry(supervisor, kopf_stop),
+            registry=build_registry(supervisor, kopf_stop, health.close),
             settings=build_kopf_settings(settings.log_level),
             standalone=True,  # the Lease elects the leader, not kopf's peering
             clusterwide=not settings.namespaces,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import kopf
@@ -31,8 +31,11 @@ class Supervisor:
         self.context = context
         self._loops: dict[tuple[str, str], tuple[Dispatcher, asyncio.Task[None]]] = {}
         self.lost = asyncio.Event()
+        self._closed = False
 
     def on_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        if self._closed:  # stopping: kopf may still hand over events it had queued
+            return
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
         if event_type == "DELETED":
@@ -63,24 +66,34 @@ class Supervisor:
             self.lost.set()
 
     async def close(self) -> None:
+        """Stop every loop; no event starts another afterwards."""
+        self._closed = True
         tasks = [task for _, task in self._loops.values()]
+        self._loops.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._loops.clear()
 
 
-def build_registry(supervisor: Supervisor, stop_flag: asyncio.Event) -> kopf.OperatorRegistry:
-    """kopf's handlers; `stop_flag` is the one kopf.operator() is given."""
+def build_registry(
+    supervisor: Supervisor,
+    stop_flag: asyncio.Event,
+    close_connections: Callable[[], Awaitable[None]],
+) -> kopf.OperatorRegistry:
+    """kopf's handlers; `stop_flag` is the one kopf.operator() is given, and
+    `close_connections` ends the health server's open connections."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        # On SIGTERM, which kopf handles itself, kopf then waits up to 5 s for every task it
-        # did not start, and only then cancels them: the dispatcher loops, and kopf's own
-        # waiter on the stop flag, which it leaves pending when a signal stops it. Its cleanup
-        # runs before that wait: end both here, and the operator stops at once.
+        # On SIGTERM, which kopf handles itself, kopf then waits up to 5 s for every task
+        # started after it, and only then cancels them: the dispatcher loops, the handlers
+        # of the health server's keep-alive connections (Prometheus keeps one open), and
+        # kopf's own waiter on the stop flag, which it leaves pending when a signal stops
+        # it. Its cleanup runs before that wait: end them here, and the operator stops at
+        # once.
         await supervisor.close()
+        await close_connections()
         stop_flag.set()
 
     @kopf.on.login(registry=registry)

@@ -120,5 +120,7 @@ class HealthServer:
         return web.Response(text="ok\n")
 
     async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        """Stop serving and end every open connection; again, nothing."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()

@@ -49,9 +49,10 @@ def text_constant(value: str) -> sql.Composable:
     )
 
 
-def _quoted_part(part: str) -> str:
-    """One part as `_split_name` reads it back: double-quoted if it holds a dot or a quote."""
-    if "." not in part and '"' not in part:
+def _quoted_part(part: str, *, force: bool = False) -> str:
+    """One part as `_split_name` reads it back: double-quoted if it holds a dot or a quote
+    (or if `force`)."""
+    if not force and "." not in part and '"' not in part:
         return part
     return '"' + part.replace('"', '""') + '"'
 
@@ -113,7 +114,10 @@ class Table:
         """The table as a `--table` value for a shell command line: `parse` reads it back as
         this table. `str()` does not: a name holding a dot (`"a.b"`) prints as `a.b`, which
         is table b of schema a."""
-        return shlex.quote(".".join(_quoted_part(part) for part in self._parts(self.name)))
+        first, *rest = self._parts(self.name)
+        # A leading `-` would read as an option, whatever the shell quoting: quote that part.
+        parts = [_quoted_part(first, force=first.startswith("-")), *map(_quoted_part, rest)]
+        return shlex.quote(".".join(parts))
 
     @property
     def ident(self) -> sql.Composable:

@@ -92,11 +92,13 @@ class Producer(threading.Thread):
                         raise psycopg.Rollback()
                 if not roll_back:
                     made += len(events)
-            except (psycopg.OperationalError, psycopg.Rollback):
+            except (psycopg.OperationalError, psycopg.Rollback) as exc:
+                # A Rollback escapes its transaction when the ROLLBACK itself failed: a lost
+                # connection (nothing was committed), or else a real error, which is raised.
+                if isinstance(exc, psycopg.Rollback) and not (conn is not None and conn.broken):
+                    raise
                 # The server restarted or is unreachable: the batch may or may not have
-                # committed. Either way the table says what was committed; try again. (A
-                # Rollback escapes its transaction when the ROLLBACK itself finds the
-                # connection gone: nothing was committed.)
+                # committed. Either way the table says what was committed; try again.
                 self.failures += 1
                 conn = None
                 self._halt.wait(0.2)

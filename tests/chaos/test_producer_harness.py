@@ -19,6 +19,7 @@ CUT_INSIDE_A_TRANSACTION = (
     "WHERE datname = current_database() AND state = 'idle in transaction'"
 )
 CUTS = 12
+AFTER_THE_CUTS = 100  # rows it must still commit once the cuts are over
 
 
 def test_the_producer_survives_its_connection_cut_inside_a_transaction_a_rollback_too(
@@ -26,20 +27,27 @@ def test_the_producer_survives_its_connection_cut_inside_a_transaction_a_rollbac
 ):
     """Every other transaction is rolled back on purpose. A connection cut inside one makes
     the ROLLBACK itself fail, and psycopg then lets the Rollback escape its transaction: the
-    producer must take that as the connection lost, as it takes any other cut. Each cut
-    lands in either kind of transaction: twelve all missing the rolled-back kind is rare."""
+    producer must take that as the connection lost, as it takes any other cut. A cut lands
+    in either kind of transaction, as it happens: without the fix this fails often, not
+    always (the restart scenario is where it was found)."""
     caplog.set_level(logging.ERROR, "psycopg")  # each cut ROLLBACK logs "error ignored"
-    producer = Producer(dsn, table, 300, aggregates=5, per_tx=5, pause=0.0, rollback_every=2)
+    producer = Producer(
+        dsn, table, 10**9, aggregates=5, per_tx=5, pause=0.0, rollback_every=2
+    )  # fmt: skip
     producer.start()
-    cuts = 0
-    with psycopg.connect(dsn, autocommit=True) as killer:
-        while producer.is_alive():
-            if cuts < CUTS:  # watching for the moment as closely as one connection can
+    try:
+        with psycopg.connect(dsn, autocommit=True) as killer:
+            cuts = 0
+            while cuts < CUTS:  # watching for the moment as closely as one connection can
+                assert producer.is_alive(), producer.error
                 cuts += killer.execute(CUT_INSIDE_A_TRANSACTION).fetchone()[0]
-            else:
-                producer.join()
-        [(committed,)] = killer.execute("SELECT count(*) FROM outbox").fetchall()
-    assert producer.error is None
-    assert cuts == CUTS and producer.failures > 0  # it was cut, and carried on
-    # A batch whose COMMIT was cut may have committed and is sent again: never fewer.
-    assert committed >= 300
+            [(at_the_last_cut,)] = killer.execute("SELECT count(*) FROM outbox").fetchall()
+            while killer.execute("SELECT count(*) FROM outbox").fetchone()[0] < (
+                at_the_last_cut + AFTER_THE_CUTS
+            ):
+                assert producer.is_alive(), producer.error
+                producer.join(0.01)
+    finally:
+        producer.stop()
+        producer.join(30)
+    assert producer.error is None and producer.failures > 0  # it was cut, and carried on

@@ -8,6 +8,7 @@ asserts (status, Deployment, Events) with a deadline, never a fixed sleep.
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import re
@@ -575,10 +576,16 @@ def test_changes_made_while_the_operator_was_down_are_handled_when_it_starts(
     wait_for("the resource made before the operator", lambda: observed(cluster, "early"))
     apply(cluster, dispatcher_manifest("doomed"))
     wait_for("a second resource", lambda: deployment_of(cluster, "doomed"))
+    # A scraper's keep-alive connection, open and idle at the stop, as Prometheus keeps one.
+    assert first.port is not None
+    scraper = http.client.HTTPConnection("127.0.0.1", first.port, timeout=10)
+    scraper.request("GET", "/metrics")
+    assert scraper.getresponse().read().startswith(b"# HELP")
     first.signal(signal.SIGTERM)
-    # Within kopf's own 5 s wait for tasks it did not start (see handlers.cleanup): a stop
+    # Within kopf's own 5 s wait for tasks started after it (see handlers.cleanup): a stop
     # that lasts it out left one pending, and a pod stop would take 5 s longer.
     assert first.wait(timeout=4) == 0
+    scraper.close()
     lease = get(cluster, "leases", "outbox-controller")
     assert lease is not None and not lease["spec"].get("holderIdentity")  # handed over at once
     # While nobody runs: one resource changed, one deleted, one made.
