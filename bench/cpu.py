@@ -22,11 +22,8 @@ def cpu_seconds(pid: int) -> float:
     user plus system times of /proc/PID/stat count in clock ticks of 10 ms, too coarse for
     a drain of a few thousand messages. Where schedstat is missing, those ticks."""
     if _SCHEDSTAT:
-        return sum(cpu_seconds_by_thread(pid).values())
-    # Fields after the command name, which is in parentheses and may itself hold spaces.
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    utime, stime = int(fields[11]), int(fields[12])
-    return (utime + stime) / _TICKS
+        return sum(seconds for _, seconds in _threads(pid))
+    return _stat_seconds(Path(f"/proc/{pid}/stat"))
 
 
 THREAD_GROUPS = ("main", "librdkafka", "other")
@@ -38,21 +35,35 @@ def cpu_seconds_by_thread(pid: int) -> dict[str, float]:
     thread (Python's: the Kafka publisher's poll thread, executors). A thread that ended
     meanwhile is not counted: compare groups of threads that live through a measurement."""
     groups = dict.fromkeys(THREAD_GROUPS, 0.0)
-    for task in os.listdir(f"/proc/{pid}/task"):  # raises if the process is gone
+    for task, seconds in _threads(pid):
+        if task == str(pid):
+            groups["main"] += seconds
+            continue
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            seconds = _thread_seconds(pid, task)
             name = Path(f"/proc/{pid}/task/{task}/comm").read_text()
-            group = (
-                "main" if task == str(pid) else "librdkafka" if name.startswith("rdk:") else "other"
-            )
-            groups[group] += seconds
+            groups["librdkafka" if name.startswith("rdk:") else "other"] += seconds
     return groups
 
 
-def _thread_seconds(pid: int, task: str) -> float:
-    if _SCHEDSTAT:
-        return int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0]) / 1e9
-    fields = Path(f"/proc/{pid}/task/{task}/stat").read_text().rpartition(")")[2].split()
+def _threads(pid: int) -> list[tuple[str, float]]:
+    """(thread id, CPU seconds) of each live thread of `pid`."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):  # raises if the process is gone
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            path = Path(f"/proc/{pid}/task/{task}")
+            seconds = (
+                int((path / "schedstat").read_text().split()[0]) / 1e9
+                if _SCHEDSTAT
+                else _stat_seconds(path / "stat")
+            )
+            found.append((task, seconds))
+    return found
+
+
+def _stat_seconds(stat: Path) -> float:
+    """User + system time of a /proc stat file, in clock ticks."""
+    # Fields after the command name, which is in parentheses and may itself hold spaces.
+    fields = stat.read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 

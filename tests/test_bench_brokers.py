@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.cpu import THREAD_GROUPS
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -42,7 +44,7 @@ def test_broker_bench_smoke_run_writes_a_complete_report(tmp_path):
             figures = {key: value["runs"][0] for key, value in row[side].items()}  # one round
             librdkafka = figures["cpu_us_per_message_librdkafka"]
             assert (librdkafka > 0) == (name == "kafka"), (name, side, figures)
-            parts = sum(figures[f"cpu_us_per_message_{g}"] for g in ("main", "librdkafka", "other"))
+            parts = sum(figures[f"cpu_us_per_message_{g}"] for g in THREAD_GROUPS)
             assert parts == pytest.approx(figures["cpu_us_per_message"])
         assert row["worker"]["cpu_us_per_message_main"]["median"] > 0
     assert report["modes"][mode]["kafka"]["worker"]["cpu_us_per_message_other"]["median"] > 0
