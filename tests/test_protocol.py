@@ -14,7 +14,7 @@ from outbox.lease import OrderedClaims, claim, extend, finalize, release
 from outbox.models import Message, OutcomeKind
 from outbox.queries import REAPED_ERROR
 from outbox.table import Table
-from outbox.worker.dispatcher import EXPLICIT_PREPARE_ONLY
+from outbox.worker.replica import EXPLICIT_PREPARE_ONLY
 
 LONG = timedelta(seconds=30)
 SHORT = timedelta(milliseconds=300)

@@ -17,10 +17,11 @@ from outbox import enqueue
 from outbox.demo.sink import Reply, Sink
 from outbox.lease import Applied, claim
 from outbox.models import Message, Outcome
-from outbox.worker.dispatcher import FINALIZE_LINGER, Dispatcher
+from outbox.worker.finalizer import FINALIZE_LINGER
 from outbox.worker.publishers.base import Defer, PermanentError, RetryableError
 from outbox.worker.publishers.http import HttpPublisher
 from outbox.worker.publishers.null import NullPublisher
+from outbox.worker.replica import Replica
 
 # A retried message must stay pending while the test looks at it: the test settings' 50 ms
 # backoff cap would bring it back at once. (Full jitter may still pick a tiny delay: one in
@@ -272,7 +273,7 @@ async def test_an_idle_worker_has_its_claim_and_finalize_connections_open_before
 
 async def test_a_stop_ends_an_idle_wait_at_once(dsn):
     """Idle, listening, with the next poll an hour away: a stop must not wait for it."""
-    d = Dispatcher(settings(dsn, poll_interval=timedelta(hours=1)), NullPublisher())
+    d = Replica(settings(dsn, poll_interval=timedelta(hours=1)), NullPublisher())
     stop = asyncio.Event()
     task = asyncio.create_task(d.run(stop))
     try:
@@ -432,7 +433,7 @@ async def test_a_claim_that_took_all_there_was_starts_publishing_before_claiming
 
     publisher = Scripted(behave)
     async with dispatching(settings(dsn, batch=10, concurrency=4), publisher) as d:
-        claim = d._claim
+        claim = d.claimer._claim
 
         async def recorded(want: int) -> list[Message]:
             events.append("claim sent")
@@ -440,7 +441,7 @@ async def test_a_claim_that_took_all_there_was_starts_publishing_before_claiming
             events.append(f"claimed {len(messages)}")
             return messages
 
-        d._claim = recorded  # type: ignore[method-assign]
+        d.claimer._claim = recorded  # type: ignore[method-assign]
         await wait_until(lambda: "claimed 0" in events, what="an idle claim")
         [message_id] = seed(conn, 1)
         await wait_until(lambda: _count(conn, "status = 'done'") == 1)
@@ -469,7 +470,7 @@ async def test_the_next_claim_runs_while_the_last_batch_is_being_finalized(conn,
             # Held by the worker, not only committed: the second claim's rows are in the
             # table a moment before its result reaches the worker.
             await wait_until(
-                lambda: len(d._held) == 2 * batch,
+                lambda: len(d.ledger.held) == 2 * batch,
                 what="a second claim while the first batch's finalize waits",
             )
             # The first publish locked the first batch's rows, and the second's too if that
@@ -477,8 +478,8 @@ async def test_the_next_claim_runs_while_the_last_batch_is_being_finalized(conn,
             assert len(locked) in (batch, 2 * batch) and _count(conn, "status = 'done'") == 0
             # Both batches published, the first one's outcomes still unwritten: no room
             # for a third claim (held at most 2 x batch + concurrency).
-            await wait_until(lambda: not d._waiting and not d._in_flight)
-            assert len(d._held) == 2 * batch
+            await wait_until(lambda: not d.ledger.waiting and not d.ledger.publishing)
+            assert len(d.ledger.held) == 2 * batch
             assert _count(conn, "status = 'processing'") == 2 * batch
             blocker.rollback()
             await wait_until(lambda: _count(conn, "status = 'done'") == 50)
@@ -491,15 +492,15 @@ async def _waiting_at_each_claim(conn, dsn: str, batches: int, batch: int, behav
     """Drain `batches` full batches with concurrency 1: how many messages waited unpublished
     as each claim went out."""
     seed(conn, batches * batch)
-    dispatcher = Dispatcher(settings(dsn, batch=batch, concurrency=1), Scripted(behave))
+    dispatcher = Replica(settings(dsn, batch=batch, concurrency=1), Scripted(behave))
     waiting: list[int] = []
-    claim = dispatcher._claim
+    claim = dispatcher.claimer._claim
 
     async def watched(want: int) -> list[Message]:
-        waiting.append(len(dispatcher._waiting))
+        waiting.append(len(dispatcher.ledger.waiting))
         return await claim(want)
 
-    dispatcher._claim = watched  # type: ignore[method-assign]
+    dispatcher.claimer._claim = watched  # type: ignore[method-assign]
     stop = asyncio.Event()
     running = asyncio.create_task(dispatcher.run(stop))
     try:
@@ -543,17 +544,17 @@ async def test_outcomes_of_a_waiting_publisher_gather_into_few_finalize_statemen
     async def waits(m: Message) -> None:
         await asyncio.sleep(0.002)
 
-    dispatcher = Dispatcher(settings(dsn, batch=100, concurrency=20), Scripted(waits))
+    dispatcher = Replica(settings(dsn, batch=100, concurrency=20), Scripted(waits))
     sizes: list[int] = []
     times: list[float] = []
-    finalize = dispatcher._finalize
+    finalize = dispatcher.finalizer._finalize
 
     async def counted(outcomes: list[Outcome]) -> Applied:
         sizes.append(len(outcomes))
         times.append(time.monotonic())
         return await finalize(outcomes)
 
-    dispatcher._finalize = counted  # type: ignore[method-assign]
+    dispatcher.finalizer._finalize = counted  # type: ignore[method-assign]
     stop = asyncio.Event()
     running = asyncio.create_task(dispatcher.run(stop))
     try:

@@ -14,8 +14,8 @@ from datetime import timedelta
 from typing import Any
 
 from outbox.table import Table
-from outbox.worker.dispatcher import Dispatcher
 from outbox.worker.publishers.base import Publisher
+from outbox.worker.replica import Replica
 from outbox.worker.settings import WorkerSettings
 
 
@@ -36,9 +36,9 @@ def settings(dsn: str, **overrides: Any) -> WorkerSettings:
 
 
 @asynccontextmanager
-async def dispatching(settings: WorkerSettings, publisher: Publisher) -> AsyncIterator[Dispatcher]:
+async def dispatching(settings: WorkerSettings, publisher: Publisher) -> AsyncIterator[Replica]:
     """A dispatcher running in this event loop; stopped (cleanly) on exit."""
-    dispatcher = Dispatcher(settings, publisher)
+    dispatcher = Replica(settings, publisher)
     stop = asyncio.Event()
     await publisher.start()
     task = asyncio.create_task(dispatcher.run(stop))

@@ -13,10 +13,10 @@ from outbox import logs
 from outbox.cliutil import USAGE_ERROR, fail
 from outbox.schema import SchemaError
 from outbox.settings import SettingError
-from outbox.worker.dispatcher import Dispatcher
 from outbox.worker.metrics import HealthServer, Metrics
-from outbox.worker.publishers.base import Publisher
+from outbox.worker.publishers.base import BatchPublisher, Publisher
 from outbox.worker.publishers.registry import PublisherContext, load_publisher
+from outbox.worker.replica import Replica
 from outbox.worker.settings import WorkerSettings, load_settings
 
 log = logging.getLogger("outbox.worker")
@@ -28,7 +28,7 @@ PROG = "outbox-worker"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def make_publisher(settings: WorkerSettings, metrics: Metrics) -> Publisher:
+def make_publisher(settings: WorkerSettings, metrics: Metrics) -> Publisher | BatchPublisher:
     context = PublisherContext(
         owner=settings.owner,
         concurrency=settings.concurrency,
@@ -48,7 +48,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
         await health.start()
     await publisher.start()
     try:
-        await Dispatcher(settings, publisher, metrics).run(stop)
+        await Replica(settings, publisher, metrics).run(stop)
     finally:
         await publisher.close()
         if health is not None:

@@ -1,14 +1,16 @@
 """The boundary between the dispatch loop and the outside world.
 
 A publisher sends one message and either returns (success) or raises one of the three
-failure classes below. Translating a client library's exceptions into these classes is the
-publisher's job; the loop knows nothing of HTTP or brokers. Any other exception is a bug:
+failure classes below; a batch publisher sends many at once and reports, for each, None
+(success) or one of those failures. Translating a client library's exceptions into these
+classes is the publisher's job; the loop knows nothing of HTTP or brokers. Any other exception is a bug:
 the loop logs it with its traceback and leaves the row alone, so its lease expires and the
 attempt limit eventually sends it to dead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Protocol
 
@@ -46,5 +48,20 @@ class Publisher(Protocol):
     async def start(self) -> None: ...
 
     async def publish(self, message: Message) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class BatchPublisher(Protocol):
+    """A publisher whose client batches natively: `publish_batch` sends every message given
+    and returns one result per message, in the same order: None when it was delivered, else
+    the RetryableError, PermanentError or Defer that says why not. It should return within
+    the publish timeout; past it, every message of the call counts as timed out."""
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def publish_batch(self, messages: Sequence[Message]) -> Sequence[Exception | None]: ...
 
     async def close(self) -> None: ...

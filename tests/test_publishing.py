@@ -1,0 +1,126 @@
+"""Publishing over the ledger, without a database: results become outcomes, per message and
+in batches, and a stop gives back what it abandons."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import timedelta
+
+from test_ledger import _messages
+from workers import settings
+
+from outbox.models import Message, OutcomeKind
+from outbox.worker.ledger import Ledger
+from outbox.worker.metrics import Metrics
+from outbox.worker.publishers.base import Defer, PermanentError, RetryableError
+from outbox.worker.publishing import Publishing
+
+FAILURES: dict[int, Exception] = {
+    2: RetryableError("HTTP 503"),
+    3: PermanentError("HTTP 422"),
+    4: Defer(timedelta(seconds=30), "not yet"),
+}
+
+
+class Batches:
+    name = "batches"
+
+    def __init__(self, hang: bool = False) -> None:
+        self.calls: list[list[int]] = []
+        self.hang = hang
+        self.called = asyncio.Event()
+
+    async def publish_batch(self, messages: Sequence[Message]) -> list[Exception | None]:
+        self.calls.append([m.id for m in messages])
+        self.called.set()
+        if self.hang:
+            await asyncio.Event().wait()
+        return [FAILURES.get(m.id) for m in messages]
+
+
+def _publishing(publisher: object, **overrides: object) -> tuple[Ledger, Publishing]:
+    s = settings("", batch=4, concurrency=2, **overrides)
+    ledger = Ledger(s.batch, s.concurrency)
+    return ledger, Publishing(s, ledger, publisher, Metrics())  # type: ignore[arg-type]
+
+
+async def _outcomes(ledger: Ledger, count: int) -> dict[int, OutcomeKind]:
+    while len(ledger.outcomes) < count:
+        ledger.outcomes_waiting.clear()
+        await ledger.outcomes_waiting.wait()
+    return {o.message_id: o.kind for o in ledger.take_outcomes(count)}
+
+
+async def test_a_batch_publisher_gets_batches_and_each_result_becomes_its_outcome():
+    publisher = Batches()
+    ledger, publishing = _publishing(publisher)
+    ledger.hold(_messages(1, 6), now=0.0, claim_seconds=0.0)
+    publishing.start()
+    assert await _outcomes(ledger, 6) == {
+        1: OutcomeKind.DONE, 2: OutcomeKind.RETRIED, 3: OutcomeKind.DEAD,
+        4: OutcomeKind.DEFERRED, 5: OutcomeKind.DONE, 6: OutcomeKind.DONE,
+    }  # fmt: skip
+    assert sorted(len(c) for c in publisher.calls) == [2, 4]  # at most a batch per call
+    assert ledger.publishing == 0
+
+
+async def test_a_batch_past_the_publish_timeout_is_retried_whole():
+    ledger, publishing = _publishing(Batches(hang=True), publish_timeout=timedelta(seconds=0.05))
+    ledger.hold(_messages(1, 3), now=0.0, claim_seconds=0.0)
+    publishing.start()
+    outcomes = await _outcomes(ledger, 3)
+    assert set(outcomes.values()) == {OutcomeKind.RETRIED}, outcomes
+
+
+async def test_a_stop_gives_back_a_batch_still_publishing():
+    publisher = Batches(hang=True)
+    ledger, publishing = _publishing(publisher)
+    ledger.hold(_messages(1, 3), now=0.0, claim_seconds=0.0)
+    publishing.start()
+    await publisher.called.wait()
+    assert ledger.publishing == 3
+    await publishing.stop(grace=0.01)
+    assert await _outcomes(ledger, 3) == dict.fromkeys([1, 2, 3], OutcomeKind.RELEASED)
+    assert ledger.publishing == 0
+
+
+async def test_a_batch_publisher_returning_the_wrong_count_leaves_the_rows_to_their_leases():
+    class Short(Batches):
+        async def publish_batch(self, messages: Sequence[Message]) -> list[Exception | None]:
+            return [None]
+
+    ledger, publishing = _publishing(Short())
+    ledger.hold(_messages(1, 2), now=0.0, claim_seconds=0.0)
+    publishing.start()
+    await ledger.drained.wait()  # forgotten: nothing held, nothing written
+    assert not ledger.outcomes
+    assert publishing.metrics.messages.labels("error")._value.get() == 2
+
+
+async def test_a_per_message_publisher_runs_up_to_concurrency_at_once():
+    running, most = 0, 0
+    release, two_running = asyncio.Event(), asyncio.Event()
+
+    class Slow:
+        name = "slow"
+
+        async def publish(self, message: Message) -> None:
+            nonlocal running, most
+            running += 1
+            most = max(most, running)
+            if running == 2:
+                two_running.set()
+            await release.wait()
+            running -= 1
+            if message.id in FAILURES:
+                raise FAILURES[message.id]
+
+    ledger, publishing = _publishing(Slow())
+    ledger.hold(_messages(1, 5), now=0.0, claim_seconds=0.0)
+    publishing.start()
+    await two_running.wait()
+    release.set()
+    outcomes = await _outcomes(ledger, 5)
+    assert most == 2
+    assert outcomes[3] is OutcomeKind.DEAD and outcomes[5] is OutcomeKind.DONE

@@ -1,0 +1,142 @@
+"""The claimer: leases messages into the ledger whenever there is room.
+
+It claims up to a batch at a time (as much as the ledger has room for), claims again at
+once after a claim that found messages, and otherwise waits for a NOTIFY (the listener
+sets `wakeup`), for the poll timer (retries coming due, expired leases), or for room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from outbox import lease
+from outbox.models import Message
+from outbox.worker.ledger import Ledger
+from outbox.worker.metrics import Metrics
+from outbox.worker.retry import DatabaseRetry, Stopped
+from outbox.worker.settings import WorkerSettings
+
+log = logging.getLogger("outbox.worker")
+
+# Idle back-off without LISTEN: the first empty claim waits this long, doubling up to the
+# poll interval.
+IDLE_WAIT_START = 0.05
+
+
+class Claimer:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        ledger: Ledger,
+        connection: Callable[[], Any],
+        retry: DatabaseRetry,
+        metrics: Metrics,
+        *,
+        wakeup: asyncio.Event,
+        listening: Callable[[], bool],
+        on_claimed: Callable[[], None],
+    ) -> None:
+        self.settings = settings
+        self.ledger = ledger
+        self.connection = connection  # the pool's: `async with connection() as conn`
+        self.retry = retry
+        self.metrics = metrics
+        self.wakeup = wakeup  # set by NOTIFY, and by a stop
+        self.listening = listening
+        self.on_claimed = on_claimed  # publishing starts on what came in
+        self._ordered_claims = lease.OrderedClaims()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Claim until `stop` is set."""
+        # A stop wakes the idle wait as a NOTIFY does: that wait is then one event and a
+        # timer, not three tasks per wake-up.
+        stopping = asyncio.ensure_future(stop.wait())
+        stopping.add_done_callback(lambda _: self.wakeup.set())
+        try:
+            await self._claim_until(stop)
+        except Stopped:
+            pass
+        finally:
+            stopping.cancel()
+
+    async def _claim_until(self, stop: asyncio.Event) -> None:
+        s, ledger = self.settings, self.ledger
+        empty_claims = 0
+        while not stop.is_set():
+            room = ledger.room_to_claim(time.monotonic())
+            if not ledger.worth_claiming(room):
+                # Wait until publishing or finalizing frees some.
+                ledger.room.clear()
+                await _first_of(stop.wait(), ledger.room.wait())
+                continue
+            want = min(s.batch, room)
+            self.wakeup.clear()  # a NOTIFY during the claim must still wake the next wait
+            started = time.monotonic()
+            messages = await self.retry.until_done("claim", partial(self._claim, want), stop=stop)
+            self.metrics.ready = True  # whichever operation failed before, claiming works
+            if messages:
+                now = time.monotonic()
+                ledger.hold(messages, now, claim_seconds=now - started)
+                self.metrics.in_flight.set(len(ledger.held))
+                self.on_claimed()
+                empty_claims = 0
+                if len(messages) < want:
+                    # All there was: the next claim is not urgent, these messages are. Let
+                    # their publishing start before the claim is sent.
+                    await asyncio.sleep(0)
+                # Claim again without waiting: after a full batch, more is probably there;
+                # after a short one, a NOTIFY during the claim may have announced more.
+                continue
+            empty_claims += 1
+            # Listening, new rows announce themselves: poll only for retries coming due and
+            # expired leases. Not listening, back off from a short wait up to the interval.
+            idle = s.poll_interval.total_seconds()
+            if not self.listening():
+                idle = min(idle, IDLE_WAIT_START * 2 ** (empty_claims - 1))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(idle):
+                    await self.wakeup.wait()
+            if self.wakeup.is_set():
+                empty_claims = 0
+
+    async def _claim(self, want: int) -> list[Message]:
+        s = self.settings
+        async with self.connection() as conn:
+            messages = await lease.claim(
+                conn,
+                s.table,
+                owner=s.owner,
+                batch=want,
+                lease=s.lease,
+                max_attempts=s.max_attempts,
+                ordered=s.ordered,
+                by_aggregate=self._ordered_claims.by_aggregate,
+                prepare=s.prepared_statements or None,
+            )
+        self._ordered_claims.observe(len(messages), want)
+        self.metrics.claim_batch.observe(len(messages))
+        if messages and log.isEnabledFor(logging.DEBUG):  # the history a chaos test checks
+            log.debug(
+                "claimed %d messages", len(messages),
+                extra={"event": "claimed", "owner": s.owner, "ids": [m.id for m in messages],
+                       "versions": [m.lease_version for m in messages]},
+            )  # fmt: skip
+        return messages
+
+
+async def _first_of(*waits: Any) -> None:
+    """Wait until any awaitable finishes, cancel the others."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)

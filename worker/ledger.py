@@ -1,0 +1,172 @@
+"""The messages one replica holds, from claim to finalize: the only state its services share.
+
+A message is *held* from its claim until its outcome is written (or given up). While held it
+is first *waiting* (claimed, not started), then *publishing*, then an *outcome* waiting for
+the finalizer. The claimer adds messages, the publishers take them and turn them into
+outcomes, the finalizer writes outcomes and drops what they end, the lease keeper renews
+what is held. Three events carry the news: there is room to claim, outcomes are waiting,
+nothing is held any more.
+
+The ledger does no I/O, so its rules (how much may be claimed, which leases are due, what a
+late outcome may drop) are tested without a database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Iterable
+
+from outbox.models import Message, Outcome
+
+
+class Ledger:
+    def __init__(self, batch: int, concurrency: int) -> None:
+        self.batch = batch
+        self.concurrency = concurrency
+        self.held: dict[int, Message] = {}
+        self.renewed_at: dict[int, float] = {}  # monotonic time of claim or last renewal
+        self.waiting: collections.deque[Message] = collections.deque()
+        self.publishing = 0
+        # A deque and an event cost less per message than an asyncio.Queue.
+        self.outcomes: collections.deque[Outcome] = collections.deque()
+        self.outcomes_waiting = asyncio.Event()
+        self.room = asyncio.Event()  # publishing or finalizing freed room to claim
+        self.drained = asyncio.Event()  # nothing is held
+        self.drained.set()
+        # How long the last claim that found messages took; when the last batch came in,
+        # and how long after that everything waiting had started publishing.
+        self.claim_seconds = 0.0
+        self.held_at = 0.0
+        self.published_in = 0.0
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    def room_to_claim(self, now: float) -> int:
+        """How many messages the next claim may ask for.
+
+        At most `2 * batch + concurrency` may be held: one batch's outcomes being written
+        while the next is published. Of those, at most `batch + concurrency` may be waiting
+        or publishing; a publisher faster than the database (the last batch was published
+        in less time than a claim takes) gets one batch more. The next claim then goes out
+        as soon as the last one is in, so its round trip overlaps publishing instead of
+        following it. A slower publisher is not claimed ahead of: its messages would wait,
+        leased, while other workers could publish them.
+        """
+        unpublished = len(self.waiting) + self.publishing
+        limit = self.batch + self.concurrency
+        if self._publishing_outpaces_claims(now):
+            limit += self.batch
+        held_limit = 2 * self.batch + self.concurrency
+        return min(limit - unpublished, held_limit - len(self.held))
+
+    def worth_claiming(self, room: int) -> bool:
+        """Enough room for a claim worth its round trip (any, when nothing is held)."""
+        return room >= min(self.batch, max(1, self.batch // 2)) or not self.held
+
+    def _publishing_outpaces_claims(self, now: float) -> bool:
+        """The last batch in had all started publishing sooner than a claim takes, and no
+        message waiting now has waited that long."""
+        waited = self.published_in
+        if self.waiting:
+            oldest = self.waiting[0].id
+            waited = max(waited, now - self.renewed_at.get(oldest, self.held_at))
+        return waited < self.claim_seconds
+
+    def hold(self, messages: list[Message], now: float, claim_seconds: float) -> None:
+        """Claimed messages join the ledger, waiting to be published."""
+        self.claim_seconds = claim_seconds
+        self.held_at = now
+        for message in messages:
+            self.held[message.id] = message
+            self.renewed_at[message.id] = now
+        self.waiting.extend(messages)
+        self.drained.clear()
+
+    # -- publishing -------------------------------------------------------------------------
+
+    def take(self, limit: int, now: float) -> list[Message]:
+        """Up to `limit` waiting messages, oldest first, counted as publishing."""
+        waiting = self.waiting
+        taken = [waiting.popleft() for _ in range(min(limit, len(waiting)))]
+        self.publishing += len(taken)
+        self._after_take(now)
+        return taken
+
+    def take_one(self, now: float) -> Message | None:
+        """The oldest waiting message, counted as publishing (the per-message path's
+        `take`, without building a list per message)."""
+        if not self.waiting:
+            return None
+        message = self.waiting.popleft()
+        self.publishing += 1
+        self._after_take(now)
+        return message
+
+    def _after_take(self, now: float) -> None:
+        left = len(self.waiting)
+        if left == self.batch // 2:
+            # Room for a worthwhile claim now, whatever the finalizer does: wake the
+            # claimer, so the next batch comes in before publishing runs dry.
+            self.room.set()
+        elif left == 0:
+            self.published_in = now - self.held_at
+            self.room.set()
+
+    def published(self, count: int = 1) -> None:
+        """`count` publishes ended (their outcomes follow, or they were given up)."""
+        self.publishing -= count
+
+    def put_outcome(self, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+        self.outcomes_waiting.set()
+
+    def put_outcomes(self, outcomes: Iterable[Outcome]) -> None:
+        self.outcomes.extend(outcomes)
+        self.outcomes_waiting.set()
+
+    def release_waiting(self) -> int:
+        """Give every unstarted message back (a stop): their outcomes are releases."""
+        unstarted = list(self.waiting)
+        self.waiting.clear()
+        self.put_outcomes(Outcome.release(message) for message in unstarted)
+        return len(unstarted)
+
+    # -- finalizing -------------------------------------------------------------------------
+
+    def take_outcomes(self, limit: int) -> list[Outcome]:
+        outcomes = self.outcomes
+        return [outcomes.popleft() for _ in range(min(len(outcomes), limit))]
+
+    def drop(self, message_id: int, lease_version: int) -> None:
+        """The lease `lease_version` of the message ended: forget it, unless the message is
+        held again under a newer lease (a takeover of our own after ours expired)."""
+        held = self.held.get(message_id)
+        if held is not None and held.lease_version == lease_version:
+            del self.held[message_id]
+            self.renewed_at.pop(message_id, None)
+
+    def freed(self) -> None:
+        """After dropping (once per batch, not per message): wake the claimer, and the
+        shutdown once nothing is held."""
+        self.room.set()
+        if not self.held:
+            self.drained.set()
+
+    def forget(self, message_id: int, lease_version: int) -> None:
+        """Give a message up to its lease (a publisher bug, an outcome the database
+        refuses): the lease runs out and another claim takes it."""
+        self.drop(message_id, lease_version)
+        self.freed()
+
+    # -- leases -----------------------------------------------------------------------------
+
+    def due_for_renewal(self, now: float, after: float) -> list[Message]:
+        """Held messages whose lease was last renewed `after` seconds ago or more."""
+        renewed_at = self.renewed_at
+        return [m for i, m in self.held.items() if now - renewed_at.get(i, now) >= after]
+
+    def renewed(self, message_ids: Iterable[int], now: float) -> None:
+        for message_id in message_ids:
+            if message_id in self.renewed_at:  # still held
+                self.renewed_at[message_id] = now
