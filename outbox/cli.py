@@ -24,7 +24,7 @@ from outbox.cliutil import (
 )
 from outbox.filters import DeadFilter
 from outbox.maintenance import purge_done
-from outbox.query import fetch
+from outbox.runner import fetch
 from outbox.repair import Action, default_actor, repair, select_targets
 from outbox.schema import ORDERINGS, SchemaError, migrate, orderings, render_migration
 from outbox.settings import (

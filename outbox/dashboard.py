@@ -10,7 +10,7 @@ from datetime import datetime
 from psycopg import sql
 
 from outbox.queries import CLAIM_MARKER
-from outbox.query import Query
+from outbox.runner import Query
 from outbox.repair import Seen
 from outbox.table import Table
 

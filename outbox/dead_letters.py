@@ -2,7 +2,7 @@
 
 Everything that reads dead rows walks the `outbox_dead` partial index (newest first,
 keyset-paged on id), so a table with millions of done rows costs no more than one with
-none. Each read is a `Query` (outbox.query): the CLI and the TUI run the same definitions.
+none. Each read is a `Query` (outbox.runner): the CLI and the TUI run the same definitions.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from psycopg import sql
 
 from outbox.error_groups import ERROR_GROUP
 from outbox.filters import DeadFilter, where
-from outbox.query import Query, Row
+from outbox.runner import Query, Row
 from outbox.repair import Seen
 from outbox.table import Table
 

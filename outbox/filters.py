@@ -15,7 +15,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from outbox.error_groups import ERROR_GROUP
-from outbox.query import Query
+from outbox.runner import Query
 
 
 class FilterError(ValueError):

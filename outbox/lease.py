@@ -1,7 +1,8 @@
 """The lease protocol as typed async functions: claim, finalize, extend, release.
 
 Each call is one statement in its own short transaction (autocommit connections), so no
-lock or transaction is held while a message is published.
+lock or transaction is held while a message is published. Each runs as a `Query`
+(outbox.runner) of a statement from `outbox.queries`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import psycopg
 
 from outbox.models import Message, Outcome, OutcomeKind
 from outbox.queries import queries
+from outbox.runner import Query, Row, fetch_async
 from outbox.table import Table
 
 MAX_ERROR_LENGTH = 2000
@@ -43,10 +45,10 @@ async def claim(
     q = queries(table)
     statement = (q.claim_heads if by_aggregate else q.claim_ordered) if ordered else q.claim
     params = {"batch": batch, "owner": owner, "lease": lease, "max_attempts": max_attempts}
-    # Binary results: integers and timestamps decode faster than from text.
-    async with conn.cursor(binary=True) as cur:
-        await cur.execute(statement, params, prepare=prepare)
-        rows = await cur.fetchall()
+    return await fetch_async(conn, Query(statement, params, _messages, prepare, binary=True))
+
+
+def _messages(rows: list[Row]) -> list[Message]:
     messages = [Message._make(row) for row in rows]
     messages.sort(key=lambda m: m.id)  # RETURNING order is unspecified
     return messages
@@ -92,15 +94,15 @@ async def finalize_applied(
     versions = _bigint_array([o.lease_version for o in outcomes])
     if all(o.kind is OutcomeKind.DONE for o in outcomes):
         params: dict[str, object] = {"ids": ids, "versions": versions, "n": len(outcomes)}
-        async with conn.cursor() as cur:
-            await cur.execute(q.finalize_done, params)
-            row = await cur.fetchone()
-        assert row is not None
-        count, applied_ids, applied_versions = row
-        if count == len(outcomes):  # every row applied: the common case sends no ids back
-            return {(o.message_id, o.lease_version): "done" for o in outcomes}
-        pairs = zip(applied_ids or (), applied_versions or (), strict=True)  # type: ignore[call-overload]
-        return {(int(i), int(v)): "done" for i, v in pairs}
+
+        def done(rows: list[Row]) -> Applied:
+            count, applied_ids, applied_versions = rows[0]
+            if count == len(outcomes):  # every row applied: the common case sends no ids back
+                return {(o.message_id, o.lease_version): "done" for o in outcomes}
+            pairs = zip(applied_ids or (), applied_versions or (), strict=True)
+            return {(int(i), int(v)): "done" for i, v in pairs}
+
+        return await fetch_async(conn, Query(q.finalize_done, params, done))
     params = {
         "ids": ids,
         "versions": versions,
@@ -111,10 +113,11 @@ async def finalize_applied(
         "deferreds": [o.deferred for o in outcomes],
         "max_defer_age": max_defer_age,
     }
-    async with conn.cursor() as cur:
-        await cur.execute(q.finalize, params)
-        rows = await cur.fetchall()
-    return {(int(i), int(v)): str(status) for i, v, status in rows}  # type: ignore[call-overload]
+    return await fetch_async(conn, Query(q.finalize, params, _applied))
+
+
+def _applied(rows: list[Row]) -> Applied:
+    return {(int(i), int(v)): str(status) for i, v, status in rows}
 
 
 async def finalize(
@@ -157,9 +160,11 @@ async def extend(
         "versions": [m.lease_version for m in messages],
         "lease": lease,
     }
-    async with conn.cursor() as cur:
-        await cur.execute(queries(table).extend, params)
-        return {int(row[0]) for row in await cur.fetchall()}  # type: ignore[call-overload]
+    return await fetch_async(conn, Query(queries(table).extend, params, _renewed))
+
+
+def _renewed(rows: list[Row]) -> set[int]:
+    return {int(row[0]) for row in rows}
 
 
 async def release(conn: AsyncConn, table: Table, messages: Sequence[Message]) -> set[int]:

@@ -7,7 +7,7 @@
 
 Nothing here commits: the event becomes visible to workers exactly when the business change
 does. Both functions accept a sync or an async psycopg connection (one `Query`, see
-`outbox.query`); with an async one they return an awaitable.
+`outbox.runner`); with an async one they return an awaitable.
 
 Ordered dispatch needs ids of one aggregate to be committed in id order. When several
 transactions may write the same aggregate at once and the application does not already
@@ -25,7 +25,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from outbox.models import Event
-from outbox.query import Query, Row, run
+from outbox.runner import Query, Row, run
 from outbox.table import DEFAULT_TABLE_NAME, Table, text_constant
 
 _INSERT = sql.SQL(

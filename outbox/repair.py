@@ -7,7 +7,7 @@ change, the confirmation shows that count, and `repair` changes a row only if it
 re-claimed and failed again) changes its status or bumps its version, so nothing the
 operator did not see is touched. The same statement writes one row to the table's audit log
 (`<table>_actions`, schema v2). The CLI (`outbox requeue`/`skip`) and the TUI use the same
-queries (`outbox.query`).
+queries (`outbox.runner`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 
 from outbox import queries
 from outbox.filters import DeadFilter, where
-from outbox.query import Query, Row
+from outbox.runner import Query, Row
 from outbox.table import Table
 
 Action = Literal["requeue", "skip"]

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
+from outbox.runner import Query, Row, fetch, fetch_async, first_row
 from outbox.table import Table, text_constant
 
 SCHEMA_VERSION = 3
@@ -216,8 +217,8 @@ def _drop_ordering_index(table: Table) -> sql.Composed:
 _USABLE, _INVALID, _OTHER = "usable", "invalid", "other"
 
 
-def _ordering_index_query(table: Table) -> sql.Composed:
-    return sql.SQL(
+def _ordering_index(table: Table) -> Query[str | None]:
+    statement = sql.SQL(
         """SELECT i.indisvalid,
        am.amname = 'btree' AND NOT i.indisunique AND i.indexprs IS NULL
        AND ARRAY(SELECT a.attname::text
@@ -232,46 +233,35 @@ def _ordering_index_query(table: Table) -> sql.Composed:
         name=text_constant(_ordering_index_name(table)),
         predicate=sql.Literal("(status <> 'done'::text)"),
     )
+    return Query(statement, None, first_row(_parse_ordering_index))
 
 
-def _parse_ordering_index(row: tuple[object, ...] | None) -> str | None:
+def _parse_ordering_index(row: Row | None) -> str | None:
     if row is None:
         return None
     valid, ours = row
     return _OTHER if not ours else _USABLE if valid else _INVALID
 
 
-def _ordering_index_state(cur: psycopg.Cursor[tuple[object, ...]], table: Table) -> str | None:
-    cur.execute(_ordering_index_query(table))
-    return _parse_ordering_index(cur.fetchone())
-
-
-async def _ordering_index_state_async(
-    conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table
-) -> str | None:
-    async with conn.cursor() as cur:
-        await cur.execute(_ordering_index_query(table))
-        return _parse_ordering_index(await cur.fetchone())
-
-
 async def serves_ordering(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table) -> bool:
     """Whether the table has a usable ordering index (ordered mode's queries need it)."""
-    return await _ordering_index_state_async(conn, table) == _USABLE
+    return await fetch_async(conn, _ordering_index(table)) == _USABLE
 
 
 def orderings(conn: psycopg.Connection[tuple[object, ...]], table: Table) -> tuple[str, ...]:
     """The orderings the table serves as it is now."""
-    with conn.cursor() as cur:
-        usable = _ordering_index_state(cur, table) == _USABLE
+    usable = fetch(conn, _ordering_index(table)) == _USABLE
     return ORDERINGS if usable else ORDERINGS[:1]
 
 
-def _serve_ordering(cur: psycopg.Cursor[tuple[object, ...]], table: Table, ordering: str) -> None:
+def _serve_ordering(
+    conn: psycopg.Connection[tuple[object, ...]], table: Table, ordering: str
+) -> None:
     """Build or drop ordered mode's index, touching the table only when that changes
     something: even `CREATE INDEX IF NOT EXISTS` takes a lock that blocks inserts, and every
     replica may run the migration at start-up."""
     name = _ordering_index_name(table)
-    state = _ordering_index_state(cur, table)
+    state = fetch(conn, _ordering_index(table))
     if state == _OTHER:
         if ordering == "none":
             return  # not ours to drop
@@ -281,26 +271,26 @@ def _serve_ordering(cur: psycopg.Cursor[tuple[object, ...]], table: Table, order
         )
     if ordering == "none":
         if state is not None:
-            cur.execute(_drop_ordering_index(table))
+            conn.execute(_drop_ordering_index(table))
         return
     if state == _USABLE:
         return
     if state == _INVALID:
-        cur.execute(
+        building = conn.execute(
             sql.SQL(
                 "SELECT EXISTS (SELECT 1 FROM pg_stat_progress_create_index "
                 "WHERE relid = {t}::regclass)"
             ).format(t=table.regclass_literal)
-        )
-        if cur.fetchone() == (True,):
+        ).fetchone()
+        if building == (True,):
             raise SchemaError(
                 f"index {name} on {table} is being built (a CREATE INDEX CONCURRENTLY?); run "
                 "this again once that has ended"
             )
-        cur.execute(_drop_ordering_index(table))  # left by a failed build: IF NOT EXISTS keeps it
+        conn.execute(_drop_ordering_index(table))  # left by a failed build: IF NOT EXISTS keeps it
     for statement in ordering_statements(table, ordering):
-        cur.execute(statement)
-    if _ordering_index_state(cur, table) != _USABLE:  # the name is another relation's
+        conn.execute(statement)
+    if fetch(conn, _ordering_index(table)) != _USABLE:  # the name is another relation's
         raise SchemaError(
             f"could not build index {name} on {table}: another relation in its schema has "
             "that name; rename it, then run this again"
@@ -338,13 +328,14 @@ def render_migration(table: Table, ordering: str | None = None) -> str:
     )
 
 
-def _state_query(table: Table) -> sql.Composed:
-    return sql.SQL(
+def _state(table: Table) -> Query[tuple[bool, int | None]]:
+    statement = sql.SQL(
         "SELECT to_regclass({t}) IS NOT NULL, obj_description(to_regclass({t}), 'pg_class')"
     ).format(t=table.regclass_literal)
+    return Query(statement, None, first_row(_parse_state))
 
 
-def _parse_state(row: tuple[object, ...] | None) -> tuple[bool, int | None]:
+def _parse_state(row: Row | None) -> tuple[bool, int | None]:
     """(exists, version) where version is None for a table without our comment."""
     assert row is not None
     if not row[0]:
@@ -353,12 +344,14 @@ def _parse_state(row: tuple[object, ...] | None) -> tuple[bool, int | None]:
     return True, int(match.group(1)) if match else None
 
 
-def _columns_query(table: Table) -> sql.Composed:
-    return sql.SQL(
+def _columns(table: Table) -> Query[list[Row]]:
+    """(name, type, NOT NULL, has a default) of every column."""
+    statement = sql.SQL(
         "SELECT attname, format_type(atttypid, atttypmod), attnotnull, "
         "attidentity <> '' OR atthasdef FROM pg_attribute WHERE attrelid = {t}::regclass "
         "AND attnum > 0 AND NOT attisdropped"
     ).format(t=table.regclass_literal)
+    return Query(statement, None, list)
 
 
 def _missing(rows: list[tuple[object, ...]], *, migrated: bool = False) -> list[str]:
@@ -395,11 +388,6 @@ def shape_problems(rows: list[tuple[object, ...]]) -> str | None:
     return f"wrong columns: {'; '.join(misshapen)}" if misshapen else None
 
 
-def _shape_problems(cur: psycopg.Cursor[tuple[object, ...]], table: Table) -> str | None:
-    cur.execute(_columns_query(table))
-    return shape_problems(cur.fetchall())
-
-
 def migrate(
     conn: psycopg.Connection[tuple[object, ...]], table: Table, ordering: str | None = None
 ) -> tuple[int, int]:
@@ -410,14 +398,13 @@ def migrate(
     concurrently and repeatedly. Refuses a table newer than this code and a table of the
     right name but the wrong shape.
     """
-    with conn.transaction(), conn.cursor() as cur:
-        cur.execute(
+    with conn.transaction():
+        conn.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended('outbox-dispatcher migrate', 0))"
         )
-        cur.execute(_state_query(table))
-        exists, version = _parse_state(cur.fetchone())
+        exists, version = fetch(conn, _state(table))
         if exists and version is None:
-            problems = _shape_problems(cur, table)
+            problems = shape_problems(fetch(conn, _columns(table)))
             if problems:
                 raise SchemaError(f"table {table} exists but is not an outbox table ({problems})")
             version = 0  # adopt a hand-made table of the right shape: every step is idempotent
@@ -428,9 +415,9 @@ def migrate(
                 f"supports (v{SCHEMA_VERSION}); upgrade outbox-dispatcher"
             )
         for statement in migration_statements(table, current):
-            cur.execute(statement)
+            conn.execute(statement)
         if ordering is not None:
-            _serve_ordering(cur, table, ordering)
+            _serve_ordering(conn, table, ordering)
         return current, SCHEMA_VERSION
 
 
@@ -440,9 +427,7 @@ async def check_table(
     """Raise SchemaError unless the table exists at a version this code can use, and, when
     `ordered`, has the index ordered mode's every claim probes (without it each claim would
     read every unfinished row)."""
-    async with conn.cursor() as cur:
-        await cur.execute(_state_query(table))
-        exists, version = _parse_state(await cur.fetchone())
+    exists, version = await fetch_async(conn, _state(table))
     if not exists:
         raise SchemaError(
             f"table {table} does not exist; run `outbox migrate --table {table.argument}`"
@@ -456,9 +441,7 @@ async def check_table(
         )
     # The comment says "ours", but a column may have been dropped or altered since: every
     # claim would then fail, retried for ever. Refuse it here, naming what is wrong.
-    async with conn.cursor() as cur:
-        await cur.execute(_columns_query(table))
-        rows = await cur.fetchall()
+    rows = await fetch_async(conn, _columns(table))
     missing = _missing(rows, migrated=True)
     if missing:
         raise SchemaError(f"table {table} lacks required columns: {', '.join(missing)}")
@@ -466,7 +449,7 @@ async def check_table(
     if misshapen:
         raise SchemaError(f"table {table} has wrong columns: {'; '.join(misshapen)}")
     if ordered:
-        state = await _ordering_index_state_async(conn, table)
+        state = await fetch_async(conn, _ordering_index(table))
         if state != _USABLE:
             what = {None: "no index", _INVALID: "no valid index", _OTHER: "another index as"}
             raise SchemaError(

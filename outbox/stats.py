@@ -17,13 +17,12 @@ Ordered tables (`ordered=True`) add what can be claimed at all, since only the h
 aggregate is claimable: the heads are found by a skip scan of the `aggregate` index, one
 probe per aggregate with unfinished messages (at most `count_limit` of them).
 
-One statement serves sync and async connections alike: `stats_query` builds it, and
-`queue_stats` / `queue_stats_async` run it.
+One statement serves sync and async connections alike: `stats_query` builds it as a
+`Query` (outbox.runner), and `queue_stats` / `queue_stats_async` run it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from outbox.runner import Query, Row, fetch, fetch_async
 from outbox.table import Table
 
 # Counts stop here by default: a few milliseconds of index entries, and well past the point
@@ -132,19 +132,6 @@ def rates(before: QueueStats, after: QueueStats) -> Rates | None:
     else:
         completed = arrived - (after.backlog - before.backlog)
     return Rates(arrived / seconds, max(completed, 0) / seconds)
-
-
-@dataclass(frozen=True)
-class StatsQuery:
-    """One statement, its parameters and how its rows become a `QueueStats`.
-
-    The same shape as the admin queries (`statement`, `params`, `parse`), so either runner
-    executes it.
-    """
-
-    statement: sql.Composed
-    params: Mapping[str, Any]
-    parse: Callable[[list[tuple[Any, ...]]], QueueStats]
 
 
 def _bounded_count(t: sql.Composable, where: sql.SQL, order: sql.SQL) -> sql.Composed:
@@ -252,7 +239,7 @@ def _statement(table: Table, exact: bool, ordered: bool) -> sql.Composed:
     return sql.Composed([_HEADS.format(t=t), body]) if ordered else body
 
 
-def _build(table: Table, row: tuple[Any, ...], exact: bool, limit: int | None) -> QueueStats:
+def _build(table: Table, row: Row, exact: bool, limit: int | None) -> QueueStats:
     (now, pending, ready, processing, dead, done, expired, oldest, oldest_ready, ready_id) = row[
         :10
     ]
@@ -285,22 +272,23 @@ def _build(table: Table, row: tuple[Any, ...], exact: bool, limit: int | None) -
 
 def stats_query(
     table: Table, *, exact: bool = False, ordered: bool = False, count_limit: int = COUNT_LIMIT
-) -> StatsQuery:
+) -> Query[QueueStats]:
     """The snapshot statement: bounded counts (`count_limit`) unless `exact`; the claimable
     figures of an ordered table if `ordered`."""
     if count_limit < 1:
         raise ValueError("count_limit must be at least 1")
     limit = None if exact else count_limit
 
-    def parse(rows: list[tuple[Any, ...]]) -> QueueStats:
+    def parse(rows: list[Row]) -> QueueStats:
         return _build(table, rows[0], exact, limit)
 
-    return StatsQuery(_statement(table, exact, ordered), {"limit": limit or _UNBOUNDED}, parse)
+    return Query(_statement(table, exact, ordered), {"limit": limit or _UNBOUNDED}, parse)
 
 
 def _query(table: Table, exact: bool, ordered: bool = False) -> sql.Composable:
     """The statement with the default count limit written in, for EXPLAIN in plan guards."""
     query = stats_query(table, exact=exact, ordered=ordered)
+    assert query.params is not None
     text = query.statement.as_string(None).replace("%(limit)s", str(int(query.params["limit"])))
     return sql.SQL(text)  # composed from quoted parts above
 
@@ -313,8 +301,7 @@ def queue_stats(
     ordered: bool = False,
     count_limit: int = COUNT_LIMIT,
 ) -> QueueStats:
-    query = stats_query(table, exact=exact, ordered=ordered, count_limit=count_limit)
-    return query.parse(conn.execute(query.statement, query.params).fetchall())
+    return fetch(conn, stats_query(table, exact=exact, ordered=ordered, count_limit=count_limit))
 
 
 async def queue_stats_async(
@@ -326,5 +313,4 @@ async def queue_stats_async(
     count_limit: int = COUNT_LIMIT,
 ) -> QueueStats:
     query = stats_query(table, exact=exact, ordered=ordered, count_limit=count_limit)
-    cursor = await conn.execute(query.statement, query.params)
-    return query.parse(await cursor.fetchall())
+    return await fetch_async(conn, query)

@@ -12,7 +12,7 @@ from helpers import row, seed, statuses
 
 from outbox import dashboard, dead_letters, repair
 from outbox.filters import DeadFilter, FilterError, parse_filter
-from outbox.query import fetch, fetch_async
+from outbox.runner import fetch, fetch_async
 from outbox.repair import Seen
 from outbox.schema import SCHEMA_VERSION, migrate, migration_statements
 from outbox.table import Table

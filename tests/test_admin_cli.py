@@ -13,7 +13,7 @@ import pytest
 from helpers import row, seed, statuses
 
 from outbox import repair
-from outbox.query import fetch
+from outbox.runner import fetch
 from outbox.schema import MIGRATIONS, migration_statements
 from outbox.table import Table
 

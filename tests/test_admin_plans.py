@@ -12,7 +12,7 @@ from helpers import explain_prepared, seed, serve_ordering
 
 from outbox import dashboard, dead_letters, repair
 from outbox.filters import parse_filter
-from outbox.query import Query
+from outbox.runner import Query
 
 DONE_ROWS = 20_000
 DEAD_ROWS = 400

@@ -20,7 +20,7 @@ from textual.worker import WorkerCancelled
 from tui_fakes import FakeSource
 
 from outbox import repair
-from outbox.query import fetch
+from outbox.runner import fetch
 from outbox.stats import queue_stats
 from outbox.table import Table
 from outbox.tui.app import OutboxApp

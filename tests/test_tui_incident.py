@@ -19,7 +19,7 @@ from tui_fakes import NOW, FakeSource, clock, dead_messages, stats
 from outbox import dead_letters
 from outbox.dashboard import LeaseHolder
 from outbox.filters import FilterError, parse_filter
-from outbox.query import fetch
+from outbox.runner import fetch
 from outbox.tui.app import OutboxApp
 from outbox.tui.config import Config
 from outbox.tui.screens.confirm import ConfirmScreen

@@ -13,7 +13,7 @@ from textual.widgets import Input
 from tui_fakes import GROUP_KEYS, FakeSource, clock
 
 from outbox.queries import queries
-from outbox.query import fetch
+from outbox.runner import fetch
 from outbox.repair import repair, select_targets
 from outbox.tui.app import OutboxApp
 from outbox.tui.config import Config

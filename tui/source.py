@@ -23,7 +23,7 @@ from outbox import dashboard, dberrors, dead_letters, repair
 from outbox.dashboard import Blocked, BlockingHead, LeaseHolder, Session
 from outbox.dead_letters import DeadPage, ErrorGroup, MessageDetail
 from outbox.filters import DeadFilter, path_check
-from outbox.query import Query, fetch_async
+from outbox.runner import Query, fetch_async
 from outbox.repair import Action, ActionRecord, ActionResult, Seen
 from outbox.schema import SchemaError, check_table, serves_ordering
 from outbox.stats import QueueStats, queue_stats_async

@@ -33,7 +33,7 @@ from outbox.demo.embedded import free_port
 from outbox.demo.sink import Reply, Sink
 from outbox.models import Event
 from outbox.producer import enqueue
-from outbox.query import fetch
+from outbox.runner import fetch
 from outbox.repair import repair, select_targets
 from outbox.schema import migrate
 from outbox.settings import SettingError

@@ -1,0 +1,67 @@
+"""`Query[T]` (one statement, its parameters and how to read its rows) and its runners.
+
+This is the one way to run a statement that serves sync and async connections alike: the
+same definition runs on a sync connection (`fetch`: the CLI, migrations, scripts) and on an
+async one (`fetch_async`: the TUI, the operator, the worker's lease calls); `run` picks by
+the connection it is given, for APIs that accept either (the producer's). A query is a
+single statement: atomic on its own in autocommit mode, part of the caller's transaction
+otherwise. The statements themselves are composed where they belong (the lease protocol's
+in `outbox.queries`, the others beside the functions that use them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, overload
+
+import psycopg
+from psycopg import sql
+
+T = TypeVar("T")
+Row = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Query(Generic[T]):
+    """A composed statement, its parameters and how to turn its rows into a value."""
+
+    statement: sql.Composed
+    # None: a statement without placeholders, sent as it is.
+    params: Mapping[str, Any] | None
+    parse: Callable[[list[Row]], T]
+    # psycopg's: True sends it as a prepared statement, None leaves it to the connection's
+    # `prepare_threshold`.
+    prepare: bool | None = None
+    # Rows in binary: integers and timestamps decode faster than from text.
+    binary: bool = False
+
+
+def first_row(parse: Callable[[Row | None], T]) -> Callable[[list[Row]], T]:
+    """A `parse` for a statement that returns at most one row: `parse(row or None)`."""
+    return lambda rows: parse(rows[0] if rows else None)
+
+
+def fetch(conn: psycopg.Connection[Any], query: Query[T]) -> T:
+    cursor = conn.execute(query.statement, query.params, prepare=query.prepare, binary=query.binary)
+    return query.parse(cursor.fetchall())
+
+
+async def fetch_async(conn: psycopg.AsyncConnection[Any], query: Query[T]) -> T:
+    cursor = await conn.execute(
+        query.statement, query.params, prepare=query.prepare, binary=query.binary
+    )
+    return query.parse(await cursor.fetchall())
+
+
+@overload
+def run(conn: psycopg.Connection[Any], query: Query[T]) -> T: ...
+@overload
+def run(conn: psycopg.AsyncConnection[Any], query: Query[T]) -> Awaitable[T]: ...
+def run(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], query: Query[T]
+) -> T | Awaitable[T]:
+    """`fetch` on a sync connection; an awaitable `fetch_async` on an async one."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        return fetch_async(conn, query)
+    return fetch(conn, query)
