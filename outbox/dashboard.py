@@ -10,8 +10,8 @@ from datetime import datetime
 from psycopg import sql
 
 from outbox.queries import CLAIM_MARKER
-from outbox.runner import Query
 from outbox.repair import Seen
+from outbox.runner import Query
 from outbox.table import Table
 
 

@@ -15,8 +15,8 @@ from psycopg import sql
 
 from outbox.error_groups import ERROR_GROUP
 from outbox.filters import DeadFilter, where
-from outbox.runner import Query, Row
 from outbox.repair import Seen
+from outbox.runner import Query, Row
 from outbox.table import Table
 
 MAX_ID = 2**63 - 1

@@ -12,8 +12,8 @@ from helpers import row, seed, statuses
 
 from outbox import dashboard, dead_letters, repair
 from outbox.filters import DeadFilter, FilterError, parse_filter
-from outbox.runner import fetch, fetch_async
 from outbox.repair import Seen
+from outbox.runner import fetch, fetch_async
 from outbox.schema import SCHEMA_VERSION, migrate, migration_statements
 from outbox.table import Table
 from outbox.tui.session import configure_session

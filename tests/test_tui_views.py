@@ -13,8 +13,8 @@ from textual.widgets import Input
 from tui_fakes import GROUP_KEYS, FakeSource, clock
 
 from outbox.queries import queries
-from outbox.runner import fetch
 from outbox.repair import repair, select_targets
+from outbox.runner import fetch
 from outbox.tui.app import OutboxApp
 from outbox.tui.config import Config
 from outbox.tui.screens.blocked import BlockedScreen
