@@ -189,8 +189,8 @@ def ordering_statements(table: Table, ordering: str | None) -> list[sql.Composed
 
     Ordered mode asks "has this aggregate an unfinished earlier message?": one probe of this
     index, however many done rows the aggregate has. Every claim writes an entry in it (a
-    claimed row is not done), which costs an unordered claim about a fifth of its time and
-    7% of each message's WAL for nothing: so only a table whose workers order has it. Built
+    claimed row is not done), time and WAL an unordered claim would spend for nothing (what
+    it measured to: docs/protocol.md): so only a table whose workers order has it. Built
     in the migration's transaction: on a table that already holds many rows this blocks
     inserts while it reads the table (docs/protocol.md says how to build it concurrently).
     """

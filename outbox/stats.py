@@ -33,8 +33,9 @@ from psycopg import sql
 from outbox.runner import Query, Row, fetch, fetch_async
 from outbox.table import Table
 
-# Counts stop here by default: a few milliseconds of index entries, and well past the point
-# where an exact figure would change a scaling decision or what an operator does.
+# Counts stop here by default: a walk of at most this many index entries whatever the backlog
+# (what a snapshot measured to: docs/autoscaling.md), and well past the point where an exact
+# figure would change a scaling decision or what an operator does.
 COUNT_LIMIT = 10_000
 
 # `exact=True`: no bound in practice (PostgreSQL's LIMIT takes a bigint).

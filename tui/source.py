@@ -23,8 +23,8 @@ from outbox import dashboard, dberrors, dead_letters, repair
 from outbox.dashboard import Blocked, BlockingHead, LeaseHolder, Session
 from outbox.dead_letters import DeadPage, ErrorGroup, MessageDetail
 from outbox.filters import DeadFilter, path_check
-from outbox.runner import Query, fetch_async
 from outbox.repair import Action, ActionRecord, ActionResult, Seen
+from outbox.runner import Query, fetch_async
 from outbox.schema import SchemaError, check_table, serves_ordering
 from outbox.stats import QueueStats, queue_stats_async
 from outbox.table import Table
@@ -66,7 +66,7 @@ class Source(Protocol):
     # Ordered mode's figures (the claimable heads, blocked aggregates, a message's place in
     # its aggregate) probe the ordering index; without it each poll would read every
     # unfinished row, or every row of an aggregate. So each such read first looks the index
-    # up in the catalog (a few microseconds) and leaves those figures out without it; the
+    # up in the catalog (one small query) and leaves those figures out without it; the
     # status line says what to run (check).
     async def overview(self, ordered: bool) -> Overview: ...
 
