@@ -514,9 +514,29 @@ async def test_a_fatal_producer_error_replaces_the_producer_and_retries(conn, ds
 async def test_close_flushes_what_librdkafka_still_holds(cluster):
     publisher = _publisher(cluster, config={"linger.ms": "300"})
     await publisher.start()
-    publish = asyncio.create_task(publisher.publish(_message(id=41)))
+    publish = asyncio.create_task(publisher.publish_batch([_message(id=41)]))
     await wait_until(lambda: len(publisher._session.producer) == 1, timeout=5)
     publish.cancel()  # as when the dispatcher abandons a publish: the message is queued still
     await publisher.close()
     [delivered] = consume_all(cluster.bootstraps, "order", 1)
     assert json.loads(delivered.value())["id"] == 41
+
+
+async def test_a_batch_reports_each_message_in_order(cluster):
+    publisher = _publisher(cluster, topic="{event_type}", config={"message.max.bytes": "1000"})
+    cluster.create_topic("Paid", partitions=2, replication_factor=3)
+    await publisher.start()
+    try:
+        results = await publisher.publish_batch([
+            _message(id=1, event_type="Paid"),
+            _message(id=2, event_type=".."),  # renders an illegal topic
+            _message(id=3, event_type="Paid", payload_json=json.dumps("x" * 5000)),
+            _message(id=4, event_type="Paid"),
+        ])  # fmt: skip
+    finally:
+        await publisher.close()
+    assert [type(r) for r in results] == [type(None), PermanentError, PermanentError, type(None)]
+    assert str(results[1]) == "topic template '{event_type}' renders '..', not a legal topic"
+    assert str(results[2]).startswith("Kafka MSG_SIZE_TOO_LARGE: ")
+    consumed = consume_all(cluster.bootstraps, "Paid", 2)
+    assert sorted(json.loads(m.value())["id"] for m in consumed) == [1, 4]

@@ -7,10 +7,12 @@ headers `outbox-id`, `outbox-event-type`, `outbox-aggregate-type`, `outbox-attem
 session never duplicate or reorder; a re-publish after a lost lease does, so consumers
 dedup by the `outbox-id` header.
 
-A publish returns when the broker acknowledged the message. Delivery reports arrive on a
-background thread that calls `poll()` and hands each result to the event loop; librdkafka
-gives up on a message (`message.timeout.ms`) 1.5 s before the worker's publish timeout (half
-of it if shorter), so a slow delivery ends with librdkafka's own verdict, not a blind timeout.
+A batch publisher: the worker hands it the messages it holds, a batch at a time, and it
+produces them all, then returns a result per message once the broker acknowledged each (or
+refused it). Delivery reports arrive on a background thread that calls `poll()`; they fill the
+batch's results, and the last one wakes the event loop, once per batch. librdkafka gives up
+on a message (`message.timeout.ms`) 1.5 s before the worker's publish timeout (half of it if
+shorter), so a slow delivery ends with librdkafka's own verdict, not a blind timeout.
 
 Errors, by librdkafka error code (the dispatcher prefixes `permanent:` / `retryable:`):
 
@@ -47,7 +49,7 @@ import logging
 import re
 import string
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -105,7 +107,11 @@ _SENSITIVE = ("password", "secret", "key", "token", "oauthbearer.config")
 # How much earlier than the worker's publish timeout librdkafka gives up on a message.
 MESSAGE_TIMEOUT_MARGIN = 1.5
 
-Headers = list[tuple[str, str | bytes | None]]
+# A message refused because librdkafka's own queue is full (BufferError from produce()).
+QUEUE_FULL = (
+    "Kafka _QUEUE_FULL: the local producer queue is full "
+    "(queue.buffering.max.messages, queue.buffering.max.kbytes)"
+)
 
 # Most seconds a producer replaced after a fatal error gets to finish what it has in flight.
 RETIRE_FLUSH = 5.0
@@ -254,12 +260,58 @@ def message_timeout_ms(publish_timeout: float) -> int:
 # -- the producer ----------------------------------------------------------------------------
 
 
+class _Batch:
+    """The delivery reports of messages produced together, on one producer.
+
+    Each report writes its message's slot of the call's `results` and counts; the last one
+    completes `future` (one wake-up of the loop per batch, not one future per message).
+    Reports run on the poll thread, or on the thread closing the session; the future is
+    touched on the loop alone.
+    """
+
+    __slots__ = ("_loop", "end", "failed", "first", "future", "produced", "reported", "results")
+
+    def __init__(self, results: list[Any], first: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.results = results
+        self.first = self.end = first  # the slots [first, end) are this batch's
+        self.produced = -1  # not known until every message of the batch is produced
+        self.reported = 0
+        self.failed = 0
+        self.future: asyncio.Future[None] = loop.create_future()
+        self._loop = loop
+
+    def report(self, index: int, error: KafkaError | None, _: Any) -> None:
+        # Inside poll() or flush(). Anything raised here would surface from them: keep it
+        # to assignments and one call that cannot fail once the loop is closed.
+        self.results[index] = error
+        if error is not None:
+            self.failed += 1
+        self.reported += 1
+        if self.reported == self.produced:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                self._loop.call_soon_threadsafe(self.complete)
+
+    def seal(self, end: int, produced: int) -> None:
+        """Loop: every message of the batch was handed to librdkafka (or refused at once)."""
+        self.end = end
+        self.produced = produced
+        if self.reported == produced:  # all reported already, or nothing produced
+            self.complete()
+
+    def complete(self) -> None:
+        if not self.future.done():  # a batch past the publish timeout was cancelled
+            self.future.set_result(None)
+
+
+# The slot of a produced message whose delivery report has not arrived.
+_UNREPORTED: Any = object()
+
+
 class _Session:
     """One librdkafka producer and the thread serving its delivery reports.
 
-    Delivery callbacks run on the poll thread and only collect results; what one poll()
-    served goes to the event loop in one call (one wake-up of the loop per batch, not per
-    message). The futures are touched on the loop alone.
+    The poll thread runs the delivery callbacks, which only fill their batch's results; a
+    batch's last report wakes the loop once.
     """
 
     def __init__(
@@ -270,44 +322,19 @@ class _Session:
     ) -> None:
         self.producer = Producer(config)
         self.fatal: KafkaError | None = None
-        self.pending: set[asyncio.Future[KafkaError | None]] = set()
-        # Delivery reports served by the current poll() or flush(), not yet on the loop.
-        self._reports: list[tuple[asyncio.Future[KafkaError | None], KafkaError | None]] = []
-        self._loop = loop
+        self.loop = loop
+        # Batches with reports still to come (the loop's alone: added when produced,
+        # dropped once complete), so that a retired producer can end them.
+        self.pending: set[_Batch] = set()
         self._on_fatal = on_fatal
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="kafka-poll", daemon=True)
         self._thread.start()
 
-    def produce(
-        self, topic: str, key: bytes, value: bytes, headers: Headers
-    ) -> asyncio.Future[KafkaError | None]:
-        future: asyncio.Future[KafkaError | None] = self._loop.create_future()
-        self.producer.produce(
-            topic, value=value, key=key, headers=headers, on_delivery=partial(self._report, future)
-        )
-        self.pending.add(future)
-        return future
-
-    def _report(self, future: asyncio.Future[KafkaError | None], error: Any, _: Any) -> None:
-        # Inside poll() or flush(). Anything raised here would surface from them: keep it
-        # to an append, which cannot fail.
-        self._reports.append((future, error))
-
-    def _hand_over(self) -> None:
-        """Poll thread (or the closing thread): the reports collected so far to the loop."""
-        if self._reports:
-            reports, self._reports = self._reports, []
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                self._loop.call_soon_threadsafe(self._settle, reports)
-
-    def _settle(
-        self, reports: list[tuple[asyncio.Future[KafkaError | None], KafkaError | None]]
-    ) -> None:
-        for future, error in reports:
-            self.pending.discard(future)
-            if not future.done():  # a publish that timed out has cancelled its future
-                future.set_result(error)
+    def track(self, batch: _Batch) -> None:
+        if not batch.future.done():
+            self.pending.add(batch)
+            batch.future.add_done_callback(lambda _: self.pending.discard(batch))
 
     def _poll(self) -> None:
         while not self._stopping.is_set():
@@ -321,9 +348,7 @@ class _Session:
                     self.fatal = fatal
                     log.error("kafka producer fatal error: %s", fatal.str())
                     with contextlib.suppress(RuntimeError):
-                        self._loop.call_soon_threadsafe(self._on_fatal, self)
-            finally:
-                self._hand_over()
+                        self.loop.call_soon_threadsafe(self._on_fatal, self)
 
     def close(self, timeout: float) -> None:
         """Blocking: stop polling, deliver what is queued within `timeout`, purge the rest."""
@@ -337,8 +362,6 @@ class _Session:
                 self.producer.flush(1.0)  # serves the purged messages' delivery reports
         except KafkaException as exc:
             log.warning("kafka: flush on close failed: %s", _error_of(exc).str())
-        finally:
-            self._hand_over()  # the reports flush() served
         # Producer.close() (confluent-kafka 2.13+) flushes without a bound, so only once empty;
         # otherwise, or on older versions, dropping the last reference destroys the client.
         close = getattr(self.producer, "close", None)
@@ -422,7 +445,7 @@ class KafkaPublisher:
         # Rendering a topic is three regex substitutions; messages of one aggregate type and
         # event type share theirs (and the aggregate id, when the template uses it).
         self._by_id = "{aggregate_id}" in self.topic
-        self._topics: dict[tuple[str, str, str], str] = {}
+        self._routes: dict[tuple[str, str, str], tuple[str, bytes, bytes]] = {}
 
     def check_config(self) -> None:
         """Raise SettingError if librdkafka refuses the whole configuration.
@@ -465,12 +488,17 @@ class KafkaPublisher:
 
     async def _retire(self, session: _Session) -> None:
         await asyncio.to_thread(session.close, RETIRE_FLUSH)
-        # Every delivery report of the old producer reached the loop before to_thread
-        # returned; a message still without one has an unknown fate: it is sent again.
+        # Every delivery report of the old producer was served before to_thread returned,
+        # and the batches they completed were told first; a message still without one has an
+        # unknown fate: it is sent again.
         unknown = KafkaError(KafkaError._FATAL, "producer replaced before delivery was reported")
-        for future in session.pending:
-            if not future.done():
-                future.set_result(unknown)
+        for batch in list(session.pending):
+            results = batch.results
+            for index in range(batch.first, batch.end):
+                if results[index] is _UNREPORTED:
+                    results[index] = unknown
+                    batch.failed += 1
+            batch.complete()
         session.pending.clear()
 
     def _live_session(self) -> _Session:
@@ -479,57 +507,100 @@ class KafkaPublisher:
             self._replace(self._session)
         return self._session
 
-    def _produce(
-        self, topic: str, key: bytes, value: bytes, headers: Headers
-    ) -> tuple[_Session, asyncio.Future[KafkaError | None]]:
-        session = self._live_session()
-        try:
-            return session, session.produce(topic, key, value, headers)
-        except KafkaException as exc:
-            if not is_fatal(_error_of(exc)):
-                raise
-        # The producer turned fatal before its poll thread told us: once more on a new one.
-        self._replace(session)
-        session = self._live_session()
-        return session, session.produce(topic, key, value, headers)
-
-    def _topic(self, message: Message) -> str:
+    def _routing(self, message: Message) -> tuple[str, bytes, bytes]:
+        """The topic, and the event type and aggregate type headers, of a message."""
         key = (
             message.aggregate_type,
             message.event_type,
             message.aggregate_id if self._by_id else "",
         )
-        topic = self._topics.get(key)
-        if topic is None:
-            if len(self._topics) >= TOPIC_CACHE_SIZE:
-                self._topics.clear()
-            topic = self._topics[key] = render_topic(self.topic, message)  # may raise: uncached
-        return topic
+        routing = self._routes.get(key)
+        if routing is None:
+            if len(self._routes) >= TOPIC_CACHE_SIZE:
+                self._routes.clear()
+            topic = render_topic(self.topic, message)  # may raise: uncached
+            routing = (topic, message.event_type.encode(), message.aggregate_type.encode())
+            self._routes[key] = routing
+        return routing
 
-    async def publish(self, message: Message) -> None:
-        topic = self._topic(message)
-        headers: Headers = [
-            ("outbox-id", str(message.id).encode()),
-            ("outbox-event-type", message.event_type.encode()),
-            ("outbox-aggregate-type", message.aggregate_type.encode()),
-            ("outbox-attempt", str(message.attempts).encode()),
-        ]
-        try:
-            session, delivered = self._produce(
-                topic, message.aggregate_id.encode(), envelope(message).encode(), headers
-            )
-        except BufferError as exc:
-            raise RetryableError(
-                "Kafka _QUEUE_FULL: the local producer queue is full "
-                "(queue.buffering.max.messages, queue.buffering.max.kbytes)"
-            ) from exc
-        except KafkaException as exc:  # refused at once, e.g. larger than message.max.bytes
-            raise classify(_error_of(exc)) from exc
-        error = await delivered
-        if error is not None:
-            if is_fatal(error):
+    async def publish_batch(self, messages: Sequence[Message]) -> list[Exception | None]:
+        """Produce every message, then wait for their delivery reports: a result per message,
+        None when the broker acknowledged it, else its failure class."""
+        results: list[Any] = [None] * len(messages)
+        batches: list[tuple[_Session, _Batch]] = []
+        start, replaced = 0, False
+        while start < len(messages):
+            session = self._live_session()
+            batch = self._produce(session, messages, start, results, last_chance=replaced)
+            batches.append((session, batch))
+            start = batch.end
+            if start < len(messages):
+                # The producer turned fatal before its poll thread told us: the rest once
+                # more, on a new one.
                 self._replace(session)
-            raise classify(error)
+                replaced = True
+        for session, batch in batches:
+            await batch.future
+            if batch.failed:
+                for index in range(batch.first, batch.end):
+                    error = results[index]
+                    if isinstance(error, KafkaError):
+                        if is_fatal(error):
+                            self._replace(session)
+                        results[index] = classify(error)
+        return results
+
+    def _produce(
+        self,
+        session: _Session,
+        messages: Sequence[Message],
+        start: int,
+        results: list[Any],
+        *,
+        last_chance: bool,
+    ) -> _Batch:
+        """Hand messages from `start` on to the producer, until the end or until it turns
+        out fatal (then the batch ends before that message, unless `last_chance`). A
+        message refused at once gets its failure in `results` right away."""
+        batch = _Batch(results, start, session.loop)
+        produce, report, routing = session.producer.produce, batch.report, self._routing
+        produced, index = 0, start
+        try:
+            for index in range(start, len(messages)):
+                message = messages[index]
+                try:
+                    topic, event_type, aggregate_type = routing(message)
+                    # Before produce(): its report may come on the poll thread at once.
+                    results[index] = _UNREPORTED
+                    produce(
+                        topic,
+                        value=envelope(message).encode(),
+                        key=message.aggregate_id.encode(),
+                        headers=[
+                            ("outbox-id", str(message.id).encode()),
+                            ("outbox-event-type", event_type),
+                            ("outbox-aggregate-type", aggregate_type),
+                            ("outbox-attempt", str(message.attempts).encode()),
+                        ],
+                        on_delivery=partial(report, index),
+                    )
+                except PermanentError as exc:  # the topic renders illegal
+                    results[index] = exc
+                except BufferError:
+                    results[index] = RetryableError(QUEUE_FULL)
+                except KafkaException as exc:  # refused at once, e.g. over message.max.bytes
+                    error = _error_of(exc)
+                    if is_fatal(error) and not last_chance:
+                        results[index] = None
+                        return batch  # `finally` ends the batch before this message
+                    results[index] = classify(error)
+                else:
+                    produced += 1
+            index = len(messages)
+        finally:
+            batch.seal(index, produced)
+            session.track(batch)
+        return batch
 
     async def close(self) -> None:
         if self._session is not None:
