@@ -39,10 +39,10 @@ from kubernetes.aio.client import ApiClient, Configuration
 
 from bench.autoscale.contenders import KedaHpa
 from bench.env import Bench
+from outbox.controller.decision import Decision
 from outbox.controller.kube import Kube
 from outbox.controller.metrics import Metrics
 from outbox.controller.reconcile import Context, Dispatcher
-from outbox.controller.scaling import Decision
 from outbox.controller.settings import ControllerSettings
 from outbox.demo.sink import Reply, Sink
 from outbox.stats import QueueStats

@@ -22,12 +22,13 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from outbox.controller import status as st
 from outbox.controller.database import parse_dsn, parse_table, purge, read_backlog
+from outbox.controller.decision import Decision, Limits, Observed, SizingPolicy, decide
 from outbox.controller.kube import Kube
 from outbox.controller.leader import LeadershipLost
 from outbox.controller.metrics import Metrics
 from outbox.controller.render import TEMPLATE_HASH, render_deployment
 from outbox.controller.resource import deployment_name, selector_string
-from outbox.controller.scaling import ScalingPolicy, SizingPolicy
+from outbox.controller.scaling import ScalingPolicy
 from outbox.controller.settings import ControllerSettings
 from outbox.settings import format_duration, parse_duration
 from outbox.stats import QueueStats, rates
@@ -144,31 +145,6 @@ class Dispatcher:
         self._policy_spec = dict(scaling)
         return self._policy
 
-    def _decide(
-        self,
-        spec: Mapping[str, Any],
-        stats: QueueStats | None,
-        current: int,
-        ready: int,
-        problem: st.Problem | None,
-    ) -> st.Decision:
-        scaling = spec["scaling"]
-        explained = None
-        if stats is not None and problem is None:
-            # Asked on every pass, paused or pinned too: the policy learns from each reading.
-            explained = self._policy_for(scaling).decide_explained(
-                stats, replicas=current, ready_replicas=ready, paused=bool(spec.get("paused"))
-            )
-        fixed = st.fixed_decision(spec, current)
-        if fixed is not None:
-            return fixed
-        if explained is None:
-            why = problem.message if problem else "no backlog reading"
-            return st.Decision(current, "HoldingSize", f"size held: {why}")
-        return st.Decision(
-            st.bounded(explained.replicas, scaling), explained.reason, explained.message
-        )
-
     async def reconcile(self) -> None:
         body = self.body
         kube = self.context.kube
@@ -203,7 +179,11 @@ class Dispatcher:
             )
             deployment = None
         current = int(deployment["spec"].get("replicas", 0)) if deployment else 0
-        decision = self._decide(spec, stats, current, _ready(deployment), problem)
+        decision = decide(
+            Observed(stats, problem, current, _ready(deployment)),
+            Limits.from_spec(spec),
+            lambda: self._policy_for(spec["scaling"]),
+        )
 
         if problem is None:
             deployment = await self._apply(body, deployment, decision.replicas)
@@ -312,7 +292,7 @@ class Dispatcher:
         body: Mapping[str, Any],
         before: Mapping[str, Any],
         deployment: Mapping[str, Any] | None,
-        decision: st.Decision,
+        decision: Decision,
         stats: QueueStats | None,
         problem: st.Problem | None,
         generation: int,

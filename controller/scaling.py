@@ -10,7 +10,12 @@
 the resource's lifetime: it learns from the snapshots it is given (arrival rates, the
 workers' drain rate, how long the queue has been idle). `paused` is an argument of each call,
 not a key of `scaling`, because it is `spec.paused` and may flip at any time without the
-history being lost.
+history being lost: while paused the policy learns and sizes nothing.
+
+The policy's answer keeps the same limits the operator's decide step applies
+(`decision.Limits`: paused, then `minReplicas..maxReplicas`), so that alone (tests, the
+simulation) it says what the operator would run, and it learns start-up delays from the
+count it will really get.
 
 The policy is a pure function of the snapshots it has seen: no clock (time is
 `stats.sampled_at`, the database's), no I/O, deterministic. In words (docs/autoscaling.md
@@ -45,8 +50,9 @@ import statistics
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from typing import Any
 
+from outbox.controller.decision import Decision, Limits
 from outbox.stats import QueueStats, rates
 
 # How long a new pod takes from being asked for to claiming messages (image pull, start,
@@ -128,6 +134,9 @@ class ScalingSettings:
         """The settings as `spec.scaling` (camelCase keys)."""
         return {_camel(f.name): getattr(self, f.name) for f in fields(self)}
 
+    def limits(self, *, paused: bool) -> Limits:
+        return Limits(int(self.min_replicas), int(self.max_replicas), paused=paused)
+
     def _check(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
@@ -142,26 +151,6 @@ class ScalingSettings:
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part.title() for part in rest)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """A replica count and why, in the shape of a Kubernetes Event (reason, message)."""
-
-    replicas: int
-    reason: str  # CamelCase, e.g. Backlog, ArrivalRate, Idle, Paused
-    message: str
-
-
-class SizingPolicy(Protocol):
-    """What the operator asks of a policy on every pass (`ScalingPolicy` is the one it ships;
-    the benchmark plugs KEDA's models in through the same door)."""
-
-    def decide_explained(
-        self, stats: QueueStats, *, replicas: int, ready_replicas: int, paused: bool = False
-    ) -> Decision: ...
-
-    def reconfigure(self, scaling: Mapping[str, Any] | None) -> None: ...
 
 
 class DrainRate:
@@ -339,11 +328,10 @@ class ScalingPolicy:
         work = _Work.of(stats)
         self._learn(work, ready_replicas)
         self.startup_delay.observe(work.at, replicas, ready_replicas)
-        decision = (
-            Decision(0, "Paused", "spec.paused is true")
-            if paused
-            else self._size(work, replicas, ready_replicas)
-        )
+        limits = self.settings.limits(paused=paused)
+        decision = limits.fixed()  # paused: no sizing, so no rates held, no burst, no probe
+        if decision is None:
+            decision = limits.bound(self._size(work, replicas, ready_replicas))
         if decision.replicas > replicas:
             self.startup_delay.asked(work.at, decision.replicas, ready_replicas)
         self.last_decision = decision
@@ -533,16 +521,4 @@ class ScalingPolicy:
             reason, message = "IdleStabilizing", f"idle for {work.at - self._idle_since:.0f}s"
         elif n == 0:
             reason, message = "Idle", f"nothing claimable or in flight for {window:.0f}s"
-        return self._bounded(n, reason, message, work)
-
-    def _bounded(self, n: int, reason: str, message: str, work: _Work) -> Decision:
-        s = self.settings
-        if n > s.max_replicas:
-            n, reason = s.max_replicas, "MaxReplicas"
-            message = f"wanted more: {message}"
-        if n < s.min_replicas:
-            # Say what the floor raised, not only why fewer were wanted ("idle for 0s" alone
-            # reads oddly on a wake-up to the minimum).
-            message = f"minReplicas is {s.min_replicas}; wanted {n}: {message}"
-            n, reason = s.min_replicas, "MinReplicas"
         return Decision(n, reason, message)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from outbox.controller.decision import Decision
 from outbox.stats import QueueStats, Rates
 
 READY = "Ready"
@@ -98,34 +99,6 @@ def backlog_status(stats: QueueStats, rates: Rates | None) -> dict[str, Any]:
         status["arrivalRate"] = round(rates.arrivals_per_second, 3)
         status["completionRate"] = round(rates.completions_per_second, 3)
     return status
-
-
-@dataclass(frozen=True)
-class Decision:
-    """How many workers to run, and why (the Scaling condition's reason and message)."""
-
-    replicas: int
-    reason: str
-    message: str
-
-
-def bounded(replicas: int, scaling: Mapping[str, Any]) -> int:
-    """Never past maxReplicas, never under minReplicas, whatever asked for the count."""
-    return max(int(scaling["minReplicas"]), min(int(scaling["maxReplicas"]), replicas))
-
-
-def fixed_decision(spec: Mapping[str, Any], current: int) -> Decision | None:
-    """The count when the autoscaler has no say: paused, or pinned by spec.replicas."""
-    if spec.get("paused"):
-        return Decision(0, "Paused", "spec.paused is true: no workers run")
-    if spec.get("replicas") is not None:
-        pinned = min(int(spec["replicas"]), int(spec["scaling"]["maxReplicas"]))
-        return Decision(
-            pinned,
-            "ReplicasPinned",
-            f"spec.replicas pins {pinned} workers; remove it to autoscale",
-        )
-    return None
 
 
 def scaling_condition(decision: Decision, running: int | None) -> Condition:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from outbox.controller import status as st
+from outbox.controller.decision import Decision
 from outbox.stats import QueueStats, Rates
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -63,20 +64,6 @@ def test_conditions_keep_one_entry_per_type_in_a_stable_order() -> None:
     assert merged[1]["status"] == "Unknown"
 
 
-def test_paused_wins_over_a_pinned_count_and_pinned_is_capped_at_max() -> None:
-    scaling = {"minReplicas": 1, "maxReplicas": 4}
-    paused = st.fixed_decision({"paused": True, "replicas": 3, "scaling": scaling}, 2)
-    assert paused is not None and paused.replicas == 0 and paused.reason == "Paused"
-    pinned = st.fixed_decision({"paused": False, "replicas": 9, "scaling": scaling}, 2)
-    assert pinned is not None and pinned.replicas == 4 and pinned.reason == "ReplicasPinned"
-    assert st.fixed_decision({"paused": False, "scaling": scaling}, 2) is None
-
-
-def test_bounded_never_leaves_min_and_max() -> None:
-    scaling = {"minReplicas": 1, "maxReplicas": 4}
-    assert [st.bounded(n, scaling) for n in (0, 1, 3, 4, 50)] == [1, 1, 3, 4, 4]
-
-
 def test_ready_condition() -> None:
     assert st.ready_condition(0, 0).reason == "ScaledToZero"
     assert st.ready_condition(2, 3).status is False
@@ -101,7 +88,7 @@ def test_backlog_status_reports_counts_age_and_rates() -> None:
 
 
 def test_scaling_is_true_while_the_pods_have_not_reached_the_decided_count() -> None:
-    decision = st.Decision(3, "Backlog", "3 workers for the backlog")
+    decision = Decision(3, "Backlog", "3 workers for the backlog")
     assert st.scaling_condition(decision, 1).status is True
     assert st.scaling_condition(decision, 3).status is False
     assert st.scaling_condition(decision, None).status is False  # no Deployment yet

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from outbox.controller.decision import Decision
 from outbox.controller.scaling import (
     STALE_AFTER_SECONDS,
     STARTUP_DELAY_SECONDS,
-    Decision,
     ScalingPolicy,
     ScalingSettings,
 )

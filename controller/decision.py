@@ -1,0 +1,131 @@
+"""The decide step: how many workers a resource runs now, and why.
+
+Pure: no Kubernetes, no database, no clock. A pass reads (`reconcile.py`), decides here,
+applies the decision to the Deployment and reports it. The rules, first match wins:
+
+1. `spec.paused` → 0 (`Paused`).
+2. `spec.replicas` → that count, never past `maxReplicas` (`ReplicasPinned`).
+3. No usable reading of the table → the current size (`HoldingSize`): workers are neither
+   added nor removed blind.
+4. Otherwise the sizing policy's answer, within `minReplicas..maxReplicas` (`MinReplicas`,
+   `MaxReplicas` say when a bound changed it).
+
+The policy is asked on every pass that has a reading, paused or pinned too: it learns from
+each one. A rule that needs another input (e.g. a destination's health) takes it from
+`Observed` and goes into `decide` between the policy's answer and the bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from outbox.stats import QueueStats
+
+if TYPE_CHECKING:  # status.py reports decisions: it imports this module
+    from outbox.controller.status import Problem
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A replica count and why, in the shape of a Kubernetes Event (reason, message); the
+    reason and message are the Scaling condition's."""
+
+    replicas: int
+    reason: str  # CamelCase, e.g. Backlog, ArrivalRate, Idle, Paused
+    message: str
+
+
+PAUSED = Decision(0, "Paused", "spec.paused is true: no workers run")
+
+
+class SizingPolicy(Protocol):
+    """What the decide step asks of a policy on every pass that has a reading
+    (`scaling.ScalingPolicy` is the one the operator ships; the benchmark plugs KEDA's models
+    in through the same door). `paused` says the spec holds the workers at zero: the policy
+    learns from the reading and sizes nothing."""
+
+    def decide_explained(
+        self, stats: QueueStats, *, replicas: int, ready_replicas: int, paused: bool = False
+    ) -> Decision: ...
+
+    def reconfigure(self, scaling: Mapping[str, Any] | None) -> None: ...
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the spec says of the count whatever the policy wants: paused, pinned, bounds."""
+
+    min_replicas: int
+    max_replicas: int
+    paused: bool = False
+    pinned: int | None = None  # spec.replicas
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> Limits:
+        scaling = spec["scaling"]
+        pinned = spec.get("replicas")
+        return cls(
+            min_replicas=int(scaling["minReplicas"]),
+            max_replicas=int(scaling["maxReplicas"]),
+            paused=bool(spec.get("paused")),
+            pinned=None if pinned is None else int(pinned),
+        )
+
+    def fixed(self) -> Decision | None:
+        """The count when the policy has no say: paused (which wins), or pinned."""
+        if self.paused:
+            return PAUSED
+        if self.pinned is not None:
+            pinned = min(self.pinned, self.max_replicas)
+            message = f"spec.replicas pins {pinned} workers; remove it to autoscale"
+            return Decision(pinned, "ReplicasPinned", message)
+        return None
+
+    def bound(self, wanted: Decision) -> Decision:
+        """Never past maxReplicas, never under minReplicas, whatever asked for the count."""
+        n, reason, message = wanted.replicas, wanted.reason, wanted.message
+        if n > self.max_replicas:
+            n, reason, message = self.max_replicas, "MaxReplicas", f"wanted more: {message}"
+        if n < self.min_replicas:
+            # Say what the floor raised, not only why fewer were wanted ("idle for 0s" alone
+            # reads oddly on a wake-up to the minimum).
+            message = f"minReplicas is {self.min_replicas}; wanted {n}: {message}"
+            n, reason = self.min_replicas, "MinReplicas"
+        return Decision(n, reason, message)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the read step found that the count depends on."""
+
+    stats: QueueStats | None  # None: the table could not be read
+    problem: Problem | None  # why the resource cannot be served, if it cannot
+    replicas: int  # the Deployment's spec.replicas (0 without one of ours)
+    ready_replicas: int
+
+    @property
+    def reading(self) -> QueueStats | None:
+        """The stats the policy may size on: none while a problem stands."""
+        return self.stats if self.problem is None else None
+
+
+def decide(observed: Observed, limits: Limits, policy: Callable[[], SizingPolicy]) -> Decision:
+    """The count to run now (the module's rules). `policy` gives the resource's policy; it
+    is called only when there is a reading to learn from."""
+    wanted = None
+    if observed.reading is not None:
+        wanted = policy().decide_explained(
+            observed.reading,
+            replicas=observed.replicas,
+            ready_replicas=observed.ready_replicas,
+            paused=limits.paused,
+        )
+    fixed = limits.fixed()
+    if fixed is not None:
+        return fixed
+    if wanted is None:
+        why = observed.problem.message if observed.problem else "no backlog reading"
+        return Decision(observed.replicas, "HoldingSize", f"size held: {why}")
+    return limits.bound(wanted)

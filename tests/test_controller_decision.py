@@ -1,0 +1,142 @@
+"""The decide step: the count a pass runs and why, from what it read (no Kubernetes, no
+database: hand-made stats and the real scaling policy)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from outbox.controller.decision import (
+    PAUSED,
+    Decision,
+    Limits,
+    Observed,
+    SizingPolicy,
+    decide,
+)
+from outbox.controller.scaling import ScalingPolicy
+from outbox.controller.status import Problem
+from outbox.stats import QueueStats
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+SCALING = {"minReplicas": 1, "maxReplicas": 4}
+
+
+def backlog(t: float = 0, *, ready: int = 5000, age: float = 120.0) -> QueueStats:
+    return QueueStats(
+        table="outbox",
+        sampled_at=T0 + timedelta(seconds=t),
+        pending=ready,
+        ready=ready,
+        processing=0,
+        dead=0,
+        done=0,
+        done_is_estimate=False,
+        expired_leases=0,
+        oldest_pending_age=age,
+        oldest_ready_age=age,
+        max_id=ready,
+        attempts={},
+    )
+
+
+def limits(**spec: Any) -> Limits:
+    return Limits.from_spec({"scaling": SCALING, **spec})
+
+
+def never() -> SizingPolicy:
+    raise AssertionError("the policy was asked without a reading")
+
+
+class Wants:
+    """A policy that wants a fixed count and ignores the bounds (as the benchmark's KEDA
+    models do)."""
+
+    def __init__(self, replicas: int) -> None:
+        self.replicas = replicas
+
+    def decide_explained(
+        self, stats: QueueStats, *, replicas: int, ready_replicas: int, paused: bool = False
+    ) -> Decision:
+        return Decision(self.replicas, "KedaHpa", "metric 9.0, target 1 per replica")
+
+    def reconfigure(self, scaling: Mapping[str, Any] | None) -> None:
+        pass
+
+
+def test_paused_wins_over_a_pinned_count_and_pinned_is_capped_at_max() -> None:
+    scaling = {"minReplicas": 1, "maxReplicas": 4}
+    paused = Limits.from_spec({"paused": True, "replicas": 3, "scaling": scaling}).fixed()
+    assert paused is not None and paused.replicas == 0 and paused.reason == "Paused"
+    pinned = Limits.from_spec({"paused": False, "replicas": 9, "scaling": scaling}).fixed()
+    assert pinned is not None and pinned.replicas == 4 and pinned.reason == "ReplicasPinned"
+    assert Limits.from_spec({"paused": False, "scaling": scaling}).fixed() is None
+
+
+def test_bounded_never_leaves_min_and_max() -> None:
+    bounds = Limits.from_spec({"scaling": {"minReplicas": 1, "maxReplicas": 4}})
+    wanted = [Decision(n, "Backlog", "") for n in (0, 1, 3, 4, 50)]
+    assert [bounds.bound(d).replicas for d in wanted] == [1, 1, 3, 4, 4]
+
+
+def test_paused_is_zero_with_or_without_a_reading_and_the_policy_still_learns() -> None:
+    policy = ScalingPolicy(SCALING)
+    read = Observed(backlog(), None, replicas=3, ready_replicas=3)
+    assert decide(read, limits(paused=True), lambda: policy) == PAUSED
+    assert policy.last_decision == PAUSED  # asked, told it is paused: it sized nothing
+    broken = Observed(None, Problem("SecretNotFound", "no Secret"), replicas=3, ready_replicas=3)
+    assert decide(broken, limits(paused=True, replicas=2), never) == PAUSED
+
+
+def test_a_pinned_count_wins_but_the_policy_is_asked_and_learns() -> None:
+    policy = ScalingPolicy(SCALING)
+    read = Observed(backlog(), None, replicas=1, ready_replicas=1)
+    decision = decide(read, limits(replicas=9), lambda: policy)
+    assert (decision.replicas, decision.reason) == (4, "ReplicasPinned")
+    assert policy.last_decision is not None and policy.last_decision.reason != "ReplicasPinned"
+
+
+@pytest.mark.parametrize("stats", [None, backlog()], ids=["unread", "read"])
+def test_a_problem_holds_the_current_size_without_asking_the_policy(stats) -> None:
+    # With stats too: a Deployment that is not ours is read, but nothing is sized for it.
+    problem = Problem("DeploymentNotOwned", "Deployment default/orders-worker is not ours")
+    decision = decide(Observed(stats, problem, replicas=2, ready_replicas=1), limits(), never)
+    assert decision == Decision(2, "HoldingSize", f"size held: {problem.message}")
+
+
+def test_the_scaling_policys_answer_is_the_decision() -> None:
+    policy = ScalingPolicy(SCALING)
+    decision = decide(Observed(backlog(), None, 1, 1), limits(), lambda: policy)
+    assert decision == policy.last_decision
+    assert SCALING["minReplicas"] <= decision.replicas <= SCALING["maxReplicas"]
+
+
+@pytest.mark.parametrize(
+    ("wanted", "replicas", "reason", "says"),
+    [
+        (0, 1, "MinReplicas", "minReplicas is 1; wanted 0: metric 9.0"),
+        (9, 4, "MaxReplicas", "wanted more: metric 9.0"),
+        (3, 3, "KedaHpa", "metric 9.0"),
+    ],
+)
+def test_any_policys_answer_is_kept_within_the_bounds(wanted, replicas, reason, says) -> None:
+    decision = decide(Observed(backlog(), None, 2, 2), limits(), lambda: Wants(wanted))
+    assert (decision.replicas, decision.reason) == (replicas, reason)
+    assert decision.message.startswith(says), decision.message
+
+
+def test_the_policy_is_built_only_when_there_is_a_reading() -> None:
+    built: list[SizingPolicy] = []
+
+    def policy() -> SizingPolicy:
+        built.append(ScalingPolicy(SCALING))
+        return built[-1]
+
+    problem = Problem("DatabaseUnreachable", "cannot connect", database=True)
+    decide(Observed(None, problem, 1, 1), limits(), policy)
+    assert built == []
+    decide(Observed(backlog(), None, 1, 1), limits(), policy)
+    assert len(built) == 1
