@@ -1,11 +1,16 @@
 """One resource's loop: check what it needs, keep its Deployment in line, size it, report.
 
-A `Dispatcher` runs for each OutboxDispatcher while this replica leads. Every
-`pollIntervalSeconds` (and at once when the spec changes) it reconciles from scratch: read
-the Secret, check the table and read the backlog, render the Deployment and create or replace
-it when its template changed, ask the scaling policy for a size, write the status. Nothing is
-remembered that the cluster does not hold, except the scaling policy's window and the last
-backlog reading (for rates), so a restarted operator converges on its first pass.
+A `Dispatcher` runs for each OutboxDispatcher resource while this replica leads (it is the
+resource's reconcile loop; the workers dispatch the messages). Every `pollIntervalSeconds`
+(and at once when the spec changes) it reconciles from scratch, in four steps:
+
+1. read: the Secret, the table's check and backlog, the Deployment if it is ours (`Reading`);
+2. decide: the worker count and why (`decision.decide`, pure);
+3. apply: create, replace or resize the Deployment; purge done rows (`Applied`);
+4. report: metrics, Events, the status (its content from `status`, pure).
+
+Nothing is remembered that the cluster does not hold, except the scaling policy's window and
+the last backlog reading (for rates), so a restarted operator converges on its first pass.
 """
 
 from __future__ import annotations
@@ -27,11 +32,11 @@ from outbox.controller.kube import Kube
 from outbox.controller.leader import LeadershipLost
 from outbox.controller.metrics import Metrics
 from outbox.controller.render import TEMPLATE_HASH, render_deployment
-from outbox.controller.resource import deployment_name, selector_string
+from outbox.controller.resource import deployment_name
 from outbox.controller.scaling import ScalingPolicy
 from outbox.controller.settings import ControllerSettings
 from outbox.settings import format_duration, parse_duration
-from outbox.stats import QueueStats, rates
+from outbox.stats import QueueStats
 
 log = logging.getLogger("outbox.controller")
 
@@ -49,8 +54,50 @@ class Context:
     metrics: Metrics
 
 
+@dataclass(frozen=True)
+class Reading:
+    """What one pass read, before anything is decided or written."""
+
+    body: Mapping[str, Any]  # the resource as this pass saw it (newer events may arrive)
+    now: datetime
+    status_before: Mapping[str, Any]
+    dsn: str  # "" when the inputs are unusable
+    stats: QueueStats | None
+    problem: st.Problem | None
+    deployment: Mapping[str, Any] | None  # ours; None when there is none of ours
+
+    @property
+    def spec(self) -> Mapping[str, Any]:
+        spec: Mapping[str, Any] = self.body["spec"]
+        return spec
+
+    @property
+    def generation(self) -> int:
+        return int(self.body["metadata"].get("generation") or 0)
+
+    @property
+    def replicas(self) -> int:
+        return int(self.deployment["spec"].get("replicas", 0)) if self.deployment else 0
+
+    @property
+    def observed(self) -> Observed:
+        ready = int(((self.deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+        return Observed(self.stats, self.problem, self.replicas, ready)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What one pass changed."""
+
+    deployment: Mapping[str, Any] | None  # as it stands after the pass
+    scaled: bool  # the Deployment's replica count was changed
+    purged: int | None  # done rows deleted; None when no purge ran (or it failed)
+
+
 @dataclass
 class Dispatcher:
+    """The reconcile loop of one OutboxDispatcher resource (see the module)."""
+
     context: Context
     body: Mapping[str, Any]
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -111,7 +158,22 @@ class Dispatcher:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=interval)
 
-    # -- one pass -------------------------------------------------------------------------------
+    # -- one pass: read, decide, apply, report --------------------------------------------------
+
+    async def reconcile(self) -> None:
+        if self.body["metadata"].get("deletionTimestamp"):
+            # Being deleted (e.g. foreground: it waits for its Deployment to go); recreating
+            # the Deployment now would hold the deletion up for ever.
+            return
+        reading = await self._read()
+        spec = reading.spec
+        decision = decide(
+            reading.observed, Limits.from_spec(spec), lambda: self._policy_for(spec["scaling"])
+        )
+        applied = await self._apply(reading, decision)
+        await self._report(reading, decision, applied)
+
+    # -- read -----------------------------------------------------------------------------------
 
     def _check_publisher(self, spec: Mapping[str, Any]) -> None:
         kind = spec["publisher"]["type"]
@@ -135,6 +197,33 @@ class Dispatcher:
         ordered = spec.get("ordering") == "aggregate"
         return dsn, await read_backlog(dsn, table, ordered=ordered)
 
+    async def _read(self) -> Reading:
+        body = self.body
+        # What this replica wrote last is newer than a body whose watch event is still on its way.
+        status_before: Mapping[str, Any] = self._last_status or body.get("status") or {}
+        now = datetime.now(UTC)
+        problem: st.Problem | None = None
+        stats: QueueStats | None = None
+        dsn = ""
+        try:
+            dsn, stats = await self._backlog(body["spec"])
+        except st.Problem as exc:
+            problem = exc
+        name = deployment_name(self.name)
+        deployment = await self.context.kube.deployment(self.namespace, name)
+        if deployment is not None and not _owned_by(deployment, body["metadata"].get("uid")):
+            # Someone else's Deployment (or a deleted namesake's, about to be collected):
+            # never taken over, never resized.
+            problem = st.Problem(
+                "DeploymentNotOwned",
+                f"Deployment {self.namespace}/{name} exists and does not belong to this "
+                "resource; delete or rename it",
+            )
+            deployment = None
+        return Reading(body, now, status_before, dsn, stats, problem, deployment)
+
+    # -- decide ---------------------------------------------------------------------------------
+
     def _policy_for(self, scaling: Mapping[str, Any]) -> SizingPolicy:
         # One policy per resource, kept between passes (it holds the stabilization window and
         # what it learned), given the new settings when spec.scaling changes.
@@ -145,82 +234,24 @@ class Dispatcher:
         self._policy_spec = dict(scaling)
         return self._policy
 
-    async def reconcile(self) -> None:
-        body = self.body
-        kube = self.context.kube
-        spec = body["spec"]
-        meta = body["metadata"]
-        if meta.get("deletionTimestamp"):
-            # Being deleted (e.g. foreground: it waits for its Deployment to go); recreating
-            # the Deployment now would hold the deletion up for ever.
-            return
-        generation = int(meta.get("generation") or 0)
-        # What this replica wrote last is newer than a body whose watch event is still on its way.
-        status_before: Mapping[str, Any] = self._last_status or body.get("status") or {}
-        now = datetime.now(UTC)
+    # -- apply ----------------------------------------------------------------------------------
 
-        problem: st.Problem | None = None
-        stats: QueueStats | None = None
-        dsn = ""
-        try:
-            dsn, stats = await self._backlog(spec)
-        except st.Problem as exc:
-            problem = exc
-
-        name = deployment_name(self.name)
-        deployment = await kube.deployment(self.namespace, name)
-        if deployment is not None and not _owned_by(deployment, meta.get("uid")):
-            # Someone else's Deployment (or a deleted namesake's, about to be collected):
-            # never taken over, never resized.
-            problem = st.Problem(
-                "DeploymentNotOwned",
-                f"Deployment {self.namespace}/{name} exists and does not belong to this "
-                "resource; delete or rename it",
-            )
-            deployment = None
-        current = int(deployment["spec"].get("replicas", 0)) if deployment else 0
-        decision = decide(
-            Observed(stats, problem, current, _ready(deployment)),
-            Limits.from_spec(spec),
-            lambda: self._policy_for(spec["scaling"]),
-        )
-
-        if problem is None:
-            deployment = await self._apply(body, deployment, decision.replicas)
-        elif deployment is not None and decision.replicas != current:
+    async def _apply(self, reading: Reading, decision: Decision) -> Applied:
+        deployment = reading.deployment
+        if reading.problem is None:
+            deployment = await self._apply_deployment(reading.body, deployment, decision.replicas)
+        elif deployment is not None and decision.replicas != reading.replicas:
             # Paused or pinned while the inputs are broken: resize, keep the last good template.
-            await kube.scale_deployment(self.namespace, name, decision.replicas)
-        scaled = deployment is not None and decision.replicas != current
-        if scaled:
-            direction = "up" if decision.replicas > current else "down"
-            self.context.metrics.scale_decisions.labels(self.namespace, self.name, direction).inc()
-            log.info("%s/%s: %d -> %d workers (%s): %s", self.namespace, self.name, current,
-                     decision.replicas, decision.reason, decision.message)  # fmt: skip
-            await kube.event(
-                body,
-                "Normal",
-                "ScaledUp" if direction == "up" else "ScaledDown",
-                f"{current} -> {decision.replicas} workers: {decision.message}",
+            await self.context.kube.scale_deployment(
+                self.namespace, deployment_name(self.name), decision.replicas
             )
+        purged = None
+        if reading.problem is None and reading.spec.get("retention"):
+            purged = await self._retention(reading)
+        scaled = deployment is not None and decision.replicas != reading.replicas
+        return Applied(deployment, scaled, purged)
 
-        purge_status: dict[str, Any] = {}
-        if problem is None and spec.get("retention"):
-            purge_status = await self._retention(body, dsn, now, status_before)
-
-        status = self._status(
-            body, status_before, deployment, decision, stats, problem, generation, now
-        )
-        status.update(purge_status)
-        if scaled:
-            status["lastScaleTime"] = st.timestamp(now)
-        await self._report(body, status_before, status, problem)
-        await kube.patch_status(self.namespace, self.name, status)
-        self._last_status = {**status_before, **status}
-        self._reconciled_generation = generation
-        if stats is not None:
-            self._previous = stats
-
-    async def _apply(
+    async def _apply_deployment(
         self, body: Mapping[str, Any], deployment: Mapping[str, Any] | None, replicas: int
     ) -> dict[str, Any]:
         """Create the Deployment, or replace it if its template changed, or just resize it."""
@@ -252,136 +283,88 @@ class Dispatcher:
             return {**deployment, "spec": {**deployment["spec"], "replicas": replicas}}
         return dict(deployment)
 
-    async def _retention(
-        self, body: Mapping[str, Any], dsn: str, now: datetime, before: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        spec = body["spec"]
+    async def _retention(self, reading: Reading) -> int | None:
+        """Purge done rows past spec.retention when a purge is due; how many went."""
+        spec = reading.spec
         retention = parse_duration(spec["retention"])
         poll = timedelta(seconds=float(spec["scaling"]["pollIntervalSeconds"]))
         every = max(poll, min(retention, MAX_PURGE_INTERVAL))
-        if self._last_purge is not None and now - self._last_purge < every:
-            return {}
+        if self._last_purge is not None and reading.now - self._last_purge < every:
+            return None
         table = parse_table(spec["database"].get("table", "outbox"))
         try:
-            purged = await purge(dsn, table, retention)
+            purged = await purge(reading.dsn, table, retention)
         except st.Problem as exc:
             log.warning("%s/%s: purge failed: %s", self.namespace, self.name, exc.message)
-            return {}
-        self._last_purge = now
-        if purged:
-            log.info(
-                "%s/%s: purged %d done rows older than %s",
-                self.namespace,
-                self.name,
-                purged,
-                spec["retention"],
-            )
-            await self.context.kube.event(
-                body,
-                "Normal",
-                "Purged",
-                f"deleted {purged} done messages older than {format_duration(retention)}",
-            )
-        return {
-            "lastPurgeTime": st.timestamp(now),
-            "purgedTotal": int(before.get("purgedTotal") or 0) + purged,
-        }
+            return None
+        self._last_purge = reading.now
+        return purged
 
-    def _status(
-        self,
-        body: Mapping[str, Any],
-        before: Mapping[str, Any],
-        deployment: Mapping[str, Any] | None,
-        decision: Decision,
-        stats: QueueStats | None,
-        problem: st.Problem | None,
-        generation: int,
-        now: datetime,
-    ) -> dict[str, Any]:
-        spec = body["spec"]
-        dstatus: Mapping[str, Any] = (deployment or {}).get("status") or {}
-        ready = int(dstatus.get("readyReplicas") or 0)
-        conditions: list[st.Condition] = [
-            st.paused_condition(spec),
-            st.scaling_condition(
-                decision, int(dstatus.get("replicas") or 0) if deployment else None
+    # -- report ---------------------------------------------------------------------------------
+
+    async def _report(self, reading: Reading, decision: Decision, applied: Applied) -> None:
+        """Metrics, Events and the status: what this pass saw, decided and did."""
+        status = self._status(reading, decision, applied)
+        self._measure(reading, decision, applied)
+        for event in self._events(reading, decision, applied, status):
+            level = logging.WARNING if event.type == "Warning" else logging.INFO
+            log.log(level, "%s/%s: %s: %s", self.namespace, self.name, event.reason, event.message)
+            await self.context.kube.event(reading.body, event.type, event.reason, event.message)
+        await self.context.kube.patch_status(self.namespace, self.name, status)
+        self._last_status = {**reading.status_before, **status}
+        self._reconciled_generation = reading.generation
+        if reading.stats is not None:
+            self._previous = reading.stats
+
+    def _status(self, reading: Reading, decision: Decision, applied: Applied) -> dict[str, Any]:
+        before = reading.status_before
+        status = st.resource_status(
+            name=self.name,
+            generation=reading.generation,
+            now=reading.now,
+            before=before,
+            found=st.conditions(
+                reading.spec, decision, applied.deployment, reading.stats, reading.problem
             ),
-        ]
-        connected = st.Condition(
-            st.DATABASE_REACHABLE, True, "Connected", "the table is a usable outbox table"
+            decision=decision,
+            deployment=applied.deployment,
+            stats=reading.stats,
+            previous=self._previous,
         )
-        if problem is not None:
-            conditions.extend(st.problem_conditions(problem))
-            if stats is not None:
-                conditions.append(connected)  # the problem lies elsewhere
-            elif not problem.database:
-                conditions.append(
-                    st.Condition(
-                        st.DATABASE_REACHABLE,
-                        None,
-                        "NotChecked",
-                        f"not checked: {problem.message}",
-                    )
-                )
-        else:
-            conditions.append(connected)
-            conditions.append(st.ready_condition(ready, decision.replicas))
-        status: dict[str, Any] = {
-            "observedGeneration": generation,
-            "replicas": int(dstatus.get("replicas") or 0),
-            "readyReplicas": ready,
-            "desiredReplicas": decision.replicas,
-            "selector": selector_string(self.name),
-            "conditions": st.merge_conditions(
-                before.get("conditions"), conditions, generation=generation, now=now
-            ),
-        }
-        metrics = self.context.metrics
-        metrics.observe_replicas(self.namespace, self.name, decision.replicas, ready)
-        if stats is not None:
-            previous = self._previous
-            status["backlog"] = st.backlog_status(
-                stats, rates(previous, stats) if previous else None
-            )
-            metrics.observe_backlog(self.namespace, self.name, stats)
+        if applied.purged is not None:
+            status["lastPurgeTime"] = st.timestamp(reading.now)
+            status["purgedTotal"] = int(before.get("purgedTotal") or 0) + applied.purged
+        if applied.scaled:
+            status["lastScaleTime"] = st.timestamp(reading.now)
         return status
 
-    async def _report(
-        self,
-        body: Mapping[str, Any],
-        before: Mapping[str, Any],
-        after: Mapping[str, Any],
-        problem: st.Problem | None,
-    ) -> None:
-        """An Event and a log line when the Ready reason changes (not on every pass)."""
-        if problem is not None:  # counted on every pass that could not serve the resource
-            self.context.metrics.reconcile_errors.labels(
-                self.namespace, self.name, problem.reason
-            ).inc()
-        was = st.condition(before.get("conditions"), st.READY)
-        now = st.condition(after["conditions"], st.READY)
-        if was.get("reason") == now.get("reason") and was.get("status") == now.get("status"):
-            return
-        if problem is not None:
-            log.warning(
-                "%s/%s: not ready: %s: %s",
-                self.namespace,
-                self.name,
-                problem.reason,
-                problem.message,
-            )
-            await self.context.kube.event(body, "Warning", problem.reason, problem.message)
-        elif was.get("status") == "False" and was.get("reason") not in (None, "WorkersStarting"):
-            log.info("%s/%s: recovered from %s", self.namespace, self.name, was.get("reason"))
-            await self.context.kube.event(
-                body, "Normal", "Recovered", f"recovered from {was.get('reason')}: {now['message']}"
-            )
+    def _events(
+        self, reading: Reading, decision: Decision, applied: Applied, status: Mapping[str, Any]
+    ) -> list[st.Event]:
+        events = []
+        scaled = st.scale_event(reading.replicas, decision) if applied.scaled else None
+        if scaled is not None:
+            events.append(scaled)
+        if applied.purged:
+            older = format_duration(parse_duration(reading.spec["retention"]))
+            message = f"deleted {applied.purged} done messages older than {older}"
+            events.append(st.Event("Normal", "Purged", message))
+        before = reading.status_before.get("conditions")
+        return [*events, *st.change_events(before, status["conditions"])]
+
+    def _measure(self, reading: Reading, decision: Decision, applied: Applied) -> None:
+        metrics, labels = self.context.metrics, (self.namespace, self.name)
+        if reading.problem is not None:  # counted on every pass that could not serve it
+            metrics.reconcile_errors.labels(*labels, reading.problem.reason).inc()
+        if applied.scaled:
+            direction = "up" if decision.replicas > reading.replicas else "down"
+            metrics.scale_decisions.labels(*labels, direction).inc()
+        ready = int(((applied.deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+        metrics.observe_replicas(*labels, decision.replicas, ready)
+        if reading.stats is not None:
+            metrics.observe_backlog(*labels, reading.stats)
 
 
 def _owned_by(deployment: Mapping[str, Any], uid: object) -> bool:
     owners = deployment["metadata"].get("ownerReferences") or ()
     return any(owner.get("uid") == uid and owner.get("controller") for owner in owners)
-
-
-def _ready(deployment: Mapping[str, Any] | None) -> int:
-    return int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)

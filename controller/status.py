@@ -1,22 +1,30 @@
-"""Status and conditions as pure functions, in the style of CloudNativePG and the Kubernetes
-API conventions: one condition per type, CamelCase reasons, `lastTransitionTime` moving only
-when the status changes, each stamped with the generation it describes."""
+"""The report step as pure functions: a resource's status, its conditions and the Events a
+pass posts, in the style of CloudNativePG and the Kubernetes API conventions: one condition
+per type, CamelCase reasons, `lastTransitionTime` moving only when the status changes, each
+stamped with the generation it describes, and an Event when a condition changes, not on
+every pass.
+
+A new condition is a function from what the pass saw to a `Condition`, added in
+`conditions()`; an Event on its changes is an entry of `ON_CHANGE`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from outbox.controller.decision import Decision
-from outbox.stats import QueueStats, Rates
+from outbox.controller.resource import selector_string
+from outbox.stats import QueueStats, Rates, rates
 
 READY = "Ready"
 DATABASE_REACHABLE = "DatabaseReachable"
 SCALING = "Scaling"
 PAUSED = "Paused"
 CONDITION_TYPES = (READY, DATABASE_REACHABLE, SCALING, PAUSED)
+WORKERS_STARTING = "WorkersStarting"  # Ready=False that is no problem: pods on their way
 
 
 @dataclass(frozen=True)
@@ -119,11 +127,117 @@ def ready_condition(ready_replicas: int, desired: int) -> Condition:
         return Condition(READY, True, "ScaledToZero", "nothing to do: no workers are needed")
     if ready_replicas >= desired:
         return Condition(READY, True, "WorkersReady", f"{ready_replicas}/{desired} workers ready")
-    return Condition(READY, False, "WorkersStarting", f"{ready_replicas}/{desired} workers ready")
+    return Condition(READY, False, WORKERS_STARTING, f"{ready_replicas}/{desired} workers ready")
 
 
 def problem_conditions(problem: Problem) -> list[Condition]:
     found = [Condition(READY, False, problem.reason, problem.message)]
     if problem.database:
         found.append(Condition(DATABASE_REACHABLE, False, problem.reason, problem.message))
+    return found
+
+
+CONNECTED = Condition(DATABASE_REACHABLE, True, "Connected", "the table is a usable outbox table")
+
+
+def conditions(
+    spec: Mapping[str, Any],
+    decision: Decision,
+    deployment: Mapping[str, Any] | None,
+    stats: QueueStats | None,
+    problem: Problem | None,
+) -> list[Condition]:
+    """Every condition one pass reports, from what it read, decided and applied
+    (`deployment` as it stands after the pass, None when there is none of ours)."""
+    dstatus: Mapping[str, Any] = (deployment or {}).get("status") or {}
+    found = [
+        paused_condition(spec),
+        scaling_condition(decision, int(dstatus.get("replicas") or 0) if deployment else None),
+    ]
+    if problem is None:
+        ready = int(dstatus.get("readyReplicas") or 0)
+        return [*found, CONNECTED, ready_condition(ready, decision.replicas)]
+    found.extend(problem_conditions(problem))
+    if stats is not None:
+        found.append(CONNECTED)  # the problem lies elsewhere
+    elif not problem.database:
+        found.append(
+            Condition(DATABASE_REACHABLE, None, "NotChecked", f"not checked: {problem.message}")
+        )
+    return found
+
+
+def resource_status(
+    *,
+    name: str,
+    generation: int,
+    now: datetime,
+    before: Mapping[str, Any],
+    found: Iterable[Condition],
+    decision: Decision,
+    deployment: Mapping[str, Any] | None,
+    stats: QueueStats | None,
+    previous: QueueStats | None,
+) -> dict[str, Any]:
+    """The status subresource a pass writes (merged into what is there); `previous` is the
+    last pass's stats, for the rates."""
+    dstatus: Mapping[str, Any] = (deployment or {}).get("status") or {}
+    status: dict[str, Any] = {
+        "observedGeneration": generation,
+        "replicas": int(dstatus.get("replicas") or 0),
+        "readyReplicas": int(dstatus.get("readyReplicas") or 0),
+        "desiredReplicas": decision.replicas,
+        "selector": selector_string(name),
+        "conditions": merge_conditions(
+            before.get("conditions"), found, generation=generation, now=now
+        ),
+    }
+    if stats is not None:
+        status["backlog"] = backlog_status(stats, rates(previous, stats) if previous else None)
+    return status
+
+
+@dataclass(frozen=True)
+class Event:
+    """A core/v1 Event about the resource, as `kubectl describe` shows it."""
+
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+def scale_event(current: int, decision: Decision) -> Event | None:
+    """ScaledUp or ScaledDown when the decided count differs from the Deployment's."""
+    if decision.replicas == current:
+        return None
+    reason = "ScaledUp" if decision.replicas > current else "ScaledDown"
+    return Event("Normal", reason, f"{current} -> {decision.replicas} workers: {decision.message}")
+
+
+def _ready_changed(was: Mapping[str, Any], now: Mapping[str, Any]) -> Event | None:
+    if now.get("status") == "False" and now.get("reason") != WORKERS_STARTING:
+        return Event("Warning", now["reason"], now["message"])  # a Problem
+    if was.get("status") == "False" and was.get("reason") not in (None, WORKERS_STARTING):
+        return Event("Normal", "Recovered", f"recovered from {was.get('reason')}: {now['message']}")
+    return None
+
+
+# Per condition type: the Event its change posts, if any (from the condition before and after).
+ON_CHANGE: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], Event | None]] = {
+    READY: _ready_changed,
+}
+
+
+def change_events(
+    before: Sequence[Mapping[str, Any]] | None, after: Sequence[Mapping[str, Any]]
+) -> list[Event]:
+    """The Events for the conditions whose status or reason changed between two statuses."""
+    found = []
+    for type_, on_change in ON_CHANGE.items():
+        was, now = condition(before, type_), condition(after, type_)
+        if (was.get("reason"), was.get("status")) == (now.get("reason"), now.get("status")):
+            continue
+        event = on_change(was, now)
+        if event is not None:
+            found.append(event)
     return found

@@ -104,3 +104,84 @@ def test_counts_at_the_limit_say_they_are_lower_bounds() -> None:
     )
     assert capped["countsExact"] is False
     assert capped["readyEstimate"] == 50_000
+
+
+# -- the report step: conditions, status and Events of one pass -----------------------------
+
+SPEC = {"paused": False, "scaling": {"minReplicas": 0, "maxReplicas": 4}}
+DEPLOYMENT = {"spec": {"replicas": 3}, "status": {"replicas": 3, "readyReplicas": 2}}
+
+
+def by_type(found: list[st.Condition]) -> dict[str, st.Condition]:
+    return {c.type: c for c in found}
+
+
+def test_a_served_resource_reports_ready_from_its_pods_and_a_reachable_database() -> None:
+    decision = Decision(3, "Backlog", "3 workers for the backlog")
+    found = by_type(st.conditions(SPEC, decision, DEPLOYMENT, stats(), None))
+    assert (found[st.READY].status, found[st.READY].reason) == (False, "WorkersStarting")
+    assert found[st.DATABASE_REACHABLE].reason == "Connected"
+    assert found[st.SCALING].status is False and found[st.PAUSED].status is False
+
+
+def test_a_problem_says_what_was_checked_of_the_database() -> None:
+    held = Decision(3, "HoldingSize", "size held")
+    not_ours = st.Problem("DeploymentNotOwned", "not ours")
+    found = by_type(st.conditions(SPEC, held, None, stats(), not_ours))
+    assert found[st.READY].reason == "DeploymentNotOwned"
+    assert found[st.DATABASE_REACHABLE].status is True  # read: the problem lies elsewhere
+    secret = st.Problem("SecretNotFound", "no secret")
+    found = by_type(st.conditions(SPEC, held, DEPLOYMENT, None, secret))
+    assert found[st.DATABASE_REACHABLE].status is None
+    assert found[st.DATABASE_REACHABLE].message == "not checked: no secret"
+    down = st.Problem("DatabaseUnreachable", "cannot connect", database=True)
+    found = by_type(st.conditions(SPEC, held, DEPLOYMENT, None, down))
+    assert found[st.DATABASE_REACHABLE].reason == "DatabaseUnreachable"
+
+
+def test_the_status_holds_the_counts_the_selector_and_the_rates() -> None:
+    decision = Decision(3, "Backlog", "3 workers for the backlog")
+    found = st.conditions(SPEC, decision, DEPLOYMENT, stats(max_id=130), None)
+    status = st.resource_status(
+        name="orders",
+        generation=4,
+        now=T0,
+        before={},
+        found=found,
+        decision=decision,
+        deployment=DEPLOYMENT,
+        stats=stats(sampled_at=T0 + timedelta(seconds=5), max_id=130),
+        previous=stats(),
+    )
+    assert (status["replicas"], status["readyReplicas"], status["desiredReplicas"]) == (3, 2, 3)
+    assert status["observedGeneration"] == 4 and "instance=orders" in status["selector"]
+    assert status["backlog"]["arrivalRate"] == 2.0  # 10 messages in 5 s
+    assert {c["type"] for c in status["conditions"]} == set(st.CONDITION_TYPES)
+
+
+def test_a_changed_count_is_a_scale_event() -> None:
+    up = st.scale_event(1, Decision(3, "Backlog", "claimable"))
+    assert up == st.Event("Normal", "ScaledUp", "1 -> 3 workers: claimable")
+    down = st.scale_event(3, Decision(0, "Paused", "paused"))
+    assert down is not None and down.reason == "ScaledDown"
+    assert st.scale_event(2, Decision(2, "Backlog", "")) is None
+
+
+def ready(status: bool | None, reason: str, message: str = "") -> list[dict[str, object]]:
+    return st.merge_conditions(
+        None, [st.Condition(st.READY, status, reason, message)], generation=1, now=T0
+    )
+
+
+def test_a_new_problem_is_one_warning_and_its_end_one_recovered_event() -> None:
+    starting, working = ready(False, "WorkersStarting", "0/1"), ready(True, "WorkersReady", "1/1")
+    broken = ready(False, "SecretNotFound", "no secret")
+    assert st.change_events(starting, broken) == [
+        st.Event("Warning", "SecretNotFound", "no secret")
+    ]
+    assert st.change_events(broken, broken) == []  # not on every pass
+    assert st.change_events(broken, starting) == [
+        st.Event("Normal", "Recovered", "recovered from SecretNotFound: 0/1")
+    ]
+    assert st.change_events(starting, working) == []  # pods starting is no problem
+    assert st.change_events(None, working) == []
