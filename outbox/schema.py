@@ -14,10 +14,11 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
+from outbox import destinations
 from outbox.runner import Query, Row, fetch, fetch_async, first_row
 from outbox.table import Table, text_constant
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _VERSION_COMMENT = re.compile(r"^outbox-dispatcher schema v(\d+)$")
 
 # The columns every component relies on: a contract. Extra columns are allowed.
@@ -64,6 +65,7 @@ assert tuple(COLUMN_SHAPES) == REQUIRED_COLUMNS
 # not have them (migrate adds them), but a migrated table in use must.
 ADDED_COLUMNS: dict[str, tuple[str, bool, bool]] = {
     "errors": ("jsonb", False, False),  # v3
+    "headers": ("jsonb", False, False),  # v4
 }
 
 
@@ -172,6 +174,16 @@ def _v3(table: Table) -> list[sql.Composed]:
     failure, NULL for a message that never failed. Adding a column without a default is a
     catalog change only: no table rewrite."""
     return [sql.SQL("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS errors jsonb").format(t=table.ident)]
+
+
+def _v4(table: Table) -> list[sql.Composed]:
+    """Destination health shared by every replica (outbox.destinations: the breaker, pauses,
+    rate tokens), and `headers`, the metadata a producer adds to a message. The column has
+    no default: a catalog change only, no rewrite, no long lock."""
+    return [
+        *destinations.create_statements(table),
+        sql.SQL("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS headers jsonb").format(t=table.ident),
+    ]
 
 
 # How workers may order their claims: a table serves "aggregate" only with its ordering index.
@@ -302,7 +314,7 @@ def _serve_ordering(
 # by running the later steps. v1 once built ordered mode's index too: that index is now an
 # option a table at any version takes or leaves (ordering_statements), and a table built with
 # it keeps it until told otherwise.
-MIGRATIONS: list[Callable[[Table], list[sql.Composed]]] = [_v1, _v2, _v3]
+MIGRATIONS: list[Callable[[Table], list[sql.Composed]]] = [_v1, _v2, _v3, _v4]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

@@ -31,12 +31,12 @@ from chaos.cluster import assert_clean
 from chaos.downstream import Call
 from outbox.demo.embedded import free_port
 from outbox.demo.sink import Reply, Sink
+from outbox.errors import SettingError
 from outbox.models import Event
 from outbox.producer import enqueue
-from outbox.runner import fetch
 from outbox.repair import repair, select_targets
+from outbox.runner import fetch
 from outbox.schema import migrate
-from outbox.settings import SettingError
 from outbox.table import Table
 from outbox.worker.settings import load_settings
 
@@ -362,7 +362,7 @@ def test_placeholder_characters_in_table_names_act_on_that_table_only(empty_dsn,
     for name in PLACEHOLDER_NAMES:
         result = _outbox("migrate", "--dsn", empty_dsn, "--table", name)
         assert result.returncode == 0, result.stderr
-        assert result.stdout == f"{name}: migrated from v0 to v3, for --ordering none\n"
+        assert result.stdout == f"{name}: migrated from v0 to v4, for --ordering none\n"
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         for name in PLACEHOLDER_NAMES:  # one row each, telling where it was written
             enqueue(c, aggregate_type="t", aggregate_id=name, event_type="E", payload={},

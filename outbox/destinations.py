@@ -1,0 +1,347 @@
+"""Destination health, shared by every replica of a table: the breaker, pauses, rate tokens.
+
+A failure that many different messages meet at one destination is the destination's, not
+the messages'. Each outbox table has a small table beside it, `<table>_destinations` (schema
+v4), with one row per destination that has failed, been paused or been rate limited. The
+database is the one place every replica already shares, so a breaker opened by one replica
+holds for all of them, and for replicas started while it is open.
+
+States (docs/protocol.md draws them):
+
+- `closed`: messages flow. Retryable failures (timeouts, refused or reset connections, 5xx,
+  429) of *different* messages are collected within a window; a success seen by the
+  reporting replica starts the window again. At `threshold` distinct messages it opens. One
+  poison message failing again and again is one message: it never opens the breaker.
+- `open`: nothing is sent but one probe at a time. A replica takes the probe (a lease on the
+  row: `probe_owner`, `probe_until`) once `next_probe_at` has passed; a probe that succeeds
+  closes the breaker for everyone, one that fails doubles the delay (with jitter) up to the
+  cap. A `Retry-After` opens it at once until then.
+- `paused`: opened by a person (`outbox pause`), with who and why; only `outbox resume` ends it.
+
+Changes are read-modify-write under the row's lock in one short transaction, with the
+rules in `transition` (pure, unit-tested); every time is the database's `now()`. Failures
+are rare events, so this costs nothing on the path of a healthy message.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from outbox.runner import Query, Row, first_row
+from outbox.table import Table
+
+CLOSED, OPEN, PAUSED = "closed", "open", "paused"
+STATES = (CLOSED, OPEN, PAUSED)
+# Failed message ids kept per window: enough to count up to any sensible threshold.
+MAX_FAILING_IDS = 100
+MAX_ERROR_LENGTH = 500
+
+
+def table_of(table: Table) -> sql.Composable:
+    return table.sibling("destinations")
+
+
+def create_statements(table: Table) -> list[sql.Composed]:
+    """The destinations table (a migration step of schema v4)."""
+    return [
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {d} (
+    destination   text        PRIMARY KEY,
+    state         text        NOT NULL DEFAULT 'closed'
+                  CHECK (state IN ('closed', 'open', 'paused')),
+    since         timestamptz NOT NULL DEFAULT now(),
+    failures      integer     NOT NULL DEFAULT 0,
+    failing_ids   bigint[]    NOT NULL DEFAULT '{{}}',
+    window_start  timestamptz,
+    last_error    text,
+    last_failure  timestamptz,
+    next_probe_at timestamptz,
+    probe_delay   double precision NOT NULL DEFAULT 0,
+    probe_owner   text,
+    probe_until   timestamptz,
+    reason        text,
+    changed_by    text,
+    tokens        double precision,
+    tokens_at     timestamptz,
+    granted       integer
+)"""
+        ).format(d=table_of(table))
+    ]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """When a breaker opens and how it probes. The defaults are the worker's settings'."""
+
+    threshold: int = 5  # distinct failing messages within the window
+    window: timedelta = timedelta(seconds=60)
+    probe_start: timedelta = timedelta(seconds=2)
+    probe_cap: timedelta = timedelta(seconds=30)
+    # A Retry-After pauses the destination for that long, but never longer than this.
+    max_retry_after: timedelta = timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class Destination:
+    """One row: a destination's state as every replica sees it."""
+
+    destination: str
+    state: str = CLOSED
+    since: datetime | None = None
+    failures: int = 0  # failures in the window (closed) or since it opened
+    failing_ids: tuple[int, ...] = ()
+    window_start: datetime | None = None
+    last_error: str | None = None
+    last_failure: datetime | None = None
+    next_probe_at: datetime | None = None
+    probe_delay: float = 0.0  # seconds: the delay before the last probe
+    probe_owner: str | None = None
+    probe_until: datetime | None = None
+    reason: str | None = None  # why it is paused (or opened by a Retry-After)
+    changed_by: str | None = None
+
+    @property
+    def sending(self) -> bool:
+        return self.state == CLOSED
+
+
+_COLUMNS = (
+    "destination", "state", "since", "failures", "failing_ids", "window_start", "last_error",
+    "last_failure", "next_probe_at", "probe_delay", "probe_owner", "probe_until", "reason",
+    "changed_by",
+)  # fmt: skip
+
+
+def _parse(row: Row) -> Destination:
+    values = dict(zip(_COLUMNS, row, strict=True))
+    values["failing_ids"] = tuple(values["failing_ids"] or ())
+    return Destination(**values)
+
+
+# -- the rules -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Failure:
+    message_id: int
+    error: str
+    fresh: bool  # the reporter saw a success since its last report: a new window
+    retry_after: timedelta | None = None
+
+
+def _jittered(seconds: float, rng: random.Random | None) -> timedelta:
+    """Between half and all of `seconds`: replicas that wait together do not probe together."""
+    return timedelta(seconds=(rng or random).uniform(seconds / 2, seconds))
+
+
+def failed(
+    row: Destination,
+    failure: Failure,
+    *,
+    owner: str,
+    now: datetime,
+    policy: Policy,
+    rng: random.Random | None = None,
+) -> Destination:
+    """The destination after a retryable failure reported by `owner`."""
+    error = failure.error[:MAX_ERROR_LENGTH]
+    row = replace(row, last_error=error, last_failure=now)
+    retry_after = min(failure.retry_after, policy.max_retry_after) if failure.retry_after else None
+    if row.state == PAUSED:
+        return row
+    if row.state == OPEN:
+        if row.probe_owner != owner:
+            # A message sent before it opened; or a Retry-After that extends the pause.
+            if retry_after is not None and (
+                row.next_probe_at is None or row.next_probe_at < now + retry_after
+            ):
+                return replace(row, next_probe_at=now + retry_after)
+            return row
+        # Our probe failed: wait longer before the next one.
+        delay = min(row.probe_delay * 2, policy.probe_cap.total_seconds())
+        wait = retry_after if retry_after is not None else _jittered(delay, rng)
+        return replace(
+            row, failures=row.failures + 1, probe_delay=delay, next_probe_at=now + wait,
+            probe_owner=None, probe_until=None,
+        )  # fmt: skip
+    in_window = (
+        not failure.fresh
+        and row.window_start is not None
+        and now - row.window_start <= policy.window
+    )
+    ids = row.failing_ids if in_window else ()
+    if failure.message_id not in ids:
+        ids = (*ids, failure.message_id)[-MAX_FAILING_IDS:]
+    row = replace(
+        row,
+        failures=(row.failures if in_window else 0) + 1,
+        failing_ids=ids,
+        window_start=row.window_start if in_window else now,
+    )
+    if retry_after is not None:
+        return _opened(row, now, now + retry_after, policy, reason="Retry-After")
+    if len(ids) >= policy.threshold:
+        return _opened(row, now, now + _jittered(policy.probe_start.total_seconds(), rng), policy)
+    return row
+
+
+def _opened(
+    row: Destination, now: datetime, probe_at: datetime, policy: Policy, reason: str | None = None
+) -> Destination:
+    return replace(
+        row, state=OPEN, since=now, next_probe_at=probe_at,
+        probe_delay=policy.probe_start.total_seconds(), probe_owner=None, probe_until=None,
+        reason=reason, changed_by=None,
+    )  # fmt: skip
+
+
+def succeeded(row: Destination, *, owner: str, now: datetime) -> Destination:
+    """The destination after `owner`'s probe succeeded: closed for everyone."""
+    if row.state != OPEN or row.probe_owner != owner:
+        return row
+    return closed(row, now)
+
+
+def closed(row: Destination, now: datetime, by: str | None = None) -> Destination:
+    return replace(
+        row, state=CLOSED, since=now, failures=0, failing_ids=(), window_start=None,
+        next_probe_at=None, probe_delay=0.0, probe_owner=None, probe_until=None,
+        reason=None, changed_by=by,
+    )  # fmt: skip
+
+
+def probe_taken(
+    row: Destination, *, owner: str, now: datetime, hold: timedelta
+) -> Destination | None:
+    """The destination with `owner` holding its probe, or None when no probe is due (not
+    open, not yet time, or another replica's probe is still running)."""
+    if row.state != OPEN or row.next_probe_at is None or row.next_probe_at > now:
+        return None
+    if row.probe_until is not None and row.probe_until > now and row.probe_owner != owner:
+        return None
+    return replace(row, probe_owner=owner, probe_until=now + hold)
+
+
+def paused(row: Destination, *, by: str, reason: str, now: datetime) -> Destination:
+    return replace(
+        row, state=PAUSED, since=now, reason=reason, changed_by=by, next_probe_at=None,
+        probe_owner=None, probe_until=None,
+    )  # fmt: skip
+
+
+# -- statements ------------------------------------------------------------------------------
+
+AsyncConn = psycopg.AsyncConnection[Any]
+SyncConn = psycopg.Connection[Any]
+
+
+def _lock(table: Table) -> sql.Composed:
+    """The row, created closed if missing, locked for the transition; and now()."""
+    return sql.SQL(
+        """WITH made AS (
+    INSERT INTO {d} (destination) VALUES (%(destination)s) ON CONFLICT DO NOTHING
+)
+SELECT {columns}, now() FROM {d} WHERE destination = %(destination)s FOR UPDATE"""
+    ).format(d=table_of(table), columns=sql.SQL(", ").join(map(sql.Identifier, _COLUMNS)))
+
+
+def _write(table: Table) -> sql.Composed:
+    return sql.SQL("UPDATE {d} SET {assignments} WHERE destination = %(destination)s").format(
+        d=table_of(table),
+        assignments=sql.SQL(", ").join(
+            sql.SQL("{c} = {p}").format(c=sql.Identifier(c), p=sql.Placeholder(c))
+            for c in _COLUMNS[1:]
+        ),
+    )
+
+
+def _params(row: Destination) -> dict[str, Any]:
+    values = {c: getattr(row, c) for c in _COLUMNS}
+    values["failing_ids"] = list(row.failing_ids)
+    return values
+
+
+@dataclass(frozen=True)
+class Change:
+    before: Destination
+    after: Destination | None  # None: the rule declined, nothing was written
+    now: datetime  # the database's
+
+
+Rule = Callable[[Destination, datetime], "Destination | None"]
+
+
+def _decide(found: Row | None, rule: Rule) -> Change:
+    assert found is not None
+    before, now = _parse(found[:-1]), found[-1]
+    return Change(before, rule(before, now), now)
+
+
+def _changed(change: Change) -> dict[str, Any] | None:
+    """The row to write, if the rule changed anything."""
+    after = change.after
+    return _params(after) if after is not None and after != change.before else None
+
+
+async def change(conn: AsyncConn, table: Table, destination: str, rule: Rule) -> Change:
+    """Apply `rule(row, now) -> row | None` to the destination's row (made closed if it is
+    missing) under the row's lock, in one short transaction."""
+    params = {"destination": destination}
+    async with conn.transaction():
+        found = await (await conn.execute(_lock(table), params)).fetchone()
+        if found is None:  # inserted by that statement, so not visible to it: read again
+            found = await (await conn.execute(_lock(table), params)).fetchone()
+        result = _decide(found, rule)
+        if (write := _changed(result)) is not None:
+            await conn.execute(_write(table), write)
+    return result
+
+
+def change_sync(conn: SyncConn, table: Table, destination: str, rule: Rule) -> Change:
+    """`change` on a sync connection (the CLI's pause and resume)."""
+    params = {"destination": destination}
+    with conn.transaction():
+        found = conn.execute(_lock(table), params).fetchone()
+        if found is None:
+            found = conn.execute(_lock(table), params).fetchone()
+        result = _decide(found, rule)
+        if (write := _changed(result)) is not None:
+            conn.execute(_write(table), write)
+    return result
+
+
+def listing(table: Table) -> Query[list[tuple[Destination, datetime]]]:
+    """Every destination with a row, and the database's now() (for ages and due probes)."""
+    statement = sql.SQL("SELECT {columns}, now() FROM {d} ORDER BY destination").format(
+        d=table_of(table), columns=sql.SQL(", ").join(map(sql.Identifier, _COLUMNS))
+    )
+    return Query(statement, None, lambda rows: [(_parse(r[:-1]), r[-1]) for r in rows])
+
+
+def take_tokens(table: Table, destination: str, *, rate: float, want: int) -> Query[int]:
+    """Up to `want` send tokens of the destination's bucket, shared by every replica: it
+    fills at `rate` per second up to half a second's worth (so no 10 s window sees more than
+    the rate and 5 %), and what is taken is gone. One statement: concurrent takers are
+    serialized on the row, each computing from the row as the last one left it."""
+    filled = sql.SQL(
+        "least(%(burst)s, coalesce(d.tokens, %(burst)s)"
+        " + %(rate)s * extract(epoch FROM now() - coalesce(d.tokens_at, now()))::float8)"
+    )
+    grant = sql.SQL("least(%(want)s, floor({filled})::int)").format(filled=filled)
+    statement = sql.SQL(
+        """INSERT INTO {d} AS d (destination, tokens, tokens_at, granted)
+VALUES (%(destination)s, %(burst)s - least(%(want)s, floor(%(burst)s)::int), now(),
+        least(%(want)s, floor(%(burst)s)::int))
+ON CONFLICT (destination) DO UPDATE
+   SET tokens = {filled} - {grant}, tokens_at = now(), granted = {grant}
+RETURNING granted"""
+    ).format(d=table_of(table), filled=filled, grant=grant)
+    params = {"destination": destination, "rate": rate, "burst": max(1.0, rate / 2), "want": want}
+    return Query(statement, params, first_row(lambda row: int(row[0]) if row else 0))
