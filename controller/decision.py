@@ -37,7 +37,7 @@ class Decision:
     message: str
 
 
-PAUSED = Decision(0, "Paused", "spec.paused is true: no workers run")
+PAUSED_DECISION = Decision(0, "Paused", "spec.paused is true: no workers run")
 
 
 class SizingPolicy(Protocol):
@@ -76,7 +76,7 @@ class Limits:
     def fixed(self) -> Decision | None:
         """The count when the policy has no say: paused (which wins), or pinned."""
         if self.paused:
-            return PAUSED
+            return PAUSED_DECISION
         if self.pinned is not None:
             pinned = min(self.pinned, self.max_replicas)
             message = f"spec.replicas pins {pinned} workers; remove it to autoscale"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from outbox.controller.decision import (
-    PAUSED,
+    PAUSED_DECISION,
     Decision,
     Limits,
     Observed,
@@ -85,10 +85,10 @@ def test_bounded_never_leaves_min_and_max() -> None:
 def test_paused_is_zero_with_or_without_a_reading_and_the_policy_still_learns() -> None:
     policy = ScalingPolicy(SCALING)
     read = Observed(backlog(), None, replicas=3, ready_replicas=3)
-    assert decide(read, limits(paused=True), lambda: policy) == PAUSED
-    assert policy.last_decision == PAUSED  # asked, told it is paused: it sized nothing
+    assert decide(read, limits(paused=True), lambda: policy) == PAUSED_DECISION
+    assert policy.last_decision == PAUSED_DECISION  # asked, told it is paused: it sized nothing
     broken = Observed(None, Problem("SecretNotFound", "no Secret"), replicas=3, ready_replicas=3)
-    assert decide(broken, limits(paused=True, replicas=2), never) == PAUSED
+    assert decide(broken, limits(paused=True, replicas=2), never) == PAUSED_DECISION
 
 
 def test_a_pinned_count_wins_but_the_policy_is_asked_and_learns() -> None:
