@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from outbox.durations import parse_duration
 from outbox.models import Message
-from outbox.settings import parse_duration
 from outbox.worker.publishers.registry import Option, PublisherContext
 
 

@@ -27,7 +27,7 @@ from outbox.controller.leader import LeaderElector
 from outbox.controller.metrics import HealthServer, Metrics
 from outbox.controller.reconcile import Context
 from outbox.controller.settings import ControllerSettings, load_settings
-from outbox.settings import SettingError
+from outbox.errors import SettingError
 
 log = logging.getLogger("outbox.controller")
 PROG = "outbox-controller"

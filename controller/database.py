@@ -1,8 +1,9 @@
 """What the operator asks of the outbox database: is the table usable, the backlog, the purge.
 
-Every failure becomes a `Problem` with a precise reason; messages never carry the DSN's
-password (libpq's own messages name host, port and user, never the password, and any DSN
-text is redacted before it is shown).
+Every failure becomes a `Problem` with a precise reason; messages never carry anything secret
+of the DSN: one that does not parse is named by where it came from and what is wrong, never
+by any piece of it (it may be any Secret's value), and every other message is shown through
+outbox.redact (the DSN redacted, its secret values masked wherever a driver quotes them).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import psycopg
 
 from outbox import dberrors
 from outbox.controller.status import Problem
+from outbox.dsn import DsnError, check_dsn
+from outbox.errors import SettingError
 from outbox.maintenance import purge_done
+from outbox.redact import redact_dsn, redact_text
 from outbox.schema import SchemaError, check_table
-from outbox.settings import SettingError, check_dsn, redact_dsn
 from outbox.stats import QueueStats, queue_stats_async
 from outbox.table import Table
 
@@ -27,7 +30,7 @@ APPLICATION_NAME = "outbox-controller"
 def parse_dsn(dsn: str) -> str:
     try:
         return check_dsn(dsn)
-    except SettingError as exc:
+    except DsnError as exc:
         raise Problem("InvalidDsn", f"the DSN in the Secret is unusable: {exc}") from None
 
 
@@ -38,17 +41,13 @@ def parse_table(text: str) -> Table:
         raise Problem("InvalidTable", str(exc)) from None
 
 
-def _scrub(message: str, dsn: str) -> str:
-    # A DSN quoted back by a driver message is shown redacted.
-    text = message.strip().splitlines()[0] if message.strip() else "unknown error"
-    return text.replace(dsn, redact_dsn(dsn)) if dsn else text
-
-
 def _database_problem(exc: psycopg.Error, dsn: str) -> Problem:
     """The one classification every component uses (outbox.dberrors), as a condition reason:
     refused for good (a person must fix the Secret or the database), unreachable for now,
     or a statement that failed."""
-    reason = _scrub(dberrors.describe(exc), dsn)
+    message = dberrors.describe(exc).strip()
+    # A driver message may quote the DSN or one of its values: shown through redact_text.
+    reason = redact_text(message.splitlines()[0] if message else "unknown error", dsn=dsn)
     if dberrors.is_permanent_connection_failure(exc):
         return Problem(
             "DatabaseRefused",

@@ -35,7 +35,7 @@ from outbox.controller.render import TEMPLATE_HASH, render_deployment
 from outbox.controller.resource import deployment_name
 from outbox.controller.scaling import ScalingPolicy
 from outbox.controller.settings import ControllerSettings
-from outbox.settings import format_duration, parse_duration
+from outbox.durations import format_duration, parse_duration
 from outbox.stats import QueueStats
 
 log = logging.getLogger("outbox.controller")

@@ -11,7 +11,8 @@ from datetime import timedelta
 from importlib.metadata import entry_points
 
 from outbox.cliutil import ArgumentParser, env_name, port, resolve
-from outbox.settings import SettingError, format_duration, parse_duration
+from outbox.durations import format_duration, parse_duration
+from outbox.errors import SettingError
 
 # The group the worker finds its publishers in (the worker's registry reads the same one).
 PUBLISHER_GROUP = "outbox.publishers"

@@ -22,20 +22,15 @@ from outbox.cliutil import (
     positive_int,
     resolve,
 )
+from outbox.dsn import check_dsn, connect_options
+from outbox.durations import duration_between, format_duration, parse_duration
+from outbox.errors import SettingError
 from outbox.filters import DeadFilter
 from outbox.maintenance import purge_done
-from outbox.runner import fetch
+from outbox.redact import describe_dsn
 from outbox.repair import Action, default_actor, repair, select_targets
+from outbox.runner import fetch
 from outbox.schema import ORDERINGS, SchemaError, migrate, orderings, render_migration
-from outbox.settings import (
-    SettingError,
-    check_dsn,
-    connect_options,
-    describe_dsn,
-    duration_between,
-    format_duration,
-    parse_duration,
-)
 from outbox.stats import QueueStats, queue_stats
 from outbox.table import Table
 from outbox.text import age

@@ -16,7 +16,8 @@ from datetime import timedelta
 from functools import cache
 from typing import Any, NoReturn, TypeVar
 
-from outbox.settings import SettingError, format_duration
+from outbox.durations import format_duration
+from outbox.errors import SettingError
 from outbox.table import DEFAULT_TABLE_NAME
 
 T = TypeVar("T")

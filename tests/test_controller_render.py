@@ -12,7 +12,7 @@ import yaml
 
 from outbox.controller.render import SECRET_VERSION, TEMPLATE_HASH, render_deployment
 from outbox.controller.resource import selector_string
-from outbox.settings import parse_duration
+from outbox.durations import parse_duration
 
 CRD = Path(__file__).parent.parent / "crds" / "outboxdispatchers.yaml"
 

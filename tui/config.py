@@ -14,8 +14,10 @@ from outbox.cliutil import (
     on_off,
     resolve,
 )
+from outbox.dsn import check_dsn
+from outbox.durations import parse_duration
+from outbox.errors import SettingError
 from outbox.schema import ORDERINGS
-from outbox.settings import SettingError, check_dsn, parse_duration
 from outbox.table import Table
 
 PROG = "outbox-tui"

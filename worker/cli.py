@@ -11,8 +11,8 @@ from typing import Any
 
 from outbox import logs
 from outbox.cliutil import USAGE_ERROR, fail
+from outbox.errors import SettingError
 from outbox.schema import SchemaError
-from outbox.settings import SettingError
 from outbox.worker.metrics import HealthServer, Metrics
 from outbox.worker.publishers.base import BatchPublisher, Publisher
 from outbox.worker.publishers.registry import PublisherContext, load_publisher

@@ -10,8 +10,8 @@ import asyncio
 
 import psycopg
 
+from outbox.dsn import connect_options
 from outbox.queries import queries
-from outbox.settings import connect_options
 from outbox.worker.retry import DatabaseErrors, DatabaseRetry
 from outbox.worker.settings import WorkerSettings
 

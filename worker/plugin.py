@@ -24,8 +24,8 @@ name it `package.module:Class`. docs/publishers/plugins.md has a complete exampl
 here are the stable surface; the modules they come from may move.
 """
 
+from outbox.errors import SettingError
 from outbox.models import Message
-from outbox.settings import SettingError
 from outbox.worker.publishers.base import Defer, PermanentError, Publisher, RetryableError
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.registry import (

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from outbox.models import Message, Outcome
-from outbox.settings import redact_urls
+from outbox.redact import redact_text as redact_urls
 from outbox.worker.backoff import retry_delay
 from outbox.worker.in_flight import InFlight
 from outbox.worker.ledger import Ledger

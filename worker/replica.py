@@ -25,14 +25,10 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from outbox import dberrors
+from outbox.dsn import connect_options, connect_timeout
+from outbox.errors import SettingError
+from outbox.redact import describe_dsn, redact_dsn
 from outbox.schema import check_table
-from outbox.settings import (
-    SettingError,
-    connect_options,
-    connect_timeout,
-    describe_dsn,
-    redact_dsn,
-)
 from outbox.worker.claimer import Claimer
 from outbox.worker.finalizer import Finalizer
 from outbox.worker.lease_keeper import LeaseKeeper

@@ -19,7 +19,7 @@ from typing import TypeVar
 import psycopg
 
 from outbox import dberrors
-from outbox.settings import describe_dsn
+from outbox.redact import describe_dsn
 from outbox.worker.metrics import Metrics
 
 log = logging.getLogger("outbox.worker")

@@ -22,14 +22,10 @@ from outbox.cliutil import (
     port,
     resolve,
 )
+from outbox.dsn import check_dsn
+from outbox.durations import duration_between, format_duration, parse_duration
+from outbox.errors import SettingError
 from outbox.schema import ORDERINGS
-from outbox.settings import (
-    SettingError,
-    check_dsn,
-    duration_between,
-    format_duration,
-    parse_duration,
-)
 from outbox.table import Table
 from outbox.worker.publishers.registry import (
     Option,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 import aiohttp
 
 from outbox.models import Message
-from outbox.settings import redact_url, redact_urls
+from outbox.redact import redact_text, redact_url
 from outbox.worker.publishers.base import PermanentError, RetryableError
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.registry import Option, PublisherContext
@@ -65,12 +66,16 @@ def parse_retry_after(value: str | None, *, now: datetime | None = None) -> time
     return max(when - (now or datetime.now(UTC)), timedelta(0))
 
 
-def classify(status: int, retry_after: str | None, body: bytes) -> None:
-    """Raise the failure class for a response status; return for success."""
+def classify(
+    status: int, retry_after: str | None, body: bytes, secrets: Sequence[str] = ()
+) -> None:
+    """Raise the failure class for a response status; return for success. The reason quotes
+    the body's start, redacted, with `secrets` (the request's own header values, which a
+    receiver may echo) masked."""
     if 200 <= status < 300:
         return
     snippet = body[:_BODY_SNIPPET].decode("utf-8", "replace").strip()
-    reason = redact_urls(f"HTTP {status}" + (f": {snippet}" if snippet else ""))
+    reason = redact_text(f"HTTP {status}" + (f": {snippet}" if snippet else ""), secrets=secrets)
     if status in RETRYABLE_STATUSES or status >= 500:
         raise RetryableError(reason, retry_after=parse_retry_after(retry_after))
     raise PermanentError(reason)
@@ -146,6 +151,8 @@ class HttpPublisher:
         self.url = url
         self._owner = owner
         self._headers = headers or {}
+        # Header values are secrets (tokens, API keys): masked in any reason that quotes them.
+        self._secrets = tuple(self._headers.values())
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
@@ -179,12 +186,17 @@ class HttpPublisher:
                 allow_redirects=False,
             ) as response:
                 body = await _bounded_body(response)
-                classify(response.status, response.headers.get("Retry-After"), body)
+                classify(
+                    response.status,
+                    response.headers.get("Retry-After"),
+                    body,
+                    self._secrets,
+                )
         except aiohttp.ClientError as exc:
             # Connection refused or reset, DNS failure, broken response: the receiver may or may
             # not have the message; the same Idempotency-Key makes the retry safe.
             reason = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line, for last_error
-            raise RetryableError(redact_urls(reason)) from exc
+            raise RetryableError(redact_text(reason, secrets=self._secrets)) from exc
 
     async def close(self) -> None:
         if self._session is not None:

@@ -55,8 +55,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from outbox.errors import SettingError
 from outbox.models import Message
-from outbox.settings import SettingError
+from outbox.redact import is_secret_name, mask_values, redact_mapping
 from outbox.worker.publishers.base import PermanentError, RetryableError
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.registry import Option, PublisherContext
@@ -101,8 +102,6 @@ RESERVED_CONFIG = {
     "transactional.id": "transactions are not supported",
     "delivery.report.only.error": "every delivery report is needed",
 }
-# Values of keys containing any of these never appear in logs or errors.
-_SENSITIVE = ("password", "secret", "key", "token", "oauthbearer.config")
 
 # How much earlier than the worker's publish timeout librdkafka gives up on a message.
 MESSAGE_TIMEOUT_MARGIN = 1.5
@@ -203,14 +202,6 @@ def render_topic(template: str, message: Message) -> str:
 # -- settings --------------------------------------------------------------------------------
 
 
-def is_sensitive(key: str) -> bool:
-    return any(word in key.lower() for word in _SENSITIVE)
-
-
-def redacted(config: dict[str, str]) -> dict[str, str]:
-    return {k: "***" if is_sensitive(k) else v for k, v in config.items()}
-
-
 def bootstrap_servers(text: str) -> str:
     servers = [s.strip() for s in text.split(",")]
     if not all(servers):
@@ -241,8 +232,8 @@ def config_entry(text: str) -> tuple[str, str]:
         # Errors only rd_kafka_new finds depend on the other properties (security.protocol
         # alone wants a SASL mechanism): the whole configuration is checked at start.
         if not reason.startswith("Failed to create producer"):
-            if is_sensitive(key) and value:
-                reason = reason.replace(value, "***")
+            if is_secret_name(key):
+                reason = mask_values(reason, [value])
             raise ValueError(reason) from None
     return key, value
 
@@ -458,10 +449,9 @@ class KafkaPublisher:
         try:
             Producer(config)
         except KafkaException as exc:
-            reason = _error_of(exc).str()
-            for key, value in self._extra.items():
-                if is_sensitive(key) and value:
-                    reason = reason.replace(value, "***")
+            reason = mask_values(
+                _error_of(exc).str(), [v for k, v in self._extra.items() if is_secret_name(k)]
+            )
             raise SettingError(f"--kafka-config: {reason}") from None
 
     async def start(self) -> None:
@@ -469,7 +459,7 @@ class KafkaPublisher:
             "kafka publisher: bootstrap %s, topic %s, compression %s, message timeout %sms, "
             "config %s", self.config["bootstrap.servers"], self.topic,
             self.config["compression.type"], self.config["message.timeout.ms"],
-            redacted(self._extra),
+            redact_mapping(self._extra),
         )  # fmt: skip
         self._session = self._new_session()
 

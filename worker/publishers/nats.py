@@ -62,8 +62,9 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
+from outbox.errors import SettingError
 from outbox.models import Message
-from outbox.settings import SettingError
+from outbox.redact import is_secret_name, redact_text, redact_url
 from outbox.worker.publishers.base import PermanentError, RetryableError
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.registry import Option, PublisherContext
@@ -124,18 +125,6 @@ def subject_template(text: str) -> str:
 
 
 # -- settings ----------------------------------------------------------------------------------
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password (or a token given as user) replaced by `***`, safe to log."""
-    parts = urllib.parse.urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    userinfo, _, host = parts.netloc.rpartition("@")
-    user, has_password, _ = userinfo.partition(":")
-    # nats://TOKEN@host carries a token in the user part: hide it as well.
-    safe = f"{user}:***" if has_password else "***"
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{safe}@{host}"))
 
 
 def server_urls(text: str) -> tuple[str, ...]:
@@ -424,7 +413,11 @@ class NatsPublisher:
         return redact_url(url.geturl()) if url is not None else self._shown
 
     def _note_error(self, exc: BaseException) -> None:
-        self._last_error = (str(exc) or type(exc).__name__).removeprefix("nats: ")
+        # The client's and the server's words may hold a server URL with its credentials.
+        self._last_error = redact_text(
+            (str(exc) or type(exc).__name__).removeprefix("nats: "),
+            secrets=[value for name, value in self._auth.items() if is_secret_name(name)],
+        )
         if self._last_error != self._logged_error:  # once per streak, not once per attempt
             self._logged_error = self._last_error
             log.warning("nats: %s", self._last_error)

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol
 
+from outbox.errors import SettingError
 from outbox.extras import MissingExtra, require
-from outbox.settings import MASK, SettingError, redact_urls
+from outbox.redact import masked_option, shown_option
 from outbox.worker.publishers.base import Publisher
 
 ENTRY_POINT_GROUP = "outbox.publishers"
@@ -56,26 +57,13 @@ class Option:
         return self.flag.lstrip("-").replace("-", "_")
 
     def shown(self, value: Any) -> str:
-        """The value as it may appear in a message: masked when secret, URLs redacted."""
-        if value is None:
-            return "-"
-        if self.secret:
-            return MASK
-        if isinstance(value, tuple | list):
-            return ", ".join(self.shown(item) for item in value)
-        return redact_urls(str(value))
+        """The value as it may appear in a message: masked when secret, else redacted."""
+        return shown_option(value, secret=self.secret)
 
     def masked(self, text: str, raw: str | None) -> str:
-        """`text` (a message about the raw value given) with that value masked if secret."""
-        if not self.secret or not raw:
-            return text
-        forms = {raw, raw.strip(), repr(raw)[1:-1], repr(raw.strip())[1:-1]} - {""}
-        for form in sorted(forms, key=len, reverse=True):
-            if len(form) >= 4:
-                text = text.replace(form, MASK)
-            else:  # a short value only as a word of its own, or every "a" would go
-                text = re.sub(rf"(?<!\w){re.escape(form)}(?!\w)", MASK, text)
-        return text
+        """`text` (a message about the raw value given) safe to show: that value masked if
+        secret, and whatever else looks secret (see outbox.redact.redact_text) in any case."""
+        return masked_option(text, raw, secret=self.secret)
 
 
 def shown_values(options: tuple[Option, ...], values: Mapping[str, Any]) -> str:
