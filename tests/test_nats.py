@@ -337,6 +337,13 @@ async def connected(publisher: NatsPublisher) -> None:
     await asyncio.wait_for(publisher._connected.wait(), 30)
 
 
+async def publish(publisher: NatsPublisher, message: Message) -> None:
+    """One message through publish_batch, its failure raised."""
+    [result] = await publisher.publish_batch([message])
+    if result is not None:
+        raise result
+
+
 # -- one publisher against a real server -------------------------------------------------------
 
 
@@ -349,9 +356,9 @@ async def test_publish_sends_subject_headers_and_envelope_and_counts_duplicates(
     await connected(publisher)
     try:
         m = message(aggregate_type="billing.invoice", aggregate_id="inv 7", event_type="Paid")
-        await publisher.publish(m)
+        await publish(publisher, m)
         assert duplicates == []
-        await publisher.publish(m)  # a retry of the same message: the stream drops it
+        await publish(publisher, m)  # a retry of the same message: the stream drops it
         assert duplicates == [1]
     finally:
         await publisher.close()
@@ -365,6 +372,31 @@ async def test_publish_sends_subject_headers_and_envelope_and_counts_duplicates(
     }
     body = json.loads(stored.data or b"")
     assert (body["id"], body["aggregate_id"], body["payload"]) == (7, "inv 7", {"n": 1})
+
+
+async def test_a_batch_gets_a_result_per_message_in_order(stream):
+    duplicates: list[int] = []
+    publisher = NatsPublisher(
+        [stream.url], subject="{aggregate_type}.{event_type}",
+        on_duplicate=lambda: duplicates.append(1),
+    )  # fmt: skip
+    await connected(publisher)
+    try:
+        results = await publisher.publish_batch([
+            message(id=1, aggregate_type="outbox"),
+            message(id=2, aggregate_type="nowhere"),  # no stream on nowhere.>
+            message(id=1, aggregate_type="outbox"),  # the same id again: a duplicate
+            message(id=4, aggregate_type="outbox", payload_json=json.dumps("x" * 2_000_000)),
+            message(id=5, aggregate_type="outbox"),
+        ])  # fmt: skip
+    finally:
+        await publisher.close()
+    kinds = [None if r is None else type(r) for r in results]
+    assert kinds == [None, PermanentError, None, PermanentError, None]
+    assert str(results[1]) == "no stream bound to subject 'nowhere.Tested' (no responders)"
+    assert "maximum payload exceeded" in str(results[3])
+    assert duplicates == [1]
+    assert msg_ids(await stream_messages(stream.url)) == [1, 5]
 
 
 async def test_no_stream_goes_dead_with_a_clear_error(stream, conn, dsn):
@@ -386,7 +418,7 @@ async def test_no_stream_policy_retry_makes_it_retryable(stream):
     await connected(publisher)
     try:
         with pytest.raises(RetryableError, match=r"no stream bound to subject 'nostream\.Tested'"):
-            await publisher.publish(message())
+            await publish(publisher, message())
     finally:
         await publisher.close()
 
@@ -398,10 +430,10 @@ async def test_messages_the_stream_or_server_refuse_go_dead(stream):
     await connected(publisher)
     try:
         with pytest.raises(PermanentError, match=r"JetStream refused the message \(400"):
-            await publisher.publish(message(payload_json=json.dumps("x" * 600)))
+            await publish(publisher, message(payload_json=json.dumps("x" * 600)))
         with pytest.raises(PermanentError, match="maximum payload exceeded"):
-            await publisher.publish(message(payload_json=json.dumps("x" * 2_000_000)))
-        await publisher.publish(message())  # a small one still goes through
+            await publish(publisher, message(payload_json=json.dumps("x" * 2_000_000)))
+        await publish(publisher, message())  # a small one still goes through
     finally:
         await publisher.close()
 
@@ -410,13 +442,13 @@ async def test_a_connection_closed_for_good_is_replaced(stream):
     publisher = NatsPublisher([stream.url])
     await connected(publisher)
     try:
-        await publisher.publish(message(id=1))
+        await publish(publisher, message(id=1))
         assert publisher._nc is not None
         await publisher._nc.close()  # as the client does after some server errors
 
         async def delivered() -> bool:
             try:
-                await publisher.publish(message(id=2))
+                await publish(publisher, message(id=2))
             except RetryableError:
                 return False
             return True
@@ -438,7 +470,7 @@ async def test_a_plain_nats_responder_is_not_a_stream(stream):
     await connected(publisher)
     try:
         with pytest.raises(PermanentError, match="plain NATS responder, not a stream"):
-            await publisher.publish(message())
+            await publish(publisher, message())
     finally:
         await publisher.close()
         await nc.close()
@@ -450,13 +482,13 @@ async def test_unreachable_at_start_then_delivered_once_the_server_is_up(tmp_pat
     await publisher.start()  # returns although nothing answers
     try:
         with pytest.raises(RetryableError, match=f"not connected to NATS \\({server.url}\\)"):
-            await publisher.publish(message())
+            await publish(publisher, message())
         server.start()
         await create_stream(server.url)
 
         async def delivered() -> bool:
             try:
-                await publisher.publish(message())
+                await publish(publisher, message())
             except RetryableError:
                 return False
             return True
@@ -494,11 +526,11 @@ async def test_credentials_and_permission_violations(tmp_path, caplog):
             await connected(publisher)
             try:
                 if "nats_user" in values:
-                    await publisher.publish(message(id=1))
+                    await publish(publisher, message(id=1))
                 else:  # the server answers a denied publish with an -ERR only
                     started = time.monotonic()
                     with pytest.raises(PermanentError) as refused:
-                        await publisher.publish(message(id=2))
+                        await publish(publisher, message(id=2))
                     assert str(refused.value) == (
                         "permission denied: publish to subject 'outbox.denied.Tested'"
                     )
@@ -512,7 +544,7 @@ async def test_credentials_and_permission_violations(tmp_path, caplog):
         await connected(deaf)
         try:
             with pytest.raises(PermanentError, match="permission denied: subscription to"):
-                await deaf.publish(message(id=3))
+                await publish(deaf, message(id=3))
         finally:
             await deaf.close()
 
@@ -521,7 +553,7 @@ async def test_credentials_and_permission_violations(tmp_path, caplog):
         await wrong.start()
         try:
             with pytest.raises(RetryableError, match="not connected to NATS") as refused:
-                await wrong.publish(message(id=4))
+                await publish(wrong, message(id=4))
             assert "s3cret" not in str(refused.value)
         finally:
             await wrong.close()
@@ -572,7 +604,7 @@ tls {{
         await create_stream(tls_url, tls=client_tls)
         await connected(publisher)
         try:
-            await publisher.publish(message())
+            await publish(publisher, message())
         finally:
             await publisher.close()
         assert msg_ids(await stream_messages(tls_url, tls=client_tls)) == [7]
@@ -583,7 +615,7 @@ tls {{
         await no_cert.start()
         try:
             with pytest.raises(RetryableError, match="not connected to NATS"):
-                await no_cert.publish(message(id=8))
+                await publish(no_cert, message(id=8))
         finally:
             await no_cert.close()
     finally:

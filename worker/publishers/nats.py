@@ -1,4 +1,8 @@
-"""Publishes each message to NATS JetStream and waits for the stream's acknowledgement (PubAck).
+"""Publishes to NATS JetStream and gathers the stream's acknowledgements (PubAcks).
+
+A batch publisher: the worker hands it the messages it holds, a batch at a time; it
+publishes them all asynchronously, each with its own reply subject, and returns a result per
+message once each has its PubAck (or its failure, or the ack timeout, one timer per batch).
 
 The subject comes from a template (default `outbox.{aggregate_type}.{event_type}`); every
 substituted value is made a single valid subject token (whitespace, control characters,
@@ -10,7 +14,8 @@ already stored: the PubAck then says `duplicate` and the worker counts it in
 
 The connection is made in the background and kept up forever (`max_reconnect_attempts=-1`):
 a worker starts, and keeps running, while NATS is unreachable. A publish while not connected
-fails at once as retryable, so rows back off and are delivered once the server is back.
+fails at once as retryable (the whole batch), so rows back off and are delivered once the
+server is back.
 
 | what happened                                                               | class     |
 |-----------------------------------------------------------------------------|-----------|
@@ -194,9 +199,34 @@ def tls_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLCon
 # -- classification ----------------------------------------------------------------------------
 
 
-def _no_ack(reply: asyncio.Future[Msg]) -> None:
-    if not reply.done():
-        reply.set_exception(nats.errors.TimeoutError())
+class _Acks:
+    """The PubAcks of one batch: a verdict per message (the PubAck `Msg`, or the exception
+    that ended it) and one future, set once every message has its verdict. Only the event
+    loop touches it: no future, task or timer per message."""
+
+    __slots__ = ("future", "left", "subjects", "verdicts")
+
+    def __init__(self, size: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.verdicts: list[Msg | Exception | None] = [None] * size
+        self.subjects: list[str] = [""] * size
+        self.left = 0  # sent, still without a verdict
+        self.future: asyncio.Future[None] = loop.create_future()
+
+    def decide(self, index: int, verdict: Msg | Exception) -> None:
+        if self.verdicts[index] is None:
+            self.verdicts[index] = verdict
+            self.left -= 1
+            if self.left == 0 and not self.future.done():
+                self.future.set_result(None)
+
+    def expire(self) -> None:
+        """The ack timeout: every message still waiting gets no PubAck in time."""
+        for index, verdict in enumerate(self.verdicts):
+            if verdict is None:
+                self.verdicts[index] = nats.errors.TimeoutError()
+        self.left = 0
+        if not self.future.done():
+            self.future.set_result(None)
 
 
 def _no_stream(reason: str, policy: str) -> PermanentError | RetryableError:
@@ -339,9 +369,9 @@ class NatsPublisher:
         self._closing = False
         self._last_error = "not connected yet"
         self._logged_error = ""
-        # Publishes waiting for their PubAck, by reply token, with the subject they went to: a
-        # permissions violation for that subject ends them at once.
-        self._waiting: dict[str, tuple[asyncio.Future[Msg], str]] = {}
+        # Messages waiting for their PubAck, by reply token: their batch and place in it (a
+        # permissions violation for the subject a message went to ends it at once).
+        self._waiting: dict[str, tuple[_Acks, int]] = {}
         self._tokens = itertools.count()
         self._acks_denied: str | None = None
         # Rendering a subject is three regex substitutions; messages of one aggregate type and
@@ -435,17 +465,17 @@ class NatsPublisher:
                 f"permission denied: subscription to {subject!r}, where PubAcks arrive"
             )
         # The client lower-cases the server's -ERR line: compare subjects lower-cased too.
-        for reply, sent_to in list(self._waiting.values()):
+        for acks, index in list(self._waiting.values()):
+            sent_to = acks.subjects[index]
             if kind == "subscription" or sent_to.lower() == subject:
                 reason = self._acks_denied if kind == "subscription" else None
                 reason = reason or f"permission denied: publish to subject {sent_to!r}"
-                if not reply.done():
-                    reply.set_exception(self._refused(reason))
+                acks.decide(index, self._refused(reason))
 
     async def _on_reply(self, msg: Msg) -> None:
         waiting = self._waiting.get(msg.subject[len(self._inbox) :])
-        if waiting is not None and not waiting[0].done():
-            waiting[0].set_result(msg)
+        if waiting is not None:
+            waiting[0].decide(waiting[1], msg)
 
     async def _on_disconnected(self) -> None:
         if not self._closing:
@@ -473,49 +503,80 @@ class NatsPublisher:
             raise RetryableError(f"not connected to NATS ({self._shown}): {self._last_error}")
         return self._nc
 
-    async def publish(self, message: Message) -> None:
-        nc = self._client()
-        if self._acks_denied is not None:
-            raise self._refused(self._acks_denied)
-        subject = self.subject(message)
-        headers = {
-            "Nats-Msg-Id": str(message.id),
-            "Outbox-Event-Type": message.event_type,
-            "Outbox-Aggregate-Type": message.aggregate_type,
-            "Outbox-Aggregate-Id": message.aggregate_id,
-        }
+    async def publish_batch(self, messages: Sequence[Message]) -> list[Exception | None]:
+        """Publish every message, then gather their PubAcks: a result per message, None when
+        the stream stored it (or already had it: a duplicate), else its failure class."""
         try:
-            duplicate = await self._request(nc, subject, envelope(message).encode(), headers)
-        except (PermanentError, RetryableError):
-            raise
-        except Exception as exc:
-            failure = classify(exc, subject, self.no_stream)
-            if failure is exc:
-                raise  # of no known kind: a bug, reported by the loop with its traceback
-            raise failure from exc
-        if duplicate:
-            self._on_duplicate()  # the stream already had this id: nothing stored twice
-
-    async def _request(
-        self, nc: Client, subject: str, body: bytes, headers: dict[str, str]
-    ) -> bool:
-        """What js.publish does, with the reply awaited on a future of our own: the PubAck, a
-        timeout or a permissions violation for the subject (the server drops such a message
-        silently apart from an asynchronous -ERR) ends it, with no task or wait per message.
-        Returns whether the stream already had this message id (a duplicate)."""
-        token = str(next(self._tokens))
+            nc = self._client()
+            if self._acks_denied is not None:
+                raise self._refused(self._acks_denied)
+        except (PermanentError, RetryableError) as exc:
+            return [exc] * len(messages)
         loop = asyncio.get_running_loop()
-        reply: asyncio.Future[Msg] = loop.create_future()
-        self._waiting[token] = (reply, subject)
-        deadline = loop.call_later(self._ack_timeout, _no_ack, reply)
+        acks = _Acks(len(messages), loop)
+        tokens: list[str] = []
+        deadline = loop.call_later(self._ack_timeout, acks.expire)
         try:
-            await nc.publish(subject, body, reply=self._inbox + token, headers=headers)
-            msg = await reply
+            await self._send(nc, messages, acks, tokens)
+            if acks.left:
+                await acks.future
         finally:
             deadline.cancel()
-            del self._waiting[token]
-            if reply.done() and not reply.cancelled():
-                reply.exception()  # a verdict that came while publishing was cancelled: seen
+            waiting = self._waiting
+            for token in tokens:
+                waiting.pop(token, None)
+        return [self._result(acks, index) for index in range(len(messages))]
+
+    async def _send(
+        self, nc: Client, messages: Sequence[Message], acks: _Acks, tokens: list[str]
+    ) -> None:
+        """What js.publish_async does, with the replies gathered per batch: each message goes
+        out with its reply token; a PubAck, the batch's timeout or a permissions violation
+        for the subject (the server drops such a message silently apart from an asynchronous
+        -ERR) gives it its verdict."""
+        waiting, inbox, subject_of, counter = self._waiting, self._inbox, self.subject, self._tokens
+        subjects, publish = acks.subjects, nc.publish
+        for index, message in enumerate(messages):
+            subject = subjects[index] = subject_of(message)
+            token = str(next(counter))
+            waiting[token] = (acks, index)
+            tokens.append(token)
+            acks.left += 1
+            try:
+                await publish(
+                    subject,
+                    envelope(message).encode(),
+                    reply=inbox + token,
+                    headers={
+                        "Nats-Msg-Id": str(message.id),
+                        "Outbox-Event-Type": message.event_type,
+                        "Outbox-Aggregate-Type": message.aggregate_type,
+                        "Outbox-Aggregate-Id": message.aggregate_id,
+                    },
+                )
+            except Exception as exc:  # refused before it left, e.g. over max_payload
+                del waiting[token]
+                acks.decide(index, exc)
+
+    def _result(self, acks: _Acks, index: int) -> Exception | None:
+        """A message's verdict as its result; an exception of no known kind stays as it is:
+        a bug, which the worker reports with its traceback."""
+        verdict = acks.verdicts[index]
+        if isinstance(verdict, Msg):
+            try:
+                duplicate = self._duplicate(verdict)
+            except Exception as exc:
+                return classify(exc, acks.subjects[index], self.no_stream)
+            if duplicate:
+                self._on_duplicate()  # the stream already had this id: nothing stored twice
+            return None
+        assert verdict is not None, "every message has a verdict once its batch is done"
+        return classify(verdict, acks.subjects[index], self.no_stream)
+
+    @staticmethod
+    def _duplicate(msg: Msg) -> bool:
+        """Whether the stream already had this message id; raises what the reply says went
+        wrong (classified by the caller)."""
         if msg.headers and msg.headers.get("Status") == NO_RESPONDERS_STATUS:
             raise NoStreamResponseError
         answer = json.loads(msg.data)  # ValueError: not JSON, so not a stream
