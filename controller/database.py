@@ -27,11 +27,15 @@ CONNECT_TIMEOUT_SECONDS = 5
 APPLICATION_NAME = "outbox-controller"
 
 
-def parse_dsn(dsn: str) -> str:
+def parse_dsn(dsn: str, source: str) -> str:
+    """The DSN if libpq can use it; else a Problem naming `source` (e.g. "key `dsn` of Secret
+    `ns/orders-db`") and what is wrong, quoting none of the value."""
     try:
         return check_dsn(dsn)
     except DsnError as exc:
-        raise Problem("InvalidDsn", f"the DSN in the Secret is unusable: {exc}") from None
+        raise Problem(
+            "InvalidDsn", f"{source} is not a libpq connection string: {exc.reason}"
+        ) from None
 
 
 def parse_table(text: str) -> Table:

@@ -37,6 +37,11 @@ def model(cls: type[M], data: Mapping[str, Any]) -> M:
     return built
 
 
+def secret_key(namespace: str, name: str, key: str) -> str:
+    """Where a value came from, for messages that must name it without showing it."""
+    return f"key `{key}` of Secret `{namespace}/{name}`"
+
+
 class Kube:
     def __init__(self, api: ApiClient, check: Callable[[], None], identity: str) -> None:
         self._api = api
@@ -69,16 +74,15 @@ class Kube:
             raise
         data = secret.data or {}
         if key not in data:
-            keys = ", ".join(sorted(data)) or "none"
-            raise Problem(
-                "SecretKeyMissing", f"Secret {namespace}/{name} has no key {key!r} (keys: {keys})"
-            )
+            # Only the key asked for: the Secret's other keys are not the resource author's
+            # to learn (they may even name what they hold).
+            raise Problem("SecretKeyMissing", f"Secret `{namespace}/{name}` has no key `{key}`")
         version = str(secret.metadata.resource_version if secret.metadata else "")
         try:
             return base64.b64decode(data[key], validate=True).decode(), version
         except (binascii.Error, UnicodeDecodeError):
             raise Problem(
-                "InvalidDsn", f"key {key!r} of Secret {namespace}/{name} is not UTF-8 text"
+                "InvalidDsn", f"{secret_key(namespace, name, key)} is not UTF-8 text"
             ) from None
 
     async def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:

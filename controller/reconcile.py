@@ -28,7 +28,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from outbox.controller import status as st
 from outbox.controller.database import parse_dsn, parse_table, purge, read_backlog
 from outbox.controller.decision import Decision, Limits, Observed, SizingPolicy, decide
-from outbox.controller.kube import Kube
+from outbox.controller.kube import Kube, secret_key
 from outbox.controller.leader import LeadershipLost
 from outbox.controller.metrics import Metrics
 from outbox.controller.render import TEMPLATE_HASH, render_deployment
@@ -190,10 +190,9 @@ class Dispatcher:
         database = spec["database"]
         table = parse_table(database.get("table", "outbox"))
         ref = database["dsnSecretRef"]
-        text, self._secret_version = await self.context.kube.secret_value(
-            self.namespace, ref["name"], ref.get("key", "dsn")
-        )
-        dsn = parse_dsn(text)
+        name, key = ref["name"], ref.get("key", "dsn")
+        text, self._secret_version = await self.context.kube.secret_value(self.namespace, name, key)
+        dsn = parse_dsn(text, secret_key(self.namespace, name, key))
         ordered = spec.get("ordering") == "aggregate"
         return dsn, await read_backlog(dsn, table, ordered=ordered)
 
