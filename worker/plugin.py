@@ -5,16 +5,30 @@
     )
 
 A publisher is a class with a `name`, its `options` (a tuple of `Option`), a `create` class
-method taking the option values and a `PublisherContext`, and three coroutines: `start`,
-`publish(message)` and `close` (the `Publisher` protocol; `PublisherFactory` is the class
-side). `publish` returns on success or raises one of the three failure classes:
+method taking the option values and a `PublisherContext`, `start` and `close` coroutines, and
+one of two ways to send:
+
+- `publish(message)`, the simple form and the default path (the `Publisher` protocol): the
+  worker runs up to `--concurrency` publishes at once, each under `--publish-timeout`.
+  `publish` returns on success or raises one of the three failure classes below. Write this
+  one unless the client library batches natively.
+- `publish_batch(messages)`, for clients that batch natively (the `BatchPublisher`
+  protocol; the built-in Kafka and NATS publishers): the worker hands over up to `--batch`
+  messages per call, a few calls in flight, each call under `--publish-timeout` (past it,
+  every message of the call counts as timed out). It returns one result per message, in
+  order: None when delivered, else an instance of one of the three failure classes (returned,
+  not raised: one message's failure is not the batch's).
+
+A class with `publish_batch` is driven through it alone. `PublisherFactory` is the class
+side of either. The three failure classes:
 
 - `RetryableError(reason, retry_after=None)`: transient; retried with full-jitter back-off,
   honouring `retry_after` when the downstream gave one;
 - `PermanentError(reason)`: retrying cannot help; the message goes dead with the reason;
 - `Defer(delay, reason)`: not yet, for a business reason; the attempt is refunded.
 
-Any other exception is a bug: logged with its traceback, the row left to its lease.
+Any other exception is a bug: logged with its traceback, the row left to its lease. An
+exception `publish_batch` raises instead of returning stands for every message of the call.
 `create` may raise `SettingError` for settings that only make sense together: the worker
 exits 2 with its one-line message. An `Option` with `secret=True` is never echoed: its value
 is masked in usage errors, in `--help` and in the worker's start-up line.
@@ -26,7 +40,13 @@ here are the stable surface; the modules they come from may move.
 
 from outbox.errors import SettingError
 from outbox.models import Message
-from outbox.worker.publishers.base import Defer, PermanentError, Publisher, RetryableError
+from outbox.worker.publishers.base import (
+    BatchPublisher,
+    Defer,
+    PermanentError,
+    Publisher,
+    RetryableError,
+)
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.registry import (
     ENTRY_POINT_GROUP,
@@ -37,6 +57,7 @@ from outbox.worker.publishers.registry import (
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "BatchPublisher",
     "Defer",
     "Message",
     "Option",

@@ -33,7 +33,7 @@ from typing import Any, ClassVar, Protocol
 from outbox.errors import SettingError
 from outbox.extras import MissingExtra, require
 from outbox.redact import masked_option, shown_option
-from outbox.worker.publishers.base import Publisher
+from outbox.worker.publishers.base import BatchPublisher, Publisher
 
 ENTRY_POINT_GROUP = "outbox.publishers"
 # `package.module:Class` (or `:Outer.Inner`), absolute: a relative or empty module is refused.
@@ -92,7 +92,9 @@ class PublisherFactory(Protocol):
     options: ClassVar[tuple[Option, ...]]
 
     @classmethod
-    def create(cls, values: dict[str, Any], context: PublisherContext) -> Publisher: ...
+    def create(
+        cls, values: dict[str, Any], context: PublisherContext
+    ) -> Publisher | BatchPublisher: ...
 
 
 # Built-in publishers whose client library comes with an extra of its own.
