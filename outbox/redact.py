@@ -198,12 +198,12 @@ _JWT = re.compile(r"\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]*)?")
 _NKEY_SEED = re.compile(r"\bS[A-Z][A-Z2-7]{50,}\b")
 # `Bearer xyz`, `Basic eHl6`: the credentials after an HTTP authentication scheme.
 _AUTH_SCHEME = re.compile(r"\b(Bearer|Basic|Digest|Negotiate)(\s+)[A-Za-z0-9._~+/=-]+")
-# `password=x`, `"api_key": "x"`, `Authorization: Token x`: a value after a secret's name
-# (the name is checked with is_secret_name), with the authentication scheme that may lead it.
-# A value in quotes is masked to its closing quote.
-_NAMED_VALUE = re.compile(
-    r"""(?P<name>[A-Za-z_][\w.-]*)(?P<sep>["']?\s*[=:]\s*)(?P<value>"[^"]*"|'[^']*'|"""
-    r"""(?:(?i:bearer|basic|digest|token|negotiate|apikey)\s+)?[^\s"',;&)}\]]+)"""
+# `password=x`, `"api_key": "x"`, `Authorization: Token x`: a name and what separates it from
+# its value; the value (quoted to its closing quote, or one word, after the authentication
+# scheme that may lead it) is masked when the name is a secret's.
+_NAME_SEP = re.compile(r"""(?P<name>[A-Za-z_][\w.-]*)["']?\s*[=:]\s*""")
+_VALUE = re.compile(
+    r""""[^"]*"|'[^']*'|(?:(?i:bearer|basic|digest|token|negotiate|apikey)\s+)?[^\s"',;&)}\]]+"""
 )
 
 
@@ -223,14 +223,21 @@ def mask_values(text: str, values: Iterable[str]) -> str:
     return text
 
 
-def _named_value(match: re.Match[str]) -> str:
-    # In free text only a name whose last word is a secret's counts (`sasl.password`,
-    # `X-Api-Key`, `Authorization`): `TOPIC_AUTHORIZATION_FAILED: Broker: ...` is an error
-    # code followed by its text.
-    last_word = re.split(r"[^A-Za-z0-9]+", match["name"].rstrip("._-"))[-1]
-    if not is_secret_name(last_word) or match["value"] in (MASK, f'"{MASK}"', f"'{MASK}'"):
-        return match[0]
-    return f"{match['name']}{match['sep']}{MASK}"
+def _named_values(text: str) -> str:
+    """`text` with the value after each secret's name masked. In free text only a name whose
+    last word is a secret's counts (`sasl.password`, `X-Api-Key`, `Authorization`):
+    `TOPIC_AUTHORIZATION_FAILED: Broker: ...` is an error code followed by its text."""
+    shown, done = [], 0
+    for match in _NAME_SEP.finditer(text):
+        if match.start() < done:
+            continue  # inside a value already masked
+        last_word = re.split(r"[^A-Za-z0-9]+", match["name"].rstrip("._-"))[-1]
+        value = _VALUE.match(text, match.end())
+        if value is None or not is_secret_name(last_word) or value[0].strip("\"'") == MASK:
+            continue
+        shown += [text[done : match.end()], MASK]
+        done = value.end()
+    return "".join([*shown, text[done:]])
 
 
 def _by_shape(text: str) -> str:
@@ -250,8 +257,7 @@ def redact_text(text: str, *, secrets: Iterable[str] = (), dsn: str = "") -> str
     seeds, HTTP credentials and values named as secrets masked."""
     if dsn:
         text = text.replace(dsn, redact_dsn(dsn))
-    text = _by_shape(mask_values(text, [*secrets, *dsn_secrets(dsn)]))
-    return _NAMED_VALUE.sub(_named_value, text)
+    return _named_values(_by_shape(mask_values(text, [*secrets, *dsn_secrets(dsn)])))
 
 
 # -- settings -----------------------------------------------------------------------------------

@@ -154,7 +154,11 @@ def server_urls(text: str) -> tuple[str, ...]:
 
 
 def readable_file(text: str) -> str:
-    if not Path(text).is_file():
+    try:
+        found = Path(text).is_file()
+    except (OSError, ValueError):  # too long a name, a NUL: e.g. a file's contents
+        found = False
+    if not found:
         raise ValueError(f"{text!r} is not a file")
     return text
 
