@@ -13,6 +13,20 @@ The attempts distribution covers the oldest `count_limit` waiting messages. Done
 the one count that cannot be cheap: an estimate from the planner's statistics unless
 `exact=True`.
 
+Two ages, because they answer different questions. The ready age (`oldest_ready_age`) is how
+long the head of the claim order has been claimable: what more workers would shorten, the
+operator's sizing signal. It leaves out messages waiting out a backoff, so an outage that
+sends every message into backoff keeps it near zero. The oldest unfinished age
+(`oldest_unfinished_age`, from `created_at` of the oldest pending or processing message)
+grows through any stall, backoff included: the one to alert on. `retrying` counts the
+messages waiting out a backoff (pending, available later, at least one attempt spent), among
+the oldest `count_limit` messages that wait for a later time (`waiting`).
+
+Each destination's state (`destinations`: closed, open or paused; outbox.destinations) is
+read by a second, small statement on `<table>_destinations`, which holds one row per
+destination that ever failed, was paused or rate limited: its cost follows the number of
+destinations, never the backlog.
+
 Ordered tables (`ordered=True`) add what can be claimed at all, since only the head of each
 aggregate is claimable: the heads are found by a skip scan of the `aggregate` index, one
 probe per aggregate with unfinished messages (at most `count_limit` of them).
@@ -23,13 +37,15 @@ One statement serves sync and async connections alike: `stats_query` builds it a
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from outbox import destinations as dest
+from outbox.redact import redact_text
 from outbox.runner import Query, Row, fetch, fetch_async
 from outbox.table import Table
 
@@ -41,7 +57,82 @@ COUNT_LIMIT = 10_000
 # `exact=True`: no bound in practice (PostgreSQL's LIMIT takes a bigint).
 _UNBOUNDED = 2**62
 
-_COUNTED = ("pending", "ready", "processing", "dead", "expired_leases", "blocked_by_dead")
+_COUNTED = (
+    "pending", "ready", "waiting", "retrying", "processing", "dead", "expired_leases",
+    "blocked_by_dead",
+)  # fmt: skip
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
+    if later is None or earlier is None:
+        return None
+    return (later - earlier).total_seconds()
+
+
+@dataclass(frozen=True)
+class DestinationState:
+    """A destination as people and the operator see it: its row (outbox.destinations) with
+    the error redacted and the times also as seconds from the database's now()."""
+
+    destination: str
+    state: str  # closed, open (the breaker) or paused (by a person)
+    since: datetime | None  # when it entered that state
+    for_seconds: float | None  # how long it has been in it
+    failures: int  # in the window (closed), or since it opened
+    last_error: str | None  # redacted (outbox.redact)
+    last_failure: datetime | None
+    next_probe_at: datetime | None  # open only: when a replica may take the next probe
+    next_probe_in: float | None  # seconds until then; 0 or less: due
+    probing: str | None  # the replica holding the probe right now, if one does
+    reason: str | None  # why it was paused (or "Retry-After" for an open one)
+    changed_by: str | None  # who paused it, or resumed it last
+
+    @classmethod
+    def of(cls, row: dest.Destination, now: datetime) -> DestinationState:
+        probing = (
+            row.probe_owner
+            if row.state == dest.OPEN and row.probe_until is not None and row.probe_until > now
+            else None
+        )
+        next_probe = row.next_probe_at if row.state == dest.OPEN else None
+        return cls(
+            destination=row.destination,
+            state=row.state,
+            since=row.since,
+            for_seconds=_seconds(now, row.since),
+            failures=row.failures,
+            last_error=redact_text(row.last_error) if row.last_error is not None else None,
+            last_failure=row.last_failure,
+            next_probe_at=next_probe,
+            next_probe_in=_seconds(next_probe, now),
+            probing=probing,
+            reason=row.reason,
+            changed_by=row.changed_by,
+        )
+
+    @property
+    def sending(self) -> bool:
+        return self.state == dest.CLOSED
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for name in ("since", "last_failure", "next_probe_at"):
+            data[name] = _iso(data[name])
+        return data
+
+
+def destination_states(table: Table) -> Query[list[DestinationState]]:
+    """Every destination with a row, as `DestinationState`s, by name."""
+    listing = dest.listing(table)
+    return Query(
+        listing.statement,
+        listing.params,
+        lambda rows: [DestinationState.of(row, now) for row, now in listing.parse(rows)],
+    )
 
 
 @dataclass(frozen=True)
@@ -55,8 +146,12 @@ class QueueStats:
     done: int
     done_is_estimate: bool
     expired_leases: int  # processing rows past lease_until: crashed or stalled workers
-    oldest_pending_age: float | None  # seconds since created_at of the oldest pending/processing
-    oldest_ready_age: float | None  # seconds the longest-waiting ready message has been claimable
+    # Seconds since created_at of the oldest unfinished message (pending or processing),
+    # backoff included; also named `oldest_unfinished_age`.
+    oldest_pending_age: float | None
+    # Seconds the longest-waiting ready message has been claimable: messages waiting out a
+    # backoff are not ready, so an outage does not show here (see the module's docstring).
+    oldest_ready_age: float | None
     max_id: int  # highest id so far: arrivals between two snapshots = difference
     attempts: dict[int, int]  # attempts -> messages, over (the oldest) pending and processing rows
     # Counts that reached this are lower bounds (see `at_least`); None: every count is exact.
@@ -67,14 +162,33 @@ class QueueStats:
     claimable_heads: int | None = None  # aggregates whose head is claimable now
     oldest_claimable_age: float | None = None  # seconds the oldest claimable head has waited
     blocked_by_dead: int | None = None  # messages waiting behind a dead head
+    # Pending and available later: in backoff, deferred, or held back for a destination.
+    waiting: int = 0
+    # Of those, the ones with at least one attempt spent: waiting out a backoff. Counted
+    # among the `waiting` rows walked, so a lower bound when `waiting` is.
+    retrying: int = 0
+    destinations: tuple[DestinationState, ...] = ()  # every destination with a row, by name
 
     @property
     def backlog(self) -> int:
         """Messages not finished yet (pending + processing); a lower bound if either is."""
         return self.pending + self.processing
 
+    @property
+    def oldest_unfinished_age(self) -> float | None:
+        """Seconds since the oldest pending or processing message was created: it grows
+        through any stall, backoff included, unlike the ready age."""
+        return self.oldest_pending_age
+
+    @property
+    def unreachable(self) -> tuple[DestinationState, ...]:
+        """The destinations nothing is sent to (open or paused)."""
+        return tuple(d for d in self.destinations if not d.sending)
+
     def at_least(self, name: str) -> bool:
         """Whether the count `name` stopped at the count limit (the true figure may be more)."""
+        if name == "retrying":  # counted among the waiting rows walked
+            name = "waiting"
         value = getattr(self, name)
         return self.count_limit is not None and value is not None and value >= self.count_limit
 
@@ -99,6 +213,8 @@ class QueueStats:
         data = asdict(self)
         data["sampled_at"] = self.sampled_at.isoformat()
         data["attempts"] = {str(k): v for k, v in self.attempts.items()}
+        data["oldest_unfinished_age"] = self.oldest_unfinished_age
+        data["destinations"] = [d.to_dict() for d in self.destinations]
         data["backlog"] = self.backlog
         data["ready_estimate"] = self.ready_estimate
         data["at_least"] = [name for name in _COUNTED if self.at_least(name)]
@@ -200,6 +316,20 @@ def _statement(table: Table, exact: bool, ordered: bool) -> sql.Composed:
             )
         return _bounded_count(t, sql.SQL(where), sql.SQL(order))
 
+    # Pending rows available later, and those of them with an attempt spent (in backoff):
+    # one walk of the ready index from now() on, at most %(limit)s rows.
+    later = "status = 'pending' AND available_at > now()"
+    waiting = (
+        sql.SQL(
+            "(SELECT ARRAY[count(*), count(*) FILTER (WHERE attempts > 0)] FROM {t} WHERE {w})"
+        ).format(t=t, w=sql.SQL(later))
+        if exact
+        else sql.SQL(
+            "(SELECT ARRAY[count(*), count(*) FILTER (WHERE w.attempts > 0)] FROM "
+            "(SELECT attempts FROM {t} WHERE {w} ORDER BY available_at, id "
+            "LIMIT %(limit)s) AS w)"
+        ).format(t=t, w=sql.SQL(later))
+    )
     done = (
         count("status = 'done'", "id")
         if exact
@@ -226,9 +356,11 @@ def _statement(table: Table, exact: bool, ordered: bool) -> sql.Composed:
           (SELECT attempts, count(*) AS n FROM
              (SELECT attempts FROM {t} WHERE status IN ('pending', 'processing')
                ORDER BY id LIMIT %(limit)s) AS w
-            GROUP BY attempts) AS a){ordered}"""
+            GROUP BY attempts) AS a),
+       {waiting}{ordered}"""
     ).format(
         t=t,
+        waiting=waiting,
         pending=count("status = 'pending'", "available_at, id"),
         ready=count("status = 'pending' AND available_at <= now()", "available_at, id"),
         processing=count("status = 'processing'", "lease_until"),
@@ -244,8 +376,8 @@ def _build(table: Table, row: Row, exact: bool, limit: int | None) -> QueueStats
     (now, pending, ready, processing, dead, done, expired, oldest, oldest_ready, ready_id) = row[
         :10
     ]
-    max_id, dist = row[10:12]
-    heads, head_age, blocked = row[12:15] if len(row) > 12 else (None, None, None)
+    max_id, dist, (waiting, retrying) = row[10:13]
+    heads, head_age, blocked = row[13:16] if len(row) > 13 else (None, None, None)
     if not exact:
         # reltuples counts every row: what is not waiting or dead is (roughly) done.
         done = max(int(done) - pending - processing - dead, 0)
@@ -268,6 +400,8 @@ def _build(table: Table, row: Row, exact: bool, limit: int | None) -> QueueStats
         claimable_heads=heads,
         oldest_claimable_age=head_age,
         blocked_by_dead=blocked,
+        waiting=int(waiting),
+        retrying=int(retrying),
     )
 
 
@@ -301,8 +435,14 @@ def queue_stats(
     exact: bool = False,
     ordered: bool = False,
     count_limit: int = COUNT_LIMIT,
+    destinations: bool = True,
 ) -> QueueStats:
-    return fetch(conn, stats_query(table, exact=exact, ordered=ordered, count_limit=count_limit))
+    """The snapshot, and each destination's state unless `destinations` is False."""
+    stats = fetch(conn, stats_query(table, exact=exact, ordered=ordered, count_limit=count_limit))
+    if not destinations:
+        return stats
+    found = fetch(conn, destination_states(table))
+    return replace(stats, destinations=tuple(found))
 
 
 async def queue_stats_async(
@@ -312,6 +452,12 @@ async def queue_stats_async(
     exact: bool = False,
     ordered: bool = False,
     count_limit: int = COUNT_LIMIT,
+    destinations: bool = True,
 ) -> QueueStats:
+    """`queue_stats` on an async connection."""
     query = stats_query(table, exact=exact, ordered=ordered, count_limit=count_limit)
-    return await fetch_async(conn, query)
+    stats = await fetch_async(conn, query)
+    if not destinations:
+        return stats
+    found = await fetch_async(conn, destination_states(table))
+    return replace(stats, destinations=tuple(found))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -9,6 +10,7 @@ from helpers import explain_prepared, seed, serve_ordering
 from psycopg import sql
 
 from outbox import Outcome, queue_stats, queue_stats_async, rates
+from outbox import destinations as dest
 from outbox.lease import claim, finalize
 from outbox.schema import migrate
 from outbox.stats import QueueStats, stats_query
@@ -111,7 +113,8 @@ async def test_async_stats_match_sync(conn, aconn, table):
     _shape(conn)
     sync = queue_stats(conn, table, exact=True)
     async_ = await queue_stats_async(aconn, table, exact=True)
-    moving = {"sampled_at": None, "oldest_pending_age": None, "oldest_ready_age": None}
+    moving = {"sampled_at": None, "oldest_pending_age": None, "oldest_ready_age": None,
+              "oldest_unfinished_age": None}  # fmt: skip
     assert async_.to_dict() | moving == sync.to_dict() | moving
     assert async_.oldest_pending_age == pytest.approx(sync.oldest_pending_age, abs=5)
 
@@ -340,3 +343,85 @@ def test_stats_are_index_backed_and_bounded(deep_backlog, table, generic, ordere
     assert plan.count("Limit") >= 6, plan
     if ordered:
         assert "outbox_aggregate" in plan, plan  # the skip scan and the head checks
+
+
+# -- what an outage looks like: backoff, the oldest unfinished age, destinations ------------
+
+
+def test_an_outage_in_backoff_shows_in_retrying_and_the_oldest_unfinished_age(conn, table):
+    """Every message waiting out a backoff: nothing is ready, so the ready age says nothing
+    is wrong; the oldest unfinished age and `retrying` say it."""
+    ids = seed(conn, 5)
+    _set(conn, ids, "created_at = now() - interval '20 minutes', "
+                    "available_at = now() + interval '2 minutes', attempts = 4")  # fmt: skip
+    # A deferred message (its attempt refunded) waits too, but is not retrying.
+    _set(conn, ids[4:], "attempts = 0")
+    stats = queue_stats(conn, table)
+    assert stats.ready == 0 and stats.oldest_ready_age is None
+    assert stats.oldest_unfinished_age == pytest.approx(1200, abs=5)
+    assert stats.oldest_unfinished_age == stats.oldest_pending_age
+    assert (stats.waiting, stats.retrying) == (5, 4)
+    assert not stats.at_least("retrying") and stats.counts_exact
+    data = stats.to_dict()
+    assert (data["waiting"], data["retrying"]) == (5, 4)
+    assert data["oldest_unfinished_age"] == pytest.approx(1200, abs=5)
+
+
+def test_retrying_counts_only_pending_rows_available_later_with_an_attempt(conn, table):
+    _shape(conn)  # one waiting for a retry (3 attempts); ready, leased, dead and done rows too
+    for stats in (queue_stats(conn, table), queue_stats(conn, table, exact=True)):
+        assert (stats.waiting, stats.retrying) == (1, 1)
+
+
+def test_retrying_is_a_lower_bound_when_the_walk_stops_at_the_limit(conn, table):
+    ids = seed(conn, 6)
+    _set(conn, ids, "available_at = now() + interval '1 minute', attempts = 1")
+    _set(conn, ids[:2], "available_at = now() + interval '1 second', attempts = 0")
+    stats = queue_stats(conn, table, count_limit=3)
+    # The walk reads the 3 soonest: 2 deferred, 1 retrying; 4 retry in truth.
+    assert (stats.waiting, stats.retrying) == (3, 1)
+    assert stats.at_least("waiting") and stats.at_least("retrying")
+    assert stats.count_text("retrying") == "≥1"
+    assert {"waiting", "retrying"} <= set(stats.to_dict()["at_least"])
+    exact = queue_stats(conn, table, exact=True)
+    assert (exact.waiting, exact.retrying) == (6, 4) and not exact.at_least("retrying")
+
+
+def test_each_destinations_state_with_its_error_redacted(conn, table):
+    def pause(row: dest.Destination, now) -> dest.Destination:
+        return dest.paused(row, by="maria", reason="deploy", now=now)
+
+    def fail(row: dest.Destination, now) -> dest.Destination:
+        failure = dest.Failure(1, "HTTP 503 from https://bot:s3cret@api.test/x?token=t0k", False,
+                               retry_after=timedelta(seconds=30))  # fmt: skip
+        return dest.failed(row, failure, owner="w1", now=now, policy=dest.Policy())
+
+    dest.change_sync(conn, table, "https://hooks.test", pause)
+    dest.change_sync(conn, table, "https://api.test", fail)
+    stats = queue_stats(conn, table)
+    api, hooks = stats.destinations
+    assert (api.destination, api.state, api.reason) == ("https://api.test", "open", "Retry-After")
+    assert api.next_probe_in == pytest.approx(30, abs=5)
+    assert api.for_seconds is not None and 0 <= api.for_seconds < 5
+    assert api.last_error is not None and "api.test" in api.last_error
+    assert "s3cret" not in api.last_error and "t0k" not in api.last_error
+    assert (hooks.state, hooks.reason, hooks.changed_by) == ("paused", "deploy", "maria")
+    assert hooks.next_probe_at is None and hooks.next_probe_in is None
+    assert stats.unreachable == (api, hooks)
+    data = json.loads(json.dumps(stats.to_dict()))
+    assert [d["state"] for d in data["destinations"]] == ["open", "paused"]
+    assert data["destinations"][1]["changed_by"] == "maria"
+    assert "s3cret" not in json.dumps(data)
+    # Without them, one statement: the snapshot alone.
+    assert queue_stats(conn, table, destinations=False).destinations == ()
+
+
+async def test_async_stats_read_the_destinations_too(conn, aconn, table):
+    def pause(row: dest.Destination, now) -> dest.Destination:
+        return dest.paused(row, by="ops", reason="broker upgrade", now=now)
+
+    dest.change_sync(conn, table, "kafka k1:9092", pause)
+    [found] = (await queue_stats_async(aconn, table)).destinations
+    assert (found.destination, found.state, found.reason) == (
+        "kafka k1:9092", "paused", "broker upgrade"
+    )  # fmt: skip
