@@ -1,18 +1,18 @@
-"""`outbox`: migrate the table, read its state, purge old rows, repair dead messages, run the
-demo."""
+"""`outbox`: migrate the table, read its state, purge old rows, repair dead messages, pause
+and resume destinations, run the demo."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 
-from outbox import dberrors, extras
+from outbox import dberrors, extras, pausing
 from outbox.cliutil import (
     ArgumentParser,
     add_dsn_and_table,
@@ -22,6 +22,7 @@ from outbox.cliutil import (
     positive_int,
     resolve,
 )
+from outbox.destinations import OPEN, PAUSED
 from outbox.dsn import check_dsn, connect_options
 from outbox.durations import duration_between, format_duration, parse_duration
 from outbox.errors import SettingError
@@ -31,7 +32,7 @@ from outbox.redact import describe_dsn
 from outbox.repair import Action, default_actor, repair, select_targets
 from outbox.runner import fetch
 from outbox.schema import ORDERINGS, SchemaError, migrate, orderings, render_migration
-from outbox.stats import QueueStats, queue_stats
+from outbox.stats import DestinationState, QueueStats, destination_states, queue_stats
 from outbox.table import Table
 from outbox.text import age
 
@@ -43,6 +44,9 @@ PROG = "outbox"
 DEFAULT_LOCK_TIMEOUT = timedelta(seconds=10)
 DEFAULT_STATEMENT_TIMEOUT = timedelta(minutes=5)
 MAX_PURGE_BATCH = 1_000_000
+# `outbox pause` of a paused destination, `outbox resume` of one that is not paused: nothing
+# changed. Not 1 (something failed) nor 2 (a usage error): a script can tell it apart.
+NOTHING_CHANGED = 3
 _TIMEOUT = duration_between(timedelta(0), timedelta(days=1))
 
 
@@ -117,6 +121,31 @@ def _parser() -> ArgumentParser:
     )
     k.add_argument("--dry-run", action="store_true", help="count what would be skipped")
 
+    ds = command("destinations", "each destination's health: closed, open (the breaker), paused")
+    add_dsn_and_table(ds)
+    _add_timeouts(ds)
+    ds.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+
+    for name, help in (
+        ("pause", "send nothing to a destination until `outbox resume` (recorded, with why)"),
+        ("resume", "send to a paused destination again (recorded)"),
+    ):
+        h = command(name, help)
+        add_dsn_and_table(h)
+        _add_timeouts(h)
+        h.add_argument(
+            "destination", metavar="DESTINATION", help="its name, as `outbox destinations` lists it"
+        )
+        if name == "pause":
+            h.add_argument(
+                "--reason", required=True, metavar="TEXT", help="why: kept with who paused it"
+            )
+        h.add_argument(
+            "--actor",
+            help="who, for the record (env OUTBOX_ACTOR; default the OS user, else the "
+            "database user)",
+        )
+
     d = command("demo", "run the whole system on an embedded PostgreSQL and report")
     d.add_argument("--events", help="events to enqueue (default 3000)")
     d.add_argument("--workers", help="worker processes (default 4)")
@@ -163,14 +192,93 @@ def print_stats(stats: QueueStats) -> None:
         ),
         ("done", done),
         ("dead", stats.count_text("dead")),
-        ("oldest pending age", age(stats.oldest_pending_age)),
+        ("retrying", f"{stats.count_text('retrying')} (waiting out a backoff)"),
+        # The unfinished age grows through backoff; the ready age does not (docs/monitoring.md).
+        ("oldest unfinished age", age(stats.oldest_unfinished_age)),
         ("oldest ready age", age(stats.oldest_ready_age)),
         ("highest id", str(stats.max_id)),
         ("attempts", ", ".join(f"{k}: {v}" for k, v in stats.attempts.items()) or "-"),
+        ("destinations", _destinations_summary(stats.destinations)),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
+
+
+def _destinations_summary(states: Sequence[DestinationState]) -> str:
+    if not states:
+        return "none recorded (all closed)"
+    held = [d for d in states if not d.sending]
+    if not held:
+        return f"{len(states)}, all closed"
+    shown = ", ".join(f"{d.destination} {d.state}" for d in held)
+    return f"{len(states)}: {shown} (see outbox destinations)"
+
+
+def print_destinations(table: Table, states: Sequence[DestinationState]) -> None:
+    """A table of destinations; under each, why it is held (who paused it and why, or the
+    last error), so the line that matters is next to its destination."""
+    if not states:
+        print(
+            f"{table}: no destination recorded: every destination is closed (a row appears when "
+            "one fails, is paused or rate limited)"
+        )
+        return
+    counts = ", ".join(
+        f"{sum(d.state == s for d in states)} {s}"
+        for s in (OPEN, PAUSED)
+        if any(d.state == s for d in states)
+    )
+    print(f"{table}: {len(states)} destination{'' if len(states) == 1 else 's'}"
+          + (f", {counts}" if counts else ", all closed"))  # fmt: skip
+    header = ("DESTINATION", "STATE", "SINCE", "FOR", "FAILURES", "NEXT PROBE")
+    rows = [
+        (
+            d.destination,
+            d.state,
+            d.since.isoformat(sep=" ", timespec="seconds") if d.since else "-",
+            age(d.for_seconds),
+            str(d.failures),
+            _next_probe(d),
+        )
+        for d in states
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        # FAILURES is a number: right-aligned; the rest read left to right.
+        shown = [
+            c.rjust(w) if n == 4 else c.ljust(w)
+            for n, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(shown).rstrip()
+
+    print(line(header))
+    for d, row in zip(states, rows, strict=True):
+        print(line(row))
+        if d.state == PAUSED:
+            print(f"    paused by {d.changed_by or '?'}: {_flat(d.reason or '(no reason)')}")
+        elif d.reason:
+            print(f"    reason: {_flat(d.reason)}")
+        elif d.sending and d.changed_by:
+            print(f"    resumed by {d.changed_by}")
+        if d.last_error:
+            print(f"    last error: {_flat(d.last_error)}")
+
+
+def _flat(text: str) -> str:
+    """On one line: an error or a reason may hold newlines."""
+    return " ".join(text.split())
+
+
+def _next_probe(d: DestinationState) -> str:
+    if d.state != OPEN:
+        return "-"
+    if d.probing:
+        return f"running ({d.probing})"
+    if d.next_probe_in is None or d.next_probe_in <= 0:
+        return "due"
+    return f"in {age(d.next_probe_in)}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -209,6 +317,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         if args.command in ("requeue", "skip") and args.id is not None:
             args.id = message_ids(args.id)
+        if args.command in ("pause", "resume"):
+            args.destination = _checked("DESTINATION", pausing.check_destination, args.destination)
+            if args.command == "pause":
+                args.reason = _checked("--reason", pausing.check_reason, args.reason)
+            args.actor = resolve(args, "--actor", _actor, default_actor())
         timeouts = {
             "lock_timeout": resolve(args, "--lock-timeout", _TIMEOUT, DEFAULT_LOCK_TIMEOUT),
             "statement_timeout": resolve(
@@ -224,12 +337,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             _run(args, conn, table, purge_options)
         except SchemaError as exc:
             fail(PROG, str(exc), 1)
-        except psycopg.errors.UndefinedTable:
-            fail(
-                PROG,
-                f"table {table} does not exist; run `outbox migrate --table {table.argument}`",
-                1,
-            )
+        except psycopg.errors.UndefinedTable as exc:
+            fail(PROG, f"{_missing(table, exc)}; run `outbox migrate --table {table.argument}`", 1)
         except psycopg.errors.LockNotAvailable:
             fail(
                 PROG,
@@ -249,6 +358,28 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         except psycopg.Error as exc:
             fail(PROG, f"{type(exc).__name__}: {dberrors.describe(exc)}", 1)
+
+
+def _checked(name: str, check: Callable[[str], str], value: str) -> str:
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise SettingError(f"{name}: {exc}") from None
+
+
+def _actor(text: str) -> str:
+    if not text.strip():
+        raise ValueError("an empty name records nobody")
+    return text
+
+
+def _missing(table: Table, exc: psycopg.errors.UndefinedTable) -> str:
+    """The table is missing, or (a table of an older schema) one of its siblings is."""
+    primary = exc.diag.message_primary or ""
+    for sibling in ("destinations", "actions"):
+        if f'{table.derived_name(sibling)}"' in primary:
+            return f"table {table} is at an older schema ({primary})"
+    return f"table {table} does not exist"
 
 
 def _milliseconds(value: timedelta) -> str:
@@ -282,6 +413,25 @@ def _run(
         print(f"{table}: {verb} {count} done rows")
     elif args.command in ("requeue", "skip"):
         _repair(args, conn, table)
+    elif args.command == "destinations":
+        states = fetch(conn, destination_states(table))
+        if args.json:
+            print(json.dumps({"table": str(table), "destinations": [d.to_dict() for d in states]}))
+        else:
+            print_destinations(table, states)
+    elif args.command in ("pause", "resume"):
+        result = pausing.change_by_hand(
+            conn,
+            table,
+            args.command,
+            args.destination,
+            reason=getattr(args, "reason", None),
+            actor=args.actor,
+            via=f"outbox {args.command}",
+        )
+        if not result.changed:
+            fail(PROG, result.summary(), NOTHING_CHANGED)
+        print(f"{table}: {result.summary()}")
 
 
 def _repair(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Table) -> None:

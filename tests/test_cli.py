@@ -575,8 +575,9 @@ def test_stats_human_output_names_every_figure(conn, dsn):
     result = outbox("stats", "--exact", "--dsn", dsn)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    for key in ("table", "pending", "processing", "done", "dead", "oldest pending age",
-                "oldest ready age", "highest id", "attempts"):  # fmt: skip
+    for key in ("table", "pending", "retrying", "processing", "done", "dead",
+                "oldest unfinished age", "oldest ready age", "highest id", "attempts",
+                "destinations"):  # fmt: skip
         assert any(line.startswith(key) for line in out.splitlines()), (key, out)
     assert "3 (2 ready)" in out
     assert "2 (1 with expired lease)" in out

@@ -7,14 +7,18 @@ rows, and the batched statements must probe an index on id per row, also under a
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg
 import pytest
 from helpers import explain_prepared, seed, serve_ordering
 
+from outbox import pausing
 from outbox.queries import queries
 from outbox.stats import _query as stats_query
+from outbox.stats import destination_states
+from outbox.stats import stats_query as bounded_stats_query
 
 DONE_ROWS = 10_000
 IN_FLIGHT = 2_000
@@ -95,3 +99,46 @@ def test_stats_never_scan_the_table(half_drained, table):
         )
     )
     assert "Seq Scan on outbox" not in plan, plan
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_stats_walk_the_waiting_rows_from_now_on_in_the_ready_index(half_drained, table, generic):
+    """`waiting` and `retrying` read the pending rows available later, at most the limit of
+    them, from the ready index: never the done rows, never the table."""
+    half_drained.execute(
+        "UPDATE outbox SET available_at = now() + interval '1 minute', attempts = 1 WHERE id > %s",
+        (DONE_ROWS + IN_FLIGHT,),
+    )
+    half_drained.execute("ANALYZE outbox")
+    query = bounded_stats_query(table)
+    plan = _plan(half_drained, query.statement, dict(query.params or {}), generic=generic)
+    above, scan = (
+        plan[: plan.index("Index Cond: (available_at > now())")].rstrip().splitlines()[-2:]
+    )
+    assert "Index Scan using outbox_ready" in scan and "Limit" in above, plan
+    assert "Seq Scan on outbox" not in plan, plan
+
+
+# A scan of the outbox table itself (not of its `_destinations` or `_actions` siblings).
+_OUTBOX_SCAN = re.compile(r" on outbox(?![_\w])")
+
+
+def test_destination_states_read_only_the_destinations_table(half_drained, table):
+    plan = _plan(half_drained, destination_states(table).statement, {}, generic=False)
+    assert "outbox_destinations" in plan, plan
+    assert not _OUTBOX_SCAN.search(plan), plan
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        lambda t: pausing._who(t, "https://api.test", None),
+        lambda t: pausing._record(t, "pause", "ops", {"destination": "https://api.test"}),
+    ],
+    ids=["who and whether known", "audit record"],
+)
+def test_pause_and_resume_never_read_the_outbox_table(half_drained, table, query):
+    statement = query(table)
+    plan = _plan(half_drained, statement.statement, dict(statement.params), generic=True)
+    assert "outbox_destinations" in plan or "outbox_actions" in plan, plan
+    assert not _OUTBOX_SCAN.search(plan), plan

@@ -1,0 +1,220 @@
+"""Pausing and resuming a destination by hand (`outbox pause`/`resume`, the TUI), recorded.
+
+A pause is the `paused` rule of outbox.destinations applied under the destination's row
+lock, with who and why written into the row (`changed_by`, `reason`); a resume is the
+`closed` rule, applied only to a paused destination (an open breaker closes by itself on a
+successful probe; a person who wants it closed at once pauses and resumes it). The same
+transaction writes one row to the table's audit log (`<table>_actions`, as requeue and skip
+do, with no message ids and the destination and reason in `filter`), so the row and its
+record commit together or not at all. A change that does nothing (pausing a paused
+destination, resuming one that is not paused) writes nothing, not even a destination row,
+and says what the destination's state is instead.
+
+Who: the name given (`--actor`, the TUI's OS user), else the database's current_user.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Literal
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from outbox import destinations as dest
+from outbox.runner import Query, Row, fetch, fetch_async, first_row
+from outbox.table import Table
+from outbox.text import age
+
+Verb = Literal["pause", "resume"]
+MAX_REASON_LENGTH = 500  # a sentence or two: the row and the audit log keep it
+MAX_DESTINATION_LENGTH = 1000
+
+
+def check_reason(text: str) -> str:
+    """A pause's reason: required, and short enough to show."""
+    if not text.strip():
+        raise ValueError("a reason is required (why is it paused? people will read it)")
+    if len(text) > MAX_REASON_LENGTH:
+        raise ValueError(f"at most {MAX_REASON_LENGTH} characters, got {len(text)}")
+    return text
+
+
+def check_destination(text: str) -> str:
+    """A destination's name as the workers write it (`outbox destinations` lists them)."""
+    if not text.strip():
+        raise ValueError("a destination is required (`outbox destinations` lists them)")
+    if len(text) > MAX_DESTINATION_LENGTH:
+        raise ValueError(f"at most {MAX_DESTINATION_LENGTH} characters, got {len(text)}")
+    return text
+
+
+@dataclass(frozen=True)
+class HandChange:
+    """What a pause or resume did."""
+
+    action: Verb
+    destination: str
+    before: dest.Destination | None  # None: no row (never failed, paused or rate limited)
+    after: dest.Destination | None  # None: nothing changed (see `before` for why)
+    now: datetime  # the database's
+    actor: str
+    new: bool = False  # the destination had no row before this pause
+    audit_id: int | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.after is not None
+
+    def summary(self) -> str:
+        """One line for people: what changed, or why nothing did."""
+        if self.changed:
+            done = "paused" if self.action == "pause" else "resumed"
+            was = self.before.state if self.before is not None else None
+            note = "" if was in (None, dest.CLOSED) else f" (it was {was})"
+            if self.new:
+                # A typo pauses nothing: say that the name is new, so people check it.
+                note = " (a name no worker has recorded yet: it must match theirs exactly)"
+            return f"{done} {self.destination}{note}, recorded as action #{self.audit_id}"
+        if self.before is None:
+            return f"{self.destination} is not paused (no destination of that name has a row)"
+        state = _state_text(self.before, self.now)
+        if self.action == "pause":
+            return f"{self.destination} is already {state}; nothing changed"
+        return f"{self.destination} is not paused: it is {state}; nothing changed"
+
+
+def _state_text(row: dest.Destination, now: datetime) -> str:
+    since = f" for {age((now - row.since).total_seconds())}" if row.since is not None else ""
+    if row.state == dest.PAUSED:
+        return f"paused{since} by {row.changed_by or '?'}: {row.reason or '(no reason)'}"
+    if row.state == dest.OPEN:
+        return f"open{since} (the breaker: it closes by itself after a successful probe)"
+    return f"{row.state}{since}"
+
+
+def _who(table: Table, destination: str, actor: str | None) -> Query[tuple[str, bool]]:
+    """Who acts (the given name, else current_user), and whether the destination has a row."""
+    statement = sql.SQL(
+        "SELECT coalesce(%(actor)s::text, current_user), "
+        "EXISTS (SELECT 1 FROM {d} WHERE destination = %(destination)s)"
+    ).format(d=dest.table_of(table))
+    return Query(
+        statement,
+        {"actor": actor, "destination": destination},
+        first_row(lambda row: (str(_must(row)[0]), bool(_must(row)[1]))),
+    )
+
+
+def _must(row: Row | None) -> Row:
+    assert row is not None  # a SELECT without FROM returns one row
+    return row
+
+
+def _record(table: Table, verb: Verb, actor: str, filter: dict[str, Any]) -> Query[int]:
+    """One audit-log row for the change: no message ids, the destination in `filter`."""
+    statement = sql.SQL(
+        "INSERT INTO {a} (actor, action, filter, requested, count) "
+        "VALUES (%(actor)s, %(action)s, %(filter)s::jsonb, 1, 1) RETURNING id"
+    ).format(a=table.sibling("actions"))
+    params = {"actor": actor, "action": verb, "filter": Jsonb(filter)}
+    return Query(statement, params, first_row(lambda row: int(_must(row)[0])))
+
+
+def _rule(verb: Verb, actor: str, reason: str | None) -> dest.Rule:
+    def pause(row: dest.Destination, now: datetime) -> dest.Destination | None:
+        if row.state == dest.PAUSED:
+            return None  # the first pause's who and why stand
+        return dest.paused(row, by=actor, reason=reason or "", now=now)
+
+    def resume(row: dest.Destination, now: datetime) -> dest.Destination | None:
+        return dest.closed(row, now, by=actor) if row.state == dest.PAUSED else None
+
+    return pause if verb == "pause" else resume
+
+
+def _recorded(verb: Verb, change: dest.Change, reason: str | None, via: str) -> dict[str, Any]:
+    recorded: dict[str, Any] = {"destination": change.before.destination}
+    if verb == "pause":
+        recorded["reason"] = reason
+    recorded["was"] = change.before.state
+    recorded["via"] = via
+    return recorded
+
+
+def _outcome(
+    verb: Verb, destination: str, change: dest.Change, existed: bool, actor: str
+) -> HandChange:
+    changed = change.after is not None and change.after != change.before
+    return HandChange(
+        verb,
+        destination,
+        before=change.before if existed or changed else None,
+        after=change.after if changed else None,
+        now=change.now,
+        actor=actor,
+        new=changed and not existed,
+    )
+
+
+class _Unchanged(Exception):
+    """Rolls back a change that did nothing: no destination row is left behind."""
+
+    def __init__(self, result: HandChange) -> None:
+        self.result = result
+
+
+def change_by_hand(
+    conn: psycopg.Connection[Any],
+    table: Table,
+    verb: Verb,
+    destination: str,
+    *,
+    reason: str | None = None,
+    actor: str | None = None,
+    via: str,
+) -> HandChange:
+    """Pause (`reason` required) or resume `destination`, and record it, in one transaction."""
+    if verb == "pause":
+        check_reason(reason or "")
+    try:
+        with conn.transaction():
+            who, existed = fetch(conn, _who(table, destination, actor))
+            change = dest.change_sync(conn, table, destination, _rule(verb, who, reason))
+            result = _outcome(verb, destination, change, existed, who)
+            if not result.changed:
+                raise _Unchanged(result)
+            audit = fetch(conn, _record(table, verb, who, _recorded(verb, change, reason, via)))
+    except _Unchanged as unchanged:
+        return unchanged.result
+    return replace(result, audit_id=audit)
+
+
+async def change_by_hand_async(
+    conn: psycopg.AsyncConnection[Any],
+    table: Table,
+    verb: Verb,
+    destination: str,
+    *,
+    reason: str | None = None,
+    actor: str | None = None,
+    via: str,
+) -> HandChange:
+    """`change_by_hand` on an async connection (the TUI)."""
+    if verb == "pause":
+        check_reason(reason or "")
+    try:
+        async with conn.transaction():
+            who, existed = await fetch_async(conn, _who(table, destination, actor))
+            change = await dest.change(conn, table, destination, _rule(verb, who, reason))
+            result = _outcome(verb, destination, change, existed, who)
+            if not result.changed:
+                raise _Unchanged(result)
+            audit = await fetch_async(
+                conn, _record(table, verb, who, _recorded(verb, change, reason, via))
+            )
+    except _Unchanged as unchanged:
+        return unchanged.result
+    return replace(result, audit_id=audit)
