@@ -36,6 +36,7 @@ from psycopg import sql
 
 from outbox.runner import Query, Row, first_row
 from outbox.table import Table
+from outbox.text import storable
 
 CLOSED, OPEN, PAUSED = "closed", "open", "paused"
 STATES = (CLOSED, OPEN, PAUSED)
@@ -151,7 +152,7 @@ def failed(
     rng: random.Random | None = None,
 ) -> Destination:
     """The destination after a retryable failure reported by `owner`."""
-    error = failure.error[:MAX_ERROR_LENGTH]
+    error = storable(failure.error, MAX_ERROR_LENGTH)
     row = replace(row, last_error=error, last_failure=now)
     retry_after = min(failure.retry_after, policy.max_retry_after) if failure.retry_after else None
     if row.state == PAUSED:

@@ -16,6 +16,7 @@ from outbox.models import Message, Outcome, OutcomeKind
 from outbox.queries import queries
 from outbox.runner import Query, Row, fetch_async
 from outbox.table import Table
+from outbox.text import storable
 
 MAX_ERROR_LENGTH = 2000
 
@@ -133,15 +134,7 @@ async def finalize(
 
 
 def _storable(error: str | None) -> str | None:
-    """An error text PostgreSQL will take: bounded, no NUL, no lone surrogates.
-
-    Errors quote what downstreams sent back, binary bodies included; a text column refuses
-    NUL, and a batch refused would never be written.
-    """
-    if error is None:
-        return None
-    error = error[:MAX_ERROR_LENGTH].replace("\x00", "\\0")
-    return error.encode("utf-8", "backslashreplace").decode("utf-8")
+    return None if error is None else storable(error, MAX_ERROR_LENGTH)
 
 
 def _bigint_array(values: list[int]) -> str:

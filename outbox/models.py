@@ -112,9 +112,10 @@ class Outcome(NamedTuple):
         )
 
     @classmethod
-    def release(cls, msg: Message) -> Outcome:
-        """Give an unstarted (or abandoned) message back: available now, attempt refunded."""
-        return cls(msg.id, msg.lease_version, OutcomeKind.RELEASED)
+    def release(cls, msg: Message, delay: float = 0.0) -> Outcome:
+        """Give a message back unsent (unstarted at a stop, abandoned, or held back from a
+        destination that is down): available after `delay` seconds, attempt refunded."""
+        return cls(msg.id, msg.lease_version, OutcomeKind.RELEASED, delay)
 
 
 _STATUS_AFTER = {

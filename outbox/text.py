@@ -25,3 +25,13 @@ def age(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h {s % 3600 // 60:02d}m"
     return f"{s // 86400}d {s % 86400 // 3600:02d}h"
+
+
+def storable(text: str, limit: int) -> str:
+    """Text PostgreSQL will take: bounded, no NUL, no lone surrogates.
+
+    Errors quote what downstreams sent back, binary bodies included; a text column refuses
+    NUL, and a statement refused would never be written.
+    """
+    text = text[:limit].replace("\x00", "\\0")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 # Defaults that are not values but a description of where the value comes from.
-DESCRIBED = {"dsn": "PG* variables", "owner": "hostname-pid", "metrics_port": "off"}
+DESCRIBED = {
+    "dsn": "PG* variables", "owner": "hostname-pid", "metrics_port": "off", "rate_limit": "off"
+}
 
 
 def worker_flag_rows() -> dict[str, str]:

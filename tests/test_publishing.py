@@ -11,6 +11,7 @@ from test_ledger import _messages
 from workers import settings
 
 from outbox.models import Message, OutcomeKind
+from outbox.worker.health import Health
 from outbox.worker.ledger import Ledger
 from outbox.worker.metrics import Metrics
 from outbox.worker.publishers.base import Defer, PermanentError, RetryableError
@@ -40,9 +41,13 @@ class Batches:
 
 
 def _publishing(publisher: object, **overrides: object) -> tuple[Ledger, Publishing]:
-    s = settings("", batch=4, concurrency=2, **overrides)
+    # The breaker off: failures here are the messages' own.
+    s = settings("", batch=4, concurrency=2, breaker_failures=0, **overrides)
     ledger = Ledger(s.batch, s.concurrency)
-    return ledger, Publishing(s, ledger, publisher, Metrics())  # type: ignore[arg-type]
+    metrics = Metrics()
+    # No database: destination health is only read and written when something fails.
+    health = Health(s, publisher, connection=None, retry=None, metrics=metrics)  # type: ignore[arg-type]
+    return ledger, Publishing(s, ledger, publisher, metrics, health)  # type: ignore[arg-type]
 
 
 async def _outcomes(ledger: Ledger, count: int) -> dict[int, OutcomeKind]:

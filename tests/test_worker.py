@@ -65,13 +65,8 @@ async def test_delivers_everything_over_http_with_the_id_as_idempotency_key(
 
 
 async def test_http_classification_end_to_end(conn, dsn):
-    ids = seed(conn, 4)
-    replies = {
-        ids[0]: Reply(200),
-        ids[1]: Reply(422),
-        ids[2]: Reply(429, {"Retry-After": "120"}),
-        ids[3]: Reply(503),
-    }
+    ids = seed(conn, 3)
+    replies = {ids[0]: Reply(200), ids[1]: Reply(422), ids[2]: Reply(503)}
     with Sink(lambda body, nth: replies[body["id"]]) as sink:
         async with dispatching(
             settings(dsn, backoff_base=timedelta(seconds=300), backoff_cap=timedelta(hours=1)),
@@ -81,19 +76,46 @@ async def test_http_classification_end_to_end(conn, dsn):
                 lambda: (
                     # One statement: read apart, "none processing" could be seen before the
                     # claim and "all attempted" right after it.
-                    _count(conn, "status <> 'processing' AND attempts > 0") == 4
+                    _count(conn, "status <> 'processing' AND attempts > 0") == 3
                 )
             )
     assert row(conn, ids[0])["status"] == "done"
     dead = row(conn, ids[1])
     assert dead["status"] == "dead" and dead["last_error"].startswith("permanent: HTTP 422")
-    limited = row(conn, ids[2])
-    assert limited["status"] == "pending" and "HTTP 429" in limited["last_error"]
-    wait = (limited["available_at"] - limited["created_at"]).total_seconds()
-    assert 115 <= wait <= 130, wait  # Retry-After honoured, not the jittered backoff
-    failed = row(conn, ids[3])
+    failed = row(conn, ids[2])
     assert failed["status"] == "pending" and failed["attempts"] == 1
     assert "HTTP 503" in failed["last_error"]
+    # One message failing is the message's trouble, not the destination's.
+    assert conn.execute("SELECT state FROM outbox_destinations").fetchall() == [("closed",)]
+
+
+async def test_a_retry_after_pauses_the_whole_destination_and_refunds_the_attempt(conn, dsn):
+    [limited] = seed(conn, 1)
+    with Sink(lambda body, nth: Reply(429, {"Retry-After": "120"})) as sink:
+        async with dispatching(settings(dsn), _http(sink)):
+            await wait_until(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM outbox_destinations WHERE state = 'open'"
+                    ).fetchone()[0]
+                    == 1
+                )
+            )
+            await wait_until(lambda: _count(conn, "status = 'pending'") == 1)
+            later = seed(conn, 5)
+            # Claimed by nobody while the destination waits out its Retry-After.
+            await asyncio.sleep(0.5)  # a window in which a wrong worker would send them
+            assert _count(conn, f"id IN ({', '.join(map(str, later))}) AND attempts > 0") == 0
+        assert len(sink.requests) == 1
+    message = row(conn, limited)
+    assert message["status"] == "pending" and message["attempts"] == 0  # refunded
+    wait, reason, url = conn.execute(
+        "SELECT extract(epoch FROM next_probe_at - since), reason, destination "
+        "FROM outbox_destinations"
+    ).fetchone()
+    assert (
+        119 <= wait <= 121 and reason == "Retry-After" and url == sink.url.removesuffix("/events")
+    )
 
 
 async def test_unreachable_endpoint_is_retried_not_dead(conn, dsn):

@@ -17,6 +17,7 @@ from typing import Any
 
 from outbox import lease
 from outbox.models import Message
+from outbox.worker.health import Health
 from outbox.worker.ledger import Ledger
 from outbox.worker.metrics import Metrics
 from outbox.worker.retry import DatabaseRetry, Stopped
@@ -41,6 +42,7 @@ class Claimer:
         wakeup: asyncio.Event,
         listening: Callable[[], bool],
         on_claimed: Callable[[], None],
+        health: Health,
     ) -> None:
         self.settings = settings
         self.ledger = ledger
@@ -50,6 +52,7 @@ class Claimer:
         self.wakeup = wakeup  # set by NOTIFY, and by a stop
         self.listening = listening
         self.on_claimed = on_claimed  # publishing starts on what came in
+        self.health = health
         self._ordered_claims = lease.OrderedClaims()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -76,10 +79,24 @@ class Claimer:
                 await _first_of(stop.wait(), ledger.room.wait())
                 continue
             want = min(s.batch, room)
+            health = self.health
+            gate = await health.claim_gate() if health.blocked else None
+            if gate == 0:
+                # The destination is down: nothing to claim until a probe is due or the
+                # breaker closes (another replica's probe).
+                health.changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(health.gate_wait()):
+                        await _first_of(stop.wait(), health.changed.wait())
+                continue
+            if gate is not None:
+                want = min(want, gate)
             self.wakeup.clear()  # a NOTIFY during the claim must still wake the next wait
             started = time.monotonic()
             messages = await self.retry.until_done("claim", partial(self._claim, want), stop=stop)
             self.metrics.ready = True  # whichever operation failed before, claiming works
+            if gate == 1 and messages:
+                health.probing(health.fixed, messages[0])
             if messages:
                 now = time.monotonic()
                 ledger.hold(messages, now, claim_seconds=now - started)

@@ -69,6 +69,26 @@ class Metrics:
         self.db_errors = Counter(
             "outbox_database_errors", "Failed database operations", ["operation"], registry=r
         )
+        self.destination_state = Gauge(
+            "outbox_destination_state",
+            "1 for each destination's breaker state as this worker last read it "
+            "(closed, open, paused)",
+            ["destination", "state"],
+            registry=r,
+        )
+        self.destination_failures = Counter(
+            "outbox_destination_failures",
+            "Retryable publish failures by destination (a timeout, a refused connection, 5xx, 429)",
+            ["destination"],
+            registry=r,
+        )
+        self.held_back = Counter(
+            "outbox_destination_held_back_messages",
+            "Messages given back unsent, attempt refunded, because their destination was open "
+            "or paused",
+            ["destination"],
+            registry=r,
+        )
         self.ready = False
 
 

@@ -24,8 +24,9 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from outbox.models import Message, Outcome
-from outbox.redact import redact_text as redact_urls
+from outbox.redact import redact_text
 from outbox.worker.backoff import retry_delay
+from outbox.worker.health import Health
 from outbox.worker.in_flight import InFlight
 from outbox.worker.ledger import Ledger
 from outbox.worker.metrics import Metrics
@@ -85,7 +86,7 @@ def reason(exc: BaseException) -> str:
     """A publisher's reason as stored in last_error (readable by anyone who may SELECT the
     table, and shown by the TUI): URL credentials and query values redacted, whichever
     publisher wrote it."""
-    return redact_urls(str(exc))
+    return redact_text(str(exc))
 
 
 class Publishing:
@@ -97,11 +98,13 @@ class Publishing:
         ledger: Ledger,
         publisher: Publisher | BatchPublisher,
         metrics: Metrics,
+        health: Health,
     ) -> None:
         self.settings = settings
         self.ledger = ledger
         self.publisher = publisher
         self.metrics = metrics
+        self.health = health
         self.classifier = Classifier(settings)
         self.in_flight = InFlight(settings.publish_timeout.total_seconds())
         self.tasks: set[asyncio.Task[None]] = set()
@@ -140,11 +143,18 @@ class Publishing:
         """Publish waiting messages one after the other until none is waiting."""
         task = asyncio.current_task()
         assert task is not None
-        ledger, metrics = self.ledger, self.metrics
-        put_outcome, done = ledger.put_outcome, Outcome.done
+        ledger, metrics, health = self.ledger, self.metrics, self.health
+        put_outcome, done, delivered = ledger.put_outcome, Outcome.done, health.delivered
+        blocked, probes, limiter = health.blocked, health.probes, health.limiter
         publish, in_flight = self.publisher.publish, self.in_flight  # type: ignore[union-attr]
         clock = time.perf_counter
         while (message := ledger.take_one(time.monotonic())) is not None:
+            if blocked and not health.may_send(message):
+                ledger.published()
+                self._hold_back(message)
+                continue
+            if limiter is not None:
+                await limiter.acquire(health.destination_of(message))
             started = clock()
             error: BaseException | None = None
             try:
@@ -159,13 +169,31 @@ class Publishing:
             finally:
                 metrics.publish_seconds.observe(clock() - started)
             ledger.published()
-            if error is None:
+            if error is None and not probes:
                 put_outcome(done(message))
+                delivered(message)
             else:
-                self._settle(message, error)
+                await self._settle(message, error)
         ledger.room.set()  # publishing freed room for the next claim
 
-    def _settle(self, message: Message, error: BaseException | None) -> None:
+    def _hold_back(self, message: Message) -> None:
+        """Its destination is open or paused: back to pending unsent, attempt refunded."""
+        delay = self.health.hold_back(self.health.destination_of(message))
+        self.ledger.put_outcome(Outcome.release(message, delay))
+
+    async def _settle(self, message: Message, error: BaseException | None) -> None:
+        """The outcome of a publish that failed, or of any publish while this replica
+        probes a destination: the destination's health hears of it first."""
+        health = self.health
+        if isinstance(error, RetryableError | TimeoutError):
+            retry_after = error.retry_after if isinstance(error, RetryableError) else None
+            text = self.classifier.timed_out if isinstance(error, TimeoutError) else reason(error)
+            hold = await health.failed(message, text, retry_after)
+            if hold is not None:  # the destination's failure, not the message's
+                self.ledger.put_outcome(Outcome.release(message, hold))
+                return
+        else:
+            await health.answered(message)  # delivered, or refused for the message's reason
         try:
             outcome = self.classifier.outcome(message, error)
         except Exception:
@@ -187,11 +215,27 @@ class Publishing:
     # -- in batches -------------------------------------------------------------------------
 
     async def _publish_batches(self) -> None:
-        """Hand the publisher batches of waiting messages until none is waiting."""
-        ledger, s = self.ledger, self.settings
+        """Hand the publisher batches of waiting messages until none is waiting. A batch
+        publisher has one destination (its cluster), so a batch shares one fate."""
+        ledger, s, health = self.ledger, self.settings, self.health
         publish_batch = self.publisher.publish_batch  # type: ignore[union-attr]
         timeout = s.publish_timeout.total_seconds()
-        while messages := ledger.take(s.batch, time.monotonic()):
+        while ledger.waiting:
+            want = min(s.batch, len(ledger.waiting))
+            if health.limiter is not None:
+                want = await health.limiter.acquire(health.fixed, want)
+            messages = ledger.take(want, time.monotonic())
+            if health.blocked:
+                allowed = [m for m in messages if health.may_send(m)]
+                if len(allowed) < len(messages):
+                    ledger.published(len(messages) - len(allowed))
+                    sent = {m.id for m in allowed}
+                    for message in messages:
+                        if message.id not in sent:
+                            self._hold_back(message)
+                    messages = allowed
+            if not messages:
+                continue
             started = time.perf_counter()
             results: Sequence[BaseException | None]
             try:
@@ -213,7 +257,13 @@ class Publishing:
             elapsed = time.perf_counter() - started
             ledger.published(len(messages))
             observe = self.metrics.publish_seconds.observe
+            done = Outcome.done
+            delivered = [m for m, error in zip(messages, results, strict=True) if error is None]
+            if delivered and not health.probes:
+                ledger.put_outcomes(map(done, delivered))
+                health.delivered(delivered[-1])
             for message, error in zip(messages, results, strict=True):
                 observe(elapsed)
-                self._settle(message, error)
+                if error is not None or health.probes:
+                    await self._settle(message, error)
         ledger.room.set()

@@ -31,6 +31,7 @@ from outbox.redact import describe_dsn, redact_dsn
 from outbox.schema import check_table
 from outbox.worker.claimer import Claimer
 from outbox.worker.finalizer import Finalizer
+from outbox.worker.health import Health
 from outbox.worker.lease_keeper import LeaseKeeper
 from outbox.worker.ledger import Ledger
 from outbox.worker.listener import Listener
@@ -93,11 +94,12 @@ class Replica:
         wakeup = asyncio.Event()
         connection = self.pool.connection
         self.listener = Listener(s, retry, wakeup)
-        self.publishing = Publishing(s, self.ledger, publisher, self.metrics)
+        self.health = Health(s, publisher, connection, retry, self.metrics)
+        self.publishing = Publishing(s, self.ledger, publisher, self.metrics, self.health)
         self.claimer = Claimer(
             s, self.ledger, connection, retry, self.metrics,
             wakeup=wakeup, listening=lambda: self.listener.listening,
-            on_claimed=self.publishing.start,
+            on_claimed=self.publishing.start, health=self.health,
         )  # fmt: skip
         self.finalizer = Finalizer(s, self.ledger, connection, retry, self.metrics)
         self.lease_keeper = LeaseKeeper(s, self.ledger, connection, retry)
@@ -121,6 +123,7 @@ class Replica:
                         ("finalizer", self.finalizer.run()),
                         ("lease keeper", self.lease_keeper.run()),
                         ("listener", self.listener.run()),
+                        ("destination health", self.health.run()),
                     )
                 ]
                 try:

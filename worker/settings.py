@@ -22,6 +22,7 @@ from outbox.cliutil import (
     port,
     resolve,
 )
+from outbox.destinations import MAX_FAILING_IDS
 from outbox.dsn import check_dsn
 from outbox.durations import duration_between, format_duration, parse_duration
 from outbox.errors import SettingError
@@ -43,9 +44,27 @@ MAX_ATTEMPTS = 2**31 - 1  # the `attempts` column is an integer
 LEASE_RANGE = (timedelta(seconds=1), timedelta(days=1))
 PUBLISH_TIMEOUT_RANGE = (timedelta(milliseconds=1), timedelta(days=1))
 POLL_INTERVAL_RANGE = (timedelta(milliseconds=1), timedelta(hours=1))
+MAX_BREAKER_FAILURES = MAX_FAILING_IDS
+BREAKER_WINDOW_RANGE = (timedelta(seconds=1), timedelta(days=1))
+PROBE_DELAY_MAX_RANGE = (timedelta(seconds=2), timedelta(hours=1))
+RATE_RANGE = (0.01, 1_000_000.0)  # messages a second
+_RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 LOG_FORMATS = ("auto", "json", "text")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def parse_rate(text: str) -> float:
+    """`50/s`, `600/m`, `10/h`, or a bare number a second: messages a second."""
+    number, _, unit = text.strip().partition("/")
+    try:
+        rate = float(number) / _RATE_UNITS[unit.strip() or "s"]
+    except (KeyError, ValueError):
+        raise ValueError(f"{text!r} is not a rate (use e.g. 50/s, 600/m)") from None
+    low, high = RATE_RANGE
+    if not low <= rate <= high:
+        raise ValueError(f"{text!r} is out of range ({low:g}/s to {high:g}/s)")
+    return rate
 
 
 def default_owner() -> str:
@@ -100,6 +119,16 @@ class WorkerSettings:
     transaction pooling mode, which cannot keep prepared statements."""
     event_loop: str = "auto"
     """`auto` (uvloop when it is installed, else asyncio's own), `uvloop` or `asyncio`."""
+    rate_limit: float | None = None
+    """Most messages a second sent to each destination by all replicas of the table together
+    (`50/s`, `600/m`); unset: no limit."""
+    breaker_failures: int = 5
+    """Different messages failing at one destination within the breaker window that open its
+    breaker for every replica (0 turns the breaker off)."""
+    breaker_window: timedelta = timedelta(seconds=60)
+    """How close together those failures must be; a success starts the count again."""
+    probe_delay_max: timedelta = timedelta(seconds=30)
+    """Longest wait between two probes of an open destination (the wait doubles from 2s)."""
 
     @property
     def ordered(self) -> bool:
@@ -146,6 +175,10 @@ CONVERTERS: dict[str, Callable[[str], Any]] = {
     "log_level": str.upper,
     "event_loop": choice(*EVENT_LOOPS),
     "prepared_statements": on_off,
+    "rate_limit": parse_rate,
+    "breaker_failures": int_between(0, MAX_BREAKER_FAILURES),
+    "breaker_window": duration_between(*BREAKER_WINDOW_RANGE),
+    "probe_delay_max": duration_between(*PROBE_DELAY_MAX_RANGE),
 }
 # Defaults computed at start-up, shown as what they are made of.
 _SHOWN_DEFAULTS = {"owner": "hostname-pid"}

@@ -3,9 +3,13 @@
 A publisher sends one message and either returns (success) or raises one of the three
 failure classes below; a batch publisher sends many at once and reports, for each, None
 (success) or one of those failures. Translating a client library's exceptions into these
-classes is the publisher's job; the loop knows nothing of HTTP or brokers. Any other exception is a bug:
-the loop logs it with its traceback and leaves the row alone, so its lease expires and the
-attempt limit eventually sends it to dead.
+classes is the publisher's job; the loop knows nothing of HTTP or brokers. Any other
+exception is a bug: the loop logs it with its traceback and leaves the row alone, so its
+lease expires and the attempt limit eventually sends it to dead.
+
+Each publisher names the destination of its messages, whose health the worker tracks:
+`destination` (one for all: an HTTP origin, a broker cluster), or `destination_of(message)`
+(one per message); a publisher that names none is one destination, its name.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from outbox.models import Message
 from outbox.redact import redact_text, redact_url
@@ -149,6 +150,8 @@ class HttpPublisher:
         max_connections: int = 100,
     ) -> None:
         self.url = url
+        # Health is the origin's: every path of one server shares its breaker.
+        self.destination = str(URL(url).origin())
         self._owner = owner
         self._headers = headers or {}
         # Header values are secrets (tokens, API keys): masked in any reason that quotes them.

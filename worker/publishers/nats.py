@@ -366,6 +366,7 @@ class NatsPublisher:
         self._auth = auth or {}
         self._reconnect_wait = reconnect_wait
         self._shown = ", ".join(redact_url(url) for url in self.servers)
+        self.destination = f"nats {self._shown}"  # the cluster: health is shared by its servers
         self._nc: Client | None = None
         self._inbox = ""  # the client's PubAck inbox prefix: `<inbox>.<token>` per publish
         self._connecting: asyncio.Task[None] | None = None
