@@ -61,3 +61,19 @@ def test_the_payload_is_spliced_in_verbatim():
     payload = '{"a": 1, "b": [1, 2]}'
     message = Message(1, 1, 1, "order", "o-1", "OrderPaid", payload, datetime.now(UTC))
     assert envelope(message).endswith(f',"payload":{payload}}}')
+
+
+def test_one_instant_in_two_time_zones_keeps_each_zones_timestamp():
+    # The envelope reuses the last timestamp's text for an equal created_at: equal instants in
+    # other zones, one after the other, must still print as their own.
+    utc = datetime(2025, 3, 14, 12, 0, 0, tzinfo=UTC)
+    same_instants = [
+        utc,
+        utc.astimezone(timezone(timedelta(hours=2))),
+        utc,
+        utc.replace(tzinfo=None),  # naive: never equal to an aware one
+        utc,
+    ]
+    for created_at in same_instants:
+        message = Message(1, 1, 1, "order", "o-1", "Paid", "{}", created_at)
+        assert json.loads(envelope(message))["created_at"] == created_at.isoformat()

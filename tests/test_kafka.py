@@ -541,3 +541,25 @@ async def test_a_batch_reports_each_message_in_order(cluster):
     assert str(results[2]).startswith("Kafka MSG_SIZE_TOO_LARGE: ")
     consumed = consume_all(cluster.bootstraps, "Paid", 2)
     assert sorted(json.loads(m.value())["id"] for m in consumed) == [1, 4]
+
+
+async def test_failures_reported_later_land_on_their_own_messages(cluster):
+    # The broker refuses the first produce request of each partition leader: the messages in
+    # it fail in their delivery reports, and only those.
+    cluster.push_request_errors(PRODUCE, E.TOPIC_AUTHORIZATION_FAILED)
+    publisher = _publisher(cluster)
+    await publisher.start()
+    try:
+        messages = [_message(id=i, aggregate_id=f"o-{i}") for i in range(1, 41)]
+        results = await publisher.publish_batch(messages)
+    finally:
+        await publisher.close()
+    failed = {m.id for m, r in zip(messages, results, strict=True) if r is not None}
+    assert failed, "the injected error failed no message"
+    assert {str(r) for r in results if r is not None} == {
+        "Kafka TOPIC_AUTHORIZATION_FAILED: Broker: Topic authorization failed"
+    }
+    consumed = consume_all(cluster.bootstraps, "order", 40 - len(failed))
+    assert sorted(json.loads(m.value())["id"] for m in consumed) == sorted(
+        m.id for m in messages if m.id not in failed
+    )

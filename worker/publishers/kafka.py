@@ -50,7 +50,6 @@ import re
 import string
 import threading
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -112,6 +111,8 @@ QUEUE_FULL = (
     "(queue.buffering.max.messages, queue.buffering.max.kbytes)"
 )
 
+# The fate of a message whose delivery report never came (its producer was replaced).
+_UNKNOWN = KafkaError(KafkaError._FATAL, "producer replaced before delivery was reported")
 # Most seconds a producer replaced after a fatal error gets to finish what it has in flight.
 RETIRE_FLUSH = 5.0
 # Most seconds close() waits for queued messages before purging them.
@@ -254,33 +255,67 @@ def message_timeout_ms(publish_timeout: float) -> int:
 class _Batch:
     """The delivery reports of messages produced together, on one producer.
 
-    Each report writes its message's slot of the call's `results` and counts; the last one
-    completes `future` (one wake-up of the loop per batch, not one future per message).
-    Reports run on the poll thread, or on the thread closing the session; the future is
-    touched on the loop alone.
+    One callback serves the whole batch (no object per message): a success is only
+    counted; a failure, rare, is placed by the outbox id at the start of the message's
+    value (the envelope's first field: delivery reports carry the value, not the headers).
+    The last report completes `future`: one wake-up of the loop per batch. Reports run on
+    the poll thread, or on the thread closing the session; the future is touched on the
+    loop alone.
     """
 
-    __slots__ = ("_loop", "end", "failed", "first", "future", "produced", "reported", "results")
+    __slots__ = (
+        "_index",
+        "_loop",
+        "end",
+        "failed",
+        "first",
+        "future",
+        "messages",
+        "produced",
+        "reported",
+        "results",
+        "unplaced",
+    )
 
-    def __init__(self, results: list[Any], first: int, loop: asyncio.AbstractEventLoop) -> None:
-        self.results = results
+    def __init__(
+        self,
+        messages: Sequence[Message],
+        results: list[Any],
+        first: int,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.messages = messages
+        self.results = results  # the call's: None for a message produced and not failed
         self.first = self.end = first  # the slots [first, end) are this batch's
         self.produced = -1  # not known until every message of the batch is produced
         self.reported = 0
         self.failed = 0
+        # A failure that could not be placed: every message of the batch is then in doubt.
+        self.unplaced: KafkaError | None = None
         self.future: asyncio.Future[None] = loop.create_future()
         self._loop = loop
+        self._index: dict[int, int] | None = None
 
-    def report(self, index: int, error: KafkaError | None, _: Any) -> None:
-        # Inside poll() or flush(). Anything raised here would surface from them: keep it
-        # to assignments and one call that cannot fail once the loop is closed.
-        self.results[index] = error
+    def report(self, error: KafkaError | None, message: Any) -> None:
+        # Inside poll() or flush(). Anything raised here would surface from them: a failure
+        # that cannot be placed is kept, not raised.
         if error is not None:
-            self.failed += 1
+            self._place(error, message)
         self.reported += 1
         if self.reported == self.produced:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                 self._loop.call_soon_threadsafe(self.complete)
+
+    def _place(self, error: KafkaError, message: Any) -> None:
+        self.failed += 1
+        try:
+            value = message.value()
+            outbox_id = int(value[6 : value.index(b",", 6)])  # {"id":123,...
+            if self._index is None:
+                self._index = {m.id: i for i, m in enumerate(self.messages)}
+            self.results[self._index[outbox_id]] = error
+        except Exception:
+            self.unplaced = error
 
     def seal(self, end: int, produced: int) -> None:
         """Loop: every message of the batch was handed to librdkafka (or refused at once)."""
@@ -293,9 +328,22 @@ class _Batch:
         if not self.future.done():  # a batch past the publish timeout was cancelled
             self.future.set_result(None)
 
-
-# The slot of a produced message whose delivery report has not arrived.
-_UNREPORTED: Any = object()
+    def in_doubt(self, error: KafkaError) -> None:
+        """Loop, once the batch is complete or its producer gone: if a report was lost or
+        could not be placed, every message not known to have failed gets `error` (sent
+        again: a duplicate at worst, never a message marked done that was not)."""
+        if self.unplaced is None and self.reported >= self.produced:
+            return
+        results, error = self.results, self.unplaced or error
+        doubtful = [i for i in range(self.first, self.end) if results[i] is None]
+        log.warning(
+            "kafka: a batch's delivery reports are missing or could not be placed; its %d "
+            "messages not known to have failed are sent again (%s)", len(doubtful), error.str(),
+        )  # fmt: skip
+        for index in doubtful:
+            results[index] = error
+        self.failed += len(doubtful)
+        self.unplaced, self.reported = None, self.produced  # told once
 
 
 class _Session:
@@ -478,16 +526,12 @@ class KafkaPublisher:
 
     async def _retire(self, session: _Session) -> None:
         await asyncio.to_thread(session.close, RETIRE_FLUSH)
-        # Every delivery report of the old producer was served before to_thread returned,
-        # and the batches they completed were told first; a message still without one has an
-        # unknown fate: it is sent again.
-        unknown = KafkaError(KafkaError._FATAL, "producer replaced before delivery was reported")
+        # Every delivery report of the old producer was served before to_thread returned
+        # (close() purges what it could not deliver, which reports it), and the batches they
+        # completed were told first; a batch still short of reports has messages of unknown
+        # fate: they are sent again.
         for batch in list(session.pending):
-            results = batch.results
-            for index in range(batch.first, batch.end):
-                if results[index] is _UNREPORTED:
-                    results[index] = unknown
-                    batch.failed += 1
+            batch.in_doubt(_UNKNOWN)
             batch.complete()
         session.pending.clear()
 
@@ -531,6 +575,7 @@ class KafkaPublisher:
                 replaced = True
         for session, batch in batches:
             await batch.future
+            batch.in_doubt(_UNKNOWN)
             if batch.failed:
                 for index in range(batch.first, batch.end):
                     error = results[index]
@@ -552,7 +597,7 @@ class KafkaPublisher:
         """Hand messages from `start` on to the producer, until the end or until it turns
         out fatal (then the batch ends before that message, unless `last_chance`). A
         message refused at once gets its failure in `results` right away."""
-        batch = _Batch(results, start, session.loop)
+        batch = _Batch(messages, results, start, session.loop)
         produce, report, routing = session.producer.produce, batch.report, self._routing
         produced, index = 0, start
         try:
@@ -560,19 +605,22 @@ class KafkaPublisher:
                 message = messages[index]
                 try:
                     topic, event_type, aggregate_type = routing(message)
-                    # Before produce(): its report may come on the poll thread at once.
-                    results[index] = _UNREPORTED
+                    # Positional, as produce(topic, value, key, partition, on_delivery, None,
+                    # timestamp, headers): keyword parsing was a tenth of the call.
                     produce(
                         topic,
-                        value=envelope(message).encode(),
-                        key=message.aggregate_id.encode(),
-                        headers=[
+                        envelope(message).encode(),
+                        message.aggregate_id.encode(),
+                        -1,  # the partitioner's choice
+                        report,
+                        None,
+                        0,  # now
+                        [
                             ("outbox-id", str(message.id).encode()),
                             ("outbox-event-type", event_type),
                             ("outbox-aggregate-type", aggregate_type),
                             ("outbox-attempt", str(message.attempts).encode()),
                         ],
-                        on_delivery=partial(report, index),
                     )
                 except PermanentError as exc:  # the topic renders illegal
                     results[index] = exc
@@ -581,7 +629,6 @@ class KafkaPublisher:
                 except KafkaException as exc:  # refused at once, e.g. over message.max.bytes
                     error = _error_of(exc)
                     if is_fatal(error) and not last_chance:
-                        results[index] = None
                         return batch  # `finally` ends the batch before this message
                     results[index] = classify(error)
                 else:
