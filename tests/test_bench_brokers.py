@@ -37,6 +37,15 @@ def test_broker_bench_smoke_run_writes_a_complete_report(tmp_path):
             assert row[side]["cpu_us_per_message"]["median"] >= 0
         assert row["throughput_ratio"]["median"] > 0
     assert report["null_publisher"][mode]["messages_per_second"]["median"] > 0
+    # The goal's denominator: the plain claim/finalize loop, in the same run.
+    sql = report["sql_loop"][mode]
+    assert sql["cpu_us_per_message"]["median"] > 0
+    assert sql["cpu_us_per_message_main"]["median"] == sql["cpu_us_per_message"]["median"]
+    for row in report["modes"][mode].values():
+        [ratio] = row["cpu_goal_ratio"]["runs"]
+        plain, worker = row["plain"]["cpu_us_per_message"], row["worker"]["cpu_us_per_message"]
+        expected = worker["runs"][0] / (plain["runs"][0] + sql["cpu_us_per_message"]["runs"][0])
+        assert ratio == pytest.approx(expected)
     # CPU by thread: librdkafka's threads work for Kafka's two sides alone, and the worker's
     # Kafka poll thread is one of its other threads.
     for name, row in report["modes"][mode].items():
@@ -53,7 +62,8 @@ def test_broker_bench_smoke_run_writes_a_complete_report(tmp_path):
         "NATS JetStream",
         "Kafka",
         "null publisher",
-        "Targets",
+        "plain claim/finalize loop",
+        "Goal, worker CPU ≤ 1.5 x (plain client + plain claim/finalize loop)",
         "How it is measured",
         "by thread",
     ):
