@@ -126,3 +126,19 @@ def test_snapshot_app_is_paused_and_frozen():
     assert app.poll_interval() is None
     assert app.clock() == clock()
     assert DeadScreen.SHOWS_FILTER_HELP
+
+
+@pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "200x60"])
+def test_destinations(snap_compare, size):
+    assert snap_compare(make_app(), terminal_size=size, run_before=steps("e"))
+
+
+def test_pause_a_destination_with_its_reason_typed(snap_compare):
+    async def run(pilot: Pilot[Any]) -> None:
+        await steps("e", "P")(pilot)
+        pilot.app.screen.query_one(Input).cursor_blink = False  # see test_filter_line_while_typing
+        for key in _keys(["text:partner asked us to hold"]):
+            await pilot.press(key)
+            await idle(pilot)
+
+    assert snap_compare(make_app(), terminal_size=SMALL, run_before=run)

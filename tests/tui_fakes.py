@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from outbox.dashboard import Blocked, BlockingHead, LeaseHolder, Session
 from outbox.dead_letters import DeadMessage, DeadPage, ErrorGroup, MessageDetail
+from outbox.destinations import Destination
 from outbox.filters import DeadFilter
+from outbox.pausing import HandChange, Verb
 from outbox.repair import Action, ActionRecord, ActionResult, Seen
-from outbox.stats import QueueStats
+from outbox.stats import DestinationState, QueueStats
 from outbox.tui.source import Overview
 
 NOW = datetime(2025, 3, 14, 12, 0, 0, tzinfo=UTC)
@@ -53,6 +56,52 @@ def dead_messages(count: int = 60) -> list[DeadMessage]:
     ]
 
 
+DESTINATIONS = [
+    DestinationState(
+        destination="https://api.payments.example",
+        state="open",
+        since=NOW - timedelta(minutes=4, seconds=12),
+        for_seconds=252.0,
+        failures=7,
+        last_error="HTTP 503: upstream unavailable (after 10.0s)",
+        last_failure=NOW - timedelta(seconds=3),
+        next_probe_at=NOW + timedelta(seconds=12),
+        next_probe_in=12.0,
+        probing=None,
+        reason=None,
+        changed_by=None,
+    ),
+    DestinationState(
+        destination="https://hooks.partner.example",
+        state="paused",
+        since=NOW - timedelta(hours=1, minutes=2),
+        for_seconds=3720.0,
+        failures=0,
+        last_error=None,
+        last_failure=None,
+        next_probe_at=None,
+        next_probe_in=None,
+        probing=None,
+        reason="partner maintenance until 14:00 (OPS-1234)",
+        changed_by="maria",
+    ),
+    DestinationState(
+        destination="kafka broker-1:9092,broker-2:9092",
+        state="closed",
+        since=NOW - timedelta(days=3, hours=2),
+        for_seconds=266_400.0,
+        failures=1,
+        last_error="KafkaError: _MSG_TIMED_OUT: Local: Message timed out",
+        last_failure=NOW - timedelta(minutes=20),
+        next_probe_at=None,
+        next_probe_in=None,
+        probing=None,
+        reason=None,
+        changed_by="ops",
+    ),
+]
+
+
 def stats(step: int) -> QueueStats:
     """A queue under steady load; `step` moves time and counters forward 2 s."""
     wave = [3, 5, 8, 12, 9, 6, 4, 7, 11, 14, 10, 6][step % 12]
@@ -70,6 +119,9 @@ def stats(step: int) -> QueueStats:
         oldest_ready_age=41.2,
         max_id=1_300_000 + step * (200 + wave * 3),
         attempts={0: 1_150, 1: 120, 2: 40, 3: 18, 5: 6, 9: 2},
+        waiting=72,
+        retrying=66,
+        destinations=tuple(DESTINATIONS),
     )
 
 
@@ -107,6 +159,8 @@ class FakeSource:
         self.max_in_flight = 0
         self.calls = 0
         self.applied: list[tuple[Action, list[Seen], dict[str, Any]]] = []
+        self.destination_states = list(DESTINATIONS)
+        self.destination_changes: list[tuple[Verb, str, str | None]] = []
 
     async def _call(self) -> None:
         if self.failing is not None:
@@ -270,6 +324,28 @@ class FakeSource:
         ids = {s.id for s in seen}
         self.dead = [m for m in self.dead if m.id not in ids]
         return ActionResult(action, len(seen), sorted(ids), [], audit_id=13)
+
+    async def destinations(self) -> list[DestinationState]:
+        await self._call()
+        return list(self.destination_states)
+
+    async def change_destination(
+        self, verb: Verb, destination: str, reason: str | None
+    ) -> HandChange:
+        await self._call()
+        self.destination_changes.append((verb, destination, reason))
+        found = next(d for d in self.destination_states if d.destination == destination)
+        before = Destination(destination, found.state, found.since)
+        if (verb == "pause") == (found.state == "paused"):
+            return HandChange(verb, destination, before, None, NOW, "maria")
+        state = "paused" if verb == "pause" else "closed"
+        changed = replace(found, state=state, since=NOW, for_seconds=0.0, reason=reason,
+                          changed_by="maria", next_probe_at=None, next_probe_in=None)  # fmt: skip
+        self.destination_states = [
+            changed if d.destination == destination else d for d in self.destination_states
+        ]
+        after = Destination(destination, state, NOW, reason=reason, changed_by="maria")
+        return HandChange(verb, destination, before, after, NOW, "maria", audit_id=14)
 
     async def close(self) -> None:
         return None

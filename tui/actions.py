@@ -6,7 +6,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from outbox.pausing import HandChange, Verb
 from outbox.repair import Action, ActionResult, Seen
+from outbox.stats import DestinationState
 
 
 @dataclass
@@ -27,3 +29,13 @@ class ActionRequest:
     explain: Callable[[], Awaitable[list[str]]] | None = None  # more notes, read on opening
     done: Callable[[ActionResult], None] | None = None
     typed: bool = False  # the operator types the count to confirm (everything, no filter)
+
+
+@dataclass
+class DestinationRequest:
+    """Pause or resume a destination as the operator saw it; the app confirms (a pause asks
+    for its reason), then applies it under the destination's row lock (outbox.pausing)."""
+
+    action: Verb
+    seen: DestinationState  # the row as shown: the dialog says what it is now
+    done: Callable[[HandChange], None] | None = None

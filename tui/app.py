@@ -14,13 +14,16 @@ from textual.binding import Binding
 from textual.notifications import SeverityLevel
 
 from outbox import dberrors
+from outbox.destinations import OPEN, PAUSED
+from outbox.stats import DestinationState
+from outbox.text import age
 from outbox.tui import config as cfg
-from outbox.tui.actions import ActionRequest
+from outbox.tui.actions import ActionRequest, DestinationRequest
 from outbox.tui.errors import DATABASE_ERRORS
 from outbox.tui.format import count
 from outbox.tui.host import Host
 from outbox.tui.poller import Poller
-from outbox.tui.screens.confirm import ConfirmScreen
+from outbox.tui.screens.confirm import ConfirmScreen, DestinationConfirmScreen
 from outbox.tui.screens.dashboard import DashboardScreen
 from outbox.tui.screens.help import HelpScreen
 from outbox.tui.source import PgSource, ReadOnlyError, Source
@@ -50,7 +53,7 @@ class OutboxApp(App[None]):
         Binding("minus", "slower", "refresh slower", show=False),
         # Only reached when a screen's action is disabled, i.e. in read-only mode: say so
         # instead of silently ignoring the key.
-        Binding("r,R,s,space", "refused", "refused", show=False),
+        Binding("r,R,s,space,P,U", "refused", "refused", show=False),
     ]
 
     def __init__(
@@ -162,7 +165,7 @@ class OutboxApp(App[None]):
         self.refuse()
 
     def refuse(self) -> None:
-        self.tell("read-only: requeue and skip are disabled", severity="warning")
+        self.tell("read-only: requeue, skip, pause and resume are disabled", severity="warning")
 
     def tell(
         self, message: str, *, title: str = "", severity: SeverityLevel = "information"
@@ -218,6 +221,53 @@ class OutboxApp(App[None]):
         if request.done is not None:
             request.done(result)
         self.action_refresh_now()
+
+    def request_destination(self, request: DestinationRequest) -> None:
+        """Confirm a destination's pause or resume, then apply it (from any screen)."""
+        if self.config.read_only:
+            self.refuse()
+            return
+        if any(w.group == "action" and not w.is_finished for w in self.workers):
+            return  # one dialog at a time
+        self._perform_destination(request)
+
+    @work(group="action", exit_on_error=True)
+    async def _perform_destination(self, request: DestinationRequest) -> None:
+        verb, seen = request.action, request.seen
+        reason = await self.push_screen_wait(
+            DestinationConfirmScreen(verb, seen.destination, describe_destination(seen))
+        )
+        if reason is None:
+            self.tell(f"{verb} cancelled, nothing changed")
+            return
+        try:
+            result = await self.source.change_destination(verb, seen.destination, reason or None)
+        except ReadOnlyError:
+            self.refuse()
+            return
+        except DATABASE_ERRORS as exc:
+            self.tell(f"{verb} failed, nothing changed: {describe_error(exc)}", severity="error")
+            return
+        self.tell(
+            result.summary(),
+            title=f"{verb}: {'done' if result.changed else 'nothing changed'}",
+            severity="information" if result.changed else "warning",
+        )
+        if request.done is not None:
+            request.done(result)
+        self.action_refresh_now()
+
+
+def describe_destination(d: DestinationState) -> str:
+    """A destination's state in one sentence, for the dialog that changes it."""
+    since = f" for {age(d.for_seconds)}" if d.for_seconds is not None else ""
+    if d.state == PAUSED:
+        return f"Paused{since} by {d.changed_by or '?'}: {d.reason or '(no reason)'}"
+    if d.state == OPEN:
+        error = f" (last error: {d.last_error})" if d.last_error else ""
+        failures = f"{d.failures} failure{'' if d.failures == 1 else 's'}"
+        return f"Open{since}: the breaker holds it after {failures}{error}."
+    return f"Closed{since}: messages are sent to it."
 
 
 def describe_error(exc: BaseException) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
-from outbox.tui.actions import ActionRequest
+from outbox.tui.actions import ActionRequest, DestinationRequest
 from outbox.tui.config import Config
 from outbox.tui.source import Source
 from outbox.tui.widgets import BarState
@@ -40,4 +40,8 @@ class Host(Protocol):
 
     def request(self, request: ActionRequest) -> None:
         """Confirm an action with the operator, then apply it."""
+        ...
+
+    def request_destination(self, request: DestinationRequest) -> None:
+        """Confirm a destination's pause or resume with the operator, then apply it."""
         ...

@@ -1,7 +1,8 @@
 """Where the screens get their data and send their actions: a `Source`.
 
-`PgSource` is the real one: the queries of `outbox.stats`, `dead_letters`, `dashboard` and
-`repair` over psycopg's async connections, so a query never blocks the UI's event loop.
+`PgSource` is the real one: the queries of `outbox.stats`, `dead_letters`, `dashboard`,
+`repair` and `pausing` over psycopg's async connections, so a query never blocks the UI's
+event loop.
 Tests and snapshots substitute a `Source` of fixed data.
 
 Each poller has its own connection ("channel"): a slow error-group query never delays the
@@ -19,14 +20,14 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from outbox import dashboard, dberrors, dead_letters, repair
+from outbox import dashboard, dberrors, dead_letters, pausing, repair
 from outbox.dashboard import Blocked, BlockingHead, LeaseHolder, Session
 from outbox.dead_letters import DeadPage, ErrorGroup, MessageDetail
 from outbox.filters import DeadFilter, path_check
 from outbox.repair import Action, ActionRecord, ActionResult, Seen
 from outbox.runner import Query, fetch_async
 from outbox.schema import SchemaError, check_table, serves_ordering
-from outbox.stats import QueueStats, queue_stats_async
+from outbox.stats import DestinationState, QueueStats, destination_states, queue_stats_async
 from outbox.table import Table
 from outbox.text import first_line
 from outbox.tui.session import configure_session
@@ -99,6 +100,16 @@ class Source(Protocol):
     async def apply(
         self, action: Action, seen: Sequence[Seen], recorded: dict[str, Any]
     ) -> ActionResult: ...
+
+    async def destinations(self) -> list[DestinationState]:
+        """Every destination with a row (outbox.destinations), by name."""
+        ...
+
+    async def change_destination(
+        self, verb: pausing.Verb, destination: str, reason: str | None
+    ) -> pausing.HandChange:
+        """Pause (with `reason`) or resume a destination, recorded in the audit log."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -263,6 +274,28 @@ class PgSource:
                 filter={**recorded, "via": APPLICATION_NAME},
             ),
         )
+
+    async def destinations(self) -> list[DestinationState]:
+        return await self._fetch("destinations", destination_states(self.table))
+
+    async def change_destination(
+        self, verb: pausing.Verb, destination: str, reason: str | None
+    ) -> pausing.HandChange:
+        if self.read_only:
+            raise ReadOnlyError(f"read-only: {verb} refused")
+
+        async def work(conn: psycopg.AsyncConnection[Any]) -> pausing.HandChange:
+            return await pausing.change_by_hand_async(
+                conn,
+                self.table,
+                verb,
+                destination,
+                reason=reason,
+                actor=repair.default_actor(),
+                via=APPLICATION_NAME,
+            )
+
+        return await self._run("action", work)
 
     async def close(self) -> None:
         connections, self._connections = list(self._connections.values()), {}

@@ -142,7 +142,9 @@ def slo_style(seconds: float | None, slo: float) -> str:
 
 
 class AgesPanel(Static):
-    """The delays people are paged for, against the SLO."""
+    """The delays people are paged for, against the SLO: the oldest unfinished message
+    (backoff included: an outage shows here) beside the ready age (what more workers would
+    shorten), and the messages waiting out a backoff."""
 
     def show(self, stats: QueueStats, slo: float, blocked: Blocked | None) -> None:
         grid = _grid()
@@ -151,12 +153,15 @@ class AgesPanel(Static):
         ordered = stats.claimable_heads is not None
         ready = ("oldest claimable", stats.oldest_claimable_age) if ordered else (
             "oldest ready", stats.oldest_ready_age)  # fmt: skip
-        for label, value in (("oldest pending", stats.oldest_pending_age), ready):
+        for label, value in (("oldest unfinished", stats.oldest_unfinished_age), ready):
             over = value is not None and value > slo
             note: str | Text = Text("over SLO", style="bold red") if over else ""
             if ordered and label == "oldest claimable" and not over:
                 note = f"{fmt.count(stats.claimable_heads or 0)} heads"
             grid.add_row(label, Text(fmt.age(value), style=slo_style(value, slo)), note)
+        # Waiting out a backoff: an outage shows here while the ready age stays low.
+        retrying = ("≥" if stats.at_least("retrying") else "") + fmt.count(stats.retrying)
+        grid.add_row("retrying", Text(retrying, "yellow" if stats.retrying else ""), "")
         grid.add_row(
             "expired leases",
             Text(fmt.count(stats.expired_leases), "bold red" if stats.expired_leases else ""),
@@ -171,6 +176,23 @@ class AgesPanel(Static):
         else:
             grid.add_row("backlog", fmt.count(stats.backlog), "")
         self.update(grid)
+
+
+def rates_title(stats: QueueStats) -> Text:
+    """`rates`, and the destinations nothing is sent to (open or paused), if any: press e."""
+    title = Text("rates")
+    held = stats.unreachable
+    if len(held) == 1:
+        d = held[0]
+        title.append(f" · ✖ {d.destination} {d.state} for {fmt.age(d.for_seconds)}", "bold red")
+    elif held:
+        states = ", ".join(
+            f"{sum(d.state == s for d in held)} {s}" for s in sorted({d.state for d in held})
+        )
+        title.append(f" · ✖ {len(held)} destinations held ({states})", "bold red")
+    if held:
+        title.append(" · e", "bold")
+    return title
 
 
 class RatesPanel(Vertical):

@@ -17,7 +17,10 @@ from outbox.tui.poller import Poller
 from outbox.tui.widgets import StatusLine, TopBar
 
 # Actions that change rows: hidden from the footer and help, and refused, in read-only mode.
-MUTATING = frozenset({"requeue", "requeue_all", "skip", "mark", "unmark_all"})
+MUTATING = frozenset({
+    "requeue", "requeue_all", "skip", "mark", "unmark_all", "pause_destination",
+    "resume_destination",
+})  # fmt: skip
 
 
 class BaseScreen(Screen[None]):

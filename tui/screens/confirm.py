@@ -1,6 +1,7 @@
 """The confirmation every action goes through: it names the exact number of rows that
 will change before anything happens. Cancel has the focus; `y` confirms, or, for an action
-on every dead message, typing the count does."""
+on every dead message, typing the count does. A destination's pause is confirmed by typing
+its reason, its resume by `y`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
+from outbox.pausing import MAX_REASON_LENGTH, Verb
 from outbox.repair import Action
 from outbox.tui.format import count
 
@@ -116,3 +118,111 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def action_cancel(self) -> None:
         self.dismiss(False)
+
+
+DESTINATION_EXPLAIN = {
+    "pause": "Nothing is sent to it until someone resumes it, by every worker: its messages "
+    "wait in pending and spend no attempt.",
+    "resume": "Its messages are sent again at once, the backlog that piled up included (within "
+    "the rate limit, if one is set).",
+}
+
+
+class DestinationConfirmScreen(ModalScreen[str | None]):
+    """Pause or resume one destination: the dialog says what it is now and what the action
+    does. A pause is confirmed by typing its reason (required, recorded with your name) and
+    enter; a resume by `y`. Dismissed with the reason (a resume: ""), None when cancelled."""
+
+    DEFAULT_CSS = """
+    DestinationConfirmScreen { align: center middle; }
+    DestinationConfirmScreen > Vertical {
+        width: 76; max-width: 95%; height: auto; max-height: 90%;
+        border: thick $warning; background: $panel; padding: 1 2;
+    }
+    DestinationConfirmScreen #question { text-style: bold; margin-bottom: 1; }
+    DestinationConfirmScreen .note { color: $text-muted; }
+    DestinationConfirmScreen Horizontal { height: auto; margin-top: 1; align-horizontal: right; }
+    DestinationConfirmScreen Button { margin-left: 2; }
+    """
+    BINDINGS = [
+        Binding("y", "confirm", "confirm", show=False),
+        Binding("n", "cancel", "cancel", show=False),
+        Binding("escape", "cancel_any", "cancel"),
+    ]
+
+    def __init__(self, action: Verb, destination: str, now: str) -> None:
+        """`now`: what the destination is as shown (state, since, who and why)."""
+        super().__init__()
+        self.action = action
+        self.destination = destination
+        self.now = now
+
+    @property
+    def pausing(self) -> bool:
+        return self.action == "pause"
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            # Text, not markup: a destination's name or a reason may hold brackets.
+            yield Static(Text(f"{self.action.capitalize()} {self.destination}?"), id="question")
+            yield Static(Text(self.now), id="now")
+            yield Static(DESTINATION_EXPLAIN[self.action], classes="note")
+            yield Static("The action is recorded with your name.", classes="note")
+            if self.pausing:
+                yield Static(Text("Why? Type the reason and press enter to pause."), id="prompt")
+                yield Input(placeholder="reason (required)", id="reason")
+            with Horizontal():
+                yield Button(
+                    "Pause (enter)" if self.pausing else "Resume (y)",
+                    variant="warning",
+                    id="confirm",
+                    disabled=self.pausing,
+                )
+                yield Button("Cancel (esc)" if self.pausing else "Cancel (n)", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#reason" if self.pausing else "#cancel").focus()
+
+    def _reason(self) -> str | None:
+        """What confirming returns: the typed reason (None while blank), or "" (a resume)."""
+        if not self.pausing:
+            return ""
+        reason = self.query_one("#reason", Input).value.strip()
+        return reason or None
+
+    @on(Input.Changed, "#reason")
+    def _typing(self) -> None:
+        self.query_one("#confirm", Button).disabled = self._reason() is None
+
+    @on(Input.Submitted, "#reason")
+    def _submitted(self) -> None:
+        reason = self._reason()
+        if reason is None:
+            self.query_one("#prompt", Static).update(
+                Text("A reason is required: people will read it. Type it, or esc to cancel.")
+            )
+        elif len(reason) > MAX_REASON_LENGTH:
+            self.query_one("#prompt", Static).update(
+                Text(f"At most {MAX_REASON_LENGTH} characters, please: {len(reason)} typed.")
+            )
+        else:
+            self.dismiss(reason)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # `y` and `n` are letters of a reason while it is typed.
+        return not self.pausing if action in ("confirm", "cancel") else True
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "confirm":
+            self._submitted() if self.pausing else self.dismiss("")
+        else:
+            self.dismiss(None)
+
+    def action_confirm(self) -> None:
+        self.dismiss("")
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    def action_cancel_any(self) -> None:
+        self.dismiss(None)

@@ -12,15 +12,23 @@ from outbox.tui.rates import RateHistory
 from outbox.tui.screens.base import BaseScreen
 from outbox.tui.screens.blocked import BlockedScreen
 from outbox.tui.screens.dead import DeadScreen
+from outbox.tui.screens.destinations import DestinationsScreen
 from outbox.tui.screens.history import HistoryScreen
 from outbox.tui.screens.workers import WorkersScreen
-from outbox.tui.widgets import AgesPanel, AttemptsPanel, CountsPanel, HoldersPanel, RatesPanel
+from outbox.tui.widgets import (
+    AgesPanel,
+    AttemptsPanel,
+    CountsPanel,
+    HoldersPanel,
+    RatesPanel,
+    rates_title,
+)
 
 
 class DashboardScreen(BaseScreen):
     DEFAULT_CSS = """
     DashboardScreen #dash {
-        grid-size: 2 3; grid-columns: 1fr 1fr; grid-rows: 6 1fr 1fr; grid-gutter: 0 1;
+        grid-size: 2 3; grid-columns: 1fr 1fr; grid-rows: 7 1fr 1fr; grid-gutter: 0 1;
     }
     DashboardScreen #dash > * { height: 100%; }
     DashboardScreen #rates { column-span: 2; min-height: 6; }
@@ -31,6 +39,7 @@ class DashboardScreen(BaseScreen):
         Binding("b", "blocked", "blocked"),
         Binding("w", "workers", "workers"),
         Binding("h", "history", "action log"),
+        Binding("e", "destinations", "destinations"),
     ]
 
     def __init__(self) -> None:
@@ -65,6 +74,8 @@ class DashboardScreen(BaseScreen):
         self.query_one(CountsPanel).show(overview.stats)
         self.query_one(AgesPanel).show(overview.stats, app.config.slo, overview.blocked)
         self.query_one(RatesPanel).show(self.history)
+        # A destination nothing is sent to explains a throughput of zero: said above it.
+        self.query_one(RatesPanel).border_title = rates_title(overview.stats)
         self.query_one(AttemptsPanel).show(overview.stats)
         self.query_one(HoldersPanel).show(overview.holders, app.clock())
 
@@ -86,3 +97,6 @@ class DashboardScreen(BaseScreen):
 
     def action_history(self) -> None:
         self.app.push_screen(HistoryScreen())
+
+    def action_destinations(self) -> None:
+        self.app.push_screen(DestinationsScreen())

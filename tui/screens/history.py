@@ -1,6 +1,7 @@
-"""The audit log: every requeue and skip, from where (the TUI, `outbox requeue`), by whom
-(the OS user and the database role) and how many, newest first; enter opens one. It lives in
-the database (`<table>_actions`), so it shows what other operators and scripts did too."""
+"""The audit log: every requeue, skip, pause and resume, from where (the TUI, `outbox
+requeue`), by whom (the OS user and the database role) and how many, newest first; enter opens
+one. It lives in the database (`<table>_actions`), so it shows what other operators and
+scripts did too."""
 
 from __future__ import annotations
 
@@ -126,7 +127,13 @@ class ActionScreen(BaseScreen):
         for message_id in r.message_ids:
             table.add_row(Text(str(message_id)), key=str(message_id))
         if not r.message_ids:
-            table.add_row(Text("none: every row had changed since it was shown", "dim"))
+            # A destination's pause or resume changes no message: its row says which one.
+            none = (
+                f"none: a {r.action} of a destination changes no message"
+                if r.action in ("pause", "resume")
+                else "none: every row had changed since it was shown"
+            )
+            table.add_row(Text(none, "dim"))
         table.focus()
 
     def action_open(self) -> None:

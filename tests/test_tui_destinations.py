@@ -1,0 +1,141 @@
+"""outbox-tui's destinations, driven with Pilot against real PostgreSQL: each destination's
+state as the workers share it, pausing (the reason typed) and resuming (confirmed) recorded in
+the destinations row and the audit log, refused in read-only mode; and the dashboard telling
+an outage in backoff apart from a healthy queue."""
+
+from __future__ import annotations
+
+import getpass
+import re
+from datetime import timedelta
+
+import pytest
+from helpers import seed
+from test_tui import SIZE, _app, screen_text, settle, until
+
+from outbox import destinations as dest
+from outbox import repair
+from outbox.runner import fetch
+from outbox.tui.screens.confirm import DestinationConfirmScreen
+from outbox.tui.screens.destinations import DestinationsScreen
+from outbox.tui.screens.history import ActionScreen, HistoryScreen
+
+API = "https://api.test"
+
+
+def _open(conn, table, destination: str = API) -> None:
+    """The breaker opened by a 503 with a Retry-After of 5 minutes, as a worker reports it."""
+
+    def fail(row: dest.Destination, now) -> dest.Destination:
+        failure = dest.Failure(1, "HTTP 503 from https://bot:s3cret@api.test/", False,
+                               retry_after=timedelta(minutes=5))  # fmt: skip
+        return dest.failed(row, failure, owner="w1", now=now, policy=dest.Policy())
+
+    dest.change_sync(conn, table, destination, fail)
+
+
+def _row(conn) -> tuple[str, str | None, str | None]:
+    found = conn.execute(
+        "SELECT state, reason, changed_by FROM outbox_destinations WHERE destination = %s", (API,)
+    ).fetchone()
+    assert found is not None
+    return found
+
+
+async def test_pause_and_resume_a_destination_confirmed_and_recorded(conn, dsn, table):
+    _open(conn, table)
+    app = _app(dsn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("e")
+        await until(pilot, lambda: API in screen_text(app), "the destinations")
+        assert isinstance(app.screen, DestinationsScreen)
+        text = screen_text(app)
+        assert re.search(rf"{API}\s+open\s+\d+s\s+1\s+in [45]m", text), text
+        assert "Retry-After" in text and "s3cret" not in text  # the error is redacted
+
+        # Cancelled: nothing changes.
+        await pilot.press("P")
+        await until(pilot, lambda: isinstance(app.screen, DestinationConfirmScreen), "dialog")
+        await pilot.press("escape")
+        await until(pilot, lambda: "pause cancelled" in screen_text(app), "the cancel")
+        assert _row(conn)[0] == "open"
+
+        # The reason is typed (y and n are letters of it, not answers), enter pauses.
+        await pilot.press("P")
+        await until(pilot, lambda: "Pause https://api.test?" in screen_text(app), "dialog")
+        assert "Open for" in screen_text(app) and "after 1 failure (" in screen_text(app)
+        await pilot.press("enter")  # a blank reason is refused
+        await until(pilot, lambda: "A reason is required" in screen_text(app), "the refusal")
+        assert isinstance(app.screen, DestinationConfirmScreen)
+        await pilot.press(*"deploy, no retries yet")
+        await pilot.press("enter")
+        await until(pilot, lambda: f"paused {API} (it was open)" in screen_text(app), "result")
+        assert _row(conn) == ("paused", "deploy, no retries yet", getpass.getuser())
+        await until(pilot, lambda: re.search(rf"{API}\s+paused", screen_text(app)), "refresh")
+        assert re.search(r"reason\s+deploy, no retries yet", screen_text(app))
+
+        # Pausing it again is said, not asked.
+        await pilot.press("P")
+        await until(pilot, lambda: "is already paused" in screen_text(app), "the notice")
+        assert not isinstance(app.screen, DestinationConfirmScreen)
+
+        await pilot.press("U")
+        await until(pilot, lambda: "Resume https://api.test?" in screen_text(app), "dialog")
+        assert "Paused for" in screen_text(app) and "deploy, no retries yet" in screen_text(app)
+        await pilot.press("y")
+        await until(pilot, lambda: f"resumed {API} (it was paused)" in screen_text(app), "resume")
+        assert _row(conn) == ("closed", None, getpass.getuser())
+
+        # Both in the audit log, from the TUI, by the OS user; the log opens each.
+        resume, pause = fetch(conn, repair.recent_actions(table))
+        assert (pause.action, pause.actor, pause.via) == ("pause", getpass.getuser(), "outbox-tui")
+        assert pause.filter == {"destination": API, "reason": "deploy, no retries yet",
+                                "was": "open", "via": "outbox-tui"}  # fmt: skip
+        assert (resume.action, resume.filter["was"]) == ("resume", "paused")
+        await pilot.press("escape", "h")
+        await until(pilot, lambda: isinstance(app.screen, HistoryScreen), "the action log")
+        await until(pilot, lambda: "resume" in screen_text(app), "the entries")
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ActionScreen), "the entry")
+        assert "a resume of a destination changes no message" in screen_text(app)
+
+
+async def test_read_only_shows_the_destinations_and_refuses_to_change_them(conn, dsn, table):
+    _open(conn, table)
+    app = _app(dsn, read_only=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("e")
+        await until(pilot, lambda: API in screen_text(app), "the destinations")
+        footer = screen_text(app).splitlines()[-1]
+        assert "pause" not in footer.replace("p pause", "") and "resume" not in footer, footer
+        for key in ("P", "U"):
+            await pilot.press(key)
+            await pilot.pause()
+            assert not isinstance(app.screen, DestinationConfirmScreen)
+        await until(pilot, lambda: "read-only" in screen_text(app), "the refusal")
+        with pytest.raises(Exception, match="read-only"):
+            await app.source.change_destination("pause", API, "x")
+    assert _row(conn)[0] == "open"
+    assert fetch(conn, repair.recent_actions(table)) == []
+
+
+async def test_the_dashboard_shows_an_outage_in_backoff_and_the_held_destination(conn, dsn, table):
+    """Every message waiting out a backoff: nothing is ready, yet the dashboard says how old
+    the oldest unfinished message is, how many retry, and which destination is held."""
+    ids = seed(conn, 4)
+    conn.execute(
+        "UPDATE outbox SET created_at = now() - interval '10 minutes', attempts = 2, "
+        "available_at = now() + interval '3 minutes' WHERE id = ANY(%s)",
+        (ids,),
+    )
+    _open(conn, table)
+    app = _app(dsn)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: "retrying" in screen_text(app), "the first poll")
+        text = screen_text(app)
+        assert re.search(r"oldest unfinished\s+10m 0\ds\s+over SLO", text), text
+        assert re.search(r"oldest ready\s+-", text), text
+        assert re.search(r"retrying\s+4\b", text), text
+        assert re.search(rf"rates · ✖ {API} open for \d+s · e", text), text
