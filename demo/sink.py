@@ -52,12 +52,14 @@ def always_ok(body: dict[str, Any], nth: int) -> Reply:
 
 
 class Sink:
-    def __init__(self, behaviour: Behaviour = always_ok, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, behaviour: Behaviour = always_ok, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
         self.behaviour = behaviour
         self.requests: list[Request] = []
         self._seen: dict[str, int] = {}
         self._changed = threading.Condition()
-        self._server = _QuietServer((host, 0), self._handler_class())
+        self._server = _QuietServer((host, port), self._handler_class())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
