@@ -85,6 +85,16 @@ def test_an_outcome_of_an_older_lease_does_not_drop_a_newer_claim():
     assert ledger.held == {} and ledger.drained.is_set()
 
 
+def test_dropping_many_outcomes_keeps_newer_claims_as_dropping_one_does():
+    ledger = Ledger(batch=10, concurrency=4)
+    ledger.hold(_messages(1, 5), now=0.0, claim_seconds=0.0)
+    [retaken] = _messages(3, 1, version=2)  # message 3's lease ran out and we claimed it again
+    ledger.hold([retaken], now=1.0, claim_seconds=0.0)
+    ledger.drop_all(Outcome.done(m) for m in _messages(1, 4))  # lease 1 of messages 1 to 4
+    assert {i: m.lease_version for i, m in ledger.held.items()} == {3: 2, 5: 1}
+    assert set(ledger.renewed_at) == {3, 5}
+
+
 def test_drained_only_when_nothing_is_held():
     ledger = Ledger(batch=10, concurrency=4)
     assert ledger.drained.is_set()

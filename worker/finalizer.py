@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 
 from outbox import dberrors, lease
-from outbox.models import Outcome
+from outbox.models import Outcome, OutcomeKind
 from outbox.worker.ledger import Ledger
 from outbox.worker.metrics import Metrics
 from outbox.worker.retry import DatabaseRetry
@@ -33,6 +33,9 @@ FINALIZE_CHUNK = 1000
 # waits outcomes come one by one. Delivery is not delayed, only the row's `done`; a crash
 # meanwhile means a redelivery, as it does for a finalize in flight.
 FINALIZE_LINGER = 0.01
+
+
+DONE = OutcomeKind.DONE
 
 
 def _not_transient(exc: BaseException) -> bool:
@@ -93,13 +96,18 @@ class Finalizer:
                                    for o in outcomes]},
             )  # fmt: skip
         counts: collections.Counter[str] = collections.Counter()
-        for outcome in outcomes:
-            ended = applied.get((outcome.message_id, outcome.lease_version))
-            if ended is None:
-                self._lost_lease(outcome)
-            else:  # a defer past the maximum defer age ended dead: count what happened
-                counts["dead" if ended == "dead" else outcome.kind] += 1
-            ledger.drop(outcome.message_id, outcome.lease_version)
+        if len(applied) == len(outcomes) and all(o.kind is DONE for o in outcomes):
+            # The common case, once per message: every outcome a delivery, every one applied.
+            counts[DONE] = len(outcomes)
+            ledger.drop_all(outcomes)
+        else:
+            for outcome in outcomes:
+                ended = applied.get((outcome.message_id, outcome.lease_version))
+                if ended is None:
+                    self._lost_lease(outcome)
+                else:  # a defer past the maximum defer age ended dead: count what happened
+                    counts["dead" if ended == "dead" else outcome.kind] += 1
+                ledger.drop(outcome.message_id, outcome.lease_version)
         ledger.freed()
         for label, count in counts.items():
             self.metrics.messages.labels(label).inc(count)

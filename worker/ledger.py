@@ -146,6 +146,16 @@ class Ledger:
             del self.held[message_id]
             self.renewed_at.pop(message_id, None)
 
+    def drop_all(self, outcomes: Iterable[Outcome]) -> None:
+        """`drop` for each outcome's message and lease, in one call."""
+        held, renewed_at = self.held, self.renewed_at
+        for outcome in outcomes:
+            message_id = outcome.message_id
+            message = held.get(message_id)
+            if message is not None and message.lease_version == outcome.lease_version:
+                del held[message_id]
+                renewed_at.pop(message_id, None)
+
     def freed(self) -> None:
         """After dropping (once per batch, not per message): wake the claimer, and the
         shutdown once nothing is held."""
