@@ -42,6 +42,8 @@ def _load() -> ctypes.CDLL:
         "rd_kafka_mock_get_requests": (ctypes.POINTER(vp), [vp, ctypes.POINTER(sz)]),
         "rd_kafka_mock_request_api_key": (i16, [vp]),
         "rd_kafka_mock_request_destroy_array": (None, [ctypes.POINTER(vp), sz]),
+        "rd_kafka_mock_broker_set_down": (ctypes.c_int, [vp, ctypes.c_int32]),
+        "rd_kafka_mock_broker_set_up": (ctypes.c_int, [vp, ctypes.c_int32]),
     }
     for name, (restype, argtypes) in signatures.items():
         function = getattr(lib, name)
@@ -73,6 +75,14 @@ class MockCluster:
 
     def clear_request_errors(self, api_key: int) -> None:
         self._lib.rd_kafka_mock_clear_request_errors(self._mcluster, api_key)
+
+    def set_brokers(self, up: bool, brokers: int = 3) -> None:
+        """Every broker down (connections closed and refused) or up again."""
+        change = (
+            self._lib.rd_kafka_mock_broker_set_up if up else self._lib.rd_kafka_mock_broker_set_down
+        )
+        for broker_id in range(1, brokers + 1):
+            assert change(self._mcluster, broker_id) == 0
 
     def start_request_tracking(self) -> None:
         self._lib.rd_kafka_mock_start_request_tracking(self._mcluster)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from helpers import seed, wait_until
+from kafka_mock import mock_cluster
 from workers import dispatching, settings, spawn_worker, stop_worker
 
 from outbox.demo.sink import Reply, Sink
@@ -205,3 +206,38 @@ async def test_a_replica_killed_mid_probe_leaves_nothing_stuck(conn, dsn, tmp_pa
                     assert stop_worker(worker) == 0
     assert _count(conn, "status = 'dead'") == 0
     assert survivor.returncode == 0
+
+
+async def test_kafka_brokers_down_and_up_again(conn, dsn, tmp_path):
+    with mock_cluster(3) as cluster:
+        cluster.create_topic("orders", partitions=2)
+        flags = ("--publisher", "kafka", "--kafka-bootstrap-servers", cluster.bootstraps,
+                 "--kafka-topic", "orders", "--publish-timeout", "2s", "--lease", "20s",
+                 "--backoff-base", "200ms", "--backoff-cap", "2s",
+                 "--probe-delay-max", "3s")  # fmt: skip
+        workers = [
+            spawn_worker(dsn, *flags, owner=f"k{i}", log_path=str(tmp_path / f"k{i}.log"))
+            for i in range(2)
+        ]
+        try:
+            seed(conn, 10)
+            await wait_until(lambda: _count(conn, "status = 'done'") == 10, what="warm-up")
+            cluster.set_brokers(up=False)
+            seed(conn, 40)
+            await wait_until(lambda: _state(dsn) == "open", timeout=60, what="the breaker open")
+            [row] = destinations(dsn)
+            assert row["destination"] == f"kafka {cluster.bootstraps}"
+            await wait_until(
+                lambda: destinations(dsn)[0]["failures"] >= row["failures"] + 1,
+                timeout=60, what="a failed probe",
+            )  # fmt: skip
+            assert _count(conn, "status = 'dead'") == 0
+            assert _count(conn, "attempts > 2") == 0
+            cluster.set_brokers(up=True)
+            await wait_until(lambda: _count(conn, "status = 'done'") == 50, timeout=90,
+                             what="the backlog drained")  # fmt: skip
+            assert _state(dsn) == "closed"
+        finally:
+            for worker in workers:
+                assert stop_worker(worker) == 0
+    assert _count(conn, "attempts > 2") == 0
