@@ -241,3 +241,34 @@ async def test_kafka_brokers_down_and_up_again(conn, dsn, tmp_path):
             for worker in workers:
                 assert stop_worker(worker) == 0
     assert _count(conn, "attempts > 2") == 0
+
+
+async def test_the_rate_limit_holds_for_all_replicas_together(conn, dsn, tmp_path):
+    rate, window = 40, 5.0
+    with Sink() as sink:
+        workers = [
+            spawn_worker(
+                dsn,
+                *WORKER_FLAGS,
+                "--http-url",
+                sink.url,
+                "--rate-limit",
+                f"{rate}/s",
+                owner=f"r{i}",
+                log_path=str(tmp_path / f"r{i}.log"),
+            )
+            for i in range(2)
+        ]
+        try:
+            seed(conn, 300)  # a deep backlog: only the limit holds them back
+            await wait_until(lambda: _count(conn, "status = 'done'") == 300, timeout=120)
+        finally:
+            for worker in workers:
+                assert stop_worker(worker) == 0
+        arrivals = sorted(r.received for r in sink.requests)
+    assert {r.worker for r in sink.requests} == {"r0", "r1"}  # both replicas sent
+    most = max(
+        sum(1 for t in arrivals[i:] if t < start + window) for i, start in enumerate(arrivals)
+    )
+    # The bucket holds half a second's worth; each replica may hold a twentieth unused.
+    assert most <= rate * window * 1.15, (most, rate * window)
