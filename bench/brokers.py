@@ -199,7 +199,7 @@ class Broker:
         """`publisher`: an earlier version of this broker's publisher (see
         earlier_publishers), whose options are prefixed `--old-`."""
         if self.name == "null":
-            return ("--publisher", "null")
+            return ("--publisher", "bench.publishers:NullBatchPublisher")
         old = "old-" if publisher else ""
         if self.name == "nats":
             return ("--publisher", publisher or "nats", f"--{old}nats-url", self.address)
@@ -484,7 +484,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         modes = ["unpinned"] if args.smoke or not placement.can_pin else ["unpinned", "pinned"]
         if args.pinned_only and placement.can_pin:
             modes = ["pinned"]
-        # The worker with the null publisher: what claiming and finalizing alone cost.
+        # The worker with a null batch publisher: what its batch path costs without a broker.
         floor = Broker("null", "", 0)
         runs: dict[str, dict[str, dict[str, list[dict[str, float]]]]] = {
             mode: {b.name: {"plain": [], "worker": [], "before": []} for b in brokers}
@@ -513,7 +513,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             earlier = before if side == "before" else None
                             figures = worker(bench, broker, messages, before=earlier)
                         runs[mode][broker.name][side].append(figures)
-                _log(f"round {round_ + 1}/{repeat} {mode} null-publisher worker")
+                _log(f"round {round_ + 1}/{repeat} {mode} null-publisher worker (batch path)")
                 floors[mode].append(worker(bench, floor, messages))
                 _log(f"round {round_ + 1}/{repeat} {mode} plain claim/finalize loop")
                 sql_loops[mode].append(sql_loop(bench, messages))
@@ -645,7 +645,7 @@ def render(results: dict[str, Any]) -> str:
                     f"/ {row['before']['broker_cpu_us_per_message']['median']:.0f} |"
                 )
         lines.append(
-            f"| worker, null publisher (claim + finalize only) | | "
+            f"| worker, null publisher (batch path: claim + finalize, no broker) | | "
             f"{_range(floor['messages_per_second'], ',.0f')} | | | "
             f"{_range(floor['cpu_us_per_message'], '.1f')} | | |"
         )
@@ -682,7 +682,7 @@ def render(results: dict[str, Any]) -> str:
                 for side in ("plain", "worker")
             ),
             _threads_row("plain claim/finalize loop", sql),
-            _threads_row("worker, null publisher", floor),
+            _threads_row("worker, null publisher (batch path)", floor),
             "",
         ]
     for name, prof in results.get("profile", {}).items():

@@ -5,6 +5,8 @@ publish takes 50 ms (the publisher-bound benchmark).
 `outbox-worker --publisher bench.publishers:TimingPublisher --timing-out FILE`: notes when each
 message reached the publisher, written to FILE on shutdown (latency, measured where pgqueuer's
 is: at the call into the application's code).
+`outbox-worker --publisher bench.publishers:NullBatchPublisher`: discards every batch, so the
+worker's batch path (claim, hold, take, outcomes, finalize) is measured alone.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +66,21 @@ class TimingPublisher:
 
     async def publish(self, message: Message) -> None:
         self.reached.setdefault(int(json.loads(message.payload_json)["n"]), time.time())
+
+
+class NullBatchPublisher:
+    """The null publisher as a batch publisher: what the batch path costs without a broker."""
+
+    name = "null-batch"
+    options: tuple[Option, ...] = ()
+
+    @classmethod
+    def create(cls, values: dict[str, Any], context: PublisherContext) -> NullBatchPublisher:
+        return cls()
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def publish_batch(self, messages: Sequence[Message]) -> list[Exception | None]:
+        return [None] * len(messages)
