@@ -36,6 +36,7 @@ chaos: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.destinations
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
