@@ -7,7 +7,11 @@ applies the decision to the Deployment and reports it. The rules, first match wi
 2. `spec.replicas` → that count, never past `maxReplicas` (`ReplicasPinned`).
 3. No usable reading of the table → the current size (`HoldingSize`): workers are neither
    added nor removed blind.
-4. Otherwise the sizing policy's answer, within `minReplicas..maxReplicas` (`MinReplicas`,
+4. A destination open or paused (`Observed.open_destinations`) → never more workers than
+   run now (`DestinationUnreachable`): what holds the messages back is the destination, not
+   capacity, and more workers would only wait beside the others. One worker at least, when
+   the policy wants one, so that someone probes the destination. Fewer are allowed.
+5. Otherwise the sizing policy's answer, within `minReplicas..maxReplicas` (`MinReplicas`,
    `MaxReplicas` say when a bound changed it).
 
 The policy is asked on every pass that has a reading, paused or pinned too: it learns from
@@ -21,7 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from outbox.stats import QueueStats
+from outbox.redact import redact_text
+from outbox.stats import DestinationState, QueueStats
 
 if TYPE_CHECKING:  # status.py reports decisions: it imports this module
     from outbox.controller.status import Problem
@@ -104,6 +109,8 @@ class Observed:
     problem: Problem | None  # why the resource cannot be served, if it cannot
     replicas: int  # the Deployment's spec.replicas (0 without one of ours)
     ready_replicas: int
+    # The destinations nothing is sent to (open or paused), from the same reading.
+    open_destinations: tuple[DestinationState, ...] = ()
 
     @property
     def reading(self) -> QueueStats | None:
@@ -128,4 +135,31 @@ def decide(observed: Observed, limits: Limits, policy: Callable[[], SizingPolicy
     if wanted is None:
         why = observed.problem.message if observed.problem else "no backlog reading"
         return Decision(observed.replicas, "HoldingSize", f"size held: {why}")
-    return limits.bound(wanted)
+    return limits.bound(hold_for_destinations(wanted, observed))
+
+
+def describe_unreachable(destinations: tuple[DestinationState, ...]) -> str:
+    """`https://api.example.com:443 is open`, `2 destinations are open or paused` (a
+    plugin's destination key may be anything: shown through outbox.redact)."""
+    if len(destinations) == 1:
+        return redact_text(f"{destinations[0].destination} is {destinations[0].state}")
+    states = " or ".join(sorted({d.state for d in destinations}))
+    return f"{len(destinations)} destinations are {states}"
+
+
+def hold_for_destinations(wanted: Decision, observed: Observed) -> Decision:
+    """No more workers than run now while a destination is open or paused (rule 4).
+
+    After it closes the policy's answer stands again: the backlog that piled up is what the
+    policy sizes for (its ready age and claimable count are high), so the workers catch up.
+    """
+    down = observed.open_destinations
+    keep = max(observed.replicas, 1)  # someone must be there to probe it
+    if not down or wanted.replicas < keep:
+        return wanted
+    message = (
+        f"holding {keep} workers while {describe_unreachable(down)}: more workers do not "
+        f"help a destination that does not answer (the policy wanted {wanted.replicas}: "
+        f"{wanted.message})"
+    )
+    return Decision(keep, "DestinationUnreachable", message)

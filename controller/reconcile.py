@@ -82,7 +82,8 @@ class Reading:
     @property
     def observed(self) -> Observed:
         ready = int(((self.deployment or {}).get("status") or {}).get("readyReplicas") or 0)
-        return Observed(self.stats, self.problem, self.replicas, ready)
+        down = self.stats.unreachable if self.stats is not None else ()
+        return Observed(self.stats, self.problem, self.replicas, ready, down)
 
 
 @dataclass(frozen=True)

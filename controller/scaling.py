@@ -96,6 +96,14 @@ FASTER = 1.1
 # A measurement this old, taken when the downstream may have been slower, is probed again.
 STALE_AFTER_SECONDS = 900.0
 
+# The arrival curve keeps at most this many points. It reaches back to the oldest claimable
+# message, which after a long outage (a destination down for a day) is a day of polls: past
+# this size the older half is thinned (every other point dropped), so the points grow
+# sparser with age and a decision costs the same after a day as after a minute. Between
+# points the curve is interpolated, which moves a deadline by at most their spacing, a small
+# part of the age there.
+MAX_CURVE_POINTS = 256
+
 
 @dataclass(frozen=True)
 class ScalingSettings:
@@ -353,6 +361,10 @@ class ScalingPolicy:
         horizon = work.at - max(work.age, ARRIVAL_WINDOW_SECONDS) - 2 * self._poll
         while len(self._history) > 2 and self._history[1][0] <= horizon:
             self._history.popleft()
+        if len(self._history) > MAX_CURVE_POINTS:
+            points = list(self._history)
+            half = len(points) // 2
+            self._history = deque(points[:half:2] + points[half:])
         if previous is None:
             return
         before, ready_before = previous
@@ -450,10 +462,18 @@ class ScalingPolicy:
                     return False
             return True
 
-        for n in range(0, s.max_replicas + 1):
-            if enough(n):
-                return n
-        return s.max_replicas
+        # Enough for n is enough for more (each serves earlier, and faster): the fewest by
+        # bisection, a few passes over the deadlines whatever maxReplicas is.
+        low, high = 0, s.max_replicas
+        if not enough(high):
+            return high
+        while low < high:
+            middle = (low + high) // 2
+            if enough(middle):
+                high = middle
+            else:
+                low = middle + 1
+        return low
 
     def _size(self, work: _Work, replicas: int, ready_replicas: int) -> Decision:
         s = self.settings

@@ -15,15 +15,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from outbox import destinations as dest
 from outbox.controller.decision import Decision
 from outbox.controller.resource import selector_string
-from outbox.stats import QueueStats, Rates, rates
+from outbox.redact import redact_text
+from outbox.stats import DestinationState, QueueStats, Rates, rates
 
 READY = "Ready"
 DATABASE_REACHABLE = "DatabaseReachable"
+DESTINATION_REACHABLE = "DestinationReachable"
 SCALING = "Scaling"
 PAUSED = "Paused"
-CONDITION_TYPES = (READY, DATABASE_REACHABLE, SCALING, PAUSED)
+CONDITION_TYPES = (READY, DATABASE_REACHABLE, DESTINATION_REACHABLE, SCALING, PAUSED)
 WORKERS_STARTING = "WorkersStarting"  # Ready=False that is no problem: pods on their way
 
 
@@ -98,6 +101,9 @@ def backlog_status(stats: QueueStats, rates: Rates | None) -> dict[str, Any]:
         "backlog": stats.backlog,
         "dead": stats.dead,
         "oldestReadyAgeSeconds": round(stats.oldest_ready_age or 0.0, 3),
+        # Backoff included: what the ready age leaves out during an outage (outbox.stats).
+        "oldestUnfinishedAgeSeconds": round(stats.oldest_unfinished_age or 0.0, 3),
+        "retrying": stats.retrying,
         "sampledAt": timestamp(stats.sampled_at),
         # Counts stop at the stats' count limit (cheap at any size); then they read "at least".
         "countsExact": stats.counts_exact,
@@ -139,6 +145,49 @@ def problem_conditions(problem: Problem) -> list[Condition]:
 
 CONNECTED = Condition(DATABASE_REACHABLE, True, "Connected", "the table is a usable outbox table")
 
+# The reason of DestinationReachable=False per state of the destination (outbox.destinations).
+DESTINATION_REASONS = {dest.OPEN: "CircuitOpen", dest.PAUSED: "Paused"}
+# How many destinations the message names one by one, and how much of each last error: a
+# condition message is read on a terminal.
+SHOWN_DESTINATIONS = 3
+SHOWN_ERROR_CHARS = 200
+
+
+def _unreachable_text(d: DestinationState) -> str:
+    since = f" since {timestamp(d.since)}" if d.since is not None else ""
+    if d.state == dest.PAUSED:
+        who = f" by {d.changed_by}" if d.changed_by else ""
+        why = f": {d.reason}" if d.reason else ""
+        text = f"{d.destination} paused{who}{since}{why}"
+    else:
+        text = f"{d.destination} circuit open{since} ({d.failures} failures)"
+        if d.reason:  # Retry-After: the destination asked for the pause itself
+            text += f", {d.reason}"
+    if d.last_error:
+        error = " ".join(d.last_error.split())
+        if len(error) > SHOWN_ERROR_CHARS:
+            error = error[: SHOWN_ERROR_CHARS - 1] + "…"
+        text += f"; last error: {error}"
+    return text
+
+
+def destination_condition(stats: QueueStats) -> Condition:
+    """DestinationReachable: False while any destination is open (`CircuitOpen`, which wins)
+    or paused (`Paused`), naming each with its last error; the message goes through
+    outbox.redact, since errors and plugin destination keys may quote anything."""
+    down = stats.unreachable
+    if not down:
+        return Condition(
+            DESTINATION_REACHABLE, True, "Reachable", "no destination is open or paused"
+        )
+    reason = "CircuitOpen" if any(d.state == dest.OPEN for d in down) else "Paused"
+    # The open ones first: they are the outage; a pause is someone's decision.
+    shown = sorted(down, key=lambda d: (d.state != dest.OPEN, d.destination))
+    parts = [_unreachable_text(d) for d in shown[:SHOWN_DESTINATIONS]]
+    if len(shown) > SHOWN_DESTINATIONS:
+        parts.append(f"and {len(shown) - SHOWN_DESTINATIONS} more (outbox destinations)")
+    return Condition(DESTINATION_REACHABLE, False, reason, redact_text(" | ".join(parts)))
+
 
 def conditions(
     spec: Mapping[str, Any],
@@ -154,6 +203,9 @@ def conditions(
         paused_condition(spec),
         scaling_condition(decision, int(dstatus.get("replicas") or 0) if deployment else None),
     ]
+    if stats is not None:
+        # Without a reading the last one's stays: no new fact, and no Event on a flicker.
+        found.append(destination_condition(stats))
     if problem is None:
         ready = int(dstatus.get("readyReplicas") or 0)
         return [*found, CONNECTED, ready_condition(ready, decision.replicas)]
@@ -222,9 +274,21 @@ def _ready_changed(was: Mapping[str, Any], now: Mapping[str, Any]) -> Event | No
     return None
 
 
+def _destination_changed(was: Mapping[str, Any], now: Mapping[str, Any]) -> Event | None:
+    # Down when it leaves True (or first appears False), up when it leaves False: a change
+    # between CircuitOpen and Paused is the same outage and posts nothing.
+    if now.get("status") == "False" and was.get("status") != "False":
+        return Event("Warning", "DestinationDown", now["message"])
+    if now.get("status") == "True" and was.get("status") == "False":
+        message = f"every destination is sending again; it was {was.get('reason')}: "
+        return Event("Normal", "DestinationRecovered", message + str(was.get("message")))
+    return None
+
+
 # Per condition type: the Event its change posts, if any (from the condition before and after).
 ON_CHANGE: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], Event | None]] = {
     READY: _ready_changed,
+    DESTINATION_REACHABLE: _destination_changed,
 }
 
 

@@ -60,6 +60,8 @@ CONTRACT = [
     "status.backlog.ready",
     "status.backlog.dead",
     "status.backlog.oldestReadyAgeSeconds",
+    "status.backlog.oldestUnfinishedAgeSeconds",
+    "status.backlog.retrying",
     "status.backlog.arrivalRate",
     "status.backlog.completionRate",
 ]
@@ -112,6 +114,8 @@ def test_subresources_and_printer_columns() -> None:
         assert scale[key].lstrip(".") in FIELDS
     columns = {c["name"]: c["jsonPath"] for c in VERSION["additionalPrinterColumns"]}
     assert {"Ready", "Desired", "Backlog", "Oldest-Ready", "Dead", "Status", "Age"} <= set(columns)
+    assert {"Oldest-Unfinished", "Destinations"} <= set(columns)
+    assert columns["Destinations"] == '.status.conditions[?(@.type=="DestinationReachable")].reason'
     for path in columns.values():
         plain = path.split("[")[0].lstrip(".")
         assert plain in FIELDS or plain.startswith("metadata"), path

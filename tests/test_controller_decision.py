@@ -19,7 +19,7 @@ from outbox.controller.decision import (
 )
 from outbox.controller.scaling import ScalingPolicy
 from outbox.controller.status import Problem
-from outbox.stats import QueueStats
+from outbox.stats import DestinationState, QueueStats
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SCALING = {"minReplicas": 1, "maxReplicas": 4}
@@ -140,3 +140,76 @@ def test_the_policy_is_built_only_when_there_is_a_reading() -> None:
     assert built == []
     decide(Observed(backlog(), None, 1, 1), limits(), policy)
     assert len(built) == 1
+
+
+# -- a destination open or paused: no worker added ------------------------------------------
+
+
+def down(*names: str, state: str = "open") -> tuple[DestinationState, ...]:
+    return tuple(
+        DestinationState(
+            destination=name,
+            state=state,
+            since=T0,
+            for_seconds=60.0,
+            failures=5,
+            last_error="HTTP 503 Service Unavailable",
+            last_failure=T0,
+            next_probe_at=None,
+            next_probe_in=None,
+            probing=None,
+            reason=None,
+            changed_by=None,
+        )
+        for name in names
+    )
+
+
+def test_an_open_destination_adds_no_worker_and_says_so() -> None:
+    read = Observed(backlog(), None, 2, 2, down("http://api.test:80"))
+    decision = decide(read, limits(), lambda: Wants(4))
+    assert (decision.replicas, decision.reason) == (2, "DestinationUnreachable")
+    assert "http://api.test:80 is open" in decision.message
+    assert "the policy wanted 4: metric 9.0" in decision.message
+    # The same reading with every destination closed: the policy's answer.
+    assert decide(Observed(backlog(), None, 2, 2), limits(), lambda: Wants(4)).replicas == 4
+
+
+def test_a_paused_destination_holds_too_and_several_are_counted() -> None:
+    paused = down("kafka://a", state="paused")
+    decision = decide(Observed(backlog(), None, 3, 3, paused), limits(), lambda: Wants(4))
+    assert (decision.replicas, decision.reason) == (3, "DestinationUnreachable")
+    assert "kafka://a is paused" in decision.message
+    both = (*paused, *down("http://b:80"))
+    decision = decide(Observed(backlog(), None, 3, 3, both), limits(), lambda: Wants(4))
+    assert "2 destinations are open or paused" in decision.message
+
+
+def test_fewer_workers_are_allowed_while_a_destination_is_open() -> None:
+    read = Observed(backlog(), None, 3, 3, down("http://api.test:80"))
+    decision = decide(read, limits(), lambda: Wants(2))
+    assert decision == Decision(2, "KedaHpa", "metric 9.0, target 1 per replica")
+
+
+def test_from_zero_one_worker_starts_to_probe_the_open_destination() -> None:
+    read = Observed(backlog(), None, 0, 0, down("http://api.test:80"))
+    with_floor = Limits.from_spec({"scaling": {"minReplicas": 0, "maxReplicas": 4}})
+    decision = decide(read, with_floor, lambda: Wants(4))
+    assert (decision.replicas, decision.reason) == (1, "DestinationUnreachable")
+    assert decide(read, with_floor, lambda: Wants(0)).replicas == 0  # nothing wanted: none
+
+
+def test_the_bounds_and_the_spec_still_win_over_the_hold() -> None:
+    gone = down("http://api.test:80")
+    # maxReplicas lowered below what runs: the bound lowers it.
+    decision = decide(Observed(backlog(), None, 6, 6, gone), limits(), lambda: Wants(8))
+    assert (decision.replicas, decision.reason) == (4, "MaxReplicas")
+    assert "DestinationUnreachable" not in decision.reason
+    assert "is open" in decision.message
+    paused = decide(Observed(backlog(), None, 2, 2, gone), limits(paused=True), lambda: Wants(4))
+    assert paused == PAUSED_DECISION
+    pinned = decide(Observed(backlog(), None, 2, 2, gone), limits(replicas=3), lambda: Wants(4))
+    assert (pinned.replicas, pinned.reason) == (3, "ReplicasPinned")
+    problem = Problem("DeploymentNotOwned", "not ours")
+    held = decide(Observed(backlog(), problem, 2, 2, gone), limits(), never)
+    assert held.reason == "HoldingSize"

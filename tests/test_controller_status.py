@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from outbox.controller import status as st
 from outbox.controller.decision import Decision
-from outbox.stats import QueueStats, Rates
+from outbox.stats import DestinationState, QueueStats, Rates
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -185,3 +185,117 @@ def test_a_new_problem_is_one_warning_and_its_end_one_recovered_event() -> None:
     ]
     assert st.change_events(starting, working) == []  # pods starting is no problem
     assert st.change_events(None, working) == []
+
+
+# -- destinations: DestinationReachable and its Events ---------------------------------------
+
+
+def destination(name: str, state: str, **fields: object) -> DestinationState:
+    base: dict[str, object] = dict(
+        destination=name,
+        state=state,
+        since=T0,
+        for_seconds=30.0,
+        failures=5 if state == "open" else 0,
+        last_error=None,
+        last_failure=None,
+        next_probe_at=None,
+        next_probe_in=None,
+        probing=None,
+        reason=None,
+        changed_by=None,
+    )
+    base.update(fields)
+    return DestinationState(**base)  # type: ignore[arg-type]
+
+
+def test_destination_reachable_is_true_while_every_destination_sends() -> None:
+    for known in ((), (destination("http://api.test:80", "closed"),)):
+        found = st.destination_condition(stats(destinations=known))
+        assert (found.type, found.status, found.reason) == (
+            st.DESTINATION_REACHABLE,
+            True,
+            "Reachable",
+        )
+
+
+def test_an_open_destination_is_circuit_open_with_its_last_error_redacted() -> None:
+    error = "HTTP 503 from http://app:hunter2-secret@api.test/x?token=abc123 password=s3cr3t"
+    found = st.destination_condition(
+        stats(destinations=(destination("http://api.test:80", "open", last_error=error),))
+    )
+    assert (found.status, found.reason) == (False, "CircuitOpen")
+    assert found.message.startswith("http://api.test:80 circuit open since 2026-01-01T12:00:00Z")
+    assert "(5 failures); last error: HTTP 503 from" in found.message
+    for secret in ("hunter2-secret", "abc123", "s3cr3t"):
+        assert secret not in found.message
+
+
+def test_a_paused_destination_says_who_and_why_and_an_open_one_wins() -> None:
+    paused = destination("kafka://main", "paused", changed_by="alice", reason="migration")
+    found = st.destination_condition(stats(destinations=(paused,)))
+    assert (found.status, found.reason) == (False, "Paused")
+    assert found.message == "kafka://main paused by alice since 2026-01-01T12:00:00Z: migration"
+    both = (paused, destination("http://z.test:80", "open"))
+    found = st.destination_condition(stats(destinations=both))
+    assert found.reason == "CircuitOpen"
+    assert found.message.index("http://z.test:80") < found.message.index("kafka://main")
+
+
+def test_many_destinations_down_are_named_up_to_a_few() -> None:
+    many = tuple(destination(f"http://d{i}.test:80", "open") for i in range(5))
+    found = st.destination_condition(stats(destinations=many))
+    assert "http://d2.test:80" in found.message and "http://d3.test:80" not in found.message
+    assert found.message.endswith("and 2 more (outbox destinations)")
+
+
+def test_destination_reachable_is_reported_only_from_a_reading() -> None:
+    decision = Decision(3, "Backlog", "3 workers for the backlog")
+    gone = stats(destinations=(destination("http://api.test:80", "open"),))
+    found = by_type(st.conditions(SPEC, decision, DEPLOYMENT, gone, None))
+    assert found[st.DESTINATION_REACHABLE].reason == "CircuitOpen"
+    down = st.Problem("DatabaseUnreachable", "cannot connect", database=True)
+    found = by_type(st.conditions(SPEC, decision, DEPLOYMENT, None, down))
+    assert st.DESTINATION_REACHABLE not in found  # the last reading's condition stays
+
+
+def destination_reachable(status: bool, reason: str, message: str) -> list[dict[str, object]]:
+    return st.merge_conditions(
+        ready(True, "WorkersReady", "1/1"),
+        [st.Condition(st.DESTINATION_REACHABLE, status, reason, message)],
+        generation=1,
+        now=T0,
+    )
+
+
+def test_a_destination_going_down_is_one_warning_and_coming_back_one_normal_event() -> None:
+    reachable = destination_reachable(True, "Reachable", "no destination is open or paused")
+    open_ = destination_reachable(False, "CircuitOpen", "http://api.test:80 circuit open")
+    paused = destination_reachable(False, "Paused", "http://api.test:80 paused by bob")
+    assert st.change_events(reachable, open_) == [
+        st.Event("Warning", "DestinationDown", "http://api.test:80 circuit open")
+    ]
+    assert st.change_events(open_, open_) == []  # not on every pass
+    assert st.change_events(open_, paused) == []  # the same outage, still down
+    assert st.change_events(paused, reachable) == [
+        st.Event(
+            "Normal",
+            "DestinationRecovered",
+            "every destination is sending again; it was Paused: http://api.test:80 paused by bob",
+        )
+    ]
+    # A first reading: down says so, reachable says nothing.
+    assert [e.reason for e in st.change_events(ready(True, "WorkersReady"), open_)] == [
+        "DestinationDown"
+    ]
+    assert st.change_events(ready(True, "WorkersReady"), reachable) == []
+
+
+def test_backlog_status_has_the_oldest_unfinished_age_and_the_retrying_count() -> None:
+    backlog = st.backlog_status(stats(oldest_pending_age=512.25, retrying=3, waiting=4), None)
+    assert backlog["oldestUnfinishedAgeSeconds"] == 512.25
+    assert backlog["oldestReadyAgeSeconds"] == 7.25
+    assert backlog["retrying"] == 3
+    assert (
+        st.backlog_status(stats(oldest_pending_age=None), None)["oldestUnfinishedAgeSeconds"] == 0
+    )

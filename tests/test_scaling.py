@@ -9,14 +9,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from outbox.controller.decision import Decision
+from outbox.controller import scaling
+from outbox.controller.decision import Decision, Observed, decide
 from outbox.controller.scaling import (
+    MAX_CURVE_POINTS,
     STALE_AFTER_SECONDS,
     STARTUP_DELAY_SECONDS,
     ScalingPolicy,
     ScalingSettings,
 )
-from outbox.stats import QueueStats
+from outbox.stats import DestinationState, QueueStats
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -85,8 +87,17 @@ class Queue:
             if self.cohorts[0][1] <= 1e-9:
                 self.cohorts.popleft()
 
-    def run(self, seconds: float, rate: float, *, every: float = 5.0) -> list[Decision]:
-        """Arrivals at `rate` for `seconds` in 1 s steps; a poll every `every` seconds."""
+    def run(
+        self,
+        seconds: float,
+        rate: float,
+        *,
+        every: float = 5.0,
+        down: tuple[DestinationState, ...] = (),
+    ) -> list[Decision]:
+        """Arrivals at `rate` for `seconds` in 1 s steps; a poll every `every` seconds.
+        With `down` (destinations open or paused) nothing is delivered, and the count is
+        the operator's decide step's (the policy, the destination rule, the bounds)."""
         out: list[Decision] = []
         for _ in range(round(seconds)):
             self.t += 1
@@ -97,15 +108,19 @@ class Queue:
             if rate > 0:
                 self.cohorts.append([self.t, rate])
                 self.arrived += round(rate)
-            self._serve(self.mu * self.ready)
+            self._serve(0.0 if down else self.mu * self.ready)
             self.max_age = max(self.max_age, self.age)
             if self.t % every:
                 continue
-            d = self.policy.decide_explained(
-                snap(self.t, max_id=self.arrived, ready=round(self.waiting), age=self.age),
-                replicas=self.replicas,
-                ready_replicas=self.ready,
-            )
+            stats = snap(self.t, max_id=self.arrived, ready=round(self.waiting), age=self.age)
+            if down:
+                observed = Observed(stats, None, self.replicas, self.ready, down)
+                limits = self.policy.settings.limits(paused=False)
+                d = decide(observed, limits, lambda: self.policy)
+            else:
+                d = self.policy.decide_explained(
+                    stats, replicas=self.replicas, ready_replicas=self.ready
+                )
             if d.replicas > self.replicas:
                 self.starting.append((self.t + self.startup, d.replicas))
             self.ready = min(self.ready, d.replicas)
@@ -332,3 +347,72 @@ def test_an_edited_spec_scaling_keeps_what_the_policy_learned():
     assert edited.settings.max_replicas == 20
     assert edited.settings.target_oldest_ready_age_seconds == 5
     assert edited.drain_rate.value == pytest.approx(200, rel=0.01)
+
+
+OUTAGE = (
+    DestinationState(
+        destination="http://api.test:80",
+        state="open",
+        since=T0,
+        for_seconds=0.0,
+        failures=5,
+        last_error="HTTP 503",
+        last_failure=T0,
+        next_probe_at=None,
+        next_probe_in=None,
+        probing=None,
+        reason=None,
+        changed_by=None,
+    ),
+)
+
+
+def test_an_outage_holds_the_workers_and_the_backlog_it_left_is_caught_up_after():
+    policy = ScalingPolicy({"maxReplicas": 20})
+    queue = Queue(policy, mu=200, replicas=1)
+    queue.run(600, rate=300)
+    steady, mu = queue.replicas, policy.drain_rate.value
+    assert steady == 2 and mu == pytest.approx(200, rel=0.02)  # ceil(300 / (0.9 x 200))
+    # Ten minutes of a destination that answers nothing: arrivals pile up, the ready age
+    # grows to 600 s, and the count holds: more workers would not deliver one more message.
+    held = queue.run(600, rate=300, down=OUTAGE)
+    assert {(d.replicas, d.reason) for d in held} == {(steady, "DestinationUnreachable")}
+    assert queue.waiting == pytest.approx(180_000, rel=0.01) and queue.age >= 595
+    # What a worker delivers is unchanged by the outage (nothing was measured in it).
+    assert policy.drain_rate.value == pytest.approx(mu, rel=0.02)
+    # It closes: the next poll sizes for the backlog that piled up.
+    after = queue.run(5, rate=300)[0]
+    assert after.reason == "Backlog" and after.replicas == 20, after
+    # 20 x 200/s against 300/s of arrivals, after the start-up delay (20 s): the oldest
+    # ready age is back under the target (30 s) about a minute after the first poll.
+    recovered = queue.t
+    while queue.age >= 30 and queue.t - recovered < 300:
+        queue.run(1, rate=300, every=1)
+    assert queue.t - recovered < 90, queue.age
+    # Then the arrivals' size again, and the rest drains under the target.
+    queue.max_age = 0.0
+    queue.run(300, rate=300)
+    assert queue.replicas == steady and queue.max_age < 30
+    assert queue.waiting < 300 * 5  # no more than one poll's arrivals wait
+
+
+def outage_of(seconds: float) -> tuple[ScalingPolicy, Decision]:
+    """The policy after `seconds` of a destination down at 50 messages/s, and its first
+    decision once the destination is back."""
+    policy = ScalingPolicy({"maxReplicas": 1000})
+    queue = Queue(policy, mu=200, replicas=2)
+    queue.run(300, rate=50)
+    queue.run(seconds, rate=50, down=OUTAGE)
+    return policy, queue.run(5, rate=50)[0]
+
+
+def test_a_long_outage_keeps_the_arrival_curve_small_and_decides_the_same(monkeypatch):
+    # The arrival curve reaches back to the oldest claimable message: after two hours of
+    # 5 s polls that is 1,440 points, each looked at by every decision, unless thinned.
+    policy, decision = outage_of(7200)
+    assert len(policy._history) <= MAX_CURVE_POINTS
+    assert decision.reason == "Backlog" and decision.replicas > 100, decision
+    monkeypatch.setattr(scaling, "MAX_CURVE_POINTS", 10**9)
+    whole, same = outage_of(7200)
+    assert len(whole._history) > 1400
+    assert same == decision

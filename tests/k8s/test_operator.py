@@ -657,7 +657,9 @@ def test_never_past_max_replicas_and_kubectl_scale_pins_the_count(
         "DESIRED",
         "BACKLOG",
         "OLDEST-READY",
+        "OLDEST-UNFINISHED",
         "DEAD",
+        "DESTINATIONS",
         "STATUS",
         "AGE",
     ]

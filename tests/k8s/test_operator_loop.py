@@ -102,10 +102,12 @@ def test_the_closed_loop(
         "DESIRED",
         "BACKLOG",
         "OLDEST-READY",
+        "OLDEST-UNFINISHED",
         "DEAD",
+        "DESTINATIONS",
         "STATUS",
         "AGE",
     ]
-    assert table[1].split()[:7] == ["orders", "0", "0", "0", "0", "0", "True"]
+    assert table[1].split()[:9] == ["orders", "0", "0", "0", "0", "0", "0", "Reachable", "True"]
     described = cluster.kubectl("describe", "obd", "orders").stdout
     assert "ScaledUp" in described and "ScaledDown" in described and "ScaledToZero" in described
