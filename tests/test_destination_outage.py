@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -19,6 +20,8 @@ from kafka_mock import mock_cluster
 from workers import dispatching, settings, spawn_worker, stop_worker
 
 from outbox.demo.sink import Reply, Sink
+from outbox.models import Message
+from outbox.worker.publishers.base import RetryableError
 from outbox.worker.publishers.http import HttpPublisher
 
 pytestmark = pytest.mark.slow
@@ -272,3 +275,49 @@ async def test_the_rate_limit_holds_for_all_replicas_together(conn, dsn, tmp_pat
     )
     # The bucket holds half a second's worth; each replica may hold a twentieth unused.
     assert most <= rate * window * 1.15, (most, rate * window)
+
+
+class Routed:
+    """A plugin-style publisher with one destination per event type: `down` fails."""
+
+    name = "routed"
+
+    def __init__(self) -> None:
+        self.down = {"payments"}
+        self.sent: list[tuple[str, int]] = []
+
+    def destination_of(self, message: Message) -> str:
+        return f"routed {message.event_type}"
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def publish(self, message: Message) -> None:
+        self.sent.append((message.event_type, message.id))
+        if message.event_type in self.down:
+            raise RetryableError("connection refused")
+
+
+async def test_per_message_destinations_fail_apart(conn, dsn):
+    """One route down holds back only its own messages; the others flow. Once it is back, a
+    probe closes its breaker and its messages go too."""
+    publisher = Routed()
+    payments = seed(conn, 20, event_type="payments")
+    s = settings(dsn, probe_delay_max=timedelta(seconds=2))
+    async with dispatching(s, publisher):
+        orders = seed(conn, 20, event_type="orders")
+        await wait_until(lambda: _count(conn, "status = 'done'") == 20, what="orders delivered")
+        # Only payments' breaker opened (orders has no row, or a closed one).
+        await wait_until(lambda: _routes(conn).get("routed payments") == "open")
+        assert _routes(conn).get("routed orders", "closed") == "closed"
+        assert _count(conn, f"id = ANY(ARRAY{payments}) AND attempts > 1") == 0
+        publisher.down.clear()
+        await wait_until(lambda: _count(conn, "status = 'done'") == 40, timeout=60)
+    assert _routes(conn)["routed payments"] == "closed"
+    assert {i for kind, i in publisher.sent if kind == "orders"} == set(orders)
+    assert _count(conn, "status = 'dead'") == 0
+
+
+def _routes(conn) -> dict[str, str]:
+    return dict(conn.execute("SELECT destination, state FROM outbox_destinations").fetchall())

@@ -10,8 +10,9 @@ table; this module keeps a view of it, read every REFRESH_INTERVAL, and reports 
 - while a destination is open, nothing is sent to it but one probe at a time, taken by one
   replica under a lease on the destination's row. With a publisher whose messages all go to
   one destination (HTTP, NATS, Kafka) the claimer claims nothing while it is open except
-  the probe's one message; with per-message destinations (plugins) a message for an open
-  destination is given back until the next probe;
+  the probe's one message; with per-message destinations (plugins) the first message for an
+  open destination taken once its probe is due becomes the probe, and the others are given
+  back until about the next one;
 - a probe that gets an answer (success, or a refusal that is the message's own) closes the
   breaker for every replica; the others see it at their next read.
 
@@ -94,10 +95,20 @@ class Health:
         """A success: the next failure this replica reports starts a new window."""
         self._fresh.add(self.destination_of(message))
 
-    def may_send(self, message: Message) -> bool:
-        """Only asked while some destination is blocked."""
+    async def admit(self, message: Message) -> bool:
+        """Whether a message may go out (asked only while some destination is blocked): its
+        destination is not blocked, or the message is its probe. With per-message
+        destinations, a message for an open destination whose probe is due becomes it."""
         destination = self.destination_of(message)
-        return destination not in self.blocked or self.probes.get(destination) == message.id
+        row = self.blocked.get(destination)
+        if row is None or self.probes.get(destination) == message.id:
+            return True
+        if not self.per_message or row.state != dest.OPEN or destination in self.probes:
+            return False
+        if not await self.take_probe(destination):
+            return False
+        self.probing(destination, message)
+        return True
 
     # -- reports ----------------------------------------------------------------------------
 

@@ -27,6 +27,14 @@ side of either. The three failure classes:
 - `PermanentError(reason)`: retrying cannot help; the message goes dead with the reason;
 - `Defer(delay, reason)`: not yet, for a business reason; the attempt is refunded.
 
+Destination health: a retryable failure met by many different messages is the destination's,
+and its breaker (shared by every replica) holds its messages back, attempts refunded, until
+a probe gets through. A publisher names where its messages go: a `destination` attribute
+(one for all, e.g. a queue URL without credentials), or a `destination_of(message)` method
+(one per message, e.g. a route by event type). One that names none is one destination, its
+`name`. Say only what identifies the endpoint, never a secret: the name is stored in the
+database and shown to people.
+
 Any other exception is a bug: logged with its traceback, the row left to its lease. An
 exception `publish_batch` raises instead of returning stands for every message of the call.
 `create` may raise `SettingError` for settings that only make sense together: the worker

@@ -149,7 +149,7 @@ class Publishing:
         publish, in_flight = self.publisher.publish, self.in_flight  # type: ignore[union-attr]
         clock = time.perf_counter
         while (message := ledger.take_one(time.monotonic())) is not None:
-            if blocked and not health.may_send(message):
+            if blocked and not await health.admit(message):
                 ledger.published()
                 self._hold_back(message)
                 continue
@@ -226,7 +226,7 @@ class Publishing:
                 want = await health.limiter.acquire(health.fixed, want)
             messages = ledger.take(want, time.monotonic())
             if health.blocked:
-                allowed = [m for m in messages if health.may_send(m)]
+                allowed = [m for m in messages if await health.admit(m)]
                 if len(allowed) < len(messages):
                     ledger.published(len(messages) - len(allowed))
                     sent = {m.id for m in allowed}
