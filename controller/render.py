@@ -120,6 +120,26 @@ def _volumes(publisher: Body) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     return volumes, mounts
 
 
+# spec.publisher.breaker's fields and the worker settings they set; an absent field leaves
+# the worker's default (outbox-worker --help), the one source of each.
+BREAKER_ENV = (
+    ("failures", "OUTBOX_BREAKER_FAILURES"),
+    ("window", "OUTBOX_BREAKER_WINDOW"),
+    ("probeDelayMax", "OUTBOX_PROBE_DELAY_MAX"),
+)
+
+
+def _destination_env(publisher: Body) -> list[dict[str, Any]]:
+    """Destination health: the rate limit and the breaker (the CRD checks their syntax and
+    ranges against the worker's)."""
+    env = []
+    if "rateLimit" in publisher:
+        env.append(_value("OUTBOX_RATE_LIMIT", publisher["rateLimit"]))
+    breaker: Body = publisher.get("breaker") or {}
+    env.extend(_value(variable, breaker[key]) for key, variable in BREAKER_ENV if key in breaker)
+    return env
+
+
 def worker_env(spec: Body) -> list[dict[str, Any]]:
     """The worker's settings as OUTBOX_* variables, then the spec's extra variables."""
     worker: Body = spec.get("worker") or {}
@@ -128,6 +148,7 @@ def worker_env(spec: Body) -> list[dict[str, Any]]:
         _secret("OUTBOX_DSN", {"key": "dsn", **database["dsnSecretRef"]}),
         _value("OUTBOX_TABLE", database.get("table", "outbox")),
         *_publisher_env(spec["publisher"]),
+        *_destination_env(spec["publisher"]),
         _value("OUTBOX_LEASE", spec["lease"]),
         _value("OUTBOX_BATCH", spec["batchSize"]),
         _value("OUTBOX_CONCURRENCY", spec["concurrency"]),

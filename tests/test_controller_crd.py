@@ -27,6 +27,10 @@ CONTRACT = [
     "spec.publisher.http.timeout",
     "spec.publisher.nats",
     "spec.publisher.kafka",
+    "spec.publisher.rateLimit",
+    "spec.publisher.breaker.failures",
+    "spec.publisher.breaker.window",
+    "spec.publisher.breaker.probeDelayMax",
     "spec.lease",
     "spec.batchSize",
     "spec.concurrency",
@@ -142,3 +146,61 @@ def test_the_docs_field_tables_are_generated_from_the_crd() -> None:
     for path in FIELDS:
         if path.startswith(("spec", "status")) and "[]" not in path:
             assert f"| `{path}` |" in doc, path
+
+
+# -- destination health: the same syntax and ranges as the worker's settings -----------------
+
+
+def _errors(publisher: dict[str, Any]) -> list[str]:
+    from chart.chart import custom_resource_errors
+
+    spec = {"database": {"dsnSecretRef": {"name": "db"}}, "publisher": {"type": "log", **publisher}}
+    body = {
+        "apiVersion": "outbox.dev/v1alpha1",
+        "kind": "OutboxDispatcher",
+        "metadata": {"name": "orders", "namespace": "shop"},
+        "spec": spec,
+    }
+    return custom_resource_errors(body)
+
+
+def _worker_accepts(convert: Any, text: str) -> bool:
+    try:
+        convert(text)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "rate",
+    ["50/s", "600/m", "36/h", "0.5/s", "1.5/m", "1000000/s", "10/h", "0/s", "0.001/s",
+     "1000001/s", "60000060/m"],
+)  # fmt: skip
+def test_the_rate_limit_takes_what_the_worker_takes(rate: str) -> None:
+    from outbox.worker.settings import parse_rate
+
+    assert (_errors({"rateLimit": rate}) == []) == _worker_accepts(parse_rate, rate), rate
+
+
+@pytest.mark.parametrize("rate", ["50", "50/d", "fast", "-1/s", "50 /s", "1e3/s", "5/sec"])
+def test_the_rate_limit_takes_only_a_number_and_a_unit(rate: str) -> None:
+    assert _errors({"rateLimit": rate}), rate
+
+
+@pytest.mark.parametrize(
+    ("field", "setting", "values"),
+    [
+        ("window", "breaker_window", ["999ms", "1s", "1.5s", "60s", "24h", "1441m", "25h"]),
+        ("probeDelayMax", "probe_delay_max", ["1s", "1999ms", "2s", "30s", "1h", "61m"]),
+        ("failures", "breaker_failures", [-1, 0, 5, 100, 101]),
+    ],
+)
+def test_the_breaker_takes_what_the_worker_takes(
+    field: str, setting: str, values: list[Any]
+) -> None:
+    from outbox.worker.settings import CONVERTERS
+
+    for value in values:
+        crd = _errors({"breaker": {field: value}}) == []
+        assert crd == _worker_accepts(CONVERTERS[setting], str(value)), (field, value)

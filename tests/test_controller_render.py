@@ -288,3 +288,27 @@ def test_a_changed_dsn_secret_rolls_the_workers() -> None:
     hashes = [d["metadata"]["annotations"][TEMPLATE_HASH] for d in (first, again, rotated)]
     assert hashes[0] == hashes[1] != hashes[2]
     assert rotated["spec"]["template"]["metadata"]["annotations"][SECRET_VERSION] == "97"
+
+
+def test_the_rate_limit_and_the_breaker_become_the_workers_variables() -> None:
+    from outbox.worker.settings import load_settings
+
+    body = resource()
+    body["spec"]["publisher"]["rateLimit"] = "600/m"
+    body["spec"]["publisher"]["breaker"] = {"failures": 3, "window": "30s", "probeDelayMax": "5s"}
+    env = env_of(render(body))
+    assert env["OUTBOX_RATE_LIMIT"] == "600/m"
+    assert (env["OUTBOX_BREAKER_FAILURES"], env["OUTBOX_BREAKER_WINDOW"]) == ("3", "30s")
+    assert env["OUTBOX_PROBE_DELAY_MAX"] == "5s"
+    # What the worker makes of them (a test may import both; the operator does not).
+    plain = {k: v for k, v in env.items() if isinstance(v, str)}
+    settings = load_settings([], {**plain, "OUTBOX_DSN": "host=db"})
+    assert settings.rate_limit == 10.0
+    assert (settings.breaker_failures, settings.breaker_window) == (3, parse_duration("30s"))
+    assert settings.probe_delay_max == parse_duration("5s")
+
+
+def test_without_them_the_worker_keeps_its_defaults() -> None:
+    env = env_of(render(resource()))
+    assert not {"OUTBOX_RATE_LIMIT", "OUTBOX_PROBE_DELAY_MAX"} & set(env)
+    assert not [name for name in env if name.startswith("OUTBOX_BREAKER_")]

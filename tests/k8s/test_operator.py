@@ -472,6 +472,15 @@ def test_kubectl_apply_of_a_bad_resource_prints_the_reason(cluster: LocalCluster
         "spec.lease": dispatcher_manifest(lease="soon"),
         "spec.publisher.type": dispatcher_manifest(publisher={"type": "carrier-pigeon"}),
         "spec.batchSize": dispatcher_manifest(batchSize=0),
+        "publisher.rateLimit must be between 0.01/s (36/h) and 1000000/s": dispatcher_manifest(
+            publisher={"type": "log", "rateLimit": "10/h"}
+        ),
+        "spec.publisher.rateLimit": dispatcher_manifest(
+            publisher={"type": "log", "rateLimit": "50 per second"}
+        ),
+        "publisher.breaker.probeDelayMax must be between 2s and 1h": dispatcher_manifest(
+            publisher={"type": "log", "breaker": {"probeDelayMax": "1s"}}
+        ),
         "spec.database.dsnSecretRef": dispatcher_manifest(database={"table": "outbox"}),
     }
     for expected, manifest in cases.items():
