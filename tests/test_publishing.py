@@ -16,6 +16,7 @@ from outbox.worker.ledger import Ledger
 from outbox.worker.metrics import Metrics
 from outbox.worker.publishers.base import Defer, PermanentError, RetryableError
 from outbox.worker.publishing import Publishing
+from outbox.worker.service import Shared
 
 FAILURES: dict[int, Exception] = {
     2: RetryableError("HTTP 503"),
@@ -46,8 +47,8 @@ def _publishing(publisher: object, **overrides: object) -> tuple[Ledger, Publish
     ledger = Ledger(s.batch, s.concurrency)
     metrics = Metrics()
     # No database: destination health is only read and written when something fails.
-    health = Health(s, publisher, connection=None, retry=None, metrics=metrics)  # type: ignore[arg-type]
-    return ledger, Publishing(s, ledger, publisher, metrics, health)  # type: ignore[arg-type]
+    shared = Shared(s, ledger, connection=None, retry=None, metrics=metrics)  # type: ignore[arg-type]
+    return ledger, Publishing(shared, publisher, Health(shared, publisher))  # type: ignore[arg-type]
 
 
 async def _outcomes(ledger: Ledger, count: int) -> dict[int, OutcomeKind]:

@@ -18,10 +18,8 @@ from typing import Any
 from outbox import lease
 from outbox.models import Message
 from outbox.worker.health import Health
-from outbox.worker.ledger import Ledger
-from outbox.worker.metrics import Metrics
-from outbox.worker.retry import DatabaseRetry, Stopped
-from outbox.worker.settings import WorkerSettings
+from outbox.worker.retry import Stopped
+from outbox.worker.service import Service, Shared
 
 log = logging.getLogger("outbox.worker")
 
@@ -30,25 +28,17 @@ log = logging.getLogger("outbox.worker")
 IDLE_WAIT_START = 0.05
 
 
-class Claimer:
+class Claimer(Service):
     def __init__(
         self,
-        settings: WorkerSettings,
-        ledger: Ledger,
-        connection: Callable[[], Any],
-        retry: DatabaseRetry,
-        metrics: Metrics,
+        shared: Shared,
         *,
         wakeup: asyncio.Event,
         listening: Callable[[], bool],
         on_claimed: Callable[[], None],
         health: Health,
     ) -> None:
-        self.settings = settings
-        self.ledger = ledger
-        self.connection = connection  # the pool's: `async with connection() as conn`
-        self.retry = retry
-        self.metrics = metrics
+        super().__init__(shared)
         self.wakeup = wakeup  # set by NOTIFY, and by a stop
         self.listening = listening
         self.on_claimed = on_claimed  # publishing starts on what came in

@@ -11,18 +11,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import psycopg
 
 from outbox import dberrors, lease
 from outbox.models import Outcome, OutcomeKind
-from outbox.worker.ledger import Ledger
-from outbox.worker.metrics import Metrics
-from outbox.worker.retry import DatabaseRetry
-from outbox.worker.settings import WorkerSettings
+from outbox.worker.service import Service
 
 log = logging.getLogger("outbox.worker")
 
@@ -42,21 +37,7 @@ def _not_transient(exc: BaseException) -> bool:
     return not dberrors.is_transient(exc)
 
 
-class Finalizer:
-    def __init__(
-        self,
-        settings: WorkerSettings,
-        ledger: Ledger,
-        connection: Callable[[], Any],
-        retry: DatabaseRetry,
-        metrics: Metrics,
-    ) -> None:
-        self.settings = settings
-        self.ledger = ledger
-        self.connection = connection
-        self.retry = retry
-        self.metrics = metrics
-
+class Finalizer(Service):
     async def run(self) -> None:
         """Write outcomes until cancelled."""
         ledger = self.ledger

@@ -34,8 +34,8 @@ from typing import Any
 from outbox import destinations as dest
 from outbox.models import Message
 from outbox.runner import fetch_async
-from outbox.worker.metrics import Metrics
-from outbox.worker.retry import DatabaseErrors, DatabaseRetry
+from outbox.worker.retry import DatabaseErrors
+from outbox.worker.service import Service, Shared
 from outbox.worker.settings import WorkerSettings
 
 log = logging.getLogger("outbox.worker")
@@ -51,19 +51,10 @@ PROBE_MARGIN = timedelta(seconds=5)
 TOKEN_CHUNK_SECONDS = 0.05
 
 
-class Health:
-    def __init__(
-        self,
-        settings: WorkerSettings,
-        publisher: object,
-        connection: Callable[[], Any],
-        retry: DatabaseRetry,
-        metrics: Metrics,
-    ) -> None:
-        self.settings = settings
-        self.connection = connection
-        self.retry = retry
-        self.metrics = metrics
+class Health(Service):
+    def __init__(self, shared: Shared, publisher: object) -> None:
+        super().__init__(shared)
+        settings = self.settings
         self.policy = dest.Policy(
             threshold=settings.breaker_failures,
             window=settings.breaker_window,
@@ -79,7 +70,7 @@ class Health:
         self.destination_of: Callable[[Message], str] = per_message or (lambda _: self.fixed)
         self.per_message = per_message is not None
         self.limiter = (
-            RateLimiter(settings, connection) if settings.rate_limit is not None else None
+            RateLimiter(settings, self.connection) if settings.rate_limit is not None else None
         )
         # Destinations not closed, as last read, with the monotonic time of their next probe.
         self.blocked: dict[str, dest.Destination] = {}

@@ -9,15 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 from outbox import lease
 from outbox.models import Message
-from outbox.worker.ledger import Ledger
-from outbox.worker.retry import DatabaseRetry
-from outbox.worker.settings import WorkerSettings
+from outbox.worker.service import Service, Shared
 
 log = logging.getLogger("outbox.worker")
 
@@ -26,19 +22,10 @@ log = logging.getLogger("outbox.worker")
 MIN_WAIT = 0.05
 
 
-class LeaseKeeper:
-    def __init__(
-        self,
-        settings: WorkerSettings,
-        ledger: Ledger,
-        connection: Callable[[], Any],
-        retry: DatabaseRetry,
-    ) -> None:
-        self.settings = settings
-        self.ledger = ledger
-        self.connection = connection
-        self.retry = retry
-        self.third = settings.lease.total_seconds() / 3
+class LeaseKeeper(Service):
+    def __init__(self, shared: Shared) -> None:
+        super().__init__(shared)
+        self.third = self.settings.lease.total_seconds() / 3
 
     async def run(self) -> None:
         """Renew leases until cancelled."""

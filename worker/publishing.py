@@ -28,8 +28,6 @@ from outbox.redact import redact_text
 from outbox.worker.backoff import retry_delay
 from outbox.worker.health import Health
 from outbox.worker.in_flight import InFlight
-from outbox.worker.ledger import Ledger
-from outbox.worker.metrics import Metrics
 from outbox.worker.publishers.base import (
     BatchPublisher,
     Defer,
@@ -37,6 +35,7 @@ from outbox.worker.publishers.base import (
     Publisher,
     RetryableError,
 )
+from outbox.worker.service import Service, Shared
 from outbox.worker.settings import WorkerSettings
 
 log = logging.getLogger("outbox.worker")
@@ -89,21 +88,15 @@ def reason(exc: BaseException) -> str:
     return redact_text(str(exc))
 
 
-class Publishing:
+class Publishing(Service):
     """Runs the publisher over what the ledger holds; `start()` after each claim."""
 
     def __init__(
-        self,
-        settings: WorkerSettings,
-        ledger: Ledger,
-        publisher: Publisher | BatchPublisher,
-        metrics: Metrics,
-        health: Health,
+        self, shared: Shared, publisher: Publisher | BatchPublisher, health: Health
     ) -> None:
-        self.settings = settings
-        self.ledger = ledger
+        super().__init__(shared)
+        settings = self.settings
         self.publisher = publisher
-        self.metrics = metrics
         self.health = health
         self.classifier = Classifier(settings)
         self.in_flight = InFlight(settings.publish_timeout.total_seconds())

@@ -40,6 +40,7 @@ from outbox.worker.publishers.base import BatchPublisher, Publisher
 from outbox.worker.publishers.registry import load_publisher, shown_values
 from outbox.worker.publishing import Publishing
 from outbox.worker.retry import DatabaseRetry, Stopped, unless_stopped
+from outbox.worker.service import Shared
 from outbox.worker.settings import WorkerSettings
 
 log = logging.getLogger("outbox.worker")
@@ -92,17 +93,16 @@ class Replica:
         self._pool_check: asyncio.Task[None] | None = None
         retry = self.retry = DatabaseRetry(self.metrics, s.dsn, self._check_pool)
         wakeup = asyncio.Event()
-        connection = self.pool.connection
+        shared = Shared(s, self.ledger, self.pool.connection, retry, self.metrics)
         self.listener = Listener(s, retry, wakeup)
-        self.health = Health(s, publisher, connection, retry, self.metrics)
-        self.publishing = Publishing(s, self.ledger, publisher, self.metrics, self.health)
+        self.health = Health(shared, publisher)
+        self.publishing = Publishing(shared, publisher, self.health)
         self.claimer = Claimer(
-            s, self.ledger, connection, retry, self.metrics,
-            wakeup=wakeup, listening=lambda: self.listener.listening,
+            shared, wakeup=wakeup, listening=lambda: self.listener.listening,
             on_claimed=self.publishing.start, health=self.health,
         )  # fmt: skip
-        self.finalizer = Finalizer(s, self.ledger, connection, retry, self.metrics)
-        self.lease_keeper = LeaseKeeper(s, self.ledger, connection, retry)
+        self.finalizer = Finalizer(shared)
+        self.lease_keeper = LeaseKeeper(shared)
 
     @property
     def listening(self) -> bool:

@@ -463,6 +463,7 @@ class KafkaPublisher:
         publish_timeout: float = 10.0,
         client_id: str = "outbox-dispatcher",
     ) -> None:
+        self.destination = f"kafka {bootstrap_servers}"  # the cluster
         self.topic = topic_template(topic)
         self._extra = dict(config or {})
         self._publish_timeout = publish_timeout

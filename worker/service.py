@@ -1,0 +1,32 @@
+"""What every service of a replica shares, given to each in one piece."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from outbox.worker.ledger import Ledger
+from outbox.worker.metrics import Metrics
+from outbox.worker.retry import DatabaseRetry
+from outbox.worker.settings import WorkerSettings
+
+
+@dataclass(frozen=True)
+class Shared:
+    settings: WorkerSettings
+    ledger: Ledger  # the messages the replica holds
+    connection: Callable[[], Any]  # the pool's: `async with connection() as conn`
+    retry: DatabaseRetry  # the one way to wait for the database
+    metrics: Metrics
+
+
+class Service:
+    """A replica's service: the shared parts as its attributes."""
+
+    def __init__(self, shared: Shared) -> None:
+        self.settings = shared.settings
+        self.ledger = shared.ledger
+        self.connection = shared.connection
+        self.retry = shared.retry
+        self.metrics = shared.metrics
