@@ -46,14 +46,19 @@ class Problem(Exception):
     """Why a resource cannot be served: a CamelCase reason and a message for people.
 
     Raised while reconciling; reported as Ready=False (and DatabaseReachable=False when
-    `database` is set) with an Event, never as a traceback.
+    `database` is set) with an Event, never as a traceback. `stops_workers`: the resource
+    may run no workers while it stands (the cluster admin's policy, a Secret not shared),
+    where other problems hold the current size.
     """
 
-    def __init__(self, reason: str, message: str, *, database: bool = False) -> None:
+    def __init__(
+        self, reason: str, message: str, *, database: bool = False, stops_workers: bool = False
+    ) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
         self.database = database
+        self.stops_workers = stops_workers
 
 
 def timestamp(moment: datetime) -> str:
