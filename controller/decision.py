@@ -3,6 +3,9 @@
 Pure: no Kubernetes, no database, no clock. A pass reads (`reconcile.py`), decides here,
 applies the decision to the Deployment and reports it. The rules, first match wins:
 
+0. A problem that stops the workers (`Problem.stops_workers`: the resource is outside the
+   cluster admin's policy, or uses a Secret not shared with it) → 0, with its reason: what
+   the resource may not have, it does not keep by running on.
 1. `spec.paused` → 0 (`Paused`).
 2. `spec.replicas` → that count, never past `maxReplicas` (`ReplicasPinned`).
 3. No usable reading of the table → the current size (`HoldingSize`): workers are neither
@@ -121,6 +124,8 @@ class Observed:
 def decide(observed: Observed, limits: Limits, policy: Callable[[], SizingPolicy]) -> Decision:
     """The count to run now (the module's rules). `policy` gives the resource's policy; it
     is called only when there is a reading to learn from."""
+    if observed.problem is not None and observed.problem.stops_workers:
+        return Decision(0, observed.problem.reason, observed.problem.message)
     wanted = None
     if observed.reading is not None:
         wanted = policy().decide_explained(
