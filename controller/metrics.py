@@ -14,11 +14,13 @@ from prometheus_client import (
     generate_latest,
 )
 
+from outbox.destinations import STATES as DESTINATION_STATES
 from outbox.stats import QueueStats
 
 log = logging.getLogger("outbox.controller")
 
-BACKLOG_STATES = ("pending", "ready", "processing", "dead", "expired_leases")
+# `retrying` is part of `pending`, `expired_leases` of `processing`: what an alert asks about.
+BACKLOG_STATES = ("pending", "ready", "processing", "dead", "expired_leases", "retrying")
 RESOURCE = ["namespace", "dispatcher"]
 
 
@@ -44,6 +46,23 @@ class Metrics:
             RESOURCE,
             registry=r,
         )
+        self.oldest_unfinished_age = Gauge(
+            "outbox_controller_oldest_unfinished_age_seconds",
+            "Seconds since the oldest pending or processing message was created, backoff "
+            "included (0 when none)",
+            RESOURCE,
+            registry=r,
+        )
+        self.destination_state = Gauge(
+            "outbox_controller_destination_state",
+            "1 for each destination's state (closed, open, paused) as last read from the "
+            "table's destinations, 0 for the other states",
+            [*RESOURCE, "destination", "state"],
+            registry=r,
+        )
+        # The destinations each resource's series were last set for, so that one whose row
+        # went away loses its series.
+        self._destinations: dict[tuple[str, str], set[str]] = {}
         self.desired_replicas = Gauge(
             "outbox_controller_desired_replicas",
             "Worker replicas the operator asks for",
@@ -73,6 +92,22 @@ class Metrics:
         for state in BACKLOG_STATES:
             self.backlog.labels(namespace, name, state).set(getattr(stats, state))
         self.oldest_ready_age.labels(namespace, name).set(stats.oldest_ready_age or 0.0)
+        self.oldest_unfinished_age.labels(namespace, name).set(stats.oldest_unfinished_age or 0.0)
+        shown = set()
+        for found in stats.destinations:
+            shown.add(found.destination)
+            for state in DESTINATION_STATES:
+                self.destination_state.labels(namespace, name, found.destination, state).set(
+                    1 if found.state == state else 0
+                )
+        gone = self._destinations.get((namespace, name), set()) - shown
+        self._forget_destinations(namespace, name, gone)
+        self._destinations[(namespace, name)] = shown
+
+    def _forget_destinations(self, namespace: str, name: str, destinations: set[str]) -> None:
+        for destination in destinations:
+            for state in DESTINATION_STATES:
+                _remove(self.destination_state, namespace, name, destination, state)
 
     def observe_replicas(self, namespace: str, name: str, desired: int, ready: int) -> None:
         self.desired_replicas.labels(namespace, name).set(desired)
@@ -82,8 +117,14 @@ class Metrics:
         """A deleted resource's series go, instead of reporting its last values for ever."""
         for state in BACKLOG_STATES:
             _remove(self.backlog, namespace, name, state)
-        for gauge in (self.oldest_ready_age, self.desired_replicas, self.ready_replicas):
+        for gauge in (
+            self.oldest_ready_age,
+            self.oldest_unfinished_age,
+            self.desired_replicas,
+            self.ready_replicas,
+        ):
             _remove(gauge, namespace, name)
+        self._forget_destinations(namespace, name, self._destinations.pop((namespace, name), set()))
 
 
 def _remove(gauge: Gauge, *labels: str) -> None:

@@ -423,6 +423,16 @@ def test_the_prometheus_rule_is_the_rules_file_with_the_values_applied() -> None
     assert "{{ $labels.dispatcher }}" in slo["annotations"]["summary"]
 
 
+def test_the_unfinished_age_slo_is_a_value_of_its_own() -> None:
+    values = {"prometheusRule": {"enabled": True, "oldestUnfinishedSLOSeconds": 900}}
+    [group] = c.render(values).one("PrometheusRule")["spec"]["groups"]
+    rules = {r["alert"]: r for r in group["rules"]}
+    assert rules["OutboxOldestUnfinishedOverSLO"]["expr"].endswith(
+        "(outbox_controller_oldest_unfinished_age_seconds) > 900"
+    )
+    assert rules["OutboxOldestMessageOverSLO"]["expr"].endswith("> 300")  # the default
+
+
 def test_the_rule_values_name_only_alerts_that_exist() -> None:
     schema = json.loads((c.CHART / "values.schema.json").read_text())
     names = schema["properties"]["prometheusRule"]["properties"]["disabledAlerts"]["items"]["enum"]

@@ -41,6 +41,10 @@ SCHEMA = json.loads((c.CHART / "values.schema.json").read_text())
             "at '/prometheusRule/oldestMessageSLOSeconds'",
         ),
         (
+            {"prometheusRule": {"oldestUnfinishedSLOSeconds": 0}},
+            "at '/prometheusRule/oldestUnfinishedSLOSeconds'",
+        ),
+        (
             {"metrics": {"serviceMonitor": {"enabled": "yes"}}},
             "at '/metrics/serviceMonitor/enabled'",
         ),

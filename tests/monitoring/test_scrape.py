@@ -28,10 +28,13 @@ from helpers import seed, statuses
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from workers import spawn_worker, stop_worker
+from yarl import URL
 
 from monitoring import monitoring as m
 from outbox.demo.embedded import free_port
 from outbox.demo.sink import Reply, Sink
+from outbox.pausing import change_by_hand
+from outbox.table import Table
 
 pytestmark = [
     pytest.mark.slow,
@@ -189,6 +192,7 @@ def _scraping(dsn: str, work: Path, operator_port: int | None) -> Iterator[Prome
             seed(conn, MESSAGES, aggregates=12)
             dead = MESSAGES // REJECTED_EVERY
             _wait(lambda: statuses(conn) == {"done": MESSAGES - dead, "dead": dead}, "the drain")
+            _pause_and_resume(conn, sink.url)
             _break_the_workers_connections(conn)
             prometheus.wait_for("outbox_database_errors_total > 0", "a counted database error")
             prometheus.wait_for(
@@ -203,6 +207,10 @@ def _scraping(dsn: str, work: Path, operator_port: int | None) -> Iterator[Prome
                 prometheus.wait_for(
                     'outbox_controller_reconcile_errors_total{reason="DatabaseUnreachable"}',
                     "the unreachable database counted",
+                )
+                prometheus.wait_for(
+                    'outbox_controller_destination_state{dispatcher="orders", state="closed"} == 1',
+                    "the operator's view of the destination, closed again",
                 )
             # rate() needs two samples in its window after the last change.
             prometheus.wait_for(
@@ -310,6 +318,17 @@ def _fresh_database(admin_dsn: str, template: str) -> Iterator[str]:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
+
+
+def _pause_and_resume(conn: psycopg.Connection[Any], url: str) -> None:
+    """Pause the worker's destination (its HTTP origin) and resume it, as `outbox pause` and
+    `outbox resume` do: it gets a row in the table's destinations, closed again, which the
+    operator exports (a destination that never failed or was paused has no row)."""
+    origin = str(URL(url).origin())
+    table = Table.parse("outbox")
+    paused = change_by_hand(conn, table, "pause", origin, reason="scrape test", via="test")
+    assert paused.changed, paused
+    assert change_by_hand(conn, table, "resume", origin, via="test").changed
 
 
 def _break_the_workers_connections(conn: psycopg.Connection[Any]) -> None:
