@@ -10,6 +10,7 @@ import base64
 import binascii
 import secrets
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -42,6 +43,32 @@ def secret_key(namespace: str, name: str, key: str) -> str:
     return f"key `{key}` of Secret `{namespace}/{name}`"
 
 
+@dataclass(frozen=True)
+class Secret:
+    """A Secret as read: its annotations say who may use it (controller/policy.py)."""
+
+    namespace: str
+    name: str
+    annotations: Mapping[str, str]
+    data: Mapping[str, str] = field(repr=False)  # base64, as the API serves it
+    version: str  # resourceVersion
+
+    def value(self, key: str) -> str:
+        """One key, decoded; a Problem names what is missing or unusable."""
+        if key not in self.data:
+            # Only the key asked for: the Secret's other keys are not the resource author's
+            # to learn (they may even name what they hold).
+            raise Problem(
+                "SecretKeyMissing", f"Secret `{self.namespace}/{self.name}` has no key `{key}`"
+            )
+        try:
+            return base64.b64decode(self.data[key], validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            raise Problem(
+                "InvalidDsn", f"{secret_key(self.namespace, self.name, key)} is not UTF-8 text"
+            ) from None
+
+
 class Kube:
     def __init__(self, api: ApiClient, check: Callable[[], None], identity: str) -> None:
         self._api = api
@@ -57,9 +84,8 @@ class Kube:
 
     # -- reads ----------------------------------------------------------------------------------
 
-    async def secret_value(self, namespace: str, name: str, key: str) -> tuple[str, str]:
-        """(one key of a Secret, decoded; the Secret's resourceVersion); a Problem names what
-        is missing or unusable."""
+    async def secret(self, namespace: str, name: str) -> Secret:
+        """A Secret of `namespace`; a Problem says it is missing or unreadable."""
         try:
             secret = await self._core.read_namespaced_secret(name, namespace)
         except ApiException as exc:
@@ -72,18 +98,14 @@ class Kube:
                     "SecretForbidden", f"the operator may not read Secret {namespace}/{name}"
                 ) from None
             raise
-        data = secret.data or {}
-        if key not in data:
-            # Only the key asked for: the Secret's other keys are not the resource author's
-            # to learn (they may even name what they hold).
-            raise Problem("SecretKeyMissing", f"Secret `{namespace}/{name}` has no key `{key}`")
-        version = str(secret.metadata.resource_version if secret.metadata else "")
-        try:
-            return base64.b64decode(data[key], validate=True).decode(), version
-        except (binascii.Error, UnicodeDecodeError):
-            raise Problem(
-                "InvalidDsn", f"{secret_key(namespace, name, key)} is not UTF-8 text"
-            ) from None
+        meta = secret.metadata
+        return Secret(
+            namespace,
+            name,
+            dict((meta.annotations if meta else None) or {}),
+            {k: v.decode() if isinstance(v, bytes) else v for k, v in (secret.data or {}).items()},
+            str(meta.resource_version if meta else ""),
+        )
 
     async def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -31,6 +31,7 @@ from outbox.controller.decision import Decision, Limits, Observed, SizingPolicy,
 from outbox.controller.kube import Kube, secret_key
 from outbox.controller.leader import LeadershipLost
 from outbox.controller.metrics import Metrics
+from outbox.controller.policy import admit
 from outbox.controller.render import TEMPLATE_HASH, render_deployment
 from outbox.controller.resource import deployment_name
 from outbox.controller.scaling import ScalingPolicy
@@ -188,11 +189,14 @@ class Dispatcher:
     async def _backlog(self, spec: Mapping[str, Any]) -> tuple[str, QueueStats]:
         """(dsn, backlog), or a Problem saying which of the resource's inputs is unusable."""
         self._check_publisher(spec)
+        # The cluster admin's pod policy and every Secret's consent, before anything is used.
+        context = self.context
+        secrets = await admit(context.kube, context.settings, self.namespace, self.name, spec)
         database = spec["database"]
         table = parse_table(database.get("table", "outbox"))
         ref = database["dsnSecretRef"]
         name, key = ref["name"], ref.get("key", "dsn")
-        text, self._secret_version = await self.context.kube.secret_value(self.namespace, name, key)
+        text, self._secret_version = secrets[name].value(key), secrets[name].version
         dsn = parse_dsn(text, secret_key(self.namespace, name, key))
         ordered = spec.get("ordering") == "aggregate"
         return dsn, await read_backlog(dsn, table, ordered=ordered)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from importlib.metadata import entry_points
 
-from outbox.cliutil import ArgumentParser, env_name, port, resolve
+from outbox.cliutil import ArgumentParser, env_name, on_off, port, resolve
+from outbox.controller.policy import check_image_pattern
 from outbox.durations import format_duration, parse_duration
 from outbox.errors import SettingError
 
@@ -49,6 +50,30 @@ class ControllerSettings:
     """Image of the worker pods when a resource does not name one."""
     worker_publishers: tuple[str, ...] = field(default_factory=installed_publishers)
     """Publishers the worker image has; a resource asking for another is refused in status."""
+    secret_consent: bool = True
+    """Secrets by consent: a resource may use a Secret only when the Secret's annotation
+    outbox.dev/dispatchers names it (or is `*`); off for clusters whose every writer of
+    OutboxDispatchers may read every Secret of their namespace."""
+    allowed_images: tuple[str, ...] = ()
+    """Images a resource's worker.image may name: repositories (any tag or digest),
+    repository@sha256:<digest>, prefix/* or `*`; empty = the repository of --worker-image."""
+    allowed_service_accounts: tuple[str, ...] = ()
+    """Service accounts a resource's worker pods may run as besides the namespace's
+    `default` (`*` = any); their token is never mounted."""
+    allowed_tolerations: tuple[str, ...] = ()
+    """Tolerations the worker pods may have: a taint key (any value), key=value, or `*`."""
+    allowed_node_selectors: tuple[str, ...] = ()
+    """Node selector entries the worker pods may have: a label key (any value), key=value,
+    or `*`."""
+    allowed_priority_classes: tuple[str, ...] = ()
+    """Priority classes the worker pods may have (`*` = any)."""
+    allowed_pod_labels: tuple[str, ...] = ()
+    """Extra label keys the worker pods may have: a key, a prefix ending in `*`, or `*`."""
+    allowed_pod_annotations: tuple[str, ...] = ()
+    """Extra annotation keys the worker pods may have: a key, a prefix ending in `*`
+    (example.com/*), or `*`."""
+    allow_affinity: bool = False
+    """Node and pod affinity on the worker pods (podAntiAffinity is always allowed)."""
     log_format: str = "auto"
     """`json`, `text`, or `auto` (text on a terminal, JSON otherwise)."""
     log_level: str = "INFO"
@@ -87,6 +112,23 @@ def build_parser() -> ArgumentParser:
         "--worker-publishers",
         help="comma-separated publishers the worker image has (default: those installed here)",
     )
+    policy = parser.add_argument_group(
+        "the cluster admin's policy (docs/security.md); lists are separated by commas"
+    )
+    policy.add_argument("--secret-consent", help="on (default) or off: Secrets by consent")
+    policy.add_argument(
+        "--allowed-images",
+        help="repositories, repo@sha256:..., prefix/* or * (default: --worker-image's repository)",
+    )
+    policy.add_argument(
+        "--allowed-service-accounts", help="besides the namespace's default (default: none)"
+    )
+    policy.add_argument("--allowed-tolerations", help="key, key=value or * (default: none)")
+    policy.add_argument("--allowed-node-selectors", help="key, key=value or * (default: none)")
+    policy.add_argument("--allowed-priority-classes", help="names or * (default: none)")
+    policy.add_argument("--allowed-pod-labels", help="keys, prefix* or * (default: none)")
+    policy.add_argument("--allowed-pod-annotations", help="keys, prefix* or * (default: none)")
+    policy.add_argument("--allow-affinity", help="on or off (default): node and pod affinity")
     parser.add_argument("--log-format", help="auto (default), json or text")
     parser.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
     return parser
@@ -104,6 +146,40 @@ def _dns_label(text: str) -> str:
     if not _NAME.match(text):
         raise ValueError(f"{text!r} is not a valid Kubernetes name (lower-case RFC 1123)")
     return text
+
+
+def _entries(check: Callable[[str], str]) -> Callable[[str], tuple[str, ...]]:
+    """A list separated by commas, each entry checked; empty allows nothing."""
+
+    def convert(text: str) -> tuple[str, ...]:
+        return tuple(check(part.strip()) for part in text.split(",") if part.strip())
+
+    return convert
+
+
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+_KEY_PREFIX = re.compile(r"^[-A-Za-z0-9_./]*\*$")
+
+
+def _key_pattern(text: str) -> str:
+    # A label or annotation key, or a prefix of one ending in *.
+    if text == "*" or _LABEL_KEY.match(text) or _KEY_PREFIX.match(text):
+        return text
+    raise ValueError(f"{text!r} is not a key, a prefix ending in *, or *")
+
+
+def _pair(text: str) -> str:
+    key, _, value = text.partition("=")
+    if text == "*" or (_LABEL_KEY.match(key) and _LABEL_VALUE.match(value)):
+        return text
+    raise ValueError(f"{text!r} is not key, key=value or *")
+
+
+def _name(text: str) -> str:
+    return text if text == "*" else _dns_label(text)
 
 
 def _log_format(text: str) -> str:
@@ -161,6 +237,15 @@ def load_settings(
         retry_period=get("--retry-period", _positive_duration, defaults.retry_period),
         worker_image=get("--worker-image", str, defaults.worker_image),
         worker_publishers=get("--worker-publishers", _names, installed_publishers()),
+        secret_consent=get("--secret-consent", on_off, defaults.secret_consent),
+        allowed_images=get("--allowed-images", _entries(check_image_pattern), ()),
+        allowed_service_accounts=get("--allowed-service-accounts", _entries(_name), ()),
+        allowed_tolerations=get("--allowed-tolerations", _entries(_pair), ()),
+        allowed_node_selectors=get("--allowed-node-selectors", _entries(_pair), ()),
+        allowed_priority_classes=get("--allowed-priority-classes", _entries(_name), ()),
+        allowed_pod_labels=get("--allowed-pod-labels", _entries(_key_pattern), ()),
+        allowed_pod_annotations=get("--allowed-pod-annotations", _entries(_key_pattern), ()),
+        allow_affinity=get("--allow-affinity", on_off, defaults.allow_affinity),
         log_format=get("--log-format", _log_format, defaults.log_format),
         log_level=get("--log-level", _log_level, defaults.log_level),
     )

@@ -172,10 +172,16 @@ def operators(cluster: LocalCluster, tmp_path: Path) -> Iterator[Callable[..., O
 
 
 def secret_manifest(name: str, **data: str) -> dict[str, Any]:
+    # Shared with every dispatcher of the namespace (the operator's Secrets by consent);
+    # tests/k8s/test_operator_tenant.py covers a Secret that is not.
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "annotations": {"outbox.dev/dispatchers": "*"},
+        },
         "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
     }
 
