@@ -24,6 +24,7 @@ COPY worker/ worker/
 COPY controller/ controller/
 COPY tui/ tui/
 COPY demo/ demo/
+COPY receiver/ receiver/
 # No index and no build isolation: the lock must already hold every requirement of
 # .[all] (and the build backend), or this step fails instead of fetching something unpinned.
 RUN /opt/outbox/bin/pip install --no-index --no-build-isolation '.[all]' \

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from outbox import dberrors, extras, pausing
+from outbox import dberrors, extras, inbox_cli, pausing
 from outbox.cliutil import (
     ArgumentParser,
     add_dsn_and_table,
@@ -150,6 +150,9 @@ def _parser() -> ArgumentParser:
     d.add_argument("--events", help="events to enqueue (default 3000)")
     d.add_argument("--workers", help="worker processes (default 4)")
     d.add_argument("--keep", action="store_true", help="leave the database running afterwards")
+
+    i = command("inbox", "the receiving end's inbox table: migrate, purge (docs/inbox.md)")
+    inbox_cli.add_commands(i, _add_timeouts, parser.error)
     return parser
 
 
@@ -296,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     keep=args.keep,
                 )
             )
+        if args.command == "inbox" and inbox_cli.prepare(args):
+            return
         table = _table(args)
         if args.command == "migrate":
             ordering = resolve(args, "--ordering", choice(*ORDERINGS), None)
@@ -419,6 +424,8 @@ def _run(
             print(json.dumps({"table": str(table), "destinations": [d.to_dict() for d in states]}))
         else:
             print_destinations(table, states)
+    elif args.command == "inbox":
+        inbox_cli.run(args, conn)
     elif args.command in ("pause", "resume"):
         result = pausing.change_by_hand(
             conn,

@@ -189,7 +189,7 @@ def lock() -> None:
         "set -eu; python3 -m venv /tmp/lock; "
         "/tmp/lock/bin/pip install --quiet --upgrade pip setuptools; "
         "mkdir /tmp/src; cd /src; cp -r pyproject.toml README.md outbox worker controller tui demo "
-        "/tmp/src; /tmp/lock/bin/pip install --quiet '/tmp/src[all]'; "
+        "receiver /tmp/src; /tmp/lock/bin/pip install --quiet '/tmp/src[all]'; "
         "/tmp/lock/bin/pip freeze --all --exclude outbox-dispatcher --exclude pip"
     )
     result = run(

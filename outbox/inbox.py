@@ -1,0 +1,373 @@
+"""The receiving end: an inbox table that turns at-least-once delivery into one effect.
+
+A receiver records each message id in the same transaction as the effect the message has:
+
+    with conn.transaction():
+        if inbox.record(conn, consumer="billing", message_id=key):
+            conn.execute("UPDATE accounts SET balance = balance + %s WHERE id = %s", (...))
+
+`record` is one `INSERT … ON CONFLICT DO NOTHING`: it says whether this delivery is the
+first, and the id and the effect commit or roll back together. A duplicate that arrives while
+the first delivery's transaction is still open waits on the key's index entry until that one
+ends: if it committed the duplicate is dropped, if it rolled back the duplicate applies. There
+is no window between a check and an insert (no select-then-insert), no row lock taken on a
+key that exists (the conflict is read, not locked), and no isolation level above READ
+COMMITTED is needed. At REPEATABLE READ or SERIALIZABLE, a duplicate racing a first delivery
+that commits meanwhile fails with a serialization failure (40001): rolled back, the retried
+transaction sees the key (the receiver helpers retry).
+
+The table is keyed by (consumer, message id): several consumers (handlers) may share one
+table, each applying a message once. It must stay one plain table with that primary key:
+partitioned by time or by anything else, the key would only be unique within a partition
+and a redelivery landing in another partition would apply twice.
+
+Retention (`purge`): keys are kept at least as long as the message can be delivered again
+(`redelivery_window`, docs/inbox.md), then deleted oldest first in bounded batches, one
+purger at a time (a transaction-scoped advisory lock), rows others have locked skipped:
+each batch is an index range from where the last one ended, so its cost does not grow with
+the table and it never waits on a receiver.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, overload
+
+import psycopg
+from psycopg import sql
+
+from outbox.runner import Query, Row, fetch, first_row, run
+from outbox.schema import SchemaError
+from outbox.table import Table, text_constant
+
+DEFAULT_INBOX_TABLE = "outbox_inbox"  # `outbox inbox …`'s and `record`'s default table
+INBOX_VERSION = 1
+_VERSION_COMMENT = re.compile(r"^outbox-dispatcher inbox v(\d+)$")
+# Longest consumer name and message id accepted, in bytes: far more than any id a sender
+# makes (an outbox id is at most 19 digits, a UUID 36 characters), well under what a btree
+# entry may hold, and a bound on what a hostile sender makes the table store.
+MAX_KEY_BYTES = 512
+# How long `outbox inbox purge` keeps a key unless told otherwise: the worker's redelivery
+# window at its default settings is about 25 hours (docs/inbox.md); the rest covers an outage
+# ridden out with the breaker open and dead messages a person requeues within the week the
+# done rows themselves are kept for (`outbox purge`).
+DEFAULT_RETENTION = timedelta(days=14)
+DEFAULT_PURGE_BATCH = 5000
+
+# Migrations take the same lock as `outbox migrate`: one schema change at a time, whichever.
+_MIGRATE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('outbox-dispatcher migrate', 0))"
+
+
+def _table(table: str | Table) -> Table:
+    return table if isinstance(table, Table) else Table.parse(table)
+
+
+# -- schema ------------------------------------------------------------------------------
+
+
+def migration_statements(table: Table) -> list[sql.Composed]:
+    """What `outbox inbox migrate` runs on a new table (and `--print` shows)."""
+    t = table.ident
+    schema = (
+        [sql.SQL("CREATE SCHEMA IF NOT EXISTS {s}").format(s=sql.Identifier(table.schema))]
+        if table.schema
+        else []
+    )
+    return [
+        *schema,
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {t} (
+    consumer    text        NOT NULL,
+    message_id  text        NOT NULL,
+    received_at timestamptz NOT NULL DEFAULT now(),
+    -- One row per message a consumer applied: the conflict target of every delivery.
+    -- Never partition this table: the key must be unique across the whole of it.
+    PRIMARY KEY (consumer, message_id)
+)"""
+        ).format(t=t),
+        # The purge walks this index from the oldest key: each batch costs its own size.
+        sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (received_at)").format(
+            i=table.index_name("received"), t=t
+        ),
+        sql.SQL("COMMENT ON TABLE {t} IS {c}").format(
+            t=t, c=sql.Literal(f"outbox-dispatcher inbox v{INBOX_VERSION}")
+        ),
+    ]
+
+
+def render_migration(table: str | Table = DEFAULT_INBOX_TABLE) -> str:
+    """The migration as SQL text, for `outbox inbox migrate --print` and for review."""
+    return "".join(f"{s.as_string(None)};\n\n" for s in migration_statements(_table(table)))
+
+
+def _state(table: Table) -> Query[tuple[bool, str]]:
+    statement = sql.SQL(
+        "SELECT to_regclass({t}) IS NOT NULL, "
+        "coalesce(obj_description(to_regclass({t}), 'pg_class'), '')"
+    ).format(t=table.regclass_literal)
+    return Query(statement, None, first_row(_parse_state))
+
+
+def _parse_state(row: Row | None) -> tuple[bool, str]:
+    assert row is not None
+    return bool(row[0]), str(row[1])
+
+
+def migrate(conn: psycopg.Connection[Any], table: str | Table = DEFAULT_INBOX_TABLE) -> bool:
+    """Create the inbox table if it does not exist; True if it was created.
+
+    Safe to run concurrently and repeatedly (every receiver replica may run it at start-up).
+    Refuses a table of that name that is not an inbox table (an outbox table, say).
+    """
+    t = _table(table)
+    with conn.transaction():
+        conn.execute(_MIGRATE_LOCK)
+        exists, comment = fetch(conn, _state(t))
+        if exists:
+            _check_comment(t, comment)
+            return False
+        for statement in migration_statements(t):
+            conn.execute(statement)
+        return True
+
+
+def _check_comment(table: Table, comment: str) -> None:
+    match = _VERSION_COMMENT.match(comment)
+    if match is None:
+        what = "an outbox table" if comment.startswith("outbox-dispatcher schema") else "a table"
+        raise SchemaError(
+            f"{table} is {what}, not an inbox table (made by `outbox inbox migrate`); "
+            "choose another --table"
+        )
+    if int(match.group(1)) > INBOX_VERSION:
+        raise SchemaError(
+            f"inbox table {table} is at v{match.group(1)}, newer than this outbox-dispatcher "
+            f"supports (v{INBOX_VERSION}); upgrade outbox-dispatcher"
+        )
+
+
+@overload
+def check(conn: psycopg.Connection[Any], table: str | Table = ...) -> None: ...
+@overload
+def check(conn: psycopg.AsyncConnection[Any], table: str | Table = ...) -> Awaitable[None]: ...
+def check(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    table: str | Table = DEFAULT_INBOX_TABLE,
+) -> Awaitable[None] | None:
+    """Raise SchemaError unless the inbox table exists and this code can use it: what a
+    receiver runs at start-up, so a missing table is one clear line, not an error answered to
+    every delivery."""
+    t = _table(table)
+
+    def parse(rows: list[Row]) -> None:
+        exists, comment = _parse_state(rows[0] if rows else None)
+        if not exists:
+            raise SchemaError(
+                f"inbox table {t} does not exist; run `outbox inbox migrate --table {t.argument}`"
+            )
+        _check_comment(t, comment)
+
+    query = _state(t)
+    return run(conn, Query(query.statement, query.params, parse))
+
+
+# -- the one call a receiver makes -------------------------------------------------------
+
+
+_RECORD = sql.SQL(
+    "INSERT INTO {t} (consumer, message_id) VALUES (%(consumer)s, %(message_id)s) "
+    "ON CONFLICT (consumer, message_id) DO NOTHING RETURNING true"
+)
+
+
+def check_key(what: str, value: str) -> str:
+    """A consumer name or a message id, or ValueError saying why it cannot be one."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be text, got {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{what} is empty")
+    if "\x00" in value:
+        raise ValueError(f"{what} holds a NUL character")
+    if len(value.encode()) > MAX_KEY_BYTES:
+        raise ValueError(f"{what} is longer than {MAX_KEY_BYTES} bytes")
+    return value
+
+
+def record_query(
+    *, consumer: str, message_id: str, table: str | Table = DEFAULT_INBOX_TABLE
+) -> Query[bool]:
+    """`record`'s statement: True when this delivery inserted the key (it is the first)."""
+    return Query(
+        _RECORD.format(t=_table(table).ident),
+        {
+            "consumer": check_key("consumer", consumer),
+            "message_id": check_key("message id", message_id),
+        },
+        bool,
+    )
+
+
+def _in_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """An autocommit connection outside a transaction block would commit the key on its own,
+    before (and whatever becomes of) the effect: the one misuse that silently loses messages."""
+    idle = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    if conn.autocommit and idle:
+        raise RuntimeError(
+            "inbox.record must run inside the receiver's transaction (with conn.transaction()): "
+            "on its own it would commit the message id before the effect"
+        )
+
+
+@overload
+def record(
+    conn: psycopg.Connection[Any],
+    *,
+    consumer: str,
+    message_id: str,
+    table: str | Table = ...,
+) -> bool: ...
+@overload
+def record(
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    consumer: str,
+    message_id: str,
+    table: str | Table = ...,
+) -> Awaitable[bool]: ...
+def record(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    *,
+    consumer: str,
+    message_id: str,
+    table: str | Table = DEFAULT_INBOX_TABLE,
+) -> bool | Awaitable[bool]:
+    """Record `message_id` for `consumer` in the caller's transaction; True if this delivery
+    is the first (apply the effect), False if the id was already recorded (a duplicate:
+    skip it). With an async connection it returns an awaitable.
+
+    Nothing here commits: the record becomes durable exactly when the effect does.
+    """
+    _in_transaction(conn)
+    return run(conn, record_query(consumer=consumer, message_id=message_id, table=table))
+
+
+# -- retention ---------------------------------------------------------------------------
+
+
+def redelivery_window(
+    *, max_attempts: int, lease: timedelta, backoff_cap: timedelta, max_defer_age: timedelta
+) -> timedelta:
+    """The longest time a worker with these settings may go on delivering one message on its
+    own: each attempt ends at worst with its lease expiring or with a backoff up to the cap,
+    and business defers (which refund the attempt) end at `max_defer_age`. Not counted, and
+    to be added: the time a destination stays open or paused (held messages keep their
+    attempts) and how long a dead message may wait before a person requeues it."""
+    return max_attempts * (lease + backoff_cap) + max_defer_age
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    deleted: int
+    cutoff: datetime
+    # Another purge of the same table held the lock: this one stopped (it is not needed).
+    busy: bool = False
+
+
+_CUTOFF = sql.SQL("SELECT now() - %(age)s::interval")
+_TRY_LOCK = sql.SQL("SELECT pg_try_advisory_xact_lock(hashtextextended({key}, 0))")
+# A batch: the oldest keys from where the last batch ended, as physical row addresses (a TID
+# scan deletes them without a second index probe). Rows someone else locked are skipped, not
+# waited for: the purge never takes part in a lock cycle.
+_PURGE_BATCH = sql.SQL(
+    """WITH gone AS (
+    DELETE FROM {t} WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM {t}
+         WHERE received_at >= %(after)s AND received_at < %(cutoff)s
+         ORDER BY received_at
+         LIMIT %(batch)s
+           FOR UPDATE SKIP LOCKED))
+    RETURNING received_at)
+SELECT count(*), max(received_at) FROM gone"""
+)
+_PURGE_COUNT = sql.SQL("SELECT count(*) FROM {t} WHERE received_at < %(cutoff)s")
+
+
+def purge_batch_query(table: Table, *, after: datetime, cutoff: datetime, batch: int) -> Query[Row]:
+    """One bounded batch: (rows deleted, newest received_at among them)."""
+    return Query(
+        _PURGE_BATCH.format(t=table.ident),
+        {"after": after, "cutoff": cutoff, "batch": batch},
+        first_row(lambda row: row or (0, None)),
+    )
+
+
+def purge(
+    conn: psycopg.Connection[Any],
+    table: str | Table = DEFAULT_INBOX_TABLE,
+    *,
+    older_than: timedelta = DEFAULT_RETENTION,
+    batch: int = DEFAULT_PURGE_BATCH,
+    dry_run: bool = False,
+) -> PurgeResult:
+    """Delete keys received more than `older_than` ago, `batch` rows per transaction.
+
+    The cutoff is fixed when the purge starts, so a purge under a steady stream of deliveries
+    ends. Each batch first takes the table's purge lock without waiting: if another purge
+    holds it, this one stops and says so (one purger at a time is enough; two would only
+    contend). `conn` must be in autocommit mode: each batch is its own transaction, so no lock
+    is held between batches.
+    """
+    t = _table(table)
+    if batch < 1:
+        raise ValueError("batch must be at least 1")
+    cutoff = _fetch_cutoff(conn, older_than)
+    if dry_run:
+        row = conn.execute(_PURGE_COUNT.format(t=t.ident), {"cutoff": cutoff}).fetchone()
+        return PurgeResult(int(row[0]) if row else 0, cutoff)
+    lock = _TRY_LOCK.format(key=text_constant(f"outbox-dispatcher inbox purge {t}"))
+    after = datetime.min.replace(tzinfo=cutoff.tzinfo)
+    total = 0
+    while True:
+        with conn.transaction():
+            got = conn.execute(lock).fetchone()
+            if not got or not got[0]:
+                return PurgeResult(total, cutoff, busy=True)
+            deleted, newest = fetch(
+                conn, purge_batch_query(t, after=after, cutoff=cutoff, batch=batch)
+            )
+        total += int(deleted)
+        if deleted < batch or newest is None:
+            return PurgeResult(total, cutoff)
+        # Ties at `newest` not deleted yet are read again; everything before it is gone.
+        after = newest
+
+
+def _fetch_cutoff(conn: psycopg.Connection[Any], older_than: timedelta) -> datetime:
+    row = conn.execute(_CUTOFF, {"age": older_than}).fetchone()
+    assert row is not None
+    cutoff = row[0]
+    assert isinstance(cutoff, datetime)
+    return cutoff
+
+
+__all__ = [
+    "DEFAULT_INBOX_TABLE",
+    "DEFAULT_PURGE_BATCH",
+    "DEFAULT_RETENTION",
+    "INBOX_VERSION",
+    "MAX_KEY_BYTES",
+    "PurgeResult",
+    "check",
+    "check_key",
+    "migrate",
+    "migration_statements",
+    "purge",
+    "purge_batch_query",
+    "record",
+    "record_query",
+    "redelivery_window",
+    "render_migration",
+]
