@@ -114,6 +114,9 @@ class Health(Service):
         if not self.enabled:
             return None
         probing = self.probes.get(destination) == message.id
+        if destination in self.blocked and not probing:
+            # Sent before this replica learned it is down: nothing new to tell the others.
+            return self.hold_back(destination)
         failure = dest.Failure(message.id, error, destination in self._fresh, retry_after)
         self._fresh.discard(destination)
         owner, policy = self.settings.owner, self.policy
@@ -211,15 +214,20 @@ class Health(Service):
     async def run(self) -> None:
         """Read the shared state until cancelled."""
         while True:
-            try:
-                async with self.connection() as conn:
-                    rows = await fetch_async(conn, dest.listing(self.settings.table))
-            except DatabaseErrors as exc:
-                # The claimer and the finalizer report the database's absence; keep the view.
-                log.debug("could not read destination health: %s", exc)
-            else:
-                self._read(rows)
             await asyncio.sleep(REFRESH_INTERVAL)
+            await self.refresh()
+
+    async def refresh(self) -> None:
+        """Read the shared state once (also before the first claim: a replica started while
+        a destination is down respects it from the start)."""
+        try:
+            async with self.connection() as conn:
+                rows = await fetch_async(conn, dest.listing(self.settings.table))
+        except DatabaseErrors as exc:
+            # The claimer and the finalizer report the database's absence; keep the view.
+            log.debug("could not read destination health: %s", exc)
+        else:
+            self._read(rows)
 
     def _read(self, rows: list[tuple[dest.Destination, datetime]]) -> None:
         for row, now in rows:

@@ -114,6 +114,7 @@ class Replica:
         try:
             if not await self._check_table(stop):
                 return
+            await self.health.refresh()
             self.metrics.ready = True
             self._log_start()
             async with asyncio.TaskGroup() as services:
