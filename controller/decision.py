@@ -10,12 +10,12 @@ applies the decision to the Deployment and reports it. The rules, first match wi
 2. `spec.replicas` → that count, never past `maxReplicas` (`ReplicasPinned`).
 3. No usable reading of the table → the current size (`HoldingSize`): workers are neither
    added nor removed blind.
-4. A destination open or paused (`Observed.open_destinations`) → never more workers than
-   run now (`DestinationUnreachable`): what holds the messages back is the destination, not
-   capacity, and more workers would only wait beside the others. One worker at least, when
-   the policy wants one, so that someone probes the destination. Fewer are allowed.
-5. Otherwise the sizing policy's answer, within `minReplicas..maxReplicas` (`MinReplicas`,
-   `MaxReplicas` say when a bound changed it).
+4. Otherwise the sizing policy's answer, within `minReplicas..maxReplicas` (`MinReplicas`,
+   `MaxReplicas` say when a bound changed it); but while a destination is open or paused
+   (`Observed.open_destinations`) no more workers than run now (`DestinationUnreachable`):
+   what holds the messages back is the destination, not capacity, and more workers would
+   only wait beside the others. One worker at least, when the policy wants one, so that
+   someone probes the destination; fewer are allowed.
 
 The policy is asked on every pass that has a reading, paused or pinned too: it learns from
 each one. A rule that needs another input (e.g. a destination's health) takes it from
@@ -153,7 +153,8 @@ def describe_unreachable(destinations: tuple[DestinationState, ...]) -> str:
 
 
 def hold_for_destinations(wanted: Decision, observed: Observed) -> Decision:
-    """No more workers than run now while a destination is open or paused (rule 4).
+    """No more workers than run now while a destination is open or paused (rule 4; the
+    bounds apply after it).
 
     After it closes the policy's answer stands again: the backlog that piled up is what the
     policy sizes for (its ready age and claimable count are high), so the workers catch up.
