@@ -727,10 +727,13 @@ async def test_messages_wait_out_a_server_outage_and_are_all_delivered(stream, c
         second = seed(conn, 25)
         # Refused by many messages while the server is away: the cluster's breaker opens.
         await wait_until(
-            lambda: conn.execute(
-                "SELECT count(*) FROM outbox_destinations WHERE state = 'open' "
-                "AND destination LIKE 'nats %' AND last_error LIKE '%not connected to NATS%'"
-            ).fetchone()[0] == 1,
+            lambda: (
+                conn.execute(
+                    "SELECT count(*) FROM outbox_destinations WHERE state = 'open' "
+                    "AND destination LIKE 'nats %' AND last_error LIKE '%not connected to NATS%'"
+                ).fetchone()[0]
+                == 1
+            ),
             timeout=30,
         )
         assert count(conn, "status = 'dead'") == 0
