@@ -160,7 +160,11 @@ def test_migrate_a_schema_qualified_table(empty_dsn):
     assert result.returncode == 0, result.stderr
     assert result.stdout == "app.events: migrated from v0 to v4, for --ordering none\n"
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert [c[0] for c in columns(conn, "app.events")] == [*REQUIRED_COLUMNS, "errors", "headers"]
+        assert [c[0] for c in columns(conn, "app.events")] == [
+            *REQUIRED_COLUMNS,
+            "errors",
+            "headers",
+        ]
         assert conn.execute("SELECT to_regclass('public.events')").fetchone() == (None,)
         index_schemas = conn.execute(
             "SELECT DISTINCT schemaname FROM pg_indexes WHERE tablename = 'events'"

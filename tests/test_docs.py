@@ -16,7 +16,10 @@ README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 # Defaults that are not values but a description of where the value comes from.
 DESCRIBED = {
-    "dsn": "PG* variables", "owner": "hostname-pid", "metrics_port": "off", "rate_limit": "off"
+    "dsn": "PG* variables",
+    "owner": "hostname-pid",
+    "metrics_port": "off",
+    "rate_limit": "off",
 }
 
 
