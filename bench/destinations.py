@@ -37,6 +37,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -729,8 +730,10 @@ def main(argv: list[str] | None = None) -> None:
         "limit_seconds": args.limit_seconds, "limit_workers": args.limit_workers,
     }  # fmt: skip
     sizes = replace(sizes, **{k: v for k, v in chosen.items() if v is not None})
-    with tempfile.TemporaryDirectory(prefix="bench-destinations-") as tmp:
-        report = run(sizes, Path(tmp))
+    # The workers' logs and the API's request logs: kept when a run fails, to read why.
+    workdir = Path(tempfile.mkdtemp(prefix="bench-destinations-"))
+    report = run(sizes, workdir)
+    shutil.rmtree(workdir)
     report["smoke"] = args.smoke
     command = shlex.join(["python", "-m", "bench.destinations", *args_in])
     report["command"] = command
