@@ -55,8 +55,9 @@ import aiohttp.web
 import attrs
 import kmock
 import yaml
-from kmock._internal import apps, parsing
+from kmock._internal import apps, parsing, rendering
 
+from . import applying
 from .metadata import check_meta, check_pod_spec
 from .openapi import OpenAPI
 from .patching import PatchError, json_patch, merge_patch, strategic_merge_patch
@@ -265,6 +266,21 @@ def _invalid(rtype: ResourceType, name: str, errors: list[FieldError]) -> ApiErr
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _GENERATED = "bcdfghjklmnpqrstvwxz2456789"
+APPLY_PATCH = "application/apply-patch+yaml"
+
+
+@dataclass(frozen=True)
+class Writer:
+    """Who writes: the field manager (the request's `fieldManager`, else its User-Agent up to
+    the first `/`, as a real server names it), and for an apply whether it forces."""
+
+    manager: str
+    force: bool = False
+    scale: bool = False  # through the scale subresource: recorded as subresource "scale"
+
+
+# Writes the harness makes itself (`install`), not through HTTP.
+HARNESS = Writer("emulator")
 
 
 @dataclass
@@ -328,6 +344,36 @@ _original_parse_path = parsing.parse_path
 parsing.parse_path = _fixed_parse_path
 
 
+class _BinaryBody:
+    """A request whose body is not text (protobuf), as kmock gets it: kmock reads every
+    body as text, which fails on bytes that are not UTF-8."""
+
+    def __init__(self, raw: aiohttp.web.BaseRequest) -> None:
+        self._raw = raw
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+    async def text(self) -> str:
+        return (await self._raw.read()).decode("latin-1")
+
+    async def json(self, **_: Any) -> Any:
+        raise ValueError("not JSON")
+
+
+async def _parse_any_body(raw_request: aiohttp.web.BaseRequest, *, id: int = 0) -> Any:
+    body = await raw_request.read()
+    try:
+        body.decode(raw_request.charset or "utf-8")
+    except UnicodeDecodeError:
+        return await _original_request_parse(_BinaryBody(raw_request), id=id)
+    return await _original_request_parse(raw_request, id=id)
+
+
+_original_request_parse = rendering.Request._parse
+rendering.Request._parse = staticmethod(_parse_any_body)  # type: ignore[method-assign,assignment]
+
+
 @attrs.define(kw_only=True)
 class Emulator(kmock.KubernetesEmulator):
     """The API server: an aiohttp handler, entered (`async with`) and served by cluster.py."""
@@ -343,12 +389,15 @@ class Emulator(kmock.KubernetesEmulator):
     _changed: asyncio.Condition = attrs.field(init=False)
     _builtin_schemas: BuiltinSchemas = attrs.field(factory=BuiltinSchemas.shared, init=False)
     _openapi: OpenAPI = attrs.field(init=False)
+    _fields: applying.Schemas = attrs.field(init=False)
+    _shapes: dict[tuple[str, str, str], applying.Shape] = attrs.field(factory=dict, init=False)
     failures: list[str] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         # Deliberately not the parent's: its fallback reactions are replaced by `_serve`.
         self._changed = asyncio.Condition(self._lock)
         self._openapi = OpenAPI(self._builtin_schemas)
+        self._fields = applying.Schemas(self._builtin_schemas.definitions)
         for rtype in BUILTINS:
             self._register(rtype)
         for name in ("default", "kube-system", "kube-public"):
@@ -498,18 +547,22 @@ class Emulator(kmock.KubernetesEmulator):
             return aiohttp.web.Response(text=found, content_type="text/plain")
         if method == "GET" and params.get("watch") in ("true", "1"):
             return await self._watch(request, target, params)
-        body = self._body(request, method)
+        body = self._body(request, method, target)
+        media = request.headers.get("Content-Type", "").split(";")[0].strip()
+        writer = self._writer(request, params, method, media)
         answer: tuple[int, JSON]
         async with self._lock:
             if method == "GET":
                 answer = 200, self._read(target, request, params)
             elif method == "POST" and target.name is None:
-                answer = 201, self._create(target, body, params)
+                answer = 201, self._create(target, body, params, writer)
             elif method == "PUT" and target.name:
-                answer = 200, self._update(target, lambda _: body, params)
+                answer = 200, self._update(target, lambda _: body, params, writer)
+            elif method == "PATCH" and target.name and media == APPLY_PATCH:
+                answer = self._apply(target, body, params, writer)
             elif method == "PATCH" and target.name:
-                patcher = self._patcher(target, request.headers.get("Content-Type", ""), body)
-                answer = 200, self._update(target, patcher, params)
+                patcher = self._patcher(target, media, body)
+                answer = 200, self._update(target, patcher, params, writer)
             elif method == "DELETE" and target.name:
                 answer = 200, self._delete(target, body or {}, params)
             elif method == "DELETE":
@@ -524,13 +577,18 @@ class Emulator(kmock.KubernetesEmulator):
             headers["Warning"] = ", ".join(f'299 - "{w}"' for w in warnings)
         return aiohttp.web.json_response(payload, status=status, headers=headers)
 
-    def _body(self, request: kmock.Request, method: str) -> Any:
+    def _body(self, request: kmock.Request, method: str, target: _Target | None = None) -> Any:
         if method not in ("POST", "PUT", "PATCH", "DELETE") or not request.body:
             return None
         content_type = request.headers.get("Content-Type", "")
         if "protobuf" in content_type:
-            # kubectl's typed generators (`kubectl create secret|namespace|...`) send protobuf;
-            # the emulator speaks JSON only: pipe `--dry-run=client -o yaml` into `apply -f -`.
+            # kubectl's typed generators (`kubectl create namespace|secret|configmap`) send
+            # protobuf: those creations are read; anything else must be JSON or YAML.
+            kind = target.rtype.kind if target is not None else ""
+            if method in ("POST", "PUT") and kind in _PROTOBUF_KINDS:
+                return _object_from_protobuf(request.body, kind)
+            if method == "DELETE":
+                return _delete_options_from_protobuf(request.body)
             raise ApiError(
                 415,
                 "UnsupportedMediaType",
@@ -813,7 +871,15 @@ class Emulator(kmock.KubernetesEmulator):
             log.dropped += len(trimmed)
             log.floor = trimmed[-1].rv
 
-    def _create(self, target: _Target, body: Any, params: JSON) -> JSON:
+    def _create(
+        self,
+        target: _Target,
+        body: Any,
+        params: JSON,
+        writer: Writer = HARNESS,
+        managers: applying.Managers | None = None,
+    ) -> JSON:
+        """Create `body`; `managers` are an apply's (else the writer owns all it set)."""
         if not isinstance(body, dict):
             raise ApiError(400, "BadRequest", "the body of the request must be an object")
         rtype = target.rtype
@@ -863,6 +929,9 @@ class Emulator(kmock.KubernetesEmulator):
         ):
             meta.pop(server_field, None)
         warnings = self._admit(rtype, obj, None, params)
+        if managers is None:
+            managers = self._track(target, None, obj, {}, writer)
+        _set_managers(obj, managers)
         if params.get("dryRun"):
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
             return obj
@@ -889,12 +958,22 @@ class Emulator(kmock.KubernetesEmulator):
         self._record(rtype, "ADDED", obj, None)
         return obj
 
-    def _update(self, target: _Target, change: Callable[[JSON], Any], params: JSON) -> JSON:
+    def _update(
+        self,
+        target: _Target,
+        change: Callable[[JSON], Any],
+        params: JSON,
+        writer: Writer = HARNESS,
+        *,
+        applied: bool = False,
+    ) -> JSON:
+        """Write `change(a copy of the object)`; `applied`: its managedFields are an apply's,
+        else the writer owns what it changed."""
         rtype, old = target.rtype, self._get(target)
         assert target.name is not None
         if target.subresource == "scale":
             scale = change(self._scale_of(rtype, old))
-            return self._write_scale(target, old, scale, params)
+            return self._write_scale(target, old, scale, params, writer)
         proposed = change(copy.deepcopy(old))
         if not isinstance(proposed, dict):
             raise ApiError(400, "BadRequest", "the body of the request must be an object")
@@ -958,6 +1037,12 @@ class Emulator(kmock.KubernetesEmulator):
                     ],
                 )
         warnings = self._admit(rtype, proposed, old, params)
+        if not applied:
+            # Managed fields sent with the object replace the server's (as a real server
+            # takes them); none sent keep the stored ones.
+            sent = applying.decode(proposed["metadata"].get("managedFields"))
+            base = sent or applying.decode(old_meta.get("managedFields"))
+            _set_managers(proposed, self._track(target, old, proposed, base, writer))
         if _without(proposed, "metadata", "status") != _without(old, "metadata", "status"):
             proposed["metadata"]["generation"] = old_meta.get("generation", 1) + 1
         if _same(proposed, old):
@@ -1006,6 +1091,150 @@ class Emulator(kmock.KubernetesEmulator):
 
         return apply
 
+    # ---- field managers and server-side apply ------------------------------------------
+
+    @staticmethod
+    def _writer(request: kmock.Request, params: JSON, method: str, media: str) -> Writer:
+        apply = method == "PATCH" and media == APPLY_PATCH
+        manager = params.get("fieldManager")
+        problems = []
+        if apply and not manager:
+            problems.append("fieldManager: Required value: is required for apply patch")
+        if "force" in params and not apply:
+            problems.append("force: Forbidden: may not be specified for non-apply patch")
+        if manager and len(manager) > 128:
+            problems.append("fieldManager: Too long: may not be longer than 128")
+        if problems:
+            kind = "PatchOptions" if method == "PATCH" else "CreateOptions"
+            raise ApiError(
+                422,
+                "Invalid",
+                f'{kind}.meta.k8s.io "" is invalid: ' + ", ".join(problems),
+            )
+        if not manager:
+            manager = request.headers.get("User-Agent", "").split("/")[0][:128]
+        return Writer(manager, force=params.get("force") in ("true", "1"))
+
+    def _shape(self, rtype: ResourceType) -> applying.Shape:
+        key = self._key(rtype)
+        if rtype.crd is not None:
+            shape = self._shapes.get(key)
+            if shape is None:
+                shape = self._shapes[key] = self._fields.custom(self._schemas[key].schema)
+            return shape
+        return self._fields.builtin(
+            self._builtin_schemas.definition_name(rtype.group, rtype.version, rtype.kind)
+        )
+
+    def _scope(self, target: _Target) -> applying.Scope:
+        subresource = "status" if target.subresource == "status" else ""
+        return applying.Scope("status" in target.rtype.subresources, subresource)
+
+    def _track(
+        self,
+        target: _Target,
+        old: JSON | None,
+        new: JSON,
+        managers: applying.Managers,
+        writer: Writer,
+    ) -> applying.Managers:
+        """The managers once `writer` changed `old` into `new` (an update: no conflicts)."""
+        subresource = "scale" if writer.scale else target.subresource or ""
+        key = applying.ManagerKey(writer.manager, "Update", subresource, target.rtype.api_version)
+        try:
+            return applying.update(
+                old, new, managers, key, self._shape(target.rtype), self._scope(target)
+            )
+        except applying.ApplyError:
+            return managers  # an object SSA cannot type (validation refuses most): untracked
+
+    def _apply(self, target: _Target, body: Any, params: JSON, writer: Writer) -> tuple[int, JSON]:
+        """Server-side apply: create the object or merge the configuration into it."""
+        rtype = target.rtype
+        assert target.name is not None
+        if target.subresource not in (None, "status"):
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the emulator does not apply to the {target.subresource} subresource",
+            )
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "the body of the request must be an object")
+        for key in ("kind", "apiVersion"):
+            if not body.get(key):
+                missing = "Kind" if key == "kind" else "apiVersion"
+                raise ApiError(
+                    400, "BadRequest", f"Object '{missing}' is missing in '{json.dumps(body)}'"
+                )
+        self._check_kind(rtype, copy.deepcopy(body))
+        meta = body.get("metadata") or {}
+        if meta.get("managedFields") is not None:
+            raise ApiError(400, "BadRequest", "metadata.managedFields must be nil")
+        if meta.get("name", target.name) != target.name:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"the name of the object ({meta.get('name')}) does not match the name on "
+                f"the URL ({target.name})",
+            )
+        config = {**body, "metadata": {**meta, "name": target.name}}
+        if rtype.namespaced:
+            config["metadata"]["namespace"] = target.namespace
+        key = applying.ManagerKey(writer.manager, "Apply", target.subresource or "")
+        shape, scope = self._shape(rtype), self._scope(target)
+
+        def merged(live: JSON | None) -> tuple[JSON, applying.Managers]:
+            managers = applying.decode((live or {}).get("metadata", {}).get("managedFields"))
+            try:
+                return applying.apply(
+                    live,
+                    config,
+                    managers,
+                    key,
+                    rtype.api_version,
+                    shape,
+                    scope,
+                    force=writer.force,
+                )
+            except applying.Conflicts as exc:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    str(exc),
+                    {
+                        "causes": [
+                            {
+                                "type": "FieldManagerConflict",
+                                "message": f"conflict with {c.manager.printed()}",
+                                "field": applying.render_path(c.path),
+                            }
+                            for c in exc.conflicts
+                        ]
+                    },
+                ) from exc
+            except applying.ApplyError as exc:
+                raise ApiError(
+                    500,
+                    "InternalError",
+                    f"failed to create typed patch object ({rtype.api_version}, "
+                    f"Kind={rtype.kind}): {exc}",
+                ) from exc
+
+        if (rtype, target.namespace, target.name) not in self._store:
+            if target.subresource:
+                raise _not_found(rtype, target.name)
+            obj, managers = merged(None)
+            return 201, self._create(
+                replace(target, name=None), obj, params, writer, managers=managers
+            )
+
+        def change(current: JSON) -> JSON:
+            obj, managers = merged(current)
+            _set_managers(obj, managers)
+            return obj
+
+        return 200, self._update(target, change, params, writer, applied=True)
+
     def _scale_of(self, rtype: ResourceType, obj: JSON) -> JSON:
         assert rtype.scale is not None
         spec_path, status_path, selector_path = rtype.scale
@@ -1030,7 +1259,9 @@ class Emulator(kmock.KubernetesEmulator):
             "status": status,
         }
 
-    def _write_scale(self, target: _Target, old: JSON, scale: Any, params: JSON) -> JSON:
+    def _write_scale(
+        self, target: _Target, old: JSON, scale: Any, params: JSON, writer: Writer
+    ) -> JSON:
         rtype = target.rtype
         assert rtype.scale is not None and target.name is not None
         replicas = scale.get("spec", {}).get("replicas") if isinstance(scale, dict) else None
@@ -1051,7 +1282,9 @@ class Emulator(kmock.KubernetesEmulator):
                 current["metadata"]["resourceVersion"] = wanted_rv
             return current
 
-        updated = self._update(replace(target, subresource=None), set_replicas, params)
+        updated = self._update(
+            replace(target, subresource=None), set_replicas, params, replace(writer, scale=True)
+        )
         updated.pop("\0warnings", None)
         return self._scale_of(rtype, updated)
 
@@ -1334,6 +1567,7 @@ class Emulator(kmock.KubernetesEmulator):
                             self._record(served, "DELETED", gone, gone)
                     del self._types[key]
                     self._schemas.pop(key, None)
+                    self._shapes.pop(key, None)
                     self._openapi.invalidate()
         if new is None:
             return
@@ -1365,6 +1599,7 @@ class Emulator(kmock.KubernetesEmulator):
             )
             self._register(rtype)
             self._schemas[self._key(rtype)] = CustomSchema(version["schema"]["openAPIV3Schema"])
+            self._shapes.pop(self._key(rtype), None)
 
     def _register(self, rtype: ResourceType) -> None:
         key = self._key(rtype)
@@ -1474,6 +1709,123 @@ def _access_review_from_protobuf(body: bytes) -> JSON:
             "verb": text(attributes, 2),
         }
     return review
+
+
+# What `kubectl create namespace|secret|configmap` sends as protobuf, read back into JSON:
+# the kind's message has ObjectMeta as field 1, then these fields (number → name, how).
+_PROTOBUF_KINDS: dict[str, dict[int, tuple[str, str]]] = {
+    "Namespace": {2: ("spec", "namespace-spec")},
+    "Secret": {
+        2: ("data", "map-bytes"),
+        3: ("type", "string"),
+        4: ("stringData", "map-string"),
+        5: ("immutable", "bool"),
+    },
+    "ConfigMap": {
+        2: ("data", "map-string"),
+        3: ("binaryData", "map-bytes"),
+        4: ("immutable", "bool"),
+    },
+}
+
+
+def _object_from_protobuf(body: bytes, kind: str) -> JSON:
+    """A Namespace, Secret or ConfigMap from Kubernetes' protobuf envelope (`k8s\\0` +
+    runtime.Unknown{typeMeta, raw}): the fields kubectl's generators set."""
+    if not body.startswith(b"k8s\x00"):
+        raise ApiError(415, "UnsupportedMediaType", "not a Kubernetes protobuf body")
+    unknown = _protobuf_fields(body[4:])
+
+    def first(fields: dict[int, list[bytes | int]], number: int) -> bytes | int | None:
+        values = fields.get(number)
+        return values[0] if values else None
+
+    def text(value: bytes | int | None) -> str:
+        return value.decode() if isinstance(value, bytes) else ""
+
+    def entries(values: list[bytes | int]) -> dict[str, bytes]:
+        found = {}
+        for entry in values:
+            if isinstance(entry, bytes):
+                pair = _protobuf_fields(entry)
+                value = first(pair, 2)
+                found[text(first(pair, 1))] = value if isinstance(value, bytes) else b""
+        return found
+
+    type_meta = first(unknown, 1)
+    meta_fields = _protobuf_fields(type_meta) if isinstance(type_meta, bytes) else {}
+    raw = first(unknown, 2)
+    fields = _protobuf_fields(raw) if isinstance(raw, bytes) else {}
+    object_meta = first(fields, 1)
+    meta = _protobuf_fields(object_meta) if isinstance(object_meta, bytes) else {}
+    metadata: JSON = {}
+    for number, name in (
+        (1, "name"),
+        (2, "generateName"),
+        (3, "namespace"),
+        (5, "uid"),
+        (6, "resourceVersion"),
+    ):
+        if text(first(meta, number)):  # protobuf's empty string is an unset field
+            metadata[name] = text(first(meta, number))
+    for number, name in ((11, "labels"), (12, "annotations")):
+        if number in meta:
+            metadata[name] = {k: v.decode() for k, v in entries(meta[number]).items()}
+    if 14 in meta:
+        metadata["finalizers"] = [text(v) for v in meta[14]]
+    obj: JSON = {
+        "apiVersion": text(first(meta_fields, 1)) or "v1",
+        "kind": text(first(meta_fields, 2)) or kind,
+        "metadata": metadata,
+    }
+    for number, (name, how) in _PROTOBUF_KINDS[kind].items():
+        if number not in fields:
+            continue
+        values = fields[number]
+        if how == "map-bytes":
+            obj[name] = {k: base64.b64encode(v).decode() for k, v in entries(values).items()}
+        elif how == "map-string":
+            obj[name] = {k: v.decode() for k, v in entries(values).items()}
+        elif how == "string" and text(values[0]):  # empty: unset, and defaulted
+            obj[name] = text(values[0])
+        elif how == "bool":
+            obj[name] = bool(values[0])
+        elif how == "namespace-spec" and isinstance(values[0], bytes):
+            spec = _protobuf_fields(values[0])
+            obj[name] = {"finalizers": [text(v) for v in spec.get(1, [])]}
+    return obj
+
+
+def _delete_options_from_protobuf(body: bytes) -> JSON:
+    """DeleteOptions as client-go's typed clients send them (protobuf): the policy and the
+    preconditions; the rest (grace period, dry run) plays no part here."""
+    if not body.startswith(b"k8s\x00"):
+        raise ApiError(415, "UnsupportedMediaType", "not a Kubernetes protobuf body")
+    raw = _protobuf_fields(body[4:]).get(2, [b""])[0]
+    fields = _protobuf_fields(raw) if isinstance(raw, bytes) else {}
+    options: JSON = {}
+    policy = fields.get(4, [b""])[0]
+    if isinstance(policy, bytes) and policy:
+        options["propagationPolicy"] = policy.decode()
+    if 3 in fields:
+        options["orphanDependents"] = bool(fields[3][0])
+    preconditions = fields.get(2, [b""])[0]
+    if isinstance(preconditions, bytes) and preconditions:
+        found = _protobuf_fields(preconditions)
+        options["preconditions"] = {
+            name: value.decode()
+            for number, name in ((1, "uid"), (2, "resourceVersion"))
+            if isinstance(value := found.get(number, [b""])[0], bytes) and value
+        }
+    return options
+
+
+def _set_managers(obj: JSON, managers: applying.Managers) -> None:
+    encoded = applying.encode(managers)
+    if encoded:
+        obj["metadata"]["managedFields"] = encoded
+    else:
+        obj["metadata"].pop("managedFields", None)
 
 
 def _crd_status(crd: JSON, old: JSON | None) -> JSON:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import ssl
 import urllib.error
@@ -278,9 +279,26 @@ def test_faults_can_be_injected_with_kmocks_dsl(k8s: LocalCluster) -> None:
 
 
 def test_protobuf_bodies_are_refused_with_a_hint(k8s: LocalCluster) -> None:
-    # kubectl's typed generators speak protobuf; the emulator says to use apply instead.
-    result = k8s.kubectl("create", "namespace", "team", check=False)
+    # kubectl's typed generators speak protobuf; past the few kinds the emulator reads that
+    # way (namespaces, secrets, configmaps), it says to use apply instead.
+    result = k8s.kubectl("create", "deployment", "team", "--image=team:1", check=False)
     assert "use kubectl apply -f" in result.stderr
+
+
+def test_kubectl_create_of_a_namespace_a_secret_and_a_configmap(k8s: LocalCluster) -> None:
+    # What the docs tell users to run, sent as protobuf by kubectl's generators.
+    k8s.kubectl("create", "namespace", "team")
+    k8s.kubectl("-n", "team", "create", "secret", "generic", "db", "--from-literal=dsn=x://y")
+    k8s.kubectl("-n", "team", "create", "configmap", "cfg", "--from-literal=a=b")
+    [namespace] = k8s.objects("v1", "namespaces", None, "team")
+    assert namespace["status"]["phase"] == "Active"
+    [secret] = k8s.objects("v1", "secrets", "team", "db")
+    assert base64.b64decode(secret["data"]["dsn"]) == b"x://y"
+    assert secret["type"] == "Opaque"
+    [config] = k8s.objects("v1", "configmaps", "team", "cfg")
+    assert config["data"] == {"a": "b"}
+    # kubectl names itself as their manager.
+    assert namespace["metadata"]["managedFields"][0]["manager"] == "kubectl-create"
 
 
 # ---- server-owned fields and the subresources ---------------------------------------------
