@@ -28,7 +28,7 @@ to the next message would store an offset past it and lose it. A message without
 header cannot be de-duplicated: it is skipped (its offset stored) with an error logged.
 `enable.auto.offset.store` must be false: with it, librdkafka would store each offset when
 the message is handed over, before its effect commits (a crash would then lose it);
-`store_offsets` refuses to run then, and so does this.
+`store_offsets` refuses to run then, and so does this, before the first message's effect.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from outbox import inbox
 from outbox.receiver.core import DEFAULT_TRIES, Applied, apply
@@ -74,6 +74,7 @@ class KafkaInbox:
         self.table = table if isinstance(table, Table) else Table.parse(table)
         self.id_header = id_header
         self.tries = tries
+        self._checked = False
 
     def message_id(self, message: Message) -> str | None:
         raw = message.headers() or []
@@ -90,6 +91,11 @@ class KafkaInbox:
     def process(self, message: Message) -> Applied[None] | None:
         """Apply one consumed message once, then store its offset; None if it was skipped
         (no id). Raises what the handler raised (nothing stored)."""
+        if not self._checked:
+            # Storing this message's own offset (where to resume: at it) changes nothing, and
+            # fails if the consumer stores offsets by itself: found before any effect.
+            self._store(message, message.offset())
+            self._checked = True
         message_id = self.message_id(message)
         if message_id is None:
             log.error(
@@ -112,9 +118,14 @@ class KafkaInbox:
         self._store(message)
         return applied
 
-    def _store(self, message: Message) -> None:
+    def _store(self, message: Message, offset: int | None = None) -> None:
+        """Store the offset after `message` (or `offset`) for librdkafka to commit."""
         try:
-            self.consumer.store_offsets(message=message)
+            if offset is None:
+                self.consumer.store_offsets(message=message)
+            else:
+                at = TopicPartition(message.topic(), message.partition(), offset)
+                self.consumer.store_offsets(offsets=[at])
         except KafkaException as exc:
             if exc.args and exc.args[0].code() == KafkaError._INVALID_ARG:
                 raise ConfigError(
