@@ -94,7 +94,7 @@ class KafkaInbox:
         if not self._checked:
             # Storing this message's own offset (where to resume: at it) changes nothing, and
             # fails if the consumer stores offsets by itself: found before any effect.
-            self._store(message, message.offset())
+            self._store(message, at_itself=True)
             self._checked = True
         message_id = self.message_id(message)
         if message_id is None:
@@ -118,13 +118,16 @@ class KafkaInbox:
         self._store(message)
         return applied
 
-    def _store(self, message: Message, offset: int | None = None) -> None:
-        """Store the offset after `message` (or `offset`) for librdkafka to commit."""
+    def _store(self, message: Message, *, at_itself: bool = False) -> None:
+        """Store the offset after `message` (or its own, `at_itself`) for librdkafka to
+        commit."""
         try:
-            if offset is None:
+            if not at_itself:
                 self.consumer.store_offsets(message=message)
             else:
-                at = TopicPartition(message.topic(), message.partition(), offset)
+                topic, partition, offset = message.topic(), message.partition(), message.offset()
+                assert topic is not None and partition is not None and offset is not None
+                at = TopicPartition(topic, partition, offset)
                 self.consumer.store_offsets(offsets=[at])
         except KafkaException as exc:
             if exc.args and exc.args[0].code() == KafkaError._INVALID_ARG:
