@@ -1,4 +1,4 @@
-"""A receiver that dies between its database commit and its acknowledgement.
+"""Receivers for crash tests.
 
     python tests/receiver_crash.py nats DSN NATS_URL DURABLE COUNT
     python tests/receiver_crash.py kafka DSN BOOTSTRAPS TOPIC COUNT
@@ -6,6 +6,11 @@
 It applies COUNT messages through the inbox (each committed with its effect), then exits at
 once, with no ack sent (NATS) and no offset committed (Kafka): what a consumer killed right
 after its commits leaves behind. It prints `applied N` before dying.
+
+    python tests/receiver_crash.py http DSN PORT APPLICATION_NAME
+
+An ASGI receiver (uvicorn) whose handler writes its effect and then never returns: its
+transaction stays open, for the test to kill the process between the effect and the commit.
 """
 
 from __future__ import annotations
@@ -80,9 +85,30 @@ def kafka_main(dsn: str, bootstraps: str, topic: str, count: int) -> None:
     os._exit(0)
 
 
+def http_main(dsn: str, port: int, application_name: str) -> None:
+    import uvicorn
+
+    from outbox.receiver.asgi import InboxEndpoint
+
+    @asynccontextmanager
+    async def connect():  # type: ignore[no-untyped-def]
+        conninfo = f"{dsn} application_name={application_name}"
+        async with await psycopg.AsyncConnection.connect(conninfo) as conn:
+            yield conn
+
+    async def hang(conn: psycopg.AsyncConnection[Any], delivery: Any) -> None:
+        await conn.execute("INSERT INTO effects VALUES (%s, '', 'killed')", (delivery.message_id,))
+        await asyncio.Event().wait()  # killed here, before the commit
+
+    endpoint = InboxEndpoint(hang, connect=connect, consumer="billing")
+    uvicorn.run(endpoint, host="127.0.0.1", port=port, log_level="warning")
+
+
 if __name__ == "__main__":
-    kind, dsn, where, name, count = sys.argv[1:]
-    if kind == "nats":
-        asyncio.run(nats_main(dsn, where, name, int(count)))
+    kind, dsn, where, name, *count = sys.argv[1:]
+    if kind == "http":
+        http_main(dsn, int(where), name)
+    elif kind == "nats":
+        asyncio.run(nats_main(dsn, where, name, int(count[0])))
     else:
-        kafka_main(dsn, where, name, int(count))
+        kafka_main(dsn, where, name, int(count[0]))

@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -23,6 +26,7 @@ from standardwebhooks import Webhook
 from workers import dispatching, settings
 
 from outbox import inbox
+from outbox.demo.embedded import free_port
 from outbox.receiver import apply_async
 from outbox.receiver.aiohttp import inbox_handler
 from outbox.receiver.asgi import InboxEndpoint
@@ -32,6 +36,7 @@ from outbox.worker.publishers.http import HttpPublisher
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # the Standard Webhooks spec's example
 OLD_SECRET = "whsec_" + "c2VjcmV0LWJlZm9yZS1yb3RhdGlvbg=="
 FORMS = ["aiohttp", "asgi"]
+CRASH = Path(__file__).parent / "receiver_crash.py"
 
 
 @pytest.fixture
@@ -511,3 +516,68 @@ async def test_the_workers_retries_after_timeouts_give_one_effect_each(
         for (b,) in psycopg.connect(receiver_dsn).execute("SELECT body FROM effects").fetchall()
     ]
     assert sorted(b["id"] for b in bodies) == ids
+
+
+# -- a receiver killed mid-transaction -------------------------------------------------------
+
+
+async def _backend(dsn: str, application_name: str) -> str | None:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT state FROM pg_stat_activity WHERE application_name = %s", (application_name,)
+        )
+        row = await cur.fetchone()
+        return None if row is None else str(row[0])
+
+
+async def test_a_receiver_killed_between_its_effect_and_its_commit_leaves_neither(
+    pool, receiver_dsn
+):
+    """A receiver process wrote the effect and recorded the id, and is killed before its
+    commit: PostgreSQL rolls both back, and the sender's retry to another receiver applies
+    the message, once."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(CRASH), "http", receiver_dsn, str(port), "receiver-killed"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}/events"
+    try:
+        await wait_until(lambda: _accepts(port), timeout=30, what="the receiver process")
+        sent = asyncio.create_task(post(url, headers={"Idempotency-Key": "55"}))
+        await wait_until(
+            lambda: _in_transaction(receiver_dsn), timeout=20, what="the effect, uncommitted"
+        )
+        proc.kill()
+        proc.wait(timeout=10)
+        with pytest.raises(aiohttp.ClientError):
+            await sent  # the sender never got an answer: it will retry
+        await wait_until(
+            lambda: _gone(receiver_dsn), timeout=20, what="the killed receiver's session"
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert effects(receiver_dsn) == [] and recorded(receiver_dsn) == []
+    async with receiver("aiohttp", applying(), connect=pool.connection, consumer="billing") as u:
+        assert (await post(u, headers={"Idempotency-Key": "55"}))[0] == 204
+        assert (await post(u, headers={"Idempotency-Key": "55"}))[0] == 200
+    assert effects(receiver_dsn) == [("55", "r")]
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+async def _in_transaction(dsn: str) -> bool:
+    return await _backend(dsn, "receiver-killed") == "idle in transaction"
+
+
+async def _gone(dsn: str) -> bool:
+    return await _backend(dsn, "receiver-killed") is None
