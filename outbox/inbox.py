@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, overload
 
 import psycopg
@@ -292,6 +292,9 @@ _PURGE_BATCH = sql.SQL(
     RETURNING received_at)
 SELECT count(*), max(received_at) FROM gone"""
 )
+# Where the first batch starts: before any key. In UTC, a day past the smallest datetime, so
+# no time zone's offset takes it out of range when it is sent.
+_BEFORE_ANY_KEY = datetime(1, 1, 2, tzinfo=UTC)
 _PURGE_COUNT = sql.SQL("SELECT count(*) FROM {t} WHERE received_at < %(cutoff)s")
 
 
@@ -328,7 +331,7 @@ def purge(
         row = conn.execute(_PURGE_COUNT.format(t=t.ident), {"cutoff": cutoff}).fetchone()
         return PurgeResult(int(row[0]) if row else 0, cutoff)
     lock = _TRY_LOCK.format(key=text_constant(f"outbox-dispatcher inbox purge {t}"))
-    after = datetime.min.replace(tzinfo=cutoff.tzinfo)
+    after = _BEFORE_ANY_KEY
     total = 0
     while True:
         with conn.transaction():

@@ -89,7 +89,11 @@ class NatsInbox:
             log.exception("NATS message %s: the handler failed; rolled back, nak'd", message_id)
             await msg.nak(delay=self.nak_delay)
             return None
-        await msg.ack()
+        try:
+            await msg.ack()
+        except Exception as exc:  # the connection went away: JetStream will redeliver
+            log.warning("NATS message %s applied, its ack failed (%s): the redelivery will be "
+                        "found in the inbox", message_id, exc)  # fmt: skip
         return applied
 
     async def run(

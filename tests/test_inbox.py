@@ -257,6 +257,15 @@ def test_purge_ties_on_received_at_across_batches(inbox_conn):
     assert keys(inbox_conn) == []
 
 
+@pytest.mark.parametrize("zone", ["Pacific/Kiritimati", "America/St_Johns", "UTC"])
+def test_purge_in_any_session_time_zone(inbox_conn, zone):
+    inbox_conn.execute(psycopg.sql.SQL("SET TimeZone = {}").format(psycopg.sql.Literal(zone)))
+    _received(inbox_conn, "c", range(0, 3), "20 days")
+    _received(inbox_conn, "c", range(3, 4), "1 day")
+    assert inbox.purge(inbox_conn, batch=2).deleted == 3
+    assert keys(inbox_conn) == [("c", "3")]
+
+
 def test_one_purger_at_a_time(dsn, inbox_conn):
     _received(inbox_conn, "c", range(0, 5), "30 days")
     with psycopg.connect(dsn) as other:  # another purge, mid-batch
