@@ -429,3 +429,17 @@ def test_inbox_command_errors_are_one_line(dsn, args, code, says):
     result = outbox_cli("inbox", *args, "--dsn", dsn)
     assert result.returncode == code
     assert result.stderr.count("\n") == 1 and says in result.stderr, result.stderr
+
+
+def test_the_inbox_needs_psycopg_only_and_the_receiver_no_framework_until_asked():
+    heavy = ("aiohttp", "nats", "confluent_kafka", "standardwebhooks", "psycopg_pool", "uvicorn")
+    script = (
+        "import sys, outbox.inbox, outbox.inbox_cli, outbox.cli, outbox.receiver, "
+        "outbox.receiver.http\n"
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=BASE_ENV
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[]\n"
