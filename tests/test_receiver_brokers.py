@@ -151,7 +151,8 @@ async def test_nats_consumer_killed_between_commit_and_ack_applies_each_message_
         finally:
             await nc.close()
     assert sorted(int(m) for m, _ in effects(receiver_dsn)) == ids  # each applied once
-    assert sum(1 for o in outcomes if o is not None and o.duplicate) == 5
+    # At least the five (a delivery slower than ack_wait on a loaded machine may come again).
+    assert sum(1 for o in outcomes if o is not None and o.duplicate) >= 5
     assert sum(1 for o in outcomes if o is not None and o.first) == 3
 
 
@@ -243,14 +244,15 @@ async def test_kafka_consumer_killed_before_its_offset_commit_applies_each_messa
     ids = seed(conn, 10, aggregates=4)
     async with dispatching(settings(dsn), KafkaPublisher(cluster.bootstraps, client_id="w")):
         await wait_until(lambda: done(conn) == len(ids), timeout=30)
-    # What a lost lease makes: the same message written to the topic again.
-    producer = Producer({"bootstrap.servers": cluster.bootstraps})
-    producer.produce("order", b"{}", key=b"agg-0", headers=[(KAFKA_ID, str(ids[0]).encode())])
-    assert producer.flush(10) == 0
 
     # A consumer commits six effects (offsets stored) and dies before librdkafka commits them.
     assert crash_after("kafka", receiver_dsn, cluster.bootstraps, "order", "6") == "applied 6\n"
     assert len(effects(receiver_dsn)) == 6
+    # What a lost lease makes: the same message written to the topic again (after the crash, so
+    # the first consumer's six are six different messages).
+    producer = Producer({"bootstrap.servers": cluster.bootstraps})
+    producer.produce("order", b"{}", key=b"agg-0", headers=[(KAFKA_ID, str(ids[0]).encode())])
+    assert producer.flush(10) == 0
 
     # Its successor reads everything again: the six and the duplicate are dropped.
     with psycopg.connect(receiver_dsn) as db:
