@@ -443,3 +443,10 @@ def test_the_inbox_needs_psycopg_only_and_the_receiver_no_framework_until_asked(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "[]\n"
+
+
+@pytest.mark.parametrize("command", [["migrate"], ["purge"]])
+def test_an_unreachable_server_fails_without_leaking_the_password(command):
+    result = outbox_cli("inbox", *command, "--dsn", "postgresql://u:s3cret@127.0.0.1:1/db")
+    assert result.returncode == 1
+    assert "cannot connect" in result.stderr and "s3cret" not in result.stdout + result.stderr
