@@ -39,7 +39,9 @@ class Faults:
     """What the demo's API does to the first request of a message, chosen by its id."""
 
     unavailable: float = 0.08  # 503
-    rate_limited: float = 0.03  # 429 with Retry-After: 1
+    # 429 with Retry-After: 1. Rare: a Retry-After pauses the whole API (every worker) for
+    # that long, as a throttling API asks.
+    rate_limited: float = 0.003
     too_slow: float = 0.03  # answers 200 after the publish timeout: the worker retries
     slow: float = 0.05  # answers 200 after 300 ms
 
@@ -142,7 +144,7 @@ def run_demo(events: int = 3000, workers: int = 4, keep: bool = False) -> int:
     sink = Sink(faults.reply).start()
     print(
         f"  HTTP API at {sink.url}: first tries fail with 503 ({faults.unavailable:.0%}) or 429 "
-        f"({faults.rate_limited:.0%}), answer late ({faults.too_slow:.0%}) or slowly "
+        f"({faults.rate_limited:.1%}), answer late ({faults.too_slow:.0%}) or slowly "
         f"({faults.slow:.0%}); {INVALID_EVENT} is rejected with 422"
     )
     procs: list[subprocess.Popen[bytes]] = []
