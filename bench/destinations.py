@@ -369,9 +369,13 @@ def table_figures(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     ).fetchone()
     assert row is not None
     messages, done, dead, unfinished, most, total = row
+    by_attempts = conn.execute(
+        "SELECT attempts, count(*) FROM outbox GROUP BY attempts ORDER BY attempts"
+    ).fetchall()
     return {
         "messages": messages, "done": done, "dead": dead, "unfinished": unfinished,
         "max_attempts": most, "total_attempts": int(total),
+        "messages_by_attempts": {str(a): n for a, n in by_attempts},
     }  # fmt: skip
 
 
@@ -610,6 +614,14 @@ def _cell(value: Any, suffix: str = "") -> str:
     return "not within the timeout" if value is None else f"{value:g}{suffix}"
 
 
+def _after_first(row: dict[str, Any]) -> str:
+    first, empty = (
+        row["recovery_to_first_delivery_seconds"],
+        row["recovery_to_empty_backlog_seconds"],
+    )
+    return "-" if first is None or empty is None else f"{max(0.0, empty - first):.1f}"
+
+
 def render(report: dict[str, Any], command: str) -> str:
     sizes, env = report["sizes"], report["environment"]
     lines = [
@@ -636,9 +648,9 @@ def render(report: dict[str, Any], command: str) -> str:
         "",
         "| API | workers | | arrived while down | requests while down | per arriving "
         "message | per s (mean) | per s (busiest 10 s) | max attempts | attempts per message "
-        "| dead | recovery → first delivery (s) | recovery → empty backlog (s) | load 1m "
-        "| CPU busy |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| dead | recovery → first delivery (s) | recovery → empty backlog (s) | first "
+        "delivery → empty backlog (s) | load 1m | CPU busy |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["outages"]:
         api = "503" if r["kind"] == "503" else "refused"
@@ -648,7 +660,7 @@ def render(report: dict[str, Any], command: str) -> str:
             f"{r['requests_per_second']:g} | {r['busiest_10s_requests_per_second']:g} | "
             f"{r['max_attempts']} | {r['attempts_per_message']:g} | {r['dead']} | "
             f"{_cell(r['recovery_to_first_delivery_seconds'])} | "
-            f"{_cell(r['recovery_to_empty_backlog_seconds'])} | "
+            f"{_cell(r['recovery_to_empty_backlog_seconds'])} | {_after_first(r)} | "
             f"{r['loadavg_1m_before']:g} → {r['loadavg_1m_after']:g} | "
             f"{r['cpu_busy_share'] * 100:.0f} % |"
         )
