@@ -151,7 +151,7 @@ def _parser() -> ArgumentParser:
     d.add_argument("--workers", help="worker processes (default 4)")
     d.add_argument("--keep", action="store_true", help="leave the database running afterwards")
 
-    i = command("inbox", "the receiving end's inbox table: migrate, purge (docs/inbox.md)")
+    i = command("inbox", "the receiving end's inbox table: migrate, purge (docs/receiving.md)")
     inbox_cli.add_commands(i, _add_timeouts, parser.error)
     return parser
 

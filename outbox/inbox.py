@@ -22,7 +22,7 @@ partitioned by time or by anything else, the key would only be unique within a p
 and a redelivery landing in another partition would apply twice.
 
 Retention (`purge`): keys are kept at least as long as the message can be delivered again
-(`redelivery_window`, docs/inbox.md), then deleted oldest first in bounded batches, one
+(`redelivery_window`, docs/receiving.md), then deleted oldest first in bounded batches, one
 purger at a time (a transaction-scoped advisory lock), rows others have locked skipped:
 each batch is an index range from where the last one ended, so its cost does not grow with
 the table and it never waits on a receiver.
@@ -51,7 +51,7 @@ _VERSION_COMMENT = re.compile(r"^outbox-dispatcher inbox v(\d+)$")
 # entry may hold, and a bound on what a hostile sender makes the table store.
 MAX_KEY_BYTES = 512
 # How long `outbox inbox purge` keeps a key unless told otherwise: the worker's redelivery
-# window at its default settings is about 25 hours (docs/inbox.md); the rest covers an outage
+# window at its default settings is about 25 hours (docs/receiving.md); the rest covers an outage
 # ridden out with the breaker open and dead messages a person requeues within the week the
 # done rows themselves are kept for (`outbox purge`).
 DEFAULT_RETENTION = timedelta(days=14)

@@ -55,7 +55,7 @@ def add_commands(
     p.add_argument(
         "--older-than",
         help="keep ids received more recently than this; at least the time a message can still "
-        "be delivered again, see docs/inbox.md "
+        "be delivered again, see docs/receiving.md "
         f"(default {format_duration(inbox.DEFAULT_RETENTION)})",
     )
     p.add_argument("--batch", help=f"rows per DELETE (default {inbox.DEFAULT_PURGE_BATCH})")

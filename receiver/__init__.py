@@ -10,7 +10,7 @@
 
 Each imports its framework only when imported itself: the application brings the one it
 uses; `pip install outbox-dispatcher[receiver]` adds the Standard Webhooks verifier. The
-inbox table comes from `outbox inbox migrate`; docs/inbox.md tells the whole story.
+inbox table comes from `outbox inbox migrate`; docs/receiving.md tells the whole story.
 """
 
 from outbox.receiver.core import Applied, apply, apply_async

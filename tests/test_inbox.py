@@ -374,9 +374,9 @@ def test_the_default_retention_covers_the_workers_redelivery_window():
         backoff_cap=defaults["backoff_cap"],
         max_defer_age=defaults["max_defer_age"],
     )
-    assert window == timedelta(days=1, hours=1, minutes=12)  # the number docs/inbox.md gives
+    assert window == timedelta(days=1, hours=1, minutes=12)  # the number docs/receiving.md gives
     assert 10 * window <= inbox.DEFAULT_RETENTION
-    docs = (ROOT / "docs" / "inbox.md").read_text()
+    docs = (ROOT / "docs" / "receiving.md").read_text()
     assert "25 hours 12 minutes" in docs and format_duration(inbox.DEFAULT_RETENTION) in docs
 
 
