@@ -330,4 +330,7 @@ def test_with_secret_consent_off_an_unannotated_secret_is_used(
 ) -> None:
     apply(k8s, secret("orders-db", None, dsn=dsn), dispatcher_manifest())
     wait_for("the Deployment", lambda: deployment_of(k8s))
-    assert condition(k8s, "orders", "DatabaseReachable")["status"] == "True"
+    wait_for(
+        "DatabaseReachable=True",
+        lambda: condition(k8s, "orders", "DatabaseReachable").get("status") == "True",
+    )
