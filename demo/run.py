@@ -3,7 +3,8 @@
 Enqueues events across many aggregates, starts a local HTTP API that fails some requests and
 is slow on others, runs several `outbox-worker` processes, kills one with SIGKILL midway,
 and reports from the database and the API what was delivered, duplicated (and why), dead
-and lost.
+and lost. The API applies each event through an inbox in its own database, so the report
+also shows the other half: one effect per event, every duplicate absorbed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import psycopg
+from psycopg import sql
 
+from outbox.demo.effects import EffectCounts, InboxEffects
 from outbox.demo.embedded import EmbeddedPostgres
 from outbox.demo.sink import Reply, Request, Sink
 from outbox.models import Event
@@ -32,6 +35,7 @@ AGGREGATES = 200
 LEASE_SECONDS = 4
 PUBLISH_TIMEOUT = 1.0
 INVALID_EVENT = "InvalidAddressChanged"  # the API rejects these with 422: they go dead
+API_DATABASE = "api"  # the receiving API's own database, beside the outbox's on the server
 
 
 @dataclass(frozen=True)
@@ -141,11 +145,18 @@ def run_demo(events: int = 3000, workers: int = 4, keep: bool = False) -> int:
     log_dir.mkdir()
     print(f"  PostgreSQL 18 (embedded) at {dsn}")
     faults = Faults()
-    sink = Sink(faults.reply).start()
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(API_DATABASE)))
+    effects = InboxEffects(server.dsn(API_DATABASE))
+    sink = Sink(faults.reply, apply=effects.apply).start()
     print(
         f"  HTTP API at {sink.url}: first tries fail with 503 ({faults.unavailable:.0%}) or 429 "
         f"({faults.rate_limited:.1%}), answer late ({faults.too_slow:.0%}) or slowly "
         f"({faults.slow:.0%}); {INVALID_EVENT} is rejected with 422"
+    )
+    print(
+        f"  the API applies each event through an inbox in its own database ({API_DATABASE}), "
+        "in the transaction of its effect"
     )
     procs: list[subprocess.Popen[bytes]] = []
     killed: str | None = None
@@ -186,17 +197,22 @@ def run_demo(events: int = 3000, workers: int = 4, keep: bool = False) -> int:
             counts = _counts(conn)
             dead_rows = conn.execute("SELECT id, last_error FROM outbox WHERE status = 'dead'")
             dead = {int(message_id): str(error) for message_id, error in dead_rows}
-        return _report(committed, sink, counts, dead, killed, elapsed, codes, owners, log_dir)
+        applied = effects.counts()
+        return _report(
+            committed, sink, counts, dead, killed, elapsed, codes, owners, log_dir, applied
+        )
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
         sink.stop()
+        effects.close()
         if keep:
             pid = server.pid
             server.detach()
             print(f"\nPostgreSQL keeps running (pid {pid}), data in {server.data_dir}")
             print(f"  connect:  psql '{dsn}'")
+            print(f"  effects:  psql '{server.dsn(API_DATABASE)}' (tables effects, outbox_inbox)")
             print(f"  state:    outbox stats --dsn '{dsn}'")
             print(f"  watch:    outbox-tui --dsn '{dsn}'")
             print(f"  stop:     kill -INT {pid}")
@@ -234,6 +250,7 @@ def _report(
     codes: list[int | None],
     owners: list[str],
     log_dir: Path,
+    applied: EffectCounts,
 ) -> int:
     requests = list(sink.requests)
     delivered = {int(r.body["id"]) for r in requests if 200 <= r.status < 300}
@@ -241,6 +258,7 @@ def _report(
     unexpected = delivered - set(committed)
     duplicates, reasons, unexplained = _explain_duplicates(requests, killed)
     failures = Counter(r.status for r in requests if not 200 <= r.status < 300)
+    absorbed = sum(1 for r in requests if r.applied is False)
     print("\nReport (from the database and the HTTP API's own records)")
     rows = [
         ("events committed", str(len(committed))),
@@ -258,9 +276,18 @@ def _report(
         ("worker exits", ", ".join(
             f"{o}: {'SIGKILL' if o == killed else c}" for o, c in zip(owners, codes, strict=True))),
         ("throughput", f"{len(delivered) / elapsed:,.0f} messages/s ({elapsed:.1f}s)"),
+        # The receiving end, from the API's own database: what the inbox made of all that.
+        ("effects applied", str(applied.effects)),
+        ("duplicate deliveries absorbed", f"{absorbed} (the API's inbox had the id: "
+         "answered 2xx, not applied again)"),
+        ("double effects", str(applied.double)),
     ]  # fmt: skip
     for name, value in rows:
         print(f"  {name:<30}{value}")
-    ok = not lost and not unexpected and not unexplained
-    print("\nResult: " + ("OK - nothing lost, every duplicate explained" if ok else "FAILED"))
+    once = applied.double == 0 and applied.effects == len(delivered) and absorbed == duplicates
+    ok = not lost and not unexpected and not unexplained and once
+    print(
+        "\nResult: "
+        + ("OK - nothing lost, every duplicate explained, one effect per event" if ok else "FAILED")
+    )
     return 0 if ok else 1

@@ -3,6 +3,10 @@
 It accepts the http publisher's POSTs, records every request (Idempotency-Key, the worker
 that sent it, the status it answered, when), and answers what a `behaviour` function decides:
 a status, optional headers and an optional delay. Deliveries are the requests answered 2xx.
+
+Given `apply` (the demo's `InboxEffects.apply`), it is also a receiver that applies what it
+accepts: before a 2xx goes out, the message is applied through the inbox, and the request
+records whether it was the first delivery or a duplicate the inbox absorbed.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ class Request:
     # between the two clocks taken once goes stale if the wall clock is stepped, as a
     # paused and resumed virtual machine's is).
     received_at: float = 0.0
+    # With `apply`: True if this delivery applied the message, False if the inbox found it
+    # applied already (a duplicate absorbed); None when nothing was applied (not 2xx).
+    applied: bool | None = None
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -45,6 +52,8 @@ class _QuietServer(ThreadingHTTPServer):
 
 
 Behaviour = Callable[[dict[str, Any], int], Reply]  # (body, nth request for this key) -> reply
+# (message id) -> True if applied now, False for a duplicate; runs before the 2xx is sent.
+Apply = Callable[[str], bool]
 
 
 def always_ok(body: dict[str, Any], nth: int) -> Reply:
@@ -53,9 +62,15 @@ def always_ok(body: dict[str, Any], nth: int) -> Reply:
 
 class Sink:
     def __init__(
-        self, behaviour: Behaviour = always_ok, host: str = "127.0.0.1", port: int = 0
+        self,
+        behaviour: Behaviour = always_ok,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        apply: Apply | None = None,
     ) -> None:
         self.behaviour = behaviour
+        self.apply = apply
         self.requests: list[Request] = []
         self._seen: dict[str, int] = {}
         self._changed = threading.Condition()
@@ -110,6 +125,17 @@ class Sink:
         with self._changed:
             nth = self._seen[key or ""] = self._seen.get(key or "", 0) + 1
         reply = self.behaviour(body, nth)
+        applied: bool | None = None
+        if self.apply is not None and 200 <= reply.status < 300:
+            # The effect commits before the answer: a late answer or a sender killed before
+            # it read it leaves the effect applied, and the retry is a duplicate.
+            if key is None:
+                reply = Reply(400)  # no id, no de-duplication: the sender's to fix
+            else:
+                try:
+                    applied = self.apply(key)
+                except Exception:
+                    reply = Reply(500)  # rolled back: the sender retries
         if reply.delay:
             time.sleep(reply.delay)  # the slow downstream being simulated
         payload = json.dumps({"status": reply.status}).encode()
@@ -135,6 +161,7 @@ class Sink:
                     received=received,
                     answered=time.monotonic(),
                     received_at=received_at,
+                    applied=applied,
                 )
             )
             self._changed.notify_all()

@@ -35,6 +35,12 @@ def test_demo_delivers_everything_and_explains_every_duplicate():
     dead = int(re.search(r"^\s+dead\s+(\d+)", out, re.MULTILINE).group(1))
     assert delivered + dead == 400 and dead >= 1  # the 422 event type goes dead
     assert "demo-worker-1: SIGKILL" in out
+    # The receiving end: one effect per event delivered, every duplicate absorbed by the inbox.
+    duplicates = int(re.search(r"duplicates\s+(\d+) \(unexplained", out).group(1))
+    assert int(re.search(r"effects applied\s+(\d+)", out).group(1)) == delivered
+    assert int(re.search(r"duplicate deliveries absorbed\s+(\d+)", out).group(1)) == duplicates
+    report = out[out.index("Report (") : out.index("Result:")]
+    assert report.rstrip().splitlines()[-1].split() == ["double", "effects", "0"]
     assert "Result: OK" in out
 
 
@@ -83,10 +89,18 @@ def test_demo_keep_leaves_a_database_to_connect_to():
     assert result.returncode == 0, result.stdout + result.stderr
     pid = int(re.search(r"keeps running \(pid (\d+)\)", result.stdout).group(1))
     dsn = re.search(r"connect:\s+psql '([^']+)'", result.stdout).group(1)
+    api_dsn = re.search(r"effects:\s+psql '([^']+)'", result.stdout).group(1)
     try:
         with psycopg.connect(dsn) as conn:
             counts = dict(conn.execute("SELECT status, count(*) FROM outbox GROUP BY 1").fetchall())
         assert sum(counts.values()) == 120 and set(counts) <= {"done", "dead"}
+        # The API's own database: one effect and one inbox id per message done.
+        with psycopg.connect(api_dsn) as conn:
+            effects, distinct = conn.execute(
+                "SELECT count(*), count(DISTINCT message_id) FROM effects"
+            ).fetchone()
+            ids = conn.execute("SELECT count(*) FROM outbox_inbox").fetchone()[0]
+        assert effects == distinct == ids == counts["done"]
     finally:
         os.kill(pid, signal.SIGINT)  # as the printed instructions say
         data_dir = re.search(r"data in (\S+)", result.stdout).group(1)
