@@ -29,8 +29,10 @@ has the formulas and the simulation that measures them):
   which claimable work waited throughout (the workers were saturated) gives completions per
   ready replica; any other span gives only a lower bound. While the rate has not been seen
   under saturation, the estimate is probed upwards after each calm minute, so that an
-  over-provisioned deployment sheds workers until they saturate, which measures it. The
-  start-up delay of new workers is measured too (`StartupDelay`).
+  over-provisioned deployment sheds workers until they saturate, which measures it. An
+  interval in which a destination was open or paused (`stats.unreachable`) measures
+  nothing: the destination set the pace. The start-up delay of new workers is measured too
+  (`StartupDelay`).
 - The size: enough capacity that (1) arrivals are served with headroom, and (2) every
   message already waiting, or arriving before a pod started now becomes productive
   (measured; `STARTUP_DELAY_SECONDS` until then), is delivered before its age reaches the
@@ -220,6 +222,10 @@ class DrainRate:
         else:
             self._floor = max(self._floor, per_worker)
 
+    def interrupt(self) -> None:
+        """Nothing of the span so far measures the workers (a destination was down)."""
+        self._span = None
+
     def probe(self, at: float, stale_after: float) -> None:
         """Raise the guess; a measurement older than `stale_after` becomes a guess first."""
         if self.measured and at - self._measured_at >= stale_after:
@@ -373,6 +379,13 @@ class ScalingPolicy:
         self._arrivals.append((work.at, arrived / seconds))
         while self._arrivals and self._arrivals[0][0] <= work.at - ARRIVAL_WINDOW_SECONDS:
             self._arrivals.popleft()
+        if before.stats.unreachable or work.stats.unreachable:
+            # A destination open or paused in this interval (or until some moment in it):
+            # what was delivered says how the destination answered, not how fast a worker
+            # is. An interval that spans the recovery delivered a little in a whole
+            # interval; read as a worker's speed it would ask for every worker allowed.
+            self.drain_rate.interrupt()
+            return
         # Messages that left the backlog were delivered (or given up on).
         measured = rates(before.stats, work.stats)
         saturated = before.claimable > 0 and work.claimable > 0 and ready_before == ready_replicas

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -114,6 +115,7 @@ class Queue:
                 continue
             stats = snap(self.t, max_id=self.arrived, ready=round(self.waiting), age=self.age)
             if down:
+                stats = replace(stats, destinations=down)  # the reading shows them
                 observed = Observed(stats, None, self.replicas, self.ready, down)
                 limits = self.policy.settings.limits(paused=False)
                 d = decide(observed, limits, lambda: self.policy)
@@ -416,3 +418,22 @@ def test_a_long_outage_keeps_the_arrival_curve_small_and_decides_the_same(monkey
     whole, same = outage_of(7200)
     assert len(whole._history) > 1400
     assert same == decision
+
+
+def test_what_was_delivered_around_an_outage_measures_no_workers_speed():
+    # One worker of 40/s for 20/s: never saturated, so its speed is a guess (the prior).
+    # Then the destination fails: arrivals wait claimable (saturated) and nothing is
+    # delivered; it comes back between two polls. The poll interval that spans the
+    # recovery delivered a little in a whole interval: read as a worker's speed, that
+    # would be a fraction of it, and the rate part would ask for every worker allowed.
+    policy = ScalingPolicy({"maxReplicas": 10, "pollIntervalSeconds": 5})
+    queue = Queue(policy, mu=40, replicas=1, startup=5)
+    queue.run(300, rate=20)
+    guess = policy.drain_rate.value
+    assert not policy.drain_rate.measured
+    queue.run(62, rate=20, down=OUTAGE)  # back 2 s after a poll
+    queue.run(3, rate=20)  # the interval that spans the recovery
+    assert policy.drain_rate.value >= guess  # nothing learned from it
+    queue.run(600, rate=20)
+    assert policy.drain_rate.value >= 40 * 0.9  # measured in the catch-up, or still guessed
+    assert queue.replicas == 1

@@ -203,3 +203,121 @@ def test_a_step_scales_up_drains_scales_to_zero_and_wakes_again(
     # Zero, then the wake-up on the next message, then zero again: nothing else after it.
     assert story[asleep][0] == 0 and story[asleep][1] >= 1, story
     assert story[-1][1] == 0 and [to for _, to, _ in story[asleep:]].count(0) == 1, story
+
+
+def destination_events(k8s: LocalCluster) -> list[tuple[int, str, str]]:
+    """(resourceVersion, reason, message) of the Events a destination posts, in order."""
+    return sorted(
+        (int(e["metadata"]["resourceVersion"]), e["reason"], e["message"])
+        for e in events(k8s, "orders")
+        if e["reason"] in ("DestinationDown", "DestinationRecovered")
+    )
+
+
+def scale_events_at(k8s: LocalCluster) -> list[tuple[int, int, int, str]]:
+    """(resourceVersion, from, to, message) of every scale Event, in order."""
+    found = []
+    for event in events(k8s, "orders"):
+        match = SCALED.match(event.get("message", ""))
+        if event["reason"] in ("ScaledUp", "ScaledDown") and match:
+            found.append(
+                (int(event["metadata"]["resourceVersion"]), int(match[1]), int(match[2]), match[3])
+            )
+    return sorted(found)
+
+
+def test_a_downstream_outage_holds_the_workers_and_they_catch_up_after(
+    dsn: str,
+    cluster: LocalCluster,
+    kubelet: Kubelet,
+    operators: Callable[..., Operator],
+) -> None:
+    down = threading.Event()
+
+    def downstream(body: dict[str, Any], nth: int) -> Reply:
+        return Reply(503) if down.is_set() else Reply(delay=PUBLISH_SECONDS)
+
+    operators("--worker-publishers", "log,http,null")
+    scaling = {
+        "minReplicas": 1,
+        "maxReplicas": MAX_REPLICAS,
+        "pollIntervalSeconds": 1,
+        "targetOldestReadyAgeSeconds": TARGET,
+        "scaleDownStabilizationSeconds": WINDOW,
+    }
+    with Sink(downstream) as sink:
+        resource = sink_dispatcher(sink.url, scaling)
+        # Probes at most 2 s apart (the shortest the worker takes), so recovery is seen soon.
+        resource["spec"]["publisher"]["breaker"] = {"probeDelayMax": "2s"}
+        apply(cluster, secret_manifest("orders-db", dsn=dsn), resource)
+        with Arrivals(dsn) as arrivals:
+            arrivals.rate = 20  # half of one worker's drain rate
+            wait_for("a ready worker", lambda: status(cluster).get("readyReplicas", 0) >= 1)
+            wait_for(
+                "the first deliveries", lambda: len(set(sink.delivered_ids())) >= 40, timeout=90
+            )
+
+            down.set()  # every request answered 503 from now on
+            opened = wait_for(
+                "DestinationReachable=False",
+                lambda: (
+                    (c := condition(cluster, "orders", "DestinationReachable")).get("status")
+                    == "False"
+                    and c
+                ),
+                timeout=90,
+            )
+            assert opened["reason"] == "CircuitOpen"
+            assert "last error: HTTP 503" in opened["message"], opened
+            wait_for("the DestinationDown event", lambda: destination_events(cluster))
+            # The pass that saw it open held the count: no worker is added from here on.
+            before = replicas(cluster)
+            # Arrivals pile up and wait claimable (the workers hold back what is for an open
+            # destination): the ready age passes the target, which alone would add workers.
+            wait_for(
+                "the ready age past the target",
+                lambda: status(cluster)["backlog"]["oldestReadyAgeSeconds"] > 2 * TARGET,
+                timeout=90,
+            )
+            held = condition(cluster, "orders", "Scaling")
+            assert held["reason"] == "DestinationUnreachable", held
+            assert replicas(cluster) == before
+            requests_down = len(sink.requests)
+            during = scale_events_at(cluster)
+
+            down.clear()  # the downstream is back
+            wait_for(
+                "DestinationReachable=True",
+                lambda: (
+                    condition(cluster, "orders", "DestinationReachable").get("status") == "True"
+                ),
+                timeout=90,
+            )
+            wait_for(
+                "the DestinationRecovered event",
+                lambda: any(r == "DestinationRecovered" for _, r, _ in destination_events(cluster)),
+            )
+            wait_for(
+                "a scale-up for the backlog that piled up",
+                lambda: any(to > before for _, _, to, _ in scale_events_at(cluster)),
+                timeout=60,
+            )
+        sent = arrivals.sent
+        wait_for("the backlog to drain", lambda: unfinished(dsn) == 0, timeout=180)
+        delivered = set(sink.delivered_ids())
+        refused = [r for r in sink.requests[:requests_down] if r.status == 503]
+
+    # The story in the Events: down, then back, once each; no worker added while it was
+    # down; the catch-up after it, sized for the backlog.
+    story = destination_events(cluster)
+    assert [reason for _, reason, _ in story] == ["DestinationDown", "DestinationRecovered"]
+    down_at = story[0][0]
+    assert not [s for s in during if s[0] > down_at and s[2] > s[1]], during
+    catch_up = [s for s in scale_events_at(cluster) if s not in during and s[2] > before]
+    assert catch_up and "claimable" in catch_up[0][3], scale_events_at(cluster)
+    # Every message delivered, none dead; the downed API saw requests, not a storm.
+    assert len(delivered) == sent
+    with psycopg.connect(dsn) as conn:
+        dead = conn.execute("SELECT count(*) FROM outbox WHERE status = 'dead'").fetchone()
+    assert dead == (0,)
+    assert refused, "the outage was never met"
