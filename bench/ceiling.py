@@ -15,6 +15,7 @@ import psycopg
 
 from bench.env import Bench, seed_outbox
 from outbox.demo.embedded import _bin_dir
+from outbox.limits import CLAIM_BYTES, WORKER_MAX_PAYLOAD_BYTES
 from outbox.queries import queries
 from outbox.table import Table
 
@@ -23,7 +24,8 @@ def pgbench_script(batch: int) -> str:
     q = queries(Table.parse("outbox"))
     claim = q.claim.as_string(None)
     for name, value in {"batch": str(batch), "owner": "'pgbench'", "lease": "'60 seconds'",
-                        "max_attempts": "12"}.items():  # fmt: skip
+                        "max_attempts": "12", "max_payload_bytes": str(WORKER_MAX_PAYLOAD_BYTES),
+                        "claim_bytes": str(CLAIM_BYTES)}.items():  # fmt: skip
         claim = claim.replace(f"%({name})s", value)
     ctes, _, update = claim.rpartition("\nUPDATE ")
     update = "UPDATE " + update.split("RETURNING")[0] + "RETURNING o.id, o.lease_version"
@@ -33,10 +35,10 @@ def pgbench_script(batch: int) -> str:
     # pgbench can carry only scalars between statements: the claimed ids travel as array text.
     # Composed from our own statements only, no outside input.
     return (
-        ctes + ", c AS (" + update + ")\n"  # noqa: S608
+        ctes + ", claimed AS (" + update + ")\n"  # noqa: S608
         "SELECT coalesce(quote_literal(array_agg(id)::text), '''{}''') AS ids,\n"
         "       coalesce(quote_literal(array_agg(lease_version)::text), '''{}''') AS versions\n"
-        "  FROM c \\gset\n" + " ".join(done.split()) + ";\n"
+        "  FROM claimed \\gset\n" + " ".join(done.split()) + ";\n"
     )
 
 

@@ -19,6 +19,7 @@ import psycopg
 from psycopg import sql
 
 from bench.env import Bench, seed_outbox
+from outbox.limits import CLAIM_BYTES, WORKER_MAX_PAYLOAD_BYTES
 from outbox.queries import queries
 from outbox.table import Table
 
@@ -57,7 +58,14 @@ def drain_costs(
 ) -> dict[str, Any]:
     """One drain with the worker's statements, each executed under EXPLAIN ANALYZE."""
     q = queries(TABLE)
-    params = {"batch": batch, "owner": "costs", "lease": timedelta(seconds=60), "max_attempts": 12}
+    params = {
+        "batch": batch,
+        "owner": "costs",
+        "lease": timedelta(seconds=60),
+        "max_attempts": 12,
+        "max_payload_bytes": WORKER_MAX_PAYLOAD_BYTES,
+        "claim_bytes": CLAIM_BYTES,
+    }
     with (
         bench.database(ordering=ordering) as dsn,
         psycopg.connect(dsn, autocommit=True) as conn,

@@ -2,11 +2,11 @@
 
 Applications need only the producer API::
 
-    from outbox import enqueue, enqueue_many, Event
+    from outbox import enqueue, enqueue_many, Event, PayloadTooLarge
 """
 
 from outbox.models import Event, Message, Outcome, OutcomeKind, Status
-from outbox.producer import enqueue, enqueue_many
+from outbox.producer import PayloadTooLarge, enqueue, enqueue_many
 from outbox.schema import SCHEMA_VERSION, SchemaError, migrate
 from outbox.stats import QueueStats, queue_stats, queue_stats_async, rates
 from outbox.table import Table
@@ -17,6 +17,7 @@ __all__ = [
     "Message",
     "Outcome",
     "OutcomeKind",
+    "PayloadTooLarge",
     "QueueStats",
     "SchemaError",
     "Status",

@@ -7,6 +7,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import ipaddress
 import itertools
 import os
 import sys
@@ -153,6 +154,15 @@ def port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise ValueError(f"not a TCP port: {value}")
     return value
+
+
+def listen_address(text: str) -> str:
+    """An IP address to listen on (`0.0.0.0`, `::`, `127.0.0.1`): a typo fails at start-up
+    with the setting's name, not as a bind error."""
+    try:
+        return str(ipaddress.ip_address(text.strip()))
+    except ValueError:
+        raise ValueError(f"{text!r} is not an IP address (e.g. 0.0.0.0, ::, 127.0.0.1)") from None
 
 
 def fail(prog: str, message: str, code: int = USAGE_ERROR) -> NoReturn:

@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import psycopg
 
+from outbox.limits import CLAIM_BYTES, WORKER_MAX_PAYLOAD_BYTES
 from outbox.models import Message, Outcome, OutcomeKind
 from outbox.queries import queries
 from outbox.runner import Query, Row, fetch_async
@@ -34,6 +35,8 @@ async def claim(
     ordered: bool = False,
     by_aggregate: bool = False,
     prepare: bool | None = None,
+    max_payload_bytes: int = WORKER_MAX_PAYLOAD_BYTES,
+    claim_bytes: int = CLAIM_BYTES,
 ) -> list[Message]:
     """Lease up to `batch` messages, oldest first; reaps expired last attempts to dead.
 
@@ -42,10 +45,22 @@ async def claim(
     `prepare` is psycopg's: True sends the claim as a prepared statement (its plan is as good
     generic as custom, and planning it is most of an idle claim's time), None leaves it to
     the connection's `prepare_threshold`.
+
+    Rows are bounded (outbox.limits): a row whose payload, as text, is longer than
+    `max_payload_bytes` goes dead with the reason instead of being taken, and the messages
+    taken hold at most `claim_bytes` of payload between them, or one message when the first
+    alone is more; the rest stay ready for the next claim.
     """
     q = queries(table)
     statement = (q.claim_heads if by_aggregate else q.claim_ordered) if ordered else q.claim
-    params = {"batch": batch, "owner": owner, "lease": lease, "max_attempts": max_attempts}
+    params = {
+        "batch": batch,
+        "owner": owner,
+        "lease": lease,
+        "max_attempts": max_attempts,
+        "max_payload_bytes": max_payload_bytes,
+        "claim_bytes": claim_bytes,
+    }
     return await fetch_async(conn, Query(statement, params, _messages, prepare, binary=True))
 
 

@@ -27,9 +27,10 @@ def with_error(error: sql.Composable) -> sql.Composed:
     ).format(error=error, window=sql.Literal(f"$[last - {ERROR_HISTORY - 1} to last]"))
 
 
+# What a claim returns of each row taken (a small payload as the text measured: see `sized`).
 _CLAIMED_COLUMNS = sql.SQL(
     "o.id, o.lease_version, o.attempts, o.aggregate_type, o.aggregate_id, o.event_type, "
-    "o.payload::text, o.created_at"
+    "coalesce(sized.small_body, o.payload::text), o.created_at"
 )
 
 # Ordered mode: a row is claimable only if no earlier row of its aggregate is unfinished
@@ -72,19 +73,69 @@ def _reap(t: sql.Composable) -> sql.Composed:
 CLAIM_MARKER = "/* outbox claim */"
 _CLAIM = sql.SQL(CLAIM_MARKER)
 
-# Every claim ends the same way: the picked rows become a new lease, one generation later.
+# Bounded rows. The picked rows are measured as the text a worker receives (`payload::text`,
+# what it holds in memory: the stored size may be compressed many times over), once they are
+# locked (a row another claim holds is never measured). A row over the payload limit goes
+# dead in the same statement with the reason, and is never sent. The others are taken in the
+# order the claim found them while the running total fits the byte budget; the first of
+# them always, so that a claim never comes back empty while rows are ready (a replica holds
+# at most its budget plus one row). A row past the budget stays as it was, for the next
+# claim: the worker asks for fewer rows when rows are large, so few are measured in vain.
+# `picked` has (id, payload) of the locked rows, in the order the claim found them; each
+# payload becomes text once (OFFSET 0 keeps the planner from writing the cast out twice),
+# and a small one's text is what the claim returns. A large one is not kept between the
+# steps of the statement (where it would spill to disk): a row taken makes it again.
+_SIZED_CTE = sql.SQL(
+    """sized AS (
+    SELECT id, small_body, size, CASE
+           WHEN size > %(max_payload_bytes)s::bigint THEN 'dead'
+           WHEN count(*) FILTER (WHERE size <= %(max_payload_bytes)s::bigint) OVER w = 1
+             OR sum(size) FILTER (WHERE size <= %(max_payload_bytes)s::bigint) OVER w
+                <= %(claim_bytes)s::bigint THEN 'take'
+           ELSE 'cut' END AS verdict
+      FROM (SELECT id, octet_length(body)::bigint AS size,
+                   CASE WHEN octet_length(body) <= 8192 THEN body END AS small_body
+              FROM (SELECT id, payload::text AS body FROM picked OFFSET 0) AS p) AS m
+    WINDOW w AS (ROWS UNBOUNDED PRECEDING)
+), oversized AS (
+    UPDATE {t} AS o SET status = 'dead', last_error = r.reason, errors = {errors},
+                   lease_owner = NULL, lease_until = NULL
+      FROM (SELECT id, 'payload of ' || pg_size_pretty(size) || ' (' || size
+                       || ' bytes) exceeds --max-payload-bytes ' || {limit} AS reason
+              FROM sized WHERE verdict = 'dead') AS r
+     WHERE o.id = r.id
+)"""
+)
+
+# Every claim ends the same way: the rows taken become a new lease, one generation later.
 _TAKE_LEASE = sql.SQL(
     """UPDATE {t} AS o
    SET status = 'processing', lease_owner = %(owner)s, lease_until = now() + %(lease)s::interval,
        lease_version = o.lease_version + 1, attempts = o.attempts + 1
-  FROM picked
- WHERE o.id = picked.id
+  FROM sized
+ WHERE o.id = sized.id AND sized.verdict = 'take'
 RETURNING {columns}"""
 )
 
 
+# The limit as the worker's flag takes it (outbox.limits.format_bytes): 8MiB, 1500 bytes.
+_LIMIT_SHOWN = sql.SQL(
+    """CASE WHEN mod(%(max_payload_bytes)s::bigint, 1073741824) = 0
+                            THEN %(max_payload_bytes)s::bigint / 1073741824 || 'GiB'
+                            WHEN mod(%(max_payload_bytes)s::bigint, 1048576) = 0
+                            THEN %(max_payload_bytes)s::bigint / 1048576 || 'MiB'
+                            WHEN mod(%(max_payload_bytes)s::bigint, 1024) = 0
+                            THEN %(max_payload_bytes)s::bigint / 1024 || 'KiB'
+                            ELSE %(max_payload_bytes)s::bigint || ' bytes' END"""
+)
+
+
 def _take_lease(t: sql.Composable) -> sql.Composed:
-    return _TAKE_LEASE.format(t=t, columns=_CLAIMED_COLUMNS)
+    """The measure of `picked` (id, payload), the oversized rows' death, and the lease."""
+    sized = _SIZED_CTE.format(t=t, errors=with_error(sql.SQL("r.reason")), limit=_LIMIT_SHOWN)
+    return sql.SQL("{sized}\n{take}").format(
+        sized=sized, take=_TAKE_LEASE.format(t=t, columns=_CLAIMED_COLUMNS)
+    )
 
 
 @dataclass(frozen=True)
@@ -103,22 +154,21 @@ def _claim(t: sql.Composable, ordered: bool) -> sql.Composed:
     return sql.SQL(
         """{marker}
 WITH {reap}, expired AS (
-    SELECT c.id FROM {t} AS c
+    SELECT c.id, c.payload FROM {t} AS c
      WHERE c.status = 'processing' AND c.lease_until < now()
        AND c.attempts < %(max_attempts)s::int{head}
      ORDER BY c.lease_until
      LIMIT %(batch)s::int
        FOR UPDATE OF c SKIP LOCKED
 ), ready AS (
-    SELECT c.id FROM {t} AS c
+    SELECT c.id, c.payload FROM {t} AS c
      WHERE c.status = 'pending' AND c.available_at <= now(){head}
      ORDER BY c.available_at, c.id
      LIMIT %(batch)s::int
        FOR UPDATE OF c SKIP LOCKED
 ), picked AS (
-    SELECT id FROM expired UNION ALL SELECT id FROM ready LIMIT %(batch)s::int
-)
-{take}"""
+    SELECT id, payload FROM expired UNION ALL SELECT id, payload FROM ready LIMIT %(batch)s::int
+), {take}"""
     ).format(t=t, head=head, reap=_reap(t), take=_take_lease(t), marker=_CLAIM)
 
 
@@ -140,15 +190,14 @@ WITH RECURSIVE {reap}, heads(aggregate_id, id) AS (
          WHERE status <> 'done' AND aggregate_id > h.aggregate_id
          ORDER BY aggregate_id, id LIMIT 1) AS n
 ), picked AS (
-    SELECT c.id FROM {t} AS c JOIN heads AS h ON c.id = h.id
+    SELECT c.id, c.payload FROM {t} AS c JOIN heads AS h ON c.id = h.id
      WHERE (c.status = 'pending' AND c.available_at <= now())
         OR (c.status = 'processing' AND c.lease_until < now()
             AND c.attempts < %(max_attempts)s::int)
      ORDER BY c.available_at, c.id
      LIMIT %(batch)s::int
        FOR UPDATE OF c SKIP LOCKED
-)
-{take}"""
+), {take}"""
     ).format(t=t, reap=_reap(t), take=_take_lease(t), marker=_CLAIM)
 
 

@@ -380,7 +380,14 @@ def test_sessions_show_workers_by_name_with_their_leases_and_last_claim(conn, ds
 
     ids = seed(conn, 3)
     with psycopg.connect(dsn, autocommit=True, application_name="worker-a") as worker:
-        params = {"owner": "worker-a", "lease": "30s", "batch": 1, "max_attempts": 5}
+        params = {
+            "owner": "worker-a",
+            "lease": "30s",
+            "batch": 1,
+            "max_attempts": 5,
+            "max_payload_bytes": 1 << 20,
+            "claim_bytes": 1 << 24,
+        }
         assert len(worker.execute(queries(table).claim, params).fetchall()) == 1
         conn.execute(
             "UPDATE outbox SET status = 'processing', lease_owner = 'gone-1', "

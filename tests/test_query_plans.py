@@ -44,7 +44,14 @@ def half_drained(conn):
     return conn
 
 
-CLAIM_ARGS = {"max_attempts": "12", "batch": "100", "owner": "w", "lease": "60 seconds"}
+CLAIM_ARGS = {
+    "max_attempts": "12",
+    "batch": "100",
+    "owner": "w",
+    "lease": "60 seconds",
+    "max_payload_bytes": "2097152",
+    "claim_bytes": "16777216",
+}
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])

@@ -56,7 +56,14 @@ async def test_blocked_aggregates_list_their_dead_heads_and_skip_one_from_there(
 async def test_workers_show_sessions_by_name_what_they_hold_and_gone_ones(conn, dsn, table):
     ids = seed(conn, 4)
     with psycopg.connect(dsn, autocommit=True, application_name="worker-x") as worker:
-        params = {"owner": "worker-x", "lease": "5m", "batch": 2, "max_attempts": 5}
+        params = {
+            "owner": "worker-x",
+            "lease": "5m",
+            "batch": 2,
+            "max_attempts": 5,
+            "max_payload_bytes": 1 << 20,
+            "claim_bytes": 1 << 24,
+        }
         assert len(worker.execute(queries(table).claim, params).fetchall()) == 2
         conn.execute(
             "UPDATE outbox SET status = 'processing', lease_owner = 'worker-gone', "

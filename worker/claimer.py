@@ -68,7 +68,7 @@ class Claimer(Service):
                 ledger.room.clear()
                 await _first_of(stop.wait(), ledger.room.wait())
                 continue
-            want = min(s.batch, room)
+            want = ledger.rows_for(ledger.bytes_to_claim(), min(s.batch, room))
             health = self.health
             gate = await health.claim_gate() if health.blocked else None
             if gate == 0:
@@ -114,6 +114,7 @@ class Claimer(Service):
 
     async def _claim(self, want: int) -> list[Message]:
         s = self.settings
+        budget = self.ledger.bytes_to_claim()
         async with self.connection() as conn:
             messages = await lease.claim(
                 conn,
@@ -125,8 +126,14 @@ class Claimer(Service):
                 ordered=s.ordered,
                 by_aggregate=self._ordered_claims.by_aggregate,
                 prepare=s.prepared_statements or None,
+                max_payload_bytes=s.max_payload_bytes,
+                claim_bytes=budget,
             )
-        self._ordered_claims.observe(len(messages), want)
+        if s.ordered:
+            # A claim the byte budget cut short found plenty of heads: it counts as full.
+            taken = sum(len(m.payload_json) for m in messages)
+            cut = bool(messages) and taken + taken / len(messages) > budget
+            self._ordered_claims.observe(want if cut else len(messages), want)
         self.metrics.claim_batch.observe(len(messages))
         if messages and log.isEnabledFor(logging.DEBUG):  # the history a chaos test checks
             log.debug(

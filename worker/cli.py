@@ -42,7 +42,9 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
     metrics = Metrics()
     publisher = make_publisher(settings, metrics)
     health = (
-        HealthServer(metrics, settings.metrics_port) if settings.metrics_port is not None else None
+        HealthServer(metrics, settings.metrics_port, settings.metrics_address)
+        if settings.metrics_port is not None
+        else None
     )
     if health is not None:
         await health.start()

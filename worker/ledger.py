@@ -17,14 +17,20 @@ import asyncio
 import collections
 from collections.abc import Iterable
 
+from outbox.limits import CLAIM_BYTES
 from outbox.models import Message, Outcome
 
 
 class Ledger:
-    def __init__(self, batch: int, concurrency: int) -> None:
+    def __init__(self, batch: int, concurrency: int, claim_bytes: int = CLAIM_BYTES) -> None:
         self.batch = batch
         self.concurrency = concurrency
+        self.claim_bytes = claim_bytes
         self.held: dict[int, Message] = {}
+        # Payload held, in characters of its text (its bytes for ASCII, which JSON mostly
+        # is; the claim counts bytes). A running average per message sizes the next claim.
+        self.held_bytes = 0
+        self.payload_average = 0.0
         self.renewed_at: dict[int, float] = {}  # monotonic time of claim or last renewal
         self.waiting: collections.deque[Message] = collections.deque()
         self.publishing = 0
@@ -61,8 +67,25 @@ class Ledger:
         return min(limit - unpublished, held_limit - len(self.held))
 
     def worth_claiming(self, room: int) -> bool:
-        """Enough room for a claim worth its round trip (any, when nothing is held)."""
-        return room >= min(self.batch, max(1, self.batch // 2)) or not self.held
+        """Enough room for a claim worth its round trip, and some of the byte budget left
+        (any claim, when nothing is held)."""
+        if not self.held:
+            return True
+        return room >= min(self.batch, max(1, self.batch // 2)) and self.bytes_to_claim() > 0
+
+    def bytes_to_claim(self) -> int:
+        """The byte budget of the next claim: what is left of `claim_bytes` (a claim takes
+        one message even past it, so when nothing is held any message comes in)."""
+        return self.claim_bytes - self.held_bytes
+
+    def rows_for(self, budget: int, room: int) -> int:
+        """How many rows a claim of `budget` bytes asks for, at most `room`: as many as the
+        recent payloads say fit, and one more. Rows past the budget are measured by the claim
+        and left, so large payloads are asked for a few at a time."""
+        average = self.payload_average
+        if average * room <= budget:  # the common case: small payloads
+            return room
+        return max(1, min(room, int(budget // average) + 1))
 
     def _publishing_outpaces_claims(self, now: float) -> bool:
         """The last batch in had all started publishing sooner than a claim takes, and no
@@ -77,9 +100,17 @@ class Ledger:
         """Claimed messages join the ledger, waiting to be published."""
         self.claim_seconds = claim_seconds
         self.held_at = now
+        claimed = 0
         for message in messages:
             self.held[message.id] = message
             self.renewed_at[message.id] = now
+            claimed += len(message.payload_json)
+        self.held_bytes += claimed
+        if messages:
+            # Half the last claim, half those before: follows a change of sizes in a few claims.
+            last = claimed / len(messages)
+            average = self.payload_average
+            self.payload_average = (average + last) / 2 if average else last
         self.waiting.extend(messages)
         self.drained.clear()
 
@@ -145,16 +176,20 @@ class Ledger:
         if held is not None and held.lease_version == lease_version:
             del self.held[message_id]
             self.renewed_at.pop(message_id, None)
+            self.held_bytes -= len(held.payload_json)
 
     def drop_all(self, outcomes: Iterable[Outcome]) -> None:
         """`drop` for each outcome's message and lease, in one call."""
         held, renewed_at = self.held, self.renewed_at
+        dropped = 0
         for outcome in outcomes:
             message_id = outcome.message_id
             message = held.get(message_id)
             if message is not None and message.lease_version == outcome.lease_version:
                 del held[message_id]
                 renewed_at.pop(message_id, None)
+                dropped += len(message.payload_json)
+        self.held_bytes -= dropped
 
     def freed(self) -> None:
         """After dropping (once per batch, not per message): wake the claimer, and the

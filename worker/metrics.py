@@ -127,9 +127,10 @@ class LoopHistogram(Collector):
 class HealthServer:
     """/healthz: the process is alive. /readyz: it reaches the database and claims."""
 
-    def __init__(self, metrics: Metrics, port: int) -> None:
+    def __init__(self, metrics: Metrics, port: int, address: str) -> None:
         self._metrics = metrics
         self._port = port
+        self._address = address  # --metrics-address
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -140,12 +141,12 @@ class HealthServer:
         app.router.add_get("/readyz", self._readyz)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "0.0.0.0", self._port)
+        site = web.TCPSite(self._runner, self._address, self._port)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else self._port
-        log.info("metrics and health on port %s", self.port)
+        log.info("metrics and health on %s port %s", self._address, self.port)
 
     async def _serve_metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self._metrics.registry)

@@ -74,7 +74,7 @@ class Replica:
         s = self.settings = settings
         self.publisher = publisher
         self.metrics = metrics or Metrics()
-        self.ledger = Ledger(s.batch, s.concurrency)
+        self.ledger = Ledger(s.batch, s.concurrency, s.claim_bytes)
         self.pool: Pool = AsyncConnectionPool(
             s.dsn,
             min_size=POOL_MIN,

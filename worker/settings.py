@@ -18,6 +18,7 @@ from outbox.cliutil import (
     env_name,
     field_help,
     int_between,
+    listen_address,
     on_off,
     port,
     resolve,
@@ -26,6 +27,14 @@ from outbox.destinations import MAX_FAILING_IDS
 from outbox.dsn import check_dsn
 from outbox.durations import duration_between, format_duration, parse_duration
 from outbox.errors import SettingError
+from outbox.limits import (
+    CLAIM_BYTES,
+    CLAIM_BYTES_RANGE,
+    MAX_PAYLOAD_RANGE,
+    WORKER_MAX_PAYLOAD_BYTES,
+    bytes_between,
+    format_bytes,
+)
 from outbox.schema import ORDERINGS
 from outbox.table import Table
 from outbox.worker.publishers.registry import (
@@ -88,6 +97,13 @@ class WorkerSettings:
     """Most messages taken by one claim (1 to 10,000)."""
     concurrency: int = 32
     """Most publishes in flight at once (1 to 10,000)."""
+    max_payload_bytes: int = WORKER_MAX_PAYLOAD_BYTES
+    """A message whose payload, as JSON text, is longer goes dead with the reason instead of
+    being sent; the claim measures it in the database and never loads it (`8MiB`,
+    `1048576`)."""
+    claim_bytes: int = CLAIM_BYTES
+    """Most payload bytes held at once, claimed and not yet finalized: a claim takes messages
+    while they fit what is left, and always one (so at most this plus one payload)."""
     publish_timeout: timedelta = timedelta(seconds=10)
     """Deadline for one publish; keep it well under the lease."""
     max_attempts: int = 12
@@ -100,6 +116,10 @@ class WorkerSettings:
     correctness rests on lease_version."""
     metrics_port: int | None = None
     """Serve /metrics, /healthz and /readyz on this port (0 = any free port)."""
+    metrics_address: str = "0.0.0.0"
+    """The address they listen on: every IPv4 interface by default, which is what a pod
+    needs (kubelet's probes and Prometheus come to the pod's IP; a NetworkPolicy says who
+    may); `::` for IPv6, `127.0.0.1` to keep them on a shared host."""
     poll_interval: timedelta = timedelta(seconds=1)
     """Longest idle wait between claims when no notification arrives."""
     shutdown_grace: timedelta = timedelta(seconds=20)
@@ -161,11 +181,14 @@ CONVERTERS: dict[str, Callable[[str], Any]] = {
     "lease": duration_between(*LEASE_RANGE),
     "batch": int_between(1, MAX_BATCH),
     "concurrency": int_between(1, MAX_CONCURRENCY),
+    "max_payload_bytes": bytes_between(*MAX_PAYLOAD_RANGE),
+    "claim_bytes": bytes_between(*CLAIM_BYTES_RANGE),
     "publish_timeout": duration_between(*PUBLISH_TIMEOUT_RANGE),
     "max_attempts": int_between(1, MAX_ATTEMPTS),
     "ordering": choice(*ORDERINGS),
     "owner": str,
     "metrics_port": port,
+    "metrics_address": listen_address,
     "poll_interval": duration_between(*POLL_INTERVAL_RANGE),
     "shutdown_grace": parse_duration,
     "backoff_base": parse_duration,
@@ -180,8 +203,12 @@ CONVERTERS: dict[str, Callable[[str], Any]] = {
     "breaker_window": duration_between(*BREAKER_WINDOW_RANGE),
     "probe_delay_max": duration_between(*PROBE_DELAY_MAX_RANGE),
 }
-# Defaults computed at start-up, shown as what they are made of.
-_SHOWN_DEFAULTS = {"owner": "hostname-pid"}
+# Defaults computed at start-up, shown as what they are made of; sizes as people write them.
+_SHOWN_DEFAULTS = {
+    "owner": "hostname-pid",
+    "max_payload_bytes": format_bytes(WORKER_MAX_PAYLOAD_BYTES),
+    "claim_bytes": format_bytes(CLAIM_BYTES),
+}
 
 
 def build_parser(publishers: Sequence[type[PublisherFactory]] = ()) -> ArgumentParser:

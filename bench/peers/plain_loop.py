@@ -17,6 +17,7 @@ from datetime import timedelta
 
 import psycopg
 
+from outbox.limits import CLAIM_BYTES, WORKER_MAX_PAYLOAD_BYTES
 from outbox.queries import queries
 from outbox.table import Table
 
@@ -33,6 +34,8 @@ def main() -> None:
         "owner": "plain-loop",
         "lease": timedelta(seconds=60),
         "max_attempts": 12,
+        "max_payload_bytes": WORKER_MAX_PAYLOAD_BYTES,
+        "claim_bytes": CLAIM_BYTES,
     }
     with psycopg.connect(dsn, autocommit=True) as conn:
         started = time.process_time()
