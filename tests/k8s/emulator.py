@@ -167,7 +167,14 @@ BUILTINS = (
     _builtin("", "v1", "events", "Event", short_names=("ev",)),
     _builtin("", "v1", "secrets", "Secret"),
     _builtin("", "v1", "configmaps", "ConfigMap", short_names=("cm",)),
-    _builtin("", "v1", "serviceaccounts", "ServiceAccount", short_names=("sa",)),
+    _builtin(
+        "",
+        "v1",
+        "serviceaccounts",
+        "ServiceAccount",
+        short_names=("sa",),
+        subresources=frozenset({"token"}),  # TokenRequest: what a kubelet mounts in a pod
+    ),
     _builtin(
         "", "v1", "services", "Service", short_names=("svc",), subresources=frozenset({"status"})
     ),
@@ -547,6 +554,9 @@ class Emulator(kmock.KubernetesEmulator):
             return aiohttp.web.Response(text=found, content_type="text/plain")
         if method == "GET" and params.get("watch") in ("true", "1"):
             return await self._watch(request, target, params)
+        if target.subresource == "token" and method == "POST":
+            async with self._lock:
+                return aiohttp.web.json_response(self._token_request(target), status=201)
         body = self._body(request, method, target)
         media = request.headers.get("Content-Type", "").split(";")[0].strip()
         writer = self._writer(request, params, method, media)
@@ -574,7 +584,9 @@ class Emulator(kmock.KubernetesEmulator):
         headers = {}
         warnings = payload.pop("\0warnings", None) if isinstance(payload, dict) else None
         if warnings:
-            headers["Warning"] = ", ".join(f'299 - "{w}"' for w in warnings)
+            # RFC 7234 warn-text: a quoted string, its quotes and backslashes escaped.
+            quoted = (w.replace("\\", "\\\\").replace('"', '\\"') for w in warnings)
+            headers["Warning"] = ", ".join(f'299 - "{w}"' for w in quoted)
         return aiohttp.web.json_response(payload, status=status, headers=headers)
 
     def _body(self, request: kmock.Request, method: str, target: _Target | None = None) -> Any:
@@ -684,15 +696,20 @@ class Emulator(kmock.KubernetesEmulator):
                 }
             )
             for sub in sorted(rtype.subresources):
-                kind = "Scale" if sub == "scale" else rtype.kind
+                kind = {"scale": "Scale", "token": "TokenRequest"}.get(sub, rtype.kind)
                 resources.append(
                     {
                         "name": f"{rtype.plural}/{sub}",
                         "singularName": "",
                         "namespaced": rtype.namespaced,
                         "kind": kind,
-                        "verbs": ["get", "patch", "update"],
+                        "verbs": ["create"] if sub == "token" else ["get", "patch", "update"],
                         **({"group": "autoscaling", "version": "v1"} if sub == "scale" else {}),
+                        **(
+                            {"group": "authentication.k8s.io", "version": "v1"}
+                            if sub == "token"
+                            else {}
+                        ),
                     }
                 )
         return {
@@ -760,15 +777,32 @@ class Emulator(kmock.KubernetesEmulator):
                 "fieldSelector": ",".join(filter(None, (params.get("fieldSelector"), names))),
             }
         initial: list[JSON] = []
+        # A streaming list (client-go's WatchList, which Helm 4's waiters use): the current
+        # state, then a bookmark that marks the end of it, then what follows.
+        streaming = params.get("sendInitialEvents") == "true"
         async with self._lock:
             log = self._logs[key]
-            if since == "0":
+            if since == "0" or streaming:
                 # "Any version": the current state first, as ADDED, then what follows.
                 position: int | None = log.end
                 initial = [
                     {"type": "ADDED", "object": obj}
                     for obj in self._select(replace(target, name=None), params)
                 ]
+                if streaming:
+                    initial.append(
+                        {
+                            "type": "BOOKMARK",
+                            "object": {
+                                "kind": target.rtype.kind,
+                                "apiVersion": target.rtype.api_version,
+                                "metadata": {
+                                    "resourceVersion": str(self._rv),
+                                    "annotations": {"k8s.io/initial-events-end": "true"},
+                                },
+                            },
+                        }
+                    )
             elif not since.isdigit() or int(since) < log.floor:
                 position = None
             else:
@@ -838,7 +872,7 @@ class Emulator(kmock.KubernetesEmulator):
     async def _send(
         response: aiohttp.web.StreamResponse, event: JSON, rtype: ResourceType, as_table: bool
     ) -> None:
-        if as_table and event["type"] != "ERROR":
+        if as_table and event["type"] not in ("ERROR", "BOOKMARK"):
             event = {
                 **event,
                 "object": table(
@@ -1046,7 +1080,8 @@ class Emulator(kmock.KubernetesEmulator):
         if _without(proposed, "metadata", "status") != _without(old, "metadata", "status"):
             proposed["metadata"]["generation"] = old_meta.get("generation", 1) + 1
         if _same(proposed, old):
-            return copy.deepcopy(old)  # a no-op write: no new resourceVersion, no event
+            # A no-op write: no new resourceVersion, no event (its warnings all the same).
+            return {**copy.deepcopy(old), "\0warnings": warnings}
         if params.get("dryRun"):
             return proposed
         proposed["metadata"]["resourceVersion"] = self._next_rv()
@@ -1090,6 +1125,26 @@ class Emulator(kmock.KubernetesEmulator):
             )
 
         return apply
+
+    def _token_request(self, target: _Target) -> JSON:
+        """A token for a service account (TokenRequest), known to the authorizer from now
+        on as that account."""
+        self._get(target)  # 404 for an account that does not exist
+        namespace, name = target.namespace or "", target.name or ""
+        token = secrets.token_urlsafe(24)
+        if self.authorizer is not None:
+            self.authorizer.tokens[token] = Identity.service_account(namespace, name)
+        expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+        return {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"audiences": [], "expirationSeconds": 3600},
+            "status": {
+                "token": token,
+                "expirationTimestamp": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            },
+        }
 
     # ---- field managers and server-side apply ------------------------------------------
 

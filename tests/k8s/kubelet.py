@@ -115,6 +115,7 @@ class Pod:
     started_ok: bool = False  # the startup probe (else the readiness probe) passed once
     liveness_failures: int = 0
     killing: asyncio.Future[None] | None = None  # a liveness or startup failure's restart
+    phase: tuple[str, bool, int] | None = None  # a bare pod's (phase, ready, restarts) reported
 
 
 def _free_port() -> int:
@@ -153,6 +154,7 @@ class Kubelet:
         self.probe_interval = probe_interval
         self._headers = {"Authorization": f"Bearer {token}"}
         self._ssl = ssl.create_default_context(cafile=str(ca_path)) if ca_path else None
+        self._ca_path = ca_path
         self._deployments: dict[tuple[str, str], JSON] = {}
         self._pods: dict[tuple[str, str], list[Pod]] = {}
         self._written: dict[tuple[str, str], JSON] = {}
@@ -162,6 +164,10 @@ class Kubelet:
         self.failures: list[str] = []  # the kubelet's own errors (tracebacks)
         self.unfinished: list[asyncio.Task[object]] = []  # pending when its loop stopped
         self._terminations: set[asyncio.Future[None]] = set()
+        # Pods made by others (`helm test` hooks): (namespace, name) -> the running pod.
+        self._bare: dict[tuple[str, str], Pod] = {}
+        # The local proxy of each Service port: (namespace, service, port) -> its server.
+        self._proxies: dict[tuple[str, str, int], asyncio.Server] = {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="kubelet", daemon=True)
         self._stop = threading.Event()
@@ -213,10 +219,13 @@ class Kubelet:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
-                for pods in self._pods.values():
+                for pods in [*self._pods.values(), list(self._bare.values())]:
                     for pod in pods:
                         self._stop_pod(pod, "kubelet-stop")
                 await asyncio.gather(*self._terminations)
+                for server in self._proxies.values():
+                    server.close()
+                    await server.wait_closed()
 
     async def _watch(self, session: aiohttp.ClientSession) -> None:
         """List, then watch from the list's resourceVersion; relist on 410 or a dropped stream."""
@@ -265,6 +274,7 @@ class Kubelet:
             for p in listing["items"]
             if not p["metadata"].get("deletionTimestamp")
         }
+        await self._run_bare_pods(session, listing["items"])
         for key, deployment in list(self._deployments.items()):
             pods = self._pods.setdefault(key, [])
             for pod in pods:
@@ -355,36 +365,6 @@ class Kubelet:
             secrets.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(5)
         )
         template = deployment["spec"]["template"]
-        pod_spec = template.get("spec", {})
-        container = pod_spec["containers"][0]
-        ports = {int(p["containerPort"]): _free_port() for p in container.get("ports", [])}
-        try:
-            env = await self._environment(session, namespace, pod_name, container, ports)
-            command = self._command(container, env, ports)
-        except ConfigError as exc:
-            self.errors[(namespace, deployment_name)] = str(exc)
-            return None
-        self.errors.pop((namespace, deployment_name), None)
-        log_dir = self.workdir / namespace
-        log_dir.mkdir(parents=True, exist_ok=True)
-        with open(log_dir / f"{pod_name}.log", "ab") as log:  # noqa: ASYNC230 - local, once per pod
-            process = await asyncio.create_subprocess_exec(
-                *command,
-                env=env,
-                stdout=log,
-                stderr=log,
-                stdin=asyncio.subprocess.DEVNULL,
-                cwd=log_dir,
-                start_new_session=True,
-            )
-        record = PodRecord(pod_name, namespace, deployment_name, process.pid)
-        self.records.append(record)
-        probes = {
-            kind: {**probe, "port": self._probe_port(probe, container, ports)}
-            for kind in ("readinessProbe", "livenessProbe", "startupProbe")
-            if isinstance(probe := container.get(kind), dict)
-        }
-        probe = probes.get("readinessProbe")
         manifest = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -408,23 +388,289 @@ class Kubelet:
                     }
                 ],
             },
-            "spec": {**pod_spec, "nodeName": "local"},
+            "spec": {**template.get("spec", {}), "nodeName": "local"},
+        }
+        return await self._launch(session, manifest, deployment_name, hash_)
+
+    async def _launch(
+        self, session: aiohttp.ClientSession, manifest: JSON, owner: str, hash_: str
+    ) -> Pod | None:
+        """Start the process of a pod's first container; None (and the reason in `errors`,
+        under the owner's name) if it cannot start yet."""
+        namespace, pod_name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        pod_spec = manifest["spec"]
+        container = pod_spec["containers"][0]
+        ports = {int(p["containerPort"]): _free_port() for p in container.get("ports", [])}
+        try:
+            env = await self._environment(session, namespace, pod_name, container, ports)
+            env.update(await self._service_account(session, namespace, pod_name, pod_spec))
+            command = self._command(container, env, ports)
+            # Service names become their local proxies (no cluster DNS here).
+            env = {k: await self._services_in(session, v) for k, v in env.items()}
+            command = [await self._services_in(session, part) for part in command]
+        except ConfigError as exc:
+            self.errors[(namespace, owner)] = str(exc)
+            return None
+        self.errors.pop((namespace, owner), None)
+        log_dir = self.workdir / namespace
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with open(log_dir / f"{pod_name}.log", "ab") as log:  # noqa: ASYNC230 - local, once per pod
+            process = await asyncio.create_subprocess_exec(
+                *command,
+                env=env,
+                stdout=log,
+                stderr=log,
+                stdin=asyncio.subprocess.DEVNULL,
+                cwd=log_dir,
+                start_new_session=True,
+            )
+        record = PodRecord(pod_name, namespace, owner, process.pid)
+        self.records.append(record)
+        probes = {
+            kind: {**probe, "port": self._probe_port(probe, container, ports)}
+            for kind in ("readinessProbe", "livenessProbe", "startupProbe")
+            if isinstance(probe := container.get(kind), dict)
         }
         started = Pod(
             manifest,
             pod_name,
             namespace,
-            deployment_name,
+            owner,
             hash_,
             process,
             ports,
-            probe,
+            probes.get("readinessProbe"),
             float(pod_spec.get("terminationGracePeriodSeconds", 30)),
             record,
         )
         started.liveness = probes.get("livenessProbe")
         started.startup = probes.get("startupProbe")
         return started
+
+    # ---- pods made by others ----------------------------------------------------------------
+
+    async def _run_bare_pods(self, session: aiohttp.ClientSession, listed: list[JSON]) -> None:
+        """Pods not of a Deployment (a `helm test` hook): run each once, restart it as its
+        restartPolicy says, report its phase and container state; a deleted pod is stopped."""
+        seen = set()
+        for obj in listed:
+            meta = obj["metadata"]
+            if any(r.get("kind") == "Deployment" for r in meta.get("ownerReferences") or []):
+                continue  # one of this kubelet's own
+            key = (meta["namespace"], meta["name"])
+            if meta.get("deletionTimestamp"):
+                continue
+            seen.add((key, meta["uid"]))
+            pod = self._bare.get(key)
+            if pod is not None and pod.manifest["metadata"]["uid"] == meta["uid"]:
+                continue
+            if obj.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                continue  # finished before this kubelet saw it
+            if pod is not None:
+                self._stop_pod(pod, "pod-deleted")
+            started = await self._launch(session, obj, meta["name"], "")
+            if started is not None:
+                self._bare[key] = started
+        for key, pod in list(self._bare.items()):
+            if (key, pod.manifest["metadata"]["uid"]) not in seen:
+                self._stop_pod(self._bare.pop(key), "pod-deleted")
+                continue
+            if pod.stopping:
+                continue
+            await self._probe(session, pod)
+            await self._bare_status(session, pod)
+
+    async def _bare_status(self, session: aiohttp.ClientSession, pod: Pod) -> None:
+        code = pod.process.returncode
+        policy = pod.manifest["spec"].get("restartPolicy", "Always")
+        if code is not None and (policy == "Always" or (policy == "OnFailure" and code)):
+            pod.record.returncode = code
+            if time.monotonic() - pod.started >= min(10.0, 0.5 * 2**pod.restarts):
+                again = await self._launch(session, pod.manifest, pod.name, "")
+                if again is not None:
+                    again.restarts, again.phase = pod.restarts + 1, pod.phase
+                    self._bare[(pod.namespace, pod.name)] = again
+            return
+        if code is not None:
+            pod.record.returncode = code
+        phase = "Running" if code is None else "Succeeded" if code == 0 else "Failed"
+        state = (phase, pod.ready, pod.restarts)
+        if pod.phase == state:
+            return
+        container = pod.manifest["spec"]["containers"][0]
+        ready = "True" if pod.ready and code is None else "False"
+        running: JSON = {"running": {"startedAt": _timestamp(pod.started)}}
+        terminated: JSON = {
+            "terminated": {
+                "exitCode": code,
+                "reason": "Completed" if code == 0 else "Error",
+                "startedAt": _timestamp(pod.started),
+                "finishedAt": _timestamp(time.monotonic()),
+            }
+        }
+        status = {
+            "status": {
+                "phase": phase,
+                "podIP": "127.0.0.1",
+                "hostIP": "127.0.0.1",
+                "startTime": _timestamp(pod.started),
+                "conditions": [
+                    {"type": "Ready", "status": ready},
+                    {"type": "ContainersReady", "status": ready},
+                ],
+                "containerStatuses": [
+                    {
+                        "name": container["name"],
+                        "ready": ready == "True",
+                        "restartCount": pod.restarts,
+                        "image": container.get("image", ""),
+                        "imageID": "",
+                        "started": code is None,
+                        "state": running if code is None else terminated,
+                    }
+                ],
+            }
+        }
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
+        async with session.patch(
+            path, data=json.dumps(status), headers={"Content-Type": "application/merge-patch+json"}
+        ) as response:
+            if response.status == 200:
+                pod.phase = state
+
+    # ---- service accounts and services -------------------------------------------------------
+
+    async def _service_account(
+        self, session: aiohttp.ClientSession, namespace: str, pod: str, spec: JSON
+    ) -> dict[str, str]:
+        """The pod's service account token (a TokenRequest), as a kubeconfig in KUBECONFIG:
+        clients that find no in-cluster files fall back to it. Nothing when the pod or its
+        account turns automounting off, or names no account and `default` does not exist
+        (the emulator makes no default accounts); an account named but missing holds the
+        pod back, as on a real node."""
+        automount = spec.get("automountServiceAccountToken")
+        if automount is False:
+            return {}
+        named = spec.get("serviceAccountName") or spec.get("serviceAccount")
+        account = named or "default"
+        path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}"
+        async with session.get(path) as response:
+            if response.status == 404:
+                if named:
+                    raise ConfigError(f'serviceaccount "{account}" not found')
+                return {}
+            found = await response.json()
+        if automount is None and found.get("automountServiceAccountToken") is False:
+            return {}
+        request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
+        async with session.post(f"{path}/token", json=request) as response:
+            if response.status != 201:
+                raise ConfigError(f"token request for {account} answered {response.status}")
+            token = (await response.json())["status"]["token"]
+        cluster: JSON = {"server": self.url}
+        if self._ca_path is not None:
+            cluster["certificate-authority"] = str(self._ca_path)
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "pod",
+            "clusters": [{"name": "cluster", "cluster": cluster}],
+            "users": [{"name": account, "user": {"token": token}}],
+            "contexts": [
+                {
+                    "name": "pod",
+                    "context": {"cluster": "cluster", "user": account, "namespace": namespace},
+                }
+            ],
+        }
+        folder = self.workdir / namespace
+        folder.mkdir(parents=True, exist_ok=True)
+        kubeconfig = folder / f"{pod}.kubeconfig"
+        kubeconfig.touch(mode=0o600)
+        kubeconfig.write_text(json.dumps(config))
+        return {"KUBECONFIG": str(kubeconfig)}
+
+    async def _services_in(self, session: aiohttp.ClientSession, value: str) -> str:
+        """`value` with each `<service>.<namespace>.svc[.cluster.local][:port]` replaced by
+        the Service's local proxy, `127.0.0.1:<port>` (left alone if there is no such
+        Service or port)."""
+        parts, last = [], 0
+        for match in _SERVICE_HOST.finditer(value):
+            name, namespace, port = match.group(1), match.group(2), match.group(3)
+            local = await self._service_proxy(session, namespace, name, port)
+            parts += [value[last : match.start()], f"127.0.0.1:{local}" if local else match[0]]
+            last = match.end()
+        return "".join(parts) + value[last:]
+
+    async def _service_proxy(
+        self, session: aiohttp.ClientSession, namespace: str, name: str, port: str | None
+    ) -> int | None:
+        """The local port of a Service port's proxy, started on first use (kube-proxy's part:
+        each connection goes to a ready pod the Service selects, at its target port)."""
+        async with session.get(f"/api/v1/namespaces/{namespace}/services/{name}") as response:
+            if response.status != 200:
+                return None
+            service = await response.json()
+        spec = service.get("spec", {})
+        listed = spec.get("ports") or []
+        wanted = int(port) if port else 80
+        chosen = next((p for p in listed if p.get("port") == wanted), None)
+        if chosen is None and port is None and len(listed) == 1:
+            chosen = listed[0]
+        if chosen is None:
+            return None
+        key = (namespace, name, int(chosen["port"]))
+        server = self._proxies.get(key)
+        if server is None:
+            selector = dict(spec.get("selector") or {})
+            target = chosen.get("targetPort", chosen["port"])
+
+            async def connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                await self._forward(reader, writer, namespace, selector, target)
+
+            server = await asyncio.start_server(connect, "127.0.0.1", 0)
+            self._proxies[key] = server
+        return int(server.sockets[0].getsockname()[1])
+
+    async def _forward(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        namespace: str,
+        selector: dict[str, str],
+        target: int | str,
+    ) -> None:
+        pods = [*(p for ps in self._pods.values() for p in ps), *self._bare.values()]
+        endpoints = [
+            local
+            for pod in pods
+            if pod.namespace == namespace and pod.ready and not pod.stopping and selector
+            and all(pod.manifest["metadata"].get("labels", {}).get(k) == v
+                    for k, v in selector.items())
+            and (local := _target_port(pod, target)) is not None
+        ]  # fmt: skip
+        if not endpoints:
+            writer.close()  # no ready endpoint: the connection is refused, in effect
+            return
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(
+                "127.0.0.1", secrets.choice(endpoints)
+            )
+        except OSError:
+            writer.close()
+            return
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
 
     def _stop_pod(self, pod: Pod, reason: str) -> None:
         if pod.stopping is None:
@@ -724,6 +970,24 @@ async def _http_probe(probe: JSON) -> bool:
             return 200 <= r.status < 400
     except (aiohttp.ClientError, TimeoutError, OSError):
         return False
+
+
+# A Service's cluster DNS name in a pod's arguments or environment (and its port, if given).
+_SERVICE_HOST = re.compile(
+    r"(?<![\w.-])([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)\.([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)"
+    r"\.svc(?:\.cluster\.local)?(?::(\d+))?(?![\w.-])"
+)
+
+
+def _target_port(pod: Pod, target: int | str) -> int | None:
+    """A pod's local port for a Service's targetPort (a number, or a container port's name)."""
+    if isinstance(target, str) and not target.isdigit():
+        container = pod.manifest["spec"]["containers"][0]
+        named = [p for p in container.get("ports", []) if p.get("name") == target]
+        if not named:
+            return None
+        target = named[0]["containerPort"]
+    return pod.ports.get(int(target))
 
 
 def _available(pod: Pod, min_ready_seconds: float) -> bool:

@@ -191,6 +191,12 @@ def test_kubectl_apply_of_a_bad_resource_prints_the_reasons(k8s: LocalCluster) -
     unknown = manifest("Widget", "w1", spec={"size": 3, "sise": 3})
     result = k8s.kubectl("apply", "-f", "-", input=unknown, check=False)
     assert 'strict decoding error: unknown field "spec.sise"' in result.stderr
+    # Without strict validation (kubectl patch), the field is pruned with a warning, which
+    # kubectl prints (the warn-text quoted and escaped as a real server does).
+    k8s.kubectl("apply", "-f", "-", input=manifest("Widget", "w1", spec={"size": 3}))
+    patched = k8s.kubectl("patch", "widget", "w1", "--type=merge", "-p", '{"spec":{"sise":3}}')
+    assert 'Warning: unknown field "spec.sise"' in patched.stderr, patched.stderr
+    k8s.kubectl("delete", "widget", "w1")
     no_selector = manifest(
         "Deployment", "web", spec={"template": {"spec": {"containers": [{"image": "x"}]}}}
     )
@@ -434,6 +440,36 @@ def test_a_watch_from_a_lists_version_misses_nothing_and_replays_nothing_stale(
     # Without a version: the current state, as ADDED, and nothing else.
     events = watch(k8s, "/apis/example.com/v1/namespaces/default/widgets")
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "between")]
+
+
+def test_a_streaming_list_ends_its_initial_events_with_a_bookmark(
+    k8s: LocalCluster, widgets: kubernetes.client.CustomObjectsApi
+) -> None:
+    # client-go's WatchList (Helm 4's waiters): the state, a bookmark saying it ended, then
+    # what follows.
+    k8s.kubectl("apply", "-f", "-", input=manifest("Widget", "w", spec={"size": 1}))
+    events = watch(
+        k8s,
+        "/apis/example.com/v1/namespaces/default/widgets",
+        sendInitialEvents="true",
+        resourceVersionMatch="NotOlderThan",
+        allowWatchBookmarks="true",
+    )
+    assert [e["type"] for e in events] == ["ADDED", "BOOKMARK"]
+    bookmark = events[1]["object"]
+    assert bookmark["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
+    assert int(bookmark["metadata"]["resourceVersion"]) >= int(
+        events[0]["object"]["metadata"]["resourceVersion"]
+    )
+
+
+def test_a_token_request_answers_for_an_account_that_exists(k8s: LocalCluster) -> None:
+    path = "/api/v1/namespaces/default/serviceaccounts/robot/token"
+    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
+    assert http(k8s, "POST", path, request)[0] == 404
+    k8s.kubectl("apply", "-f", "-", input=manifest("ServiceAccount", "robot"))
+    status, answer = http(k8s, "POST", path, request)
+    assert status == 201 and answer["kind"] == "TokenRequest" and answer["status"]["token"]
 
 
 def test_a_watch_from_a_version_before_the_log_is_gone(
