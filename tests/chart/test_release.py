@@ -279,16 +279,19 @@ def test_install_serve_upgrade_test_rollback_uninstall(
     assert not cluster.objects("v1", "pods", NAMESPACE, test_pods[0].name)  # hook-succeeded
 
     with Sink() as sink, psycopg.connect(dsn, autocommit=True) as conn:
-        # The example as it is, then what its CHANGE-MEs stand for: this database, this API.
-        user.docs("kubectl -n shop apply -f examples/http.yaml")
-        user.sh(
-            'kubectl -n shop patch secret orders-db -p "{\\"stringData\\":{\\"dsn\\":\\"$DSN\\"}}"',
-            DSN=dsn,
-        )
-        user.sh(
-            "kubectl -n shop patch obd orders --type=merge -p "
-            + shlex.quote(f'{{"spec":{{"publisher":{{"http":{{"url":"{sink.url}"}}}}}}}}')
-        )
+
+        def dispatch() -> None:
+            """The example as it is, then what its CHANGE-MEs stand for: this database (kept
+            out of the command line) and this API."""
+            user.docs("kubectl -n shop apply -f examples/http.yaml")
+            secret = '{\\"stringData\\":{\\"dsn\\":\\"$DSN\\"}}'
+            user.sh(f'kubectl -n shop patch secret orders-db -p "{secret}"', DSN=dsn)
+            user.sh(
+                "kubectl -n shop patch obd orders --type=merge -p "
+                + shlex.quote(f'{{"spec":{{"publisher":{{"http":{{"url":"{sink.url}"}}}}}}}}')
+            )
+
+        dispatch()
         delivered: set[int] = set()
 
         def serves(batch: int, during: Callable[[], Any] | None = None) -> None:
@@ -392,6 +395,21 @@ def test_install_serve_upgrade_test_rollback_uninstall(
         user.docs("kubectl delete crd")
         assert not _crd(cluster)
         assert statuses(conn) == {"done": len(delivered)}
+
+        # A fresh install from the production values file alone (the release's history went
+        # with the uninstall), serving the example again.
+        out = user.sh(
+            "helm install outbox-dispatcher charts/outbox-dispatcher -n outbox-system "
+            "-f production.yaml"
+        )
+        assert "REVISION: 1" in out and "It serves OutboxDispatchers in shop, billing" in out, out
+        user.docs("kubectl -n outbox-system rollout status", timeout=120)
+        _wait("the operator by digest", _rolled_to(node, "@sha256:4b9a1d1e"), cluster, node)
+        dispatch()
+        serves(50)
+        tested = user.docs("helm test")
+        assert "STATUS: deployed" in tested, tested
+        user.docs("helm uninstall")
     assert user.documented_run(HELM_STORY) == []
 
 

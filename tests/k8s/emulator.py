@@ -30,10 +30,17 @@ Kubernetes requests itself, as an API server would:
 - an optional authorizer (`rbac.py`): bearer tokens mapped to identities and the RBAC objects
   given to it decide, and a request not allowed is answered 403.
 
-Not emulated: protobuf, server-side apply, field managers, admission webhooks, API priority,
-conversion between CRD versions (served versions share one storage form), pagination
-(`limit` returns everything), and real controllers except garbage collection; the local
-kubelet (`kubelet.py`) plays the deployment controller's part.
+- server-side apply (`applying.py`): `PATCH` with `application/apply-patch+yaml` creates or
+  merges, prunes what a manager stopped applying, and answers 409 on another manager's
+  fields unless `force`; every write records its field manager in `managedFields`;
+- `serviceaccounts/token` (a TokenRequest, which the authorizer then knows as the account),
+  streaming lists (`sendInitialEvents`, ended by a bookmark), and the protobuf bodies of
+  `kubectl create namespace|secret|configmap` and of client-go's Secret writes and deletes.
+
+Not emulated: protobuf otherwise, admission webhooks, API priority, conversion between CRD
+versions (served versions share one storage form), pagination (`limit` returns everything),
+and real controllers except garbage collection; the local kubelet (`kubelet.py`) plays the
+deployment controller's and kube-proxy's parts.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A local kubelet (and deployment controller) for the tests: Deployments become processes.
+"""A local kubelet (and deployment controller, and kube-proxy) for the tests: Deployments
+and Pods become processes.
 
 It watches the emulator's Deployments and keeps, for each, `spec.replicas` real processes
 running from the pod template's first container:
@@ -39,8 +40,21 @@ running from the pod template's first container:
   `kubectl delete pod` stops the process, which the Deployment then replaces, and
   `kubectl logs` shows the process's output.
 
+- Pods made by others (not of a Deployment: a `helm test` hook) run the same way, once: by
+  their restartPolicy (Never, OnFailure, Always) an exit ends them with phase Succeeded or
+  Failed and the container's exit code in their status, or restarts them; deleting one
+  stops its process.
+- Services: a Service's cluster DNS name in a pod's arguments or environment,
+  `<service>.<namespace>.svc[.cluster.local][:port]`, is rewritten to a local proxy of that
+  Service port (started on first use), which forwards each connection to a ready pod the
+  Service selects, at its `targetPort` (a number or a container port's name).
+- Service accounts: a pod that mounts its account's token (`automountServiceAccountToken`
+  not false, and the account named, or `default` if it exists) gets one from a TokenRequest,
+  as a kubeconfig in `KUBECONFIG` (clients fall back to it without the in-cluster files,
+  which cannot be written here); an account named but missing holds the pod back.
+
 Not emulated: ReplicaSets, resources, volumes,
-nodeSelector/affinity/tolerations (one local node), the image itself.
+nodeSelector/affinity/tolerations (one local node), the image itself, cluster DNS itself.
 """
 
 from __future__ import annotations
