@@ -301,15 +301,15 @@ def run(argv: list[str]) -> str:
         if args.command == "history":
             rows = ["REVISION\tSTATUS\tCHART\tAPP VERSION\tDESCRIPTION"]
             for entry in config.history(args.name):
-                chart = f"{entry.get('chart_name')}-{entry.get('chart_version')}"
+                version = f"{entry.get('chart_name')}-{entry.get('chart_version')}"
                 rows.append(
-                    f"{entry['revision']}\t{entry['status']}\t{chart}\t"
+                    f"{entry['revision']}\t{entry['status']}\t{version}\t"
                     f"{entry.get('app_version', '')}\t{entry.get('description', '')}"
                 )
             return "\n".join(rows) + "\n"
         if args.what == "values":
             values = config.get_values(args.name, all_values=args.all)
-            return "USER-SUPPLIED VALUES:\n" + yaml.safe_dump(values)
+            return "USER-SUPPLIED VALUES:\n" + str(yaml.safe_dump(values))
         return str(config.status(args.name).get("manifest", ""))
 
 

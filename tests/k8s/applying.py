@@ -40,6 +40,8 @@ JSON = dict[str, Any]
 Element = tuple[str, Any]  # ("f", name) | ("k", keys as JSON) | ("v", value as JSON) | ("i", n)
 Path = tuple[Element, ...]
 FieldSet = frozenset[Path]
+# Paths as a tree: each node maps elements to subtrees, and "." to True for a member.
+Tree = dict[Any, Any]
 # The fields the server owns (stripped from every manager's set, as the server's stripMeta).
 SERVER_FIELDS: FieldSet = frozenset(
     {
@@ -422,9 +424,9 @@ def remove(value: Any, paths: Iterable[Path], shape: Shape) -> Any:
     return result if result is not None else ({} if isinstance(value, dict) else None)
 
 
-def _tree(paths: Iterable[Path]) -> JSON:
+def _tree(paths: Iterable[Path]) -> Tree:
     """Paths as a tree: each node maps elements to subtrees; "." marks a member."""
-    root: JSON = {}
+    root: Tree = {}
     for path in paths:
         node = root
         for element in path:
@@ -433,7 +435,7 @@ def _tree(paths: Iterable[Path]) -> JSON:
     return root
 
 
-def _remove(value: Any, tree: JSON, shape: Shape, path: Path) -> Any:
+def _remove(value: Any, tree: Tree, shape: Shape, path: Path) -> Any:
     if value is None or shape.kind_of(value) == "scalar" or shape.is_atomic(value):
         return value
     if not value:
@@ -573,7 +575,7 @@ _ORDER = {"f": 0, "k": 1, "v": 2, "i": 3}
 def _encode_fields(paths: FieldSet) -> JSON:
     tree = _tree(paths)
 
-    def render(node: JSON) -> JSON:
+    def render(node: Tree) -> JSON:
         children = sorted((k for k in node if k != "."), key=lambda e: (_ORDER[e[0]], str(e[1])))
         out: JSON = {".": {}} if node.get(".") and children else {}
         for kind, name in children:
