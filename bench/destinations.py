@@ -91,6 +91,9 @@ CONTENDERS: dict[str, tuple[str, ...]] = {
 WORKER_FLAGS = ("--publisher", "http", "--log-level", "WARNING")
 
 
+ANALYSIS = "\n## What the figures say\n"
+
+
 def _log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -463,7 +466,8 @@ def outage_run(
             if kind == "503":
                 api.answer(200)
             else:
-                api.start(200)
+                api.start(200)  # still refusing until it listens again: count that too
+            sample()
             came_back, back_at = time.monotonic(), db_now(conn)
             during = samples[-1][1] - samples[0][1]
             backlog_at_recovery = unfinished_before(conn, back_at)
@@ -647,7 +651,7 @@ def render(report: dict[str, Any], command: str) -> str:
         "apart).",
         "",
         "| API | workers | | arrived while down | requests while down | per arriving "
-        "message | per s (mean) | per s (busiest 10 s) | max attempts | attempts per message "
+        "message | per s (mean) | per s (busiest 10 s) | max attempts | failed attempts "
         "| dead | recovery → first delivery (s) | recovery → empty backlog (s) | first "
         "delivery → empty backlog (s) | load 1m | CPU busy |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -658,7 +662,7 @@ def render(report: dict[str, Any], command: str) -> str:
             f"| {api} | {r['workers']} | {r['contender']} | {r['arrived_during_outage']} | "
             f"{r['requests_during_outage']} | {r['requests_per_arriving_message']:g} | "
             f"{r['requests_per_second']:g} | {r['busiest_10s_requests_per_second']:g} | "
-            f"{r['max_attempts']} | {r['attempts_per_message']:g} | {r['dead']} | "
+            f"{r['max_attempts']} | {r['total_attempts'] - r['messages']} | {r['dead']} | "
             f"{_cell(r['recovery_to_first_delivery_seconds'])} | "
             f"{_cell(r['recovery_to_empty_backlog_seconds'])} | {_after_first(r)} | "
             f"{r['loadavg_1m_before']:g} → {r['loadavg_1m_after']:g} | "
@@ -671,8 +675,9 @@ def render(report: dict[str, Any], command: str) -> str:
         "(`outbox_destination_failures_total`), one per connection attempt, since nothing "
         "listened.",
         "- Attempts: the `attempts` column of every message of the run at its end (those "
-        "arriving before and after the outage included); attempts per message = their sum / "
-        "the messages. Dead: messages in `dead` at the end.",
+        "arriving before and after the outage included); failed attempts = their sum less one "
+        "per message (the one that delivered it): the attempts that were spent and not "
+        "refunded. Dead: messages in `dead` at the end.",
         "- Recovery → empty backlog: until every message created before the recovery was "
         "finished (arrivals go on meanwhile). Recovery → first delivery: the first 200 the API "
         "answered after it came back.",
@@ -752,7 +757,10 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "destinations.json").write_text(json.dumps(report, indent=2) + "\n")
     text = render(report, command)
-    (args.out / "destinations.md").write_text(text)
+    page = args.out / "destinations.md"
+    # What the figures say is written by hand below them: a new run keeps it.
+    kept = page.read_text().partition(ANALYSIS)[2] if page.exists() else ""
+    page.write_text(text + (ANALYSIS + kept if kept else ""))
     print(text)
     _log(f"wrote {args.out / 'destinations.md'}")
     lost = [r for r in report["outages"] if r["delivered_distinct"] < r["done"]]
