@@ -7,6 +7,7 @@ none. Each read is a `Query` (outbox.runner): the CLI and the TUI run the same d
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -15,6 +16,7 @@ from psycopg import sql
 
 from outbox.error_groups import ERROR_GROUP
 from outbox.filters import DeadFilter, where
+from outbox.jsontext import loads_bounded
 from outbox.repair import Seen
 from outbox.runner import Query, Row
 from outbox.table import Table
@@ -140,9 +142,18 @@ def error_groups(
     )
 
 
+# A message's payload is shown from its first characters only: a screen has no use for more,
+# and a payload may be many megabytes (or nested deeper than anything decodes).
+PAYLOAD_PREVIEW = 65_536
+
+
 @dataclass(frozen=True)
 class MessageDetail:
-    columns: dict[str, Any]  # every column of the row, extra ones included, in table order
+    # Every column of the row, extra ones included, in table order. json and jsonb columns
+    # are their text as PostgreSQL writes it (never decoded: they may be nested thousands
+    # deep), but for `errors`, decoded when it is shallow enough; `payload` is not here,
+    # but below, bounded.
+    columns: dict[str, Any]
     error_group: str
     # Its place in its aggregate, None on a table without ordered mode's index (reading it
     # there would scan the table).
@@ -150,6 +161,8 @@ class MessageDetail:
     waiting_behind: int | None  # unfinished messages of its aggregate after it
     next_id: int | None = None  # the first of those, which a skip or requeue lets go next
     next_status: str | None = None
+    payload_text: str | None = None  # the first PAYLOAD_PREVIEW characters of its text
+    payload_bytes: int | None = None  # the length of its whole text, in bytes
 
     @property
     def id(self) -> int:
@@ -180,15 +193,21 @@ _NEXT_IN_AGGREGATE = """LEFT JOIN LATERAL (SELECT id, status FROM {t} AS w
 
 def message(table: Table, message_id: int, *, ordered: bool = True) -> Query[MessageDetail | None]:
     """One message, every column; with `ordered` (the table has ordered mode's index, whose
-    probes these are) also its place in its aggregate."""
+    probes these are) also its place in its aggregate. The payload comes bounded, as text:
+    its first characters (PAYLOAD_PREVIEW) and its length; the row's other columns come
+    from a copy of the row without it (`jsonb_populate_record` keeps every column's type)."""
     place = sql.SQL(_PLACE_IN_AGGREGATE if ordered else "NULL, NULL, NULL, NULL")
     join = sql.SQL(_NEXT_IN_AGGREGATE if ordered else "")
     statement = sql.SQL(
         """SELECT {group}, {place},
+       left(p.body, %(preview)s::int), octet_length(p.body),
        (SELECT array_agg(attname::text ORDER BY attnum) FROM pg_attribute
          WHERE attrelid = {rc}::regclass AND attnum > 0 AND NOT attisdropped),
-       o.*
+       (r.copy).*
   FROM {t} AS o
+  CROSS JOIN LATERAL (SELECT o.payload::text AS body OFFSET 0) AS p
+  CROSS JOIN LATERAL (SELECT jsonb_populate_record(o, '{{"payload": null}}') AS copy
+                      OFFSET 0) AS r
   {join}
  WHERE o.id = %(id)s::bigint"""
     ).format(
@@ -202,10 +221,14 @@ def message(table: Table, message_id: int, *, ordered: bool = True) -> Query[Mes
     def parse(rows: list[Row]) -> MessageDetail | None:
         if not rows:
             return None
-        group, is_head, behind, next_id, next_status, names, *values = rows[0]
-        # `o.*` lists the columns in attnum order, as pg_attribute does: every column,
-        # also ones the application added, with its Python type (payload decoded).
+        group, is_head, behind, next_id, next_status, preview, size, names, *values = rows[0]
+        # `(r.copy).*` lists the columns in attnum order, as pg_attribute does: every column,
+        # also ones the application added, with its Python type (json as text).
         columns = dict(zip(names, values, strict=True))
+        del columns["payload"]
+        if isinstance(columns.get("errors"), str):
+            with contextlib.suppress(ValueError):  # too deep, or not ours: shown as text
+                columns["errors"] = loads_bounded(columns["errors"])
         return MessageDetail(
             columns,
             str(group),
@@ -213,6 +236,9 @@ def message(table: Table, message_id: int, *, ordered: bool = True) -> Query[Mes
             None if behind is None else int(behind),
             next_id,
             next_status,
+            payload_text=preview,
+            payload_bytes=size,
         )
 
-    return Query(statement, {"id": message_id}, parse)
+    params = {"id": message_id, "preview": PAYLOAD_PREVIEW}
+    return Query(statement, params, parse, json_as_text=True)

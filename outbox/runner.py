@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar, overload
 
 import psycopg
 from psycopg import sql
+from psycopg.types.string import TextLoader
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
@@ -35,6 +36,9 @@ class Query(Generic[T]):
     prepare: bool | None = None
     # Rows in binary: integers and timestamps decode faster than from text.
     binary: bool = False
+    # json and jsonb columns come as their text, not decoded: for values that are shown
+    # (outbox.jsontext lays them out), which may be nested deeper than Python decodes.
+    json_as_text: bool = False
 
 
 def first_row(parse: Callable[[Row | None], T]) -> Callable[[list[Row]], T]:
@@ -43,15 +47,31 @@ def first_row(parse: Callable[[Row | None], T]) -> Callable[[list[Row]], T]:
 
 
 def fetch(conn: psycopg.Connection[Any], query: Query[T]) -> T:
+    if query.json_as_text:
+        with conn.cursor() as cursor:
+            _json_as_text(cursor)
+            cursor.execute(query.statement, query.params, prepare=query.prepare)
+            return query.parse(cursor.fetchall())
     cursor = conn.execute(query.statement, query.params, prepare=query.prepare, binary=query.binary)
     return query.parse(cursor.fetchall())
 
 
 async def fetch_async(conn: psycopg.AsyncConnection[Any], query: Query[T]) -> T:
+    if query.json_as_text:
+        async with conn.cursor() as acursor:
+            _json_as_text(acursor)
+            await acursor.execute(query.statement, query.params, prepare=query.prepare)
+            return query.parse(await acursor.fetchall())
     cursor = await conn.execute(
         query.statement, query.params, prepare=query.prepare, binary=query.binary
     )
     return query.parse(await cursor.fetchall())
+
+
+def _json_as_text(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
+    """This cursor's json and jsonb columns load as text (rows in text format)."""
+    for name in ("json", "jsonb"):
+        cursor.adapters.register_loader(name, TextLoader)
 
 
 @overload

@@ -1,5 +1,10 @@
-"""One message: every column, the payload pretty-printed, the full last error, its place
-in its aggregate, and what people did to it (the audit log)."""
+"""One message: every column, the payload laid out, the full last error, its place in its
+aggregate, and what people did to it (the audit log).
+
+The payload is shown as text, bounded: its first characters (outbox.dead_letters'
+PAYLOAD_PREVIEW), laid out by outbox.jsontext without decoding it, deep levels kept on one
+line. PostgreSQL takes values nested far deeper than Python decodes; none crashes this
+screen."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from rich.console import Group, RenderableType
-from rich.json import JSON
+from rich.highlighter import JSONHighlighter
 from rich.table import Table as RichTable
 from rich.text import Text
 from textual.app import ComposeResult
@@ -18,6 +23,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Static
 
 from outbox.dead_letters import MessageDetail
+from outbox.jsontext import MAX_LAYOUT_DEPTH, layout, nesting_depth
 from outbox.repair import ActionRecord, Seen
 from outbox.tui import format as fmt
 from outbox.tui.actions import ActionRequest
@@ -120,7 +126,7 @@ class DetailScreen(BaseScreen):
             )
         )
         self.query_one("#attempts", Static).update(_attempts(c.get("errors"), self.outbox.clock()))
-        self.query_one("#payload", Static).update(_payload(c.get("payload")))
+        self.query_one("#payload", Static).update(_payload(detail))
         self.query_one("#history", Static).update(_history(self.actions, self.outbox.clock()))
 
     def _fields(self, detail: MessageDetail) -> RenderableType:
@@ -188,20 +194,44 @@ def _value(name: str, value: Any, now: datetime) -> RenderableType:
         return Text(str(value), _STATUS_STYLE.get(str(value), ""))
     if isinstance(value, dict | list):
         return Text(json.dumps(value, ensure_ascii=False))
-    return Text(str(value))
+    return Text(_bounded(str(value)))
 
 
-def _payload(payload: Any) -> RenderableType:
-    # Rich's JSON highlighter: indented, coloured, in the key order the producer wrote;
-    # long strings wrap at the pane's edge instead of being cut there.
-    pretty = JSON(json.dumps(payload, ensure_ascii=False), indent=2, ensure_ascii=False)
-    pretty.text.no_wrap = False
-    pretty.text.overflow = "fold"
-    return pretty
+def _bounded(text: str) -> str:
+    if len(text) <= SHOWN_TEXT:
+        return text
+    return f"{text[:SHOWN_TEXT]}… ({fmt.count(len(text))} characters)"
+
+
+# Other json columns (`headers`, the application's own) and an `errors` too deep to decode
+# are shown as their text, this much of it: the payload gets the room.
+SHOWN_TEXT = 1_000
+
+
+def _payload(detail: MessageDetail) -> RenderableType:
+    """Indented, coloured, in the key order PostgreSQL keeps; long strings wrap at the pane's
+    edge instead of being cut there. Never decoded: laid out from its text."""
+    text = detail.payload_text
+    if text is None:  # a source that hands the payload over decoded
+        value = detail.columns.get("payload")
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    notes = []
+    size = detail.payload_bytes
+    if size is not None and size > len(text.encode()):
+        notes.append(f"the first {fmt.count(len(text))} characters of {fmt.count(size)} bytes")
+    depth = nesting_depth(text)
+    if depth > MAX_LAYOUT_DEPTH:
+        notes.append(f"nested {fmt.count(depth)} deep: levels past {MAX_LAYOUT_DEPTH} on one line")
+    pretty = JSONHighlighter()(Text(layout(text), no_wrap=False, overflow="fold"))
+    if not notes:
+        return pretty
+    return Group(Text("; ".join(notes), "dim italic"), pretty)
 
 
 def _attempts(errors: Any, now: datetime) -> RenderableType:
     """The `errors` column (schema v3): one line per failed attempt, with its time."""
+    if isinstance(errors, str):  # not the project's shape, or nested too deep to decode
+        return Text(_bounded(errors), "red")
     if not isinstance(errors, list) or not errors:
         return Text("no failed attempt recorded", "dim")
     grid = RichTable.grid(padding=(0, 2))
