@@ -1,7 +1,8 @@
 """The history checker, in the spirit of Jepsen's `total-queue`: after the queue drained,
 every committed message was delivered at least once or is dead with a reason, nothing
-unexpected arrived, every duplicate has a cause, and the lease protocol's invariants held
-on every single row change.
+unexpected arrived, every duplicate has a cause, the receiver's inbox turned the deliveries
+into exactly one effect per message, and the lease protocol's invariants held on every single
+row change.
 
 Plain functions over a `History`; `check` runs them all and returns a `Verdict` whose
 `violations` must be empty. Each invariant is a separate function so that its unit test
@@ -88,6 +89,9 @@ class Verdict:
     lost: int = 0
     reasons: Counter[str] = field(default_factory=Counter)  # why duplicates happened
     lost_leases: int = 0  # stale finalizes the fence refused (worker logs)
+    effects: int = 0  # effects the downstream applied through its inbox
+    absorbed: int = 0  # 2xx deliveries its inbox found applied already
+    double_effects: int = 0  # effects beyond the first of a message
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -344,6 +348,40 @@ def check_deliveries(history: History, verdict: Verdict) -> list[str]:
     return problems
 
 
+def check_effects(history: History, verdict: Verdict) -> list[str]:
+    """Through the inbox, at-least-once delivery became one effect: each delivered message
+    applied exactly once, every other 2xx delivery of it absorbed, no effect without a
+    delivery; fills in the verdict's counts."""
+    problems: list[str] = []
+    ok: dict[int, list[Delivery]] = defaultdict(list)
+    for d in history.deliveries:
+        if d.ok and d.key is not None:
+            ok[d.key].append(d)
+    committed = {c.id for c in history.committed}
+    for message_id, n in sorted(history.effects.items()):
+        verdict.effects += n
+        verdict.double_effects += max(n - 1, 0)
+        if n > 1:
+            problems.append(f"id {message_id}: {n} effects (double effect)")
+        if message_id not in committed:
+            problems.append(f"id {message_id}: an effect for an id never committed")
+        elif not ok.get(message_id):
+            problems.append(f"id {message_id}: an effect without a 2xx delivery")
+    for message_id, sent in sorted(ok.items()):
+        applied = sum(d.applied is True for d in sent)
+        verdict.absorbed += sum(d.applied is False for d in sent)
+        if message_id in committed and message_id not in history.effects:
+            problems.append(f"id {message_id}: delivered (2xx) but no effect applied")
+        if applied > 1:
+            problems.append(f"id {message_id}: the inbox let {applied} deliveries apply it")
+        unapplied = sum(d.applied is None for d in sent)
+        if unapplied:
+            problems.append(
+                f"id {message_id}: {unapplied} 2xx deliveries neither applied nor absorbed"
+            )
+    return problems
+
+
 def check_order(history: History) -> list[str]:
     """Ordered mode: within an aggregate, first deliveries arrive in id order."""
     if not history.config.ordered:
@@ -457,6 +495,7 @@ def check(history: History) -> Verdict:
     verdict.violations = [
         *check_unexpected(history),
         *check_deliveries(history, verdict),
+        *check_effects(history, verdict),
         *check_transitions(history),
         *check_attempts(history),
         *check_order(history),

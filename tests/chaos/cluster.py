@@ -1,6 +1,10 @@
 """One chaos scenario's moving parts: the sink, a producer, real `outbox-worker` processes,
 the faults done to them, and at the end the recorded history run through the checker.
 
+The sink is also the receiving end: it applies every delivery it accepts through an inbox in
+a database of its own (not the one under fault: a receiver's database is not the outbox's),
+so the checker can count the effects that all the duplicates left.
+
 Everything is real: worker processes are signalled for real, leases expire on the
 database's clock, the downstream is an HTTP server. Waits poll a condition with a deadline.
 """
@@ -27,6 +31,7 @@ from chaos.downstream import ChaosSink, Script, always_ok
 from chaos.history import Config, Fault, History
 from chaos.plugins import CRASH_EXIT_CODE
 from chaos.report import ScenarioReport
+from outbox.demo.effects import InboxEffects
 from outbox.models import Event
 from outbox.producer import enqueue_many
 from outbox.schema import migrate
@@ -119,6 +124,7 @@ class Run:
         log_dir: Path,
         *,
         on_report: Callable[[ScenarioReport], None],
+        receiver_dsn: str,
         table: Table | None = None,
         script: Script = always_ok,
         max_attempts: int = 8,
@@ -137,7 +143,8 @@ class Run:
         self.publisher = publisher
         self.extra_args = worker_args
         self.started = time.monotonic()
-        self.sink = ChaosSink(script).start()
+        self.effects = InboxEffects(receiver_dsn, consumer="downstream")
+        self.sink = ChaosSink(script, apply=self.effects.apply).start()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, Path] = {}
         self.faults: list[Fault] = []
@@ -362,6 +369,7 @@ class Run:
             logs=history.read_logs(self.logs),
             faults=list(self.faults),
             died=frozenset(self.died),
+            effects=history.effects(self.effects.per_message()),
         )
 
     def finish(self) -> Verdict:
@@ -388,10 +396,14 @@ class Run:
                     proc.kill()
                 proc.wait(timeout=30)
         self.sink.stop()
+        self.effects.close()
 
 
 def assert_clean(verdict: Verdict) -> None:
-    """The promise: nothing lost, nothing unexplained, no invariant broken."""
+    """The promise: nothing lost, nothing unexplained, no invariant broken, and through the
+    receiver's inbox one effect per message delivered, every duplicate absorbed."""
     shown = "\n".join(verdict.violations[:40])
     assert not verdict.violations, f"{len(verdict.violations)} violations:\n{shown}"
     assert verdict.lost == 0 and verdict.unexplained == 0
+    assert verdict.effects == verdict.delivered and verdict.double_effects == 0
+    assert verdict.absorbed == verdict.duplicates

@@ -9,11 +9,15 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from chaos.cluster import Run
 from chaos.report import ScenarioReport, table
@@ -37,20 +41,36 @@ def rng() -> random.Random:
 
 
 @pytest.fixture
-def new_run(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Run]]:
+def new_run(
+    request: pytest.FixtureRequest, tmp_path: Path, admin_dsn: str
+) -> Iterator[Callable[..., Run]]:
     """Make scenario runs; each is torn down (workers, sink, producer) even when the test
-    fails, and its checked numbers go to the session report."""
+    fails, and its checked numbers go to the session report. Each run's sink applies what it
+    receives in a fresh database on the session's server (never the one a scenario faults)."""
     runs: list[Run] = []
+    databases: list[str] = []
     reports = request.config.stash.setdefault(_REPORTS, [])
 
     def make(name: str, dsn: str, **options: Any) -> Run:
-        run = Run(name, dsn, tmp_path / name, on_report=reports.append, **options)
+        database = f"outbox_receiver_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+        databases.append(database)
+        receiver_dsn = make_conninfo("", **{**conninfo_to_dict(admin_dsn), "dbname": database})
+        run = Run(
+            name, dsn, tmp_path / name, on_report=reports.append, receiver_dsn=receiver_dsn,
+            **options,
+        )  # fmt: skip
         runs.append(run)
         return run
 
     yield make
     for run in runs:
         run.close()
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        for database in databases:
+            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            conn.execute(drop.format(sql.Identifier(database)))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -1,6 +1,7 @@
 """The downstream under test control: the project's recording sink, with a script that also
 knows which worker sent each request, so it can act on that worker (SIGKILL or SIGSTOP it
-mid-request, i.e. after it published and before it finalized)."""
+mid-request, i.e. after it published and before it finalized). Given `apply`, it applies what
+it accepts through the inbox before answering (the demo's `InboxEffects`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from outbox.demo.sink import Reply, Sink
+from outbox.demo.sink import Apply, Reply, Sink
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,10 @@ def always_ok(call: Call) -> Reply:
 
 
 class ChaosSink(Sink):
-    def __init__(self, script: Script = always_ok) -> None:
+    def __init__(self, script: Script = always_ok, *, apply: Apply | None = None) -> None:
         self.script = script
         self._local = threading.local()
-        super().__init__(self._route)
+        super().__init__(self._route, apply=apply)
 
     def _route(self, body: dict[str, Any], nth: int) -> Reply:
         headers = self._local.headers

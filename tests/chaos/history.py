@@ -9,7 +9,8 @@ Three independent witnesses, so the checker can catch one contradicting another:
   commit order. Committed rows are read from the table itself at the end, so a rolled-back
   enqueue can never count as committed.
 - the downstream: the recording sink's requests (Idempotency-Key, Outbox-Worker,
-  Outbox-Attempt, status, times).
+  Outbox-Attempt, status, times, whether the inbox applied or absorbed each 2xx), and the
+  effects it applied, read from its own database.
 - the workers: their JSON logs at DEBUG level (one line per claimed batch and per finalized
   batch, `lost lease` warnings, database errors).
 """
@@ -81,6 +82,8 @@ class Delivery:
     status: int
     received: float
     answered: float
+    # The receiver's inbox on a 2xx: True applied it, False absorbed it as a duplicate.
+    applied: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -127,6 +130,8 @@ class History:
     faults: list[Fault] = field(default_factory=list)
     # Workers that wrote no log lines we can trust to be complete (set by the run).
     died: frozenset[str] = frozenset()
+    # Effects the downstream applied through its inbox, by message id (its effects table).
+    effects: dict[int, int] = field(default_factory=dict)
 
 
 # -- the database witness --------------------------------------------------------------------
@@ -243,9 +248,21 @@ def deliveries(requests: Iterable[Request]) -> list[Delivery]:
             status=r.status,
             received=r.received_at,
             answered=r.received_at + (r.answered - r.received),
+            applied=r.applied,
         )
         for r in requests
     ]
+
+
+def effects(applied: Mapping[str, int]) -> dict[int, int]:
+    """The downstream's effects by message id; one whose id is no number counts as id -1,
+    which no outbox row has (the checker reports it)."""
+    found: dict[int, int] = {}
+    for message_id, n in applied.items():
+        key = _int(message_id)
+        key = -1 if key is None else key
+        found[key] = found.get(key, 0) + n
+    return found
 
 
 # -- the workers' witness --------------------------------------------------------------------

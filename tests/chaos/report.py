@@ -23,7 +23,7 @@ class ScenarioReport:
 
 
 COLUMNS = ("scenario", "messages", "faults", "delivered", "dup expl/unexpl", "dead", "lost",
-           "fenced", "violations", "secs")  # fmt: skip
+           "fenced", "effects", "absorbed", "double", "violations", "secs")  # fmt: skip
 
 
 def table(reports: list[ScenarioReport]) -> list[str]:
@@ -37,6 +37,9 @@ def table(reports: list[ScenarioReport]) -> list[str]:
             str(r.verdict.dead),
             str(r.verdict.lost),
             str(r.verdict.lost_leases),
+            str(r.verdict.effects),
+            str(r.verdict.absorbed),
+            str(r.verdict.double_effects),
             str(len(r.verdict.violations)),
             f"{r.seconds:.1f}",
         )

@@ -1,6 +1,7 @@
 """Hand-written histories for the checker's unit tests: a tiny model of the protocol that
-writes the three witnesses (row changes, sink requests, worker logs) consistently, so a test
-can tell a story step by step and then break exactly one thing."""
+writes the three witnesses (row changes, sink requests and the effects its inbox applied,
+worker logs) consistently, so a test can tell a story step by step and then break exactly one
+thing."""
 
 from __future__ import annotations
 
@@ -89,12 +90,18 @@ class Story:
         return self
 
     def deliver(self, message_id: int, worker: str, status: int = 200, took: float = 0.01) -> Story:
+        """A request; a 2xx goes through the downstream's inbox, which applies the first."""
         self.tick()
+        applied = None
+        if 200 <= status < 300:
+            applied = message_id not in self.history.effects
+            if applied:
+                self.history.effects[message_id] = 1
         self.history.deliveries.append(
             Delivery(
                 key=message_id, body_id=message_id, worker=worker,
                 attempt=self._attempt_of(message_id, worker), status=status,
-                received=self.now, answered=self.now + took,
+                received=self.now, answered=self.now + took, applied=applied,
             )
         )  # fmt: skip
         self.tick(took)

@@ -74,6 +74,18 @@ def test_a_dead_message_with_a_reason_is_not_lost_and_a_requeue_by_an_operator_i
     assert (verdict.dead, verdict.delivered, verdict.lost) == (1, 1, 0)
 
 
+def test_the_inbox_applies_each_message_once_and_absorbs_its_duplicates():
+    s = Story(2)
+    s.claim(1, "w1").deliver(1, "w1").fault("SIGKILL", "w1").expire()
+    s.claim(1, "w2").deliver(1, "w2").finish(1, "w2")
+    s.claim(2, "w2").deliver(2, "w2", took=1.5).finish(2, "w2", "retried")
+    s.claim(2, "w2").deliver(2, "w2").finish(2, "w2")
+    verdict = check(s.end())
+    assert verdict.violations == []
+    assert (verdict.delivered, verdict.duplicates) == (2, 2)
+    assert (verdict.effects, verdict.absorbed, verdict.double_effects) == (2, 2, 0)
+
+
 # -- each invariant, broken --------------------------------------------------------------------
 
 
@@ -231,3 +243,35 @@ def test_ordered_mode_catches_a_later_id_delivered_first():
     _one(_violations(s), "id 2 first delivered before id 1")
     in_order = Story(2, ordered=True, aggregates=1).deliver_all()
     assert _violations(in_order) == []
+
+
+def test_a_double_effect_is_caught():
+    s = Story(1)
+    s.claim(1, "w1").deliver(1, "w1").fault("SIGKILL", "w1").expire()
+    s.claim(1, "w2").deliver(1, "w2").finish(1, "w2")
+    history = s.end()
+    # The inbox let the takeover's delivery through: it applied the message a second time.
+    history.effects[1] = 2
+    history.deliveries[-1] = replace(history.deliveries[-1], applied=True)
+    verdict = check(history)
+    _one(verdict.violations, "id 1: 2 effects (double effect)")
+    _one(verdict.violations, "the inbox let 2 deliveries apply it")
+    assert (verdict.effects, verdict.absorbed, verdict.double_effects) == (2, 0, 1)
+
+
+def test_an_effect_must_match_a_delivery_and_a_delivery_an_effect():
+    s = Story(2, max_attempts=1)
+    s.claim(1, "w1").deliver(1, "w1").finish(1, "w1")
+    s.claim(2, "w1").deliver(2, "w1", status=503).finish(2, "w1", "dead")
+    history = s.end()
+    del history.effects[1]  # answered 2xx, its effect rolled back
+    history.effects[2] = 1  # applied, and yet answered 503
+    violations = _violations(history)
+    _one(violations, "id 1: delivered (2xx) but no effect applied")
+    _one(violations, "id 2: an effect without a 2xx delivery")
+
+
+def test_a_2xx_the_inbox_never_saw_is_caught():
+    history = Story(1).deliver_all().end()
+    history.deliveries[0] = replace(history.deliveries[0], applied=None)
+    _one(_violations(history), "id 1: 1 2xx deliveries neither applied nor absorbed")
