@@ -426,8 +426,8 @@ LAYERS = {
     "nats-py client calls": ("Client.publish (",),
     "nats-py reading the socket": ("Client._read_loop", "Parser.parse"),
     "librdkafka produce() (the C call and its arguments)": ("KafkaPublisher._produce",),
-    "Kafka poll thread, blocked in poll() (not work)": ("_Session._poll",),
-    "delivery reports (poll thread) and acks (loop)": ("_Batch.report", "_on_reply"),
+    "Kafka poll(0) on the loop (delivery reports inside)": ("_Session._poll",),
+    "delivery reports (Kafka) and acks (NATS)": ("_Batch.report", "_on_reply"),
     "claim (lease.claim)": ("claim (",),
     "finalize (lease.finalize_applied)": ("finalize_applied",),
     "publishing around the publisher (timeout, outcomes)": ("Publishing._publish_batches",),
@@ -671,8 +671,8 @@ def render(results: dict[str, Any]) -> str:
             ),
             "",
             "CPU µs per message by thread: the main thread (the worker's event loop, the plain "
-            "client's loop), librdkafka's own threads, and the other threads (the Kafka "
-            "publisher's poll thread):",
+            "client's loop), librdkafka's own threads, and the other threads (executors; "
+            "the Kafka publisher polls on the event loop, no thread of its own):",
             "",
             "| | main | librdkafka | other |",
             "|---|---|---|---|",

@@ -46,8 +46,9 @@ def test_broker_bench_smoke_run_writes_a_complete_report(tmp_path):
         plain, worker = row["plain"]["cpu_us_per_message"], row["worker"]["cpu_us_per_message"]
         expected = worker["runs"][0] / (plain["runs"][0] + sql["cpu_us_per_message"]["runs"][0])
         assert ratio == pytest.approx(expected)
-    # CPU by thread: librdkafka's threads work for Kafka's two sides alone, and the worker's
-    # Kafka poll thread is one of its other threads.
+    # CPU by thread: librdkafka's threads work for Kafka's two sides alone. The worker's Kafka
+    # publisher polls librdkafka from the event loop (no poll thread, by design: a thread cost
+    # more CPU per message), so its delivery reports count in the main thread.
     for name, row in report["modes"][mode].items():
         for side in ("plain", "worker"):
             figures = {key: value["runs"][0] for key, value in row[side].items()}  # one round
@@ -56,7 +57,11 @@ def test_broker_bench_smoke_run_writes_a_complete_report(tmp_path):
             parts = sum(figures[f"cpu_us_per_message_{g}"] for g in THREAD_GROUPS)
             assert parts == pytest.approx(figures["cpu_us_per_message"])
         assert row["worker"]["cpu_us_per_message_main"]["median"] > 0
-    assert report["modes"][mode]["kafka"]["worker"]["cpu_us_per_message_other"]["median"] > 0
+    kafka_worker = report["modes"][mode]["kafka"]["worker"]
+    assert (
+        kafka_worker["cpu_us_per_message_other"]["median"]
+        < kafka_worker["cpu_us_per_message_main"]["median"]
+    )
     text = (tmp_path / "brokers.md").read_text()
     for heading in (
         "NATS JetStream",

@@ -9,8 +9,9 @@ dedup by the `outbox-id` header.
 
 A batch publisher: the worker hands it the messages it holds, a batch at a time, and it
 produces them all, then returns a result per message once the broker acknowledged each (or
-refused it). Delivery reports arrive on a background thread that calls `poll()`; they fill the
-batch's results, and the last one wakes the event loop, once per batch. librdkafka gives up
+refused it). The event loop itself calls `poll(0)`, every few milliseconds while batches
+await reports and rarely otherwise: delivery reports fill the batch's results there, and the
+last one completes the batch (no thread, no cross-thread wake-up per batch). librdkafka gives up
 on a message (`message.timeout.ms`) 1.5 s before the worker's publish timeout (half of it if
 shorter), so a slow delivery ends with librdkafka's own verdict, not a blind timeout.
 
@@ -117,8 +118,12 @@ _UNKNOWN = KafkaError(KafkaError._FATAL, "producer replaced before delivery was 
 RETIRE_FLUSH = 5.0
 # Most seconds close() waits for queued messages before purging them.
 MAX_CLOSE_FLUSH = 30.0
-# How long the poll thread blocks in one poll(); also its reaction time to stop().
-POLL_INTERVAL = 0.1
+# Seconds between the loop's poll(0) calls while batches await delivery reports: a report
+# waits at most this long once librdkafka has it. A poll thread instead cost ~1 µs per message
+# more in CPU (bench/results/brokers.md); at 1 ms the extra loop iterations ate the gain.
+POLL_BUSY = 0.003
+# ... and while none do: librdkafka's log lines and errors are still served.
+POLL_IDLE = 0.1
 TOPIC_CACHE_SIZE = 4096  # rendered topics kept; emptied when full
 
 
@@ -258,14 +263,14 @@ class _Batch:
     One callback serves the whole batch (no object per message): a success is only
     counted; a failure, rare, is placed by the outbox id at the start of the message's
     value (the envelope's first field: delivery reports carry the value, not the headers).
-    The last report completes `future`: one wake-up of the loop per batch. Reports run on
-    the poll thread, or on the thread closing the session; the future is touched on the
-    loop alone.
+    The last report completes `future`. Reports run on the loop (its poll(0) calls), or on
+    the thread closing the session; the future is touched on the loop alone.
     """
 
     __slots__ = (
         "_index",
         "_loop",
+        "_loop_thread",
         "end",
         "failed",
         "first",
@@ -294,6 +299,7 @@ class _Batch:
         self.unplaced: KafkaError | None = None
         self.future: asyncio.Future[None] = loop.create_future()
         self._loop = loop
+        self._loop_thread = threading.get_ident()  # made on the loop
         self._index: dict[int, int] | None = None
 
     def report(self, error: KafkaError | None, message: Any) -> None:
@@ -303,8 +309,11 @@ class _Batch:
             self._place(error, message)
         self.reported += 1
         if self.reported == self.produced:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                self._loop.call_soon_threadsafe(self.complete)
+            if threading.get_ident() == self._loop_thread:
+                self.complete()
+            else:  # the thread closing the session
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                    self._loop.call_soon_threadsafe(self.complete)
 
     def _place(self, error: KafkaError, message: Any) -> None:
         self.failed += 1
@@ -347,10 +356,11 @@ class _Batch:
 
 
 class _Session:
-    """One librdkafka producer and the thread serving its delivery reports.
+    """One librdkafka producer, polled by the event loop.
 
-    The poll thread runs the delivery callbacks, which only fill their batch's results; a
-    batch's last report wakes the loop once.
+    A timer on the loop calls poll(0): every POLL_BUSY seconds while batches await their
+    reports, every POLL_IDLE otherwise. The delivery callbacks only fill their batch's
+    results; a batch's last report completes it.
     """
 
     def __init__(
@@ -366,33 +376,40 @@ class _Session:
         # dropped once complete), so that a retired producer can end them.
         self.pending: set[_Batch] = set()
         self._on_fatal = on_fatal
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._poll, name="kafka-poll", daemon=True)
-        self._thread.start()
+        self._timer: asyncio.TimerHandle | None = loop.call_later(POLL_IDLE, self._poll)
 
     def track(self, batch: _Batch) -> None:
         if not batch.future.done():
             self.pending.add(batch)
             batch.future.add_done_callback(lambda _: self.pending.discard(batch))
+            timer = self._timer
+            if timer is not None and timer.when() > self.loop.time() + POLL_BUSY:
+                timer.cancel()  # idle cadence: reports are now awaited
+                self._timer = self.loop.call_later(POLL_BUSY, self._poll)
 
     def _poll(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                self.producer.poll(POLL_INTERVAL)
-            except Exception as exc:
-                fatal = _fatal_in(exc)
-                if fatal is None:
-                    log.error("kafka poll failed: %r", exc)
-                elif self.fatal is None:
-                    self.fatal = fatal
-                    log.error("kafka producer fatal error: %s", fatal.str())
-                    with contextlib.suppress(RuntimeError):
-                        self.loop.call_soon_threadsafe(self._on_fatal, self)
+        try:
+            self.producer.poll(0)
+        except Exception as exc:
+            fatal = _fatal_in(exc)
+            if fatal is None:
+                log.error("kafka poll failed: %r", exc)
+            elif self.fatal is None:
+                self.fatal = fatal
+                log.error("kafka producer fatal error: %s", fatal.str())
+                self.loop.call_soon(self._on_fatal, self)
+        if self._timer is not None:  # not stopped meanwhile
+            self._timer = self.loop.call_later(POLL_BUSY if self.pending else POLL_IDLE, self._poll)
+
+    def stop(self) -> None:
+        """Loop: no more polling from the loop (close() then serves the reports)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def close(self, timeout: float) -> None:
-        """Blocking: stop polling, deliver what is queued within `timeout`, purge the rest."""
-        self._stopping.set()
-        self._thread.join()
+        """Blocking, off the loop, after stop(): deliver what is queued within `timeout`,
+        purge the rest."""
         try:
             left = self.producer.flush(timeout)
             if left:
@@ -526,6 +543,7 @@ class KafkaPublisher:
         task.add_done_callback(self._retiring.discard)
 
     async def _retire(self, session: _Session) -> None:
+        session.stop()
         await asyncio.to_thread(session.close, RETIRE_FLUSH)
         # Every delivery report of the old producer was served before to_thread returned
         # (close() purges what it could not deliver, which reports it), and the batches they
@@ -570,7 +588,7 @@ class KafkaPublisher:
             batches.append((session, batch))
             start = batch.end
             if start < len(messages):
-                # The producer turned fatal before its poll thread told us: the rest once
+                # The producer turned fatal before a poll() told us: the rest once
                 # more, on a new one.
                 self._replace(session)
                 replaced = True
@@ -643,6 +661,7 @@ class KafkaPublisher:
     async def close(self) -> None:
         if self._session is not None:
             session, self._session = self._session, None
+            session.stop()
             await asyncio.to_thread(session.close, min(self._publish_timeout, MAX_CLOSE_FLUSH))
         if self._retiring:
             await asyncio.gather(*self._retiring, return_exceptions=True)
