@@ -54,6 +54,7 @@ HELM_STORY = (
     "helm uninstall",
     "kubectl delete obd --all --all-namespaces",
     "kubectl delete crd",
+    "kubectl -n outbox-system delete lease",
 )
 KUBECTL_STORY = (
     "kubectl create namespace outbox-system",
@@ -89,6 +90,36 @@ def test_every_helm_and_kubectl_command_of_the_deploy_docs_is_run_by_a_story() -
     assert unrun == [], f"docs/deploy.md commands no test runs: {unrun}"
     for start in stories:
         assert any(cmd.startswith(start) for cmd in commands), f"no longer in the docs: {start}"
+
+
+def pasted(notes: str) -> list[str]:
+    """The commands release notes print, each as a user pastes it into a shell: an indented
+    line and its `\\` continuations, and a here-document's lines up to its end, which a shell
+    finds only in a line that is exactly the delimiter."""
+    lines, commands, at = notes.splitlines(), [], 0
+    while at < len(lines):
+        line = lines[at].strip()
+        at += 1
+        if not lines[at - 1].startswith("  ") or not line or line.startswith("#"):
+            continue
+        while line.endswith("\\") and at < len(lines):
+            line, at = line[:-1] + " " + lines[at].strip(), at + 1
+        heredoc = re.search(r"<<-?'?(\w+)'?", line)
+        if heredoc:
+            end = next((i for i in range(at, len(lines)) if lines[i] == heredoc[1]), None)
+            assert end is not None, f"the here-document of `{line}` never ends"
+            line, at = "\n".join([line, *lines[at:end], heredoc[1]]), end + 1
+        commands.append(line)
+    return commands
+
+
+def test_the_notes_commands_paste_into_a_shell() -> None:
+    commands = pasted(c.render().notes)
+    assert any("create secret generic orders-db" in cmd for cmd in commands), commands
+    [applied] = [cmd for cmd in commands if "<<'YAML'" in cmd]
+    sample = yaml.safe_load(applied.split("\n", 1)[1].rsplit("\n", 1)[0])
+    assert sample["kind"] == "OutboxDispatcher"
+    assert commands[-1].startswith("kubectl -n default describe obd orders")
 
 
 def test_the_test_hook_says_its_component_once_and_is_no_endpoint_of_the_operator() -> None:
@@ -262,6 +293,15 @@ def test_install_serve_upgrade_test_rollback_uninstall(
     installed = user.docs("helm install")
     assert "STATUS: deployed" in installed and "REVISION: 1" in installed, installed
     user.docs("kubectl -n outbox-system rollout status", timeout=120)
+    # The release notes' commands, pasted as printed: the sample dispatcher is accepted.
+    printed = [user.sh(command) for command in pasted(installed.split("NOTES:\n", 1)[1])]
+    assert re.search(f"^{RELEASE}-", printed[1], re.M), printed[1]  # the lease's holder
+    assert "Name:         orders" in printed[-1], printed[-1]  # kubectl describe
+    [sample] = cluster.objects("outbox.dev/v1alpha1", "outboxdispatchers", "default", "orders")
+    assert sample["spec"]["database"]["dsnSecretRef"] == {"name": "orders-db", "key": "dsn"}
+    [secret] = cluster.objects("v1", "secrets", "default", "orders-db")
+    assert secret["metadata"]["annotations"]["outbox.dev/dispatchers"] == "orders"
+    user.sh("kubectl -n default delete obd orders && kubectl -n default delete secret orders-db")
     assert _rolled_to(node, "registry.example/outbox-dispatcher:0.1.0")()
     [crd] = _crd(cluster)
     assert crd["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE
@@ -385,6 +425,9 @@ def test_install_serve_upgrade_test_rollback_uninstall(
         assert _crd(cluster)
         assert cluster.objects("outbox.dev/v1alpha1", "outboxdispatchers", "shop", "orders")
         assert node.pods("shop", "orders-worker")
+        # The Lease is the operator's own: it stays (unreleased: the operator's RBAC went
+        # with it).
+        assert cluster.objects("coordination.k8s.io/v1", "leases", NAMESPACE)
         serves(50)
 
         # Removing everything, as the docs say: the resources (their workers go with them),
@@ -394,6 +437,8 @@ def test_install_serve_upgrade_test_rollback_uninstall(
         assert not cluster.objects("apps/v1", "deployments", "shop")
         user.docs("kubectl delete crd")
         assert not _crd(cluster)
+        user.docs("kubectl -n outbox-system delete lease")
+        assert not cluster.objects("coordination.k8s.io/v1", "leases", NAMESPACE)
         assert statuses(conn) == {"done": len(delivered)}
 
         # A fresh install from the production values file alone (the release's history went
