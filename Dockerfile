@@ -4,7 +4,10 @@
 #
 # BASE_IMAGE must be a Debian bookworm with Python 3.11 and its venv module; the official slim
 # image is the default, and any bookworm with python3 and python3-venv builds unchanged.
-ARG BASE_IMAGE=python:3.11-slim-bookworm
+# Pinned by digest: a tag moves, and the build would take whatever it points to that day.
+# The tag stays for people; to move on, resolve it again and replace the digest:
+#   skopeo inspect --format '{{.Digest}}' docker://docker.io/library/python:3.11-slim-bookworm
+ARG BASE_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
 
 FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \

@@ -47,7 +47,7 @@ async def api_client() -> ApiClient:
 async def run(settings: ControllerSettings) -> int:
     """Serve until stopped (0) or until the leadership is lost (1)."""
     metrics = Metrics()
-    health = HealthServer(metrics, settings.health_port)
+    health = HealthServer(metrics, settings.health_port, settings.health_address)
     await health.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -20,7 +20,9 @@ from kubernetes.aio.client import (
     CoreV1Api,
     CoreV1Event,
     CustomObjectsApi,
+    NetworkingV1Api,
     V1Deployment,
+    V1NetworkPolicy,
 )
 from kubernetes.aio.client.exceptions import ApiException
 
@@ -28,7 +30,7 @@ from outbox.controller.resource import API_VERSION, GROUP, KIND, MANAGER, PLURAL
 from outbox.controller.status import Problem, timestamp
 
 MERGE_PATCH = "application/merge-patch+json"
-M = TypeVar("M", V1Deployment, CoreV1Event)
+M = TypeVar("M", V1Deployment, CoreV1Event, V1NetworkPolicy)
 
 
 def model(cls: type[M], data: Mapping[str, Any]) -> M:
@@ -75,6 +77,7 @@ class Kube:
         self._apps = AppsV1Api(api)
         self._core = CoreV1Api(api)
         self._custom = CustomObjectsApi(api)
+        self._networking = NetworkingV1Api(api)
         self._check = check  # raises LeadershipLost when this replica may not write
         self._identity = identity
 
@@ -138,13 +141,44 @@ class Kube:
         return self._dict(replaced)
 
     async def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        """Resize through the `scale` subresource: the only write to a Deployment the operator
+        needs besides create and replace, so RBAC grants `deployments/scale` patch and no
+        patch of the Deployment itself."""
         self._check()
-        await self._apps.patch_namespaced_deployment(
+        await self._apps.patch_namespaced_deployment_scale(
             name,
             namespace,
             {"spec": {"replicas": replicas}},
             field_manager=MANAGER,
             _content_type=MERGE_PATCH,
+        )
+
+    async def network_policy(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._dict(
+                await self._networking.read_namespaced_network_policy(name, namespace)
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def apply_network_policy(
+        self, body: Mapping[str, Any], current: Mapping[str, Any] | None
+    ) -> None:
+        """Create the policy, or replace the one there (resourceVersion: a concurrent change
+        is a 409, and the next pass tries again)."""
+        self._check()
+        meta = body["metadata"]
+        if current is None:
+            await self._networking.create_namespaced_network_policy(
+                meta["namespace"], model(V1NetworkPolicy, body), field_manager=MANAGER
+            )
+            return
+        version = current["metadata"]["resourceVersion"]
+        full = {**body, "metadata": {**meta, "resourceVersion": version}}
+        await self._networking.replace_namespaced_network_policy(
+            meta["name"], meta["namespace"], model(V1NetworkPolicy, full), field_manager=MANAGER
         )
 
     async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:

@@ -135,9 +135,10 @@ def _remove(gauge: Gauge, *labels: str) -> None:
 class HealthServer:
     """/healthz: the process is alive (leader or standby). /metrics: the registry above."""
 
-    def __init__(self, metrics: Metrics, port: int) -> None:
+    def __init__(self, metrics: Metrics, port: int, address: str) -> None:
         self._metrics = metrics
         self._wanted_port = port
+        self._address = address  # --health-address
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -147,11 +148,11 @@ class HealthServer:
         app.router.add_get("/healthz", self._healthz)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "0.0.0.0", self._wanted_port)
+        site = web.TCPSite(self._runner, self._address, self._wanted_port)
         await site.start()
         sockets = getattr(site._server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else self._wanted_port
-        log.info("health and metrics on port %s", self.port)
+        log.info("health and metrics on port %s (address %s)", self.port, self._address)
 
     async def _serve_metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self._metrics.registry)

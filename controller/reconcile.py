@@ -31,6 +31,8 @@ from outbox.controller.decision import Decision, Limits, Observed, SizingPolicy,
 from outbox.controller.kube import Kube, secret_key
 from outbox.controller.leader import LeadershipLost
 from outbox.controller.metrics import Metrics
+from outbox.controller.network import differs as network_differs
+from outbox.controller.network import render_network_policy
 from outbox.controller.policy import admit
 from outbox.controller.render import TEMPLATE_HASH, render_deployment
 from outbox.controller.resource import deployment_name
@@ -244,6 +246,8 @@ class Dispatcher:
         deployment = reading.deployment
         if reading.problem is None:
             deployment = await self._apply_deployment(reading.body, deployment, decision.replicas)
+            if self.context.settings.worker_network_policy:
+                await self._apply_network_policy(reading.body)
         elif deployment is not None and decision.replicas != reading.replicas:
             # Paused or pinned while the inputs are broken: resize, keep the last good template.
             await self.context.kube.scale_deployment(
@@ -286,6 +290,18 @@ class Dispatcher:
             await kube.scale_deployment(self.namespace, rendered["metadata"]["name"], replicas)
             return {**deployment, "spec": {**deployment["spec"], "replicas": replicas}}
         return dict(deployment)
+
+    async def _apply_network_policy(self, body: Mapping[str, Any]) -> None:
+        """The worker pods' NetworkPolicy (outbox.controller.network), kept as rendered."""
+        kube = self.context.kube
+        rendered = render_network_policy(body, self.context.settings.worker_metrics_from)
+        current = await kube.network_policy(self.namespace, rendered["metadata"]["name"])
+        if current is None or network_differs(current, rendered):
+            log.info(
+                "%s/%s: %s NetworkPolicy %s", self.namespace, self.name,
+                "creating" if current is None else "restoring", rendered["metadata"]["name"],
+            )  # fmt: skip
+            await kube.apply_network_policy(rendered, current)
 
     async def _retention(self, reading: Reading) -> int | None:
         """Purge done rows past spec.retention when a purge is due; how many went."""

@@ -26,6 +26,7 @@ TEMPLATE_HASH = "outbox.dev/template-hash"
 # changed Secret must roll the workers to take effect (the version holds nothing secret).
 SECRET_VERSION = "outbox.dev/dsn-secret-version"
 WORKER_CONTAINER = "worker"
+METRICS_PORT_NAME = "metrics"  # /metrics, /healthz, /readyz; the NetworkPolicy admits it alone
 UID = 65532  # the image's non-root user
 # After its shutdown grace the worker still writes its outcomes; leave it time for that.
 FINALIZE_MARGIN_SECONDS = 15
@@ -170,7 +171,7 @@ def worker_env(spec: Body) -> list[dict[str, Any]]:
 
 def _probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
     return {
-        "httpGet": {"path": path, "port": "metrics"},
+        "httpGet": {"path": path, "port": METRICS_PORT_NAME},
         "periodSeconds": period,
         "timeoutSeconds": 2,
         "failureThreshold": failures,
@@ -189,7 +190,7 @@ def pod_template(body: Body, default_image: str, secret_version: str = "") -> di
         "imagePullPolicy": worker["imagePullPolicy"],
         "command": ["outbox-worker"],
         "env": worker_env(spec),
-        "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
+        "ports": [{"name": METRICS_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
         # Ready = reaches the database and claims; alive = the process answers.
         "readinessProbe": _probe("/readyz", period=5, failures=2),
         "livenessProbe": _probe("/healthz", period=10, failures=3),

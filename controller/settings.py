@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -9,8 +10,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from importlib.metadata import entry_points
+from typing import Any
 
-from outbox.cliutil import ArgumentParser, env_name, on_off, port, resolve
+from outbox.cliutil import ArgumentParser, env_name, listen_address, on_off, port, resolve
 from outbox.controller.policy import check_image_pattern
 from outbox.durations import format_duration, parse_duration
 from outbox.errors import SettingError
@@ -32,6 +34,10 @@ class ControllerSettings:
     """Namespaces to serve; empty means all namespaces."""
     health_port: int = 8080
     """Serve /healthz (liveness) and /metrics on this port (0 = any free port)."""
+    health_address: str = "0.0.0.0"
+    """The address they listen on: every IPv4 interface, which a pod needs (kubelet's probes
+    and Prometheus come to the pod's IP; the chart's NetworkPolicy says who may); `::` for
+    IPv6, `127.0.0.1` outside a cluster."""
     leader_election_namespace: str = ""
     """Namespace of the leader-election Lease; the pod's own (POD_NAMESPACE) by default."""
     leader_election_id: str = "outbox-controller"
@@ -74,6 +80,13 @@ class ControllerSettings:
     (example.com/*), or `*`."""
     allow_affinity: bool = False
     """Node and pod affinity on the worker pods (podAntiAffinity is always allowed)."""
+    worker_network_policy: bool = False
+    """Give each dispatcher's worker pods a NetworkPolicy (owned by the resource): ingress
+    only to their metrics port, from --worker-metrics-from; egress stays open (the database,
+    the destinations). The chart turns it on."""
+    worker_metrics_from: tuple[Mapping[str, Any], ...] = ()
+    """Who may reach the worker pods' metrics port: NetworkPolicy peers, as a JSON list
+    (namespaceSelector, podSelector, ipBlock); empty = any source."""
     log_format: str = "auto"
     """`json`, `text`, or `auto` (text on a terminal, JSON otherwise)."""
     log_level: str = "INFO"
@@ -94,6 +107,9 @@ def build_parser() -> ArgumentParser:
         help="serve this namespace (repeatable; default all namespaces)",
     )
     parser.add_argument("--health-port", help="port of /healthz and /metrics (default 8080)")
+    parser.add_argument(
+        "--health-address", help="address they listen on (default 0.0.0.0: a pod's IP too)"
+    )
     parser.add_argument(
         "--leader-election-namespace",
         help="namespace of the leader-election Lease (default $POD_NAMESPACE)",
@@ -129,6 +145,16 @@ def build_parser() -> ArgumentParser:
     policy.add_argument("--allowed-pod-labels", help="keys, prefix* or * (default: none)")
     policy.add_argument("--allowed-pod-annotations", help="keys, prefix* or * (default: none)")
     policy.add_argument("--allow-affinity", help="on or off (default): node and pod affinity")
+    policy.add_argument(
+        "--worker-network-policy",
+        help="on or off (default): a NetworkPolicy for each dispatcher's worker pods",
+    )
+    policy.add_argument(
+        "--worker-metrics-from",
+        help="NetworkPolicy peers allowed to the workers' metrics port, as JSON, e.g. "
+        '[{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": '
+        '"monitoring"}}}] (default: any source)',
+    )
     parser.add_argument("--log-format", help="auto (default), json or text")
     parser.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
     return parser
@@ -182,6 +208,26 @@ def _name(text: str) -> str:
     return text if text == "*" else _dns_label(text)
 
 
+_PEER_KEYS = frozenset({"namespaceSelector", "podSelector", "ipBlock"})
+
+
+def _peers(text: str) -> tuple[Mapping[str, Any], ...]:
+    """NetworkPolicy peers as JSON: a list of objects with namespaceSelector, podSelector
+    or ipBlock (the API server checks the rest, when the policy is written)."""
+    try:
+        peers = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc.msg})") from None
+    if not isinstance(peers, list) or not all(
+        isinstance(p, dict) and p and set(p) <= _PEER_KEYS for p in peers
+    ):
+        raise ValueError(
+            "expected a list of NetworkPolicy peers, each with namespaceSelector, "
+            "podSelector or ipBlock"
+        )
+    return tuple(peers)
+
+
 def _log_format(text: str) -> str:
     if text not in ("auto", "json", "text"):
         raise ValueError(f"{text!r} is not one of auto, json, text")
@@ -227,6 +273,7 @@ def load_settings(
     settings = ControllerSettings(
         namespaces=namespaces,
         health_port=get("--health-port", port, defaults.health_port),
+        health_address=get("--health-address", listen_address, defaults.health_address),
         leader_election_namespace=get(
             "--leader-election-namespace", _dns_label, env.get("POD_NAMESPACE", "")
         ),
@@ -246,6 +293,10 @@ def load_settings(
         allowed_pod_labels=get("--allowed-pod-labels", _entries(_key_pattern), ()),
         allowed_pod_annotations=get("--allowed-pod-annotations", _entries(_key_pattern), ()),
         allow_affinity=get("--allow-affinity", on_off, defaults.allow_affinity),
+        worker_network_policy=get(
+            "--worker-network-policy", on_off, defaults.worker_network_policy
+        ),
+        worker_metrics_from=get("--worker-metrics-from", _peers, defaults.worker_metrics_from),
         log_format=get("--log-format", _log_format, defaults.log_format),
         log_level=get("--log-level", _log_level, defaults.log_level),
     )

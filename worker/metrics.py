@@ -146,7 +146,7 @@ class HealthServer:
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else self._port
-        log.info("metrics and health on %s port %s", self._address, self.port)
+        log.info("metrics and health on port %s (address %s)", self.port, self._address)
 
     async def _serve_metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self._metrics.registry)

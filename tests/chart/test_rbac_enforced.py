@@ -130,11 +130,23 @@ def test_the_operator_account_cannot_do_more_than_the_chart_grants(
     cluster = LocalCluster(workdir, tokens={TOKEN: identity}, rbac=CLUSTER_WIDE.rbac).start()
     try:
         kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig", TOKEN)
+        # One to patch (kubectl reads it first, which the account may).
+        labels = {"app": "anything"}
+        apply(cluster, {
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "anything", "namespace": NS},
+            "spec": {"selector": {"matchLabels": labels}, "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "c", "image": "example"}]},
+            }},
+        })  # fmt: skip
         for args in (
             ("get", "secrets"),
             ("delete", "deployment", "anything"),
             ("get", "lease", "someone-elses-lease"),
             ("get", "namespaces"),
+            # Resizing goes through deployments/scale: no patch of a whole Deployment.
+            ("patch", "deployment", "anything", "-n", NS, "--type=merge", "-p", "{}"),
         ):
             refused = cluster.kubectl(*args, kubeconfig=kubeconfig, check=False)
             assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), args
@@ -166,3 +178,82 @@ def test_a_verb_removed_from_the_chart_makes_the_operator_fail(
         "the refusal in the operator's log",
         lambda: "Forbidden" in operator.log(),
     )
+
+
+MONITORING = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+
+
+def _worker_policy(cluster: LocalCluster) -> dict[str, Any] | None:
+    found = cluster.objects("networking.k8s.io/v1", "networkpolicies", NS, "orders-worker")
+    return found[0] if found else None
+
+
+def _resize(cluster: LocalCluster, replicas: int) -> None:
+    """A change of size alone (the pod template stays): the operator only resizes."""
+    cluster.kubectl(
+        "patch", "obd", "orders", "--type=merge", "-p",
+        f'{{"spec":{{"scaling":{{"minReplicas":{replicas}}}}}}}',
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("secured", [CLUSTER_WIDE], ids=["cluster-wide"], indirect=True)
+def test_the_operator_resizes_through_the_scale_subresource_and_fences_its_workers(
+    secured: tuple[LocalCluster, Operator], dsn: str
+) -> None:
+    cluster, operator = secured
+    apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest())
+    wait_for("the Deployment", lambda: deployment_of(cluster))
+    # The worker pods' NetworkPolicy: the metrics port only, from the monitoring namespace;
+    # the resource owns it, so it goes with it.
+    policy = wait_for("the workers' NetworkPolicy", lambda: _worker_policy(cluster))
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress open: database, destinations
+    assert policy["spec"]["ingress"] == [
+        {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": MONITORING}
+    ]
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "orders"
+    [owner] = policy["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("OutboxDispatcher", "orders")
+    _resize(cluster, 2)
+    resized = wait_for(
+        "the resized Deployment",
+        lambda: (d := deployment_of(cluster)) and d["spec"]["replicas"] == 2 and d,
+    )
+    writers = {
+        (f["manager"], f.get("subresource", "")) for f in resized["metadata"]["managedFields"]
+    }
+    assert ("outbox-controller", "scale") in writers, writers
+    # Opened by hand: the next pass puts the policy back as rendered.
+    cluster.kubectl(
+        "patch", "networkpolicy", "orders-worker", "-n", NS, "--type=merge", "-p",
+        '{"spec":{"ingress":[{}]}}',
+    )  # fmt: skip
+    wait_for(
+        "the policy restored",
+        lambda: (
+            (p := _worker_policy(cluster)) and p["spec"]["ingress"][0].get("from") == MONITORING
+        ),
+    )
+    log = operator.log()
+    assert "Forbidden" not in log
+    # Kept as rendered, not rewritten at every pass: once created, once restored.
+    assert (log.count("creating NetworkPolicy"), log.count("restoring NetworkPolicy")) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "secured",
+    [CLUSTER_WIDE.without("ClusterRole", "deployments/scale", "patch")],
+    ids=["no-scale-patch"],
+    indirect=True,
+)
+def test_without_the_scale_subresource_the_operator_cannot_resize(
+    secured: tuple[LocalCluster, Operator], dsn: str
+) -> None:
+    """The operator needs `deployments/scale` patch, and no patch of the Deployment itself
+    stands in for it."""
+    cluster, operator = secured
+    apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest())
+    wait_for("the Deployment", lambda: deployment_of(cluster))
+    _resize(cluster, 2)
+    wait_for("the refusal in the operator's log", lambda: "Forbidden" in operator.log())
+    deployment = deployment_of(cluster)
+    assert deployment is not None and deployment["spec"]["replicas"] == 1

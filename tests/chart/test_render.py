@@ -296,10 +296,14 @@ def test_operator_monitors_keep_the_dispatchers_namespace_label() -> None:
 SERVED_RULES = [
     {"apiGroups": ["outbox.dev"], "resources": ["outboxdispatchers"], "verbs": ["list", "watch"]},
     {"apiGroups": ["outbox.dev"], "resources": ["outboxdispatchers/status"], "verbs": ["patch"]},
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "update"]},
+    # Resizing: the scale subresource only, never a patch of the whole Deployment.
+    {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["patch"]},
+    # The worker pods' NetworkPolicy (networkPolicy.workers, on by default).
     {
-        "apiGroups": ["apps"],
-        "resources": ["deployments"],
-        "verbs": ["get", "create", "update", "patch"],
+        "apiGroups": ["networking.k8s.io"],
+        "resources": ["networkpolicies"],
+        "verbs": ["get", "create", "update"],
     },
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
@@ -367,6 +371,57 @@ def test_no_rule_grants_more_than_the_operator_uses() -> None:
                 assert "delete" not in rule["verbs"] and "deletecollection" not in rule["verbs"]
                 if "secrets" in rule["resources"]:
                     assert rule["verbs"] == ["get"]
+
+
+def test_the_worker_network_policy_off_takes_its_permission_away_too() -> None:
+    rendered = c.render({"networkPolicy": {"workers": {"enabled": False}}})
+    rules = rendered.one("ClusterRole")["rules"]
+    assert rules == [r for r in SERVED_RULES if r["resources"] != ["networkpolicies"]]
+    [container] = operator(rendered)["spec"]["template"]["spec"]["containers"]
+    assert "--worker-network-policy=off" in container["args"]
+    assert not any(a.startswith("--worker-metrics-from") for a in container["args"])
+
+
+# -- network defaults -----------------------------------------------------------------------
+
+MONITORING = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+
+
+def test_the_operators_metrics_are_open_to_the_monitoring_namespace_and_the_helm_test_only():
+    policy = c.render().one("NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress open: API server, databases
+    [rule] = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "http-metrics", "protocol": "TCP"}]
+    test_pod = {"app.kubernetes.io/instance": c.RELEASE, "app.kubernetes.io/component": "test"}
+    assert rule["from"] == [*MONITORING, {"podSelector": {"matchLabels": test_pod}}]
+    [hook] = c.render().hooks()
+    assert test_pod.items() <= hook["metadata"]["labels"].items()
+    own = c.render({"networkPolicy": {"metricsFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}})
+    assert own.one("NetworkPolicy")["spec"]["ingress"][0]["from"][0] == {
+        "ipBlock": {"cidr": "10.0.0.0/8"}
+    }
+
+
+def test_the_operator_gives_the_workers_a_network_policy_from_the_same_peers() -> None:
+    """On by default: the operator renders it per dispatcher (controller/network.py) with the
+    peers the chart passes, which its own parser takes."""
+    from outbox.controller.network import render_network_policy
+    from outbox.controller.settings import load_settings
+
+    [container] = operator(c.render())["spec"]["template"]["spec"]["containers"]
+    settings = load_settings(container["args"], {"POD_NAMESPACE": c.NAMESPACE})
+    assert settings.worker_network_policy is True
+    assert list(settings.worker_metrics_from) == MONITORING
+    body = {"metadata": {"name": "orders", "namespace": "shop", "uid": "u-1"}}
+    policy = render_network_policy(body, settings.worker_metrics_from)
+    assert policy["spec"] == {
+        "podSelector": {"matchLabels": {k: v for k, v in worker_labels("orders").items()
+                                        if k != "app.kubernetes.io/managed-by"}},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"ports": [{"port": "metrics", "protocol": "TCP"}], "from": MONITORING}],
+    }  # fmt: skip
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert c.object_errors(policy) == []  # valid for Kubernetes' schema
 
 
 def test_without_rbac_or_account_creation_only_the_named_account_is_used() -> None:

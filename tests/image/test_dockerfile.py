@@ -28,6 +28,15 @@ def test_hadolint_passes() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_default_base_image_is_pinned_by_digest() -> None:
+    """A tag moves; a digest names one image. Every stage starts from BASE_IMAGE."""
+    text = DOCKERFILE.read_text()
+    [default] = re.findall(r"^ARG BASE_IMAGE=(\S+)$", text, re.MULTILINE)
+    assert re.fullmatch(r"[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}", default), default
+    stages = re.findall(r"^FROM (\S+)", text, re.MULTILINE)
+    assert stages and all(stage == "${BASE_IMAGE}" for stage in stages), stages
+
+
 def test_every_component_folder_is_copied_into_the_build_and_the_context() -> None:
     package_dir = tomllib.loads((images.ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-dir"

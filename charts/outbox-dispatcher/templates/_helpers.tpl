@@ -51,8 +51,10 @@ app.kubernetes.io/part-of: outbox-dispatcher
 
 {{/* The permissions the operator uses on the namespaces it serves, and no others:
      it watches OutboxDispatchers and writes their status, keeps one worker Deployment per
-     resource (read, create, replace, patch replicas), reads the DSN's Secret, and records
-     Events. kopf's own posting and its namespace/CRD scanning are off, so it needs none. */}}
+     resource (read, create, replace; resized through the scale subresource only), keeps the
+     worker pods' NetworkPolicy (when networkPolicy.workers is on), reads the DSN's Secret,
+     and records Events. kopf's own posting and its namespace/CRD scanning are off, so it
+     needs none. */}}
 {{- define "outbox.servedRules" -}}
 - apiGroups: [outbox.dev]
   resources: [outboxdispatchers]
@@ -62,7 +64,15 @@ app.kubernetes.io/part-of: outbox-dispatcher
   verbs: [patch]
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, create, update, patch]
+  verbs: [get, create, update]
+- apiGroups: [apps]
+  resources: [deployments/scale]
+  verbs: [patch]
+{{- if .Values.networkPolicy.workers.enabled }}
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, update]
+{{- end }}
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
