@@ -70,6 +70,4 @@ def test_the_kubectl_install_and_the_examples_apply_to_a_validating_api(cluster)
 
 
 def _namespace(cluster, name: str) -> None:  # type: ignore[no-untyped-def]
-    # `kubectl create namespace` speaks protobuf, which the emulator does not; apply is JSON.
-    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(namespace))
+    cluster.kubectl("create", "namespace", name)
