@@ -32,7 +32,7 @@ THREAD_GROUPS = ("main", "librdkafka", "other")
 def cpu_seconds_by_thread(pid: int) -> dict[str, float]:
     """`cpu_seconds` in THREAD_GROUPS: the main thread (where an asyncio process runs its
     event loop), librdkafka's own threads (named `rdk:...` by librdkafka), and every other
-    thread (Python's: the Kafka publisher's poll thread, executors). A thread that ended
+    thread (Python's: executors). A thread that ended
     meanwhile is not counted: compare groups of threads that live through a measurement."""
     groups = dict.fromkeys(THREAD_GROUPS, 0.0)
     for task, seconds in _threads(pid):
