@@ -41,7 +41,7 @@ class Ledger:
         self.drained = asyncio.Event()  # nothing is held
         self.drained.set()
         # How long the last claim that found messages took; when the last batch came in,
-        # and how long after that everything waiting had started publishing.
+        # and how long after that a publishing task ran dry.
         self.claim_seconds = 0.0
         self.held_at = 0.0
         self.published_in = 0.0
@@ -135,14 +135,17 @@ class Ledger:
         return message
 
     def _after_take(self, now: float) -> None:
-        left = len(self.waiting)
-        if left == self.batch // 2:
+        if len(self.waiting) == self.batch // 2:
             # Room for a worthwhile claim now, whatever the finalizer does: wake the
             # claimer, so the next batch comes in before publishing runs dry.
             self.room.set()
-        elif left == 0:
-            self.published_in = now - self.held_at
-            self.room.set()
+
+    def ran_dry(self, now: float) -> None:
+        """A publishing task finished its last publish and found nothing waiting: how long
+        the last batch took to publish, measured at its end (a publisher stuck on its
+        publishes must not look fast: it is not claimed ahead of); room to claim."""
+        self.published_in = now - self.held_at
+        self.room.set()
 
     def published(self, count: int = 1) -> None:
         """`count` publishes ended (their outcomes follow, or they were given up)."""

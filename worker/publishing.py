@@ -167,7 +167,7 @@ class Publishing(Service):
                 delivered(message)
             else:
                 await self._settle(message, error)
-        ledger.room.set()  # publishing freed room for the next claim
+        ledger.ran_dry(time.monotonic())  # publishing freed room for the next claim
 
     def _hold_back(self, message: Message) -> None:
         """Its destination is open or paused: back to pending unsent, attempt refunded."""
@@ -259,4 +259,4 @@ class Publishing(Service):
                 observe(elapsed)
                 if error is not None or health.probes:
                     await self._settle(message, error)
-        ledger.room.set()
+        ledger.ran_dry(time.monotonic())

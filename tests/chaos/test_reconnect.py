@@ -34,15 +34,20 @@ async def test_one_failure_after_every_backend_is_terminated_not_one_per_dead_co
     async def publish(message):
         await gate.wait()
 
-    s = settings(dsn, batch=10, concurrency=10, lease=timedelta(seconds=30), owner="w-pool")
+    # Publishes wait for the gate: a publish timeout that cannot pass while the test looks.
+    s = settings(
+        dsn, batch=10, concurrency=10, lease=timedelta(seconds=120),
+        publish_timeout=timedelta(seconds=60), owner="w-pool",
+    )  # fmt: skip
     async with dispatching(s, Scripted(publish)) as d:
-        await wait_until(lambda: statuses(conn).get("processing") == 20, what="claims")
+        # Two batches, or three: a publisher not measured yet is claimed ahead of.
+        await wait_until(lambda: statuses(conn).get("processing", 0) >= 20, what="claims")
         # Let the pool hold several idle connections, as a busy worker's does.
-        async with d._pool.connection(), d._pool.connection(), d._pool.connection():
+        async with d.pool.connection(), d.pool.connection(), d.pool.connection():
             pass
         assert _terminate(conn, "w-pool") >= 3
         started = time.monotonic()
-        gate.set()  # twenty outcomes to write, on a pool of dead connections
+        gate.set()  # twenty outcomes or more to write, on a pool of dead connections
         await wait_until(lambda: statuses(conn).get("done", 0) >= 20, what="finalized")
         elapsed = time.monotonic() - started
         failures = d.metrics.db_errors.labels("finalize")._value.get()
