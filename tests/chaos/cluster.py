@@ -298,9 +298,9 @@ class Run:
         self.producers.append(producer)
         return producer
 
-    def enqueue(self, events: list[Event]) -> list[int]:
+    def enqueue(self, events: list[Event], *, max_payload_bytes: int | None = None) -> list[int]:
         with psycopg.connect(self.dsn, autocommit=True) as conn, conn.transaction():
-            return enqueue_many(conn, events, table=self.table)
+            return enqueue_many(conn, events, table=self.table, max_payload_bytes=max_payload_bytes)
 
     def query(self, statement: str, *params: object) -> Any:
         """One value from the database, or None while it is unreachable."""

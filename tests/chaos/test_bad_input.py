@@ -491,14 +491,19 @@ def _nested(depth: int) -> object:
 
 
 def test_huge_and_deeply_nested_payloads_reach_the_sink_intact(new_run, dsn):
-    run = new_run("payloads", dsn, publish_timeout=1.0)
+    # Past the default size limits (1 MiB to enqueue, 2 MiB to publish): raised on both ends.
+    limit = 8 * 2**20
+    run = new_run(
+        "payloads", dsn, publish_timeout=1.0, worker_args=("--max-payload-bytes", str(limit))
+    )
     payloads = [
         {"blob": "x" * 4_000_000},  # 4 MB in one string
         {"items": list(range(100_000))},  # 100,000 elements
         _nested(900),  # about as deep as Python's json module goes
         {"text": "ünï \u2028 \U0001f600 \\ \" ' ; DROP TABLE x; --"},
     ]
-    ids = run.enqueue([Event("doc", f"d{i}", "Big", p) for i, p in enumerate(payloads)])
+    events = [Event("doc", f"d{i}", "Big", p) for i, p in enumerate(payloads)]
+    ids = run.enqueue(events, max_payload_bytes=limit)
     # Deeper than Python can encode: refused by the producer with an error, nothing committed.
     before = run.count()
     with psycopg.connect(dsn, autocommit=True) as c, pytest.raises(RecursionError):

@@ -315,10 +315,13 @@ def test_publisher_faults(new_run, dsn, scale):
             roll -= share
         return Reply()
 
-    # A cap above the Retry-After, which the cap would otherwise bound.
+    # A cap above the Retry-After, which the cap would otherwise bound. Each message's own
+    # handling of each fault is the subject here, so the destination's breaker is off: with
+    # it, a Retry-After pauses the whole destination and a burst of 5xx opens it
+    # (tests/test_destination_outage.py).
     run = new_run(
         "publisher-faults", dsn, script=script, publish_timeout=TIMEOUT,
-        worker_args=("--backoff-cap", "2s"),
+        worker_args=("--backoff-cap", "2s", "--breaker-failures", "0"),
     )  # fmt: skip
     for _ in range(3):
         run.spawn()
@@ -359,9 +362,13 @@ def test_downstream_outage_then_recovery_with_full_jitter(new_run, dsn, scale):
     def script(call: Call) -> Reply:
         return Reply(503) if outage.is_set() else Reply()
 
+    # The retries' full jitter is the subject: the destination's breaker, which would hold
+    # every message back unsent during the outage, is off (tests/test_destination_outage.py
+    # has the outage with it on).
     run = new_run(
         "downstream-outage", dsn, script=script, max_attempts=40,
-        worker_args=("--backoff-base", f"{base * 1000:g}ms", "--backoff-cap", f"{cap:g}s"),
+        worker_args=("--backoff-base", f"{base * 1000:g}ms", "--backoff-cap", f"{cap:g}s",
+                     "--breaker-failures", "0"),
     )  # fmt: skip
     run.fault("outage")
     for _ in range(3):
