@@ -73,6 +73,9 @@ class Sink:
         self.apply = apply
         self.requests: list[Request] = []
         self._seen: dict[str, int] = {}
+        # Requests arrived and not yet recorded: a delayed reply is recorded only after it
+        # is answered, seconds after its effect was applied (see `wait_idle`).
+        self._in_flight = 0
         self._changed = threading.Condition()
         self._server = _QuietServer((host, port), self._handler_class())
         self._server.daemon_threads = True
@@ -111,10 +114,27 @@ class Sink:
         with self._changed:
             return self._changed.wait_for(lambda: predicate(self), timeout)
 
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Block until every request that arrived is answered and recorded, or the timeout.
+        A snapshot of `requests` taken earlier can miss a delayed reply whose effect is
+        already applied (a duplicate after it would then look absorbed with no first)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._in_flight == 0, timeout)
+
     # -- serving ------------------------------------------------------------------------------
 
     def _answer(self, handler: BaseHTTPRequestHandler) -> None:
         received, received_at = time.monotonic(), time.time()
+        with self._changed:
+            self._in_flight += 1
+        try:
+            self._serve(handler, received, received_at)
+        finally:
+            with self._changed:
+                self._in_flight -= 1
+                self._changed.notify_all()
+
+    def _serve(self, handler: BaseHTTPRequestHandler, received: float, received_at: float) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
         raw = handler.rfile.read(length)
         try:

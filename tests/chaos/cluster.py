@@ -42,6 +42,9 @@ TESTS = REPO / "tests"
 # Short, so that expiry-driven recovery fits in CI; the shortest the worker does not warn about.
 LEASE = "2s"
 DRAIN_TIMEOUT = 120.0
+# The longest a scripted reply waits before answering is a few leases; this bounds the wait
+# for the sink's last answers before the history is read.
+SINK_IDLE_TIMEOUT = 60.0
 
 
 class Producer(threading.Thread):
@@ -358,6 +361,12 @@ class Run:
     # -- the end ---------------------------------------------------------------------------
 
     def history(self) -> History:
+        # The queue can drain while the sink still sleeps on a delayed reply (a "hang" whose
+        # retry was absorbed and finalized done): its effect is applied, its request not yet
+        # recorded. Read too soon, the history would hold the absorbed retry without the
+        # delivery that applied it, and the effects, read later, would disagree with it.
+        if not self.sink.wait_idle(SINK_IDLE_TIMEOUT):
+            raise AssertionError(f"the sink still answering after {SINK_IDLE_TIMEOUT}s")
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             committed, final, transitions = history.read_database(conn, self.table)
         return History(
