@@ -60,6 +60,7 @@ def create_statements(table: Table) -> list[sql.Composed]:
     since         timestamptz NOT NULL DEFAULT now(),
     failures      integer     NOT NULL DEFAULT 0,
     failing_ids   bigint[]    NOT NULL DEFAULT '{{}}',
+    failing_at    timestamptz[] NOT NULL DEFAULT '{{}}',
     window_start  timestamptz,
     last_error    text,
     last_failure  timestamptz,
@@ -97,7 +98,8 @@ class Destination:
     state: str = CLOSED
     since: datetime | None = None
     failures: int = 0  # failures in the window (closed) or since it opened
-    failing_ids: tuple[int, ...] = ()
+    failing_ids: tuple[int, ...] = ()  # the messages failing in the window, oldest first
+    failing_at: tuple[datetime, ...] = ()  # when each of them last failed
     window_start: datetime | None = None
     last_error: str | None = None
     last_failure: datetime | None = None
@@ -114,7 +116,8 @@ class Destination:
 
 
 _COLUMNS = (
-    "destination", "state", "since", "failures", "failing_ids", "window_start", "last_error",
+    "destination", "state", "since", "failures", "failing_ids", "failing_at", "window_start",
+    "last_error",
     "last_failure", "next_probe_at", "probe_delay", "probe_owner", "probe_until", "reason",
     "changed_by",
 )  # fmt: skip
@@ -123,6 +126,7 @@ _COLUMNS = (
 def _parse(row: Row) -> Destination:
     values = dict(zip(_COLUMNS, row, strict=True))
     values["failing_ids"] = tuple(values["failing_ids"] or ())
+    values["failing_at"] = tuple(values["failing_at"] or ())
     return Destination(**values)
 
 
@@ -133,8 +137,10 @@ def _parse(row: Row) -> Destination:
 class Failure:
     message_id: int
     error: str
-    fresh: bool  # the reporter saw a success since its last report: a new window
     retry_after: timedelta | None = None
+    # Seconds since the reporter last saw this destination succeed (None: not lately).
+    # Failures before that success are the past: they no longer count, whoever saw them.
+    succeeded_ago: float | None = None
 
 
 def _jittered(seconds: float, rng: random.Random | None) -> timedelta:
@@ -172,19 +178,24 @@ def failed(
             row, failures=row.failures + 1, probe_delay=delay, next_probe_at=now + wait,
             probe_owner=None, probe_until=None,
         )  # fmt: skip
-    in_window = (
-        not failure.fresh
-        and row.window_start is not None
-        and now - row.window_start <= policy.window
-    )
-    ids = row.failing_ids if in_window else ()
-    if failure.message_id not in ids:
-        ids = (*ids, failure.message_id)[-MAX_FAILING_IDS:]
+    # The failures that still count: within the window, and after the reporter's last
+    # success (another replica's failures since then count, its earlier ones do not).
+    since = now - policy.window
+    if failure.succeeded_ago is not None:
+        since = max(since, now - timedelta(seconds=failure.succeeded_ago))
+    kept = [
+        (i, at)
+        for i, at in zip(row.failing_ids, row.failing_at, strict=False)
+        if at > since and i != failure.message_id
+    ]
+    kept = [*kept, (failure.message_id, now)][-MAX_FAILING_IDS:]
+    ids = tuple(i for i, _ in kept)
     row = replace(
         row,
-        failures=(row.failures if in_window else 0) + 1,
+        failures=len(kept),
         failing_ids=ids,
-        window_start=row.window_start if in_window else now,
+        failing_at=tuple(at for _, at in kept),
+        window_start=min(at for _, at in kept),
     )
     if retry_after is not None:
         return _opened(row, now, now + retry_after, policy, reason="Retry-After")
@@ -212,7 +223,7 @@ def succeeded(row: Destination, *, owner: str, now: datetime) -> Destination:
 
 def closed(row: Destination, now: datetime, by: str | None = None) -> Destination:
     return replace(
-        row, state=CLOSED, since=now, failures=0, failing_ids=(), window_start=None,
+        row, state=CLOSED, since=now, failures=0, failing_ids=(), failing_at=(), window_start=None,
         next_probe_at=None, probe_delay=0.0, probe_owner=None, probe_until=None,
         reason=None, changed_by=by,
     )  # fmt: skip
@@ -266,6 +277,7 @@ def _write(table: Table) -> sql.Composed:
 def _params(row: Destination) -> dict[str, Any]:
     values = {c: getattr(row, c) for c in _COLUMNS}
     values["failing_ids"] = list(row.failing_ids)
+    values["failing_at"] = list(row.failing_at)
     return values
 
 

@@ -18,8 +18,8 @@ POLICY = d.Policy(threshold=3, window=timedelta(seconds=60))
 
 
 def _fail(row: d.Destination, message_id: int, at: float = 0.0, **kw) -> d.Destination:
-    failure = d.Failure(message_id, f"HTTP 503 for {message_id}", kw.pop("fresh", False),
-                        kw.pop("retry_after", None))  # fmt: skip
+    failure = d.Failure(message_id, f"HTTP 503 for {message_id}", kw.pop("retry_after", None),
+                        succeeded_ago=kw.pop("succeeded_ago", None))  # fmt: skip
     return d.failed(row, failure, owner=kw.pop("owner", "a"), now=T0 + timedelta(seconds=at),
                     policy=POLICY, rng=random.Random(1))  # fmt: skip
 
@@ -42,8 +42,19 @@ def test_different_messages_failing_within_the_window_open_it():
 
 def test_a_success_or_the_window_passing_starts_the_count_again():
     row = _fail(_fail(d.Destination("x"), 1), 2)
-    assert _fail(row, 3, fresh=True).failing_ids == (3,)
+    assert _fail(row, 3, succeeded_ago=0.0).failing_ids == (3,)
     assert _fail(row, 3, at=61).failing_ids == (3,)
+
+
+def test_failures_another_replica_saw_after_a_success_still_count():
+    """Replica B delivered at 1 s; A saw messages 1 and 2 fail at 2 s and 3 s; B's own
+    failure at 4 s drops only what failed before its success: the breaker opens."""
+    row = _fail(_fail(d.Destination("x"), 1, at=2, owner="a"), 2, at=3, owner="a")
+    opened = _fail(row, 3, at=4, owner="b", succeeded_ago=3.0)
+    assert opened.failing_ids == (1, 2, 3) and opened.state == d.OPEN
+    # Had B's success come after them, they would be the past.
+    later = _fail(row, 3, at=4, owner="b", succeeded_ago=0.5)
+    assert later.failing_ids == (3,) and later.state == d.CLOSED
 
 
 def test_a_retry_after_opens_it_at_once_for_that_long_capped():
@@ -64,7 +75,7 @@ def test_probes_one_at_a_time_a_failed_probe_waits_longer_a_success_closes():
     # A replica that died mid-probe: its probe lease runs out, another takes over.
     later = due + timedelta(seconds=16)
     assert d.probe_taken(taken, owner="b", now=later, hold=timedelta(1)).probe_owner == "b"
-    failed = d.failed(taken, d.Failure(9, "refused", False), owner="a", now=due, policy=POLICY,
+    failed = d.failed(taken, d.Failure(9, "refused"), owner="a", now=due, policy=POLICY,
                       rng=random.Random(1))  # fmt: skip
     assert failed.state == d.OPEN and failed.probe_owner is None
     assert failed.probe_delay == 2 * taken.probe_delay
@@ -79,7 +90,7 @@ def test_the_probe_delay_grows_to_the_cap():
     row = _fail(_fail(_fail(d.Destination("x"), 1), 2), 3)
     for _ in range(10):
         row = d.probe_taken(row, owner="a", now=row.next_probe_at, hold=timedelta(1))
-        row = d.failed(row, d.Failure(1, "e", False), owner="a", now=row.probe_until,
+        row = d.failed(row, d.Failure(1, "e"), owner="a", now=row.probe_until,
                        policy=POLICY)  # fmt: skip
     assert row.probe_delay == POLICY.probe_cap.total_seconds()
 
@@ -100,7 +111,7 @@ def test_transitions_are_serialized_on_the_row(conn, dsn):
 
     async def report(message_id: int) -> d.Change:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
-            failure = d.Failure(message_id, "refused", False)
+            failure = d.Failure(message_id, "refused")
             return await d.change(
                 aconn,
                 table,

@@ -43,7 +43,7 @@ def _open(conn, table, destination: str, error: str) -> None:
     """The breaker opened by a failure with a Retry-After of 30 s, as a worker reports it."""
 
     def fail(row: dest.Destination, now) -> dest.Destination:
-        failure = dest.Failure(1, error, False, retry_after=timedelta(seconds=30))
+        failure = dest.Failure(1, error, retry_after=timedelta(seconds=30))
         return dest.failed(row, failure, owner="w1", now=now, policy=dest.Policy())
 
     dest.change_sync(conn, table, destination, fail)

@@ -392,7 +392,7 @@ def test_each_destinations_state_with_its_error_redacted(conn, table):
         return dest.paused(row, by="maria", reason="deploy", now=now)
 
     def fail(row: dest.Destination, now) -> dest.Destination:
-        failure = dest.Failure(1, "HTTP 503 from https://bot:s3cret@api.test/x?token=t0k", False,
+        failure = dest.Failure(1, "HTTP 503 from https://bot:s3cret@api.test/x?token=t0k",
                                retry_after=timedelta(seconds=30))  # fmt: skip
         return dest.failed(row, failure, owner="w1", now=now, policy=dest.Policy())
 

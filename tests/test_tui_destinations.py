@@ -27,7 +27,7 @@ def _open(conn, table, destination: str = API) -> None:
     """The breaker opened by a 503 with a Retry-After of 5 minutes, as a worker reports it."""
 
     def fail(row: dest.Destination, now) -> dest.Destination:
-        failure = dest.Failure(1, "HTTP 503 from https://bot:s3cret@api.test/", False,
+        failure = dest.Failure(1, "HTTP 503 from https://bot:s3cret@api.test/",
                                retry_after=timedelta(minutes=5))  # fmt: skip
         return dest.failed(row, failure, owner="w1", now=now, policy=dest.Policy())
 

@@ -76,15 +76,16 @@ class Health(Service):
         self.blocked: dict[str, dest.Destination] = {}
         self._probe_at: dict[str, float] = {}
         self.probes: dict[str, int] = {}  # destination -> the message this replica probes with
-        self._fresh: set[str] = set()  # a success since this replica's last failure report
+        # When this replica last saw each destination succeed (monotonic).
+        self._succeeded_at: dict[str, float] = {}
         self.changed = asyncio.Event()  # the view changed: a gated claimer looks again
         self._shown: set[tuple[str, str]] = set()
 
     # -- the hot path -----------------------------------------------------------------------
 
     def delivered(self, message: Message) -> None:
-        """A success: the next failure this replica reports starts a new window."""
-        self._fresh.add(self.destination_of(message))
+        """A success: failures before it no longer count towards opening the breaker."""
+        self._succeeded_at[self.destination_of(message)] = time.monotonic()
 
     async def admit(self, message: Message) -> bool:
         """Whether a message may go out (asked only while some destination is blocked): its
@@ -117,8 +118,9 @@ class Health(Service):
         if destination in self.blocked and not probing:
             # Sent before this replica learned it is down: nothing new to tell the others.
             return self.hold_back(destination)
-        failure = dest.Failure(message.id, error, destination in self._fresh, retry_after)
-        self._fresh.discard(destination)
+        succeeded = self._succeeded_at.get(destination)
+        ago = None if succeeded is None else time.monotonic() - succeeded
+        failure = dest.Failure(message.id, error, retry_after, succeeded_ago=ago)
         owner, policy = self.settings.owner, self.policy
         try:
             change = await self._change(
@@ -145,7 +147,7 @@ class Health(Service):
         """The destination answered a message (delivered, or refused it for a reason of the
         message's own): if that was this replica's probe, the breaker closes for all."""
         destination = self.destination_of(message)
-        self._fresh.add(destination)
+        self._succeeded_at[destination] = time.monotonic()
         if self.probes.get(destination) != message.id:
             return
         owner = self.settings.owner

@@ -49,7 +49,7 @@ def open_breaker(dsn: str) -> None:
     (outbox.destinations' rules, the default policy): its breaker opens."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         for message_id in range(1, 6):
-            failure = dest.Failure(message_id, ERROR, fresh=False)
+            failure = dest.Failure(message_id, ERROR)
             change = dest.change_sync(
                 conn,
                 TABLE,
