@@ -304,7 +304,12 @@ async def test_per_message_destinations_fail_apart(conn, dsn):
     probe closes its breaker and its messages go too."""
     publisher = Routed()
     payments = seed(conn, 20, event_type="payments")
-    s = settings(dsn, probe_delay_max=timedelta(seconds=2))
+    # A retry backoff longer than the breaker takes to open: a message retried before it
+    # opened is not sent again meanwhile (the test settings' 50 ms cap would).
+    s = settings(
+        dsn, probe_delay_max=timedelta(seconds=2), backoff_base=timedelta(seconds=1),
+        backoff_cap=timedelta(seconds=2),
+    )  # fmt: skip
     async with dispatching(s, publisher):
         orders = seed(conn, 20, event_type="orders")
         await wait_until(lambda: _count(conn, "status = 'done'") == 20, what="orders delivered")

@@ -189,9 +189,16 @@ class PgSource:
             nonlocal ordered
             ordered = ordered and await serves_ordering(conn, self.table)
             # Ordered: the claimable figures too (rows behind an unfinished head are not claimable).
-            stats = await queue_stats_async(
-                conn, self.table, exact=self._small_table, ordered=ordered
-            )
+            try:
+                stats = await queue_stats_async(
+                    conn, self.table, exact=self._small_table, ordered=ordered
+                )
+            except psycopg.errors.UndefinedTable:
+                # A table at a schema before v4 has no destinations table yet; the status
+                # line says what to run, and the figures it has are still shown.
+                stats = await queue_stats_async(
+                    conn, self.table, exact=self._small_table, ordered=ordered, destinations=False
+                )
             # Exact from the next poll on while counting done rows costs next to nothing.
             self._small_table = stats.pending + stats.processing + stats.dead + stats.done < (
                 EXACT_DONE_BELOW
