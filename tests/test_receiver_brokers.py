@@ -145,7 +145,7 @@ async def test_nats_consumer_killed_between_commit_and_ack_applies_each_message_
         try:
             sub = await nc.jetstream().pull_subscribe("outbox.>", durable="billing")
             running = asyncio.create_task(receiver.run(sub, stop, wait=0.2))
-            await wait_until(lambda: _drained(nats_server.url, "billing"), timeout=30)
+            await wait_until(lambda: _drained(nats_server.url, "billing"), timeout=60)
             stop.set()
             await running
         finally:
