@@ -6,6 +6,8 @@ import re
 from collections.abc import Callable
 from datetime import timedelta
 
+from outbox.ranges import within
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -28,16 +30,7 @@ def parse_duration(text: str) -> timedelta:
 
 def duration_between(low: timedelta, high: timedelta) -> Callable[[str], timedelta]:
     """A parser of durations from `low` to `high`, for settings with a sensible range."""
-
-    def parse(text: str) -> timedelta:
-        value = parse_duration(text)
-        if not low <= value <= high:
-            raise ValueError(
-                f"{text!r} is out of range ({format_duration(low)} to {format_duration(high)})"
-            )
-        return value
-
-    return parse
+    return within(parse_duration, low, high, format_duration)
 
 
 def format_duration(value: timedelta) -> str:

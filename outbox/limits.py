@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from outbox.ranges import within
+
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
 MAX_PAYLOAD_BYTES = 1 * MIB
@@ -49,16 +51,7 @@ def parse_bytes(text: str) -> int:
 
 def bytes_between(low: int, high: int) -> Callable[[str], int]:
     """A parser of sizes from `low` to `high` bytes."""
-
-    def parse(text: str) -> int:
-        value = parse_bytes(text)
-        if not low <= value <= high:
-            raise ValueError(
-                f"{text!r} is out of range ({format_bytes(low)} to {format_bytes(high)})"
-            )
-        return value
-
-    return parse
+    return within(parse_bytes, low, high, format_bytes)
 
 
 def format_bytes(value: int) -> str:
