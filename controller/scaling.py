@@ -91,6 +91,12 @@ PRIOR_DRAIN_RATE = 100.0
 PROBE_FACTOR = 1.5
 PROBE_AFTER_SECONDS = 60.0
 
+# The longest a claimable message waits for a worker that has room: a claim's round trip, or
+# the worker's idle poll (`OUTBOX_POLL_INTERVAL`, 1 s by default) where no NOTIFY woke it,
+# with margin. A message that waited longer, and through a whole poll interval, shows that
+# no worker had room (`waited_throughout`).
+CLAIM_WAIT_SECONDS = 2.0
+
 # A lower bound this much above the measured drain rate says the workers got faster (less
 # than that is how unevenly completions are finalized).
 FASTER = 1.1
@@ -265,6 +271,21 @@ class StartupDelay:
             self._asked.append((at, replicas))
 
 
+def waited_throughout(age: float, seconds: float) -> bool:
+    """Whether the workers had no room during the whole interval of `seconds` that ends with
+    a snapshot whose oldest claimable message has waited `age` seconds.
+
+    That message was claimable at the start of the interval already, and no worker took it:
+    a worker with room claims what is claimable within a claim's round trip (at once when a
+    NOTIFY announces a row, within its own poll interval otherwise, `CLAIM_WAIT_SECONDS` at
+    most), so every worker was full throughout. Claimable messages alone prove nothing:
+    rows that arrive faster than a claim's round trip (a few thousand a second) are
+    claimable at every instant while every worker has room, and reading that as saturation
+    measures arrivals per worker as a worker's speed, which falls as workers are added.
+    """
+    return age >= max(seconds, CLAIM_WAIT_SECONDS)
+
+
 @dataclass(frozen=True)
 class _Work:
     """The figures the policy sizes on, whatever the ordering mode."""
@@ -388,7 +409,9 @@ class ScalingPolicy:
             return
         # Messages that left the backlog were delivered (or given up on).
         measured = rates(before.stats, work.stats)
-        saturated = before.claimable > 0 and work.claimable > 0 and ready_before == ready_replicas
+        saturated = (
+            before.claimable > 0 and waited_throughout(work.age, seconds)
+        ) and ready_before == ready_replicas
         self.drain_rate.observe(
             at=work.at,
             saturated=saturated,

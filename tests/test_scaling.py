@@ -54,7 +54,12 @@ def snap(
 
 
 class Queue:
-    """A FIFO queue with a known per-worker drain rate, sampled like the operator samples."""
+    """A FIFO queue with a known per-worker drain rate, sampled like the operator samples.
+
+    With `in_flight` a second's arrivals are claimed only in the next second, so every
+    snapshot sees them claimable (up to a second old) although the workers have room: rows
+    that arrive faster than a claim's round trip.
+    """
 
     def __init__(
         self,
@@ -63,8 +68,9 @@ class Queue:
         mu: float,
         replicas: int = 0,
         startup: float = STARTUP_DELAY_SECONDS,
+        in_flight: bool = False,
     ) -> None:
-        self.policy, self.mu, self.startup = policy, mu, startup
+        self.policy, self.mu, self.startup, self.in_flight = policy, mu, startup, in_flight
         self.t, self.arrived = 0.0, 0
         self.cohorts: deque[list[float]] = deque()  # [arrived at, messages], oldest first
         self.replicas = self.ready = replicas
@@ -106,10 +112,13 @@ class Queue:
                 [self.ready] + [min(n, self.replicas) for at, n in self.starting if at <= self.t]
             )
             self.starting = [(at, n) for at, n in self.starting if at > self.t]
-            if rate > 0:
+            if rate > 0 and not self.in_flight:
                 self.cohorts.append([self.t, rate])
                 self.arrived += round(rate)
             self._serve(0.0 if down else self.mu * self.ready)
+            if rate > 0 and self.in_flight:  # arrived over the last second, not claimed yet
+                self.cohorts.append([self.t - 1, rate])
+                self.arrived += round(rate)
             self.max_age = max(self.max_age, self.age)
             if self.t % every:
                 continue
@@ -182,6 +191,48 @@ def test_learns_the_drain_rate_while_saturated():
     queue.run(60, rate=1000)  # far more than 2 workers deliver: saturated until scaled up
     assert policy.drain_rate.measured
     assert policy.drain_rate.value == pytest.approx(200, rel=0.01)
+
+
+def test_arrivals_faster_than_a_claim_round_trip_are_not_saturation():
+    # 500/s for workers of 200/s: 3 suffice (ceil(500 / (0.9 x 200))), and they have room.
+    # Every snapshot sees the last second's 500 arrivals claimable, at every poll: read as
+    # saturation, completions per worker (500 / n) would pass for a worker's speed, and each
+    # worker added would lower it and ask for more, up to maxReplicas.
+    policy = ScalingPolicy({"maxReplicas": 50})
+    queue = Queue(policy, mu=200, replicas=1, in_flight=True)
+    queue.run(300, rate=500)  # wakes up, measures a worker's speed, settles
+    assert queue.replicas == 3
+    decisions = queue.run(3600, rate=500)
+    assert max(d.replicas for d in decisions) == 3, decisions
+    assert queue.replicas == 3 and queue.max_age < 30
+    # A worker's speed is never under-read (a probe that overshoots may measure it again).
+    assert policy.drain_rate.value >= 200 * 0.98
+
+
+def test_real_saturation_still_scales_up_when_arrivals_are_in_flight():
+    policy = ScalingPolicy({"maxReplicas": 50})
+    queue = Queue(policy, mu=200, replicas=2, in_flight=True)
+    queue.run(120, rate=1000)  # far more than 2 workers deliver: the oldest message waits
+    assert policy.drain_rate.measured
+    assert policy.drain_rate.value == pytest.approx(200, rel=0.02)
+    queue.max_age = 0.0
+    queue.run(600, rate=1000)
+    assert queue.replicas == 6  # ceil(1000 / (0.9 x 200))
+    assert queue.max_age < 30
+
+
+@pytest.mark.parametrize(
+    ("age", "seconds", "saturated"),
+    [
+        (1.0, 5.0, False),  # the last second's arrivals: claimed within a round trip
+        (4.9, 5.0, False),  # arrived within the interval: the workers may have had room
+        (5.0, 5.0, True),  # claimable at both snapshots and never taken
+        (1.5, 1.0, False),  # short intervals: not longer than a worker may take to claim
+        (2.0, 1.0, True),
+    ],
+)
+def test_saturation_is_a_message_that_waited_through_the_interval(age, seconds, saturated):
+    assert scaling.waited_throughout(age, seconds) is saturated
 
 
 def test_scales_up_at_once_and_keeps_the_age_under_the_target():

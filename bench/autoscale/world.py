@@ -7,6 +7,14 @@ the oldest waiting message is exact to the fraction of a second.
 
 The world shows an autoscaler only what the operator's stats show: a `QueueStats` snapshot
 (database time, claimable count, oldest ready age, `max_id`) and the replica counts.
+
+Two worlds differ in what a snapshot catches. In the *settled* world (`claim_lag=False`) the
+workers take each second's arrivals within that second, so a snapshot sees only what they
+left behind: nothing while they have room. In the *in-flight* world (`claim_lag=True`) a
+row is claimed a second after it arrives (a claim's round trip, or the wait for the next
+claim, rounded up to the world's step), so every snapshot sees the last second's arrivals
+claimable although every worker has room: what a table sees when rows arrive faster than a
+claim's round trip, a few thousand a second.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ class World:
     cohorts: deque[Cohort] = field(default_factory=deque)
     pods: list[float] = field(default_factory=list)  # when each pod becomes productive
     speed: Sequence[float] = ()  # the downstream's speed, a factor of drain_rate per second
+    claim_lag: bool = False  # the in-flight world: arrivals wait a second to be claimed
 
     @property
     def unfinished(self) -> float:
@@ -99,10 +108,8 @@ class World:
     def tick(self, arrivals: int) -> None:
         """One second: arrivals come in, productive pods deliver, the clock moves on."""
         productive = self.ready_replicas
-        if arrivals:
-            self.cohorts.append(Cohort(self.t, arrivals, arrivals))
-            self.waiting += arrivals
-            self.arrived += arrivals
+        if arrivals and not self.claim_lag:
+            self._arrive(arrivals)
         factor = self.speed[self.t] if self.t < len(self.speed) else 1.0
         capacity = total = self.drain_rate * factor * productive
         while capacity > 1e-9 and self.cohorts:
@@ -116,7 +123,14 @@ class World:
         if not self.cohorts:
             self.waiting = 0.0
         self.in_flight = (total - capacity) * PUBLISH_SECONDS
+        if arrivals and self.claim_lag:
+            self._arrive(arrivals)  # after the workers' turn: the snapshot sees them waiting
         self.t += 1
+
+    def _arrive(self, arrivals: int) -> None:
+        self.cohorts.append(Cohort(self.t, arrivals, arrivals))
+        self.waiting += arrivals
+        self.arrived += arrivals
 
     def scale(self, replicas: int) -> None:
         if replicas > self.replicas:
@@ -154,8 +168,11 @@ def simulate(
     drain_rate: float,
     startup_delay: float,
     speed: Sequence[float] = (),
+    claim_lag: bool = False,
 ) -> Run:
-    world = World(drain_rate=drain_rate, startup_delay=startup_delay, speed=speed)
+    world = World(
+        drain_rate=drain_rate, startup_delay=startup_delay, speed=speed, claim_lag=claim_lag
+    )
     run = Run(autoscaler.name)
     for count in arrivals:
         world.tick(count)
