@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -57,7 +58,9 @@ class LeaderElector:
         self._duration = settings.lease_duration.total_seconds()
         self._deadline = settings.renew_deadline.total_seconds()
         self._period = settings.retry_period.total_seconds()
-        self._duration_seconds = max(1, round(self._duration))  # the Lease holds whole seconds
+        # The Lease holds whole seconds: rounded up, so a follower never waits less than the
+        # leader's renew deadline (15.4s rounded to 15 would let a 15.2s deadline overlap).
+        self._duration_seconds = max(1, math.ceil(self._duration))
         self._observed: _Observed | None = None
         self._renewed_at: float | None = None  # monotonic, of the last successful write
 

@@ -12,6 +12,8 @@ from datetime import timedelta
 from importlib.metadata import entry_points
 from typing import Any
 
+from kubernetes.config import list_kube_config_contexts
+
 from outbox.cliutil import ArgumentParser, env_name, listen_address, on_off, port, resolve
 from outbox.controller.policy import check_image_pattern
 from outbox.durations import format_duration, parse_duration
@@ -39,7 +41,8 @@ class ControllerSettings:
     and Prometheus come to the pod's IP; the chart's NetworkPolicy says who may); `::` for
     IPv6, `127.0.0.1` outside a cluster."""
     leader_election_namespace: str = ""
-    """Namespace of the leader-election Lease; the pod's own (POD_NAMESPACE) by default."""
+    """Namespace of the leader-election Lease; the pod's own (POD_NAMESPACE) by default, and
+    outside a cluster the kubeconfig's current context's (as kubectl and `kopf run` use)."""
     leader_election_id: str = "outbox-controller"
     """Name of the leader-election Lease; replicas sharing it elect one leader."""
     leader_identity: str = ""
@@ -112,7 +115,8 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument(
         "--leader-election-namespace",
-        help="namespace of the leader-election Lease (default $POD_NAMESPACE)",
+        help="namespace of the leader-election Lease (default $POD_NAMESPACE; outside a "
+        "cluster, the kubeconfig's current namespace)",
     )
     parser.add_argument(
         "--leader-election-id", help="name of the leader-election Lease (default outbox-controller)"
@@ -248,6 +252,25 @@ def _positive_duration(text: str) -> timedelta:
     return value
 
 
+def kubeconfig_namespace(env: Mapping[str, str]) -> str:
+    """Outside a cluster, the namespace of the kubeconfig's current context ("default" when
+    the context names none, as kubectl reads it); "" in a pod (its namespace is
+    POD_NAMESPACE) or without a readable kubeconfig. The same files the client logs in with:
+    KUBECONFIG (a list separated by the path separator), else ~/.kube/config."""
+    if env.get("KUBERNETES_SERVICE_HOST"):
+        return ""
+    home = env.get("HOME")
+    path = env.get("KUBECONFIG") or (os.path.join(home, ".kube", "config") if home else "")
+    if not path:
+        return ""
+    try:
+        _, current = list_kube_config_contexts(config_file=path)  # type: ignore[no-untyped-call]
+    except Exception:  # the loader raises its own errors, PyYAML's and OSError
+        return ""  # no usable kubeconfig: the check below says what to set
+    context = (current or {}).get("context") or {}
+    return str(context.get("namespace") or "default")
+
+
 def default_identity(env: Mapping[str, str]) -> str:
     return env.get("POD_NAME") or f"{os.uname().nodename}-{os.getpid()}"
 
@@ -275,7 +298,9 @@ def load_settings(
         health_port=get("--health-port", port, defaults.health_port),
         health_address=get("--health-address", listen_address, defaults.health_address),
         leader_election_namespace=get(
-            "--leader-election-namespace", _dns_label, env.get("POD_NAMESPACE", "")
+            "--leader-election-namespace",
+            _dns_label,
+            env.get("POD_NAMESPACE") or kubeconfig_namespace(env),
         ),
         leader_election_id=get("--leader-election-id", _dns_label, defaults.leader_election_id),
         leader_identity=get("--leader-identity", str, default_identity(env)),
@@ -307,8 +332,9 @@ def load_settings(
 def _check(settings: ControllerSettings) -> None:
     if not settings.leader_election_namespace:
         raise SettingError(
-            f"--leader-election-namespace (or {env_name('--leader-election-namespace')}, or "
-            "POD_NAMESPACE) is required: the namespace of the leader-election Lease"
+            f"--leader-election-namespace (or {env_name('--leader-election-namespace')}, "
+            "POD_NAMESPACE, or a kubeconfig with a current context) is required: the "
+            "namespace of the leader-election Lease"
         )
     if not settings.renew_deadline < settings.lease_duration:
         raise SettingError(

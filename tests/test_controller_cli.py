@@ -1,0 +1,144 @@
+"""`outbox-controller` at start: the leader-election timings it refuses, and the Lease's
+namespace outside a cluster (the kubeconfig's current context, as kubectl and `kopf run` read
+it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes.aio.client import ApiClient
+
+from outbox.controller.leader import LeaderElector
+from outbox.controller.settings import load_settings
+from outbox.errors import SettingError
+
+
+def _kubeconfig(path: Path, namespace: str | None, *, current: str = "dev") -> Path:
+    context = {"cluster": "local", "user": "me"} | ({"namespace": namespace} if namespace else {})
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "local", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "me", "user": {"token": "t"}}],
+                "contexts": [{"name": current, "context": context}],
+                "current-context": current,
+            }
+        )
+    )
+    return path
+
+
+def test_outside_a_cluster_the_lease_goes_to_the_kubeconfigs_current_namespace(
+    tmp_path: Path,
+) -> None:
+    config = _kubeconfig(tmp_path / "config", "shop-dev")
+    settings = load_settings([], {"KUBECONFIG": str(config)})
+    assert settings.leader_election_namespace == "shop-dev"
+    # ~/.kube/config when KUBECONFIG is unset, as the client reads it.
+    (tmp_path / ".kube").mkdir()
+    _kubeconfig(tmp_path / ".kube" / "config", "from-home")
+    assert load_settings([], {"HOME": str(tmp_path)}).leader_election_namespace == "from-home"
+
+
+def test_a_context_without_a_namespace_means_default_as_for_kubectl(tmp_path: Path) -> None:
+    config = _kubeconfig(tmp_path / "config", None)
+    assert load_settings([], {"KUBECONFIG": str(config)}).leader_election_namespace == "default"
+
+
+def test_several_kubeconfig_files_merge_and_the_last_current_context_wins(tmp_path: Path) -> None:
+    first = _kubeconfig(tmp_path / "a", "first", current="a")
+    second = _kubeconfig(tmp_path / "b", "second", current="b")
+    env = {"KUBECONFIG": f"{first}:{second}"}
+    assert load_settings([], env).leader_election_namespace == "second"
+
+
+def test_the_flag_and_pod_namespace_come_before_the_kubeconfig(tmp_path: Path) -> None:
+    env = {"KUBECONFIG": str(_kubeconfig(tmp_path / "config", "shop-dev"))}
+    flag = ["--leader-election-namespace", "ops"]
+    assert load_settings(flag, env).leader_election_namespace == "ops"
+    pod = load_settings([], {**env, "POD_NAMESPACE": "outbox-system"})
+    assert pod.leader_election_namespace == "outbox-system"
+
+
+def test_in_a_pod_the_kubeconfig_is_not_read_and_the_namespace_is_still_required(
+    tmp_path: Path,
+) -> None:
+    env = {
+        "KUBECONFIG": str(_kubeconfig(tmp_path / "config", "shop-dev")),
+        "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+    }
+    with pytest.raises(SettingError, match="--leader-election-namespace"):
+        load_settings([], env)
+
+
+@pytest.mark.parametrize(
+    "text", ["", "not: [yaml", "apiVersion: v1\nkind: Config\n"], ids=["empty", "bad", "bare"]
+)
+def test_an_unusable_kubeconfig_says_what_to_set(tmp_path: Path, text: str) -> None:
+    config = tmp_path / "config"
+    config.write_text(text)
+    with pytest.raises(SettingError, match=r"--leader-election-namespace .*kubeconfig"):
+        load_settings([], {"KUBECONFIG": str(config)})
+    with pytest.raises(SettingError, match="--leader-election-namespace"):
+        load_settings([], {"KUBECONFIG": str(tmp_path / "missing")})
+
+
+def test_a_lease_shorter_than_the_renew_deadline_exits_2_naming_both_flags(
+    tmp_path: Path,
+) -> None:
+    # The chart's leaseDuration: 5s with renewDeadline: 10s, as the operator would get it.
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "outbox.controller",
+            "--lease-duration=5s",
+            "--renew-deadline=10s",
+            "--retry-period=2s",
+        ],
+        capture_output=True,
+        text=True,
+        env={"POD_NAMESPACE": "ns", "PATH": ""},
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "--renew-deadline 10s" in result.stderr and "--lease-duration 5s" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (
+            ["--lease-duration=10s", "--renew-deadline=10s"],
+            ("--renew-deadline", "--lease-duration"),
+        ),
+        (["--renew-deadline=2s", "--retry-period=2s"], ("--retry-period", "--renew-deadline")),
+    ],
+)
+def test_equal_timings_are_refused_too(argv: list[str], names: tuple[str, ...]) -> None:
+    with pytest.raises(SettingError) as refused:
+        load_settings(argv, {"POD_NAMESPACE": "ns"})
+    assert all(name in str(refused.value) for name in names), refused.value
+
+
+async def test_the_leases_whole_seconds_never_undercut_the_renew_deadline() -> None:
+    # 1.4s held as 1s would let a follower take over while the leader may still act (1.2s).
+    settings = load_settings(
+        ["--lease-duration=1400ms", "--renew-deadline=1200ms", "--retry-period=200ms"],
+        {"POD_NAMESPACE": "ns"},
+    )
+    api = ApiClient()
+    try:
+        lease = LeaderElector(api, settings)._new_lease("2026-01-01T00:00:00.000000Z")
+    finally:
+        await api.close()  # type: ignore[no-untyped-call]
+    assert lease["spec"]["leaseDurationSeconds"] >= settings.renew_deadline / timedelta(seconds=1)
+    assert lease["spec"]["leaseDurationSeconds"] == 2
