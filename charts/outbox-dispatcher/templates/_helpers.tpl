@@ -49,6 +49,30 @@ app.kubernetes.io/part-of: outbox-dispatcher
 {{- end }}
 {{- end }}
 
+{{/* A duration of values.schema.json's form (500ms, 1.5s, 10m, 1h) in seconds, as text. */}}
+{{- define "outbox.seconds" -}}
+{{- $text := toString . -}}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" $text -}}
+{{- $unit := trimPrefix $number $text -}}
+{{- mulf (float64 $number) (get (dict "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0) $unit) -}}
+{{- end }}
+
+{{/* leaseDuration > renewDeadline > retryPeriod, as the operator requires (it exits at start
+     otherwise): a leader must stop acting before a standby may take its Lease, and must try
+     to renew more than once before it gives up. Refused at render, not in a crash loop. */}}
+{{- define "outbox.checkLeaderElection" -}}
+{{- $le := .Values.leaderElection -}}
+{{- $lease := include "outbox.seconds" $le.leaseDuration | float64 -}}
+{{- $renew := include "outbox.seconds" $le.renewDeadline | float64 -}}
+{{- $retry := include "outbox.seconds" $le.retryPeriod | float64 -}}
+{{- if not (gt $lease $renew) }}
+{{- fail (printf "leaderElection.renewDeadline (%s) must be shorter than leaderElection.leaseDuration (%s): a leader must stop acting before a standby may take its Lease" $le.renewDeadline $le.leaseDuration) }}
+{{- end }}
+{{- if not (gt $renew $retry) }}
+{{- fail (printf "leaderElection.retryPeriod (%s) must be shorter than leaderElection.renewDeadline (%s): the leader renews every retryPeriod and gives up after renewDeadline" $le.retryPeriod $le.renewDeadline) }}
+{{- end }}
+{{- end }}
+
 {{/* The permissions the operator uses on the namespaces it serves, and no others:
      it watches OutboxDispatchers and writes their status, keeps one worker Deployment per
      resource (read, create, replace; resized through the scale subresource only), keeps the
