@@ -19,7 +19,7 @@ def envelope(message: Message) -> str:
         f'{{"id":{message.id:d},"aggregate_type":{encode_basestring(message.aggregate_type)},'
         f'"aggregate_id":{encode_basestring(message.aggregate_id)},'
         f'"event_type":{encode_basestring(message.event_type)},'
-        f'"created_at":"{_timestamp(message.created_at)}","attempt":{message.attempts:d},'
+        f'"created_at":"{timestamp(message.created_at)}","attempt":{message.attempts:d},'
         f'"payload":{message.payload_json}}}'
     )
 
@@ -30,7 +30,8 @@ def envelope(message: Message) -> str:
 _last: tuple[datetime | None, str] = (None, "")
 
 
-def _timestamp(created_at: datetime) -> str:
+def timestamp(created_at: datetime) -> str:
+    """`created_at` in ISO 8601 (RFC 3339), the last one's text kept."""
     global _last
     last, text = _last
     # Equal instants print alike only in the same time zone.

@@ -1,0 +1,124 @@
+"""Routed URLs for the HTTP publisher: `--http-url https://api.example/hooks/{event_type}`.
+
+Placeholders are those of the NATS subject and Kafka topic templates: `{event_type}`,
+`{aggregate_type}` and `{aggregate_id}`. They may stand in the path and the query only: a
+template with one in the scheme, the user-info, the host or the port (which could send a
+message to another server), in the fragment (never sent), or with an unknown name, is refused
+at start. Each value is percent-encoded whole (RFC 3986's unreserved characters only stay),
+so that it cannot add a path segment, a query, a fragment or user-info: `/`, `?`, `#`, `@`,
+`&`, `=`, `%` and anything outside ASCII are encoded. A value that would make a whole path
+segment empty, `.` or `..` (a dot-segment, which clients and proxies resolve, percent-encoded
+or not) makes the message permanent instead, as does a URL longer than MAX_URL_LENGTH.
+
+The host cannot vary, so every URL a template renders has the template's origin: one
+destination for health, as with a NATS subject template.
+"""
+
+from __future__ import annotations
+
+import string
+import urllib.parse
+
+from outbox.models import Message
+from outbox.redact import redact_url
+from outbox.worker.publishers.base import PermanentError
+
+PLACEHOLDERS = ("event_type", "aggregate_type", "aggregate_id")
+# Longer URLs are refused by many servers and proxies (414); the message is dead instead.
+MAX_URL_LENGTH = 8192
+ROUTE_CACHE_SIZE = 4096  # rendered URLs kept; emptied when full
+_SAMPLE = "x"
+
+
+def placeholders(template: str) -> list[str]:
+    """The placeholders of a URL template, checked: ValueError for an unknown one."""
+    try:
+        fields = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ValueError(f"{redact_url(template)!r} is not a template: {exc}") from None
+    found = []
+    for _, name, spec, conversion in fields:
+        if name is None:
+            continue
+        if name not in PLACEHOLDERS or spec or conversion:
+            known = ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
+            raise ValueError(
+                f"{redact_url(template)!r}: unknown placeholder {{{name}}} (use {known})"
+            )
+        found.append(name)
+    return found
+
+
+def check_template(template: str) -> None:
+    """ValueError unless every placeholder stands in the path or the query."""
+    # Where the authority ends: the first `/`, `?` or `#` after `scheme://`.
+    scheme_end = template.find("://")
+    start = scheme_end + 3 if scheme_end >= 0 else 0
+    ends = [i for i in (template.find(c, start) for c in "/?#") if i >= 0]
+    authority_end = min(ends) if ends else len(template)
+    fragment = template.find("#")
+    first = template.find("{")
+    if 0 <= first < authority_end:
+        raise ValueError(
+            f"{redact_url(template)!r}: a placeholder in the scheme, user-info, host or port "
+            "could send messages to another server; placeholders go in the path or the query"
+        )
+    if fragment >= 0 and template.find("{", fragment) >= 0:
+        raise ValueError(
+            f"{redact_url(template)!r}: a placeholder in the fragment (never sent); "
+            "placeholders go in the path or the query"
+        )
+
+
+def segment(value: str) -> str:
+    """A value percent-encoded whole: it stays inside one path segment or query value."""
+    return urllib.parse.quote(value, safe="")
+
+
+class Router:
+    """Renders a URL template per message (cached per event type, aggregate type and, when
+    the template uses it, aggregate id)."""
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        self._by_id = "{aggregate_id}" in template
+        sample = template.format(**dict.fromkeys(PLACEHOLDERS, _SAMPLE))
+        self._sample_segments = urllib.parse.urlsplit(sample).path.split("/")
+        self._urls: dict[tuple[str, str, str], str] = {}
+
+    def url(self, message: Message) -> str:
+        key = (
+            message.event_type,
+            message.aggregate_type,
+            message.aggregate_id if self._by_id else "",
+        )
+        url = self._urls.get(key)
+        if url is None:
+            url = self._render(message)  # may raise: not cached
+            if len(self._urls) >= ROUTE_CACHE_SIZE:
+                self._urls.clear()
+            self._urls[key] = url
+        return url
+
+    def _render(self, message: Message) -> str:
+        url = self.template.format(
+            event_type=segment(message.event_type),
+            aggregate_type=segment(message.aggregate_type),
+            aggregate_id=segment(message.aggregate_id),
+        )
+        if len(url) > MAX_URL_LENGTH:
+            raise PermanentError(
+                f"the routed URL is {len(url)} characters, more than {MAX_URL_LENGTH}: not sent"
+            )
+        # Encoded values hold no `/`: the path has the template's segments, each either as
+        # written or holding a placeholder's value.
+        segments = urllib.parse.urlsplit(url).path.split("/")
+        for rendered, sample in zip(segments, self._sample_segments, strict=True):
+            if rendered != sample and rendered in ("", ".", ".."):
+                raise PermanentError(
+                    f"the routed URL's path segment would be {rendered!r} "
+                    f"(event_type {message.event_type[:64]!r}, aggregate_type "
+                    f"{message.aggregate_type[:64]!r}, aggregate_id "
+                    f"{message.aggregate_id[:64]!r}): not sent"
+                )
+        return url
