@@ -19,6 +19,12 @@ MAX_PAYLOAD_BYTES = 1 * MIB
 per call with `max_payload_bytes=`, for the process with `set_max_payload_bytes`). Many
 destinations stop near here anyway (Kafka's and NATS's default maximum message is 1 MB)."""
 
+MAX_HEADERS_BYTES = 16 * KIB
+"""The producer API refuses a message's `headers` whose JSON text is longer, trace context
+included. Room for W3C trace context at its largest (`baggage` may hold 8192 bytes,
+`tracestate` 512) and a few ids beside it; headers travel with every attempt and many HTTP
+servers refuse a request whose headers pass 8 to 16 KiB in all."""
+
 WORKER_MAX_PAYLOAD_BYTES = 2 * MAX_PAYLOAD_BYTES
 """A worker sends a row whose payload is longer to `dead` instead of delivering it
 (`--max-payload-bytes`). It measures the payload as PostgreSQL renders the stored value
@@ -64,6 +70,7 @@ def format_bytes(value: int) -> str:
 
 __all__ = [
     "CLAIM_BYTES",
+    "MAX_HEADERS_BYTES",
     "MAX_PAYLOAD_BYTES",
     "WORKER_MAX_PAYLOAD_BYTES",
     "bytes_between",

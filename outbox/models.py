@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -48,6 +49,9 @@ class Message(NamedTuple):
     event_type: str
     payload_json: str  # the jsonb as text: publishers forward it without decoding it
     created_at: datetime
+    headers: Mapping[str, str] | None = None
+    """What the producer added (schema v4's `headers`): W3C trace context, tenant ids. None
+    when it added nothing. Publishers forward it after the project's own headers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,9 @@ class Event:
     aggregate_id: str
     event_type: str
     payload: object
+    headers: Mapping[str, str] | None = None
+    """Metadata sent beside the payload (HTTP, NATS or Kafka headers): string names and
+    values, bounded in size (outbox.limits.MAX_HEADERS_BYTES)."""
 
 
 _new_tuple = tuple.__new__

@@ -20,11 +20,24 @@ events or none). The limit is 1 MiB (`outbox.limits.MAX_PAYLOAD_BYTES`); a call 
 own with `max_payload_bytes=`, and `set_max_payload_bytes` changes it for the process. The
 text measured is the one sent to PostgreSQL, made by the connection's JSON dumps function
 (psycopg's `set_json_dumps`, if the application set one), and is made once.
+
+Headers (`headers=` of `enqueue`, `Event.headers`) are metadata the publishers send beside the
+payload: a mapping of string names to string values, at most 16 KiB as JSON text
+(`outbox.limits.MAX_HEADERS_BYTES`); anything else is refused with `InvalidHeaders` before
+anything is written. The project's own headers (the message id) always win over them.
+
+Trace context: when the application uses OpenTelemetry and a span is active, each event's
+headers get the W3C `traceparent` and `tracestate` (and `baggage` when set), written by the
+global propagator (`opentelemetry.propagate.inject`), so the worker's publish span can link
+to the span that made the event and the receiver can continue the trace. A header the caller
+gave is kept over the propagator's; `trace_context=False` turns it off. OpenTelemetry is
+imported only by a process that has imported it already: without it, nothing changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, overload
 
 import psycopg
@@ -32,7 +45,7 @@ from psycopg import sql
 from psycopg.adapt import PyFormat
 from psycopg.types.json import Jsonb
 
-from outbox.limits import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_RANGE, format_bytes
+from outbox.limits import MAX_HEADERS_BYTES, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_RANGE, format_bytes
 from outbox.models import Event
 from outbox.runner import Query, Row, run
 from outbox.table import DEFAULT_TABLE_NAME, Table, text_constant
@@ -51,6 +64,29 @@ class PayloadTooLarge(ValueError):
             "store large data elsewhere and send a reference to it"
         )
         self.index, self.size, self.limit = index, size, limit
+
+
+class InvalidHeaders(ValueError):
+    """An event's headers are not a mapping of string names to string values, or are too
+    large; nothing was written. The message names the event by its place in the call and its
+    types, and never holds a header's value."""
+
+    def __init__(self, index: int, event: Event, problem: str) -> None:
+        super().__init__(f"event {index} ({event.aggregate_type} {event.event_type}): {problem}")
+        self.index = index
+
+
+class HeadersTooLarge(InvalidHeaders):
+    """An event's headers, as JSON text, are longer than MAX_HEADERS_BYTES."""
+
+    def __init__(self, index: int, event: Event, size: int, limit: int) -> None:
+        super().__init__(
+            index,
+            event,
+            f"headers of {size} bytes of JSON exceed the limit of {limit} bytes "
+            f"({format_bytes(limit)}); send large data in the payload",
+        )
+        self.size, self.limit = size, limit
 
 
 _max_payload_bytes = MAX_PAYLOAD_BYTES
@@ -91,6 +127,73 @@ def _payloads(
     return payloads
 
 
+def _trace_context() -> dict[str, str]:
+    """The active span's W3C trace context (and baggage), as the global propagator writes it.
+
+    Only a process that has imported OpenTelemetry can have an active span: one that has not
+    is not made to import it (an import on every producer's first enqueue, for nothing)."""
+    if "opentelemetry.context" not in sys.modules:
+        return {}
+    try:
+        from opentelemetry import propagate, trace
+    except ImportError:  # a partial install: behave as without it
+        return {}
+    if not trace.get_current_span().get_span_context().is_valid:
+        return {}
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+def _headers(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    events: Sequence[Event],
+    trace_context: bool,
+) -> list[Jsonb | None] | None:
+    """Each event's headers (its own over the trace context), checked and measured; None when
+    no event has any, so that a table before schema v4 still takes the insert."""
+    context = _trace_context() if trace_context else {}
+    if not context and all(event.headers is None for event in events):
+        return None
+    dumper = conn.adapters.get_dumper(Jsonb, PyFormat.TEXT)(Jsonb, conn)
+    headers: list[Jsonb | None] = []
+    for index, event in enumerate(events):
+        own = _checked(index, event)
+        merged = {**context, **own} if context else own
+        if not merged:
+            headers.append(None)
+            continue
+        text = bytes(dumper.dump(Jsonb(merged)) or b"")
+        if len(text) > MAX_HEADERS_BYTES:
+            raise HeadersTooLarge(index, event, len(text), MAX_HEADERS_BYTES)
+        headers.append(Jsonb(merged, dumps=_sending(text)))
+    return headers
+
+
+def _checked(index: int, event: Event) -> dict[str, str]:
+    """The event's headers as a dict, or InvalidHeaders naming what is wrong (never a value:
+    a header may hold a token)."""
+    given = event.headers
+    if given is None:
+        return {}
+    if not isinstance(given, Mapping):
+        raise InvalidHeaders(
+            index, event, f"headers must be a mapping of str to str, not {type(given).__name__}"
+        )
+    for name, value in given.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidHeaders(
+                index, event, f"a header name must be a non-empty str, not {type(name).__name__}"
+            )
+        if not isinstance(value, str):
+            raise InvalidHeaders(
+                index,
+                event,
+                f"header {name[:64]!r}: value must be a str, not {type(value).__name__}",
+            )
+    return dict(given)
+
+
 def _sending(text: bytes) -> Callable[[object], bytes]:
     """A dumps function that returns the text already made."""
 
@@ -108,6 +211,18 @@ SELECT u.aggregate_type, u.aggregate_id, u.event_type, u.payload
  ORDER BY u.n
 RETURNING id"""
 )
+# With headers (schema v4): only when some event has any, so that producers that send none
+# keep working on a table not yet migrated.
+_INSERT_WITH_HEADERS = sql.SQL(
+    """{locks}INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload, headers)
+SELECT u.aggregate_type, u.aggregate_id, u.event_type, u.payload, u.headers
+  FROM unnest(%(types)s::text[], %(aggregates)s::text[], %(events)s::text[], %(payloads)s::jsonb[],
+              %(headers)s::jsonb[])
+       WITH ORDINALITY AS u(aggregate_type, aggregate_id, event_type, payload, headers, n)
+       {after_locks}
+ ORDER BY u.n
+RETURNING id"""
+)
 # One advisory lock per aggregate, taken in key order (no deadlocks) before any row gets
 # its id: the rows wait for the locks (a materialized CTE is read before the first row).
 _LOCK_AGGREGATES = sql.SQL(
@@ -122,10 +237,15 @@ _AFTER_LOCKS = sql.SQL("\n WHERE (SELECT count(*) FROM locks) >= 0")
 
 
 def _insert(
-    table: str | Table, events: Sequence[Event], payloads: list[Jsonb], lock_aggregate: bool
+    table: str | Table,
+    events: Sequence[Event],
+    payloads: list[Jsonb],
+    lock_aggregate: bool,
+    headers: list[Jsonb | None] | None = None,
 ) -> Query[list[int]]:
     t = table if isinstance(table, Table) else Table.parse(table)
-    statement = _INSERT.format(
+    insert = _INSERT if headers is None else _INSERT_WITH_HEADERS
+    statement = insert.format(
         t=t.ident,
         locks=_LOCK_AGGREGATES.format(ns=text_constant(f"outbox:{t}:"))
         if lock_aggregate
@@ -138,6 +258,8 @@ def _insert(
         "events": [e.event_type for e in events],
         "payloads": payloads,
     }
+    if headers is not None:
+        params["headers"] = headers
     return Query(statement, params, _ids)
 
 
@@ -154,6 +276,7 @@ def enqueue_many(
     table: str | Table = ...,
     lock_aggregate: bool = ...,
     max_payload_bytes: int | None = ...,
+    trace_context: bool = ...,
 ) -> list[int]: ...
 @overload
 def enqueue_many(
@@ -163,6 +286,7 @@ def enqueue_many(
     table: str | Table = ...,
     lock_aggregate: bool = ...,
     max_payload_bytes: int | None = ...,
+    trace_context: bool = ...,
 ) -> Awaitable[list[int]]: ...
 def enqueue_many(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
@@ -171,14 +295,18 @@ def enqueue_many(
     table: str | Table = DEFAULT_TABLE_NAME,
     lock_aggregate: bool = False,
     max_payload_bytes: int | None = None,
+    trace_context: bool = True,
 ) -> list[int] | Awaitable[list[int]]:
     """Insert many events in one statement; returns their ids in input order.
 
     Raises PayloadTooLarge, writing nothing, when any payload's JSON text is longer than
-    `max_payload_bytes` (default: the process's limit, 1 MiB unless set)."""
+    `max_payload_bytes` (default: the process's limit, 1 MiB unless set), and InvalidHeaders
+    when any event's headers are not string names and values within MAX_HEADERS_BYTES.
+    `trace_context=False` keeps the active span's context out of the headers."""
     batch = list(events)
     payloads = _payloads(conn, batch, max_payload_bytes)
-    return run(conn, _insert(table, batch, payloads, lock_aggregate and bool(batch)))
+    headers = _headers(conn, batch, trace_context) if batch else None
+    return run(conn, _insert(table, batch, payloads, lock_aggregate and bool(batch), headers))
 
 
 @overload
@@ -189,9 +317,11 @@ def enqueue(
     aggregate_id: str,
     event_type: str,
     payload: object,
+    headers: Mapping[str, str] | None = ...,
     table: str | Table = ...,
     lock_aggregate: bool = ...,
     max_payload_bytes: int | None = ...,
+    trace_context: bool = ...,
 ) -> int: ...
 @overload
 def enqueue(
@@ -201,9 +331,11 @@ def enqueue(
     aggregate_id: str,
     event_type: str,
     payload: object,
+    headers: Mapping[str, str] | None = ...,
     table: str | Table = ...,
     lock_aggregate: bool = ...,
     max_payload_bytes: int | None = ...,
+    trace_context: bool = ...,
 ) -> Awaitable[int]: ...
 def enqueue(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
@@ -212,15 +344,22 @@ def enqueue(
     aggregate_id: str,
     event_type: str,
     payload: object,
+    headers: Mapping[str, str] | None = None,
     table: str | Table = DEFAULT_TABLE_NAME,
     lock_aggregate: bool = False,
     max_payload_bytes: int | None = None,
+    trace_context: bool = True,
 ) -> int | Awaitable[int]:
     """Insert one event in the caller's transaction; returns its id.
 
+    `headers` are sent beside the payload (string names and values); with OpenTelemetry in
+    use and a span active, the span's trace context joins them unless `trace_context=False`.
     Raises PayloadTooLarge, writing nothing, when the payload's JSON text is longer than
-    `max_payload_bytes` (default: the process's limit, 1 MiB unless set)."""
-    event = Event(aggregate_type, aggregate_id, event_type, payload)
+    `max_payload_bytes` (default: the process's limit, 1 MiB unless set), and InvalidHeaders
+    when the headers are not string names and values within MAX_HEADERS_BYTES."""
+    event = Event(aggregate_type, aggregate_id, event_type, payload, headers)
     payloads = _payloads(conn, [event], max_payload_bytes)
-    insert = _insert(table, [event], payloads, lock_aggregate)
+    insert = _insert(
+        table, [event], payloads, lock_aggregate, _headers(conn, [event], trace_context)
+    )
     return run(conn, Query(insert.statement, insert.params, lambda rows: _ids(rows)[0]))

@@ -30,7 +30,7 @@ def with_error(error: sql.Composable) -> sql.Composed:
 # What a claim returns of each row taken (a small payload as the text measured: see `sized`).
 _CLAIMED_COLUMNS = sql.SQL(
     "o.id, o.lease_version, o.attempts, o.aggregate_type, o.aggregate_id, o.event_type, "
-    "coalesce(sized.small_body, o.payload::text), o.created_at"
+    "coalesce(sized.small_body, o.payload::text), o.created_at, o.headers"
 )
 
 # Ordered mode: a row is claimable only if no earlier row of its aggregate is unfinished

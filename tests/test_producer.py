@@ -10,6 +10,8 @@ import pytest
 from helpers import row
 
 from outbox import Event, enqueue, enqueue_many
+from outbox.limits import MAX_HEADERS_BYTES
+from outbox.producer import HeadersTooLarge, InvalidHeaders
 from outbox.table import Table
 
 
@@ -233,3 +235,156 @@ def test_a_rolled_back_enqueue_notifies_nobody(conn, dsn):
         received = list(listener.notifies(timeout=5, stop_after=1))
         assert len(received) == 1
         assert list(listener.notifies(timeout=0.2)) == []
+
+
+# -- headers (schema v4) ----------------------------------------------------------------------
+
+
+def _headers_of(conn: psycopg.Connection, message_id: int) -> object:
+    return conn.execute("SELECT headers FROM outbox WHERE id = %s", (message_id,)).fetchone()[0]
+
+
+_UNICODE = {"tenant": "t-9", "x-note": "caf\u00e9 \u2603"}
+
+
+def test_headers_are_stored_as_given_and_absent_headers_stay_null(conn):
+    with conn.transaction():
+        one = enqueue(conn, aggregate_type="order", aggregate_id="1", event_type="Paid",
+                      payload={}, headers=_UNICODE)  # fmt: skip
+        none = enqueue(conn, aggregate_type="order", aggregate_id="1", event_type="Paid",
+                       payload={})  # fmt: skip
+        many = enqueue_many(conn, [
+            Event("order", "2", "Paid", {}, headers={"tenant": "t-1"}),
+            Event("order", "2", "Paid", {}),
+            Event("order", "2", "Paid", {}, headers={}),
+        ])  # fmt: skip
+    assert _headers_of(conn, one) == _UNICODE
+    assert _headers_of(conn, none) is None
+    assert [_headers_of(conn, i) for i in many] == [{"tenant": "t-1"}, None, None]
+
+
+async def test_headers_with_an_async_connection(aconn, conn):
+    async with aconn.transaction():
+        one = await enqueue(aconn, aggregate_type="a", aggregate_id="1", event_type="E",
+                            payload={}, headers={"k": "v"})  # fmt: skip
+        [two] = await enqueue_many(aconn, [Event("a", "1", "E", {}, headers={"k2": "v2"})])
+    assert _headers_of(conn, one) == {"k": "v"}
+    assert _headers_of(conn, two) == {"k2": "v2"}
+
+
+@pytest.mark.parametrize(
+    ("headers", "says"),
+    [
+        ({"n": 1}, "header 'n': value must be a str, not int"),
+        ({"n": None}, "header 'n': value must be a str, not NoneType"),
+        ({1: "v"}, "a header name must be a non-empty str, not int"),
+        ({"": "v"}, "a header name must be a non-empty str, not str"),
+        ([("n", "v")], "headers must be a mapping of str to str, not list"),
+    ],
+)
+def test_headers_that_are_not_strings_are_refused_and_nothing_is_written(conn, headers, says):
+    events = [Event("order", "1", "Paid", {}), Event("order", "1", "Refunded", {}, headers)]
+    with pytest.raises(InvalidHeaders) as raised:
+        enqueue_many(conn, events)
+    assert str(raised.value) == f"event 1 (order Refunded): {says}"
+    assert _count(conn) == 0
+
+
+def test_headers_are_bounded_as_json_text_and_the_error_never_shows_a_value(conn):
+    # {"k": "xx…"}: 10 bytes of JSON around the value as psycopg writes it.
+    frame = len(b'{"k": ""}')
+    fits = {"k": "s" * (MAX_HEADERS_BYTES - frame)}
+    with conn.transaction():
+        message_id = enqueue(conn, aggregate_type="a", aggregate_id="1", event_type="E",
+                             payload={}, headers=fits)  # fmt: skip
+    assert _headers_of(conn, message_id) == fits
+    over = {"k": "s" * (MAX_HEADERS_BYTES - frame + 1)}
+    with pytest.raises(HeadersTooLarge) as raised:
+        enqueue(conn, aggregate_type="a", aggregate_id="1", event_type="E", payload={},
+                headers=over)  # fmt: skip
+    assert raised.value.size == MAX_HEADERS_BYTES + 1 and raised.value.limit == MAX_HEADERS_BYTES
+    assert str(raised.value) == (
+        f"event 0 (a E): headers of {MAX_HEADERS_BYTES + 1} bytes of JSON exceed the limit of "
+        f"{MAX_HEADERS_BYTES} bytes (16KiB); send large data in the payload"
+    )
+    assert "sss" not in str(raised.value)
+    assert _count(conn) == 1
+
+
+def test_a_table_before_v4_still_takes_events_without_headers(empty_dsn):
+    """A producer upgraded before the table is migrated keeps working until it sends headers."""
+    table = Table.parse("outbox")
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        for statement in _statements_to_v3(table):
+            conn.execute(statement)
+        with conn.transaction():
+            message_id = enqueue(conn, aggregate_type="a", aggregate_id="1", event_type="E",
+                                 payload={}, trace_context=False)  # fmt: skip
+        assert message_id >= 1
+        with pytest.raises(psycopg.errors.UndefinedColumn), conn.transaction():
+            enqueue(conn, aggregate_type="a", aggregate_id="1", event_type="E", payload={},
+                    headers={"k": "v"})  # fmt: skip
+
+
+def _statements_to_v3(table: Table) -> list:
+    from outbox.schema import MIGRATIONS, migration_statements
+
+    steps = sum(len(step(table)) + 1 for step in MIGRATIONS[:3])  # each with its comment
+    return migration_statements(table)[:steps]
+
+
+def test_v4_adds_headers_online_to_a_table_with_rows(empty_dsn):
+    """No rewrite (the table keeps its file) and no scan: the ALTER's lock lasts a catalog
+    change, however many rows the table holds."""
+    from outbox.schema import migrate, render_migration
+
+    table = Table.parse("outbox")
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        for statement in _statements_to_v3(table):
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+            "SELECT 'a', g::text, 'E', jsonb_build_object('n', g) FROM generate_series(1, 20000) g"
+        )
+        before = _physical(conn)
+        assert migrate(conn, table) == (3, 4)
+        after = _physical(conn)
+        assert after == before  # same file, no sequential scan, no heap page read
+        assert conn.execute("SELECT count(*), count(headers) FROM outbox").fetchone() == (20000, 0)
+        # The column has no default and allows NULL: nothing to write into existing rows.
+        assert conn.execute(
+            "SELECT format_type(atttypid, atttypmod), attnotnull, atthasdef, atthasmissing "
+            "FROM pg_attribute WHERE attrelid = 'outbox'::regclass AND attname = 'headers'"
+        ).fetchone() == ("jsonb", False, False, False)
+    # What `outbox migrate --print` shows.
+    assert 'ALTER TABLE "outbox" ADD COLUMN IF NOT EXISTS headers jsonb;' in render_migration(table)
+
+
+def _physical(conn: psycopg.Connection) -> tuple:
+    """The table's file, its sequential scans, its heap pages read (hit or not), with this
+    session's counts so far flushed."""
+    conn.execute("SELECT pg_stat_force_next_flush()")  # at the end of this statement
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    return conn.execute(
+        "SELECT c.relfilenode, s.seq_scan, io.heap_blks_read + io.heap_blks_hit "
+        "FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid "
+        "JOIN pg_statio_user_tables io ON io.relid = c.oid WHERE c.oid = 'outbox'::regclass"
+    ).fetchone()
+
+
+async def test_a_claim_carries_the_headers_on_the_message(aconn, conn, table):
+    from datetime import timedelta
+
+    from outbox.lease import claim
+
+    with conn.transaction():
+        ids = enqueue_many(conn, [
+            Event("a", "1", "E", {}, headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16
+                                              + "-01", "tenant": "t"}),
+            Event("a", "1", "E", {}),
+        ])  # fmt: skip
+    messages = await claim(aconn, table, owner="t", batch=10, lease=timedelta(seconds=30),
+                           max_attempts=3)  # fmt: skip
+    assert [m.id for m in messages] == ids
+    assert messages[0].headers == {"traceparent": f"00-{'1' * 32}-{'2' * 16}-01", "tenant": "t"}
+    assert messages[1].headers is None
