@@ -15,6 +15,7 @@ from outbox.errors import SettingError
 from outbox.schema import SchemaError
 from outbox.worker.metrics import HealthServer, Metrics
 from outbox.worker.publishers.base import BatchPublisher, Publisher
+from outbox.worker.publishers.formats import default_source
 from outbox.worker.publishers.registry import PublisherContext, load_publisher
 from outbox.worker.replica import Replica
 from outbox.worker.settings import WorkerSettings, load_settings
@@ -34,6 +35,8 @@ def make_publisher(settings: WorkerSettings, metrics: Metrics) -> Publisher | Ba
         concurrency=settings.concurrency,
         publish_timeout=settings.publish_timeout.total_seconds(),
         count_broker_duplicate=metrics.broker_duplicates.inc,
+        format=settings.format,
+        cloudevents_source=settings.cloudevents_source or default_source(str(settings.table)),
     )
     return load_publisher(settings.publisher).create(dict(settings.publisher_options), context)
 

@@ -37,6 +37,7 @@ from outbox.limits import (
 )
 from outbox.schema import ORDERINGS
 from outbox.table import Table
+from outbox.worker.publishers.formats import DEFAULT_FORMAT, cloudevents_source, wire_format
 from outbox.worker.publishers.registry import (
     Option,
     PublisherFactory,
@@ -61,6 +62,7 @@ _RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 LOG_FORMATS = ("auto", "json", "text")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+OTEL_PARENTS = ("link", "parent")  # what the stored trace context is to a publish span
 
 
 def parse_rate(text: str) -> float:
@@ -139,6 +141,10 @@ class WorkerSettings:
     transaction pooling mode, which cannot keep prepared statements."""
     event_loop: str = "auto"
     """`auto` (uvloop when it is installed, else asyncio's own), `uvloop` or `asyncio`."""
+    otel_parent: str = OTEL_PARENTS[0]
+    """With OpenTelemetry tracing on (the `otel` extra and OTEL_* variables): `link`, each
+    publish span links to the trace context stored with the message, or `parent`, it is the
+    span's parent (docs/tracing.md)."""
     rate_limit: float | None = None
     """Most messages a second sent to each destination by all replicas of the table together
     (`50/s`, `600/m`); unset: no limit."""
@@ -149,6 +155,12 @@ class WorkerSettings:
     """How close together those failures must be; a success starts the count again."""
     probe_delay_max: timedelta = timedelta(seconds=30)
     """Longest wait between two probes of an open destination (the wait doubles from 2s)."""
+    format: str = DEFAULT_FORMAT
+    """What the http, nats and kafka publishers send: `envelope` (the project's JSON),
+    `cloudevents-binary` (the payload as the body, CloudEvents attributes as headers) or
+    `cloudevents-structured` (a JSON CloudEvent with the payload as `data`)."""
+    cloudevents_source: str | None = None
+    """The CloudEvents `source` attribute, a URI-reference."""
 
     @property
     def ordered(self) -> bool:
@@ -197,17 +209,21 @@ CONVERTERS: dict[str, Callable[[str], Any]] = {
     "log_format": choice(*LOG_FORMATS),
     "log_level": str.upper,
     "event_loop": choice(*EVENT_LOOPS),
+    "otel_parent": choice(*OTEL_PARENTS),
     "prepared_statements": on_off,
     "rate_limit": parse_rate,
     "breaker_failures": int_between(0, MAX_BREAKER_FAILURES),
     "breaker_window": duration_between(*BREAKER_WINDOW_RANGE),
     "probe_delay_max": duration_between(*PROBE_DELAY_MAX_RANGE),
+    "format": wire_format,
+    "cloudevents_source": cloudevents_source,
 }
 # Defaults computed at start-up, shown as what they are made of; sizes as people write them.
 _SHOWN_DEFAULTS = {
     "owner": "hostname-pid",
     "max_payload_bytes": format_bytes(WORKER_MAX_PAYLOAD_BYTES),
     "claim_bytes": format_bytes(CLAIM_BYTES),
+    "cloudevents_source": "/outbox/<table>",
 }
 
 

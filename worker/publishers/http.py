@@ -1,5 +1,11 @@
 """POSTs each message as JSON to one URL, with the outbox id as `Idempotency-Key`.
 
+The body and the attribute headers follow `--format` (formats.py: the envelope, or a
+CloudEvent in binary or structured mode); the row's own headers follow the project's
+(headers.py); `--http-signing-secret` signs each request the Standard Webhooks way
+(signing.py); the URL may route by `{event_type}`, `{aggregate_type}` and `{aggregate_id}`
+(routes.py).
+
 The key is the same on every retry of a message, so a receiver that honours it applies the
 message once however many times it arrives. Responses are classified:
 
@@ -34,7 +40,12 @@ from outbox.models import Message
 from outbox.redact import redact_text, redact_url
 from outbox.worker.publishers.base import PermanentError, RetryableError
 from outbox.worker.publishers.envelope import envelope
+from outbox.worker.publishers.formats import BINARY, ENVELOPE, STRUCTURED, CloudEvents
+from outbox.worker.publishers.formats import STRUCTURED_CONTENT_TYPE as CE_JSON
+from outbox.worker.publishers.headers import http_headers
 from outbox.worker.publishers.registry import Option, PublisherContext
+from outbox.worker.publishers.routes import Router, check_template, placeholders
+from outbox.worker.publishers.signing import Signer, signing_secret
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
 _BODY_SNIPPET = 300
@@ -83,6 +94,11 @@ def classify(
 
 
 def _url(text: str) -> str:
+    """An http(s) URL, or a routed URL template (routes.py) whose renderings are."""
+    if placeholders(text):
+        check_template(text)
+        _url(text.format(event_type="x", aggregate_type="x", aggregate_id="x"))
+        return text
     try:
         parts = urllib.parse.urlsplit(text)
         parts.port  # noqa: B018 - raises for a port that is not a number in 0-65535
@@ -109,6 +125,9 @@ def _header(text: str) -> tuple[str, str]:
     return name, value
 
 
+_SAMPLE = dict.fromkeys(("event_type", "aggregate_type", "aggregate_id"), "x")
+
+
 def header_value(what: str, value: str) -> str:
     """A value from a message for a header, or PermanentError: it could never be sent."""
     if _NOT_IN_HEADER_VALUE.search(value):
@@ -122,11 +141,26 @@ def header_value(what: str, value: str) -> str:
 class HttpPublisher:
     name = "http"
     options = (
-        Option("--http-url", "URL the http publisher POSTs to", convert=_url, required=True),
+        Option(
+            "--http-url",
+            "URL the http publisher POSTs to; may route by {event_type}, {aggregate_type} and "
+            "{aggregate_id} in its path or query, each value encoded as one segment",
+            convert=_url,
+            required=True,
+        ),
         Option(
             "--http-header",
             "extra request header 'Name: value', e.g. Authorization; never logged",
             convert=_header,
+            repeatable=True,
+            secret=True,
+        ),
+        Option(
+            "--http-signing-secret",
+            "Standard Webhooks signing secret whsec_<base64>: every request gets webhook-id, "
+            "webhook-timestamp and a webhook-signature entry per secret (give two while "
+            "rotating); never logged",
+            convert=signing_secret,
             repeatable=True,
             secret=True,
         ),
@@ -139,6 +173,9 @@ class HttpPublisher:
             owner=context.owner,
             headers=dict(values.get("http_header") or ()),
             max_connections=context.concurrency,
+            wire_format=context.format,
+            source=context.cloudevents_source,
+            signing_keys=tuple(values.get("http_signing_secret") or ()),
         )
 
     def __init__(
@@ -148,12 +185,25 @@ class HttpPublisher:
         owner: str,
         headers: dict[str, str] | None = None,
         max_connections: int = 100,
+        wire_format: str = ENVELOPE,
+        source: str = "/outbox/outbox",
+        signing_keys: Sequence[bytes] = (),
     ) -> None:
         self.url = url
+        # A routed URL renders per message; its host cannot vary (routes.py).
+        self._router = Router(url) if placeholders(url) else None
         # Health is the origin's: every path of one server shares its breaker.
-        self.destination = str(URL(url).origin())
+        self.destination = str(
+            URL(url if self._router is None else self._router.template.format_map(_SAMPLE)).origin()
+        )
         self._owner = owner
         self._headers = headers or {}
+        self.format = wire_format
+        self._cloudevents = CloudEvents(source)
+        self._signer = Signer(signing_keys) if signing_keys else None
+        self._row_headers = http_headers(self._headers)
+        # The envelope, unsigned, to one URL, from rows without headers: the path as it was.
+        self._plain = wire_format == ENVELOPE and self._signer is None and self._router is None
         # Header values are secrets (tokens, API keys): masked in any reason that quotes them.
         self._secrets = tuple(self._headers.values())
         self._max_connections = max_connections
@@ -181,10 +231,15 @@ class HttpPublisher:
             "Outbox-Event-Type": header_value("event_type", message.event_type),
             "Outbox-Attempt": str(message.attempts),
         }
+        url: str | URL
+        if self._plain and not message.headers:
+            url, body = self.url, envelope(message).encode()
+        else:
+            url, body = self._request(message, headers)
         try:
             async with self._session.post(
-                self.url,
-                data=envelope(message).encode(),
+                url,
+                data=body,
                 headers=headers,
                 allow_redirects=False,
             ) as response:
@@ -200,6 +255,27 @@ class HttpPublisher:
             # not have the message; the same Idempotency-Key makes the retry safe.
             reason = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line, for last_error
             raise RetryableError(redact_text(reason, secrets=self._secrets)) from exc
+
+    def _request(self, message: Message, headers: dict[str, str]) -> tuple[str | URL, bytes]:
+        """The URL and the body of a message, its headers completed: the format's, the
+        signature, then the row's own (whose names never collide with the project's: see
+        headers.py)."""
+        row = self._row_headers.of(message)
+        if self.format == BINARY:
+            body = message.payload_json.encode()
+            headers.update(self._cloudevents.http_binary(message))
+        elif self.format == STRUCTURED:
+            body = self._cloudevents.structured(message).encode()
+            headers["Content-Type"] = CE_JSON
+        else:
+            body = envelope(message).encode()
+        if self._signer is not None:
+            headers.update(self._signer.headers(headers["Idempotency-Key"], body))
+        headers.update(row)
+        if self._router is None:
+            return self.url, body
+        # Already encoded: yarl must neither encode it again nor resolve its segments.
+        return URL(self._router.url(message), encoded=True), body
 
     async def close(self) -> None:
         if self._session is not None:

@@ -3,6 +3,9 @@
 What is sent: the topic rendered from `--kafka-topic` (default `{aggregate_type}`), key =
 `aggregate_id` (one aggregate, one partition: its order is kept), value = the JSON envelope,
 headers `outbox-id`, `outbox-event-type`, `outbox-aggregate-type`, `outbox-attempt`.
+`--format` may make the value a CloudEvent instead (formats.py: the payload with `ce_`
+headers in binary mode, a JSON CloudEvent in structured mode); the key and the project's
+headers stay as they are, and the row's own headers follow them (headers.py).
 `enable.idempotence=true` and `acks=all`: librdkafka's own retries within one producer
 session never duplicate or reorder; a re-publish after a lost lease does, so consumers
 dedup by the `outbox-id` header.
@@ -60,6 +63,9 @@ from outbox.models import Message
 from outbox.redact import is_secret_name, mask_values, redact_mapping
 from outbox.worker.publishers.base import PermanentError, RetryableError
 from outbox.worker.publishers.envelope import envelope
+from outbox.worker.publishers.formats import BINARY, ENVELOPE, STRUCTURED, CloudEvents
+from outbox.worker.publishers.formats import STRUCTURED_CONTENT_TYPE as CE_JSON
+from outbox.worker.publishers.headers import kafka_headers
 from outbox.worker.publishers.registry import Option, PublisherContext
 
 log = logging.getLogger("outbox.kafka")
@@ -125,6 +131,7 @@ POLL_BUSY = 0.003
 # ... and while none do: librdkafka's log lines and errors are still served.
 POLL_IDLE = 0.1
 TOPIC_CACHE_SIZE = 4096  # rendered topics kept; emptied when full
+_Headers = list[tuple[str, str | bytes | None]]  # what produce() takes
 
 
 # -- errors ----------------------------------------------------------------------------------
@@ -262,7 +269,7 @@ class _Batch:
 
     One callback serves the whole batch (no object per message): a success is only
     counted; a failure, rare, is placed by the outbox id at the start of the message's
-    value (the envelope's first field: delivery reports carry the value, not the headers).
+    value (the envelope's first field), or else by its `outbox-id` header (a CloudEvent).
     The last report completes `future`. Reports run on the loop (its poll(0) calls), or on
     the thread closing the session; the future is touched on the loop alone.
     """
@@ -319,7 +326,10 @@ class _Batch:
         self.failed += 1
         try:
             value = message.value()
-            outbox_id = int(value[6 : value.index(b",", 6)])  # {"id":123,...
+            if value.startswith(b'{"id":'):  # the envelope: {"id":123,...
+                outbox_id = int(value[6 : value.index(b",", 6)])
+            else:
+                outbox_id = int(dict(message.headers())["outbox-id"])
             if self._index is None:
                 self._index = {m.id: i for i, m in enumerate(self.messages)}
             self.results[self._index[outbox_id]] = error
@@ -466,6 +476,8 @@ class KafkaPublisher:
             config=dict(values["kafka_config"]),
             publish_timeout=context.publish_timeout,
             client_id=context.owner,
+            wire_format=context.format,
+            source=context.cloudevents_source,
         )
         publisher.check_config()
         return publisher
@@ -479,8 +491,13 @@ class KafkaPublisher:
         config: dict[str, str] | None = None,
         publish_timeout: float = 10.0,
         client_id: str = "outbox-dispatcher",
+        wire_format: str = ENVELOPE,
+        source: str = "/outbox/outbox",
     ) -> None:
         self.destination = f"kafka {bootstrap_servers}"  # the cluster
+        self.format = wire_format
+        self._cloudevents = CloudEvents(source)
+        self._row_headers = kafka_headers()
         self.topic = topic_template(topic)
         self._extra = dict(config or {})
         self._publish_timeout = publish_timeout
@@ -618,30 +635,35 @@ class KafkaPublisher:
         message refused at once gets its failure in `results` right away."""
         batch = _Batch(messages, results, start, session.loop)
         produce, report, routing = session.producer.produce, batch.report, self._routing
-        produced, index = 0, start
+        produced, index, plain = 0, start, self.format == ENVELOPE
         try:
             for index in range(start, len(messages)):
                 message = messages[index]
                 try:
                     topic, event_type, aggregate_type = routing(message)
+                    headers: _Headers = [
+                        ("outbox-id", str(message.id).encode()),
+                        ("outbox-event-type", event_type),
+                        ("outbox-aggregate-type", aggregate_type),
+                        ("outbox-attempt", str(message.attempts).encode()),
+                    ]
+                    if plain and not message.headers:
+                        value = envelope(message).encode()
+                    else:
+                        value = self._encode(message, headers)
                     # Positional, as produce(topic, value, key, partition, on_delivery, None,
                     # timestamp, headers): keyword parsing was a tenth of the call.
                     produce(
                         topic,
-                        envelope(message).encode(),
+                        value,
                         message.aggregate_id.encode(),
                         -1,  # the partitioner's choice
                         report,
                         None,
                         0,  # now
-                        [
-                            ("outbox-id", str(message.id).encode()),
-                            ("outbox-event-type", event_type),
-                            ("outbox-aggregate-type", aggregate_type),
-                            ("outbox-attempt", str(message.attempts).encode()),
-                        ],
+                        headers,
                     )
-                except PermanentError as exc:  # the topic renders illegal
+                except PermanentError as exc:  # the topic renders illegal, a header cannot go
                     results[index] = exc
                 except BufferError:
                     results[index] = RetryableError(QUEUE_FULL)
@@ -657,6 +679,21 @@ class KafkaPublisher:
             batch.seal(index, produced)
             session.track(batch)
         return batch
+
+    def _encode(self, message: Message, headers: _Headers) -> bytes:
+        """The value of a message in the chosen format, its headers completed: the format's,
+        then the row's own (PermanentError if one cannot be sent)."""
+        row = self._row_headers.of(message)
+        if self.format == BINARY:
+            value = message.payload_json.encode()
+            headers.extend(self._cloudevents.kafka_binary(message))
+        elif self.format == STRUCTURED:
+            value = self._cloudevents.structured(message).encode()
+            headers.append(("content-type", CE_JSON.encode()))
+        else:
+            value = envelope(message).encode()
+        headers.extend((name, text.encode()) for name, text in row)
+        return value
 
     async def close(self) -> None:
         if self._session is not None:

@@ -10,7 +10,10 @@ substituted value is made a single valid subject token (whitespace, control char
 outbox id, the same on every retry, so the stream's duplicate window drops a message it
 already stored: the PubAck then says `duplicate` and the worker counts it in
 `outbox_broker_duplicates_total`. Headers `Outbox-Event-Type`, `Outbox-Aggregate-Type` and
-`Outbox-Aggregate-Id` carry the unsanitized values.
+`Outbox-Aggregate-Id` carry the unsanitized values. `--format` may make the message a
+CloudEvent instead (formats.py: `ce-` headers in binary mode, a JSON CloudEvent in structured
+mode); the row's own headers follow the project's (headers.py), never replacing them nor
+JetStream's `Nats-*` control headers.
 
 The connection is made in the background and kept up forever (`max_reconnect_attempts=-1`):
 a worker starts, and keeps running, while NATS is unreachable. A publish while not connected
@@ -72,6 +75,9 @@ from outbox.models import Message
 from outbox.redact import is_secret_name, redact_text, redact_url
 from outbox.worker.publishers.base import PermanentError, RetryableError
 from outbox.worker.publishers.envelope import envelope
+from outbox.worker.publishers.formats import BINARY, ENVELOPE, STRUCTURED, CloudEvents
+from outbox.worker.publishers.formats import STRUCTURED_CONTENT_TYPE as CE_JSON
+from outbox.worker.publishers.headers import nats_headers
 from outbox.worker.publishers.registry import Option, PublisherContext
 
 log = logging.getLogger("outbox.worker")
@@ -341,6 +347,8 @@ class NatsPublisher:
                 values.get("nats_tls_ca"), values.get("nats_tls_cert"), values.get("nats_tls_key")
             ),
             auth=auth,
+            wire_format=context.format,
+            source=context.cloudevents_source,
         )
 
     def __init__(
@@ -355,8 +363,13 @@ class NatsPublisher:
         tls: ssl.SSLContext | None = None,
         auth: dict[str, str] | None = None,
         reconnect_wait: float = RECONNECT_WAIT,
+        wire_format: str = ENVELOPE,
+        source: str = "/outbox/outbox",
     ) -> None:
         self.servers = list(servers)
+        self.format = wire_format
+        self._cloudevents = CloudEvents(source)
+        self._row_headers = nats_headers()
         self.subject_template = subject_template(subject)
         self.no_stream = no_stream_policy(no_stream)
         self._ack_timeout = ack_timeout
@@ -540,28 +553,43 @@ class NatsPublisher:
         for the subject (the server drops such a message silently apart from an asynchronous
         -ERR) gives it its verdict."""
         waiting, inbox, subject_of, counter = self._waiting, self._inbox, self.subject, self._tokens
-        subjects, publish = acks.subjects, nc.publish
+        subjects, publish, plain = acks.subjects, nc.publish, self.format == ENVELOPE
         for index, message in enumerate(messages):
             subject = subjects[index] = subject_of(message)
             token = str(next(counter))
             waiting[token] = (acks, index)
             tokens.append(token)
             acks.left += 1
+            headers = {
+                "Nats-Msg-Id": str(message.id),
+                "Outbox-Event-Type": message.event_type,
+                "Outbox-Aggregate-Type": message.aggregate_type,
+                "Outbox-Aggregate-Id": message.aggregate_id,
+            }
             try:
-                await publish(
-                    subject,
-                    envelope(message).encode(),
-                    reply=inbox + token,
-                    headers={
-                        "Nats-Msg-Id": str(message.id),
-                        "Outbox-Event-Type": message.event_type,
-                        "Outbox-Aggregate-Type": message.aggregate_type,
-                        "Outbox-Aggregate-Id": message.aggregate_id,
-                    },
-                )
+                if plain and not message.headers:
+                    body = envelope(message).encode()
+                else:
+                    body = self._encode(message, headers)
+                await publish(subject, body, reply=inbox + token, headers=headers)
             except Exception as exc:  # refused before it left, e.g. over max_payload
                 del waiting[token]
                 acks.decide(index, exc)
+
+    def _encode(self, message: Message, headers: dict[str, str]) -> bytes:
+        """The body of a message in the chosen format, its headers completed: the format's,
+        then the row's own (PermanentError if one cannot be sent)."""
+        row = self._row_headers.of(message)
+        if self.format == BINARY:
+            body = message.payload_json.encode()
+            headers.update(self._cloudevents.nats_binary(message))
+        elif self.format == STRUCTURED:
+            body = self._cloudevents.structured(message).encode()
+            headers["Content-Type"] = CE_JSON
+        else:
+            body = envelope(message).encode()
+        headers.update(row)
+        return body
 
     def _result(self, acks: _Acks, index: int) -> Exception | None:
         """A message's verdict as its result; an exception of no known kind stays as it is:

@@ -85,6 +85,9 @@ class PublisherContext:
     # A broker told us it dropped a message as a duplicate (e.g. a JetStream PubAck with
     # duplicate=true): counted in outbox_broker_duplicates_total.
     count_broker_duplicate: Callable[[], None] = lambda: None
+    # What goes on the wire (`--format`, see formats.py), and a CloudEvent's `source`.
+    format: str = "envelope"
+    cloudevents_source: str = "/outbox/outbox"
 
 
 class PublisherFactory(Protocol):
