@@ -13,8 +13,9 @@ and a Secret's annotations, so they are tested without a cluster; the CRD refuse
 static (env names and `valueFrom`, Secret names) before the operator ever sees it.
 
 A new pod field of `spec.worker` gets a check in `WORKER_CHECKS` (or a place in
-`UNRESTRICTED` when it widens nothing), and a new Secret reference a path in `SECRET_FIELDS`;
-tests/test_controller_policy.py fails until the CRD and these two tables agree.
+`UNRESTRICTED` when it widens nothing, or in `BY_CONSENT` when what it reaches is a Secret),
+and a new Secret reference a path in `SECRET_FIELDS`; tests/test_controller_policy.py fails
+until the CRD and these tables agree.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from outbox.controller.resource import labels
 from outbox.controller.status import Problem
 
 if TYPE_CHECKING:  # settings.py validates its lists with this module's parsers
@@ -263,11 +265,27 @@ def _priority_class(value: Any, settings: ControllerSettings) -> Iterator[Violat
         )
 
 
+# Keys the operator itself sets on the worker pods: never an author's, whatever the admin
+# allows. The selector labels would take pods out of (or other pods into) the dispatcher's
+# Deployment, NetworkPolicy and budget; the annotations roll the pods and point scrapes.
+# The CRD refuses them too (tests/test_controller_policy.py compares).
+OPERATOR_LABELS = tuple(sorted(labels("x")))
+OPERATOR_ANNOTATION_PREFIXES = ("outbox.dev/", "prometheus.io/")
+
+
+def _operators(key: str, field: str) -> bool:
+    if field == "podLabels":
+        return key in OPERATOR_LABELS
+    return key.startswith(OPERATOR_ANNOTATION_PREFIXES)
+
+
 def _keys(field: str, what: str, setting: str) -> Check:
     def check(value: Any, settings: ControllerSettings) -> Iterator[Violation]:
         allowed: tuple[str, ...] = getattr(settings, setting)
         for key in sorted(value or {}):
-            if not key_allowed(key, allowed):
+            if _operators(key, field):
+                yield f"{field}.{key}", f"{what} `{_shown(key)}` is the operator's own"
+            elif not key_allowed(key, allowed):
                 yield (
                     f"{field}.{key}",
                     f"{what} `{_shown(key)}` is not allowed ({_listed(allowed)})",
@@ -291,10 +309,24 @@ WORKER_CHECKS: dict[str, Check] = {
     "podAnnotations": _keys("podAnnotations", "annotation", "allowed_pod_annotations"),
 }
 # spec.worker's fields that give the pods nothing the image and the namespace's quotas do not
-# bound already.
+# bound already. topologySpreadConstraints only narrow where the pods may go (like
+# podAntiAffinity): they never pass a taint or a node selector, and the pods they count
+# change nothing but the workers' own placement. disruptionBudget guards the workers from
+# evictions and is rendered only while it cannot block a drain (render.py).
 UNRESTRICTED = frozenset(
-    {"imagePullPolicy", "metricsPort", "shutdownGraceSeconds", "logLevel", "resources"}
+    {
+        "imagePullPolicy",
+        "metricsPort",
+        "shutdownGraceSeconds",
+        "logLevel",
+        "resources",
+        "topologySpreadConstraints",
+        "disruptionBudget",
+    }
 )
+# spec.worker's fields that name Secrets: each must consent (SECRET_FIELDS), as for every
+# Secret a resource names; a registry credential is a Secret like any other.
+BY_CONSENT = frozenset({"imagePullSecrets"})
 
 
 def violations(spec: Mapping[str, Any], settings: ControllerSettings) -> list[Violation]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ from outbox.controller.resource import (
     owner_reference,
     selector_labels,
 )
+from outbox.controller.settings import DEFAULT_WORKER_RESOURCES
 
 TEMPLATE_HASH = "outbox.dev/template-hash"
 # The DSN Secret's resourceVersion on the pods: env from a Secret is read at start only, so a
@@ -178,10 +180,46 @@ def _probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def pod_template(body: Body, default_image: str, secret_version: str = "") -> dict[str, Any]:
+# spec.worker's fields that become the pod spec's as they are (the CRD gives them the
+# shapes of core/v1; the pod policy has checked each).
+POD_FIELDS = (
+    "nodeSelector",
+    "tolerations",
+    "affinity",
+    "topologySpreadConstraints",
+    "serviceAccountName",
+    "priorityClassName",
+    "imagePullSecrets",
+)
+DEFAULTS: Mapping[str, Any] = {"resources": DEFAULT_WORKER_RESOURCES}
+
+
+def worker_block(spec: Body, defaults: Body = DEFAULTS) -> dict[str, Any]:
+    """spec.worker with the admin's defaults (--worker-defaults) for the fields it omits."""
+    worker = dict(spec.get("worker") or {})
+    for field, value in defaults.items():
+        if field not in worker:
+            worker[field] = json.loads(json.dumps(value))  # a copy the pod may own
+    return worker
+
+
+def _spread(constraints: list[Mapping[str, Any]], name: str) -> list[dict[str, Any]]:
+    # A constraint without a labelSelector counts no pods at all, so spreads nothing: it
+    # means the dispatcher's own workers.
+    return [
+        {**c}
+        if "labelSelector" in c
+        else {**c, "labelSelector": {"matchLabels": selector_labels(name)}}
+        for c in constraints
+    ]
+
+
+def pod_template(
+    body: Body, default_image: str, secret_version: str = "", defaults: Body = DEFAULTS
+) -> dict[str, Any]:
     name = body["metadata"]["name"]
     spec = body["spec"]
-    worker: Body = spec.get("worker") or {}
+    worker: Body = worker_block(spec, defaults)
     port = int(worker["metricsPort"])
     volumes, mounts = _volumes(spec["publisher"])
     container: dict[str, Any] = {
@@ -219,15 +257,11 @@ def pod_template(body: Body, default_image: str, secret_version: str = "") -> di
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
-    for field in (
-        "nodeSelector",
-        "tolerations",
-        "affinity",
-        "serviceAccountName",
-        "priorityClassName",
-    ):
+    for field in POD_FIELDS:
         if worker.get(field):
             pod_spec[field] = worker[field]
+    if "topologySpreadConstraints" in pod_spec:
+        pod_spec["topologySpreadConstraints"] = _spread(pod_spec["topologySpreadConstraints"], name)
     annotations = {
         **(worker.get("podAnnotations") or {}),
         "prometheus.io/scrape": "true",
@@ -251,13 +285,19 @@ def template_hash(template: Mapping[str, Any]) -> str:
 
 
 def render_deployment(
-    body: Body, *, replicas: int, default_image: str, secret_version: str = ""
+    body: Body,
+    *,
+    replicas: int,
+    default_image: str,
+    secret_version: str = "",
+    defaults: Body = DEFAULTS,
 ) -> dict[str, Any]:
     """The worker Deployment for `body` (defaults applied, as the API server stores it);
-    `secret_version` is the DSN Secret's resourceVersion."""
+    `secret_version` is the DSN Secret's resourceVersion, `defaults` the admin's
+    --worker-defaults."""
     meta = body["metadata"]
     name = meta["name"]
-    template = pod_template(body, default_image, secret_version)
+    template = pod_template(body, default_image, secret_version, defaults)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -279,5 +319,60 @@ def render_deployment(
             },
             "minReadySeconds": 0,
             "template": template,
+        },
+    }
+
+
+# -- the workers' PodDisruptionBudget ----------------------------------------------------------
+
+DISRUPTION_BUDGET_API = "policy/v1"
+
+
+def _needed(min_available: int | str, replicas: int) -> int:
+    """Healthy pods a minAvailable keeps, as the disruption controller counts them: a
+    percentage of the replicas, rounded up."""
+    if isinstance(min_available, str):
+        return math.ceil(int(min_available.rstrip("%")) * replicas / 100)
+    return int(min_available)
+
+
+def render_disruption_budget(body: Body, replicas: int) -> dict[str, Any] | None:
+    """The worker pods' PodDisruptionBudget for `replicas` desired workers, or None when the
+    resource asks for none or when the budget could block a node drain (delete it then).
+
+    A budget blocks a drain when it allows no eviction with every worker healthy: maxUnavailable
+    0 (the CRD refuses it), or minAvailable at or above the replicas (2 of 2, 100%, or any
+    count once the autoscaler goes down to it); so minAvailable is rendered only while the
+    replicas exceed it, and no budget with no workers. maxUnavailable of 1 or more (a
+    percentage rounds up to at least one pod) always lets a drain go on, one pod at a time
+    while the replacements start. Unhealthy pods may always be evicted
+    (unhealthyPodEvictionPolicy AlwaysAllow): a crash-looping worker protects nothing and must
+    never hold a node. The autoscaler's own scale-downs are not evictions: no budget slows them.
+    """
+    budget: Body = (body["spec"].get("worker") or {}).get("disruptionBudget") or {}
+    if not budget or replicas < 1:
+        return None
+    spec: dict[str, Any]
+    if "maxUnavailable" in budget:
+        spec = {"maxUnavailable": budget["maxUnavailable"]}
+    elif "minAvailable" in budget and _needed(budget["minAvailable"], replicas) < replicas:
+        spec = {"minAvailable": budget["minAvailable"]}
+    else:
+        return None
+    meta = body["metadata"]
+    name = meta["name"]
+    return {
+        "apiVersion": DISRUPTION_BUDGET_API,
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": deployment_name(name),
+            "namespace": meta["namespace"],
+            "labels": labels(name),
+            "ownerReferences": [owner_reference(body)],
+        },
+        "spec": {
+            **spec,
+            "selector": {"matchLabels": selector_labels(name)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }

@@ -11,6 +11,12 @@ API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "OutboxDispatcher"
 PLURAL = "outboxdispatchers"
 MANAGER = "outbox-controller"  # app.kubernetes.io/managed-by, field manager, Event source
+# A label value holds at most 63 characters, and the resource's name is one: the value of the
+# worker pods' app.kubernetes.io/instance label (and of the selector). The CRD refuses longer
+# names at admission (its root CEL rule; tests/test_controller_crd.py keeps the two equal);
+# no label value the operator writes adds a suffix to the name.
+LABEL_VALUE_MAX = 63
+MAX_NAME_LENGTH = LABEL_VALUE_MAX
 
 
 def deployment_name(resource_name: str) -> str:

@@ -561,9 +561,11 @@ class ScalingPolicy:
         else:
             n, reason = held, "ArrivalRate"
             message = f"arrivals {rate:.0f}/s, {mu:.0f}/s per worker"
-            if held > rate_need:
+            if rate_need < held <= replicas:
                 reason = "ScaleDownStabilizing"
                 message += f" (needs {rate_need}, holding for {window:.0f}s)"
+            elif held > rate_need:  # more than run now (a resume): the window's peak, no hold
+                message += f"; up to {held_rate:.0f}/s in the last {window:.0f}s"
 
         if work.cap is not None and n > work.cap:
             n, reason = work.cap, "AggregatesWithWork"

@@ -22,6 +22,22 @@ from outbox.errors import SettingError
 # The group the worker finds its publishers in (the worker's registry reads the same one).
 PUBLISHER_GROUP = "outbox.publishers"
 DEFAULT_WORKER_IMAGE = "outbox-dispatcher:0.1.0"
+# What a worker pod asks the scheduler for when neither the resource nor the admin's
+# --worker-defaults says: one worker idles near 60 MiB and a few millicores, and a busy one
+# (a full claim in flight) stays under 128 MiB at the default claim size. Without requests
+# the pods are BestEffort: first evicted under pressure, and packed onto full nodes.
+DEFAULT_WORKER_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "100m", "memory": "128Mi"}}
+# spec.worker's fields the admin may give defaults for (applied when a resource omits the
+# field; an admin's choice, so not held to the pod policy that binds resource authors).
+WORKER_DEFAULT_FIELDS = (
+    "resources",
+    "imagePullSecrets",
+    "nodeSelector",
+    "tolerations",
+    "affinity",
+    "topologySpreadConstraints",
+    "priorityClassName",
+)
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
@@ -57,6 +73,12 @@ class ControllerSettings:
     """How often the leader renews and followers try to acquire."""
     worker_image: str = DEFAULT_WORKER_IMAGE
     """Image of the worker pods when a resource does not name one."""
+    worker_defaults: Mapping[str, Any] = field(
+        default_factory=lambda: {"resources": DEFAULT_WORKER_RESOURCES}
+    )
+    """spec.worker fields applied to a resource that omits them, as a JSON object: resources,
+    imagePullSecrets, nodeSelector, tolerations, affinity, topologySpreadConstraints,
+    priorityClassName (default: resources with requests of 100m CPU and 128Mi memory)."""
     worker_publishers: tuple[str, ...] = field(default_factory=installed_publishers)
     """Publishers the worker image has; a resource asking for another is refused in status."""
     secret_consent: bool = True
@@ -128,6 +150,14 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--renew-deadline", help="leader gives up after failing this long (10s)")
     parser.add_argument("--retry-period", help="renew / acquire interval (default 2s)")
     parser.add_argument("--worker-image", help=f"default worker image ({DEFAULT_WORKER_IMAGE})")
+    parser.add_argument(
+        "--worker-defaults",
+        help="spec.worker fields for resources that omit them, as a JSON object ("
+        + ", ".join(WORKER_DEFAULT_FIELDS)
+        + "; default: "
+        + json.dumps({"resources": DEFAULT_WORKER_RESOURCES})
+        + ")",
+    )
     parser.add_argument(
         "--worker-publishers",
         help="comma-separated publishers the worker image has (default: those installed here)",
@@ -232,6 +262,40 @@ def _peers(text: str) -> tuple[Mapping[str, Any], ...]:
     return tuple(peers)
 
 
+_MAPS = ("nodeSelector",)
+_LISTS = ("imagePullSecrets", "tolerations", "topologySpreadConstraints")
+
+
+def _worker_defaults(text: str) -> Mapping[str, Any]:
+    """A JSON object of spec.worker fields (WORKER_DEFAULT_FIELDS), each of its shape; the
+    API server checks the rest when the workers' Deployment is written."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise ValueError("expected a JSON object of spec.worker fields")
+    unknown = sorted(set(value) - set(WORKER_DEFAULT_FIELDS))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not one of {', '.join(WORKER_DEFAULT_FIELDS)}")
+    for key, item in value.items():
+        if key in _LISTS and not (
+            isinstance(item, list) and all(isinstance(i, dict) for i in item)
+        ):
+            raise ValueError(f"{key}: expected a list of objects")
+        if key in _MAPS and not (
+            isinstance(item, dict) and all(isinstance(v, str) for v in item.values())
+        ):
+            raise ValueError(f"{key}: expected an object of strings")
+        if key in ("resources", "affinity") and not isinstance(item, dict):
+            raise ValueError(f"{key}: expected an object")
+        if key == "resources" and not set(item) <= {"requests", "limits"}:
+            raise ValueError("resources: expected requests and limits only")
+        if key == "priorityClassName" and not (isinstance(item, str) and _NAME.match(item)):
+            raise ValueError("priorityClassName: expected a priority class's name")
+    return value
+
+
 def _log_format(text: str) -> str:
     if text not in ("auto", "json", "text"):
         raise ValueError(f"{text!r} is not one of auto, json, text")
@@ -309,6 +373,7 @@ def load_settings(
         retry_period=get("--retry-period", _positive_duration, defaults.retry_period),
         worker_image=get("--worker-image", str, defaults.worker_image),
         worker_publishers=get("--worker-publishers", _names, installed_publishers()),
+        worker_defaults=get("--worker-defaults", _worker_defaults, defaults.worker_defaults),
         secret_consent=get("--secret-consent", on_off, defaults.secret_consent),
         allowed_images=get("--allowed-images", _entries(check_image_pattern), ()),
         allowed_service_accounts=get("--allowed-service-accounts", _entries(_name), ()),

@@ -133,7 +133,10 @@ def paused_condition(spec: Mapping[str, Any]) -> Condition:
     return Condition(PAUSED, False, "NotPaused", "the workers run as sized")
 
 
-def ready_condition(ready_replicas: int, desired: int) -> Condition:
+def ready_condition(ready_replicas: int, desired: int, *, paused: bool = False) -> Condition:
+    if paused:  # a person's decision, not an idle table: says so and how to undo it
+        message = "spec.paused is true: no workers run until it is false"
+        return Condition(READY, True, "Paused", message)
     if desired == 0:
         return Condition(READY, True, "ScaledToZero", "nothing to do: no workers are needed")
     if ready_replicas >= desired:
@@ -213,7 +216,8 @@ def conditions(
         found.append(destination_condition(stats))
     if problem is None:
         ready = int(dstatus.get("readyReplicas") or 0)
-        return [*found, CONNECTED, ready_condition(ready, decision.replicas)]
+        paused = bool(spec.get("paused"))
+        return [*found, CONNECTED, ready_condition(ready, decision.replicas, paused=paused)]
     found.extend(problem_conditions(problem))
     if stats is not None:
         found.append(CONNECTED)  # the problem lies elsewhere

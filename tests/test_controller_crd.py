@@ -204,3 +204,179 @@ def test_the_breaker_takes_what_the_worker_takes(
     for value in values:
         crd = _errors({"breaker": {field: value}}) == []
         assert crd == _worker_accepts(CONVERTERS[setting], str(value)), (field, value)
+
+
+# -- one set of ranges: what the CRD admits the worker accepts, and what it refuses the worker
+# refuses (the worker's settings are the source; the values reach it through the rendered env)
+
+
+def _body(spec: dict[str, Any], name: str = "orders") -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "database": {"dsnSecretRef": {"name": "db"}},
+        "publisher": {"type": "log"},
+    }
+    for path, value in spec.items():
+        target = base
+        *parents, leaf = path.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[leaf] = value
+    return {
+        "apiVersion": "outbox.dev/v1alpha1",
+        "kind": "OutboxDispatcher",
+        "metadata": {"name": name, "namespace": "shop", "uid": "u-1"},
+        "spec": base,
+    }
+
+
+def _crd_errors(body: dict[str, Any]) -> list[str]:
+    from chart.chart import custom_resource_errors
+
+    return custom_resource_errors(body)
+
+
+def _worker_error(body: dict[str, Any]) -> str | None:
+    """The worker's own refusal of the env the operator renders for `body`, or None."""
+    import copy
+
+    from chart.chart import crd_schema
+
+    from outbox.controller.render import render_deployment
+    from outbox.errors import SettingError
+    from outbox.worker.settings import load_settings
+
+    body = copy.deepcopy(body)
+    crd_schema().default(body)  # the defaults an API server stores, as the operator reads them
+    deployment = render_deployment(body, replicas=1, default_image="outbox-dispatcher:test")
+    env = {"OUTBOX_DSN": "postgresql://app@db/orders", "OUTBOX_OWNER": "orders-worker-1"}
+    for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]:
+        if "value" in item:
+            env[item["name"]] = item["value"]
+    try:
+        load_settings([], env)
+    except SettingError as exc:
+        return str(exc)
+    return None
+
+
+_HTTP = {"publisher.type": "http", "publisher.http": {"url": "http://sink.example/in"}}
+_NATS = {"publisher.type": "nats", "publisher.nats": {"urls": ["nats://n:4222"]}}
+_KAFKA = {"publisher.type": "kafka", "publisher.kafka": {"bootstrapServers": "k:9092"}}
+# The publisher's timeout is probed under a lease of 24h: the CRD's own rule that the lease
+# outlasts the timeout is not a range, and the worker warns about it instead.
+_LONG_LEASE = {"lease": "24h"}
+TIMEOUTS = ["0s", "0.5ms", "1ms", "250ms", "10s", "1.5h", "23h", "25h", "720h"]
+
+# (field, values probed, other fields): the worker's boundaries, either side, and the values
+# that crash-looped workers the CRD had admitted (lease 0s, 500ms, 720h; http timeout 0s).
+SAME_RANGE = [
+    ("lease", ["0s", "500ms", "999ms", "1s", "1.5s", "60s", "1440m", "24h", "1441m", "25h",
+               "720h", "0.5h", "99999999999h"], {}),
+    ("publisher.http.timeout", TIMEOUTS, {**_HTTP, **_LONG_LEASE}),
+    ("publisher.nats.timeout", TIMEOUTS, {**_NATS, **_LONG_LEASE}),
+    ("publisher.kafka.timeout", TIMEOUTS, {**_KAFKA, **_LONG_LEASE}),
+    ("batchSize", [0, 1, 100, 10000, 10001], {}),
+    ("concurrency", [0, 1, 4097, 10000, 10001], {}),
+    ("maxAttempts", [0, 1, 1001, 2**31 - 1, 2**31], {}),
+    ("ordering", ["none", "aggregate", "random"], {}),
+]  # fmt: skip
+# Fields the CRD keeps narrower than the worker, and why: what the CRD admits the worker still
+# accepts (checked), not the other way round.
+NARROWER = [
+    # 0 is "any free port" to the worker; a pod's probes and scrapes need a known one.
+    ("worker.metricsPort", [-1, 0, 1, 9000, 65535, 65536], {}),
+    # The pod's termination grace is this plus a margin; beyond an hour no drain waits.
+    ("worker.shutdownGraceSeconds", [0, 1, 3600, 3601], {}),
+    # The worker upper-cases its level; the CRD takes the canonical spelling only.
+    ("worker.logLevel", ["DEBUG", "INFO", "WARNING", "ERROR", "info", "TRACE"], {}),
+]
+
+
+@pytest.mark.parametrize(("field", "values", "other"), SAME_RANGE, ids=[f for f, *_ in SAME_RANGE])
+def test_the_crd_admits_exactly_what_the_worker_accepts(
+    field: str, values: list[Any], other: dict[str, Any]
+) -> None:
+    for value in values:
+        body = _body({**other, field: value})
+        crd, worker = _crd_errors(body), _worker_error(body)
+        assert (crd == []) == (worker is None), (field, value, crd, worker)
+
+
+@pytest.mark.parametrize(("field", "values", "other"), NARROWER, ids=[f for f, *_ in NARROWER])
+def test_what_the_crd_admits_of_a_narrower_field_the_worker_accepts(
+    field: str, values: list[Any], other: dict[str, Any]
+) -> None:
+    admitted = 0
+    for value in values:
+        body = _body({**other, field: value})
+        if _crd_errors(body) == []:
+            admitted += 1
+            assert _worker_error(body) is None, (field, value)
+    assert 0 < admitted < len(values)
+
+
+def test_the_refusals_name_the_range() -> None:
+    [error] = _crd_errors(_body({"lease": "0s"}))
+    assert error.startswith("spec.lease: ") and "between 1s and 24h" in error
+    [error] = _crd_errors(_body({**_HTTP, "publisher.http.timeout": "0s"}))
+    assert "spec.publisher.http.timeout" in error and "between 1ms and 24h" in error
+
+
+@pytest.mark.parametrize(
+    ("retention", "admitted"),
+    [("0s", False), ("0ms", False), ("0.0h", False), ("00d", False), ("0.5s", True),
+     ("1ms", True), ("7d", True), ("10d", True), ("12h", True), ("1.0h", True), ("-1s", False)],
+)  # fmt: skip
+def test_retention_is_more_than_zero(retention: str, admitted: bool) -> None:
+    assert (_crd_errors(_body({"retention": retention})) == []) == admitted, retention
+
+
+# -- names: refused at admission where a label cannot hold them -------------------------------
+
+
+def test_the_longest_name_fits_every_label_and_one_more_is_refused() -> None:
+    from chart.chart import crd_schema, object_errors
+
+    from outbox.controller.render import render_deployment
+    from outbox.controller.resource import MAX_NAME_LENGTH
+
+    longest = "o" * MAX_NAME_LENGTH
+    assert _crd_errors(_body({}, name=longest)) == []
+    [error] = _crd_errors(_body({}, name=longest + "o"))
+    assert f"at most {MAX_NAME_LENGTH} characters" in error
+    body = _body({}, name=longest)
+    crd_schema().default(body)
+    deployment = render_deployment(body, replicas=1, default_image="outbox-dispatcher:test")
+    assert object_errors(deployment) == []
+    assert _label_errors(deployment) == []
+    # One character more would not make a valid Deployment: the label is the limit.
+    body["metadata"]["name"] += "o"
+    too_long = render_deployment(body, replicas=1, default_image="outbox-dispatcher:test")
+    assert any("63" in e for e in _label_errors(too_long))
+
+
+def _label_errors(deployment: dict[str, Any]) -> list[str]:
+    """The API server's checks of names, labels and annotations (the emulator's)."""
+    from k8s.metadata import check_meta
+
+    template = deployment["spec"]["template"]
+    found = check_meta(deployment["metadata"], "metadata") + check_meta(
+        template["metadata"], "spec.template.metadata"
+    )
+    return [str(error) for error in found]
+
+
+# -- kubectl explain: every field described -----------------------------------------------------
+
+
+def _undescribed(schema: dict[str, Any], path: str) -> list[str]:
+    found = [] if schema.get("description") else [path]
+    for name, sub in (schema.get("properties") or {}).items():
+        found += _undescribed(sub, f"{path}.{name}")
+    if "items" in schema:
+        found += _undescribed(schema["items"], f"{path}[]")
+    return found
+
+
+def test_every_field_has_a_description() -> None:
+    assert _undescribed(SCHEMA, "") == []

@@ -16,7 +16,10 @@ import yaml
 
 from outbox.controller.decision import Limits, Observed, decide
 from outbox.controller.policy import (
+    BY_CONSENT,
     CONSENT_ANNOTATION,
+    OPERATOR_ANNOTATION_PREFIXES,
+    OPERATOR_LABELS,
     RESERVED_ENV_PREFIXES,
     SECRET_FIELDS,
     UNRESTRICTED,
@@ -251,6 +254,57 @@ def test_placement_labels_and_annotations_are_refused_until_the_admin_lists_them
     assert fields({"affinity": {"podAntiAffinity": {"x": 1}}}) == []
 
 
+def test_the_operators_own_labels_and_annotations_are_refused_whatever_the_admin_allows() -> None:
+    anything = dataclasses.replace(
+        DEFAULTS, allowed_pod_labels=("*",), allowed_pod_annotations=("*",)
+    )
+    worker = {
+        "podLabels": {"app.kubernetes.io/instance": "billing", "team": "orders",
+                      "app.kubernetes.io/version": "1"},
+        "podAnnotations": {"prometheus.io/port": "1", "outbox.dev/template-hash": "x", "a": "b"},
+    }  # fmt: skip
+    found = violations(spec(**worker), anything)
+    assert [field for field, _ in found] == [
+        "spec.worker.podLabels.app.kubernetes.io/instance",
+        "spec.worker.podAnnotations.outbox.dev/template-hash",
+        "spec.worker.podAnnotations.prometheus.io/port",
+    ]
+    assert "the operator's own" in found[0][1]
+
+
+@pytest.mark.parametrize("key", [*OPERATOR_LABELS, "app.kubernetes.io/version", "team"])
+def test_the_crd_and_the_operator_refuse_the_same_pod_labels(key: str) -> None:
+    from chart.chart import custom_resource_errors
+
+    anything = dataclasses.replace(DEFAULTS, allowed_pod_labels=("*",))
+    resource = {
+        "apiVersion": "outbox.dev/v1alpha1",
+        "kind": "OutboxDispatcher",
+        "metadata": {"name": "orders", "namespace": "shop"},
+        "spec": spec(podLabels={key: "x"}),
+    }
+    refused = key in OPERATOR_LABELS
+    assert bool(custom_resource_errors(resource)) is refused, key
+    assert bool(fields({"podLabels": {key: "x"}}, anything)) is refused, key
+
+
+@pytest.mark.parametrize("prefix", [*OPERATOR_ANNOTATION_PREFIXES, "example.com/"])
+def test_the_crd_and_the_operator_refuse_the_same_pod_annotations(prefix: str) -> None:
+    from chart.chart import custom_resource_errors
+
+    anything = dataclasses.replace(DEFAULTS, allowed_pod_annotations=("*",))
+    key = f"{prefix}scrape"
+    resource = {
+        "apiVersion": "outbox.dev/v1alpha1",
+        "kind": "OutboxDispatcher",
+        "metadata": {"name": "orders", "namespace": "shop"},
+        "spec": spec(podAnnotations={key: "x"}),
+    }
+    refused = prefix in OPERATOR_ANNOTATION_PREFIXES
+    assert bool(custom_resource_errors(resource)) is refused, key
+    assert bool(fields({"podAnnotations": {key: "x"}}, anything)) is refused, key
+
+
 def test_a_violation_is_a_problem_that_stops_the_workers_and_names_each_field() -> None:
     with pytest.raises(Problem) as raised:
         check_pod_policy(spec(image="evil.example/x:1", serviceAccountName="admin"), DEFAULTS)
@@ -289,15 +343,19 @@ FIELDS = _walk(SCHEMA)
 def test_every_worker_field_of_the_crd_is_checked_or_known_to_widen_nothing() -> None:
     worker = set(SCHEMA["properties"]["spec"]["properties"]["worker"]["properties"])
     assert not set(WORKER_CHECKS) & UNRESTRICTED
-    assert worker == set(WORKER_CHECKS) | UNRESTRICTED, (
-        "a spec.worker field the policy does not know: add a check to WORKER_CHECKS, or to "
-        "UNRESTRICTED if it gives the pods nothing more"
+    assert not (set(WORKER_CHECKS) | UNRESTRICTED) & BY_CONSENT
+    assert worker == set(WORKER_CHECKS) | UNRESTRICTED | BY_CONSENT, (
+        "a spec.worker field the policy does not know: add a check to WORKER_CHECKS, to "
+        "UNRESTRICTED if it gives the pods nothing more, or to BY_CONSENT if it names Secrets"
     )
+    # A field classified by consent is one whose Secrets are checked for consent.
+    for field in BY_CONSENT:
+        assert any(path.startswith(f"worker.{field}") for path in SECRET_FIELDS), field
 
 
 def test_every_secret_the_crd_can_name_is_checked_for_consent() -> None:
     named = {
-        path.removeprefix("spec.")
+        path.removeprefix("spec.").removesuffix("[]")
         for path in FIELDS
         if path.startswith("spec.")
         and path.rsplit(".", 1)[-1].rstrip("[]").endswith(("SecretRef", "SecretName", "Secrets"))

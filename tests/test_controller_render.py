@@ -312,3 +312,145 @@ def test_without_them_the_worker_keeps_its_defaults() -> None:
     env = env_of(render(resource()))
     assert not {"OUTBOX_RATE_LIMIT", "OUTBOX_PROBE_DELAY_MAX"} & set(env)
     assert not [name for name in env if name.startswith("OUTBOX_BREAKER_")]
+
+
+# -- day two: the pods placed and pulled like any other, with defaults from the admin --------
+
+DAY_TWO = {
+    "imagePullSecrets": [{"name": "regcred"}],
+    "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+    "nodeSelector": {"pool": "workers"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "workers",
+                     "effect": "NoSchedule"}],
+    "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                            "labelSelector": {"matchLabels": {"team": "x"}}}}]}},
+    "topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+         "whenUnsatisfiable": "ScheduleAnyway"},
+        {"maxSkew": 2, "topologyKey": "kubernetes.io/hostname",
+         "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"team": "x"}}},
+    ],
+    "priorityClassName": "batch-high",
+    "serviceAccountName": "orders-worker",
+    "podLabels": {"team": "orders"},
+    "podAnnotations": {"team.example.com/owner": "orders"},
+    "disruptionBudget": {"maxUnavailable": 1},
+}  # fmt: skip
+
+
+def test_every_day_two_pod_setting_reaches_the_pod_as_the_crd_admits_it() -> None:
+    from chart.chart import custom_resource_errors
+
+    body = resource(worker=copy.deepcopy(DAY_TWO))
+    assert custom_resource_errors(body) == []
+    template = render(body)["spec"]["template"]
+    pod = template["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["containers"][0]["resources"] == DAY_TWO["resources"]
+    assert pod["nodeSelector"] == {"pool": "workers"}
+    assert pod["tolerations"] == DAY_TWO["tolerations"]
+    assert pod["affinity"] == DAY_TWO["affinity"]
+    assert pod["priorityClassName"] == "batch-high"
+    assert pod["serviceAccountName"] == "orders-worker"
+    # Without a labelSelector a constraint would count no pods: it counts the workers.
+    own, other = pod["topologySpreadConstraints"]
+    assert own["labelSelector"] == {"matchLabels": selector_labels_of("orders")}
+    assert other["labelSelector"] == {"matchLabels": {"team": "x"}}
+    assert template["metadata"]["labels"]["team"] == "orders"
+    kubernetes_validate.validate(render(body), "1.30", strict=True)
+
+
+def selector_labels_of(name: str) -> dict[str, str]:
+    from outbox.controller.resource import selector_labels
+
+    return selector_labels(name)
+
+
+def test_workers_ask_for_resources_by_default_and_the_admins_defaults_fill_what_is_omitted() -> (
+    None
+):
+    from outbox.controller.settings import DEFAULT_WORKER_RESOURCES
+
+    container = render(resource())["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == DEFAULT_WORKER_RESOURCES
+    assert container["resources"]["requests"]["memory"] == "128Mi"
+    admin = {
+        "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}},
+        "imagePullSecrets": [{"name": "cluster-regcred"}],
+        "nodeSelector": {"pool": "outbox"},
+        "priorityClassName": "low",
+    }
+    body = resource(worker={"nodeSelector": {"pool": "mine"}})
+    pod = render_deployment(body, replicas=1, default_image="i:1", defaults=admin)["spec"][
+        "template"
+    ]["spec"]
+    assert pod["containers"][0]["resources"] == admin["resources"]
+    assert pod["imagePullSecrets"] == [{"name": "cluster-regcred"}]
+    assert pod["priorityClassName"] == "low"
+    assert pod["nodeSelector"] == {"pool": "mine"}  # the resource's own wins
+    # A resource's own resources win whole (requests and limits are one decision).
+    own = resource(worker={"resources": {"limits": {"memory": "1Gi"}}})
+    container = render(own)["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == {"limits": {"memory": "1Gi"}}
+
+
+# -- the PodDisruptionBudget: only while it cannot block a drain -------------------------------
+
+
+def budget(value: dict[str, Any] | None, replicas: int) -> dict[str, Any] | None:
+    from outbox.controller.render import render_disruption_budget
+
+    worker = {} if value is None else {"disruptionBudget": value}
+    return render_disruption_budget(resource(worker=worker), replicas)
+
+
+@pytest.mark.parametrize(
+    ("value", "replicas", "rendered"),
+    [
+        (None, 3, False),
+        ({"maxUnavailable": 1}, 1, True),
+        ({"maxUnavailable": 1}, 5, True),
+        ({"maxUnavailable": "10%"}, 1, True),  # rounds up to one pod
+        ({"maxUnavailable": 1}, 0, False),  # no workers, nothing to guard
+        ({"minAvailable": 1}, 1, False),  # 1 of 1: no eviction would be allowed
+        ({"minAvailable": 1}, 2, True),
+        ({"minAvailable": 3}, 3, False),
+        ({"minAvailable": 3}, 4, True),
+        ({"minAvailable": "50%"}, 1, False),  # ceil(0.5) = 1 of 1
+        ({"minAvailable": "50%"}, 2, True),
+        ({"minAvailable": "99%"}, 50, False),  # ceil(49.5) = 50 of 50
+        ({"minAvailable": "99%"}, 101, True),  # 100 of 101
+    ],
+)
+def test_the_budget_is_rendered_only_while_it_allows_an_eviction(
+    value: dict[str, Any] | None, replicas: int, rendered: bool
+) -> None:
+    pdb = budget(value, replicas)
+    assert (pdb is not None) is rendered
+    if pdb is not None:
+        assert value is not None
+        spec = pdb["spec"]
+        assert {k: spec[k] for k in ("minAvailable", "maxUnavailable") if k in spec} == value
+        assert spec["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+        assert spec["selector"] == render(resource())["spec"]["selector"]
+        assert pdb["metadata"]["ownerReferences"][0]["uid"] == "0000-1111"
+        kubernetes_validate.validate(pdb, "1.30", strict=True)
+
+
+@pytest.mark.parametrize(
+    ("value", "admitted"),
+    [({"maxUnavailable": 0}, False), ({"maxUnavailable": "0%"}, False),
+     ({"maxUnavailable": "100%"}, False), ({"maxUnavailable": 1}, True),
+     ({"maxUnavailable": "25%"}, True), ({"minAvailable": 0}, False),
+     ({"minAvailable": "100%"}, False), ({"minAvailable": 2}, True),
+     ({"minAvailable": "60%"}, True), ({}, False),
+     ({"minAvailable": 1, "maxUnavailable": 1}, False), ({"maxUnavailable": "1"}, False)],
+)  # fmt: skip
+def test_the_crd_refuses_a_budget_that_blocks_every_drain(
+    value: dict[str, Any], admitted: bool
+) -> None:
+    from chart.chart import custom_resource_errors
+
+    body = resource(worker={"disruptionBudget": value})
+    assert (custom_resource_errors(body) == []) is admitted, value

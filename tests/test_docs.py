@@ -20,6 +20,7 @@ DESCRIBED = {
     "owner": "hostname-pid",
     "metrics_port": "off",
     "rate_limit": "off",
+    "cloudevents_source": "/outbox/<table>",
 }
 
 
