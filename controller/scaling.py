@@ -67,8 +67,10 @@ STARTUP_DELAY_SECONDS = 20.0
 STARTUP_SAMPLES = 5
 
 # Share of the measured capacity the arrival rate may use: the rest absorbs noise in the
-# arrivals without the age growing.
-UTILIZATION = 0.9
+# arrivals without the age growing. Rounding up to whole workers adds half a worker on
+# average, and the backlog part corrects a shortfall at the next poll, so a small share
+# is enough (the simulation: 0.9 cost 5% more replica-seconds and saved no second of age).
+UTILIZATION = 0.95
 
 # Arrival rate: the median of the per-interval rates over this window, so that a spike (which
 # the backlog part serves) does not inflate the rate part.

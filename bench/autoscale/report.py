@@ -44,25 +44,47 @@ def render(report: dict[str, Any]) -> str:
     ]
     goal = report.get("goal")
     if goal:
-        other = ", ".join(
-            f"{rate} msg/s world: {row['violations_vs_keda_on_pending']:.4f}x"
-            for rate, row in goal["other_worlds"].items()
-        )
         lines += [
             "",
             "## Goal",
             "",
-            f"- violation-seconds: {goal['violations_vs_keda_on_age']:.4f}x KEDA on age's "
-            f"(goal <= 0.005x), {goal['violations_vs_keda_on_pending']:.4f}x KEDA on "
-            "pending's (goal <= 0.01x)",
-            f"- replica-seconds: {goal['replica_seconds_vs_keda_on_pending']:.3f}x KEDA on "
-            "pending's (goal <= 1.2x)",
-            f"- reversals: {goal['reversals']:.0f} against KEDA on pending's "
-            f"{goal['reversals_keda_on_pending']:.0f} (goal: no more)",
-            f"- worlds with another drain rate, violation-seconds against KEDA on pending "
-            f"(goal <= 0.05x): {other}",
-            f"- **{'met' if goal['met'] else 'NOT met'}**",
+            "Two worlds: in the *settled* one a snapshot sees only what the workers left "
+            "behind; in the *in-flight* one every snapshot also sees the last second's "
+            "arrivals claimable although every worker has room (rows arriving faster than a "
+            "claim's round trip). In both, at the main drain rate: violation-seconds <= "
+            "0.005x KEDA on age's and <= 0.01x KEDA on pending's, replica-seconds <= 1.1x "
+            "KEDA on pending's (1.5x in the in-flight world), reversals no more than KEDA on "
+            "pending's; with the drain rate halved and doubled, the same violation-seconds "
+            "and reversals goals.",
         ]
+        for world in ("settled", "in-flight"):
+            row = goal[world]
+            lines += [
+                "",
+                f"### {world.capitalize()} world",
+                "",
+                "| drain rate (msg/s) | s over SLO vs KEDA on age | vs KEDA on pending "
+                "| replica-s vs KEDA on pending | reversals (KEDA on pending) |",
+                "|---:|---:|---:|---:|---:|",
+            ]
+            for rate, r in row["drain_rates"].items():
+                lines.append(
+                    f"| {rate} | {r['violations_vs_keda_on_age']:.4f}x "
+                    f"| {r['violations_vs_keda_on_pending']:.4f}x "
+                    f"| {r['replica_seconds_vs_keda_on_pending']:.3f}x "
+                    f"| {r['reversals']:.0f} ({r['reversals_keda_on_pending']:.0f}) |"
+                )
+            over = [rate for rate, r in row["drain_rates"].items() if not r["replica_seconds_met"]]
+            if over:
+                lines += [
+                    "",
+                    f"Replica-seconds above {row['replica_seconds_goal']:g}x KEDA on pending's at "
+                    + ", ".join(f"{rate} msg/s" for rate in over)
+                    + " (not part of the goal away from the main drain rate; the per-trace "
+                    "tables below show where).",
+                ]
+            lines += ["", f"**{'met' if row['met'] else 'NOT met'}**"]
+        lines += ["", f"Both worlds: **{'met' if goal['met'] else 'NOT met'}**"]
     polls = report.get("poll_intervals")
     if polls:
         lines += [
@@ -75,13 +97,14 @@ def render(report: dict[str, Any]) -> str:
         for poll, summary in polls.items():
             cells = " | ".join(fmt.format(summary[key]) for key, _, fmt in COLUMNS)
             lines.append(f"| {poll} | {cells} |")
+    kinds = {
+        "": "",
+        "in-flight": ", in-flight world (snapshots see the last second's arrivals claimable)",
+        "unsteady": ", an unsteady downstream (±25% over 30 min, ±10% per second; not in the goal)",
+    }
     for rate, world in report["worlds"].items():
-        rate_text, _, unsteady = rate.partition("-")
-        title = f"## Drain rate {rate_text} msg/s per worker" + (
-            ", an unsteady downstream (±25% over 30 min, ±10% per second; not in the goal)"
-            if unsteady
-            else ""
-        )
+        rate_text, _, kind = rate.partition("-")
+        title = f"## Drain rate {rate_text} msg/s per worker" + kinds[kind]
         lines += ["", title, "", "### All traces summed", ""]
         lines += _table(world["total"])
         for trace, rows in world["traces"].items():
