@@ -54,6 +54,7 @@ import re
 import string
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -269,7 +270,9 @@ class _Batch:
 
     One callback serves the whole batch (no object per message): a success is only
     counted; a failure, rare, is placed by the outbox id at the start of the message's
-    value (the envelope's first field), or else by its `outbox-id` header (a CloudEvent).
+    value (the envelope's first field: delivery reports carry the value, not the headers).
+    A CloudEvent's value holds no id where it can be read cheaply: each of its messages gets
+    a callback of its own that knows its place (`report_at`).
     The last report completes `future`. Reports run on the loop (its poll(0) calls), or on
     the thread closing the session; the future is touched on the loop alone.
     """
@@ -314,6 +317,16 @@ class _Batch:
         # that cannot be placed is kept, not raised.
         if error is not None:
             self._place(error, message)
+        self._reported()
+
+    def report_at(self, index: int, error: KafkaError | None, message: Any) -> None:
+        """`report` for the message at `index` of the call's results."""
+        if error is not None:
+            self.failed += 1
+            self.results[index] = error
+        self._reported()
+
+    def _reported(self) -> None:
         self.reported += 1
         if self.reported == self.produced:
             if threading.get_ident() == self._loop_thread:
@@ -326,10 +339,7 @@ class _Batch:
         self.failed += 1
         try:
             value = message.value()
-            if value.startswith(b'{"id":'):  # the envelope: {"id":123,...
-                outbox_id = int(value[6 : value.index(b",", 6)])
-            else:
-                outbox_id = int(dict(message.headers())["outbox-id"])
+            outbox_id = int(value[6 : value.index(b",", 6)])  # {"id":123,...
             if self._index is None:
                 self._index = {m.id: i for i, m in enumerate(self.messages)}
             self.results[self._index[outbox_id]] = error
@@ -651,6 +661,7 @@ class KafkaPublisher:
                         value = envelope(message).encode()
                     else:
                         value = self._encode(message, headers)
+                    on_delivery = report if plain else partial(batch.report_at, index)
                     # Positional, as produce(topic, value, key, partition, on_delivery, None,
                     # timestamp, headers): keyword parsing was a tenth of the call.
                     produce(
@@ -658,7 +669,7 @@ class KafkaPublisher:
                         value,
                         message.aggregate_id.encode(),
                         -1,  # the partitioner's choice
-                        report,
+                        on_delivery,
                         None,
                         0,  # now
                         headers,
