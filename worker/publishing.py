@@ -25,6 +25,7 @@ from datetime import timedelta
 
 from outbox.models import Message, Outcome
 from outbox.redact import redact_text
+from outbox.worker import tracing
 from outbox.worker.backoff import retry_delay
 from outbox.worker.health import Health
 from outbox.worker.in_flight import InFlight
@@ -101,7 +102,9 @@ class Publishing(Service):
         self.classifier = Classifier(settings)
         self.in_flight = InFlight(settings.publish_timeout.total_seconds())
         self.tasks: set[asyncio.Task[None]] = set()
-        batch = getattr(publisher, "publish_batch", None)
+        # The publisher's own calls, or the same making publish spans (worker/tracing.py).
+        self._publish, batch = tracing.publish_calls(publisher, health, settings.otel_parent)
+        self._publish_batch = batch
         if batch is not None:
             self._run, self._most = self._publish_batches, BATCHES_IN_FLIGHT
         else:
@@ -139,7 +142,8 @@ class Publishing(Service):
         ledger, metrics, health = self.ledger, self.metrics, self.health
         put_outcome, done, delivered = ledger.put_outcome, Outcome.done, health.delivered
         blocked, probes, limiter = health.blocked, health.probes, health.limiter
-        publish, in_flight = self.publisher.publish, self.in_flight  # type: ignore[union-attr]
+        publish, in_flight = self._publish, self.in_flight
+        assert publish is not None
         clock = time.perf_counter
         while (message := ledger.take_one(time.monotonic())) is not None:
             if blocked and not await health.admit(message):
@@ -211,7 +215,8 @@ class Publishing(Service):
         """Hand the publisher batches of waiting messages until none is waiting. A batch
         publisher has one destination (its cluster), so a batch shares one fate."""
         ledger, s, health = self.ledger, self.settings, self.health
-        publish_batch = self.publisher.publish_batch  # type: ignore[union-attr]
+        publish_batch = self._publish_batch
+        assert publish_batch is not None
         timeout = s.publish_timeout.total_seconds()
         while ledger.waiting:
             want = min(s.batch, len(ledger.waiting))
