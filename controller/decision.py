@@ -9,7 +9,8 @@ applies the decision to the Deployment and reports it. The rules, first match wi
 1. `spec.paused` → 0 (`Paused`).
 2. `spec.replicas` → that count, never past `maxReplicas` (`ReplicasPinned`).
 3. No usable reading of the table → the current size (`HoldingSize`): workers are neither
-   added nor removed blind.
+   added nor removed blind; nor does a pinned count add workers while a problem stands (a
+   new pod would read inputs this pass could not validate, such as a bad DSN in the Secret).
 4. Otherwise the sizing policy's answer, within `minReplicas..maxReplicas` (`MinReplicas`,
    `MaxReplicas` say when a bound changed it); but while a destination is open or paused
    (`Observed.open_destinations`) no more workers than run now (`DestinationUnreachable`):
@@ -136,11 +137,41 @@ def decide(observed: Observed, limits: Limits, policy: Callable[[], SizingPolicy
         )
     fixed = limits.fixed()
     if fixed is not None:
+        if observed.problem is not None and fixed.replicas > observed.replicas:
+            # A new pod reads its Secrets as they are now, and this pass could not validate
+            # them (an InvalidDsn written to the Secret): it would crash where the running
+            # workers, started on validated inputs, go on delivering.
+            message = (
+                f"size held at {observed.replicas} ({fixed.message}): new workers would start "
+                f"on inputs that failed the check: {observed.problem.message}"
+            )
+            return Decision(observed.replicas, "HoldingSize", message)
         return fixed
     if wanted is None:
         why = observed.problem.message if observed.problem else "no backlog reading"
         return Decision(observed.replicas, "HoldingSize", f"size held: {why}")
-    return limits.bound(hold_for_destinations(wanted, observed))
+    bounded = limits.bound(hold_for_destinations(wanted, observed))
+    if bounded.reason == "MinReplicas" and bounded.replicas > observed.replicas:
+        # Raised to the floor (a new resource, a resume): the floor is the reason, and what
+        # the policy alone would run ("wanted 0: idle for 0s") only confuses the scale-up.
+        message = f"minReplicas is {bounded.replicas}; {describe_reading(observed.stats)}"
+        return Decision(bounded.replicas, bounded.reason, message)
+    return bounded
+
+
+def describe_reading(stats: QueueStats | None) -> str:
+    """What the backlog looked like, for a scale Event: `12 messages ready, oldest 4s`,
+    `3 in flight`, `nothing waiting`."""
+    if stats is None:
+        return "no backlog reading"
+    parts = []
+    if stats.ready:
+        at_least = "" if stats.counts_exact else "at least "
+        age = stats.oldest_ready_age or 0.0
+        parts.append(f"{at_least}{stats.ready} messages ready, oldest {age:.0f}s")
+    if stats.processing:
+        parts.append(f"{stats.processing} in flight")
+    return ", ".join(parts) or "nothing waiting"
 
 
 def describe_unreachable(destinations: tuple[DestinationState, ...]) -> str:
