@@ -16,6 +16,7 @@ import psycopg
 from outbox import dberrors
 from outbox.controller.status import Problem
 from outbox.dsn import DsnError, check_dsn
+from outbox.durations import parse_duration
 from outbox.errors import SettingError
 from outbox.maintenance import purge_done
 from outbox.redact import redact_dsn, redact_text
@@ -43,6 +44,25 @@ def parse_table(text: str) -> Table:
         return Table.parse(text)
     except SettingError as exc:
         raise Problem("InvalidTable", str(exc)) from None
+
+
+def parse_retention(text: str | None) -> timedelta | None:
+    """spec.retention, None when absent (done rows are kept). Zero or less is refused as the
+    CRD refuses it (a CRD from an older release admitted `0s`): it would delete every done
+    row as soon as it is done, the recent history people read in an incident."""
+    if text is None:
+        return None
+    try:
+        retention = parse_duration(text)
+    except ValueError as exc:
+        raise Problem("InvalidRetention", f"spec.retention {text!r}: {exc}") from None
+    if retention <= timedelta(0):
+        raise Problem(
+            "InvalidRetention",
+            f"spec.retention {text!r} must be more than zero: it would purge every done row "
+            "at once; set a period (7d, 12h) or remove it to keep them",
+        )
+    return retention
 
 
 def _database_problem(exc: psycopg.Error, dsn: str) -> Problem:

@@ -26,7 +26,7 @@ from typing import Any
 from kubernetes.aio.client.exceptions import ApiException
 
 from outbox.controller import status as st
-from outbox.controller.database import parse_dsn, parse_table, purge, read_backlog
+from outbox.controller.database import parse_dsn, parse_retention, parse_table, purge, read_backlog
 from outbox.controller.decision import Decision, Limits, Observed, SizingPolicy, decide
 from outbox.controller.kube import Kube, secret_key
 from outbox.controller.leader import LeadershipLost
@@ -196,6 +196,7 @@ class Dispatcher:
         secrets = await admit(context.kube, context.settings, self.namespace, self.name, spec)
         database = spec["database"]
         table = parse_table(database.get("table", "outbox"))
+        parse_retention(spec.get("retention"))  # refused before anything is purged
         ref = database["dsnSecretRef"]
         name, key = ref["name"], ref.get("key", "dsn")
         text, self._secret_version = secrets[name].value(key), secrets[name].version

@@ -1,7 +1,7 @@
 """What a scale Event says is what happened and why: a scale-up to the floor says the floor
 (not "wanted 0: idle for 0s"), a scale-up after a resume says the window's peak (not "needs
 0, holding"), a pinned count adds no workers while the inputs fail their check, and a paused
-resource says Paused rather than ScaledToZero."""
+resource says Paused rather than ScaledToZero; and a retention of zero is refused."""
 
 from __future__ import annotations
 
@@ -106,3 +106,22 @@ def test_a_paused_resource_is_ready_with_reason_paused_not_scaled_to_zero() -> N
     assert "spec.paused" in ready.message
     idle = st.conditions({}, replace(decision, reason="Idle"), None, snap(0, max_id=0), None)
     assert next(c for c in idle if c.type == st.READY).reason == "ScaledToZero"
+
+
+def test_a_retention_of_zero_is_refused_by_the_operator_too() -> None:
+    from datetime import timedelta
+
+    import pytest
+
+    from outbox.controller.database import parse_retention
+
+    assert parse_retention(None) is None
+    assert parse_retention("7d") == timedelta(days=7)
+    assert parse_retention("1ms") == timedelta(milliseconds=1)
+    for zero in ("0s", "0.0h", "0ms"):
+        with pytest.raises(Problem) as refused:
+            parse_retention(zero)
+        assert refused.value.reason == "InvalidRetention"
+        assert f"spec.retention {zero!r} must be more than zero" in refused.value.message
+    with pytest.raises(Problem, match="is not a duration"):
+        parse_retention("soon")
