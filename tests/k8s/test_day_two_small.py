@@ -211,3 +211,38 @@ def test_outside_a_cluster_it_leads_in_the_kubeconfigs_current_namespace(
     finally:
         operator.stop()
     assert "Traceback" not in operator.log(), operator.log()
+
+
+def test_a_retention_of_zero_from_an_older_crd_purges_nothing_and_says_why(
+    cluster: LocalCluster, operators: Callable[..., Operator], dsn: str, tmp_path: Path
+) -> None:
+    # The CRD of a release that admitted zero (its pattern took any number): the operator
+    # refuses it itself.
+    crd = yaml.safe_load(harness.CRD.read_text())
+    [version] = crd["spec"]["versions"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    spec["retention"]["pattern"] = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h|d)$"
+    older = tmp_path / "older-crd.yaml"
+    older.write_text(yaml.safe_dump(crd))
+    cluster.install_crd(older)
+    enqueue(dsn, 10)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE outbox SET status = 'done', done_at = now() - interval '1 hour'")
+    operators()
+    apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest(retention="0s"))
+    ready = wait_for(
+        "InvalidRetention",
+        lambda: (
+            (c := condition(cluster, "orders", "Ready")).get("reason") == "InvalidRetention" and c
+        ),
+    )
+    assert ready["status"] == "False"
+    assert "spec.retention '0s' must be more than zero" in ready["message"]
+    assert "InvalidRetention" in [e["reason"] for e in events(cluster, "orders")]
+    assert _done(dsn) == 10  # nothing purged
+    status = (get(cluster, "outboxdispatchers", "orders") or {}).get("status") or {}
+    assert "lastPurgeTime" not in status
+
+    cluster.kubectl("patch", "obd", "orders", "--type=merge", "-p", '{"spec":{"retention":"30m"}}')
+    wait_for("Recovered", lambda: "Recovered" in [e["reason"] for e in events(cluster, "orders")])
+    wait_for("the purge of the hour-old rows", lambda: _done(dsn) == 0)
