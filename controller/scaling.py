@@ -26,10 +26,15 @@ has the formulas and the simulation that measures them):
   (`stats.oldest_claimable_age`, `stats.claimable_heads`): rows behind an unfinished or dead
   head cannot be claimed, and sizing on them would add workers that have nothing to do.
 - The capacity: a worker's drain rate is measured, never configured. A span of polls in
-  which claimable work waited throughout (the workers were saturated) gives completions per
-  ready replica; any other span gives only a lower bound. While the rate has not been seen
-  under saturation, the estimate is probed upwards after each calm minute, so that an
-  over-provisioned deployment sheds workers until they saturate, which measures it. An
+  which the workers had no room throughout gives completions per ready replica; any other
+  span gives only a lower bound. No room is shown by a message, not by a count: the oldest
+  claimable message waited through the whole span, longer than a worker with room leaves
+  one (`waited_throughout`). Claimable messages at every poll prove nothing: rows arriving
+  faster than a claim's round trip are claimable at every instant while every worker has
+  room. While the rate has not been seen under saturation, the estimate is probed upwards
+  after each calm minute (no message waited), so that an over-provisioned deployment sheds
+  workers until they saturate, which measures it; a probe after which a message waits is
+  taken back at once, before it is measured (`DrainRate.overshot`). An
   interval in which a destination was open or paused (`stats.unreachable`) measures
   nothing: the destination set the pace. The start-up delay of new workers is measured too
   (`StartupDelay`).
@@ -88,8 +93,10 @@ PRIOR_DRAIN_RATE = 100.0
 
 # While the drain rate was never seen under saturation, raise the estimate by this factor
 # after each PROBE_AFTER_SECONDS in which the workers kept up with room to spare. Removing a
-# worker takes effect at once and a saturated queue is seen within two polls, so a probe
-# that overshoots costs a few seconds of age and measures the rate.
+# worker takes effect at once and a message left waiting is seen at the next poll, so a
+# probe that overshoots costs a few seconds of age: it is taken back, and not tried again
+# for STALE_AFTER_SECONDS (or it lasts until a message waits a whole interval, which
+# measures the rate).
 PROBE_FACTOR = 1.5
 PROBE_AFTER_SECONDS = 60.0
 
@@ -174,13 +181,13 @@ def _camel(name: str) -> str:
 class DrainRate:
     """What one ready worker delivers per second, as the policy has come to know it.
 
-    Saturated spans (claimable work waiting at every poll, the same workers ready throughout)
-    measure it: the median of the last few. Other spans bound it from below. A span covers
-    at least `SAMPLE_SECONDS`, so that completions finalized in batches do not read as
-    bursts of speed at short poll intervals. Until it is measured the value is a guess:
-    `PRIOR_DRAIN_RATE`, raised by `probe()`, never below the lower bound; a measurement
-    replaces it. A lower bound above the measurement (the workers got faster) makes it a
-    guess again, from there.
+    Saturated spans (a message waited through the whole span, `waited_throughout`, the same
+    workers ready throughout) measure it: the median of the last few. Other spans bound it
+    from below. A span covers at least `SAMPLE_SECONDS`, so that completions finalized in
+    batches do not read as bursts of speed at short poll intervals. Until it is measured the
+    value is a guess: `PRIOR_DRAIN_RATE`, raised by `probe()` (taken back by `overshot()`),
+    never below the lower bound; a measurement replaces it. A lower bound above the
+    measurement (the workers got faster) makes it a guess again, from there.
     """
 
     def __init__(self) -> None:
@@ -189,6 +196,8 @@ class DrainRate:
         self._guess = PRIOR_DRAIN_RATE
         self._span: tuple[bool, float, float, float] | None = None  # kind, done, worker-s, s
         self._measured_at = -math.inf
+        self._before_probe: float | None = None  # the guess before the last probe
+        self._overshot_at = -math.inf
 
     @property
     def value(self) -> float:
@@ -239,8 +248,17 @@ class DrainRate:
         if self.measured and at - self._measured_at >= stale_after:
             self._guess = statistics.median(self._saturated)
             self._saturated.clear()
-        if not self.measured:
+        if not self.measured and at - self._overshot_at >= stale_after:
+            self._before_probe = self.value
             self._guess = self.value * PROBE_FACTOR
+
+    def overshot(self, at: float) -> None:
+        """The workers ran out of room since the last probe: take it back, and probe no
+        more for a while (the guess it returns to kept up with room to spare)."""
+        if self._before_probe is not None and not self.measured:
+            self._guess = self._before_probe
+            self._overshot_at = at
+        self._before_probe = None
 
 
 class StartupDelay:
@@ -414,6 +432,11 @@ class ScalingPolicy:
         saturated = (
             before.claimable > 0 and waited_throughout(work.age, seconds)
         ) and ready_before == ready_replicas
+        if before.claimable > 0 and work.age >= CLAIM_WAIT_SECONDS:
+            # The workers ran out of room (not for a whole interval, so it measures nothing):
+            # a probe since undershot. Seen a poll after it, long before the age that
+            # `waited_throughout` needs at long poll intervals.
+            self.drain_rate.overshot(work.at)
         self.drain_rate.observe(
             at=work.at,
             saturated=saturated,
@@ -515,7 +538,6 @@ class ScalingPolicy:
 
     def _size(self, work: _Work, replicas: int, ready_replicas: int) -> Decision:
         s = self.settings
-        target = s.target_oldest_ready_age_seconds
         window = s.scale_down_stabilization_seconds
         mu = self.drain_rate.value
         rate = self._arrival_rate()
@@ -541,10 +563,11 @@ class ScalingPolicy:
         else:
             self._burst_hold = max(self._burst_hold, backlog_need)
 
-        # Probing: workers that keep up with room to spare, for a while, without a saturated
-        # measurement of the drain rate; only where one worker fewer is possible.
+        # Probing: workers that keep up with room to spare (no message waited longer than a
+        # worker with room leaves one), for a while, without a saturated measurement of the
+        # drain rate; only where one worker fewer is possible.
         calm = (
-            work.age < target / 2
+            work.age < CLAIM_WAIT_SECONDS  # no message waited: the workers had room
             and not self._burst_hold
             and rate > 0
             and min(replicas, ready_replicas) >= 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -359,6 +360,23 @@ def test_the_defaults_are_the_crds():
     defaults = {key: value["default"] for key, value in schema.items()}
     assert ScalingSettings.from_spec(defaults) == ScalingSettings()
     assert set(defaults) == set(ScalingSettings().to_spec())
+
+
+def test_a_probe_that_overshoots_is_taken_back_before_the_target_at_long_polls():
+    # Polled every 30 s (the target): the workers' speed is measured only by a message that
+    # waited a whole interval, which is already the target. A probe that removes a worker
+    # too many shows sooner, as a message waiting longer than a worker with room leaves
+    # one: the probe is taken back, and not tried again for a while.
+    policy = ScalingPolicy({"maxReplicas": 50, "pollIntervalSeconds": 30})
+    queue = Queue(policy, mu=200, replicas=3)
+    queue.run(600, rate=500, every=30)
+    queue.max_age = 0.0
+    decisions = queue.run(3600, rate=500, every=30)
+    assert queue.max_age < 30
+    assert {d.replicas for d in decisions} <= {2, 3} and queue.replicas == 3
+    # At most one probe per STALE_AFTER_SECONDS after one overshot.
+    probes = sum(1 for a, b in itertools.pairwise(decisions) if a.replicas > b.replicas)
+    assert probes <= 3600 / STALE_AFTER_SECONDS + 1
 
 
 def test_a_measurement_that_grew_stale_is_probed_again():
