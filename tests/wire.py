@@ -52,7 +52,8 @@ class Receiver:
             return web.Response(status=self._answer(n), text="ok")
 
         app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", handle)
+        # Any path, decoded CR and LF included (a `.*` route would answer them 404).
+        app.router.add_route("*", r"/{tail:[\s\S]*}", handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
