@@ -249,12 +249,14 @@ def _spawn(dsn: str, tmp_path: Path, *args: str, env: dict[str, str]) -> subproc
     log = open(tmp_path / "worker.log", "ab")  # noqa: SIM115
     return subprocess.Popen(
         [sys.executable, "-X", "importtime", "-m", "outbox.worker", "--owner", "traced",
-         "--publisher", "http", "--poll-interval", "100ms", "--backoff-base", "10ms",
-         "--backoff-cap", "20ms", *args],
+         "--poll-interval", "100ms", "--backoff-base", "10ms", "--backoff-cap", "20ms", *args],
         env={**base, "OUTBOX_DSN": dsn, "OUTBOX_LOG_FORMAT": "json", **env},
         stdout=log,
         stderr=log,
     )  # fmt: skip
+
+
+_HTTP = ("--publisher", "http")
 
 
 def _otel_env(otlp: OtlpReceiver) -> dict[str, str]:
@@ -291,7 +293,7 @@ async def test_publish_spans_link_to_the_producer_and_each_retry_is_a_span_of_it
 
     with Sink(fail_first) as sink:
         message_id, producer = _produce(conn, tracer)
-        worker = _spawn(dsn, tmp_path, "--http-url", sink.url, env=_otel_env(otlp))
+        worker = _spawn(dsn, tmp_path, *_HTTP, "--http-url", sink.url, env=_otel_env(otlp))
         try:
             await wait_until(lambda: _status(conn, message_id) == "done", what="delivered")
             assert otlp.wait_for(lambda: len(otlp.publish_spans(message_id)) == 2)
@@ -330,7 +332,14 @@ async def test_otel_parent_makes_the_producer_span_the_parent(dsn, conn, tracer,
     with Sink() as sink:
         message_id, producer = _produce(conn, tracer)
         worker = _spawn(
-            dsn, tmp_path, "--http-url", sink.url, "--otel-parent", "parent", env=_otel_env(otlp)
+            dsn,
+            tmp_path,
+            *_HTTP,
+            "--http-url",
+            sink.url,
+            "--otel-parent",
+            "parent",
+            env=_otel_env(otlp),
         )
         try:
             assert otlp.wait_for(lambda: len(otlp.publish_spans(message_id)) == 1)
@@ -349,7 +358,7 @@ async def test_the_receiver_gets_the_stored_traceparent_unchanged(
     producer's trace, whatever span the worker made."""
     with Sink() as sink:
         message_id, producer = _produce(conn, tracer)
-        worker = _spawn(dsn, tmp_path, "--http-url", sink.url, env=_otel_env(otlp))
+        worker = _spawn(dsn, tmp_path, *_HTTP, "--http-url", sink.url, env=_otel_env(otlp))
         try:
             assert sink.wait_for(lambda s: len(s.delivered()) == 1)
             assert otlp.wait_for(lambda: len(otlp.publish_spans(message_id)) == 1)
@@ -364,12 +373,43 @@ async def test_the_receiver_gets_the_stored_traceparent_unchanged(
     )
 
 
+async def test_a_batch_publisher_makes_a_span_per_message(dsn, conn, tracer, otlp, tmp_path):
+    """Kafka publishes in batches: still one span per message, each linked to its own
+    producer span."""
+    from kafka_mock import mock_cluster
+
+    with mock_cluster(3) as cluster:
+        cluster.create_topic("order", partitions=2, replication_factor=3)
+        produced = [_produce(conn, tracer) for _ in range(3)]
+        worker = _spawn(
+            dsn, tmp_path, "--publisher", "kafka", "--kafka-bootstrap-servers",
+            cluster.bootstraps, env=_otel_env(otlp),
+        )  # fmt: skip
+        try:
+            assert otlp.wait_for(
+                lambda: all(len(otlp.publish_spans(i)) == 1 for i, _ in produced), timeout=60
+            )
+        finally:
+            assert stop_worker(worker) == 0
+    for message_id, producer in produced:
+        [span] = otlp.publish_spans(message_id)
+        assert span.name == "send {aggregate_type}"  # the topic's template: few names
+        assert span.kind == SpanProto.SPAN_KIND_PRODUCER
+        [link] = span.links
+        assert link.span_id == producer.span_id.to_bytes(8, "big")
+        attributes = _attributes(span.attributes)
+        assert attributes["messaging.system"] == "kafka"
+        assert attributes["messaging.destination.template"] == "{aggregate_type}"
+        assert attributes["outbox.attempt"] == 1
+    assert len({span.trace_id for i, _ in produced for span in otlp.publish_spans(i)}) == 3
+
+
 async def test_a_worker_without_otel_variables_imports_nothing_of_opentelemetry(
     dsn, conn, tracer, tmp_path
 ):
     with Sink() as sink:
         message_id, _ = _produce(conn, tracer)
-        worker = _spawn(dsn, tmp_path, "--http-url", sink.url, env={})
+        worker = _spawn(dsn, tmp_path, *_HTTP, "--http-url", sink.url, env={})
         try:
             await wait_until(lambda: _status(conn, message_id) == "done", what="delivered")
         finally:

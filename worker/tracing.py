@@ -214,8 +214,9 @@ def _destination(
 ) -> tuple[str, str | None, Callable[[Message], str]]:
     """The span name (`send` and the destination's template: few distinct names), the
     template when names are rendered per message, and each message's destination name: the
-    NATS subject, else the Kafka topic's template, else the destination the worker tracks (the
-    HTTP origin: never a URL's path, query or credentials)."""
+    publisher's `destination_name(message)` or NATS subject, else the template (the Kafka
+    topic's), else the destination the worker tracks (the HTTP origin: never a URL's path,
+    query or credentials)."""
     template = next(
         (
             value
@@ -227,7 +228,9 @@ def _destination(
     if template is None:
         return f"send {health.fixed}", None, health.destination_of
     rendered = template if "{" in template else None
-    subject = getattr(publisher, "subject", None)
+    # A publisher that renders names per message may say each one: `destination_name`
+    # (any publisher), `subject` (NATS's).
+    subject = getattr(publisher, "destination_name", None) or getattr(publisher, "subject", None)
     if not callable(subject):
         return f"send {template}", rendered, lambda _: template
 
