@@ -194,8 +194,11 @@ def hold_for_destinations(wanted: Decision, observed: Observed) -> Decision:
     keep = max(observed.replicas, 1)  # someone must be there to probe it
     if not down or wanted.replicas < keep:
         return wanted
+    held = f"holding {keep} workers"
+    if keep > observed.replicas:  # none ran: one starts, which holds nothing
+        held = "one worker to probe the destination"
     message = (
-        f"holding {keep} workers while {describe_unreachable(down)}: more workers do not "
+        f"{held} while {describe_unreachable(down)}: more workers do not "
         f"help a destination that does not answer (the policy wanted {wanted.replicas}: "
         f"{wanted.message})"
     )

@@ -125,3 +125,22 @@ def test_a_retention_of_zero_is_refused_by_the_operator_too() -> None:
         assert f"spec.retention {zero!r} must be more than zero" in refused.value.message
     with pytest.raises(Problem, match="is not a duration"):
         parse_retention("soon")
+
+
+def test_from_zero_the_one_worker_for_an_open_destination_is_a_probe_not_a_hold() -> None:
+    from test_controller_decision import down
+
+    gone = down("http://api.test:80")
+    waiting = snap(0, max_id=50, ready=50, age=30)
+    decision = decide(
+        Observed(replace(waiting, destinations=gone), None, 0, 0, gone),
+        _limits(min_replicas=0),
+        lambda: ScalingPolicy({}),
+    )
+    assert (decision.replicas, decision.reason) == (1, "DestinationUnreachable")
+    event = st.scale_event(0, decision)
+    assert event is not None
+    assert event.message.startswith(
+        "0 -> 1 workers: one worker to probe the destination while http://api.test:80 is open"
+    ), event.message
+    assert "holding" not in event.message
