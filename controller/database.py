@@ -9,9 +9,11 @@ outbox.redact (the DSN redacted, its secret values masked wherever a driver quot
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from datetime import timedelta
 
 import psycopg
+from psycopg import sql
 
 from outbox import dberrors
 from outbox.controller.status import Problem
@@ -85,6 +87,75 @@ def _database_problem(exc: psycopg.Error, dsn: str) -> Problem:
     return Problem("DatabaseError", reason, database=True)
 
 
+@dataclass(frozen=True)
+class TableIdentity:
+    """Which table a DSN and a table name reach, as the server knows it: the cluster's
+    `system_identifier` (pg_control_system, the same on a server and its replicas), the
+    database's oid and the schema-qualified name found through the search_path. Two DSNs
+    that differ in text (host alias, port spelled out, options) reach the same table iff
+    their identities are equal."""
+
+    key: str  # compared, never shown
+    text: str  # for people: `table public.outbox of database orders`
+
+
+# Where pg_control_system() is not granted, the server's address stands in for the cluster.
+_IDENTITY = sql.SQL(
+    "SELECT {cluster}, d.oid::text, d.datname, n.nspname, c.relname "
+    "FROM pg_database d, pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE d.datname = current_database() AND c.oid = to_regclass({t})"
+)
+_CLUSTER = sql.SQL("(SELECT system_identifier::text FROM pg_control_system())")
+_ADDRESS = sql.SQL("coalesce(host(inet_server_addr()), 'local') || ':' || inet_server_port()")
+
+
+async def table_identity(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table
+) -> TableIdentity:
+    row = None
+    for cluster in (_CLUSTER, _ADDRESS):
+        query = _IDENTITY.format(cluster=cluster, t=table.regclass_literal)
+        try:
+            cursor = await conn.execute(query)
+        except psycopg.errors.InsufficientPrivilege:
+            continue
+        row = await cursor.fetchone()
+        break
+    if row is None:  # checked just before, so only a concurrent drop: the next pass says so
+        raise Problem("TableMissing", f"table {table} does not exist")
+    cluster_id, database_oid, database, schema, name = (str(v) for v in row)
+    return TableIdentity(
+        f"{cluster_id}/{database_oid}/{schema}.{name}",
+        f"table {schema}.{name} of database {database}",
+    )
+
+
+async def read_table(
+    dsn: str, table: Table, *, ordered: bool = False
+) -> tuple[QueueStats, TableIdentity]:
+    """Check the table is a usable outbox table, read its backlog and which table it is, in
+    one connection.
+
+    `ordered` (spec.ordering aggregate) adds the claimable heads the scaling policy sizes on.
+    """
+    try:
+        async with await psycopg.AsyncConnection.connect(
+            dsn,
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            application_name=APPLICATION_NAME,
+        ) as conn:
+            try:
+                await check_table(conn, table, ordered=ordered)
+            except SchemaError as exc:
+                missing = "does not exist" in str(exc)
+                raise Problem("TableMissing" if missing else "TableInvalid", str(exc)) from None
+            stats = await queue_stats_async(conn, table, ordered=ordered)
+            return stats, await table_identity(conn, table)
+    except psycopg.Error as exc:
+        raise _database_problem(exc, dsn) from None
+
+
 async def read_backlog(dsn: str, table: Table, *, ordered: bool = False) -> QueueStats:
     """Check the table is a usable outbox table and read its backlog, in one connection.
 
@@ -125,4 +196,4 @@ async def purge(dsn: str, table: Table, older_than: timedelta) -> int:
         raise _database_problem(exc, dsn) from None
 
 
-__all__ = ["parse_dsn", "parse_table", "purge", "read_backlog"]
+__all__ = ["TableIdentity", "parse_dsn", "parse_table", "purge", "read_backlog", "read_table"]

@@ -57,6 +57,7 @@ class Supervisor:
         if found is not None:
             found[1].cancel()
             self.context.metrics.forget(*key)
+            self.context.tables.forget(*key)  # its table is free for another resource
             log.info("%s/%s: deleted; its Deployment goes with it", *key)
 
     def _ended(self, task: asyncio.Task[None]) -> None:

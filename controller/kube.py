@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +39,23 @@ def model(cls: type[M], data: Mapping[str, Any]) -> M:
     built = cls.from_dict(dict(data))
     assert built is not None
     return built
+
+
+def api_reason(exc: ApiException) -> str:
+    """What the API server said, in its own words: the message of the Status it answered
+    (e.g. a 422's `Deployment.apps "x" is invalid: metadata.labels: Invalid value: ...`),
+    else the HTTP status line."""
+    text = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else exc.body
+    message = ""
+    if text:
+        try:
+            body = json.loads(text)
+        except ValueError:
+            body = None
+        if isinstance(body, dict) and isinstance(body.get("message"), str):
+            message = body["message"]
+    head = f"{exc.status} {exc.reason}".strip()
+    return f"{head}: {message}" if message else head
 
 
 def secret_key(namespace: str, name: str, key: str) -> str:
@@ -117,6 +135,17 @@ class Kube:
             if exc.status == 404:
                 return None
             raise
+
+    async def pods(self, namespace: str, selector: str) -> list[dict[str, Any]] | None:
+        """The pods `selector` selects (their status says why a worker does not run); None
+        when RBAC does not let the operator list pods (an older chart's Role)."""
+        try:
+            found = await self._core.list_namespaced_pod(namespace, label_selector=selector)
+        except ApiException as exc:
+            if exc.status == 403:
+                return None
+            raise
+        return [self._dict(pod) for pod in found.items or ()]
 
     # -- writes ---------------------------------------------------------------------------------
 

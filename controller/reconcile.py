@@ -24,18 +24,26 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes.aio.client.exceptions import ApiException
+from kubernetes.utils.quantity import parse_quantity
 
 from outbox.controller import status as st
-from outbox.controller.database import parse_dsn, parse_retention, parse_table, purge, read_backlog
+from outbox.controller.database import (
+    TableIdentity,
+    parse_dsn,
+    parse_retention,
+    parse_table,
+    purge,
+    read_table,
+)
 from outbox.controller.decision import Decision, Limits, Observed, SizingPolicy, decide
-from outbox.controller.kube import Kube, secret_key
+from outbox.controller.kube import Kube, api_reason, secret_key
 from outbox.controller.leader import LeadershipLost
 from outbox.controller.metrics import Metrics
 from outbox.controller.network import differs as network_differs
 from outbox.controller.network import render_network_policy
 from outbox.controller.policy import admit
 from outbox.controller.render import TEMPLATE_HASH, render_deployment
-from outbox.controller.resource import deployment_name
+from outbox.controller.resource import deployment_name, selector_string
 from outbox.controller.scaling import ScalingPolicy
 from outbox.controller.settings import ControllerSettings
 from outbox.durations import format_duration, parse_duration
@@ -46,15 +54,44 @@ log = logging.getLogger("outbox.controller")
 # Purge at most this often, however long the retention (each purge is a few index scans).
 MAX_PURGE_INTERVAL = timedelta(minutes=10)
 API_RETRY_SECONDS = 5.0
+API_ERROR = "ApiError"  # Ready's reason while the API server refuses what a pass does
+DRIFT_CORRECTED = "DriftCorrected"  # the Event when a hand-changed template is put back
+
+
+@dataclass
+class Tables:
+    """Which table each served resource dispatches, by the server's identity of it: one
+    table, one resource. The first (the older resource; by namespace and name on a tie)
+    keeps it; any other gets `TableConflict` and runs no workers. A resource keeps its
+    entry while its reading fails (its table is still its own), until it is deleted."""
+
+    served: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    # (namespace, name) -> (identity key, creationTimestamp)
+
+    def first(
+        self, namespace: str, name: str, created: str, identity: TableIdentity
+    ) -> tuple[str, str] | None:
+        """Record what this resource serves; the resource that had the table first, if
+        not this one."""
+        me = (namespace, name)
+        self.served[me] = (identity.key, created)
+        rivals = [key for key, (other, _) in self.served.items() if other == identity.key]
+        first = min(rivals, key=lambda key: (self.served[key][1], key))
+        return None if first == me else first
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.served.pop((namespace, name), None)
 
 
 @dataclass
 class Context:
-    """What every Dispatcher shares: the settings, the writer and the metrics."""
+    """What every Dispatcher shares: the settings, the writer, the metrics and which
+    resource serves which table."""
 
     settings: ControllerSettings
     kube: Kube
     metrics: Metrics
+    tables: Tables = field(default_factory=Tables)
 
 
 @dataclass(frozen=True)
@@ -68,6 +105,7 @@ class Reading:
     stats: QueueStats | None
     problem: st.Problem | None
     deployment: Mapping[str, Any] | None  # ours; None when there is none of ours
+    pods: list[dict[str, Any]] | None = None  # its pods; None when they could not be read
 
     @property
     def spec(self) -> Mapping[str, Any]:
@@ -96,6 +134,7 @@ class Applied:
     deployment: Mapping[str, Any] | None  # as it stands after the pass
     scaled: bool  # the Deployment's replica count was changed
     purged: int | None  # done rows deleted; None when no purge ran (or it failed)
+    drift: tuple[str, ...] = ()  # what was put back of a template changed by someone else
 
 
 @dataclass
@@ -114,6 +153,8 @@ class Dispatcher:
     _reconciled_generation: int | None = None
     _last_status: Mapping[str, Any] | None = None
     _secret_version: str = ""  # of the DSN's Secret: a new one rolls the workers
+    _pods_forbidden: bool = False  # said once: RBAC does not let the operator list pods
+    _step: str = "reconciling"  # what the pass is doing, for the message of an API error
 
     @property
     def namespace(self) -> str:
@@ -139,16 +180,13 @@ class Dispatcher:
             except LeadershipLost:
                 raise
             except ApiException as exc:
-                log.warning(
-                    "%s/%s: API error %s %s; retrying",
-                    self.namespace,
-                    self.name,
-                    exc.status,
-                    exc.reason,
-                )
+                message = f"{self._step}: {api_reason(exc)}"
+                log.warning("%s/%s: API error: %s; retrying", self.namespace, self.name, message)
                 self.context.metrics.reconcile_errors.labels(
-                    self.namespace, self.name, "ApiError"
+                    self.namespace, self.name, API_ERROR
                 ).inc()
+                if exc.status != 409:  # a conflict is a stale read: the next pass reads anew
+                    await self._report_api_error(message)
                 interval = min(interval, API_RETRY_SECONDS)
             except (OSError, TimeoutError) as exc:
                 log.warning("%s/%s: cannot reach the API: %s", self.namespace, self.name, exc)
@@ -188,8 +226,9 @@ class Dispatcher:
                 f"the worker image has no {kind!r} publisher (it has: {', '.join(available)})",
             )
 
-    async def _backlog(self, spec: Mapping[str, Any]) -> tuple[str, QueueStats]:
-        """(dsn, backlog), or a Problem saying which of the resource's inputs is unusable."""
+    async def _backlog(self, spec: Mapping[str, Any]) -> tuple[str, QueueStats, TableIdentity]:
+        """(dsn, backlog, which table it is), or a Problem saying which of the resource's
+        inputs is unusable."""
         self._check_publisher(spec)
         # The cluster admin's pod policy and every Secret's consent, before anything is used.
         context = self.context
@@ -202,7 +241,24 @@ class Dispatcher:
         text, self._secret_version = secrets[name].value(key), secrets[name].version
         dsn = parse_dsn(text, secret_key(self.namespace, name, key))
         ordered = spec.get("ordering") == "aggregate"
-        return dsn, await read_backlog(dsn, table, ordered=ordered)
+        stats, identity = await read_table(dsn, table, ordered=ordered)
+        return dsn, stats, identity
+
+    def _table_conflict(self, identity: TableIdentity) -> st.Problem | None:
+        """One table, one resource (`Tables`): workers of two resources on one table would
+        finalize each other's rows, and each would size for the other's backlog."""
+        meta = self.body["metadata"]
+        created = str(meta.get("creationTimestamp") or "")
+        first = self.context.tables.first(self.namespace, self.name, created, identity)
+        if first is None:
+            return None
+        return st.Problem(
+            "TableConflict",
+            f"{identity.text} is already served by OutboxDispatcher {first[0]}/{first[1]} "
+            "(the older resource): this one runs no workers until it serves another table "
+            "or that one is deleted",
+            stops_workers=True,
+        )
 
     async def _read(self) -> Reading:
         body = self.body
@@ -213,10 +269,12 @@ class Dispatcher:
         stats: QueueStats | None = None
         dsn = ""
         try:
-            dsn, stats = await self._backlog(body["spec"])
+            dsn, stats, identity = await self._backlog(body["spec"])
+            problem = self._table_conflict(identity)
         except st.Problem as exc:
             problem = exc
         name = deployment_name(self.name)
+        self._step = f"reading Deployment {self.namespace}/{name}"
         deployment = await self.context.kube.deployment(self.namespace, name)
         if deployment is not None and not _owned_by(deployment, body["metadata"].get("uid")):
             # Someone else's Deployment (or a deleted namesake's, about to be collected):
@@ -227,7 +285,19 @@ class Dispatcher:
                 "resource; delete or rename it",
             )
             deployment = None
-        return Reading(body, now, status_before, dsn, stats, problem, deployment)
+        pods = None
+        if deployment is not None:
+            self._step = f"listing the worker pods of {self.namespace}/{name}"
+            pods = await self.context.kube.pods(self.namespace, selector_string(self.name))
+            if pods is None and not self._pods_forbidden:
+                self._pods_forbidden = True
+                log.warning(
+                    "%s/%s: forbidden to list pods: the workers' states (crash loops, image "
+                    "pull errors) are not reported; grant list on pods (docs/operator.md)",
+                    self.namespace,
+                    self.name,
+                )
+        return Reading(body, now, status_before, dsn, stats, problem, deployment, pods)
 
     # -- decide ---------------------------------------------------------------------------------
 
@@ -245,52 +315,61 @@ class Dispatcher:
 
     async def _apply(self, reading: Reading, decision: Decision) -> Applied:
         deployment = reading.deployment
+        drift: tuple[str, ...] = ()
         if reading.problem is None:
-            deployment = await self._apply_deployment(reading.body, deployment, decision.replicas)
+            deployment, drift = await self._apply_deployment(
+                reading.body, deployment, decision.replicas
+            )
             if self.context.settings.worker_network_policy:
                 await self._apply_network_policy(reading.body)
         elif deployment is not None and decision.replicas != reading.replicas:
             # Paused or pinned while the inputs are broken: resize, keep the last good template.
-            await self.context.kube.scale_deployment(
-                self.namespace, deployment_name(self.name), decision.replicas
-            )
+            name = deployment_name(self.name)
+            self._step = f"resizing Deployment {self.namespace}/{name}"
+            await self.context.kube.scale_deployment(self.namespace, name, decision.replicas)
         purged = None
         if reading.problem is None and reading.spec.get("retention"):
             purged = await self._retention(reading)
         scaled = deployment is not None and decision.replicas != reading.replicas
-        return Applied(deployment, scaled, purged)
+        return Applied(deployment, scaled, purged, drift)
 
     async def _apply_deployment(
         self, body: Mapping[str, Any], deployment: Mapping[str, Any] | None, replicas: int
-    ) -> dict[str, Any]:
-        """Create the Deployment, or replace it if its template changed, or just resize it."""
+    ) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """Create the Deployment, or replace it if its template changed (our spec's or by
+        someone else's hand: the drift, which it also returns), or just resize it."""
         kube = self.context.kube
         rendered = render_deployment(
             body,
             replicas=replicas,
             default_image=self.context.settings.worker_image,
             secret_version=self._secret_version,
+            defaults=self.context.settings.worker_defaults,
         )
+        name = f"{self.namespace}/{rendered['metadata']['name']}"
         if deployment is None:
-            log.info(
-                "%s/%s: creating Deployment %s",
-                self.namespace,
-                self.name,
-                rendered["metadata"]["name"],
-            )
-            return await kube.create_deployment(rendered)
+            log.info("%s/%s: creating Deployment %s", self.namespace, self.name, name)
+            self._step = f"creating Deployment {name}"
+            return await kube.create_deployment(rendered), ()
         annotations = deployment["metadata"].get("annotations") or {}
+        version = deployment["metadata"]["resourceVersion"]
         if annotations.get(TEMPLATE_HASH) != rendered["metadata"]["annotations"][TEMPLATE_HASH]:
             log.info(
                 "%s/%s: the worker template changed: rolling the workers", self.namespace, self.name
             )
-            return await kube.replace_deployment(
-                rendered, deployment["metadata"]["resourceVersion"]
-            )
+            self._step = f"replacing Deployment {name}"
+            return await kube.replace_deployment(rendered, version), ()
+        drift = template_drift(rendered["spec"]["template"], deployment["spec"]["template"])
+        if drift:
+            # Same hash, another template: changed by hand (`kubectl set image`, `kubectl
+            # edit`). Put back as rendered; the replica count is the policy's as always.
+            self._step = f"restoring Deployment {name}"
+            return await kube.replace_deployment(rendered, version), drift
         if int(deployment["spec"].get("replicas", 0)) != replicas:
+            self._step = f"resizing Deployment {name}"
             await kube.scale_deployment(self.namespace, rendered["metadata"]["name"], replicas)
-            return {**deployment, "spec": {**deployment["spec"], "replicas": replicas}}
-        return dict(deployment)
+            return {**deployment, "spec": {**deployment["spec"], "replicas": replicas}}, ()
+        return dict(deployment), ()
 
     async def _apply_network_policy(self, body: Mapping[str, Any]) -> None:
         """The worker pods' NetworkPolicy (outbox.controller.network), kept as rendered."""
@@ -302,6 +381,7 @@ class Dispatcher:
                 "%s/%s: %s NetworkPolicy %s", self.namespace, self.name,
                 "creating" if current is None else "restoring", rendered["metadata"]["name"],
             )  # fmt: skip
+            self._step = f"writing NetworkPolicy {self.namespace}/{rendered['metadata']['name']}"
             await kube.apply_network_policy(rendered, current)
 
     async def _retention(self, reading: Reading) -> int | None:
@@ -328,9 +408,8 @@ class Dispatcher:
         status = self._status(reading, decision, applied)
         self._measure(reading, decision, applied)
         for event in self._events(reading, decision, applied, status):
-            level = logging.WARNING if event.type == "Warning" else logging.INFO
-            log.log(level, "%s/%s: %s: %s", self.namespace, self.name, event.reason, event.message)
-            await self.context.kube.event(reading.body, event.type, event.reason, event.message)
+            await self._post(event)
+        self._step = "writing the status"
         await self.context.kube.patch_status(self.namespace, self.name, status)
         self._last_status = {**reading.status_before, **status}
         self._reconciled_generation = reading.generation
@@ -345,7 +424,12 @@ class Dispatcher:
             now=reading.now,
             before=before,
             found=st.conditions(
-                reading.spec, decision, applied.deployment, reading.stats, reading.problem
+                reading.spec,
+                decision,
+                applied.deployment,
+                reading.stats,
+                reading.problem,
+                reading.pods,
             ),
             decision=decision,
             deployment=applied.deployment,
@@ -366,12 +450,48 @@ class Dispatcher:
         scaled = st.scale_event(reading.replicas, decision) if applied.scaled else None
         if scaled is not None:
             events.append(scaled)
+        if applied.drift:
+            message = "put back as rendered: " + "; ".join(applied.drift)
+            events.append(st.Event("Warning", DRIFT_CORRECTED, message))
         if applied.purged:
             older = format_duration(parse_duration(reading.spec["retention"]))
             message = f"deleted {applied.purged} done messages older than {older}"
             events.append(st.Event("Normal", "Purged", message))
         before = reading.status_before.get("conditions")
         return [*events, *st.change_events(before, status["conditions"])]
+
+    async def _post(self, event: st.Event) -> None:
+        level = logging.WARNING if event.type == "Warning" else logging.INFO
+        log.log(level, "%s/%s: %s: %s", self.namespace, self.name, event.reason, event.message)
+        self._step = f"posting a {event.reason} Event"
+        await self.context.kube.event(self.body, event.type, event.reason, event.message)
+
+    async def _report_api_error(self, message: str) -> None:
+        """An API error in status (Ready=False, `ApiError`, the server's own words) and, when
+        Ready changes to it, a Warning Event; best effort, as the API may refuse these too."""
+        before = (self._last_status or self.body.get("status") or {}).get("conditions")
+        conditions = st.merge_conditions(
+            before,
+            [st.Condition(st.READY, False, API_ERROR, message)],
+            generation=int(self.body["metadata"].get("generation") or 0),
+            now=datetime.now(UTC),
+        )
+        try:
+            for event in st.change_events(before, conditions):
+                await self._post(event)
+            await self.context.kube.patch_status(
+                self.namespace, self.name, {"conditions": conditions}
+            )
+        except ApiException as exc:
+            log.warning(
+                "%s/%s: cannot report the API error either: %s",
+                self.namespace,
+                self.name,
+                api_reason(exc),
+            )
+            return
+        self._last_status = {**(self._last_status or self.body.get("status") or {}),
+                             "conditions": conditions}  # fmt: skip
 
     def _measure(self, reading: Reading, decision: Decision, applied: Applied) -> None:
         metrics, labels = self.context.metrics, (self.namespace, self.name)
@@ -389,3 +509,89 @@ class Dispatcher:
 def _owned_by(deployment: Mapping[str, Any], uid: object) -> bool:
     owners = deployment["metadata"].get("ownerReferences") or ()
     return any(owner.get("uid") == uid and owner.get("controller") for owner in owners)
+
+
+# -- drift: the live pod template against the rendered one --------------------------------------
+
+# Lists whose items are named: compared item by item by name (an added or removed item is
+# named as such); other lists are compared by position.
+NAMED_LISTS = frozenset(
+    {"containers", "initContainers", "env", "ports", "volumes", "volumeMounts", "imagePullSecrets"}
+)
+SHOWN_VALUES = frozenset({"image", "imagePullPolicy", "command", "args"})
+
+
+def template_drift(rendered: Any, live: Any, path: str = "") -> tuple[str, ...]:
+    """What of `rendered` the live template does not hold, in words, as paths in the
+    template (`spec.containers[worker].image evil:latest (rendered: outbox:1)`,
+    `spec.containers[worker].env[FOO] added`).
+
+    Only what the operator renders is compared: fields the server defaults (or a person adds
+    where the operator renders nothing, e.g. `kubectl rollout restart`'s annotation) are
+    not drift. Named lists must hold the same names: an added env variable is drift.
+    Quantities compare by value (`0.5` is `500m`), as the server canonicalizes them."""
+    if isinstance(rendered, Mapping):
+        if not isinstance(live, Mapping):
+            return (f"{path or 'template'} replaced",)
+        found: list[str] = []
+        for key, value in rendered.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key not in live:
+                if value not in ({}, [], None, ""):  # an empty value is not stored
+                    found.append(f"{where} removed")
+                continue
+            found.extend(template_drift(value, live[key], where))
+        return tuple(found)
+    field_name = path.rsplit(".", 1)[-1]
+    if isinstance(rendered, list) and not all(_scalar(i) for i in rendered):
+        if not isinstance(live, list):
+            return (f"{path} replaced",)
+        if field_name in NAMED_LISTS and all(_named(i) for i in rendered):
+            return _named_drift(rendered, live, path)
+        if len(rendered) != len(live):
+            return (f"{path} has {len(live)} items (rendered: {len(rendered)})",)
+        return tuple(
+            d for i, (r, v) in enumerate(zip(rendered, live, strict=True))
+            for d in template_drift(r, v, f"{path}[{i}]")
+        )  # fmt: skip
+    if _same(rendered, live, path):
+        return ()
+    if field_name in SHOWN_VALUES:
+        return (f"{path} {_shown(live)} (rendered: {_shown(rendered)})",)
+    return (f"{path} changed",)
+
+
+def _named_drift(rendered: list[Any], live: list[Any], path: str) -> tuple[str, ...]:
+    mine = {item["name"]: item for item in rendered}
+    theirs = {item.get("name"): item for item in live if isinstance(item, Mapping)}
+    found = [f"{path}[{name}] added" for name in theirs if name not in mine]
+    for name, item in mine.items():
+        if name not in theirs:
+            found.append(f"{path}[{name}] removed")
+        else:
+            found.extend(template_drift(item, theirs[name], f"{path}[{name}]"))
+    return tuple(found)
+
+
+def _scalar(value: Any) -> bool:
+    return not isinstance(value, (Mapping, list))
+
+
+def _named(value: Any) -> bool:
+    return isinstance(value, Mapping) and "name" in value
+
+
+def _same(rendered: Any, live: Any, path: str) -> bool:
+    if rendered == live:
+        return True
+    if ".resources." in path or path.endswith("sizeLimit"):
+        try:
+            return bool(parse_quantity(rendered) == parse_quantity(live))  # type: ignore[no-untyped-call]
+        except (ValueError, TypeError):
+            return False
+    return False
+
+
+def _shown(value: Any) -> str:
+    text = " ".join(map(str, value)) if isinstance(value, list) else str(value)
+    return text if len(text) <= 120 else text[:119] + "…"

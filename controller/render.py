@@ -227,6 +227,9 @@ def pod_template(
         "image": worker.get("image") or default_image,
         "imagePullPolicy": worker["imagePullPolicy"],
         "command": ["outbox-worker"],
+        # A worker that refuses its settings says why on stderr and exits: that last line
+        # becomes the container's termination message, which the operator reports.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "env": worker_env(spec),
         "ports": [{"name": METRICS_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
         # Ready = reaches the database and claims; alive = the process answers.

@@ -10,6 +10,7 @@ A new condition is a function from what the pass saw to a `Condition`, added in
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,8 +27,34 @@ DATABASE_REACHABLE = "DatabaseReachable"
 DESTINATION_REACHABLE = "DestinationReachable"
 SCALING = "Scaling"
 PAUSED = "Paused"
-CONDITION_TYPES = (READY, DATABASE_REACHABLE, DESTINATION_REACHABLE, SCALING, PAUSED)
+WORKERS_READY = "WorkersReady"
+CONDITION_TYPES = (
+    READY,
+    WORKERS_READY,
+    DATABASE_REACHABLE,
+    DESTINATION_REACHABLE,
+    SCALING,
+    PAUSED,
+)
 WORKERS_STARTING = "WorkersStarting"  # Ready=False that is no problem: pods on their way
+# WorkersReady=False (and Ready=False) reasons read from the worker pods: what keeps them
+# from running, by the container's waiting reason (kubelet's words), worst first.
+WORKERS_CRASHING = "WorkersCrashing"
+IMAGE_PULL_FAILED = "ImagePullFailed"
+WORKERS_MISCONFIGURED = "WorkersMisconfigured"
+WAITING_REASONS = {
+    "ErrImagePull": IMAGE_PULL_FAILED,
+    "ImagePullBackOff": IMAGE_PULL_FAILED,
+    "InvalidImageName": IMAGE_PULL_FAILED,
+    "ErrImageNeverPull": IMAGE_PULL_FAILED,
+    "CreateContainerConfigError": WORKERS_MISCONFIGURED,
+    "CreateContainerError": WORKERS_MISCONFIGURED,
+    "CrashLoopBackOff": WORKERS_CRASHING,
+    "RunContainerError": WORKERS_CRASHING,
+    "StartError": WORKERS_CRASHING,
+}
+POD_REASON_ORDER = (IMAGE_PULL_FAILED, WORKERS_MISCONFIGURED, WORKERS_CRASHING)
+SHOWN_LINE_CHARS = 300  # of a container's last line in a condition message
 
 
 @dataclass(frozen=True)
@@ -144,6 +171,90 @@ def ready_condition(ready_replicas: int, desired: int, *, paused: bool = False) 
     return Condition(READY, False, WORKERS_STARTING, f"{ready_replicas}/{desired} workers ready")
 
 
+def _last_line(text: str) -> str:
+    """A container's own last line: the last non-empty one; a JSON log line's message."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    line = lines[-1]
+    if line.startswith("{"):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("message"), str):
+            line = record["message"]
+    if len(line) > SHOWN_LINE_CHARS:
+        line = line[: SHOWN_LINE_CHARS - 1] + "…"
+    return line
+
+
+@dataclass(frozen=True)
+class PodTrouble:
+    """Why one worker pod does not run: a WorkersReady reason and what the kubelet said."""
+
+    reason: str  # one of POD_REASON_ORDER
+    pod: str
+    text: str
+
+
+def _pod_trouble(pod: Mapping[str, Any]) -> PodTrouble | None:
+    name = str((pod.get("metadata") or {}).get("name") or "?")
+    for container in (pod.get("status") or {}).get("containerStatuses") or ():
+        if container.get("ready"):
+            continue
+        state = container.get("state") or {}
+        waiting = state.get("waiting") or {}
+        last = (container.get("lastState") or {}).get("terminated") or {}
+        reason = WAITING_REASONS.get(str(waiting.get("reason") or ""))
+        failed_before = bool(last) and (last.get("exitCode") or 0) != 0
+        if reason is None and not (failed_before and "running" in state):
+            continue
+        # A restarted container that has not become ready again is still crashing: between
+        # two back-offs it runs for a moment, which must not read as a recovery.
+        reason = reason or WORKERS_CRASHING
+        if reason == WORKERS_CRASHING:
+            restarts = int(container.get("restartCount") or 0)
+            text = f"restarted {restarts} times"
+            if last:
+                text += f", last exit code {last.get('exitCode')}"
+                if last.get("reason") not in (None, "Error"):
+                    text += f" ({last.get('reason')})"
+                line = _last_line(str(last.get("message") or ""))
+                if line:
+                    text += f": {line}"
+        else:
+            text = str(waiting.get("reason"))
+            if waiting.get("message"):
+                text += f": {_last_line(str(waiting['message']))}"
+        return PodTrouble(reason, name, text)
+    return None
+
+
+def workers_condition(
+    pods: Sequence[Mapping[str, Any]], ready_replicas: int, desired: int
+) -> Condition:
+    """WorkersReady, from the worker pods' own states (kubelet's waiting reasons and the last
+    termination): False with `WorkersCrashing`, `ImagePullFailed` or `WorkersMisconfigured`
+    and the container's own last line when a pod cannot run, whatever the ready count; else
+    from the ready count. The message is shown through outbox.redact: a container's line may
+    quote anything."""
+    troubles = [t for t in map(_pod_trouble, pods) if t is not None]
+    if troubles:
+        first = min(troubles, key=lambda t: (POD_REASON_ORDER.index(t.reason), t.pod))
+        alike = sum(1 for t in troubles if t.reason == first.reason)
+        count = f"{alike} of {len(pods)} worker pods" if alike > 1 else f"pod {first.pod}"
+        where = f"{count} (e.g. {first.pod})" if alike > 1 else count
+        return Condition(WORKERS_READY, False, first.reason, redact_text(f"{where}: {first.text}"))
+    if desired == 0:
+        return Condition(WORKERS_READY, True, "ScaledToZero", "no workers are needed")
+    if ready_replicas >= desired:
+        return Condition(WORKERS_READY, True, "WorkersReady", f"{ready_replicas}/{desired} ready")
+    return Condition(
+        WORKERS_READY, False, WORKERS_STARTING, f"{ready_replicas}/{desired} workers ready"
+    )
+
+
 def problem_conditions(problem: Problem) -> list[Condition]:
     found = [Condition(READY, False, problem.reason, problem.message)]
     if problem.database:
@@ -203,19 +314,28 @@ def conditions(
     deployment: Mapping[str, Any] | None,
     stats: QueueStats | None,
     problem: Problem | None,
+    pods: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[Condition]:
     """Every condition one pass reports, from what it read, decided and applied
-    (`deployment` as it stands after the pass, None when there is none of ours)."""
+    (`deployment` as it stands after the pass, None when there is none of ours; `pods` its
+    worker pods, None when they could not be read)."""
     dstatus: Mapping[str, Any] = (deployment or {}).get("status") or {}
+    ready = int(dstatus.get("readyReplicas") or 0)
     found = [
         paused_condition(spec),
         scaling_condition(decision, int(dstatus.get("replicas") or 0) if deployment else None),
     ]
+    # Pods that could not be read (RBAC): WorkersReady from the ready count alone.
+    workers = workers_condition(pods or (), ready, decision.replicas)
+    found.append(workers)
     if stats is not None:
         # Without a reading the last one's stays: no new fact, and no Event on a flicker.
         found.append(destination_condition(stats))
     if problem is None:
-        ready = int(dstatus.get("readyReplicas") or 0)
+        if workers.reason in POD_REASON_ORDER:
+            # Pods that cannot run are the resource's problem: Ready says so too (and its
+            # change posts the Warning Event), not "starting" for ever.
+            return [*found, CONNECTED, Condition(READY, False, workers.reason, workers.message)]
         paused = bool(spec.get("paused"))
         return [*found, CONNECTED, ready_condition(ready, decision.replicas, paused=paused)]
     found.extend(problem_conditions(problem))

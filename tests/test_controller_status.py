@@ -299,3 +299,159 @@ def test_backlog_status_has_the_oldest_unfinished_age_and_the_retrying_count() -
     assert (
         st.backlog_status(stats(oldest_pending_age=None), None)["oldestUnfinishedAgeSeconds"] == 0
     )
+
+
+# -- the worker pods in status: crash loops, pull errors, configuration errors --------------
+
+
+def pod(name: str, *, ready: bool = False, **container: object) -> dict[str, object]:
+    status = {"name": "worker", "ready": ready, "restartCount": 0, **container}
+    return {"metadata": {"name": name}, "status": {"containerStatuses": [status]}}
+
+
+CRASHED = {
+    "exitCode": 2,
+    "reason": "Error",
+    "message": "starting\noutbox-worker: error: --lease: '0s' is out of range (1s to 1d)\n",
+}
+
+
+def test_a_crash_looping_worker_is_workers_crashing_with_its_own_last_line() -> None:
+    looping = pod(
+        "orders-worker-a",
+        restartCount=3,
+        state={"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s"}},
+        lastState={"terminated": CRASHED},
+    )
+    workers = st.workers_condition([looping, pod("orders-worker-b", ready=True)], 1, 2)
+    assert (workers.type, workers.status, workers.reason) == (
+        st.WORKERS_READY,
+        False,
+        "WorkersCrashing",
+    )
+    assert workers.message == (
+        "pod orders-worker-a: restarted 3 times, last exit code 2: "
+        "outbox-worker: error: --lease: '0s' is out of range (1s to 1d)"
+    )
+    # Between two back-offs the container runs for a moment: still crashing until ready.
+    restarted = pod(
+        "orders-worker-a",
+        restartCount=4,
+        state={"running": {}},
+        lastState={"terminated": CRASHED},
+    )
+    assert st.workers_condition([restarted], 0, 1).reason == "WorkersCrashing"
+    recovered = pod(
+        "orders-worker-a", ready=True, restartCount=4, lastState={"terminated": CRASHED}
+    )
+    assert st.workers_condition([recovered], 1, 1).reason == "WorkersReady"
+
+
+def test_pull_and_configuration_errors_have_reasons_of_their_own_and_a_pull_error_wins() -> None:
+    pulling = pod(
+        "orders-worker-p",
+        state={"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}},
+    )
+    config = pod(
+        "orders-worker-c",
+        state={
+            "waiting": {
+                "reason": "CreateContainerConfigError",
+                "message": 'secret "orders-db" not found',
+            }
+        },
+    )
+    assert st.workers_condition([config], 0, 1).reason == "WorkersMisconfigured"
+    assert 'secret "orders-db" not found' in st.workers_condition([config], 0, 1).message
+    both = st.workers_condition([config, pulling], 0, 2)
+    assert both.reason == "ImagePullFailed"
+    assert both.message == 'pod orders-worker-p: ImagePullBackOff: Back-off pulling image "x"'
+    two = st.workers_condition(
+        [pulling, {**pulling, "metadata": {"name": "orders-worker-q"}}], 0, 2
+    )
+    assert two.message.startswith("2 of 2 worker pods (e.g. orders-worker-p): ImagePullBackOff")
+
+
+def test_a_json_log_line_gives_its_message_and_secrets_are_redacted() -> None:
+    line = '{"level": "error", "message": "cannot connect to postgresql://app:s3cret@db/orders"}'
+    looping = pod(
+        "w",
+        restartCount=1,
+        state={"waiting": {"reason": "CrashLoopBackOff"}},
+        lastState={"terminated": {"exitCode": 1, "message": line}},
+    )
+    message = st.workers_condition([looping], 0, 1).message
+    assert "cannot connect to postgresql://" in message and "s3cret" not in message
+
+
+def test_pods_that_cannot_run_make_ready_false_with_their_reason_and_a_warning() -> None:
+    decision = Decision(1, "Backlog", "1 worker")
+    looping = pod(
+        "orders-worker-a",
+        restartCount=2,
+        state={"waiting": {"reason": "CrashLoopBackOff"}},
+        lastState={"terminated": CRASHED},
+    )
+    deployment = {"spec": {"replicas": 1}, "status": {"replicas": 1}}
+    found = by_type(st.conditions(SPEC, decision, deployment, stats(), None, [looping]))
+    assert (found[st.READY].status, found[st.READY].reason) == (False, "WorkersCrashing")
+    assert found[st.WORKERS_READY].reason == "WorkersCrashing"
+    starting = [st.Condition(st.READY, False, "WorkersStarting", "0/1 workers ready")]
+    before = st.merge_conditions(None, starting, generation=1, now=T0)
+    after = st.merge_conditions(before, found.values(), generation=1, now=T0)
+    [event] = st.change_events(before, after)
+    assert (event.type, event.reason) == ("Warning", "WorkersCrashing")
+    assert "out of range" in event.message
+    # Pods that could not be read: WorkersReady and Ready from the counts, as before.
+    unread = by_type(st.conditions(SPEC, decision, deployment, stats(), None, None))
+    assert unread[st.WORKERS_READY].reason == "WorkersStarting"
+    assert unread[st.READY].reason == "WorkersStarting"
+
+
+# -- drift: the live template against the rendered one --------------------------------------
+
+
+def test_drift_names_a_changed_image_and_an_added_env_variable() -> None:
+    from outbox.controller.reconcile import template_drift
+
+    rendered = {
+        "metadata": {"labels": {"app": "x"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "worker",
+                    "image": "outbox:1",
+                    "env": [{"name": "OUTBOX_LEASE", "value": "30s"}],
+                    "resources": {"requests": {"cpu": "0.5", "memory": "2048Mi"}},
+                }
+            ]
+        },
+    }
+    # What the server stores: defaults added, quantities canonical, a restart annotation.
+    live = {
+        "metadata": {"labels": {"app": "x"}, "annotations": {"kubectl.kubernetes.io/r": "t"}},
+        "spec": {
+            "restartPolicy": "Always",
+            "containers": [
+                {
+                    "name": "worker",
+                    "image": "outbox:1",
+                    "terminationMessagePath": "/dev/termination-log",
+                    "env": [{"name": "OUTBOX_LEASE", "value": "30s"}],
+                    "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}},
+                }
+            ],
+        },
+    }
+    assert template_drift(rendered, live) == ()
+    container = live["spec"]["containers"][0]  # type: ignore[index]
+    container["image"] = "evil:latest"
+    container["env"].append({"name": "FOO", "value": "1"})
+    container["env"][0]["value"] = "1h"
+    assert set(template_drift(rendered, live)) == {
+        "spec.containers[worker].image evil:latest (rendered: outbox:1)",
+        "spec.containers[worker].env[FOO] added",
+        "spec.containers[worker].env[OUTBOX_LEASE].value changed",
+    }
+    live["metadata"]["labels"] = {}  # type: ignore[index]
+    assert "metadata.labels.app removed" in template_drift(rendered, live)

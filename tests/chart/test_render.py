@@ -306,6 +306,8 @@ SERVED_RULES = [
         "verbs": ["get", "create", "update"],
     },
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+    # The worker pods' states (a crash loop, an image that cannot be pulled).
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
 LEASE_RULES = [

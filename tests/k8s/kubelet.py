@@ -33,7 +33,11 @@ running from the pod template's first container:
   available `minReadySeconds` after it became ready; `paused: true` holds the template back;
 - stopping (scale-down, rollout, deletion, kubelet stop): SIGTERM, then SIGKILL after the pod's
   `terminationGracePeriodSeconds`; scale-down picks unready pods first, then the newest;
-- a process that exits on its own is restarted (restartPolicy Always) after a short backoff.
+- a process that exits on its own is restarted (restartPolicy Always) after a short backoff;
+  meanwhile its Pod's container waits in `CrashLoopBackOff` with the exit as `lastState`
+  (the end of its log as the message with `terminationMessagePolicy: FallbackToLogsOnError`);
+- images: the image is not pulled; an image a test registered in `Kubelet.images` (reference
+  -> a directory) has its commands looked up there first.
 
 - Pod objects: each process is published as a Pod (owned by its Deployment, since there are
   no ReplicaSets here) whose status says Running and Ready; `kubectl get pods` lists them,
@@ -123,13 +127,15 @@ class Pod:
     failures: int = 0
     stopping: asyncio.Future[None] | None = None
     restarts: int = 0
-    reported: tuple[bool, int] | None = None  # (ready, restarts) last written to the Pod
+    reported: tuple[bool, int, bool] | None = None  # (ready, restarts, exited) last written
     liveness: JSON | None = None
     startup: JSON | None = None
     started_ok: bool = False  # the startup probe (else the readiness probe) passed once
     liveness_failures: int = 0
     killing: asyncio.Future[None] | None = None  # a liveness or startup failure's restart
     phase: tuple[str, bool, int] | None = None  # a bare pod's (phase, ready, restarts) reported
+    # The container's previous run, as a real kubelet reports it in `lastState.terminated`.
+    last_termination: JSON | None = None
 
 
 def _free_port() -> int:
@@ -165,6 +171,10 @@ class Kubelet:
         self.workdir = workdir
         self.bin_dir = bin_dir or Path(sys.executable).parent
         self.default_command = default_command
+        # Images with a filesystem of their own: image reference -> the directory its commands
+        # are found in first (a test "builds" an image there); any other image runs the test
+        # environment's scripts.
+        self.images: dict[str, Path] = {}
         self.probe_interval = probe_interval
         self._headers = {"Authorization": f"Bearer {token}"}
         self._ssl = ssl.create_default_context(cafile=str(ca_path)) if ca_path else None
@@ -367,7 +377,8 @@ class Kubelet:
             )
             if replacement is not None:
                 replacement.restarts = pod.restarts + 1
-                replacement.reported = (False, -1) if pod.reported is not None else None
+                replacement.reported = (False, -1, False) if pod.reported is not None else None
+                replacement.last_termination = self._termination(pod)
                 pods[index] = replacement
 
     async def _start_pod(
@@ -703,9 +714,29 @@ class Kubelet:
             async with self._session.delete(path):
                 pass  # gone already (the Deployment's deletion took it along) is fine
 
+    def _termination(self, pod: Pod) -> JSON:
+        """An exited container's `terminated` state. With `terminationMessagePolicy:
+        FallbackToLogsOnError` a failed container's message is the end of its log (the
+        last 80 lines, at most 2048 bytes), as the real kubelet takes it."""
+        code = pod.process.returncode
+        container = pod.manifest["spec"]["containers"][0]
+        terminated: JSON = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": _timestamp(pod.started),
+            "finishedAt": _timestamp(time.monotonic()),
+        }
+        if code and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            tail = "".join(self.logs(pod.namespace, pod.name).splitlines(True)[-80:])
+            terminated["message"] = tail.encode()[-2048:].decode(errors="replace")
+        return {"terminated": terminated}
+
     async def _report(self, session: aiohttp.ClientSession, pod: Pod) -> None:
-        """Create the Pod object, then keep its status in line with the process."""
-        state = (pod.ready, pod.restarts)
+        """Create the Pod object, then keep its status in line with the process: a container
+        that exited waits in `CrashLoopBackOff` for its restart, with its exit as
+        `lastState`, and the restarted one keeps that `lastState`."""
+        exited = pod.process.returncode is not None
+        state = (pod.ready, pod.restarts, exited)
         if pod.reported == state:
             return
         path = f"/api/v1/namespaces/{pod.namespace}/pods"
@@ -715,7 +746,15 @@ class Kubelet:
             ) as response:
                 if response.status not in (201, 409):
                     return
-        ready = "True" if pod.ready else "False"
+        ready = "True" if pod.ready and not exited else "False"
+        container = pod.manifest["spec"]["containers"][0]
+        current: JSON = {"running": {"startedAt": _timestamp(pod.started)}}
+        last = pod.last_termination
+        if exited:
+            backoff = int(min(10.0, 0.5 * 2**pod.restarts))
+            message = f"back-off {backoff}s restarting failed container={container['name']}"
+            current = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
+            last = self._termination(pod)
         status = {
             "status": {
                 "phase": "Running",
@@ -727,13 +766,14 @@ class Kubelet:
                 ],
                 "containerStatuses": [
                     {
-                        "name": pod.manifest["spec"]["containers"][0]["name"],
-                        "ready": pod.ready,
+                        "name": container["name"],
+                        "ready": ready == "True",
                         "restartCount": pod.restarts,
-                        "image": pod.manifest["spec"]["containers"][0].get("image", ""),
+                        "image": container.get("image", ""),
                         "imageID": "",
-                        "started": True,
-                        "state": {"running": {"startedAt": _timestamp(pod.started)}},
+                        "started": not exited,
+                        "state": current,
+                        **({"lastState": last} if last else {}),
                     }
                 ],
             }
@@ -831,8 +871,11 @@ class Kubelet:
         if not command:
             raise ConfigError("no command: the local kubelet does not run images")
         command = [_rewrite_port(_expand(str(part), env), ports) for part in command]
-        # The test environment's scripts first (outbox-worker), then the system's PATH.
-        found = shutil.which(command[0], path=env["PATH"])
+        # The image's own commands, if the test gave it some; then the test environment's
+        # scripts (outbox-worker), then the system's PATH.
+        image = self.images.get(str(container.get("image", "")))
+        path = env["PATH"] if image is None else f"{image}{os.pathsep}{env['PATH']}"
+        found = shutil.which(command[0], path=path)
         if found is None:
             raise ConfigError(f"executable {command[0]!r} not found in {env['PATH']}")
         command[0] = found

@@ -101,6 +101,9 @@ app.kubernetes.io/part-of: outbox-dispatcher
   resources: [secrets]
   verbs: [get]
 - apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
+- apiGroups: [""]
   resources: [events]
   verbs: [create]
 {{- end }}
