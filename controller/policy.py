@@ -49,6 +49,7 @@ SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 SECRET_FIELDS = (
     "database.dsnSecretRef.name",
     "publisher.http.headersSecretRef.name",
+    "publisher.http.signingSecretRef.name",
     "publisher.nats.userSecretRef.name",
     "publisher.nats.passwordSecretRef.name",
     "publisher.nats.tokenSecretRef.name",

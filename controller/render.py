@@ -57,11 +57,18 @@ def publish_timeout(spec: Body) -> str | None:
 def _publisher_env(publisher: Body) -> list[dict[str, Any]]:
     kind = publisher["type"]
     env = [_value("OUTBOX_PUBLISHER", kind)]
+    # What goes on the wire; absent, the worker's defaults (envelope, /outbox/<table>).
+    if "format" in publisher:
+        env.append(_value("OUTBOX_FORMAT", publisher["format"]))
+    if "cloudEventsSource" in publisher:
+        env.append(_value("OUTBOX_CLOUDEVENTS_SOURCE", publisher["cloudEventsSource"]))
     block: Body = publisher.get(kind) or {}
     if kind == "http":
         env.append(_value("OUTBOX_HTTP_URL", block["url"]))
         if "headersSecretRef" in block:
             env.append(_secret("OUTBOX_HTTP_HEADER", block["headersSecretRef"]))
+        if "signingSecretRef" in block:
+            env.append(_secret("OUTBOX_HTTP_SIGNING_SECRET", block["signingSecretRef"]))
     elif kind == "nats":
         # Repeatable worker options take one value a line in their variable.
         env.append(_value("OUTBOX_NATS_URL", "\n".join(block["urls"])))

@@ -257,3 +257,60 @@ async def test_kafka_failures_reported_later_land_on_their_own_cloudevents(clust
     consumed = consume_all(cluster.bootstraps, "order", 40 - len(failed))
     delivered = sorted(int(dict(m.headers())["outbox-id"]) for m in consumed)
     assert delivered == sorted(m.id for m in messages if m.id not in failed)
+
+
+# -- the operator ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("publisher", "spec"),
+    [
+        ("http", {"publisher.http": {"url": "http://e.example/in/{event_type}"}}),
+        ("nats", {"publisher.nats": {"urls": ["nats://n:4222"]}}),
+        ("kafka", {"publisher.kafka": {"bootstrapServers": "k:9092"}}),
+    ],
+)
+@pytest.mark.parametrize("mode", ["envelope", *MODES])
+def test_the_crd_format_reaches_the_worker(publisher, spec, mode):
+    from test_controller_crd import _body, _crd_errors, _worker_error
+
+    from outbox.controller.render import render_deployment
+
+    body = _body(
+        {
+            "publisher.type": publisher,
+            **spec,
+            "publisher.format": mode,
+            "publisher.cloudEventsSource": "urn:shop:orders",
+        }
+    )
+    from chart.chart import crd_schema
+
+    assert _crd_errors(body) == []
+    assert _worker_error(body) is None
+    crd_schema().default(body)  # as an API server stores it
+    container = render_deployment(body, replicas=1, default_image="x")["spec"]["template"]
+    env = {e["name"]: e.get("value") for e in container["spec"]["containers"][0]["env"]}
+    assert (env["OUTBOX_FORMAT"], env["OUTBOX_CLOUDEVENTS_SOURCE"]) == (mode, "urn:shop:orders")
+
+
+@pytest.mark.parametrize(
+    ("fields", "admitted", "worker_accepts"),
+    [
+        ({"publisher.format": "cloudevents"}, False, False),
+        ({"publisher.cloudEventsSource": "has space"}, False, False),
+        # An empty variable is an unset one to the worker (its default); the CRD says so.
+        ({"publisher.cloudEventsSource": ""}, False, True),
+        ({"publisher.type": "log", "publisher.format": "cloudevents-binary"}, False, True),
+        ({"publisher.format": "cloudevents-structured"}, True, True),
+    ],
+)
+def test_the_crd_refuses_what_the_worker_would(fields, admitted, worker_accepts):
+    from test_controller_crd import _body, _crd_errors, _worker_error
+
+    http = {"publisher.type": "http", "publisher.http": {"url": "http://e.example/in"}}
+    body = _body({**http, **fields})
+    if fields.get("publisher.type") == "log":
+        del body["spec"]["publisher"]["http"]
+    assert (_crd_errors(body) == []) is admitted
+    assert (_worker_error(body) is None) is worker_accepts

@@ -141,3 +141,35 @@ def test_a_malformed_secret_in_the_variable_ends_the_worker_with_exit_2():
     assert done.returncode == 2
     assert "OUTBOX_HTTP_SIGNING_SECRET" in done.stderr and "base64" in done.stderr
     assert bad not in done.stderr + done.stdout and "x" * 30 not in done.stderr
+
+
+# -- the operator: from a Secret, by consent, never inline -------------------------------------
+
+
+def test_the_crd_takes_the_secrets_from_a_secret_reference_with_its_consent():
+    from test_controller_render import env_of, render, resource
+
+    from outbox.controller.policy import secret_uses
+
+    ref = {"name": "webhook-signing", "key": "secrets"}
+    body = resource(
+        publisher={"type": "http", "http": {"url": "http://e.example/in", "signingSecretRef": ref}}
+    )
+    env = env_of(render(body))
+    assert env["OUTBOX_HTTP_SIGNING_SECRET"] == {"secretKeyRef": ref}  # never a value
+    uses = {(use.field, use.name) for use in secret_uses(body["spec"])}
+    assert ("spec.publisher.http.signingSecretRef", "webhook-signing") in uses
+
+
+def test_the_crd_has_no_inline_secret():
+    from test_controller_crd import _body, _crd_errors
+
+    inline = _body(
+        {
+            "publisher.type": "http",
+            "publisher.http": {"url": "http://e.example/in", "signingSecret": OLD},
+        }
+    )
+    assert _crd_errors(inline)
+    ref = {"url": "http://e.example/in", "signingSecretRef": {"name": "s", "key": "k"}}
+    assert _crd_errors(_body({"publisher.type": "http", "publisher.http": ref})) == []
