@@ -22,8 +22,10 @@ from kubernetes.aio.client import (
     CoreV1Event,
     CustomObjectsApi,
     NetworkingV1Api,
+    PolicyV1Api,
     V1Deployment,
     V1NetworkPolicy,
+    V1PodDisruptionBudget,
 )
 from kubernetes.aio.client.exceptions import ApiException
 
@@ -31,7 +33,7 @@ from outbox.controller.resource import API_VERSION, GROUP, KIND, MANAGER, PLURAL
 from outbox.controller.status import Problem, timestamp
 
 MERGE_PATCH = "application/merge-patch+json"
-M = TypeVar("M", V1Deployment, CoreV1Event, V1NetworkPolicy)
+M = TypeVar("M", V1Deployment, CoreV1Event, V1NetworkPolicy, V1PodDisruptionBudget)
 
 
 def model(cls: type[M], data: Mapping[str, Any]) -> M:
@@ -96,6 +98,7 @@ class Kube:
         self._core = CoreV1Api(api)
         self._custom = CustomObjectsApi(api)
         self._networking = NetworkingV1Api(api)
+        self._disruption = PolicyV1Api(api)
         self._check = check  # raises LeadershipLost when this replica may not write
         self._identity = identity
 
@@ -208,6 +211,37 @@ class Kube:
         full = {**body, "metadata": {**meta, "resourceVersion": version}}
         await self._networking.replace_namespaced_network_policy(
             meta["name"], meta["namespace"], model(V1NetworkPolicy, full), field_manager=MANAGER
+        )
+
+    async def disruption_budget(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._dict(
+                await self._disruption.read_namespaced_pod_disruption_budget(name, namespace)
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def apply_disruption_budget(
+        self, body: Mapping[str, Any], current: Mapping[str, Any] | None
+    ) -> None:
+        """Create the workers' PodDisruptionBudget, or replace the one there (as the
+        NetworkPolicy: a concurrent change is a 409, and the next pass tries again)."""
+        self._check()
+        meta = body["metadata"]
+        if current is None:
+            await self._disruption.create_namespaced_pod_disruption_budget(
+                meta["namespace"], model(V1PodDisruptionBudget, body), field_manager=MANAGER
+            )
+            return
+        version = current["metadata"]["resourceVersion"]
+        full = {**body, "metadata": {**meta, "resourceVersion": version}}
+        await self._disruption.replace_namespaced_pod_disruption_budget(
+            meta["name"],
+            meta["namespace"],
+            model(V1PodDisruptionBudget, full),
+            field_manager=MANAGER,
         )
 
     async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:

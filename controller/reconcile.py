@@ -27,6 +27,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from kubernetes.utils.quantity import parse_quantity
 
 from outbox.controller import status as st
+from outbox.controller.budget import keep_disruption_budget
 from outbox.controller.database import (
     TableIdentity,
     parse_dsn,
@@ -322,6 +323,8 @@ class Dispatcher:
             )
             if self.context.settings.worker_network_policy:
                 await self._apply_network_policy(reading.body)
+            self._step = f"writing PodDisruptionBudget {self.namespace}/{self.name}-worker"
+            await keep_disruption_budget(self.context.kube, reading.body, decision.replicas)
         elif deployment is not None and decision.replicas != reading.replicas:
             # Paused or pinned while the inputs are broken: resize, keep the last good template.
             name = deployment_name(self.name)

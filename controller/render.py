@@ -336,6 +336,9 @@ def render_deployment(
 # -- the workers' PodDisruptionBudget ----------------------------------------------------------
 
 DISRUPTION_BUDGET_API = "policy/v1"
+# What a budget the resource no longer asks for becomes: the operator deletes nothing (its
+# RBAC has no delete; the budget goes with the resource), so it lets every eviction through.
+NO_BUDGET = "100%"
 
 
 def _needed(min_available: int | str, replicas: int) -> int:
@@ -346,27 +349,36 @@ def _needed(min_available: int | str, replicas: int) -> int:
     return int(min_available)
 
 
-def render_disruption_budget(body: Body, replicas: int) -> dict[str, Any] | None:
-    """The worker pods' PodDisruptionBudget for `replicas` desired workers, or None when the
-    resource asks for none or when the budget could block a node drain (delete it then).
+def max_unavailable(budget: Body, replicas: int) -> int | str:
+    """The budget as the evictions it allows with `replicas` desired workers, never fewer
+    than one: a budget that allows none blocks every node drain for good.
 
-    A budget blocks a drain when it allows no eviction with every worker healthy: maxUnavailable
-    0 (the CRD refuses it), or minAvailable at or above the replicas (2 of 2, 100%, or any
-    count once the autoscaler goes down to it); so minAvailable is rendered only while the
-    replicas exceed it, and no budget with no workers. maxUnavailable of 1 or more (a
-    percentage rounds up to at least one pod) always lets a drain go on, one pod at a time
-    while the replacements start. Unhealthy pods may always be evicted
-    (unhealthyPodEvictionPolicy AlwaysAllow): a crash-looping worker protects nothing and must
-    never hold a node. The autoscaler's own scale-downs are not evictions: no budget slows them.
-    """
-    budget: Body = (body["spec"].get("worker") or {}).get("disruptionBudget") or {}
-    if not budget or replicas < 1:
-        return None
-    spec: dict[str, Any]
+    maxUnavailable (1 or more; a percentage rounds up, so at least one pod) is taken as it is.
+    minAvailable M is what it means while the replicas exceed it, R - M; at or below it (2 of
+    2, 100%, or any count once the autoscaler goes down to it) it would allow no eviction at
+    all, so it allows one: a drain goes on one pod at a time, each waiting for a replacement
+    to be ready. The operator rewrites the budget whenever the replicas change."""
     if "maxUnavailable" in budget:
-        spec = {"maxUnavailable": budget["maxUnavailable"]}
-    elif "minAvailable" in budget and _needed(budget["minAvailable"], replicas) < replicas:
-        spec = {"minAvailable": budget["minAvailable"]}
+        return budget["maxUnavailable"]  # type: ignore[no-any-return]
+    return max(1, replicas - _needed(budget["minAvailable"], replicas))
+
+
+def render_disruption_budget(
+    body: Body, replicas: int, *, released: bool = False
+) -> dict[str, Any] | None:
+    """The worker pods' PodDisruptionBudget for `replicas` desired workers, or None when the
+    resource asks for none; `released`: the budget that replaces one the resource no longer
+    asks for (it allows every eviction).
+
+    It can never block a drain: it always allows an eviction (max_unavailable), and
+    unhealthy pods may always be evicted (unhealthyPodEvictionPolicy AlwaysAllow), so a
+    crash-looping worker, which protects nothing, never holds a node. The autoscaler's own
+    scale-downs are not evictions: no budget slows them."""
+    budget: Body = (body["spec"].get("worker") or {}).get("disruptionBudget") or {}
+    if released:
+        allowed: int | str = NO_BUDGET
+    elif budget:
+        allowed = max_unavailable(budget, replicas)
     else:
         return None
     meta = body["metadata"]
@@ -381,7 +393,7 @@ def render_disruption_budget(body: Body, replicas: int) -> dict[str, Any] | None
             "ownerReferences": [owner_reference(body)],
         },
         "spec": {
-            **spec,
+            "maxUnavailable": allowed,
             "selector": {"matchLabels": selector_labels(name)},
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },

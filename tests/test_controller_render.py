@@ -406,36 +406,41 @@ def budget(value: dict[str, Any] | None, replicas: int) -> dict[str, Any] | None
 
 
 @pytest.mark.parametrize(
-    ("value", "replicas", "rendered"),
+    ("value", "replicas", "allowed"),
     [
-        (None, 3, False),
-        ({"maxUnavailable": 1}, 1, True),
-        ({"maxUnavailable": 1}, 5, True),
-        ({"maxUnavailable": "10%"}, 1, True),  # rounds up to one pod
-        ({"maxUnavailable": 1}, 0, False),  # no workers, nothing to guard
-        ({"minAvailable": 1}, 1, False),  # 1 of 1: no eviction would be allowed
-        ({"minAvailable": 1}, 2, True),
-        ({"minAvailable": 3}, 3, False),
-        ({"minAvailable": 3}, 4, True),
-        ({"minAvailable": "50%"}, 1, False),  # ceil(0.5) = 1 of 1
-        ({"minAvailable": "50%"}, 2, True),
-        ({"minAvailable": "99%"}, 50, False),  # ceil(49.5) = 50 of 50
-        ({"minAvailable": "99%"}, 101, True),  # 100 of 101
+        ({"maxUnavailable": 1}, 1, 1),
+        ({"maxUnavailable": 2}, 5, 2),
+        ({"maxUnavailable": "10%"}, 1, "10%"),  # rounds up to one pod
+        ({"minAvailable": 1}, 1, 1),  # 1 of 1 would allow no eviction: one
+        ({"minAvailable": 1}, 2, 1),
+        ({"minAvailable": 3}, 3, 1),
+        ({"minAvailable": 3}, 5, 2),
+        ({"minAvailable": 3}, 0, 1),
+        ({"minAvailable": "50%"}, 1, 1),  # ceil(0.5) = 1 of 1: one
+        ({"minAvailable": "50%"}, 4, 2),
+        ({"minAvailable": "99%"}, 50, 1),  # ceil(49.5) = 50 of 50: one
+        ({"minAvailable": "60%"}, 10, 4),
     ],
 )
-def test_the_budget_is_rendered_only_while_it_allows_an_eviction(
-    value: dict[str, Any] | None, replicas: int, rendered: bool
+def test_the_budget_always_allows_an_eviction(
+    value: dict[str, Any], replicas: int, allowed: int | str
 ) -> None:
     pdb = budget(value, replicas)
-    assert (pdb is not None) is rendered
-    if pdb is not None:
-        assert value is not None
-        spec = pdb["spec"]
-        assert {k: spec[k] for k in ("minAvailable", "maxUnavailable") if k in spec} == value
-        assert spec["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
-        assert spec["selector"] == render(resource())["spec"]["selector"]
-        assert pdb["metadata"]["ownerReferences"][0]["uid"] == "0000-1111"
-        kubernetes_validate.validate(pdb, "1.30", strict=True)
+    assert pdb is not None
+    spec = pdb["spec"]
+    assert spec["maxUnavailable"] == allowed and "minAvailable" not in spec
+    assert spec["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert spec["selector"] == render(resource())["spec"]["selector"]
+    assert pdb["metadata"]["ownerReferences"][0]["uid"] == "0000-1111"
+    kubernetes_validate.validate(pdb, "1.30", strict=True)
+
+
+def test_no_budget_unless_asked_and_a_released_one_allows_every_eviction() -> None:
+    from outbox.controller.render import render_disruption_budget
+
+    assert budget(None, 3) is None
+    released = render_disruption_budget(resource(), 3, released=True)
+    assert released is not None and released["spec"]["maxUnavailable"] == "100%"
 
 
 @pytest.mark.parametrize(

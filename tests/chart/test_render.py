@@ -305,6 +305,12 @@ SERVED_RULES = [
         "resources": ["networkpolicies"],
         "verbs": ["get", "create", "update"],
     },
+    # The worker pods' PodDisruptionBudget (spec.worker.disruptionBudget); never deleted.
+    {
+        "apiGroups": ["policy"],
+        "resources": ["poddisruptionbudgets"],
+        "verbs": ["get", "create", "update"],
+    },
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
     # The worker pods' states (a crash loop, an image that cannot be pulled).
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},

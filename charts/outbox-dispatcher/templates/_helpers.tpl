@@ -97,6 +97,9 @@ app.kubernetes.io/part-of: outbox-dispatcher
   resources: [networkpolicies]
   verbs: [get, create, update]
 {{- end }}
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, create, update]
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
