@@ -300,7 +300,7 @@ def test_a_tenant_who_may_only_write_dispatchers_gets_nothing_more_through_the_o
         moved = wait_for("miner's Deployment", lambda: deployment_of(cluster, "miner"))
         assert moved["spec"]["replicas"] == 0  # paused
         assert moved["spec"]["template"]["spec"]["containers"][0]["image"] == ALLOWED_IMAGE
-        ready(shared, "miner", "ScaledToZero")
+        ready(shared, "miner", "Paused")  # paused by its spec, not an idle table
 
         # Consent taken back: the workers stop at once; the Deployment stays, at zero.
         cluster.kubectl("annotate", "secret", "billing-api", f"{CONSENT_ANNOTATION}-")
