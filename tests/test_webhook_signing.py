@@ -173,3 +173,40 @@ def test_the_crd_has_no_inline_secret():
     assert _crd_errors(inline)
     ref = {"url": "http://e.example/in", "signingSecretRef": {"name": "s", "key": "k"}}
     assert _crd_errors(_body({"publisher.type": "http", "publisher.http": ref})) == []
+
+
+# -- the receiver in docs/receiving.md ---------------------------------------------------------
+
+
+def _documented_receiver():
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "receiving.md").read_text()
+    section = doc[doc.index("### A signed CloudEvent in a few lines") :]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start : section.index("\n```", start)]
+    namespace: dict[str, object] = {}
+    exec(compile(code, "docs/receiving.md", "exec"), namespace)  # our own docs' code
+    return namespace["signed_cloudevent"]
+
+
+@pytest.mark.parametrize("mode", ["cloudevents-binary", "cloudevents-structured"])
+async def test_the_documented_receiver_verifies_a_signed_cloudevent(conn, dsn, mode):
+    signed_cloudevent = _documented_receiver()
+    with conn.transaction():
+        [message_id] = enqueue_many(conn, [Event("order", "o-1", "OrderPaid", {"total": 12})])
+    publisher = _publisher(receiver := Receiver(), NEW, OLD, wire_format=mode, source="/shop")
+    async with receiver, dispatching(settings(dsn), publisher):
+        [request] = await receiver.wait_for(1)
+    headers = dict(request.headers)
+    event = signed_cloudevent(request.body, headers, OLD)
+    assert (event.get_id(), event.get_type(), event.get_source()) == (
+        str(message_id),
+        "OrderPaid",
+        "/shop",
+    )
+    assert event.get_data() == {"total": 12}
+    with pytest.raises(WebhookVerificationError):
+        signed_cloudevent(request.body, headers, OTHER)
+    with pytest.raises(WebhookVerificationError):
+        signed_cloudevent(request.body.replace(b"12", b"13"), headers, NEW)
