@@ -105,3 +105,66 @@ def test_the_docs_name_only_paths_that_exist():
         if not _exists(path)
     ]
     assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)
+
+
+DEPLOY = ROOT / "docs" / "deploy.md"
+
+
+def command_blocks(doc: Path = DEPLOY) -> list[list[str]]:
+    """The commands of each ```sh block of `doc`, in order: a command and its `\\`
+    continuations joined into one line, comments dropped, runs of blanks made one."""
+    blocks: list[list[str]] = []
+    block: list[str] | None = None
+    for line in doc.read_text().splitlines():
+        fence = line.strip()
+        if block is None and fence == "```sh":
+            block = []
+        elif block is not None and fence == "```":
+            text = "\n".join(block).replace("\\\n", " ")
+            commands = [re.sub(r"\s+#.*$|^#.*$", "", c.strip()) for c in text.splitlines()]
+            blocks.append([re.sub(r"\s+", " ", c) for c in commands if c])
+            block = None
+        elif block is not None:
+            block.append(line)
+    return blocks
+
+
+def _runners() -> dict[str, tuple[str, ...]]:
+    """Which test runs which of docs/deploy.md's commands, as written (each named by its first
+    words); each of these tests runs its commands by looking them up in the doc."""
+    from chart.test_release import HELM_STORY, KUBECTL_STORY
+    from image.test_deploy_docs import BUILD, LOCK, RUN
+
+    release, image = "tests/chart/test_release.py::", "tests/image/test_deploy_docs.py::"
+    return {
+        release + "test_install_serve_upgrade_test_rollback_uninstall": HELM_STORY,
+        release + "test_the_kubectl_install_path": KUBECTL_STORY,
+        image + "test_the_docs_build_commands_build_the_image": BUILD,
+        image + "test_the_docs_run_commands_run_the_image": RUN,
+        image + "test_the_docs_lock_command_writes_the_lock": LOCK,
+    }
+
+
+def test_every_command_block_of_the_deploy_docs_is_run_by_a_test():
+    blocks = command_blocks()
+    assert len(blocks) >= 8 and all(blocks), blocks  # the parser still finds the blocks
+    runners = _runners()
+    uncovered = [
+        f"block {number}: {command}"
+        for number, block in enumerate(blocks, 1)
+        for command in block
+        if not any(command.startswith(start) for starts in runners.values() for start in starts)
+    ]
+    assert not uncovered, "docs/deploy.md commands that no test runs:\n" + "\n".join(uncovered)
+    commands = [command for block in blocks for command in block]
+    prose = " ".join(DEPLOY.read_text().split())  # a command written inline, in `code`
+    gone = [
+        f"{test}: {start}"
+        for test, starts in runners.items()
+        for start in starts
+        if not any(command.startswith(start) for command in commands) and f"`{start}" not in prose
+    ]
+    assert not gone, "commands tests run that docs/deploy.md no longer has:\n" + "\n".join(gone)
+    for test in runners:  # each named test exists
+        path, name = test.split("::")
+        assert f"\ndef {name}(" in (ROOT / path).read_text(), test

@@ -1,4 +1,5 @@
-"""The image tier: build the Dockerfile once per session, report its size at the end.
+"""The image tier: build the Dockerfile once per session, as docs/deploy.md says, and report
+the image's size at the end.
 
 Skipped, with the reason, where buildah, podman, runc or debootstrap are missing or the
 session is not root; `.ci/run` installs the Debian packages first, so CI always runs it.
@@ -13,18 +14,26 @@ from typing import Any
 import pytest
 
 from image import images
+from image.test_deploy_docs import BUILD, TAG, documented
 
 _FACTS = pytest.StashKey[images.ImageFacts]()
 
 
 @pytest.fixture(scope="session")
-def image(request: pytest.FixtureRequest) -> Iterator[str]:
+def image(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The image as docs/deploy.md builds it: its first build command, as written."""
     reason = images.why_not_runnable()
     if reason:
         pytest.skip(reason)
-    tag = images.build_image()
-    request.config.stash[_FACTS] = images.inspect(tag)
-    yield tag
+    images.ensure_base_image()
+    before = images.revision()
+    images.Shell(tmp_path_factory.mktemp("bin")).sh(documented(BUILD[0]))
+    images.run("podman", "tag", TAG, images.IMAGE)
+    heads = frozenset({before, images.revision()})
+    request.config.stash[_FACTS] = images.inspect(images.IMAGE, heads=heads)
+    yield images.IMAGE
 
 
 @pytest.fixture(scope="session")

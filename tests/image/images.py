@@ -33,12 +33,18 @@ BASE_PACKAGES = "python3,python3-venv,ca-certificates"
 
 # crun (podman's default runtime) fails on these kernels' cgroup layout and the default
 # ulimits cannot be raised here: runc, cgroupfs and no default ulimits, in a file of our own.
-CONTAINERS_CONF = """\
+# The host's network and CA bundle by default too (the package indexes are reached through a
+# proxy only the host's bundle trusts), so that the docs' commands run here as a user types
+# them, with no flag for this machine: buildah, `podman build` and `podman run` read this file.
+CONTAINERS_CONF = f"""\
 [containers]
 default_ulimits = []
+netns = "host"
+volumes = ["{CA_BUNDLE}:{CA_BUNDLE}:ro"]
 
 [engine]
 cgroup_manager = "cgroupfs"
+runtime = "runc"
 """
 
 
@@ -124,31 +130,54 @@ def revision() -> str:
     return result.stdout.strip() or "unknown"
 
 
-def build_image(tag: str = IMAGE) -> str:
-    """`buildah bud` of the repository's Dockerfile on the debootstrapped base."""
-    base = ensure_base_image()
-    run(
-        "buildah",
-        "bud",
-        "--runtime",
-        "runc",
-        "--network",
-        "host",
-        "--layers",
-        "--volume",
-        f"{CA_BUNDLE}:{CA_BUNDLE}:ro",
-        "--build-arg",
-        f"BASE_IMAGE={base}",
-        "--build-arg",
-        f"VERSION={project_version()}",
-        "--build-arg",
-        f"REVISION={revision()}",
-        "-t",
-        tag,
-        str(ROOT),
-        timeout=1800,
-    )
-    return tag
+class Shell:
+    """bash in a checkout, as a user of this machine has it: `docker` is podman (no Docker
+    engine runs here; Debian's `podman-docker` makes it so the same way, `exec podman "$@"`),
+    this virtualenv's `python`, `BASE_IMAGE` exported as the debootstrapped bookworm (Docker Hub
+    is out of reach), and this machine's containers.conf."""
+
+    def __init__(self, bin_dir: Path, home: Path = ROOT, **variables: str) -> None:
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        docker = bin_dir / "docker"
+        docker.write_text(f'#!/bin/sh\nexec {shutil.which("podman")} "$@"\n')
+        docker.chmod(0o755)
+        path = [
+            str(bin_dir),
+            str(Path(sys.executable).parent),
+            *["/usr/sbin", "/usr/bin", "/sbin", "/bin"],
+        ]
+        self.home = home
+        self.env = {
+            **env(),
+            "PATH": os.pathsep.join(map(str, path)),
+            "BASE_IMAGE": BASE_IMAGE,
+            **variables,
+        }
+        self.ran: list[str] = []
+
+    def popen(self, command: str, **variables: str) -> subprocess.Popen[str]:
+        """A command line as typed, its output (stdout and stderr) in a pipe."""
+        self.ran.append(command)
+        return subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=self.home,
+            env={**self.env, **variables},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def sh(self, command: str, timeout: float = 1800, **variables: str) -> str:
+        process = self.popen(command, **variables)
+        try:
+            out, _ = process.communicate(timeout=timeout)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+        if process.returncode != 0:
+            raise RuntimeError(f"{command}\nexited {process.returncode}:\n{out[-4000:]}")
+        return out
 
 
 @dataclass(frozen=True)
@@ -157,9 +186,14 @@ class ImageFacts:
     base_size_bytes: int
     user: str
     labels: dict[str, str]
+    # What `git rev-parse HEAD` said as the build began and as it ended (others may commit
+    # meanwhile): the revision label is one of them.
+    heads: frozenset[str] = frozenset()
 
 
-def inspect(tag: str = IMAGE, base: str = BASE_IMAGE) -> ImageFacts:
+def inspect(
+    tag: str = IMAGE, base: str = BASE_IMAGE, heads: frozenset[str] = frozenset()
+) -> ImageFacts:
     [image] = json.loads(run("podman", "image", "inspect", tag).stdout)
     [base_image] = json.loads(run("podman", "image", "inspect", base).stdout)
     return ImageFacts(
@@ -167,6 +201,7 @@ def inspect(tag: str = IMAGE, base: str = BASE_IMAGE) -> ImageFacts:
         base_size_bytes=int(base_image["Size"]),
         user=str(image["Config"].get("User", "")),
         labels=dict(image.get("Labels") or {}),
+        heads=heads,
     )
 
 
