@@ -3,10 +3,18 @@
 Applications need only the producer API::
 
     from outbox import enqueue, enqueue_many, Event, PayloadTooLarge
+
+`InvalidHeaders` and `HeadersTooLarge` are the refusals of `headers=`.
 """
 
 from outbox.models import Event, Message, Outcome, OutcomeKind, Status
-from outbox.producer import PayloadTooLarge, enqueue, enqueue_many
+from outbox.producer import (
+    HeadersTooLarge,
+    InvalidHeaders,
+    PayloadTooLarge,
+    enqueue,
+    enqueue_many,
+)
 from outbox.schema import SCHEMA_VERSION, SchemaError, migrate
 from outbox.stats import QueueStats, queue_stats, queue_stats_async, rates
 from outbox.table import Table
@@ -14,6 +22,8 @@ from outbox.table import Table
 __all__ = [
     "SCHEMA_VERSION",
     "Event",
+    "HeadersTooLarge",
+    "InvalidHeaders",
     "Message",
     "Outcome",
     "OutcomeKind",
