@@ -210,3 +210,29 @@ async def test_the_documented_receiver_verifies_a_signed_cloudevent(conn, dsn, m
         signed_cloudevent(request.body, headers, OTHER)
     with pytest.raises(WebhookVerificationError):
         signed_cloudevent(request.body.replace(b"12", b"13"), headers, NEW)
+
+
+async def test_a_real_worker_signs_and_never_logs_its_secrets(conn, dsn, tmp_path):
+    from workers import spawn_worker, stop_worker
+
+    with conn.transaction():
+        [message_id] = enqueue_many(conn, [Event("order", "o-1", "OrderPaid", {"total": 12})])
+    log = tmp_path / "worker.log"
+    async with Receiver() as receiver:
+        proc = spawn_worker(
+            dsn,
+            *("--publisher", "http", "--http-url", receiver.url),
+            *("--http-signing-secret", OLD, "--format", "cloudevents-binary"),
+            owner="signer",
+            log_path=str(log),
+        )
+        try:
+            [request] = await receiver.wait_for(1, timeout=60)
+            await wait_until(lambda: row(conn, message_id)["status"] == "done", timeout=60)
+        finally:
+            assert stop_worker(proc) == 0
+    assert Webhook(OLD).verify(request.body, dict(request.headers)) == {"total": 12}
+    text = log.read_text()
+    assert "http-signing-secret=***" in text
+    key = OLD.removeprefix("whsec_")
+    assert key not in text and repr(signing_secret(OLD))[2:20] not in text
