@@ -133,13 +133,14 @@ def _runners() -> dict[str, tuple[str, ...]]:
     """Which test runs which of docs/deploy.md's commands, as written (each named by its first
     words); each of these tests runs its commands by looking them up in the doc."""
     from chart.test_release import HELM_STORY, KUBECTL_STORY
-    from image.test_deploy_docs import BUILD, LOCK, RUN
+    from image.test_deploy_docs import BUILD, LOCK, PUSH, RUN
 
     release, image = "tests/chart/test_release.py::", "tests/image/test_deploy_docs.py::"
     return {
         release + "test_install_serve_upgrade_test_rollback_uninstall": HELM_STORY,
         release + "test_the_kubectl_install_path": KUBECTL_STORY,
         image + "test_the_docs_build_commands_build_the_image": BUILD,
+        image + "test_the_docs_push_command_pushes_the_image": PUSH,
         image + "test_the_docs_run_commands_run_the_image": RUN,
         image + "test_the_docs_lock_command_writes_the_lock": LOCK,
     }

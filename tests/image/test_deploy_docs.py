@@ -1,7 +1,7 @@
 """The image commands of docs/deploy.md, run exactly as written, in a shell in the checkout:
 the builds (`docker build`, which makes the tier's image, then `podman build` and `buildah
-bud`), the two `docker run`s (a worker draining a backlog, its metrics on the documented port,
-stopped by SIGTERM), and the lock.
+bud`), the push, the two `docker run`s (a worker draining a backlog, its metrics on the
+documented port, stopped by SIGTERM), and the lock.
 
 Each command is looked up in the doc's ```sh blocks (tests/test_docs.py parses them and checks
 that some test runs every one), so the doc and these tests cannot drift apart. What these
@@ -15,18 +15,24 @@ machines lack comes from their environment, never from the command line:
   Hub would);
 - runc, the host's network and its CA bundle come from the tier's containers.conf.
 
-The three builds share one layer cache: the second and third take seconds.
+The three builds share one layer cache: the second and third take seconds. The push goes to
+Debian's docker-registry, which answers for `registry.example` in the push's own mount
+namespace.
 """
 
 from __future__ import annotations
 
 import json
+import random
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +63,8 @@ RUN = (
     "docker run --rm --read-only -e OUTBOX_DSN -e OUTBOX_HTTP_URL",
 )
 LOCK = ("python tests/image/images.py lock",)
+PUSH = ("docker push registry.example/outbox-dispatcher:0.1.0",)
+REGISTRY = shutil.which("docker-registry")  # Debian's docker-registry: the CNCF distribution
 
 
 def documented(start: str) -> str:
@@ -88,6 +96,75 @@ def test_the_docs_build_commands_build_the_image(built: dict[str, dict[str, Any]
         assert labels["org.opencontainers.image.source"] == SOURCE_URL, start
         assert labels["org.opencontainers.image.version"] == images.project_version(), start
         assert facts["Config"]["User"] == "65532:65532", start
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[str]:
+    """A registry on this machine, serving plain HTTP on port 80 of a loopback address of its
+    own (127.0.0.0/8 is all loopback): the address, for `registry.example` to resolve to."""
+    if REGISTRY is None:
+        pytest.skip("needs Debian's docker-registry (.ci/run installs it)")
+    log_path = tmp_path / "registry.log"
+    for _ in range(5):  # another run may hold the address picked
+        address = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
+        config = tmp_path / "registry.yml"
+        config.write_text(
+            f"version: 0.1\nlog: {{level: warn}}\n"
+            f"storage: {{filesystem: {{rootdirectory: {tmp_path / 'registry'}}}}}\n"
+            f"http: {{addr: '{address}:80'}}\n"
+        )
+        with log_path.open("ab") as log:
+            server = subprocess.Popen([REGISTRY, "serve", str(config)], stdout=log, stderr=log)
+        try:
+            while server.poll() is None and _get(f"http://{address}/v2/") is None:
+                time.sleep(0.05)
+            if server.poll() is None:
+                yield address
+                return
+        finally:
+            if server.poll() is None:
+                server.terminate()
+                server.wait(timeout=30)
+    raise AssertionError(f"the registry never served:\n{log_path.read_text()[-3000:]}")
+
+
+def test_the_docs_push_command_pushes_the_image(
+    built: dict[str, dict[str, Any]], registry: str, tmp_path: Path
+) -> None:
+    """`registry.example` is the local registry for the push alone: in a mount namespace of
+    its own the shell sees an /etc/hosts that says so (the machine's stays as it is), and a
+    registries.conf lets it speak plain HTTP there; the command is the docs', as written."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text(Path("/etc/hosts").read_text() + f"\n{registry} registry.example\n")
+    registries = tmp_path / "registries.conf"
+    registries.write_text('[[registry]]\nlocation = "registry.example"\ninsecure = true\n')
+    shell = images.Shell(tmp_path / "bin", CONTAINERS_REGISTRIES_CONF=str(registries))
+    pushed = shlex.quote(documented(PUSH[0]))
+    shell.sh(
+        "unshare --mount --propagation private sh -c "
+        + shlex.quote(f"mount --bind {hosts} /etc/hosts && exec bash -c {pushed}"),
+        timeout=600,
+    )
+    tags = json.loads(_get(f"http://{registry}/v2/outbox-dispatcher/tags/list") or "{}")
+    assert tags == {"name": "outbox-dispatcher", "tags": ["0.1.0"]}, tags
+    accept = "application/vnd.oci.image.manifest.v1+json"
+    manifest = json.loads(
+        _get(f"http://{registry}/v2/outbox-dispatcher/manifests/0.1.0", accept) or "{}"
+    )
+    [facts] = json.loads(images.run("podman", "image", "inspect", TAG).stdout)
+    # The image's id is its configuration's digest: the registry holds this very image.
+    assert manifest["config"]["digest"] == "sha256:" + facts["Id"], manifest
+    assert len(manifest["layers"]) == len(facts["RootFS"]["Layers"]), manifest
+
+
+def _get(url: str, accept: str = "*/*") -> str | None:
+    """The body of a 200 answer, None while nothing answers."""
+    request = urllib.request.Request(url, headers={"Accept": accept})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return str(response.read().decode())
+    except (urllib.error.URLError, ConnectionError):
+        return None
 
 
 def test_the_docs_run_commands_run_the_image(
