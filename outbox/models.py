@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -99,6 +99,13 @@ class Outcome(NamedTuple):
         # The hot path, once per message: built as the tuple it is, every field given, which
         # skips the generated constructor's keyword and default handling.
         return _new_tuple(cls, (msg.id, msg.lease_version, OutcomeKind.DONE, 0.0, None))
+
+    @classmethod
+    def all_done(cls, messages: Iterable[Message]) -> list[Outcome]:
+        """`done` for each of a batch's messages, without a call per message (half the cost
+        of mapping `done`)."""
+        done = OutcomeKind.DONE
+        return [_new_tuple(cls, (m.id, m.lease_version, done, 0.0, None)) for m in messages]
 
     @classmethod
     def dead(cls, msg: Message, error: str) -> Outcome:

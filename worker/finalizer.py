@@ -77,7 +77,7 @@ class Finalizer(Service):
                                    for o in outcomes]},
             )  # fmt: skip
         counts: collections.Counter[str] = collections.Counter()
-        if len(applied) == len(outcomes) and all(o.kind is DONE for o in outcomes):
+        if len(applied) == len(outcomes) and lease.all_done(outcomes):
             # The common case, once per message: every outcome a delivery, every one applied.
             counts[DONE] = len(outcomes)
             ledger.drop_all(outcomes)

@@ -16,9 +16,19 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Iterable
+from itertools import repeat
+from operator import attrgetter
 
 from outbox.limits import CLAIM_BYTES
 from outbox.models import Message, Outcome
+
+# Field readers for map(): the per-batch steps below loop in C, not once per message in Python.
+_id, _lease_version, _payload = (
+    attrgetter("id"),
+    attrgetter("lease_version"),
+    attrgetter("payload_json"),
+)
+_outcome_id, _outcome_version = attrgetter("message_id"), attrgetter("lease_version")
 
 
 class Ledger:
@@ -100,11 +110,10 @@ class Ledger:
         """Claimed messages join the ledger, waiting to be published."""
         self.claim_seconds = claim_seconds
         self.held_at = now
-        claimed = 0
-        for message in messages:
-            self.held[message.id] = message
-            self.renewed_at[message.id] = now
-            claimed += len(message.payload_json)
+        ids = list(map(_id, messages))
+        self.held.update(zip(ids, messages, strict=True))
+        self.renewed_at.update(zip(ids, repeat(now)))
+        claimed = sum(map(len, map(_payload, messages)))
         self.held_bytes += claimed
         if messages:
             # Half the last claim, half those before: follows a change of sizes in a few claims.
@@ -119,7 +128,11 @@ class Ledger:
     def take(self, limit: int, now: float) -> list[Message]:
         """Up to `limit` waiting messages, oldest first, counted as publishing."""
         waiting = self.waiting
-        taken = [waiting.popleft() for _ in range(min(limit, len(waiting)))]
+        if limit >= len(waiting):  # all of them: a batch publisher's usual take
+            taken = list(waiting)
+            waiting.clear()
+        else:
+            taken = [waiting.popleft() for _ in range(limit)]
         self.publishing += len(taken)
         self._after_take(now)
         return taken
@@ -170,7 +183,11 @@ class Ledger:
 
     def take_outcomes(self, limit: int) -> list[Outcome]:
         outcomes = self.outcomes
-        return [outcomes.popleft() for _ in range(min(len(outcomes), limit))]
+        if limit >= len(outcomes):
+            taken = list(outcomes)
+            outcomes.clear()
+            return taken
+        return [outcomes.popleft() for _ in range(limit)]
 
     def drop(self, message_id: int, lease_version: int) -> None:
         """The lease `lease_version` of the message ended: forget it, unless the message is
@@ -184,6 +201,18 @@ class Ledger:
     def drop_all(self, outcomes: Iterable[Outcome]) -> None:
         """`drop` for each outcome's message and lease, in one call."""
         held, renewed_at = self.held, self.renewed_at
+        outcomes = list(outcomes)
+        ids = list(map(_outcome_id, outcomes))
+        found = list(map(held.get, ids))
+        if None not in found and list(map(_lease_version, found)) == list(
+            map(_outcome_version, outcomes)
+        ):
+            # The common case: every one held under the lease its outcome ends. Dropped by
+            # map() in C (a deque of no length consumes what returns nothing to keep).
+            popped = list(map(held.pop, ids, repeat(None)))  # None for an id seen twice
+            collections.deque(map(renewed_at.pop, ids, repeat(None)), maxlen=0)
+            self.held_bytes -= sum(map(len, map(_payload, filter(None, popped))))
+            return
         dropped = 0
         for outcome in outcomes:
             message_id = outcome.message_id

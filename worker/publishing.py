@@ -254,6 +254,13 @@ class Publishing(Service):
                 results = [exc] * len(messages)
             elapsed = time.perf_counter() - started
             ledger.published(len(messages))
+            if results.count(None) == len(messages) and not health.probes:
+                # The common case: every message delivered. One outcome list and one
+                # observation for the batch, no step per message in Python.
+                ledger.put_outcomes(Outcome.all_done(messages))
+                health.delivered(messages[-1])
+                self.metrics.publish_seconds.observe_many(elapsed, len(messages))
+                continue
             observe = self.metrics.publish_seconds.observe
             done = Outcome.done
             delivered = [m for m, error in zip(messages, results, strict=True) if error is None]
