@@ -18,6 +18,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -48,6 +49,7 @@ HELM_STORY = (
     "helm install",
     "kubectl -n outbox-system rollout status",
     "helm test",
+    "outbox migrate --table public.outbox",
     "kubectl -n shop apply -f examples/http.yaml",
     "kubectl -n shop get obd",
     "helm upgrade",
@@ -66,15 +68,15 @@ KUBECTL_STORY = (
 
 
 def documented() -> list[str]:
-    """The `helm` and `kubectl` commands of docs/deploy.md: each line of its sh blocks
-    (continuations joined, comments dropped) and each `inline` command of its prose."""
+    """The `helm`, `kubectl` and `outbox` commands of docs/deploy.md: each line of its sh
+    blocks (continuations joined, comments dropped) and each `inline` command of its prose."""
     text = DOCS.read_text()
     commands: list[str] = []
     for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = re.sub(r"\s+#.*$", "", line.strip())
             line = re.sub(r"\s+", " ", line)
-            if line.split(" ", 1)[0] in ("helm", "kubectl"):
+            if line.split(" ", 1)[0] in ("helm", "kubectl", "outbox"):
                 commands.append(line)
     for inline in re.findall(r"`((?:helm|kubectl) [^`]+)`", text):
         if len(inline.split()) >= 3:  # a command, not the name of a tool's verb
@@ -146,7 +148,8 @@ class User:
         bin_dir = tmp_path / "bin"
         install_helm(bin_dir)
         self.env = {
-            "PATH": f"{bin_dir}:{Path(KUBECTL).parent}:/bin",
+            # `outbox` (the project's CLI) where pip puts it: beside this Python.
+            "PATH": f"{bin_dir}:{Path(KUBECTL).parent}:{Path(sys.executable).parent}:/bin",
             "HOME": str(tmp_path),
             "KUBECONFIG": str(cluster.kubeconfig),
             "KUBECACHEDIR": str(tmp_path / "kubectl-cache"),
@@ -173,7 +176,7 @@ class User:
         return result.stdout + result.stderr
 
     def docs(self, start: str, timeout: float = 180, *, having: str = "", lacking: str = "",
-             fails: bool = False) -> str:  # fmt: skip
+             fails: bool = False, **env: str) -> str:  # fmt: skip
         """Run the docs' command that starts with `start` (and has `having`, lacks
         `lacking`), exactly as written there; with `fails`, what it said when it failed."""
         [command] = [
@@ -182,9 +185,9 @@ class User:
             if cmd.startswith(start) and having in cmd and not (lacking and lacking in cmd)
         ]
         if not fails:
-            return self.sh(command, timeout)
+            return self.sh(command, timeout, **env)
         with pytest.raises(AssertionError) as failed:
-            self.sh(command, timeout)
+            self.sh(command, timeout, **env)
         return str(failed.value)
 
     def documented_run(self, stories: tuple[str, ...]) -> list[str]:
@@ -331,8 +334,10 @@ def test_install_serve_upgrade_test_rollback_uninstall(
     with Sink() as sink, psycopg.connect(dsn, autocommit=True) as conn:
 
         def dispatch() -> None:
-            """The example as it is, then what its CHANGE-MEs stand for: this database (kept
-            out of the command line) and this API."""
+            """The table the example names made (here: found up to date), the example as it
+            is, then what its CHANGE-MEs stand for: this database (kept out of the command
+            line) and this API."""
+            user.docs("outbox migrate", OUTBOX_DSN=dsn)
             user.docs("kubectl -n shop apply -f examples/http.yaml")
             secret = '{\\"stringData\\":{\\"dsn\\":\\"$DSN\\"}}'
             user.sh(f'kubectl -n shop patch secret orders-db -p "{secret}"', DSN=dsn)
