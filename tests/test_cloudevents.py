@@ -251,9 +251,10 @@ async def test_kafka_failures_reported_later_land_on_their_own_cloudevents(clust
     assert failed
     # Each failure was placed (librdkafka may fail the topic's other requests too).
     assert "could not be placed" not in caplog.text
-    assert {str(r) for r in results if r is not None} == {
-        "Kafka TOPIC_AUTHORIZATION_FAILED: Broker: Topic authorization failed"
-    }
+    # The injected error; on a loaded machine librdkafka may fail a few more its own way.
+    reasons = {str(r) for r in results if r is not None}
+    assert "Kafka TOPIC_AUTHORIZATION_FAILED: Broker: Topic authorization failed" in reasons
+    assert all(reason.startswith("Kafka ") for reason in reasons), reasons
     consumed = consume_all(cluster.bootstraps, "order", 40 - len(failed))
     delivered = sorted(int(dict(m.headers())["outbox-id"]) for m in consumed)
     assert delivered == sorted(m.id for m in messages if m.id not in failed)
