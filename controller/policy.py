@@ -241,7 +241,9 @@ def _tolerations(value: Any, settings: ControllerSettings) -> Iterator[Violation
 def _node_selector(value: Any, settings: ControllerSettings) -> Iterator[Violation]:
     allowed = settings.allowed_node_selectors
     for key, wanted in sorted((value or {}).items()):
-        if not pair_allowed(key, str(wanted), allowed):
+        if not key_valid(key):
+            yield f"nodeSelector.{key}", f"`{_shown(key)}` is not a label key ([prefix/]name)"
+        elif not pair_allowed(key, str(wanted), allowed):
             yield (
                 f"nodeSelector.{key}",
                 f"`{_shown(f'{key}={wanted}')}` is not allowed ({_listed(allowed)})",
@@ -274,6 +276,20 @@ OPERATOR_LABELS = tuple(sorted(labels("x")))
 OPERATOR_ANNOTATION_PREFIXES = ("outbox.dev/", "prometheus.io/")
 
 
+# A label or annotation key: an optional DNS-subdomain prefix and a name of at most 63
+# characters. The CRD cannot check map keys cheaply (a CEL rule over keys of unknown length
+# exceeds a real API server's cost budget), so the policy does: a bad key would otherwise
+# come back as the API server's 422 on the Deployment.
+_QUALIFIED_NAME = re.compile(
+    r"^(?:(?=[^/]{1,253}/)[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?/)?"
+    r"(?=[^/]{1,63}$)[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
+
+def key_valid(key: str) -> bool:
+    return _QUALIFIED_NAME.match(key) is not None
+
+
 def _operators(key: str, field: str) -> bool:
     if field == "podLabels":
         return key in OPERATOR_LABELS
@@ -284,7 +300,9 @@ def _keys(field: str, what: str, setting: str) -> Check:
     def check(value: Any, settings: ControllerSettings) -> Iterator[Violation]:
         allowed: tuple[str, ...] = getattr(settings, setting)
         for key in sorted(value or {}):
-            if _operators(key, field):
+            if not key_valid(key):
+                yield f"{field}.{key}", f"`{_shown(key)}` is not a {what} key ([prefix/]name)"
+            elif _operators(key, field):
                 yield f"{field}.{key}", f"{what} `{_shown(key)}` is the operator's own"
             elif not key_allowed(key, allowed):
                 yield (

@@ -517,3 +517,26 @@ def test_image_patterns() -> None:
     for bad in ("outbox:1", "*/x", "ghcr.io/acme/**", ""):
         with pytest.raises(ValueError):
             check_image_pattern(bad)
+
+
+def test_keys_that_are_no_label_or_annotation_keys_are_refused_whatever_the_admin_allows() -> None:
+    anything = dataclasses.replace(
+        DEFAULTS,
+        allowed_pod_labels=("*",),
+        allowed_pod_annotations=("*",),
+        allowed_node_selectors=("*",),
+    )
+    worker = {
+        "podLabels": {"team": "a", "-bad": "b", "a/b/c": "c", "x" * 64: "d"},
+        "podAnnotations": {"example.com/ok": "1", "example.com/": "2"},
+        "nodeSelector": {"pool": "w", "bad key": "v"},
+    }
+    found = violations(spec(**worker), anything)
+    assert [field for field, _ in found] == [
+        "spec.worker.nodeSelector.bad key",
+        "spec.worker.podLabels.-bad",
+        "spec.worker.podLabels.a/b/c",
+        "spec.worker.podLabels." + "x" * 64,
+        "spec.worker.podAnnotations.example.com/",
+    ]
+    assert "is not a label key" in found[1][1]
