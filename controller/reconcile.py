@@ -154,6 +154,7 @@ class Dispatcher:
     _reconciled_generation: int | None = None
     _last_status: Mapping[str, Any] | None = None
     _secret_version: str = ""  # of the DSN's Secret: a new one rolls the workers
+    _server_made: frozenset[str] = frozenset()  # template changes the server makes itself
     _pods_forbidden: bool = False  # said once: RBAC does not let the operator list pods
     _step: str = "reconciling"  # what the pass is doing, for the message of an API error
 
@@ -353,7 +354,7 @@ class Dispatcher:
         if deployment is None:
             log.info("%s/%s: creating Deployment %s", self.namespace, self.name, name)
             self._step = f"creating Deployment {name}"
-            return await kube.create_deployment(rendered), ()
+            return self._stored(rendered, await kube.create_deployment(rendered)), ()
         annotations = deployment["metadata"].get("annotations") or {}
         version = deployment["metadata"]["resourceVersion"]
         if annotations.get(TEMPLATE_HASH) != rendered["metadata"]["annotations"][TEMPLATE_HASH]:
@@ -361,18 +362,38 @@ class Dispatcher:
                 "%s/%s: the worker template changed: rolling the workers", self.namespace, self.name
             )
             self._step = f"replacing Deployment {name}"
-            return await kube.replace_deployment(rendered, version), ()
-        drift = template_drift(rendered["spec"]["template"], deployment["spec"]["template"])
+            return self._stored(rendered, await kube.replace_deployment(rendered, version)), ()
+        drift = tuple(
+            change
+            for change in template_drift(
+                rendered["spec"]["template"], deployment["spec"]["template"]
+            )
+            if change not in self._server_made
+        )
         if drift:
             # Same hash, another template: changed by hand (`kubectl set image`, `kubectl
             # edit`). Put back as rendered; the replica count is the policy's as always.
             self._step = f"restoring Deployment {name}"
-            return await kube.replace_deployment(rendered, version), drift
+            stored = await kube.replace_deployment(rendered, version)
+            return self._stored(rendered, stored), drift
         if int(deployment["spec"].get("replicas", 0)) != replicas:
             self._step = f"resizing Deployment {name}"
             await kube.scale_deployment(self.namespace, rendered["metadata"]["name"], replicas)
             return {**deployment, "spec": {**deployment["spec"], "replicas": replicas}}, ()
         return dict(deployment), ()
+
+    def _stored(self, rendered: Mapping[str, Any], stored: dict[str, Any]) -> dict[str, Any]:
+        """Remember what the server itself changed of the template we wrote (a value it
+        normalizes some way `template_drift` does not know): never drift, never put back in
+        a loop."""
+        made = template_drift(rendered["spec"]["template"], stored["spec"]["template"])
+        if made:
+            log.info(
+                "%s/%s: the API server stored the template otherwise: %s",
+                self.namespace, self.name, "; ".join(made),
+            )  # fmt: skip
+        self._server_made = frozenset(made)
+        return stored
 
     async def _apply_network_policy(self, body: Mapping[str, Any]) -> None:
         """The worker pods' NetworkPolicy (outbox.controller.network), kept as rendered."""

@@ -37,7 +37,9 @@ running from the pod template's first container:
   meanwhile its Pod's container waits in `CrashLoopBackOff` with the exit as `lastState`
   (the end of its log as the message with `terminationMessagePolicy: FallbackToLogsOnError`);
 - images: the image is not pulled; an image a test registered in `Kubelet.images` (reference
-  -> a directory) has its commands looked up there first.
+  -> a directory) has its commands looked up there first; one in `Kubelet.unpullable`
+  (reference -> the registry's error) never starts: its Pod waits in `ErrImagePull`, then
+  `ImagePullBackOff`, and is never ready.
 
 - Pod objects: each process is published as a Pod (owned by its Deployment, since there are
   no ReplicaSets here) whose status says Running and Ready; `kubectl get pods` lists them,
@@ -127,7 +129,8 @@ class Pod:
     failures: int = 0
     stopping: asyncio.Future[None] | None = None
     restarts: int = 0
-    reported: tuple[bool, int, bool] | None = None  # (ready, restarts, exited) last written
+    # (ready, restarts, exited, waiting on a pull) last written to the Pod
+    reported: tuple[bool, int, bool, str] | None = None
     liveness: JSON | None = None
     startup: JSON | None = None
     started_ok: bool = False  # the startup probe (else the readiness probe) passed once
@@ -136,6 +139,7 @@ class Pod:
     phase: tuple[str, bool, int] | None = None  # a bare pod's (phase, ready, restarts) reported
     # The container's previous run, as a real kubelet reports it in `lastState.terminated`.
     last_termination: JSON | None = None
+    pull_error: str = ""  # the image could not be pulled: no container ever runs
 
 
 def _free_port() -> int:
@@ -175,6 +179,10 @@ class Kubelet:
         # are found in first (a test "builds" an image there); any other image runs the test
         # environment's scripts.
         self.images: dict[str, Path] = {}
+        # Images the registry does not serve: image reference -> the pull error. Their pods
+        # never start a container (a placeholder process holds the pod's place) and wait in
+        # ErrImagePull, then ImagePullBackOff.
+        self.unpullable: dict[str, str] = {}
         self.probe_interval = probe_interval
         self._headers = {"Authorization": f"Bearer {token}"}
         self._ssl = ssl.create_default_context(cafile=str(ca_path)) if ca_path else None
@@ -377,7 +385,7 @@ class Kubelet:
             )
             if replacement is not None:
                 replacement.restarts = pod.restarts + 1
-                replacement.reported = (False, -1, False) if pod.reported is not None else None
+                replacement.reported = (False, -1, False, "") if pod.reported is not None else None
                 replacement.last_termination = self._termination(pod)
                 pods[index] = replacement
 
@@ -429,7 +437,14 @@ class Kubelet:
         try:
             env = await self._environment(session, namespace, pod_name, container, ports)
             env.update(await self._service_account(session, namespace, pod_name, pod_spec))
-            command = self._command(container, env, ports)
+            pull_error = self.unpullable.get(str(container.get("image", "")), "")
+            if pull_error:
+                # No container: a placeholder process stands for the pod until it goes.
+                placeholder = shutil.which("sleep", path="/usr/bin:/bin")
+                assert placeholder is not None
+                command = [placeholder, "86400"]
+            else:
+                command = self._command(container, env, ports)
             # Service names become their local proxies (no cluster DNS here).
             env = {k: await self._services_in(session, v) for k, v in env.items()}
             command = [await self._services_in(session, part) for part in command]
@@ -470,6 +485,7 @@ class Kubelet:
         )
         started.liveness = probes.get("livenessProbe")
         started.startup = probes.get("startupProbe")
+        started.pull_error = pull_error
         return started
 
     # ---- pods made by others ----------------------------------------------------------------
@@ -736,7 +752,11 @@ class Kubelet:
         that exited waits in `CrashLoopBackOff` for its restart, with its exit as
         `lastState`, and the restarted one keeps that `lastState`."""
         exited = pod.process.returncode is not None
-        state = (pod.ready, pod.restarts, exited)
+        # The first pull fails with ErrImagePull; the kubelet then backs off between pulls.
+        pulling = ""
+        if pod.pull_error:
+            pulling = "ErrImagePull" if time.monotonic() - pod.started < 1 else "ImagePullBackOff"
+        state = (pod.ready, pod.restarts, exited, pulling)
         if pod.reported == state:
             return
         path = f"/api/v1/namespaces/{pod.namespace}/pods"
@@ -750,7 +770,13 @@ class Kubelet:
         container = pod.manifest["spec"]["containers"][0]
         current: JSON = {"running": {"startedAt": _timestamp(pod.started)}}
         last = pod.last_termination
-        if exited:
+        if pulling:
+            image = container.get("image", "")
+            message = (
+                pod.pull_error if pulling == "ErrImagePull" else f'Back-off pulling image "{image}"'
+            )
+            current = {"waiting": {"reason": pulling, "message": message}}
+        elif exited:
             backoff = int(min(10.0, 0.5 * 2**pod.restarts))
             message = f"back-off {backoff}s restarting failed container={container['name']}"
             current = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
@@ -771,7 +797,7 @@ class Kubelet:
                         "restartCount": pod.restarts,
                         "image": container.get("image", ""),
                         "imageID": "",
-                        "started": not exited,
+                        "started": not exited and not pulling,
                         "state": current,
                         **({"lastState": last} if last else {}),
                     }
@@ -896,7 +922,7 @@ class Kubelet:
 
     async def _probe(self, session: aiohttp.ClientSession, pod: Pod) -> None:
         """Startup, then readiness and liveness, as a kubelet orders them."""
-        if pod.process.returncode is not None or pod.killing is not None:
+        if pod.process.returncode is not None or pod.killing is not None or pod.pull_error:
             pod.ready = False
             return
         if not pod.started_ok and pod.startup is not None:

@@ -121,6 +121,40 @@ def test_crash_looping_workers_say_why_and_recover(
     assert recovered and "WorkersCrashing" in recovered[-1]["message"]
 
 
+def test_an_image_that_cannot_be_pulled_says_so(
+    dsn: str, cluster: LocalCluster, kubelet: Kubelet, operators: Callable[..., Operator]
+) -> None:
+    missing = "docker.io/library/outbox-dispatcher:no-such-tag"
+    kubelet.unpullable[missing] = (
+        f'failed to pull and unpack image "{missing}": failed to resolve reference '
+        f'"{missing}": {missing}: not found'
+    )
+    operators()
+    apply(
+        cluster,
+        secret_manifest("orders-db", dsn=dsn),
+        dispatcher_manifest(worker={"image": missing}),
+    )
+    workers = wait_for(
+        "WorkersReady=False ImagePullFailed",
+        lambda: (
+            (c := kubectl_condition(cluster, "orders", "WorkersReady")).get("reason")
+            == "ImagePullFailed"
+            and c
+        ),
+    )
+    assert workers["status"] == "False"
+    assert workers["message"].startswith("pod orders-worker-"), workers
+    assert f'"{missing}"' in workers["message"], workers
+    ready = kubectl_condition(cluster, "orders", "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ImagePullFailed")
+    warning = wait_for(
+        "a Warning Event",
+        lambda: [e for e in kubectl_events(cluster, "orders") if e["reason"] == "ImagePullFailed"],
+    )
+    assert warning[0]["type"] == "Warning" and missing in warning[0]["message"]
+
+
 def test_a_deployment_changed_by_hand_is_put_back_and_says_what_changed(
     cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
 ) -> None:

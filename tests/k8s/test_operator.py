@@ -201,6 +201,14 @@ def dispatcher_manifest(name: str = "orders", **spec: Any) -> dict[str, Any]:
     }
 
 
+def own_table(dsn: str, table: str, secret: str = "orders-db") -> dict[str, Any]:
+    """spec.database for a table of its own in the test's database: one table, one resource
+    (a second resource on a table gets TableConflict and no workers)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn, Table.parse(table))
+    return {"dsnSecretRef": {"name": secret, "key": "dsn"}, "table": table}
+
+
 def apply(k8s: LocalCluster, *manifests: dict[str, Any]) -> str:
     text = yaml.safe_dump_all(manifests)
     return k8s.kubectl("apply", "-f", "-", input=text).stdout
@@ -589,7 +597,7 @@ def test_changes_made_while_the_operator_was_down_are_handled_when_it_starts(
     apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest("early"))
     first = operators(name="first")
     wait_for("the resource made before the operator", lambda: observed(cluster, "early"))
-    apply(cluster, dispatcher_manifest("doomed"))
+    apply(cluster, dispatcher_manifest("doomed", database=own_table(dsn, "doomed")))
     wait_for("a second resource", lambda: deployment_of(cluster, "doomed"))
     # A scraper's keep-alive connection, open and idle at the stop, as Prometheus keeps one.
     assert first.port is not None
@@ -606,7 +614,7 @@ def test_changes_made_while_the_operator_was_down_are_handled_when_it_starts(
     # While nobody runs: one resource changed, one deleted, one made.
     cluster.kubectl("patch", "obd", "early", "--type=merge", "-p", '{"spec":{"concurrency":3}}')
     cluster.kubectl("delete", "obd", "doomed")
-    apply(cluster, dispatcher_manifest("late"))
+    apply(cluster, dispatcher_manifest("late", database=own_table(dsn, "late")))
     operators(name="second")
     changed = wait_for("the change", lambda: observed(cluster, "early"))
     assert changed["metadata"]["generation"] == 2

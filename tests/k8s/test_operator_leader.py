@@ -20,6 +20,7 @@ from .test_operator import (
     deployment_of,
     dispatcher_manifest,
     get,
+    own_table,
     secret_manifest,
     wait_for,
 )
@@ -113,7 +114,7 @@ def test_two_replicas_never_both_act(cluster: LocalCluster, tmp_path: Path, dsn:
 
         a.signal(signal.SIGSTOP)  # frozen, still holding the Lease
         wait_for("b to take over after the lease duration", b.leading)
-        apply(cluster, dispatcher_manifest("second"))
+        apply(cluster, dispatcher_manifest("second", database=own_table(dsn, "second")))
         wait_for("b to serve the second resource", lambda: deployment_of(cluster, "second"))
         lease = get(cluster, "leases", "outbox-controller")
         assert lease is not None and lease["spec"]["holderIdentity"] == "b"
