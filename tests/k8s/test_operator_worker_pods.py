@@ -22,6 +22,7 @@ from .test_operator import (
     apply,
     condition,
     dispatcher_manifest,
+    events,
     get,
     secret_manifest,
     wait_for,
@@ -173,6 +174,9 @@ def test_the_worker_pod_settings_reach_the_pods_and_the_budget_follows_the_repli
     remove = '[{"op": "remove", "path": "/spec/worker/disruptionBudget"}]'
     cluster.kubectl("patch", "obd", "orders", "--type=json", "-p", remove)
     wait_for("the budget released", lambda: allowed() == "100%")
+    # The settings as the server stores them (0.25 CPU is 250m) are what the operator rendered:
+    # nothing was ever put back as drift.
+    assert [e for e in events(cluster, "orders") if e["reason"] == "DriftCorrected"] == []
 
 
 def test_a_pod_setting_outside_the_policy_stops_the_workers_with_the_reason(
