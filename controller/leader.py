@@ -23,6 +23,7 @@ from typing import Any
 from kubernetes.aio.client import ApiClient, CoordinationV1Api, V1Lease
 from kubernetes.aio.client.exceptions import ApiException
 
+from outbox.controller.kube import api_reason
 from outbox.controller.settings import ControllerSettings
 
 log = logging.getLogger("outbox.controller")
@@ -181,9 +182,8 @@ class LeaderElector:
             await self._leases.replace_namespaced_lease(self._name, self._namespace, _lease(body))
         except ApiException as exc:
             if exc.status != 409:
-                log.warning(
-                    "lease %s/%s: %s %s", self._namespace, self._name, exc.status, exc.reason
-                )
+                # The server's own reason (a 403 names the permission it lacks).
+                log.warning("lease %s/%s: %s", self._namespace, self._name, api_reason(exc))
             return False
         except (TimeoutError, OSError) as exc:
             log.warning("lease %s/%s: %s", self._namespace, self._name, exc)
