@@ -455,3 +455,52 @@ def test_drift_names_a_changed_image_and_an_added_env_variable() -> None:
     }
     live["metadata"]["labels"] = {}  # type: ignore[index]
     assert "metadata.labels.app removed" in template_drift(rendered, live)
+
+
+# -- one table, one resource ----------------------------------------------------------------
+
+
+def test_the_older_resource_keeps_its_table_and_a_tie_goes_by_name() -> None:
+    from outbox.controller.database import TableIdentity
+    from outbox.controller.reconcile import Tables
+
+    orders = TableIdentity("42/16384/public.outbox", "table public.outbox of database shop")
+    other = TableIdentity("42/16384/public.billing", "table public.billing of database shop")
+    tables = Tables()
+    assert tables.first("shop", "orders", "2026-01-01T00:00:05Z", orders) is None
+    # Newer: the first is named; older or on a tie with a smaller name: it is the first.
+    assert tables.first("shop", "copy", "2026-01-01T00:00:09Z", orders) == ("shop", "orders")
+    assert tables.first("a-team", "zzz", "2026-01-01T00:00:05Z", orders) is None
+    assert tables.first("shop", "orders", "2026-01-01T00:00:05Z", orders) == ("a-team", "zzz")
+    # Another table is no conflict; a deleted resource frees its table.
+    assert tables.first("shop", "billing", "2026-01-01T00:00:09Z", other) is None
+    tables.forget("a-team", "zzz")
+    assert tables.first("shop", "orders", "2026-01-01T00:00:05Z", orders) is None
+    assert tables.first("shop", "copy", "2026-01-01T00:00:09Z", orders) == ("shop", "orders")
+    # Pointed at another table, the copy no longer conflicts.
+    assert tables.first("shop", "copy", "2026-01-01T00:00:09Z", other) == ("shop", "billing")
+
+
+def test_drift_names_removed_items_and_other_changes() -> None:
+    from outbox.controller.reconcile import template_drift
+
+    rendered = {
+        "spec": {
+            "containers": [{"name": "worker", "volumeMounts": [{"name": "tmp"}]}],
+            "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+            "securityContext": {"runAsNonRoot": True},
+        }
+    }
+    live = {
+        "spec": {
+            "containers": [{"name": "worker", "volumeMounts": []}],
+            "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+            "securityContext": {"runAsNonRoot": False},
+        }
+    }
+    assert set(template_drift(rendered, live)) == {
+        "spec.containers[worker].volumeMounts[tmp] removed",
+        "spec.securityContext.runAsNonRoot changed",
+    }
+    live["spec"]["containers"].append({"name": "sidecar"})  # type: ignore[index]
+    assert "spec.containers[sidecar] added" in template_drift(rendered, live)
