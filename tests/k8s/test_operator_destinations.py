@@ -125,11 +125,13 @@ def test_an_open_destination_is_shown_holds_the_workers_and_its_recovery_is_told
     [warning] = wait_for("the DestinationDown event", lambda: destination_events(cluster))
     assert warning == ("Warning", "DestinationDown", down["message"])
 
-    # The backlog asks for three workers; the open destination holds the one there is.
+    # The backlog asks for three workers; the open destination holds the one there is (the
+    # first pass, before that worker exists, says it starts one to probe).
     held = wait_for(
         "the size held for the destination",
         lambda: (
             (c := condition(cluster, "orders", "Scaling")).get("reason") == "DestinationUnreachable"
+            and "holding" in c.get("message", "")
             and c
         ),
     )
