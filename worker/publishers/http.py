@@ -42,6 +42,7 @@ from outbox.worker.publishers.base import PermanentError, RetryableError
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.formats import BINARY, ENVELOPE, STRUCTURED, CloudEvents
 from outbox.worker.publishers.formats import STRUCTURED_CONTENT_TYPE as CE_JSON
+from outbox.worker.publishers.formats import wire_format as check_format
 from outbox.worker.publishers.headers import http_headers
 from outbox.worker.publishers.registry import Option, PublisherContext
 from outbox.worker.publishers.routes import Router, check_template, placeholders
@@ -198,7 +199,7 @@ class HttpPublisher:
         )
         self._owner = owner
         self._headers = headers or {}
-        self.format = wire_format
+        self.format = check_format(wire_format)
         self._cloudevents = CloudEvents(source)
         self._signer = Signer(signing_keys) if signing_keys else None
         self._row_headers = http_headers(self._headers)

@@ -77,6 +77,7 @@ from outbox.worker.publishers.base import PermanentError, RetryableError
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.formats import BINARY, ENVELOPE, STRUCTURED, CloudEvents
 from outbox.worker.publishers.formats import STRUCTURED_CONTENT_TYPE as CE_JSON
+from outbox.worker.publishers.formats import wire_format as check_format
 from outbox.worker.publishers.headers import nats_headers
 from outbox.worker.publishers.registry import Option, PublisherContext
 
@@ -367,7 +368,7 @@ class NatsPublisher:
         source: str = "/outbox/outbox",
     ) -> None:
         self.servers = list(servers)
-        self.format = wire_format
+        self.format = check_format(wire_format)
         self._cloudevents = CloudEvents(source)
         self._row_headers = nats_headers()
         self.subject_template = subject_template(subject)
