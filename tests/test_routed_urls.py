@@ -96,3 +96,28 @@ def test_a_template_with_credentials_is_accepted_and_never_echoed():
     with pytest.raises(SettingError) as info:
         load_settings(["--publisher", "http", "--http-url", "https://u:s3cret@{event_type}/"], {})
     assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "admitted"),
+    [
+        ("http://e.example/in", True),
+        ("https://e.example:8443", True),
+        ("http://e.example/in/{event_type}/{aggregate_type}", True),
+        ("http://e.example/in?type={event_type}&id={aggregate_id}", True),
+        ("http://e.example?type={event_type}", True),
+        ("http://e.example/in#{event_type}", False),
+        ("http://{aggregate_type}.e.example/in", False),
+        ("http://e.example:{event_type}/in", False),
+        ("http://{aggregate_id}@e.example/in", False),
+        ("http://e.example/{tenant}", False),
+        ("http://e.example/{event_type!r}", False),
+        ("http://e.example/{event_type", False),
+    ],
+)
+def test_the_crd_admits_the_url_templates_the_worker_accepts(url, admitted):
+    from test_controller_crd import _body, _crd_errors, _worker_error
+
+    body = _body({"publisher.type": "http", "publisher.http": {"url": url}})
+    assert (_crd_errors(body) == []) is admitted, _crd_errors(body)
+    assert (_worker_error(body) is None) is admitted, _worker_error(body)
