@@ -195,7 +195,7 @@ def test_learns_the_drain_rate_while_saturated():
 
 
 def test_arrivals_faster_than_a_claim_round_trip_are_not_saturation():
-    # 500/s for workers of 200/s: 3 suffice (ceil(500 / (0.95 x 200))), and they have room.
+    # 500/s for workers of 200/s: 3 suffice (the fewest above 500/s), and they have room.
     # Every snapshot sees the last second's 500 arrivals claimable, at every poll: read as
     # saturation, completions per worker (500 / n) would pass for a worker's speed, and each
     # worker added would lower it and ask for more, up to maxReplicas.
@@ -218,7 +218,22 @@ def test_real_saturation_still_scales_up_when_arrivals_are_in_flight():
     assert policy.drain_rate.value == pytest.approx(200, rel=0.02)
     queue.max_age = 0.0
     queue.run(600, rate=1000)
-    assert queue.replicas == 6  # ceil(1000 / (0.95 x 200))
+    assert queue.replicas == 6  # the fewest whose capacity exceeds 1000/s
+    assert queue.max_age < 30
+
+
+def test_the_rate_part_asks_for_the_fewest_workers_whose_capacity_exceeds_the_arrivals():
+    # 1,150/s for workers of 200/s: 6 serve it (1,200/s); a share of the capacity kept
+    # spare (95% gives 7) pays a whole worker for noise the backlog part meets. At exactly
+    # a multiple (1,000/s, above) the count is one more: a queue served only as fast as rows
+    # arrive grows without bound.
+    policy = ScalingPolicy({"maxReplicas": 50})
+    queue = Queue(policy, mu=200, replicas=2)
+    queue.run(300, rate=1150)
+    assert policy.drain_rate.measured
+    queue.max_age = 0.0
+    decisions = queue.run(1800, rate=1150)
+    assert queue.replicas == 6 and {d.replicas for d in decisions[-60:]} == {6}, decisions[-5:]
     assert queue.max_age < 30
 
 
@@ -349,7 +364,7 @@ def test_an_over_provisioned_deployment_finds_its_real_capacity():
     queue.run(1800, rate=500)
     assert policy.drain_rate.measured
     assert policy.drain_rate.value == pytest.approx(400, rel=0.02)
-    assert queue.replicas == 2  # ceil(500 / (0.95 x 400))
+    assert queue.replicas == 2  # the fewest whose capacity exceeds 500/s
     assert queue.max_age < 30  # probing cost a few seconds of age, never the target
 
 
@@ -387,13 +402,13 @@ def test_a_measurement_that_grew_stale_is_probed_again():
     queue.run(600, rate=500)
     assert policy.drain_rate.measured and policy.drain_rate.value == pytest.approx(100, rel=0.02)
     slow = queue.replicas
-    assert slow == 6  # ceil(500 / (0.95 x 100))
+    assert slow == 6  # the fewest whose capacity exceeds 500/s
     queue.mu = 300
     queue.run(STALE_AFTER_SECONDS / 3, rate=500)
     assert queue.replicas == slow  # a fresh measurement is trusted
     queue.run(1200, rate=500)
     assert policy.drain_rate.value == pytest.approx(300, rel=0.02)
-    assert queue.replicas == 2  # ceil(500 / (0.95 x 300))
+    assert queue.replicas == 2  # the fewest whose capacity exceeds 500/s
 
 
 def test_a_decision_raised_to_min_replicas_says_so():
@@ -443,7 +458,7 @@ def test_an_outage_holds_the_workers_and_the_backlog_it_left_is_caught_up_after(
     queue = Queue(policy, mu=200, replicas=1)
     queue.run(600, rate=300)
     steady, mu = queue.replicas, policy.drain_rate.value
-    assert steady == 2 and mu == pytest.approx(200, rel=0.02)  # ceil(300 / (0.95 x 200))
+    assert steady == 2 and mu == pytest.approx(200, rel=0.02)  # 2 x 200/s exceed 300/s
     # Ten minutes of a destination that answers nothing: arrivals pile up, the ready age
     # grows to 600 s, and the count holds: more workers would not deliver one more message.
     held = queue.run(600, rate=300, down=OUTAGE)

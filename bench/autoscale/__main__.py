@@ -146,9 +146,9 @@ def compare(total: dict[str, dict[str, float]], world: str) -> dict[str, Any]:
 
 
 def goal(worlds: dict[str, Any]) -> dict[str, Any]:
-    """The issue's goal, from the summed figures of each world: in both worlds, at the main
-    drain rate every goal; with it halved and doubled (robustness) the violation-seconds and
-    the reversals, the replica-seconds reported beside them."""
+    """The issue's goal, from the summed figures of each world: in both worlds every goal
+    at every drain rate (the policy is told none, so it must hold with the true one halved
+    and doubled as well as at the main one)."""
     result: dict[str, Any] = {}
     met = True
     for world in ("settled", IN_FLIGHT):
@@ -156,10 +156,12 @@ def goal(worlds: dict[str, Any]) -> dict[str, Any]:
             f"{rate:g}": compare(worlds[world_key(rate, world)]["total"], world)
             for rate in DRAIN_RATES
         }
-        main, others = per_rate[f"{DRAIN_RATES[0]:g}"], list(per_rate.values())[1:]
-        world_met = (
-            main["violations_met"] and main["replica_seconds_met"] and main["reversals_met"]
-        ) and all(row["violations_met"] and row["reversals_met"] for row in others)
+        for row in per_rate.values():
+            row["met"] = (
+                row["violations_met"] and row["replica_seconds_met"] and row["reversals_met"]
+            )
+        world_met = all(row["met"] for row in per_rate.values())
+        main = per_rate[f"{DRAIN_RATES[0]:g}"]
         result[world] = {**main, "drain_rates": per_rate, "met": world_met}
         met = met and world_met
     result["met"] = met
