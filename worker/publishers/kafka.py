@@ -662,20 +662,22 @@ class KafkaPublisher:
         batch = _Batch(messages, results, start, session.loop)
         produce, report, routing = session.producer.produce, batch.report, self._routing
         routes, by_id, attempt_headers = self._routes, self._by_id, _ATTEMPT_HEADERS
+        last_kind: tuple[str, str] | None = None
+        route: _Routing = ("", ("", b""), ("", b""))  # replaced first: no kind is None
         produced, index, plain = 0, start, self.format == ENVELOPE
         try:
             for index in range(start, len(messages)):
                 message = messages[index]
                 try:
-                    # The route cache read here, the method only on a miss: per message,
-                    # a call and two header tuples fewer.
-                    route = routes.get(
-                        (
-                            message.aggregate_type,
-                            message.event_type,
-                            message.aggregate_id if by_id else "",
-                        )
-                    ) or routing(message)
+                    # The route of the message before when this one shares its types (a
+                    # batch mostly does), else the route cache read here, the method only on
+                    # a miss: per message, no key tuple to hash, no call, no header tuples.
+                    kind = message.aggregate_type, message.event_type
+                    if kind != last_kind or by_id:
+                        route = routes.get(
+                            (*kind, message.aggregate_id if by_id else "")
+                        ) or routing(message)  # may raise: then not kept as the last
+                        last_kind = kind
                     topic, event_type, aggregate_type = route
                     attempts = message.attempts
                     # produce() takes str as well as bytes for the value, the key and header
