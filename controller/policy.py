@@ -331,7 +331,11 @@ WORKER_CHECKS: dict[str, Check] = {
 # bound already. topologySpreadConstraints only narrow where the pods may go (like
 # podAntiAffinity): they never pass a taint or a node selector, and the pods they count
 # change nothing but the workers' own placement. disruptionBudget guards the workers from
-# evictions and is rendered only while it cannot block a drain (render.py).
+# evictions and is rendered only while it cannot block a drain (render.py). tracing names a
+# collector the workers send spans to: a destination, like the publisher's URL or brokers,
+# which the policy leaves to the author too (the workers' egress is open, network.py), and
+# which spec.worker.env could name anyway through OTEL_EXPORTER_OTLP_ENDPOINT. The spans say
+# what the table says of each attempt (ids, types, destination, the redacted last_error).
 UNRESTRICTED = frozenset(
     {
         "imagePullPolicy",
@@ -341,6 +345,7 @@ UNRESTRICTED = frozenset(
         "resources",
         "topologySpreadConstraints",
         "disruptionBudget",
+        "tracing",
     }
 )
 # spec.worker's fields that name Secrets: each must consent (SECRET_FIELDS), as for every

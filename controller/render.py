@@ -150,9 +150,46 @@ def _destination_env(publisher: Body) -> list[dict[str, Any]]:
     return env
 
 
-def worker_env(spec: Body) -> list[dict[str, Any]]:
-    """The worker's settings as OUTBOX_* variables, then the spec's extra variables."""
-    worker: Body = spec.get("worker") or {}
+# OpenTelemetry's sampler for spec.worker.tracing.samplingRatio: the ratio decides for a
+# span that is a root (every span with `link`); under `parent`, the producer's sampled flag.
+SAMPLER = "parentbased_traceidratio"
+
+
+def tracing_env(tracing: Body, name: str, namespace: str) -> list[dict[str, Any]]:
+    """spec.worker.tracing as OpenTelemetry's standard variables (docs/tracing.md), which the
+    worker reads; the dispatcher and its namespace as resource attributes, so that the spans
+    of several dispatchers sharing a service name stay apart. Empty when tracing is off."""
+    if not tracing:
+        return []
+    env = [
+        _value("OTEL_TRACES_EXPORTER", "otlp"),
+        _value("OTEL_EXPORTER_OTLP_ENDPOINT", tracing["endpoint"]),
+        # Names are DNS labels and subdomains: nothing the attribute list would need to escape.
+        _value(
+            "OTEL_RESOURCE_ATTRIBUTES",
+            f"k8s.namespace.name={namespace},outbox.dispatcher={name}",
+        ),
+    ]
+    # Absent fields leave the worker's (and OpenTelemetry's) defaults: one source of each.
+    if "serviceName" in tracing:
+        env.append(_value("OTEL_SERVICE_NAME", tracing["serviceName"]))
+    if "samplingRatio" in tracing:
+        env.append(_value("OTEL_TRACES_SAMPLER", SAMPLER))
+        env.append(_value("OTEL_TRACES_SAMPLER_ARG", tracing["samplingRatio"]))
+    if "parent" in tracing:
+        env.append(_value("OUTBOX_OTEL_PARENT", tracing["parent"]))
+    return env
+
+
+def worker_env(
+    spec: Body, worker: Body | None = None, name: str = "", namespace: str = ""
+) -> list[dict[str, Any]]:
+    """The worker's settings as OUTBOX_* variables, the tracing block's OTEL_* variables,
+    then the spec's extra variables (which come last, so that one of them wins). `worker` is
+    spec.worker with the admin's defaults (worker_block), `name` and `namespace` the
+    resource's."""
+    if worker is None:
+        worker = spec.get("worker") or {}
     database = spec["database"]
     env = [
         _secret("OUTBOX_DSN", {"key": "dsn", **database["dsnSecretRef"]}),
@@ -174,6 +211,7 @@ def worker_env(spec: Body) -> list[dict[str, Any]]:
     timeout = publish_timeout(spec)
     if timeout is not None:
         env.append(_value("OUTBOX_PUBLISH_TIMEOUT", timeout))
+    env.extend(tracing_env(worker.get("tracing") or {}, name, namespace))
     env.extend(dict(item) for item in worker.get("env") or ())
     return env
 
@@ -237,7 +275,7 @@ def pod_template(
         # A worker that refuses its settings says why on stderr and exits: that last line
         # becomes the container's termination message, which the operator reports.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "env": worker_env(spec),
+        "env": worker_env(spec, worker, name, body["metadata"].get("namespace", "")),
         "ports": [{"name": METRICS_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
         # Ready = reaches the database and claims; alive = the process answers.
         "readinessProbe": _probe("/readyz", period=5, failures=2),

@@ -37,7 +37,14 @@ WORKER_DEFAULT_FIELDS = (
     "affinity",
     "topologySpreadConstraints",
     "priorityClassName",
+    "tracing",
 )
+# spec.worker.tracing, as the CRD has it (tests/test_tracing_crd.py compares): the collector's
+# OTLP/HTTP URL without credentials, and what the stored context is to a span (the worker's
+# --otel-parent choices).
+TRACING_ENDPOINT = re.compile(r"^https?://[^\s/?#@]+(/[^\s?#]*)?$")
+TRACING_PARENTS = ("link", "parent")
+TRACING_FIELDS = ("endpoint", "parent", "samplingRatio", "serviceName")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
@@ -78,7 +85,8 @@ class ControllerSettings:
     )
     """spec.worker fields applied to a resource that omits them, as a JSON object: resources,
     imagePullSecrets, nodeSelector, tolerations, affinity, topologySpreadConstraints,
-    priorityClassName (default: resources with requests of 100m CPU and 128Mi memory)."""
+    priorityClassName, tracing (default: resources with requests of 100m CPU and 128Mi
+    memory)."""
     worker_publishers: tuple[str, ...] = field(default_factory=installed_publishers)
     """Publishers the worker image has; a resource asking for another is refused in status."""
     secret_consent: bool = True
@@ -293,7 +301,35 @@ def _worker_defaults(text: str) -> Mapping[str, Any]:
             raise ValueError("resources: expected requests and limits only")
         if key == "priorityClassName" and not (isinstance(item, str) and _NAME.match(item)):
             raise ValueError("priorityClassName: expected a priority class's name")
+        if key == "tracing":
+            _tracing(item)
     return value
+
+
+def _tracing(item: Any) -> None:
+    """spec.worker.tracing's shape and ranges, as the CRD checks a resource's: the workers'
+    env is rendered from it without the API server seeing it first."""
+    if not isinstance(item, dict):
+        raise ValueError("tracing: expected an object")
+    unknown = sorted(set(item) - set(TRACING_FIELDS))
+    if unknown:
+        raise ValueError(f"tracing: {', '.join(unknown)}: not one of {', '.join(TRACING_FIELDS)}")
+    endpoint = item.get("endpoint")
+    if not (
+        isinstance(endpoint, str) and len(endpoint) <= 2048 and TRACING_ENDPOINT.match(endpoint)
+    ):
+        # The value is not quoted back: a URL given with credentials would be shown.
+        raise ValueError(
+            "tracing.endpoint: expected an http:// or https:// URL without credentials"
+        )
+    if "parent" in item and item["parent"] not in TRACING_PARENTS:
+        raise ValueError(f"tracing.parent: expected one of {', '.join(TRACING_PARENTS)}")
+    ratio = item.get("samplingRatio", 0)
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 <= ratio <= 1:
+        raise ValueError("tracing.samplingRatio: expected a number from 0 to 1")
+    name = item.get("serviceName", "x")
+    if not (isinstance(name, str) and 1 <= len(name) <= 253):
+        raise ValueError("tracing.serviceName: expected a name of 1 to 253 characters")
 
 
 def _log_format(text: str) -> str:

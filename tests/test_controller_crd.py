@@ -279,6 +279,8 @@ SAME_RANGE = [
     ("concurrency", [0, 1, 4097, 10000, 10001], {}),
     ("maxAttempts", [0, 1, 1001, 2**31 - 1, 2**31], {}),
     ("ordering", ["none", "aggregate", "random"], {}),
+    ("worker.tracing.parent", ["link", "parent", "Link", "child"],
+     {"worker.tracing.endpoint": "http://otel-collector:4318"}),
 ]  # fmt: skip
 # Fields the CRD keeps narrower than the worker, and why: what the CRD admits the worker still
 # accepts (checked), not the other way round.
