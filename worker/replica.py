@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+import os
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 import psycopg
@@ -27,8 +28,9 @@ from psycopg_pool import AsyncConnectionPool
 from outbox import dberrors
 from outbox.dsn import connect_options, connect_timeout
 from outbox.errors import SettingError
-from outbox.redact import describe_dsn, redact_dsn
+from outbox.redact import describe_dsn, redact_dsn, redact_url
 from outbox.schema import check_table
+from outbox.worker import tracing
 from outbox.worker.claimer import Claimer
 from outbox.worker.finalizer import Finalizer
 from outbox.worker.health import Health
@@ -208,9 +210,11 @@ class Replica:
     def _log_start(self) -> None:
         s = self.settings
         log.info(
-            "worker %s dispatching %s from %s (%s publisher%s, ordering %s, %s event loop)",
+            "worker %s dispatching %s from %s (%s publisher%s, format %s%s, %s, ordering %s, "
+            "%s event loop)",
             s.owner, s.table, redact_dsn(s.dsn) or "PG* environment", self.publisher.name,
-            self._publisher_options(), s.ordering, _loop_name(),
+            self._publisher_options(), s.format, _signing(s.publisher_options),
+            _traces(os.environ, s.otel_parent), s.ordering, _loop_name(),
         )  # fmt: skip
 
     def _publisher_options(self) -> str:
@@ -249,6 +253,28 @@ class Replica:
         self._pool_check = asyncio.get_running_loop().create_task(self.pool.check())
         # Its failure (the pool closing under it) is nobody's to report.
         self._pool_check.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+def _signing(options: Mapping[str, Any]) -> str:
+    """`, signed with 2 secrets` when requests are signed (how many, never what they are)."""
+    secrets = options.get("http_signing_secret") or ()
+    if not secrets:
+        return ""
+    return f", signed with {len(secrets)} secret{'s' if len(secrets) > 1 else ''}"
+
+
+def _traces(env: Mapping[str, str], parent: str) -> str:
+    """Whether publish spans are made, where they go and what the stored context is to them:
+    the exporter's endpoint with any credentials or query values masked."""
+    if not tracing.wanted(env):
+        return "no traces"
+    exporters = env.get("OTEL_TRACES_EXPORTER", "").strip().lower() or "otlp"
+    endpoint = (
+        env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+        or env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    )
+    where = f" to {redact_url(endpoint)}" if endpoint and "otlp" in exporters else ""
+    return f"traces {exporters}{where} ({parent})"
 
 
 def _loop_name() -> str:
