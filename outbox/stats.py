@@ -29,7 +29,9 @@ destinations, never the backlog.
 
 Ordered tables (`ordered=True`) add what can be claimed at all, since only the head of each
 aggregate is claimable: the heads are found by a skip scan of the `aggregate` index, one
-probe per aggregate with unfinished messages (at most `count_limit` of them).
+probe per aggregate with unfinished messages (at most `count_limit` of them). A head's age
+counts from when it became claimable: the later of its `available_at` and its
+predecessor's `done_at`, looked for among the `count_limit` ids below the newest head.
 
 One statement serves sync and async connections alike: `stats_query` builds it as a
 `Query` (outbox.runner), and `queue_stats` / `queue_stats_async` run it.
@@ -160,7 +162,8 @@ class QueueStats:
     # Ordered tables only (None otherwise): what can be claimed at all, since only the head
     # of each aggregate is claimable.
     claimable_heads: int | None = None  # aggregates whose head is claimable now
-    oldest_claimable_age: float | None = None  # seconds the oldest claimable head has waited
+    # Seconds the oldest claimable head has been claimable (since its predecessor finished).
+    oldest_claimable_age: float | None = None
     blocked_by_dead: int | None = None  # messages waiting behind a dead head
     # Pending and available later: in backoff, deferred, or held back for a destination.
     waiting: int = 0
@@ -275,20 +278,44 @@ _HEADS = sql.SQL(
 ), head_rows AS (
     SELECT o.aggregate_id, o.id, o.status, o.available_at, o.lease_until
       FROM heads AS h JOIN {t} AS o ON o.id = h.id
+), recent_done AS (
+    SELECT p.aggregate_id, p.id, p.done_at FROM {t} AS p
+     WHERE p.status = 'done' AND p.id < (SELECT max(id) FROM head_rows)
+       AND p.id >= (SELECT max(id) FROM head_rows) - %(limit)s
+), freed(aggregate_id, at) AS (
+    SELECT DISTINCT ON (h.aggregate_id) h.aggregate_id, p.done_at
+      FROM head_rows AS h JOIN recent_done AS p
+        ON p.aggregate_id = h.aggregate_id AND p.id < h.id
+     ORDER BY h.aggregate_id, p.id DESC
 )
 """
 )
 
-# Ordered mode's claimable figures. The oldest claimable head is the first row of the claim
-# order that is a head (what the ordered claim itself finds), looked for among the oldest
-# %(limit)s ready rows; the heads of the skip scan cover a backlog older than that.
+# Ordered mode's claimable figures. A head became claimable when it became available or
+# when its predecessor (the aggregate's previous row) finished, whichever came last: a head
+# freed by its predecessor's completion has waited since then. Counted from `available_at`,
+# a long chain on one aggregate reads as old as its rows (saturation) while every worker
+# has room. No index holds done rows by aggregate, so the predecessors are looked for on the
+# primary key, among the %(limit)s ids below the newest head (`recent_done`, one range
+# walk): heads freed while the workers keep up have their predecessors there, however many
+# aggregates the rows are spread over. A predecessor further back, or purged, leaves
+# `available_at`: an age read long, as before, never short.
+#
+# The oldest claimable head is the one claimable longest among the heads of the skip scan;
+# where that stopped at the limit, the first head of the claim order (what the ordered claim
+# itself finds, among the oldest %(limit)s ready rows; its predecessor looked for among the
+# %(limit)s ids below it) covers the aggregates it did not reach.
 _ORDERED_COLUMNS = sql.SQL(
     """,
        (SELECT count(*) FROM head_rows AS h
          WHERE (h.status = 'pending' AND h.available_at <= now())
             OR (h.status = 'processing' AND h.lease_until < now())),
-       greatest(
-         (SELECT extract(epoch FROM now() - c.available_at)::float8
+       extract(epoch FROM now() - least(
+         (SELECT greatest(c.available_at,
+                          (SELECT p.done_at FROM {t} AS p
+                            WHERE p.id < c.id AND p.id >= c.id - %(limit)s
+                              AND p.aggregate_id = c.aggregate_id
+                            ORDER BY p.id DESC LIMIT 1))
             FROM (SELECT id, aggregate_id, available_at FROM {t}
                    WHERE status = 'pending' AND available_at <= now()
                    ORDER BY available_at, id LIMIT %(limit)s) AS c
@@ -296,8 +323,9 @@ _ORDERED_COLUMNS = sql.SQL(
                               WHERE prev.aggregate_id = c.aggregate_id AND prev.id < c.id
                                 AND prev.status <> 'done')
            ORDER BY c.available_at, c.id LIMIT 1),
-         (SELECT extract(epoch FROM now() - min(h.available_at))::float8 FROM head_rows AS h
-           WHERE h.status = 'pending' AND h.available_at <= now())),
+         (SELECT min(greatest(h.available_at, f.at))
+            FROM head_rows AS h LEFT JOIN freed AS f ON f.aggregate_id = h.aggregate_id
+           WHERE h.status = 'pending' AND h.available_at <= now())))::float8,
        (SELECT count(*) FROM (
           SELECT 1 FROM head_rows AS h JOIN {t} AS b
               ON b.aggregate_id = h.aggregate_id AND b.id > h.id AND b.status <> 'done'
@@ -367,7 +395,7 @@ def _statement(table: Table, exact: bool, ordered: bool) -> sql.Composed:
         dead=count("status = 'dead'", "id"),
         expired=count("status = 'processing' AND lease_until < now()", "lease_until"),
         done=done,
-        ordered=_ORDERED_COLUMNS.format(t=t) if ordered else sql.SQL(""),
+        ordered=(_ORDERED_COLUMNS.format(t=t) if ordered else sql.SQL("")),
     )
     return sql.Composed([_HEADS.format(t=t), body]) if ordered else body
 

@@ -313,6 +313,66 @@ def test_an_empty_ordered_table(conn, table):
     )
 
 
+async def test_a_head_freed_by_its_predecessor_counts_from_when_it_was_freed(conn, aconn, table):
+    """A chain on one aggregate whose rows all became available an hour ago: its head, freed
+    when the worker finished the row before it, has waited since that finish, not for an
+    hour. Counted from `available_at` it would read as a backlog an hour old (saturation)
+    while the one worker it allows has room."""
+    serve_ordering(conn)
+    chain = seed(conn, 20, aggregates=1)
+    _set(conn, chain, "available_at = now() - interval '1 hour'")
+    claimed = await claim(
+        aconn, table, owner="t", batch=5, lease=timedelta(minutes=1), max_attempts=5,
+        ordered=True,
+    )  # fmt: skip
+    assert [m.id for m in claimed] == chain[:1]  # only the head of the aggregate
+    assert await finalize(aconn, table, [Outcome.done(claimed[0])]) == {chain[0]}
+    stats = queue_stats(conn, table, ordered=True)
+    assert stats.oldest_ready_age == pytest.approx(3600, abs=5)  # the rows' availability
+    assert stats.claimable_heads == 1
+    assert stats.oldest_claimable_age is not None and stats.oldest_claimable_age < 5
+
+    # A lone message available ten minutes ago is older than the freed head, although the
+    # head comes first in the claim order: the walk goes on past it.
+    alone = seed(conn, 1, event_type="alone")
+    _set(conn, alone, "aggregate_id = 'alone', available_at = now() - interval '10 minutes'")
+    stats = queue_stats(conn, table, ordered=True)
+    assert stats.claimable_heads == 2
+    assert stats.oldest_claimable_age == pytest.approx(600, abs=5)
+
+    # A predecessor that finished twenty minutes ago: the head has waited since then.
+    _set(conn, chain[:1], "done_at = now() - interval '20 minutes'")
+    stats = queue_stats(conn, table, ordered=True)
+    assert stats.oldest_claimable_age == pytest.approx(1200, abs=5)
+    # ...and one that finished before its successor became available (a retry's backoff):
+    # from `available_at`.
+    _set(conn, chain[1:2], "available_at = now() - interval '15 minutes'")
+    _set(conn, chain[:1], "done_at = now() - interval '30 minutes'")
+    stats = queue_stats(conn, table, ordered=True)
+    assert stats.oldest_claimable_age == pytest.approx(900, abs=5)
+    for exact in (False, True):  # the same figure whatever the count limit
+        assert queue_stats(
+            conn, table, ordered=True, exact=exact
+        ).oldest_claimable_age == pytest.approx(900, abs=5)
+
+
+def test_heads_freed_on_many_aggregates_count_from_their_predecessors(conn, table):
+    """Rows spread over many aggregates (each head's predecessor a few ids below it, among
+    other aggregates' rows): every head freed two seconds ago has waited two seconds. Where
+    the predecessors lie beyond the ids the snapshot reads, the age is read long (from
+    `available_at`), never short."""
+    serve_ordering(conn)
+    ids = seed(conn, 60, aggregates=20)  # three rows per aggregate, interleaved
+    _set(conn, ids, "available_at = now() - interval '1 hour'")
+    _set(conn, ids[:20], "status = 'done', done_at = now() - interval '2 seconds'")
+    stats = queue_stats(conn, table, ordered=True)
+    assert stats.claimable_heads == 20
+    assert stats.oldest_claimable_age == pytest.approx(2, abs=2)
+    assert stats.oldest_ready_age == pytest.approx(3600, abs=5)
+    bounded = queue_stats(conn, table, ordered=True, count_limit=5)
+    assert bounded.oldest_claimable_age == pytest.approx(3600, abs=5)
+
+
 # -- plan guards: index-backed at a backlog, under custom and generic plans -----------------
 
 
