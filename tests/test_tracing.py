@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -320,6 +321,8 @@ async def test_publish_spans_link_to_the_producer_and_each_retry_is_a_span_of_it
             "outbox.attempt": attempt,
             "outbox.aggregate_type": "order",
             "outbox.event_type": "OrderPlaced",
+            "server.address": urllib.parse.urlsplit(sink.url).hostname,
+            "server.port": urllib.parse.urlsplit(sink.url).port,
             **({"error.type": "RetryableError"} if attempt == 1 else {}),
         }
     assert first.status.code == StatusProto.STATUS_CODE_ERROR
@@ -400,6 +403,10 @@ async def test_a_batch_publisher_makes_a_span_per_message(dsn, conn, tracer, otl
         attributes = _attributes(span.attributes)
         assert attributes["messaging.system"] == "kafka"
         assert attributes["messaging.destination.template"] == "{aggregate_type}"
+        # The rendered topic, not its template; the first bootstrap server.
+        assert attributes["messaging.destination.name"] == "order"
+        host, port = cluster.bootstraps.split(",")[0].rsplit(":", 1)
+        assert (attributes["server.address"], attributes["server.port"]) == (host, int(port))
         assert attributes["outbox.attempt"] == 1
     assert len({span.trace_id for i, _ in produced for span in otlp.publish_spans(i)}) == 3
 
@@ -451,3 +458,21 @@ def test_the_worker_modules_import_no_opentelemetry_when_not_asked():
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_each_publisher_names_its_server_without_credentials():
+    """`server.address` and `server.port` come from the publisher's first server, the
+    scheme's port when none is written, never the user-info."""
+    from outbox.worker.publishers.http import HttpPublisher
+    from outbox.worker.publishers.kafka import KafkaPublisher
+    from outbox.worker.publishers.nats import NatsPublisher
+
+    assert NatsPublisher(["nats://user:pw@nats-a:4223", "nats://nats-b"]).server == ("nats-a", 4223)
+    assert NatsPublisher(["tls://nats-b"]).server == ("nats-b", 4222)
+    assert KafkaPublisher("[::1]:9093,broker-b:9092").server == ("::1", 9093)
+    assert KafkaPublisher("broker-a").server == ("broker-a", 9092)
+    assert HttpPublisher("https://u:p@hooks.example/in", owner="o").server == ("hooks.example", 443)
+    assert HttpPublisher("http://hooks.example:8080/{event_type}", owner="o").server == (
+        "hooks.example",
+        8080,
+    )

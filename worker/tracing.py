@@ -103,6 +103,14 @@ class Spans:
         self._as_parent = parent == "parent"
         self._system = str(getattr(publisher, "name", "outbox"))
         self._name, self._template, self._destination = _destination(publisher, health)
+        # Where it is known (the HTTP origin, a broker cluster's first server): the
+        # conventions' `server.address` and `server.port`, the same for every message.
+        self._server: dict[str, Any] = {}
+        server = getattr(publisher, "server", None)
+        if isinstance(server, tuple) and len(server) == 2:
+            self._server["server.address"] = server[0]
+            if server[1] is not None:
+                self._server["server.port"] = server[1]
 
     def start(self, message: Message) -> Span:
         """The span of one attempt to send `message`, started now."""
@@ -129,6 +137,7 @@ class Spans:
         }
         if self._template is not None:
             attributes["messaging.destination.template"] = self._template
+        attributes.update(self._server)
         return self._tracer.start_span(
             self._name, context=context, kind=self._producer, links=links, attributes=attributes
         )

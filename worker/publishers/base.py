@@ -9,16 +9,31 @@ lease expires and the attempt limit eventually sends it to dead.
 
 Each publisher names the destination of its messages, whose health the worker tracks:
 `destination` (one for all: an HTTP origin, a broker cluster), or `destination_of(message)`
-(one per message); a publisher that names none is one destination, its name.
+(one per message); a publisher that names none is one destination, its name. It may also
+name the server it talks to, `server` (host and port, see `server_of`), for publish spans.
 """
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Protocol
 
 from outbox.models import Message
+
+
+def server_of(address: str, *, default_port: int | None = None) -> tuple[str, int | None] | None:
+    """The host and port of `host:port`, `[v6]:port` or a URL (`nats://u:p@host:4222`), the
+    port `default_port` when absent; None when there is no host or the port is not one. Never
+    the user-info: a span's `server.address` is exported."""
+    text = address.strip()
+    try:
+        parts = urllib.parse.urlsplit(text if "://" in text else "//" + text)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    return (host, port if port is not None else default_port) if host else None
 
 
 class RetryableError(Exception):

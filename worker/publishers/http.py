@@ -38,7 +38,7 @@ from yarl import URL
 
 from outbox.models import Message
 from outbox.redact import redact_text, redact_url
-from outbox.worker.publishers.base import PermanentError, RetryableError
+from outbox.worker.publishers.base import PermanentError, RetryableError, server_of
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.formats import BINARY, ENVELOPE, STRUCTURED, CloudEvents
 from outbox.worker.publishers.formats import STRUCTURED_CONTENT_TYPE as CE_JSON
@@ -196,6 +196,10 @@ class HttpPublisher:
         # Health is the origin's: every path of one server shares its breaker.
         self.destination = str(
             URL(url if self._router is None else self._router.template.format_map(_SAMPLE)).origin()
+        )
+        # The span's `server.address` and `server.port` (the origin's: never its user-info).
+        self.server = server_of(
+            self.destination, default_port=443 if self.destination.startswith("https:") else 80
         )
         self._owner = owner
         self._headers = headers or {}

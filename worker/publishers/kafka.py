@@ -62,7 +62,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from outbox.errors import SettingError
 from outbox.models import Message
 from outbox.redact import is_secret_name, mask_values, redact_mapping
-from outbox.worker.publishers.base import PermanentError, RetryableError
+from outbox.worker.publishers.base import PermanentError, RetryableError, server_of
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.formats import BINARY, ENVELOPE, STRUCTURED, CloudEvents
 from outbox.worker.publishers.formats import STRUCTURED_CONTENT_TYPE as CE_JSON
@@ -516,6 +516,8 @@ class KafkaPublisher:
         source: str = "/outbox/outbox",
     ) -> None:
         self.destination = f"kafka {bootstrap_servers}"  # the cluster
+        # The first bootstrap server: the span's `server.address` and `server.port`.
+        self.server = server_of(bootstrap_servers.split(",")[0], default_port=9092)
         self.format = check_format(wire_format)
         self._cloudevents = CloudEvents(source)
         self._row_headers = kafka_headers()
@@ -597,6 +599,17 @@ class KafkaPublisher:
         if self._session.fatal is not None:
             self._replace(self._session)
         return self._session
+
+    def destination_name(self, message: Message) -> str:
+        """The topic a message goes to (its span's `messaging.destination.name`)."""
+        route = self._routes.get(
+            (
+                message.aggregate_type,
+                message.event_type,
+                message.aggregate_id if self._by_id else "",
+            )
+        )
+        return (route or self._routing(message))[0]
 
     def _routing(self, message: Message) -> _Routing:
         """The topic, and the event type and aggregate type headers, of a message (the

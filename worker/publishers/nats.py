@@ -73,7 +73,7 @@ from nats.js.errors import (
 from outbox.errors import SettingError
 from outbox.models import Message
 from outbox.redact import is_secret_name, redact_text, redact_url
-from outbox.worker.publishers.base import PermanentError, RetryableError
+from outbox.worker.publishers.base import PermanentError, RetryableError, server_of
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.formats import BINARY, ENVELOPE, STRUCTURED, CloudEvents
 from outbox.worker.publishers.formats import STRUCTURED_CONTENT_TYPE as CE_JSON
@@ -381,6 +381,8 @@ class NatsPublisher:
         self._reconnect_wait = reconnect_wait
         self._shown = ", ".join(redact_url(url) for url in self.servers)
         self.destination = f"nats {self._shown}"  # the cluster: health is shared by its servers
+        # The first server: the span's `server.address` and `server.port`.
+        self.server = server_of(self.servers[0], default_port=4222) if self.servers else None
         self._nc: Client | None = None
         self._inbox = ""  # the client's PubAck inbox prefix: `<inbox>.<token>` per publish
         self._connecting: asyncio.Task[None] | None = None
