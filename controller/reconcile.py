@@ -24,7 +24,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes.aio.client.exceptions import ApiException
-from kubernetes.utils.quantity import parse_quantity
 
 from outbox.controller import status as st
 from outbox.controller.budget import keep_disruption_budget
@@ -37,6 +36,7 @@ from outbox.controller.database import (
     read_table,
 )
 from outbox.controller.decision import Decision, Limits, Observed, SizingPolicy, decide
+from outbox.controller.drift import template_drift
 from outbox.controller.kube import Kube, api_reason, secret_key
 from outbox.controller.leader import LeadershipLost
 from outbox.controller.metrics import Metrics
@@ -47,6 +47,7 @@ from outbox.controller.render import TEMPLATE_HASH, render_deployment
 from outbox.controller.resource import deployment_name, selector_string
 from outbox.controller.scaling import ScalingPolicy
 from outbox.controller.settings import ControllerSettings
+from outbox.controller.tables import Tables
 from outbox.durations import format_duration, parse_duration
 from outbox.stats import QueueStats
 
@@ -57,31 +58,6 @@ MAX_PURGE_INTERVAL = timedelta(minutes=10)
 API_RETRY_SECONDS = 5.0
 API_ERROR = "ApiError"  # Ready's reason while the API server refuses what a pass does
 DRIFT_CORRECTED = "DriftCorrected"  # the Event when a hand-changed template is put back
-
-
-@dataclass
-class Tables:
-    """Which table each served resource dispatches, by the server's identity of it: one
-    table, one resource. The first (the older resource; by namespace and name on a tie)
-    keeps it; any other gets `TableConflict` and runs no workers. A resource keeps its
-    entry while its reading fails (its table is still its own), until it is deleted."""
-
-    served: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
-    # (namespace, name) -> (identity key, creationTimestamp)
-
-    def first(
-        self, namespace: str, name: str, created: str, identity: TableIdentity
-    ) -> tuple[str, str] | None:
-        """Record what this resource serves; the resource that had the table first, if
-        not this one."""
-        me = (namespace, name)
-        self.served[me] = (identity.key, created)
-        rivals = [key for key, (other, _) in self.served.items() if other == identity.key]
-        first = min(rivals, key=lambda key: (self.served[key][1], key))
-        return None if first == me else first
-
-    def forget(self, namespace: str, name: str) -> None:
-        self.served.pop((namespace, name), None)
 
 
 @dataclass
@@ -533,89 +509,3 @@ class Dispatcher:
 def _owned_by(deployment: Mapping[str, Any], uid: object) -> bool:
     owners = deployment["metadata"].get("ownerReferences") or ()
     return any(owner.get("uid") == uid and owner.get("controller") for owner in owners)
-
-
-# -- drift: the live pod template against the rendered one --------------------------------------
-
-# Lists whose items are named: compared item by item by name (an added or removed item is
-# named as such); other lists are compared by position.
-NAMED_LISTS = frozenset(
-    {"containers", "initContainers", "env", "ports", "volumes", "volumeMounts", "imagePullSecrets"}
-)
-SHOWN_VALUES = frozenset({"image", "imagePullPolicy", "command", "args"})
-
-
-def template_drift(rendered: Any, live: Any, path: str = "") -> tuple[str, ...]:
-    """What of `rendered` the live template does not hold, in words, as paths in the
-    template (`spec.containers[worker].image evil:latest (rendered: outbox:1)`,
-    `spec.containers[worker].env[FOO] added`).
-
-    Only what the operator renders is compared: fields the server defaults (or a person adds
-    where the operator renders nothing, e.g. `kubectl rollout restart`'s annotation) are
-    not drift. Named lists must hold the same names: an added env variable is drift.
-    Quantities compare by value (`0.5` is `500m`), as the server canonicalizes them."""
-    if isinstance(rendered, Mapping):
-        if not isinstance(live, Mapping):
-            return (f"{path or 'template'} replaced",)
-        found: list[str] = []
-        for key, value in rendered.items():
-            where = f"{path}.{key}" if path else str(key)
-            if key not in live:
-                if value not in ({}, [], None, ""):  # an empty value is not stored
-                    found.append(f"{where} removed")
-                continue
-            found.extend(template_drift(value, live[key], where))
-        return tuple(found)
-    field_name = path.rsplit(".", 1)[-1]
-    if isinstance(rendered, list) and not all(_scalar(i) for i in rendered):
-        if not isinstance(live, list):
-            return (f"{path} replaced",)
-        if field_name in NAMED_LISTS and all(_named(i) for i in rendered):
-            return _named_drift(rendered, live, path)
-        if len(rendered) != len(live):
-            return (f"{path} has {len(live)} items (rendered: {len(rendered)})",)
-        return tuple(
-            d for i, (r, v) in enumerate(zip(rendered, live, strict=True))
-            for d in template_drift(r, v, f"{path}[{i}]")
-        )  # fmt: skip
-    if _same(rendered, live, path):
-        return ()
-    if field_name in SHOWN_VALUES:
-        return (f"{path} {_shown(live)} (rendered: {_shown(rendered)})",)
-    return (f"{path} changed",)
-
-
-def _named_drift(rendered: list[Any], live: list[Any], path: str) -> tuple[str, ...]:
-    mine = {item["name"]: item for item in rendered}
-    theirs = {item.get("name"): item for item in live if isinstance(item, Mapping)}
-    found = [f"{path}[{name}] added" for name in theirs if name not in mine]
-    for name, item in mine.items():
-        if name not in theirs:
-            found.append(f"{path}[{name}] removed")
-        else:
-            found.extend(template_drift(item, theirs[name], f"{path}[{name}]"))
-    return tuple(found)
-
-
-def _scalar(value: Any) -> bool:
-    return not isinstance(value, (Mapping, list))
-
-
-def _named(value: Any) -> bool:
-    return isinstance(value, Mapping) and "name" in value
-
-
-def _same(rendered: Any, live: Any, path: str) -> bool:
-    if rendered == live:
-        return True
-    if ".resources." in path or path.endswith("sizeLimit"):
-        try:
-            return bool(parse_quantity(rendered) == parse_quantity(live))  # type: ignore[no-untyped-call]
-        except (ValueError, TypeError):
-            return False
-    return False
-
-
-def _shown(value: Any) -> str:
-    text = " ".join(map(str, value)) if isinstance(value, list) else str(value)
-    return text if len(text) <= 120 else text[:119] + "…"

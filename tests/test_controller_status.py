@@ -412,7 +412,7 @@ def test_pods_that_cannot_run_make_ready_false_with_their_reason_and_a_warning()
 
 
 def test_drift_names_a_changed_image_and_an_added_env_variable() -> None:
-    from outbox.controller.reconcile import template_drift
+    from outbox.controller.drift import template_drift
 
     rendered = {
         "metadata": {"labels": {"app": "x"}},
@@ -462,7 +462,7 @@ def test_drift_names_a_changed_image_and_an_added_env_variable() -> None:
 
 def test_the_older_resource_keeps_its_table_and_a_tie_goes_by_name() -> None:
     from outbox.controller.database import TableIdentity
-    from outbox.controller.reconcile import Tables
+    from outbox.controller.tables import Tables
 
     orders = TableIdentity("42/16384/public.outbox", "table public.outbox of database shop")
     other = TableIdentity("42/16384/public.billing", "table public.billing of database shop")
@@ -482,7 +482,7 @@ def test_the_older_resource_keeps_its_table_and_a_tie_goes_by_name() -> None:
 
 
 def test_drift_names_removed_items_and_other_changes() -> None:
-    from outbox.controller.reconcile import template_drift
+    from outbox.controller.drift import template_drift
 
     rendered = {
         "spec": {
