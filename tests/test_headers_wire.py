@@ -42,6 +42,24 @@ IMPOSTORS = {
     "Host": "evil.example",
     "Content-Length": "0",
 }
+# Headers that would change what an HTTP request means (its body's encoding, who sends it,
+# where a proxy routes it): never a row's.
+HTTP_IMPOSTORS = {
+    "Content-Encoding": "gzip",
+    "Content-Range": "bytes 0-1/2",
+    "Content-Language": "fr",
+    "Proxy-Authorization": "Basic cm93OnJvdw==",
+    "Cookie": "session=row",
+    "Forwarded": "host=evil.example",
+    "X-Forwarded-Host": "evil.example",
+    "X-Forwarded-For": "10.0.0.1",
+    "Via": "1.1 evil",
+    "Expect": "100-continue",
+    "TE": "trailers",
+    "Trailer": "X-Late",
+    "Upgrade": "websocket",
+    "Keep-Alive": "timeout=1",
+}
 
 
 @pytest.fixture
@@ -94,6 +112,24 @@ async def test_http_forwards_the_row_headers_after_its_own(conn, dsn):
     assert json.loads(request.body)["id"] == message_id  # Content-Length was the body's
     for name in ("webhook-id", "ce-id", "outbox-id"):
         assert name not in got
+
+
+async def test_http_row_headers_never_change_what_the_request_means(conn, dsn):
+    """A row's `Content-Encoding: gzip` would make a receiver gunzip JSON, its `Cookie` or
+    `Authorization` act as someone, its `X-Forwarded-Host` route or link elsewhere: none of
+    them is sent, whether or not the operator sets one; the message is delivered."""
+    message_id = _enqueue(conn, {**FORWARDED, **HTTP_IMPOSTORS, "Authorization": "Bearer row"})
+    async with Receiver() as receiver:
+        publisher = HttpPublisher(receiver.url, owner="t")
+        async with dispatching(settings(dsn), publisher):
+            [request] = await receiver.wait_for(1)
+            await _until(conn, message_id, "done")
+    got = request.headers
+    for name, value in FORWARDED.items():
+        assert got.getall(name) == [value]
+    for name in (*HTTP_IMPOSTORS, "Authorization"):
+        assert name not in got, name
+    assert json.loads(request.body)["id"] == message_id  # read as sent: not gunzipped
 
 
 async def test_nats_forwards_the_row_headers_after_its_own(conn, dsn, nats_server):

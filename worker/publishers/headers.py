@@ -33,11 +33,16 @@ _CONTROL_IN_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 # Names no row may set, by transport: framing and connection headers the client writes, and
 # the project's namespaces (its own `Outbox-*` headers, CloudEvents' `ce-`/`ce_`, Standard
 # Webhooks' `webhook-`, JetStream's `Nats-` control headers such as Nats-Rollup).
+# On HTTP also what would make the request mean something else than the worker sent: every
+# `Content-*` (a `Content-Encoding: gzip` or `Content-Range` misdescribes the body), the
+# credentials (`Authorization`, `Proxy-Authorization`, `Cookie`: a row must not act as
+# someone), and what proxies route or trust by (`Forwarded`, `X-Forwarded-*`, `Via`).
 HTTP_RESERVED = frozenset({
-    "host", "content-length", "content-type", "transfer-encoding", "connection", "keep-alive",
-    "upgrade", "te", "trailer", "expect", "proxy-connection", "user-agent", "idempotency-key",
+    "host", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer",
+    "expect", "proxy-connection", "user-agent", "idempotency-key", "authorization",
+    "proxy-authorization", "cookie", "forwarded", "via",
 })  # fmt: skip
-HTTP_RESERVED_PREFIXES = ("outbox-", "ce-", "webhook-")
+HTTP_RESERVED_PREFIXES = ("outbox-", "ce-", "webhook-", "content-", "x-forwarded-")
 NATS_RESERVED = frozenset({"content-type"})
 NATS_RESERVED_PREFIXES = ("nats-", "outbox-", "ce-")
 KAFKA_RESERVED = frozenset({"content-type"})
