@@ -10,7 +10,7 @@ import base64
 import binascii
 import json
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -130,6 +130,23 @@ class Kube:
             {k: v.decode() if isinstance(v, bytes) else v for k, v in (secret.data or {}).items()},
             str(meta.resource_version if meta else ""),
         )
+
+    async def secret_versions(
+        self, namespace: str, names: Iterable[str], read: Mapping[str, Secret]
+    ) -> dict[str, str]:
+        """The resourceVersion of each named Secret, by name, for the pod template's hash;
+        those in `read` are not read again. One that cannot be read counts as "" (the pods
+        report it, and its appearing rolls them)."""
+        versions = {}
+        for name in sorted(set(names)):
+            if name in read:
+                versions[name] = read[name].version
+                continue
+            try:
+                versions[name] = (await self.secret(namespace, name)).version
+            except Problem:
+                versions[name] = ""
+        return versions
 
     async def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

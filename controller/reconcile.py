@@ -42,7 +42,7 @@ from outbox.controller.leader import LeadershipLost
 from outbox.controller.metrics import Metrics
 from outbox.controller.network import differs as network_differs
 from outbox.controller.network import render_network_policy
-from outbox.controller.policy import admit
+from outbox.controller.policy import admit, secret_uses
 from outbox.controller.render import TEMPLATE_HASH, render_deployment
 from outbox.controller.resource import deployment_name, selector_string
 from outbox.controller.scaling import ScalingPolicy
@@ -130,6 +130,8 @@ class Dispatcher:
     _reconciled_generation: int | None = None
     _last_status: Mapping[str, Any] | None = None
     _secret_version: str = ""  # of the DSN's Secret: a new one rolls the workers
+    # Every Secret's the spec names, by name: one changing rolls the workers (render.py).
+    _secret_versions: Mapping[str, str] = field(default_factory=dict)
     _server_made: frozenset[str] = frozenset()  # template changes the server makes itself
     _pods_forbidden: bool = False  # said once: RBAC does not let the operator list pods
     _step: str = "reconciling"  # what the pass is doing, for the message of an API error
@@ -217,6 +219,8 @@ class Dispatcher:
         ref = database["dsnSecretRef"]
         name, key = ref["name"], ref.get("key", "dsn")
         text, self._secret_version = secrets[name].value(key), secrets[name].version
+        uses = (use.name for use in secret_uses(spec))
+        self._secret_versions = await context.kube.secret_versions(self.namespace, uses, secrets)
         dsn = parse_dsn(text, secret_key(self.namespace, name, key))
         ordered = spec.get("ordering") == "aggregate"
         stats, identity = await read_table(dsn, table, ordered=ordered)
@@ -324,6 +328,7 @@ class Dispatcher:
             replicas=replicas,
             default_image=self.context.settings.worker_image,
             secret_version=self._secret_version,
+            secret_versions=self._secret_versions,
             defaults=self.context.settings.worker_defaults,
         )
         name = f"{self.namespace}/{rendered['metadata']['name']}"

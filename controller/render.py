@@ -27,6 +27,11 @@ TEMPLATE_HASH = "outbox.dev/template-hash"
 # The DSN Secret's resourceVersion on the pods: env from a Secret is read at start only, so a
 # changed Secret must roll the workers to take effect (the version holds nothing secret).
 SECRET_VERSION = "outbox.dev/dsn-secret-version"
+# Every Secret the pods use (the DSN's, HTTP headers and signing keys, broker credentials,
+# registry credentials) as one hash of their resourceVersions: env and mounted files of a
+# Secret reach a running worker only at start (a signing key rotated out would otherwise go
+# on signing), so any of them changing rolls the workers.
+SECRETS_HASH = "outbox.dev/secrets-hash"
 WORKER_CONTAINER = "worker"
 METRICS_PORT_NAME = "metrics"  # /metrics, /healthz, /readyz; the NetworkPolicy admits it alone
 UID = 65532  # the image's non-root user
@@ -259,8 +264,19 @@ def _spread(constraints: list[Mapping[str, Any]], name: str) -> list[dict[str, A
     ]
 
 
+def secrets_hash(versions: Mapping[str, str]) -> str:
+    """The Secrets' resourceVersions by name as one stable value (sorted, so the order the
+    spec names them in does not matter); nothing secret goes in."""
+    text = json.dumps(sorted(versions.items()), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def pod_template(
-    body: Body, default_image: str, secret_version: str = "", defaults: Body = DEFAULTS
+    body: Body,
+    default_image: str,
+    secret_version: str = "",
+    defaults: Body = DEFAULTS,
+    secret_versions: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     name = body["metadata"]["name"]
     spec = body["spec"]
@@ -318,6 +334,8 @@ def pod_template(
     }
     if secret_version:
         annotations[SECRET_VERSION] = secret_version
+    if secret_versions:
+        annotations[SECRETS_HASH] = secrets_hash(secret_versions)
     return {
         "metadata": {
             "labels": {**(worker.get("podLabels") or {}), **labels(name)},
@@ -339,13 +357,14 @@ def render_deployment(
     default_image: str,
     secret_version: str = "",
     defaults: Body = DEFAULTS,
+    secret_versions: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The worker Deployment for `body` (defaults applied, as the API server stores it);
-    `secret_version` is the DSN Secret's resourceVersion, `defaults` the admin's
-    --worker-defaults."""
+    `secret_version` is the DSN Secret's resourceVersion, `secret_versions` every Secret's
+    the spec names (the DSN's included) by name, `defaults` the admin's --worker-defaults."""
     meta = body["metadata"]
     name = meta["name"]
-    template = pod_template(body, default_image, secret_version, defaults)
+    template = pod_template(body, default_image, secret_version, defaults, secret_versions)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

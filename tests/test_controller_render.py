@@ -10,7 +10,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from outbox.controller.render import SECRET_VERSION, TEMPLATE_HASH, render_deployment
+from outbox.controller.render import (
+    SECRET_VERSION,
+    SECRETS_HASH,
+    TEMPLATE_HASH,
+    render_deployment,
+)
 from outbox.controller.resource import selector_string
 from outbox.durations import parse_duration
 
@@ -288,6 +293,35 @@ def test_a_changed_dsn_secret_rolls_the_workers() -> None:
     hashes = [d["metadata"]["annotations"][TEMPLATE_HASH] for d in (first, again, rotated)]
     assert hashes[0] == hashes[1] != hashes[2]
     assert rotated["spec"]["template"]["metadata"]["annotations"][SECRET_VERSION] == "97"
+
+
+def test_any_changed_secret_rolls_the_workers_whatever_the_order() -> None:
+    """A rotated signing key (or headers, broker or registry credentials) reaches running
+    workers only through a new pod: each Secret's version is in the template's hash."""
+    body = resource()
+
+    def rendered(versions: dict[str, str]) -> dict[str, Any]:
+        return render_deployment(
+            body, replicas=1, default_image="i", secret_version="41", secret_versions=versions
+        )
+
+    first = rendered({"orders-db": "41", "signing": "7", "headers": "9"})
+    reordered = rendered({"headers": "9", "signing": "7", "orders-db": "41"})
+    signing = rendered({"orders-db": "41", "signing": "8", "headers": "9"})
+    headers = rendered({"orders-db": "41", "signing": "7", "headers": "10"})
+    dropped = rendered({"orders-db": "41", "signing": "7"})
+
+    def template(d: dict[str, Any]) -> tuple[str, str]:
+        annotations = d["spec"]["template"]["metadata"]["annotations"]
+        return d["metadata"]["annotations"][TEMPLATE_HASH], annotations[SECRETS_HASH]
+
+    assert template(first) == template(reordered)
+    seen = {template(d) for d in (first, signing, headers, dropped)}
+    assert len(seen) == 4
+    assert "41" not in template(first)[1] and len(template(first)[1]) == 16
+    # No Secret named (rendered without versions): no annotation, the template as before.
+    plain = render_deployment(body, replicas=1, default_image="i", secret_version="41")
+    assert SECRETS_HASH not in plain["spec"]["template"]["metadata"]["annotations"]
 
 
 def test_the_rate_limit_and_the_breaker_become_the_workers_variables() -> None:
