@@ -54,6 +54,9 @@ WAITING_REASONS = {
     "StartError": WORKERS_CRASHING,
 }
 POD_REASON_ORDER = (IMAGE_PULL_FAILED, WORKERS_MISCONFIGURED, WORKERS_CRASHING)
+# Restarts after which a running, unready container that last exited non-zero reads as
+# crashing (CrashLoopBackOff itself always does): one restart is a transient failure.
+CRASH_RESTARTS = 2
 SHOWN_LINE_CHARS = 300  # of a container's last line in a condition message
 
 
@@ -208,10 +211,12 @@ def _pod_trouble(pod: Mapping[str, Any]) -> PodTrouble | None:
         last = (container.get("lastState") or {}).get("terminated") or {}
         reason = WAITING_REASONS.get(str(waiting.get("reason") or ""))
         failed_before = bool(last) and (last.get("exitCode") or 0) != 0
-        if reason is None and not (failed_before and "running" in state):
+        restarted = int(container.get("restartCount") or 0) >= CRASH_RESTARTS
+        if reason is None and not (failed_before and restarted and "running" in state):
             continue
-        # A restarted container that has not become ready again is still crashing: between
-        # two back-offs it runs for a moment, which must not read as a recovery.
+        # A container restarted more than once that has not become ready again is still
+        # crashing: between two back-offs it runs for a moment, which must not read as a
+        # recovery. One restart (a transient exit, a database failover) is not a crash yet.
         reason = reason or WORKERS_CRASHING
         if reason == WORKERS_CRASHING:
             restarts = int(container.get("restartCount") or 0)
@@ -332,9 +337,10 @@ def conditions(
         # Without a reading the last one's stays: no new fact, and no Event on a flicker.
         found.append(destination_condition(stats))
     if problem is None:
-        if workers.reason in POD_REASON_ORDER:
-            # Pods that cannot run are the resource's problem: Ready says so too (and its
-            # change posts the Warning Event), not "starting" for ever.
+        if workers.reason in POD_REASON_ORDER and ready < decision.replicas:
+            # Pods that cannot run, and too few ready, are the resource's problem: Ready says
+            # so too (and its change posts the Warning Event), not "starting" for ever. One
+            # bad pod among enough ready ones shows in WorkersReady only.
             return [*found, CONNECTED, Condition(READY, False, workers.reason, workers.message)]
         paused = bool(spec.get("paused"))
         return [*found, CONNECTED, ready_condition(ready, decision.replicas, paused=paused)]

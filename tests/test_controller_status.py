@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from outbox.controller import status as st
 from outbox.controller.decision import Decision
@@ -408,6 +409,56 @@ def test_pods_that_cannot_run_make_ready_false_with_their_reason_and_a_warning()
     assert unread[st.READY].reason == "WorkersStarting"
 
 
+def test_one_transient_restart_is_not_a_crash() -> None:
+    """A container that exited non-zero once and runs again, not yet ready, is starting; a
+    second restart (or CrashLoopBackOff) makes it crashing."""
+    once = pod(
+        "orders-worker-a", restartCount=1, state={"running": {}}, lastState={"terminated": CRASHED}
+    )
+    workers = st.workers_condition([once], 0, 1)
+    assert (workers.status, workers.reason) == (False, "WorkersStarting")
+    decision = Decision(1, "Backlog", "1 worker")
+    deployment = {"spec": {"replicas": 1}, "status": {"replicas": 1}}
+    found = by_type(st.conditions(SPEC, decision, deployment, stats(), None, [once]))
+    assert (found[st.READY].status, found[st.READY].reason) == (False, "WorkersStarting")
+    starting = [st.Condition(st.READY, False, "WorkersStarting", "0/1 workers ready")]
+    before = st.merge_conditions(None, starting, generation=1, now=T0)
+    after = st.merge_conditions(before, found.values(), generation=1, now=T0)
+    assert st.change_events(before, after) == []  # no Warning
+    twice = pod(
+        "orders-worker-a", restartCount=2, state={"running": {}}, lastState={"terminated": CRASHED}
+    )
+    assert st.workers_condition([twice], 0, 1).reason == "WorkersCrashing"
+    looping = pod(
+        "orders-worker-a",
+        restartCount=1,
+        state={"waiting": {"reason": "CrashLoopBackOff"}},
+        lastState={"terminated": CRASHED},
+    )
+    assert st.workers_condition([looping], 0, 1).reason == "WorkersCrashing"
+
+
+def test_one_bad_pod_among_enough_ready_ones_leaves_ready_true() -> None:
+    decision = Decision(2, "Backlog", "2 workers")
+    looping = pod(
+        "orders-worker-c",
+        restartCount=5,
+        state={"waiting": {"reason": "CrashLoopBackOff"}},
+        lastState={"terminated": CRASHED},
+    )
+    good = [pod("orders-worker-a", ready=True), pod("orders-worker-b", ready=True)]
+    enough = {"spec": {"replicas": 2}, "status": {"replicas": 3, "readyReplicas": 2}}
+    found = by_type(st.conditions(SPEC, decision, enough, stats(), None, [*good, looping]))
+    assert (found[st.READY].status, found[st.READY].reason) == (True, "WorkersReady")
+    workers = found[st.WORKERS_READY]
+    assert (workers.status, workers.reason) == (False, "WorkersCrashing")
+    assert workers.message.startswith("pod orders-worker-c: restarted 5 times")
+    # Too few ready: Ready degrades, with the pods' reason.
+    short = {"spec": {"replicas": 2}, "status": {"replicas": 2, "readyReplicas": 1}}
+    found = by_type(st.conditions(SPEC, decision, short, stats(), None, [good[0], looping]))
+    assert (found[st.READY].status, found[st.READY].reason) == (False, "WorkersCrashing")
+
+
 # -- drift: the live template against the rendered one --------------------------------------
 
 
@@ -504,3 +555,70 @@ def test_drift_names_removed_items_and_other_changes() -> None:
     }
     live["spec"]["containers"].append({"name": "sidecar"})  # type: ignore[index]
     assert "spec.containers[sidecar] added" in template_drift(rendered, live)
+
+
+def test_drift_sees_what_is_added_by_hand_where_the_operator_renders_nothing() -> None:
+    from outbox.controller.drift import template_drift
+
+    rendered = {
+        "metadata": {"labels": {"app": "x"}},
+        "spec": {
+            "containers": [
+                {"name": "worker", "image": "outbox:1", "ports": [{"containerPort": 9000}]}
+            ],
+            "volumes": [{"name": "certs", "secret": {"secretName": "certs"}}],
+        },
+    }
+    # What the API server stores of it: its defaults, each at its default value.
+    live = {
+        "metadata": {"labels": {"app": "x"}, "creationTimestamp": None},
+        "spec": {
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 30,
+            "dnsPolicy": "ClusterFirst",
+            "schedulerName": "default-scheduler",
+            "securityContext": {},
+            "containers": [
+                {
+                    "name": "worker",
+                    "image": "outbox:1",
+                    "imagePullPolicy": "IfNotPresent",
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "File",
+                    "resources": {},
+                    "ports": [{"containerPort": 9000, "protocol": "TCP"}],
+                }
+            ],
+            "volumes": [{"name": "certs", "secret": {"secretName": "certs", "defaultMode": 420}}],
+        },
+    }
+    assert template_drift(rendered, live) == ()
+    spec: dict[str, Any] = live["spec"]  # type: ignore[assignment]
+    container = spec["containers"][0]
+    spec.update(
+        hostNetwork=True,
+        hostPID=True,
+        nodeName="node-1",
+        serviceAccountName="admin",
+        serviceAccount="admin",
+        tolerations=[{"operator": "Exists"}],
+        dnsPolicy="None",  # a default key with another value is someone's
+    )
+    container["securityContext"] = {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}}
+    container["envFrom"] = [{"secretRef": {"name": "other-teams-db"}}]
+    assert set(template_drift(rendered, live)) == {
+        "spec.hostNetwork added",
+        "spec.hostPID added",
+        "spec.nodeName added",
+        "spec.serviceAccountName added",
+        "spec.tolerations added",
+        "spec.dnsPolicy added",
+        "spec.containers[worker].securityContext added",
+        "spec.containers[worker].envFrom added",
+    }
+    # Where the operator renders a securityContext, a key added to it is named.
+    rendered["spec"]["containers"][0]["securityContext"] = {"runAsNonRoot": True}  # type: ignore[index]
+    container["securityContext"] = {"runAsNonRoot": True, "privileged": True}
+    assert "spec.containers[worker].securityContext.privileged added" in template_drift(
+        rendered, live
+    )
