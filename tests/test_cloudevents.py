@@ -7,6 +7,7 @@ Every attribute is compared with the row it came from."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,12 @@ from outbox.models import Message
 from outbox.worker.cli import make_publisher
 from outbox.worker.metrics import Metrics
 from outbox.worker.publishers.base import PermanentError
-from outbox.worker.publishers.formats import CloudEvents, default_source, header_value
+from outbox.worker.publishers.formats import (
+    CloudEvents,
+    cloudevents_source,
+    default_source,
+    header_value,
+)
 from outbox.worker.publishers.http import HttpPublisher
 from outbox.worker.publishers.kafka import KafkaPublisher
 from outbox.worker.publishers.nats import NatsPublisher
@@ -315,3 +321,51 @@ def test_the_crd_refuses_what_the_worker_would(fields, admitted, worker_accepts)
         del body["spec"]["publisher"]["http"]
     assert (_crd_errors(body) == []) is admitted
     assert (_worker_error(body) is None) is worker_accepts
+
+
+# Characters Python's `\s` matches and a Go (RE2) API server's does not, and a plain value.
+RE2_TRAPS = {
+    "no-break space": "/outbox/a\u00a0b",
+    "next line (U+0085)": "/outbox/a\u0085b",
+    "line separator (U+2028)": "/outbox/a\u2028b",
+    "plain": "urn:shop:orders",
+}
+# Classes whose meaning differs between Python's re and RE2 (Unicode or ASCII).
+ENGINE_DEPENDENT = re.compile(r"\\[sSwWdDbB]")
+
+
+def _crd_pattern(*path: str) -> str:
+    from test_controller_crd import SCHEMA
+
+    node = SCHEMA
+    for name in path:
+        node = node["properties"][name]
+    return str(node["pattern"])
+
+
+@pytest.mark.parametrize("what", list(RE2_TRAPS))
+def test_the_crd_pattern_and_the_worker_agree_on_the_cloudevents_source(what):
+    """The CRD's pattern has no engine-dependent class, so Python's re reads it as an API
+    server's RE2 does (with or without re.ASCII), and admits exactly what the worker takes."""
+    from test_controller_crd import _body, _crd_errors, _worker_error
+
+    pattern = _crd_pattern("spec", "publisher", "cloudEventsSource")
+    assert ENGINE_DEPENDENT.search(pattern) is None, pattern
+    value = RE2_TRAPS[what]
+    admitted = re.search(pattern, value) is not None
+    assert (re.search(pattern, value, re.ASCII) is not None) is admitted
+    body = _body(
+        {
+            "publisher.type": "http",
+            "publisher.http": {"url": "http://e.example/in"},
+            "publisher.cloudEventsSource": value,
+        }
+    )
+    assert (_crd_errors(body) == []) is admitted
+    try:
+        cloudevents_source(value)
+        worker_accepts = True
+    except ValueError:
+        worker_accepts = False
+    assert worker_accepts is admitted is (what == "plain")
+    assert (_worker_error(body) is None) is admitted

@@ -65,8 +65,11 @@ _NOT_IN_STRING = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # `"` and `%` (the bindings' rule); anything else is percent-encoded, as UTF-8.
 _KEPT = "".join(c for c in map(chr, range(0x21, 0x7F)) if c not in ' "%')
 _TO_ENCODE = re.compile(r"[^\x21\x23\x24\x26-\x7e]")
-# A URI-reference for `source`: no whitespace, no control characters, not empty.
-_NOT_IN_URI = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")
+# What a URI (RFC 3986: printable ASCII, no space; anything else percent-encoded) may not
+# hold, as an explicit class: the CRD's patterns for `cloudEventsSource` and the HTTP URL
+# spell out the same range, since a Go (RE2) API server's `\s` is ASCII-only where Python's is
+# Unicode (NBSP, U+0085, U+2028): both refuse exactly the same characters.
+NOT_IN_URI = re.compile(r"[^\x21-\x7e]")
 
 
 def wire_format(text: str) -> str:
@@ -78,9 +81,10 @@ def wire_format(text: str) -> str:
 
 def cloudevents_source(text: str) -> str:
     """`--cloudevents-source`: a URI-reference, e.g. `/outbox/orders` or `urn:example:orders`."""
-    if not text or _NOT_IN_URI.search(text):
+    if not text or NOT_IN_URI.search(text):
         raise ValueError(
-            f"{text!r} is not a URI-reference (not empty, no whitespace or control characters)"
+            f"{text!r} is not a URI-reference (not empty, no whitespace or control characters, "
+            "printable ASCII only: percent-encode the rest)"
         )
     return text
 

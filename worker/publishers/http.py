@@ -40,7 +40,13 @@ from outbox.models import Message
 from outbox.redact import redact_text, redact_url
 from outbox.worker.publishers.base import PermanentError, RetryableError, server_of
 from outbox.worker.publishers.envelope import envelope
-from outbox.worker.publishers.formats import BINARY, ENVELOPE, STRUCTURED, CloudEvents
+from outbox.worker.publishers.formats import (
+    BINARY,
+    ENVELOPE,
+    NOT_IN_URI,
+    STRUCTURED,
+    CloudEvents,
+)
 from outbox.worker.publishers.formats import STRUCTURED_CONTENT_TYPE as CE_JSON
 from outbox.worker.publishers.formats import wire_format as check_format
 from outbox.worker.publishers.headers import http_headers
@@ -107,9 +113,13 @@ def _url(text: str) -> str:
         raise ValueError(f"{redact_url(text)!r} is not a valid URL ({exc})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{redact_url(text)!r} is not an http:// or https:// URL")
-    # Accepted, these would fail every publish as "retryable" until each message is dead.
-    if any(c.isspace() or not c.isprintable() for c in text):
-        raise ValueError(f"{redact_url(text)!r} contains whitespace or control characters")
+    # Accepted, these would fail every publish as "retryable" until each message is dead. The
+    # class is the CRD pattern's too (formats.NOT_IN_URI): the two refuse the same URLs.
+    if NOT_IN_URI.search(text):
+        raise ValueError(
+            f"{redact_url(text)!r} contains whitespace or control characters, or characters "
+            "outside ASCII (percent-encode them; an international host in its xn-- form)"
+        )
     return text
 
 
