@@ -56,6 +56,8 @@ TENANT = Identity("mallory", ("team-orders",))
 # Another team's bearer token: the prize.
 BILLING_TOKEN = "billing-TOKEN-8f3e1c9a77d24b"
 BILLING_TABLE = "billing_outbox"
+# The paused resources' own table: one table is served by one resource (TableConflict).
+SPARE_TABLE = "spare_outbox"
 # The cluster admin's policy for this cluster: the operator's own repository and the orders
 # team's registry path.
 POLICY = {"policy": {"images": ["outbox-dispatcher", "registry.example/orders/*"]}}
@@ -181,6 +183,7 @@ def test_a_tenant_who_may_only_write_dispatchers_gets_nothing_more_through_the_o
     cluster = shared.cluster
     with psycopg.connect(dsn, autocommit=True) as conn:
         migrate(conn, Table.parse(BILLING_TABLE))
+        migrate(conn, Table.parse(SPARE_TABLE))
         enqueue_many(
             conn,
             [Event("invoice", str(i), "issued", {"i": i}) for i in range(5)],
@@ -201,6 +204,7 @@ def test_a_tenant_who_may_only_write_dispatchers_gets_nothing_more_through_the_o
 
     with Sink() as listener:  # the author's own listener
         orders = {"dsnSecretRef": {"name": "orders-db", "key": "dsn"}, "table": "outbox"}
+        spare = {**orders, "table": SPARE_TABLE}
         attacks = [
             # Finding 3: another team's outbox drained to the author's URL ...
             dispatcher_manifest(
@@ -218,10 +222,10 @@ def test_a_tenant_who_may_only_write_dispatchers_gets_nothing_more_through_the_o
             ),
             # Finding 2: a pod of the author's choosing (paused: the image is the point).
             dispatcher_manifest(
-                "miner", database=orders, paused=True, worker={"image": "evil.example/miner:1"}
+                "miner", database=spare, paused=True, worker={"image": "evil.example/miner:1"}
             ),
             dispatcher_manifest(
-                "deputy", database=orders, paused=True, worker={"serviceAccountName": "deployer"}
+                "deputy", database=spare, paused=True, worker={"serviceAccountName": "deployer"}
             ),
         ]
         shared.as_tenant("apply", "-f", "-", input=yaml.safe_dump_all(attacks))
