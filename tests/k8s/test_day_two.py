@@ -215,6 +215,56 @@ def test_a_deployment_changed_by_hand_is_put_back_and_says_what_changed(
     )
 
 
+def test_fields_added_by_hand_where_the_operator_renders_nothing_are_put_back(
+    cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
+) -> None:
+    """`kubectl patch` giving the workers the node's network and a privileged container: the
+    pod spec is compared whole (the server's defaults aside), so both are drift."""
+    operators()
+    apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest())
+    wait_for("the first pass", lambda: observed(cluster))
+    first = deployment_of(cluster)
+    assert first is not None
+    patch = {
+        "spec": {
+            "template": {
+                "spec": {
+                    "hostNetwork": True,
+                    "containers": [{"name": "worker", "securityContext": {"privileged": True}}],
+                }
+            }
+        }
+    }
+    cluster.kubectl("patch", "deployment/orders-worker", "-p", json.dumps(patch))
+    patched = deployment_of(cluster)
+    assert patched is not None and patched["spec"]["template"]["spec"]["hostNetwork"] is True
+
+    def restored() -> dict[str, Any] | None:
+        deployment = deployment_of(cluster)
+        if deployment is None:
+            return None
+        pod = deployment["spec"]["template"]["spec"]
+        privileged = (pod["containers"][0].get("securityContext") or {}).get("privileged")
+        return deployment if "hostNetwork" not in pod and not privileged else None
+
+    put_back = wait_for("the rendered template back", restored)
+    assert put_back["spec"]["template"] == first["spec"]["template"]
+    said = wait_for(
+        "DriftCorrected naming both",
+        lambda: (
+            (
+                found := [
+                    e for e in kubectl_events(cluster, "orders") if e["reason"] == "DriftCorrected"
+                ]
+            )
+            and "spec.hostNetwork added" in (text := " | ".join(e["message"] for e in found))
+            and "securityContext.privileged added" in text
+            and found
+        ),
+    )
+    assert all(e["type"] == "Warning" for e in said)
+
+
 def without_name_rules(crd_path: Path) -> str:
     """The CRD as it was before it refused long names (a cluster upgraded from it keeps the
     resources it admitted: stored objects are not validated again)."""
