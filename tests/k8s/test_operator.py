@@ -658,8 +658,16 @@ def test_never_past_max_replicas_and_kubectl_scale_pins_the_count(
     }
     apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest(scaling=scaling))
     wait_for("the maximum", lambda: scaled_up(cluster) == 2)
-    ups = [e["message"] for e in events(cluster, "orders") if e["reason"] == "ScaledUp"]
-    assert ups and all(int(re.search(r"-> (\d+) workers", m).group(1)) <= 2 for m in ups)  # type: ignore[union-attr]
+    # The Event is posted after the Deployment is scaled: wait for the one that reached 2.
+    ups = wait_for(
+        "the ScaledUp event to 2",
+        lambda: (
+            (m := [e["message"] for e in events(cluster, "orders") if e["reason"] == "ScaledUp"])
+            and any("-> 2 workers" in u for u in m)
+            and m
+        ),
+    )
+    assert all(int(re.search(r"-> (\d+) workers", m).group(1)) <= 2 for m in ups)  # type: ignore[union-attr]
     assert operator.metric("outbox_controller_desired_replicas", dispatcher="orders") == 2
 
     refused = cluster.kubectl("scale", "obd", "orders", "--replicas=5", check=False)
