@@ -305,7 +305,9 @@ class Dispatcher:
             if self.context.settings.worker_network_policy:
                 await self._apply_network_policy(reading.body)
             self._step = f"writing PodDisruptionBudget {self.namespace}/{self.name}-worker"
-            await keep_disruption_budget(self.context.kube, reading.body, decision.replicas)
+            await keep_disruption_budget(
+                self.context.kube, reading.body, decision.replicas, reading.pods
+            )
         elif deployment is not None and decision.replicas != reading.replicas:
             # Paused or pinned while the inputs are broken: resize, keep the last good template.
             name = deployment_name(self.name)

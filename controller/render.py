@@ -420,22 +420,36 @@ def max_unavailable(budget: Body, replicas: int) -> int | str:
     return max(1, replicas - _needed(budget["minAvailable"], replicas))
 
 
+def evictions(allowed: int | str, replicas: int) -> int:
+    """A maxUnavailable as the disruption controller counts it for `replicas` expected pods:
+    a percentage rounds up."""
+    if isinstance(allowed, str):
+        return math.ceil(int(allowed.rstrip("%")) * replicas / 100)
+    return int(allowed)
+
+
 def render_disruption_budget(
-    body: Body, replicas: int, *, released: bool = False
+    body: Body, replicas: int, *, released: bool = False, unavailable: int = 0
 ) -> dict[str, Any] | None:
     """The worker pods' PodDisruptionBudget for `replicas` desired workers, or None when the
     resource asks for none; `released`: the budget that replaces one the resource no longer
-    asks for (it allows every eviction).
+    asks for (it allows every eviction); `unavailable`: the worker pods not ready now.
 
-    It can never block a drain: it always allows an eviction (max_unavailable), and
-    unhealthy pods may always be evicted (unhealthyPodEvictionPolicy AlwaysAllow), so a
-    crash-looping worker, which protects nothing, never holds a node. The autoscaler's own
-    scale-downs are not evictions: no budget slows them."""
+    The disruption controller allows maxUnavailable minus the pods not ready, so a budget
+    of 1 with one pod Pending (evicted by a drain, its replacement unschedulable) allows
+    none, and the drain would wait for ever. While the pods not ready use up what the budget
+    allows, it is written to allow every eviction (NO_BUDGET), and restored once they are
+    ready; otherwise it allows max_unavailable, always one or more. Unhealthy pods may always
+    be evicted (unhealthyPodEvictionPolicy AlwaysAllow), so a crash-looping worker, which
+    protects nothing, never holds a node. The autoscaler's own scale-downs are not
+    evictions: no budget slows them."""
     budget: Body = (body["spec"].get("worker") or {}).get("disruptionBudget") or {}
     if released:
         allowed: int | str = NO_BUDGET
     elif budget:
         allowed = max_unavailable(budget, replicas)
+        if unavailable > 0 and unavailable >= evictions(allowed, replicas):
+            allowed = NO_BUDGET
     else:
         return None
     meta = body["metadata"]

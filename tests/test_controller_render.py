@@ -477,6 +477,50 @@ def test_no_budget_unless_asked_and_a_released_one_allows_every_eviction() -> No
     assert released is not None and released["spec"]["maxUnavailable"] == "100%"
 
 
+def _pod(ready: bool, phase: str = "Running", going: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "orders-worker-x"}
+    if going:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    status = {"type": "Ready", "status": "True" if ready else "False"}
+    return {"metadata": meta, "status": {"phase": phase, "conditions": [status]}}
+
+
+@pytest.mark.parametrize(
+    ("value", "replicas", "pods", "allowed"),
+    [
+        # A drain evicted one of two; its replacement is Pending (no node): maxUnavailable 1
+        # would allow no eviction at all, so the budget lets the drain go on.
+        ({"maxUnavailable": 1}, 2, [_pod(True), _pod(False, "Pending")], "100%"),
+        (
+            {"maxUnavailable": 1},
+            2,
+            [_pod(True), _pod(True, going=True), _pod(False, "Pending")],
+            "100%",
+        ),
+        ({"maxUnavailable": 1}, 2, [_pod(True), _pod(True, going=True)], 1),
+        ({"maxUnavailable": 1}, 1, [], 1),  # no pod: none to hold
+        ({"maxUnavailable": 1}, 2, [_pod(True), _pod(True)], 1),
+        ({"maxUnavailable": 2}, 3, [_pod(True), _pod(True), _pod(False, "Pending")], 2),
+        ({"maxUnavailable": "10%"}, 3, [_pod(True), _pod(True), _pod(False)], "100%"),
+        ({"minAvailable": 2}, 4, [_pod(True)] * 3 + [_pod(False, "Pending")], 2),
+        ({"minAvailable": 2}, 4, [_pod(True)] * 2 + [_pod(False, "Pending")] * 2, "100%"),
+        # Pods that could not be read (RBAC): the budget as asked.
+        ({"maxUnavailable": 1}, 2, None, 1),
+    ],
+)
+def test_the_budget_lets_a_drain_through_while_pods_not_ready_use_it_up(
+    value: dict[str, Any], replicas: int, pods: list[dict[str, Any]] | None, allowed: int | str
+) -> None:
+    from outbox.controller.budget import unavailable
+    from outbox.controller.render import render_disruption_budget
+
+    body = resource(worker={"disruptionBudget": value})
+    missing = unavailable(pods)
+    pdb = render_disruption_budget(body, replicas, unavailable=missing)
+    assert pdb is not None and pdb["spec"]["maxUnavailable"] == allowed, (missing, pdb)
+    kubernetes_validate.validate(pdb, "1.30", strict=True)
+
+
 @pytest.mark.parametrize(
     ("value", "admitted"),
     [({"maxUnavailable": 0}, False), ({"maxUnavailable": "0%"}, False),
