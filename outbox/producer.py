@@ -32,13 +32,22 @@ global propagator (`opentelemetry.propagate.inject`), so the worker's publish sp
 to the span that made the event and the receiver can continue the trace. A header the caller
 gave is kept over the propagator's; `trace_context=False` turns it off. OpenTelemetry is
 imported only by a process that has imported it already: without it, nothing changes.
+
+The trace context is a convenience, never a reason for a write to fail: on a table not yet at
+schema v4 (no `headers` column) it is left out and the event is written as before, while
+headers the caller gave still need the column (an error says so). Whether the table has the
+column is read once from the catalog per connection and table (the first enqueue with a
+span active), and read again a minute after it was found missing: a migration is seen within
+a minute, with no per-call cost either way.
 """
 
 from __future__ import annotations
 
 import sys
+import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import psycopg
 from psycopg import sql
@@ -47,8 +56,10 @@ from psycopg.types.json import Jsonb
 
 from outbox.limits import MAX_HEADERS_BYTES, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_RANGE, format_bytes
 from outbox.models import Event
-from outbox.runner import Query, Row, run
+from outbox.runner import Query, Row, fetch, fetch_async, first_row, run
 from outbox.table import DEFAULT_TABLE_NAME, Table, text_constant
+
+T = TypeVar("T")
 
 
 class PayloadTooLarge(ValueError):
@@ -145,18 +156,26 @@ def _trace_context() -> dict[str, str]:
     return carrier
 
 
+class _Headers(list[Jsonb | None]):
+    """Each event's headers; `optional` when all they hold is the trace context, which is
+    left out on a table without the `headers` column."""
+
+    optional = False
+
+
 def _headers(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
     events: Sequence[Event],
     trace_context: bool,
-) -> list[Jsonb | None] | None:
+) -> _Headers | None:
     """Each event's headers (its own over the trace context), checked and measured; None when
     no event has any, so that a table before schema v4 still takes the insert."""
     context = _trace_context() if trace_context else {}
     if not context and all(event.headers is None for event in events):
         return None
     dumper = conn.adapters.get_dumper(Jsonb, PyFormat.TEXT)(Jsonb, conn)
-    headers: list[Jsonb | None] = []
+    headers = _Headers()
+    headers.optional = all(not event.headers for event in events)
     for index, event in enumerate(events):
         own = _checked(index, event)
         merged = {**context, **own} if context else own
@@ -263,6 +282,79 @@ def _insert(
     return Query(statement, params, _ids)
 
 
+# Whether a table has the `headers` column (schema v4), by connection and table: True for
+# good (a migration never drops it), else the monotonic time it was found missing: looked at
+# again RECHECK_SECONDS later (the table may be migrated meanwhile). By connection, not by
+# database name: a database restored or recreated under the same name is looked at afresh by
+# its new connections.
+_has_headers: weakref.WeakKeyDictionary[object, dict[tuple[str | None, str], bool | float]] = (
+    weakref.WeakKeyDictionary()
+)
+RECHECK_SECONDS = 60.0
+
+
+def _known(conn: object, table: Table) -> bool | None:
+    """What is known of the table's `headers` column: True, False, or None (look it up)."""
+    known = _has_headers.get(conn, {}).get((table.schema, table.name))
+    if known is True:
+        return True
+    if known is None or time.monotonic() - known >= RECHECK_SECONDS:
+        return None
+    return False
+
+
+def _remember(conn: object, table: Table, has: bool) -> None:
+    tables = _has_headers.setdefault(conn, {})
+    tables[(table.schema, table.name)] = True if has else time.monotonic()
+
+
+def _headers_column(table: Table) -> Query[bool]:
+    """Whether the table has the `headers` column (false for a table that does not exist:
+    the insert then says so)."""
+    statement = sql.SQL(
+        "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass({t}) "
+        "AND attname = 'headers' AND NOT attisdropped)"
+    ).format(t=table.regclass_literal)
+    return Query(statement, None, first_row(lambda row: bool(row and row[0])))
+
+
+def _write(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    table: str | Table,
+    events: Sequence[Event],
+    payloads: list[Jsonb],
+    lock_aggregate: bool,
+    headers: _Headers | None,
+    parse: Callable[[list[Row]], T],
+) -> T | Awaitable[T]:
+    """Insert the events, leaving optional headers (the trace context alone) out when the
+    table has no `headers` column: one catalog lookup per connection and table, not per call."""
+    t = table if isinstance(table, Table) else Table.parse(table)
+
+    def insert(with_headers: bool) -> Query[T]:
+        query = _insert(t, events, payloads, lock_aggregate, headers if with_headers else None)
+        return Query(query.statement, query.params, parse)
+
+    if headers is None or not headers.optional:
+        return run(conn, insert(True))
+    known = _known(conn, t)
+    if known is not None:
+        return run(conn, insert(known))
+    lookup = _headers_column(t)
+    if isinstance(conn, psycopg.AsyncConnection):
+        aconn = conn
+
+        async def looked_up() -> T:
+            has = await fetch_async(aconn, lookup)
+            _remember(aconn, t, has)
+            return await fetch_async(aconn, insert(has))
+
+        return looked_up()
+    has = fetch(conn, lookup)
+    _remember(conn, t, has)
+    return fetch(conn, insert(has))
+
+
 def _ids(rows: list[Row]) -> list[int]:
     # Identity values are assigned in insertion order, which follows the input order.
     return sorted(int(row[0]) for row in rows)
@@ -306,7 +398,7 @@ def enqueue_many(
     batch = list(events)
     payloads = _payloads(conn, batch, max_payload_bytes)
     headers = _headers(conn, batch, trace_context) if batch else None
-    return run(conn, _insert(table, batch, payloads, lock_aggregate and bool(batch), headers))
+    return _write(conn, table, batch, payloads, lock_aggregate and bool(batch), headers, _ids)
 
 
 @overload
@@ -359,7 +451,9 @@ def enqueue(
     when the headers are not string names and values within MAX_HEADERS_BYTES."""
     event = Event(aggregate_type, aggregate_id, event_type, payload, headers)
     payloads = _payloads(conn, [event], max_payload_bytes)
-    insert = _insert(
-        table, [event], payloads, lock_aggregate, _headers(conn, [event], trace_context)
-    )
-    return run(conn, Query(insert.statement, insert.params, lambda rows: _ids(rows)[0]))
+    written = _headers(conn, [event], trace_context)
+    return _write(conn, table, [event], payloads, lock_aggregate, written, _first_id)
+
+
+def _first_id(rows: list[Row]) -> int:
+    return _ids(rows)[0]

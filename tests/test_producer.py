@@ -388,3 +388,62 @@ async def test_a_claim_carries_the_headers_on_the_message(aconn, conn, table):
     assert [m.id for m in messages] == ids
     assert messages[0].headers == {"traceparent": f"00-{'1' * 32}-{'2' * 16}-01", "tenant": "t"}
     assert messages[1].headers is None
+
+
+def _at_v3(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in _statements_to_v3(Table.parse("outbox")):
+            conn.execute(statement)
+
+
+def test_an_active_span_does_not_break_writes_to_a_table_before_v4(empty_dsn, monkeypatch):
+    """The trace context is optional: on a table without `headers` the event is written
+    without it, in the application's transaction, which goes on; headers the caller gave
+    still need the column. Once the table is migrated, the context is stored again."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    import outbox.producer
+    from outbox.schema import migrate
+
+    tracer = TracerProvider().get_tracer("tests.producer")
+    _at_v3(empty_dsn)
+    with psycopg.connect(empty_dsn) as conn:
+        with tracer.start_as_current_span("place order"), conn.transaction():
+            conn.execute("CREATE TABLE orders (id int)")
+            first = enqueue(conn, aggregate_type="a", aggregate_id="1", event_type="E",
+                            payload={})  # fmt: skip
+            [second] = enqueue_many(conn, [Event("a", "2", "E", {})])  # known now: no lookup
+            conn.execute("INSERT INTO orders VALUES (1)")  # the transaction was not aborted
+        assert conn.execute("SELECT count(*) FROM orders").fetchone() == (1,)
+        assert [r[0] for r in conn.execute("SELECT id FROM outbox ORDER BY id")] == [first, second]
+        with (
+            tracer.start_as_current_span("explicit"),
+            pytest.raises(psycopg.errors.UndefinedColumn),
+            conn.transaction(),
+        ):
+            enqueue(conn, aggregate_type="a", aggregate_id="1", event_type="E", payload={},
+                    headers={"k": "v"})  # fmt: skip
+        conn.commit()
+        with psycopg.connect(empty_dsn, autocommit=True) as admin:
+            assert migrate(admin, Table.parse("outbox")) == (3, 4)
+        monkeypatch.setattr(outbox.producer, "RECHECK_SECONDS", 0.0)  # no minute to wait
+        with tracer.start_as_current_span("after migration") as span, conn.transaction():
+            third = enqueue(conn, aggregate_type="a", aggregate_id="3", event_type="E",
+                            payload={})  # fmt: skip
+        traceparent = _headers_of(conn, third)["traceparent"]
+        assert traceparent.split("-")[1] == format(span.get_span_context().trace_id, "032x")
+
+
+async def test_an_active_span_on_an_async_connection_to_a_table_before_v4(empty_dsn):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("tests.producer")
+    _at_v3(empty_dsn)
+    async with await psycopg.AsyncConnection.connect(empty_dsn) as aconn:
+        with tracer.start_as_current_span("place order"):
+            async with aconn.transaction():
+                one = await enqueue(aconn, aggregate_type="a", aggregate_id="1",
+                                    event_type="E", payload={})  # fmt: skip
+                [two] = await enqueue_many(aconn, [Event("a", "2", "E", {})])
+        cursor = await aconn.execute("SELECT id FROM outbox ORDER BY id")
+        assert [r[0] for r in await cursor.fetchall()] == [one, two]
