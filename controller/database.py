@@ -89,43 +89,52 @@ def _database_problem(exc: psycopg.Error, dsn: str) -> Problem:
 
 @dataclass(frozen=True)
 class TableIdentity:
-    """Which table a DSN and a table name reach, as the server knows it: the cluster's
-    `system_identifier` (pg_control_system, the same on a server and its replicas), the
-    database's oid and the schema-qualified name found through the search_path. Two DSNs
-    that differ in text (host alias, port spelled out, options) reach the same table iff
-    their identities are equal."""
+    """Which table a DSN and a table name reach, as the server knows it: the server, the
+    database's oid and the table's oid (found through the search_path when unqualified). Two
+    DSNs that differ in text (host alias, port spelled out, options, another role) reach the
+    same table iff their identities are equal.
+
+    The server is named by what every role may read, so that two roles agree whatever their
+    grants: its start time (`pg_postmaster_start_time()`) and its port. The cluster's
+    `system_identifier` would be steadier, but `pg_control_system()` is often not granted
+    (managed services revoke it), and a role that cannot read it would key the same table
+    otherwise; `data_directory` is for superusers only; the address a client reached
+    (`inet_server_addr()`) depends on the route. The limits: the key changes when the server
+    restarts (`Tables` has whoever shared the old key read again before anyone on the new one
+    runs workers); a server and its standbys differ (the operator only writes to a primary);
+    a role an administrator denied `pg_postmaster_start_time()` names its server by port
+    only, comparable only with roles denied it too."""
 
     key: str  # compared, never shown
     text: str  # for people: `table public.outbox of database orders`
 
 
-# Where pg_control_system() is not granted, the server's address stands in for the cluster.
+# Asked first, so a role denied the function makes no failing call (PostgreSQL would log an
+# ERROR on every pass; the executor checks EXECUTE on every call in a plan, even in a CASE
+# branch not taken).
+_MAY_READ_START = "SELECT has_function_privilege('pg_postmaster_start_time()', 'execute')"
+_STARTED = sql.SQL("(extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text")
+_UNKNOWN = sql.SQL("'unknown'")
 _IDENTITY = sql.SQL(
-    "SELECT {cluster}, d.oid::text, d.datname, n.nspname, c.relname "
+    "SELECT {started} || '@' || current_setting('port'), d.oid::text, c.oid::text, "
+    "d.datname, n.nspname, c.relname "
     "FROM pg_database d, pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
     "WHERE d.datname = current_database() AND c.oid = to_regclass({t})"
 )
-_CLUSTER = sql.SQL("(SELECT system_identifier::text FROM pg_control_system())")
-_ADDRESS = sql.SQL("coalesce(host(inet_server_addr()), 'local') || ':' || inet_server_port()")
 
 
 async def table_identity(
     conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table
 ) -> TableIdentity:
-    row = None
-    for cluster in (_CLUSTER, _ADDRESS):
-        query = _IDENTITY.format(cluster=cluster, t=table.regclass_literal)
-        try:
-            cursor = await conn.execute(query)
-        except psycopg.errors.InsufficientPrivilege:
-            continue
-        row = await cursor.fetchone()
-        break
+    allowed = await (await conn.execute(_MAY_READ_START)).fetchone()
+    started = _STARTED if allowed is not None and allowed[0] else _UNKNOWN
+    cursor = await conn.execute(_IDENTITY.format(started=started, t=table.regclass_literal))
+    row = await cursor.fetchone()
     if row is None:  # checked just before, so only a concurrent drop: the next pass says so
         raise Problem("TableMissing", f"table {table} does not exist")
-    cluster_id, database_oid, database, schema, name = (str(v) for v in row)
+    server, database_oid, table_oid, database, schema, name = (str(v) for v in row)
     return TableIdentity(
-        f"{cluster_id}/{database_oid}/{schema}.{name}",
+        f"{server}/{database_oid}/{table_oid}",
         f"table {schema}.{name} of database {database}",
     )
 
@@ -156,28 +165,6 @@ async def read_table(
         raise _database_problem(exc, dsn) from None
 
 
-async def read_backlog(dsn: str, table: Table, *, ordered: bool = False) -> QueueStats:
-    """Check the table is a usable outbox table and read its backlog, in one connection.
-
-    `ordered` (spec.ordering aggregate) adds the claimable heads the scaling policy sizes on.
-    """
-    try:
-        async with await psycopg.AsyncConnection.connect(
-            dsn,
-            autocommit=True,
-            connect_timeout=CONNECT_TIMEOUT_SECONDS,
-            application_name=APPLICATION_NAME,
-        ) as conn:
-            try:
-                await check_table(conn, table, ordered=ordered)
-            except SchemaError as exc:
-                missing = "does not exist" in str(exc)
-                raise Problem("TableMissing" if missing else "TableInvalid", str(exc)) from None
-            return await queue_stats_async(conn, table, ordered=ordered)
-    except psycopg.Error as exc:
-        raise _database_problem(exc, dsn) from None
-
-
 def _purge(dsn: str, table: Table, older_than: timedelta) -> int:
     with psycopg.connect(
         dsn,
@@ -196,4 +183,4 @@ async def purge(dsn: str, table: Table, older_than: timedelta) -> int:
         raise _database_problem(exc, dsn) from None
 
 
-__all__ = ["TableIdentity", "parse_dsn", "parse_table", "purge", "read_backlog", "read_table"]
+__all__ = ["TableIdentity", "parse_dsn", "parse_table", "purge", "read_table"]

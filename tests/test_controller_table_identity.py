@@ -71,14 +71,30 @@ async def test_a_role_without_privileges_gets_the_same_identity(dsn: str, plain_
     assert await identity(plain_role) == await identity(dsn)
 
 
-async def test_without_pg_control_system_the_servers_address_stands_in(
-    dsn: str, plain_role: str
-) -> None:
+async def test_without_pg_control_system_both_roles_agree(dsn: str, plain_role: str) -> None:
+    """A role denied pg_control_system() (managed services deny it) keys the table as one
+    that may call it does: the server is named by what every role may read."""
     with psycopg.connect(dsn, autocommit=True) as conn:  # in this database only
         conn.execute("REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC")
+    with psycopg.connect(plain_role, autocommit=True) as conn:
+        denied = conn.execute("SELECT has_function_privilege('pg_control_system()', 'execute')")
+        assert denied.fetchone() == (False,)
     found = await identity(plain_role)
     params = conninfo_to_dict(dsn)
-    server = found.key.split("/")[0]  # host:port (or local:port over a socket)
-    assert server.endswith(f":{params.get('port', '5432')}"), found
-    assert server != (await identity(dsn)).key.split("/")[0]  # a superuser may read it
+    server = found.key.split("/")[0]  # start time @ port
+    assert server.endswith(f"@{params.get('port', '5432')}"), found
+    assert server.split("@")[0].isdigit(), found
+    assert found == await identity(dsn)  # a superuser keys it the same
     assert await identity(make_conninfo(plain_role, application_name="again")) == found
+
+
+async def test_a_role_denied_the_start_time_still_reads_an_identity(
+    dsn: str, plain_role: str
+) -> None:
+    """Checked with has_function_privilege first: no failing call (PostgreSQL would log an
+    ERROR on every pass); the server is then named by its port only."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("REVOKE EXECUTE ON FUNCTION pg_postmaster_start_time() FROM PUBLIC")
+    found = await identity(plain_role)
+    assert found.key.split("/")[0] == f"unknown@{conninfo_to_dict(dsn).get('port', '5432')}"
+    assert found.key.split("/")[1:] == (await identity(dsn)).key.split("/")[1:]
