@@ -18,9 +18,9 @@ from workers import dispatching, settings
 
 from outbox import Event, enqueue_many
 from outbox.errors import SettingError
+from outbox.signing_keys import signing_key as signing_secret
 from outbox.worker.publishers.http import HttpPublisher
 from outbox.worker.publishers.registry import shown_values
-from outbox.worker.publishers.signing import signing_secret
 from outbox.worker.settings import load_settings
 
 
@@ -110,6 +110,15 @@ def test_secrets_come_from_flags_or_from_the_variable_one_per_line():
     shown = shown_values(HttpPublisher.options, flags.publisher_options)
     assert "http-signing-secret=" in shown
     assert OLD not in shown and "AQID" not in shown  # neither the secret nor its base64
+
+
+def test_blank_lines_in_the_variable_are_skipped():
+    """A Secret's value often ends with a newline, or has one between two secrets: the
+    worker starts with the secrets it holds."""
+    for text in (f"{OLD}\n\n", f"\n{OLD}\n\n  \n{NEW}\r\n\t\n", f"{OLD}\n \n{NEW}"):
+        given = load_settings(HTTP, {"OUTBOX_HTTP_SIGNING_SECRET": text})
+        expected = tuple(signing_secret(s) for s in (OLD, NEW) if s in text)
+        assert given.publisher_options["http_signing_secret"] == expected
 
 
 @pytest.mark.parametrize(

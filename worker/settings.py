@@ -305,7 +305,9 @@ def _publisher_options(
         if option.repeatable:
             raw, source = getattr(args, option.dest), option.flag
             if raw is None and env.get(env_name(option.flag)):
-                raw, source = env[env_name(option.flag)].splitlines(), env_name(option.flag)
+                # One value a line; blank lines skipped (a Secret's value often ends with one).
+                lines = env[env_name(option.flag)].splitlines()
+                raw, source = [line for line in lines if line.strip()], env_name(option.flag)
             converted = []
             for item in raw or ():
                 try:

@@ -38,6 +38,7 @@ from yarl import URL
 
 from outbox.models import Message
 from outbox.redact import redact_text, redact_url
+from outbox.signing_keys import signing_key
 from outbox.worker.publishers.base import PermanentError, RetryableError, server_of
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.formats import (
@@ -52,7 +53,7 @@ from outbox.worker.publishers.formats import wire_format as check_format
 from outbox.worker.publishers.headers import http_headers
 from outbox.worker.publishers.registry import Option, PublisherContext
 from outbox.worker.publishers.routes import Router, check_template, placeholders
-from outbox.worker.publishers.signing import Signer, signing_secret
+from outbox.worker.publishers.signing import Signer
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
 _BODY_SNIPPET = 300
@@ -171,7 +172,7 @@ class HttpPublisher:
             "Standard Webhooks signing secret whsec_<base64>: every request gets webhook-id, "
             "webhook-timestamp and a webhook-signature entry per secret (give two while "
             "rotating); never logged",
-            convert=signing_secret,
+            convert=signing_key,
             repeatable=True,
             secret=True,
         ),

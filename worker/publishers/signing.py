@@ -7,41 +7,17 @@ spaces. Several secrets sign together while a receiver moves from the old one to
 (rotation): it accepts a request when any entry verifies with a secret it knows.
 
 A secret is `whsec_` and the key in base64 (what Standard Webhooks libraries generate and
-read); one that is not is refused at start, naming the flag, never the value.
+read); one that is not is refused at start, naming the flag, never the value. The check is
+outbox.signing_keys', which the operator applies to the Secret it names too.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import time
 from collections.abc import Callable, Sequence
-
-PREFIX = "whsec_"
-# The spec's range for a symmetric key.
-MIN_KEY_BYTES = 24
-MAX_KEY_BYTES = 64
-
-
-def signing_secret(text: str) -> bytes:
-    """`whsec_<base64>` as the key bytes; ValueError (without the value) if malformed."""
-    text = text.strip()
-    if not text.startswith(PREFIX):
-        raise ValueError(f"a signing secret starts with {PREFIX!r} followed by base64")
-    encoded = text[len(PREFIX) :]
-    try:
-        # Unpadded base64 too, as the reference library reads it.
-        key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
-    except (binascii.Error, ValueError):
-        raise ValueError(f"the part after {PREFIX!r} is not valid base64") from None
-    if not MIN_KEY_BYTES <= len(key) <= MAX_KEY_BYTES:
-        raise ValueError(
-            f"the key is {len(key)} bytes; a signing secret holds {MIN_KEY_BYTES} to "
-            f"{MAX_KEY_BYTES} bytes"
-        )
-    return key
 
 
 class Signer:
