@@ -23,6 +23,7 @@ from outbox.errors import SettingError
 from outbox.maintenance import purge_done
 from outbox.redact import redact_dsn, redact_text
 from outbox.schema import SchemaError, check_table
+from outbox.signing_keys import signing_keys
 from outbox.stats import QueueStats, queue_stats_async
 from outbox.table import Table
 
@@ -39,6 +40,16 @@ def parse_dsn(dsn: str, source: str) -> str:
         raise Problem(
             "InvalidDsn", f"{source} is not a libpq connection string: {exc.reason}"
         ) from None
+
+
+def parse_signing_secret(text: str, source: str) -> None:
+    """A Problem unless `text` holds Standard Webhooks signing secrets the worker starts with
+    (outbox.signing_keys: one `whsec_<base64>` a line, blank lines skipped): named by
+    `source` and the line, quoting none of the value."""
+    try:
+        signing_keys(text)
+    except ValueError as exc:
+        raise Problem("InvalidSigningSecret", f"{source}: {exc}") from None
 
 
 def parse_table(text: str) -> Table:

@@ -31,6 +31,7 @@ from outbox.controller.database import (
     TableIdentity,
     parse_dsn,
     parse_retention,
+    parse_signing_secret,
     parse_table,
     purge,
     read_table,
@@ -223,6 +224,19 @@ class Dispatcher:
         self._secret_versions = await context.kube.secret_versions(self.namespace, uses, secrets)
         dsn = parse_dsn(text, secret_key(self.namespace, name, key))
         ordered = spec.get("ordering") == "aggregate"
+        signing = (spec["publisher"].get("http") or {}).get("signingSecretRef")
+        if signing is not None:  # checked as the worker does: a new worker would exit 2
+            where = secret_key(self.namespace, signing["name"], signing["key"])
+            secret = secrets.get(signing["name"]) or await context.kube.secret(
+                self.namespace, signing["name"]
+            )
+            try:
+                signing_text = secret.value(signing["key"])
+            except st.Problem as exc:  # not UTF-8: the Secret's value's problem, named so
+                if exc.reason != "InvalidDsn":
+                    raise
+                raise st.Problem("InvalidSigningSecret", f"{where} is not UTF-8 text") from None
+            parse_signing_secret(signing_text, where)
         stats, identity = await read_table(dsn, table, ordered=ordered)
         return dsn, stats, identity
 
