@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -48,7 +48,7 @@ from outbox.controller.render import TEMPLATE_HASH, render_deployment
 from outbox.controller.resource import deployment_name, selector_string
 from outbox.controller.scaling import ScalingPolicy
 from outbox.controller.settings import ControllerSettings
-from outbox.controller.tables import Tables
+from outbox.controller.tables import Tables, list_resources
 from outbox.durations import format_duration, parse_duration
 from outbox.stats import QueueStats
 
@@ -187,6 +187,7 @@ class Dispatcher:
         if self.body["metadata"].get("deletionTimestamp"):
             # Being deleted (e.g. foreground: it waits for its Deployment to go); recreating
             # the Deployment now would hold the deletion up for ever.
+            self.context.tables.read(self.namespace, self.name)  # none waits for it
             return
         reading = await self._read()
         spec = reading.spec
@@ -240,6 +241,11 @@ class Dispatcher:
         stats, identity = await read_table(dsn, table, ordered=ordered)
         return dsn, stats, identity
 
+    def _listing(self) -> Awaitable[set[tuple[str, str]]]:
+        """The resources this replica serves (`Tables.start`); Kube lists none of its own."""
+        kube, namespaces = self.context.kube, self.context.settings.namespaces
+        return list_resources(kube._api, namespaces)
+
     def _table_conflict(self, identity: TableIdentity) -> st.Problem | None:
         """One table, one resource (`Tables`): workers of two resources on one table would
         finalize each other's rows, and each would size for the other's backlog."""
@@ -264,11 +270,19 @@ class Dispatcher:
         problem: st.Problem | None = None
         stats: QueueStats | None = None
         dsn = ""
+        tables = self.context.tables
         try:
+            await tables.start(self._listing)
             dsn, stats, identity = await self._backlog(body["spec"])
+            self._table_conflict(identity)  # its table recorded before the others are awaited
+            tables.read(self.namespace, self.name)
+            # No workers until the others' tables are known (an older one may read later).
+            await tables.settled(self.namespace, self.name, self._listing)
             problem = self._table_conflict(identity)
         except st.Problem as exc:
             problem = exc
+        finally:
+            tables.read(self.namespace, self.name)  # read, or failed to: none waits for it
         name = deployment_name(self.name)
         self._step = f"reading Deployment {self.namespace}/{name}"
         deployment = await self.context.kube.deployment(self.namespace, name)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import pytest
 
 from outbox.controller import status as st
 from outbox.controller.decision import Decision
@@ -622,3 +625,49 @@ def test_drift_sees_what_is_added_by_hand_where_the_operator_renders_nothing() -
     assert "spec.containers[worker].securityContext.privileged added" in template_drift(
         rendered, live
     )
+
+
+async def test_no_resource_runs_workers_until_every_one_listed_at_start_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a start or a failover the newer resource may read first: it finds itself alone,
+    so it waits until the older one is read before it may run workers."""
+    from outbox.controller import tables as registry
+    from outbox.controller.database import TableIdentity
+    from outbox.controller.tables import Tables
+
+    orders = TableIdentity("7@5432/16384/16390", "table public.outbox of database shop")
+    older, newer = "2026-01-01T00:00:05Z", "2026-01-01T00:00:09Z"
+    listed = {("shop", "orders"), ("shop", "copy"), ("shop", "gone")}
+
+    async def listing() -> set[tuple[str, str]]:
+        return set(listed)
+
+    tables = Tables()
+    await tables.start(listing)
+    assert tables.first("shop", "copy", newer, orders) is None  # alone, so far
+    tables.read("shop", "copy")
+    waiting = asyncio.create_task(tables.settled("shop", "copy", listing))
+    await asyncio.sleep(0)  # let it look
+    assert not waiting.done()
+    assert tables.pending("shop", "copy") == {("shop", "orders"), ("shop", "gone")}
+    assert tables.first("shop", "orders", older, orders) is None
+    tables.read("shop", "orders")
+    assert tables.pending("shop", "copy") == {("shop", "gone")}
+    # One listed at start and deleted before it was read: not waited for once listed again.
+    monkeypatch.setattr(registry, "RELIST_SECONDS", 0.05)
+    listed.discard(("shop", "gone"))
+    await asyncio.wait_for(waiting, timeout=5)
+    assert tables.first("shop", "copy", newer, orders) == ("shop", "orders")
+
+    # The server restarted: every key of its tables changed. The newer reads first again:
+    # it waits until the older one, which held the old key, is read again.
+    restarted = TableIdentity("8@5432/16384/16390", orders.text)
+    assert tables.first("shop", "copy", newer, restarted) is None
+    tables.read("shop", "copy")
+    assert tables.pending("shop", "copy") == {("shop", "orders")}
+    assert tables.first("shop", "orders", older, restarted) is None
+    tables.read("shop", "orders")
+    assert tables.pending("shop", "copy") == set()
+    await asyncio.wait_for(tables.settled("shop", "copy", listing), timeout=5)
+    assert tables.first("shop", "copy", newer, restarted) == ("shop", "orders")

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
-from psycopg.conninfo import make_conninfo
+from chaos.proxy import Proxy
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from . import test_operator as harness
 from .cluster import LocalCluster
@@ -358,3 +359,53 @@ def test_a_second_resource_on_the_same_table_runs_no_workers(
         "shipping's workers",
         lambda: (d := deployment_of(cluster, "shipping")) and d["spec"]["replicas"] == 1,
     )
+
+
+def test_two_resources_on_one_table_before_the_operator_starts_the_newer_never_runs_workers(
+    cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
+) -> None:
+    """After a start (or a failover) the registry of tables is empty: the newer resource's
+    pass may read its table before the older one's. Here the older one reaches the database
+    through a proxy held until the newer one's pass has read: the newer waits, then finds the
+    table taken, and never gets a Deployment."""
+    port = int(conninfo_to_dict(dsn).get("port") or 5432)
+    with Proxy(port) as proxy:
+        proxy.stall()
+        held = make_conninfo(dsn, host="127.0.0.1", port=str(proxy.port))
+        copy = dispatcher_manifest("shipping")
+        copy["spec"]["database"]["dsnSecretRef"]["name"] = "shipping-db"
+        apply(
+            cluster,
+            secret_manifest("orders-db", dsn=held),
+            secret_manifest("shipping-db", dsn=dsn),
+            dispatcher_manifest("orders"),
+            copy,
+        )
+        operator = operators()
+        waits = "default/shipping: runs no workers until these are read: default/orders"
+        wait_for(
+            "the older resource's reading held and the newer one's pass done",
+            lambda: (
+                proxy.connections >= 1
+                and (waits in operator.log() or observed(cluster, "shipping"))
+            ),
+            timeout=4,  # under the operator's connect timeout: the older reading must succeed
+        )
+        proxy.resume()
+        ready = wait_for(
+            "Ready=False TableConflict",
+            lambda: (
+                (c := kubectl_condition(cluster, "shipping", "Ready")).get("reason")
+                == "TableConflict"
+                and c
+            ),
+        )
+        assert "default/orders" in ready["message"], ready
+        wait_for(
+            "the older one's workers",
+            lambda: (d := deployment_of(cluster, "orders")) and d["spec"]["replicas"] == 1,
+        )
+    # Never created (nothing deletes it), never scaled: the newer ran no worker at any time.
+    assert deployment_of(cluster, "shipping") is None
+    assert "creating Deployment default/shipping-worker" not in operator.log()
+    assert not [e for e in kubectl_events(cluster, "shipping") if e["reason"].startswith("Scaled")]
