@@ -333,6 +333,49 @@ def test_retention_is_more_than_zero(retention: str, admitted: bool) -> None:
     assert (_crd_errors(_body({"retention": retention})) == []) == admitted, retention
 
 
+# Retention's boundaries as the operator meets them: microseconds that round to zero (0.5µs
+# rounds to even, zero), the longest duration (36500d) and one past it, in every unit.
+RETENTIONS = [
+    "0s", "0ms", "0.0h", "00d", "0.0001ms", "0.0005ms", "0.00051ms", "0.0000005s",
+    "0.0000006s", "0.00000001m", "0.000000001h", "0.00000000001d", "0.001ms", "1ms", "0.5s",
+    "7d", "12h", "36500d", "36500.00001d", "36501d", "876000h", "876001h", "52560000m",
+    "52560001m", "3153600000s", "3153600001s", "99999999999d",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("retention", RETENTIONS)
+def test_the_crd_refuses_exactly_the_retention_the_operator_refuses(retention: str) -> None:
+    from outbox.controller.database import parse_retention
+    from outbox.controller.status import Problem
+
+    try:
+        parse_retention(retention)
+    except Problem as exc:
+        assert exc.reason == "InvalidRetention"
+        operator = False
+    else:
+        operator = True
+    crd = _crd_errors(_body({"retention": retention}))
+    assert (crd == []) == operator, (retention, crd)
+
+
+@pytest.mark.parametrize(
+    ("field", "other"),
+    [("lease", {}), ("publisher.http.timeout", {**_HTTP, **_LONG_LEASE}),
+     ("publisher.nats.timeout", {**_NATS, **_LONG_LEASE}),
+     ("publisher.kafka.timeout", {**_KAFKA, **_LONG_LEASE}),
+     ("publisher.breaker.window", {}), ("publisher.breaker.probeDelayMax", {}),
+     ("retention", {})],
+)  # fmt: skip
+def test_duration_fields_are_short_strings(field: str, other: dict[str, Any]) -> None:
+    """A real API server costs CEL's duration() on a string's length: each is bounded."""
+    assert FIELDS[f"spec.{field}"]["maxLength"] == 32, field
+    longest, one_more = "0" * 29 + "20s", "0" * 30 + "20s"
+    assert _crd_errors(_body({**other, field: longest})) == [], field
+    [error] = _crd_errors(_body({**other, field: one_more}))
+    assert error.startswith(f"spec.{field}"), error
+
+
 # -- names: refused at admission where a label cannot hold them -------------------------------
 
 
