@@ -33,7 +33,7 @@ from outbox.worker.publishers.formats import (
     CloudEvents,
     cloudevents_source,
     default_source,
-    header_value,
+    percent_encoded,
 )
 from outbox.worker.publishers.http import HttpPublisher
 from outbox.worker.publishers.kafka import KafkaPublisher
@@ -228,8 +228,10 @@ def test_an_empty_aggregate_id_leaves_the_subject_out():
 
 
 def test_header_values_are_percent_encoded_as_the_binding_says():
-    assert header_value("plain-ASCII_1.0:/x") == "plain-ASCII_1.0:/x"
-    assert header_value('Euro € 😀 "q" 50%') == "Euro%20%E2%82%AC%20%F0%9F%98%80%20%22q%22%2050%25"
+    assert percent_encoded("plain-ASCII_1.0:/x") == "plain-ASCII_1.0:/x"
+    assert (
+        percent_encoded('Euro € 😀 "q" 50%') == "Euro%20%E2%82%AC%20%F0%9F%98%80%20%22q%22%2050%25"
+    )
 
 
 @pytest.mark.parametrize("mode", ["envelope", *MODES])

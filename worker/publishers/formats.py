@@ -37,11 +37,14 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from json.encoder import encode_basestring
+from typing import Generic, TypeVar
 
 from outbox.models import Message
 from outbox.worker.publishers.base import PermanentError
-from outbox.worker.publishers.envelope import timestamp
+from outbox.worker.publishers.envelope import envelope, timestamp
 
 ENVELOPE = "envelope"
 BINARY = "cloudevents-binary"
@@ -94,7 +97,7 @@ def default_source(table: str) -> str:
     return "/outbox/" + urllib.parse.quote(table, safe=".")
 
 
-def header_value(value: str) -> str:
+def percent_encoded(value: str) -> str:
     """An attribute's string as an HTTP or NATS header value (percent-encoded as needed)."""
     if _TO_ENCODE.search(value) is None:
         return value
@@ -107,7 +110,7 @@ class CloudEvents:
     def __init__(self, source: str) -> None:
         self.source = cloudevents_source(source)
         self._source_json = encode_basestring(source)
-        self._source_header = header_value(source)
+        self._source_header = percent_encoded(source)
         self._source_bytes = source.encode()
 
     @staticmethod
@@ -149,13 +152,13 @@ class CloudEvents:
             "ce-specversion": SPECVERSION,
             "ce-id": str(message.id),
             "ce-source": self._source_header,
-            "ce-type": header_value(message.event_type),
+            "ce-type": percent_encoded(message.event_type),
             "ce-time": timestamp(message.created_at),
-            "ce-" + AGGREGATE_TYPE_ATTRIBUTE: header_value(message.aggregate_type),
+            "ce-" + AGGREGATE_TYPE_ATTRIBUTE: percent_encoded(message.aggregate_type),
             "ce-" + ATTEMPT_ATTRIBUTE: str(message.attempts),
         }
         if message.aggregate_id:
-            headers["ce-subject"] = header_value(message.aggregate_id)
+            headers["ce-subject"] = percent_encoded(message.aggregate_id)
         return headers
 
     def http_binary(self, message: Message) -> dict[str, str]:
@@ -186,3 +189,39 @@ class CloudEvents:
         if message.aggregate_id:
             headers.append(("ce_subject", message.aggregate_id.encode()))
         return headers
+
+
+V = TypeVar("V", str, bytes)
+
+
+@dataclass(frozen=True)
+class Binding(Generic[V]):
+    """How a transport carries a CloudEvent: binary mode's headers, and structured mode's
+    content-type header."""
+
+    binary: Callable[[CloudEvents, Message], Iterable[tuple[str, V]]]
+    structured: tuple[str, V]
+
+
+HTTP = Binding[str](
+    lambda events, message: events.http_binary(message).items(),
+    ("Content-Type", STRUCTURED_CONTENT_TYPE),
+)
+NATS = Binding[str](
+    lambda events, message: events.nats_binary(message).items(),
+    ("Content-Type", STRUCTURED_CONTENT_TYPE),
+)
+KAFKA = Binding[bytes](CloudEvents.kafka_binary, ("content-type", STRUCTURED_CONTENT_TYPE.encode()))
+
+
+def encode(
+    message: Message, wire_format: str, events: CloudEvents, binding: Binding[V]
+) -> tuple[bytes, Iterable[tuple[str, V]]]:
+    """A message's body in `wire_format`, and the headers that format adds on `binding`
+    (PermanentError if it cannot be a CloudEvent). The one place every publisher encodes a
+    message that is not a plain envelope; the plain envelope's path does not come here."""
+    if wire_format == BINARY:
+        return message.payload_json.encode(), binding.binary(events, message)
+    if wire_format == STRUCTURED:
+        return events.structured(message).encode(), (binding.structured,)
+    return envelope(message).encode(), ()

@@ -41,18 +41,11 @@ from outbox.redact import redact_text, redact_url
 from outbox.signing_keys import signing_key
 from outbox.worker.publishers.base import PermanentError, RetryableError, server_of
 from outbox.worker.publishers.envelope import envelope
-from outbox.worker.publishers.formats import (
-    BINARY,
-    ENVELOPE,
-    NOT_IN_URI,
-    STRUCTURED,
-    CloudEvents,
-)
-from outbox.worker.publishers.formats import STRUCTURED_CONTENT_TYPE as CE_JSON
+from outbox.worker.publishers.formats import ENVELOPE, HTTP, NOT_IN_URI, CloudEvents, encode
 from outbox.worker.publishers.formats import wire_format as check_format
 from outbox.worker.publishers.headers import http_headers
 from outbox.worker.publishers.registry import Option, PublisherContext
-from outbox.worker.publishers.routes import Router, check_template, placeholders
+from outbox.worker.publishers.routes import Router, check_template, placeholders, sample
 from outbox.worker.publishers.signing import Signer
 
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
@@ -105,7 +98,7 @@ def _url(text: str) -> str:
     """An http(s) URL, or a routed URL template (routes.py) whose renderings are."""
     if placeholders(text):
         check_template(text)
-        _url(text.format(event_type="x", aggregate_type="x", aggregate_id="x"))
+        _url(sample(text))
         return text
     try:
         parts = urllib.parse.urlsplit(text)
@@ -137,10 +130,7 @@ def _header(text: str) -> tuple[str, str]:
     return name, value
 
 
-_SAMPLE = dict.fromkeys(("event_type", "aggregate_type", "aggregate_id"), "x")
-
-
-def header_value(what: str, value: str) -> str:
+def _header_safe(what: str, value: str) -> str:
     """A value from a message for a header, or PermanentError: it could never be sent."""
     if _NOT_IN_HEADER_VALUE.search(value):
         raise PermanentError(
@@ -205,9 +195,7 @@ class HttpPublisher:
         # A routed URL renders per message; its host cannot vary (routes.py).
         self._router = Router(url) if placeholders(url) else None
         # Health is the origin's: every path of one server shares its breaker.
-        self.destination = str(
-            URL(url if self._router is None else self._router.template.format_map(_SAMPLE)).origin()
-        )
+        self.destination = str(URL(url if self._router is None else sample(url)).origin())
         # The span's `server.address` and `server.port` (the origin's: never its user-info).
         self.server = server_of(
             self.destination, default_port=443 if self.destination.startswith("https:") else 80
@@ -244,7 +232,7 @@ class HttpPublisher:
         assert self._session is not None, "start() first"
         headers = {
             "Idempotency-Key": str(message.id),
-            "Outbox-Event-Type": header_value("event_type", message.event_type),
+            "Outbox-Event-Type": _header_safe("event_type", message.event_type),
             "Outbox-Attempt": str(message.attempts),
         }
         url: str | URL
@@ -277,14 +265,8 @@ class HttpPublisher:
         signature, then the row's own (whose names never collide with the project's: see
         headers.py)."""
         row = self._row_headers.of(message)
-        if self.format == BINARY:
-            body = message.payload_json.encode()
-            headers.update(self._cloudevents.http_binary(message))
-        elif self.format == STRUCTURED:
-            body = self._cloudevents.structured(message).encode()
-            headers["Content-Type"] = CE_JSON
-        else:
-            body = envelope(message).encode()
+        body, attributes = encode(message, self.format, self._cloudevents, HTTP)
+        headers.update(attributes)
         if self._signer is not None:
             headers.update(self._signer.headers(headers["Idempotency-Key"], body))
         headers.update(row)

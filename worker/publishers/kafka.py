@@ -64,8 +64,7 @@ from outbox.models import Message
 from outbox.redact import is_secret_name, mask_values, redact_mapping
 from outbox.worker.publishers.base import PermanentError, RetryableError, server_of
 from outbox.worker.publishers.envelope import envelope
-from outbox.worker.publishers.formats import BINARY, ENVELOPE, STRUCTURED, CloudEvents
-from outbox.worker.publishers.formats import STRUCTURED_CONTENT_TYPE as CE_JSON
+from outbox.worker.publishers.formats import ENVELOPE, KAFKA, CloudEvents, encode
 from outbox.worker.publishers.formats import wire_format as check_format
 from outbox.worker.publishers.headers import kafka_headers
 from outbox.worker.publishers.registry import Option, PublisherContext
@@ -742,15 +741,9 @@ class KafkaPublisher:
         """The value of a message in the chosen format, its headers completed: the format's,
         then the row's own (PermanentError if one cannot be sent)."""
         row = self._row_headers.of(message)
-        if self.format == BINARY:
-            value = message.payload_json.encode()
-            headers.extend(self._cloudevents.kafka_binary(message))
-        elif self.format == STRUCTURED:
-            value = self._cloudevents.structured(message).encode()
-            headers.append(("content-type", CE_JSON.encode()))
-        else:
-            value = envelope(message).encode()
-        headers.extend((name, text.encode()) for name, text in row)
+        value, attributes = encode(message, self.format, self._cloudevents, KAFKA)
+        headers.extend(attributes)
+        headers.extend(row)  # produce() encodes str header values as UTF-8
         return value
 
     async def close(self) -> None:

@@ -75,8 +75,7 @@ from outbox.models import Message
 from outbox.redact import is_secret_name, redact_text, redact_url
 from outbox.worker.publishers.base import PermanentError, RetryableError, server_of
 from outbox.worker.publishers.envelope import envelope
-from outbox.worker.publishers.formats import BINARY, ENVELOPE, STRUCTURED, CloudEvents
-from outbox.worker.publishers.formats import STRUCTURED_CONTENT_TYPE as CE_JSON
+from outbox.worker.publishers.formats import ENVELOPE, NATS, CloudEvents, encode
 from outbox.worker.publishers.formats import wire_format as check_format
 from outbox.worker.publishers.headers import nats_headers
 from outbox.worker.publishers.registry import Option, PublisherContext
@@ -583,14 +582,8 @@ class NatsPublisher:
         """The body of a message in the chosen format, its headers completed: the format's,
         then the row's own (PermanentError if one cannot be sent)."""
         row = self._row_headers.of(message)
-        if self.format == BINARY:
-            body = message.payload_json.encode()
-            headers.update(self._cloudevents.nats_binary(message))
-        elif self.format == STRUCTURED:
-            body = self._cloudevents.structured(message).encode()
-            headers["Content-Type"] = CE_JSON
-        else:
-            body = envelope(message).encode()
+        body, attributes = encode(message, self.format, self._cloudevents, NATS)
+        headers.update(attributes)
         headers.update(row)
         return body
 

@@ -27,7 +27,6 @@ PLACEHOLDERS = ("event_type", "aggregate_type", "aggregate_id")
 # Longer URLs are refused by many servers and proxies (414); the message is dead instead.
 MAX_URL_LENGTH = 8192
 ROUTE_CACHE_SIZE = 4096  # rendered URLs kept; emptied when full
-_SAMPLE = "x"
 
 
 def placeholders(template: str) -> list[str]:
@@ -47,6 +46,12 @@ def placeholders(template: str) -> list[str]:
             )
         found.append(name)
     return found
+
+
+def sample(template: str) -> str:
+    """The template rendered with a plain value for each placeholder: a URL of its shape
+    (its origin is every rendering's)."""
+    return template.format(**dict.fromkeys(PLACEHOLDERS, "x"))
 
 
 def check_template(template: str) -> None:
@@ -82,8 +87,7 @@ class Router:
     def __init__(self, template: str) -> None:
         self.template = template
         self._by_id = "{aggregate_id}" in template
-        sample = template.format(**dict.fromkeys(PLACEHOLDERS, _SAMPLE))
-        self._sample_segments = urllib.parse.urlsplit(sample).path.split("/")
+        self._sample_segments = urllib.parse.urlsplit(sample(template)).path.split("/")
         self._urls: dict[tuple[str, str, str], str] = {}
 
     def url(self, message: Message) -> str:
