@@ -66,8 +66,22 @@ def test_a_rotated_signing_secret_rolls_the_workers(
     before = _hash(cluster)
     assert before, deployment_of(cluster)
 
-    # Standard Webhooks rotation: add the new key, later drop the old one.
-    for step, value in (("added", f"{new}\n{old}"), ("dropped", new)):
+    # Standard Webhooks rotation: add the new key, later drop the old one; a value the worker
+    # would refuse in between rolls nothing (the last validated template holds).
+    for step, value in (("added", f"{new}\n{old}"), ("mistyped", "whsec_?"), ("dropped", new)):
+        if step == "mistyped":
+            apply(cluster, secret_manifest("signing", secrets=value))
+            wait_for(
+                "InvalidSigningSecret",
+                lambda: (
+                    condition(cluster, "orders", "Ready").get("reason") == "InvalidSigningSecret"
+                ),
+            )
+            assert _hash(cluster) == before
+            assert [p.record.pid for p in kubelet.pods("default", "orders-worker")] == [
+                pod.record.pid
+            ]
+            continue
         apply(cluster, secret_manifest("signing", secrets=value))
         after = wait_for(
             f"the template's hash after the key is {step}",
