@@ -224,7 +224,6 @@ class Dispatcher:
         uses = (use.name for use in secret_uses(spec))
         self._secret_versions = await context.kube.secret_versions(self.namespace, uses, secrets)
         dsn = parse_dsn(text, secret_key(self.namespace, name, key))
-        ordered = spec.get("ordering") == "aggregate"
         signing = (spec["publisher"].get("http") or {}).get("signingSecretRef")
         if signing is not None:  # checked as the worker does: a new worker would exit 2
             where = secret_key(self.namespace, signing["name"], signing["key"])
@@ -238,6 +237,7 @@ class Dispatcher:
                     raise
                 raise st.Problem("InvalidSigningSecret", f"{where} is not UTF-8 text") from None
             parse_signing_secret(signing_text, where)
+        ordered = spec.get("ordering") == "aggregate"
         stats, identity = await read_table(dsn, table, ordered=ordered)
         return dsn, stats, identity
 
