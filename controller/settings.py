@@ -42,7 +42,10 @@ WORKER_DEFAULT_FIELDS = (
 # spec.worker.tracing, as the CRD has it (tests/test_tracing_crd.py compares): the collector's
 # OTLP/HTTP URL without credentials, and what the stored context is to a span (the worker's
 # --otel-parent choices).
-TRACING_ENDPOINT = re.compile(r"^https?://[^\s/?#@]+(/[^\s?#]*)?$")
+# Printable ASCII written out (no \s): the API server's RE2 and Python read it alike.
+TRACING_ENDPOINT = re.compile(
+    r"^https?://[\x21\x22\x24-\x2e\x30-\x3e\x41-\x7e]+(/[\x21\x22\x24-\x3e\x40-\x7e]*)?$"
+)
 TRACING_PARENTS = ("link", "parent")
 TRACING_FIELDS = ("endpoint", "parent", "samplingRatio", "serviceName")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
