@@ -91,9 +91,15 @@ PROFILE_PARTS = (
     # Its own code only: every publish runs inside InFlight.publish's frame.
     ("dispatch loop: publish timeout", ("(asyncio/timeouts.py", "innermost:(worker/in_flight.py")),
     ("dispatch loop: metrics", ("(prometheus_client/",)),
-    ("claim (psycopg)", ("Dispatcher._claim",)),
-    ("finalize (psycopg)", ("Dispatcher._finalize",)),
-    ("dispatch loop: the rest (tasks, queue)", ("(worker/dispatcher.py",)),
+    ("claim (psycopg)", ("Claimer._claim (",)),
+    ("finalize (psycopg)", ("Finalizer._finalize (",)),
+    # The services around the ledger that the publishes, claims and finalizes run under.
+    ("dispatch loop: the rest (tasks, queue)", tuple(
+        f"(worker/{module}.py" for module in (
+            "publishing", "ledger", "claimer", "finalizer", "replica", "lease_keeper",
+            "listener", "health", "tracing", "retry", "service", "metrics",
+        )
+    )),
     ("event loop: sockets, callbacks, selector", ("(asyncio/", "(selectors.py")),
 )  # fmt: skip
 
