@@ -10,10 +10,10 @@ import base64
 import binascii
 import json
 import secrets
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from kubernetes.aio.client import (
     ApiClient,
@@ -107,6 +107,24 @@ class Kube:
         return data
 
     # -- reads ----------------------------------------------------------------------------------
+
+    async def served(self, namespaces: Sequence[str]) -> set[tuple[str, str]]:
+        """The OutboxDispatchers this replica serves, as (namespace, name): those of
+        `namespaces`, or of every namespace when none are named."""
+        found: list[dict[str, Any]] = []
+        if not namespaces:
+            listed = cast(
+                dict[str, Any],
+                await self._custom.list_cluster_custom_object(GROUP, VERSION, PLURAL),
+            )
+            found.extend(listed.get("items") or ())
+        for namespace in namespaces:
+            one = cast(
+                dict[str, Any],
+                await self._custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL),
+            )
+            found.extend(one.get("items") or ())
+        return {(str(i["metadata"]["namespace"]), str(i["metadata"]["name"])) for i in found}
 
     async def secret(self, namespace: str, name: str) -> Secret:
         """A Secret of `namespace`; a Problem says it is missing or unreadable."""

@@ -48,7 +48,7 @@ from outbox.controller.render import TEMPLATE_HASH, render_deployment
 from outbox.controller.resource import deployment_name, selector_string
 from outbox.controller.scaling import ScalingPolicy
 from outbox.controller.settings import ControllerSettings
-from outbox.controller.tables import Tables, list_resources
+from outbox.controller.tables import Tables
 from outbox.durations import format_duration, parse_duration
 from outbox.stats import QueueStats
 
@@ -242,9 +242,8 @@ class Dispatcher:
         return dsn, stats, identity
 
     def _listing(self) -> Awaitable[set[tuple[str, str]]]:
-        """The resources this replica serves (`Tables.start`); Kube lists none of its own."""
-        kube, namespaces = self.context.kube, self.context.settings.namespaces
-        return list_resources(kube._api, namespaces)
+        """The resources this replica serves (`Tables.start`)."""
+        return self.context.kube.served(self.context.settings.namespaces)
 
     def _table_conflict(self, identity: TableIdentity) -> st.Problem | None:
         """One table, one resource (`Tables`): workers of two resources on one table would

@@ -15,14 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, cast
-
-from kubernetes.aio.client import ApiClient, CustomObjectsApi
 
 from outbox.controller.database import TableIdentity
-from outbox.controller.resource import GROUP, PLURAL, VERSION
 
 log = logging.getLogger("outbox.controller")
 
@@ -114,21 +110,3 @@ class Tables:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
-
-
-async def list_resources(api: ApiClient, namespaces: Sequence[str]) -> set[Key]:
-    """The OutboxDispatchers this replica serves (all namespaces when none are named)."""
-    custom = CustomObjectsApi(api)
-    found: list[dict[str, Any]] = []
-    if not namespaces:
-        listed = cast(
-            dict[str, Any], await custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
-        )
-        found.extend(listed.get("items") or ())
-    for namespace in namespaces:
-        one = cast(
-            dict[str, Any],
-            await custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL),
-        )
-        found.extend(one.get("items") or ())
-    return {(str(i["metadata"]["namespace"]), str(i["metadata"]["name"])) for i in found}
