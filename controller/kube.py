@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from kubernetes.aio.client import (
 from kubernetes.aio.client.exceptions import ApiException
 
 from outbox.controller.resource import API_VERSION, GROUP, KIND, MANAGER, PLURAL, VERSION
-from outbox.controller.status import Problem, timestamp
+from outbox.controller.status import Problem, json_message, timestamp
 
 MERGE_PATCH = "application/merge-patch+json"
 M = TypeVar("M", V1Deployment, CoreV1Event, V1NetworkPolicy, V1PodDisruptionBudget)
@@ -48,14 +47,7 @@ def api_reason(exc: ApiException) -> str:
     (e.g. a 422's `Deployment.apps "x" is invalid: metadata.labels: Invalid value: ...`),
     else the HTTP status line."""
     text = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else exc.body
-    message = ""
-    if text:
-        try:
-            body = json.loads(text)
-        except ValueError:
-            body = None
-        if isinstance(body, dict) and isinstance(body.get("message"), str):
-            message = body["message"]
+    message = (json_message(text) if text else None) or ""
     head = f"{exc.status} {exc.reason}".strip()
     return f"{head}: {message}" if message else head
 

@@ -174,19 +174,25 @@ def ready_condition(ready_replicas: int, desired: int, *, paused: bool = False) 
     return Condition(READY, False, WORKERS_STARTING, f"{ready_replicas}/{desired} workers ready")
 
 
+def json_message(text: str) -> str | None:
+    """The `message` of a JSON object (a JSON log line, an API server's Status), else None."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(record, dict) and isinstance(record.get("message"), str):
+        return str(record["message"])
+    return None
+
+
 def _last_line(text: str) -> str:
     """A container's own last line: the last non-empty one; a JSON log line's message."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         return ""
     line = lines[-1]
-    if line.startswith("{"):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if isinstance(record, dict) and isinstance(record.get("message"), str):
-            line = record["message"]
+    if line.startswith("{") and (message := json_message(line)) is not None:
+        line = message
     if len(line) > SHOWN_LINE_CHARS:
         line = line[: SHOWN_LINE_CHARS - 1] + "…"
     return line
