@@ -14,6 +14,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
@@ -24,6 +25,9 @@ from outbox.demo.embedded import EmbeddedPostgres
 from outbox.demo.sink import Sink
 from outbox.schema import migrate
 from outbox.table import Table
+
+if TYPE_CHECKING:
+    from test_nats import NatsServer
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -133,3 +137,13 @@ async def aconn(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[tuple[object,
 def sink() -> Iterator[Sink]:
     with Sink() as server:
         yield server
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A real nats-server (JetStream) of the test's own, for the NATS publisher's tests."""
+    from test_nats import NatsServer  # here: only the tests that ask for it load the NATS client
+
+    server = NatsServer(tmp_path / "nats").start()
+    yield server
+    server.stop()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +19,7 @@ from cloudevents.core.formats.json import JSONFormat
 from helpers import row, wait_until
 from kafka_mock import MockCluster, mock_cluster
 from test_kafka import consume_all
-from test_nats import NatsServer, create_stream, stream_messages
+from test_nats import create_stream, stream_messages
 from wire import Receiver
 from workers import dispatching, settings
 
@@ -47,13 +46,6 @@ EVENTS = [
     Event("order", 'ö 1/"50%"', "order.paid v2", {"total": 12, "note": "é"}),
     Event("Order Line", "ol-2", "LineAdded", [1, 2, {"x": None}]),
 ]
-
-
-@pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
-    server = NatsServer(tmp_path / "nats").start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ from helpers import row, wait_until
 from kafka_mock import MockCluster, mock_cluster
 from psycopg.types.json import Jsonb
 from test_kafka import consume_all
-from test_nats import NatsServer, create_stream, stream_messages
+from test_nats import create_stream, stream_messages
 from wire import Receiver
 from workers import dispatching, settings
 
@@ -60,13 +59,6 @@ HTTP_IMPOSTORS = {
     "Upgrade": "websocket",
     "Keep-Alive": "timeout=1",
 }
-
-
-@pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
-    server = NatsServer(tmp_path / "nats").start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -170,13 +170,6 @@ def context(**overrides: Any) -> PublisherContext:
     return PublisherContext(
         **{"owner": "test", "concurrency": 4, "publish_timeout": 5.0, **overrides}
     )
-
-
-@pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
-    server = NatsServer(tmp_path / "nats").start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

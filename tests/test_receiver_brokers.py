@@ -23,7 +23,7 @@ from confluent_kafka import Message as KafkaMessage
 from helpers import seed, wait_until
 from kafka_mock import MockCluster, mock_cluster
 from nats.js.api import ConsumerConfig
-from test_nats import STREAM, NatsServer, create_stream
+from test_nats import STREAM, create_stream
 from workers import dispatching, settings
 
 from outbox import inbox
@@ -66,13 +66,6 @@ def crash_after(*args: str) -> str:
 
 
 # -- NATS JetStream --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
-    server = NatsServer(tmp_path / "nats").start()
-    yield server
-    server.stop()
 
 
 @asynccontextmanager
