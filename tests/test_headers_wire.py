@@ -15,7 +15,7 @@ from kafka_mock import MockCluster, mock_cluster
 from psycopg.types.json import Jsonb
 from test_kafka import consume_all
 from test_nats import create_stream, stream_messages
-from wire import Receiver
+from wire import Received, Receiver
 from workers import dispatching, settings
 
 from outbox import Event, enqueue_many
@@ -81,18 +81,25 @@ async def _until(conn, message_id: int, status: str) -> dict[str, Any]:
     return row(conn, message_id)
 
 
+async def _over_http(
+    conn, dsn: str, message_id: int, headers: dict[str, str] | None = None
+) -> tuple[Received, int]:
+    """The one request the HTTP publisher (with the operator's `headers`) sent for the row,
+    once the row is done, and the receiver's port."""
+    async with Receiver() as receiver:
+        publisher = HttpPublisher(receiver.url, owner="t", headers=headers)
+        async with dispatching(settings(dsn), publisher):
+            [request] = await receiver.wait_for(1)
+            await _until(conn, message_id, "done")
+    return request, receiver.port
+
+
 # -- forwarded, never replacing the project's ----------------------------------------------------
 
 
 async def test_http_forwards_the_row_headers_after_its_own(conn, dsn):
     message_id = _enqueue(conn, {**FORWARDED, **IMPOSTORS})
-    async with Receiver() as receiver:
-        publisher = HttpPublisher(
-            receiver.url, owner="t", headers={"Authorization": "Bearer operator"}
-        )
-        async with dispatching(settings(dsn), publisher):
-            [request] = await receiver.wait_for(1)
-            await _until(conn, message_id, "done")
+    request, port = await _over_http(conn, dsn, message_id, {"Authorization": "Bearer operator"})
     got = request.headers
     for name, value in FORWARDED.items():
         assert got.getall(name) == [value]
@@ -100,7 +107,7 @@ async def test_http_forwards_the_row_headers_after_its_own(conn, dsn):
     assert got.getall("Outbox-Attempt") == ["1"]
     assert got.getall("Content-Type") == ["application/json"]
     assert got.getall("Authorization") == ["Bearer operator"]
-    assert got.getall("Host") == [f"127.0.0.1:{receiver.port}"]
+    assert got.getall("Host") == [f"127.0.0.1:{port}"]
     assert json.loads(request.body)["id"] == message_id  # Content-Length was the body's
     for name in ("webhook-id", "ce-id", "outbox-id"):
         assert name not in got
@@ -111,11 +118,7 @@ async def test_http_row_headers_never_change_what_the_request_means(conn, dsn):
     `Authorization` act as someone, its `X-Forwarded-Host` route or link elsewhere: none of
     them is sent, whether or not the operator sets one; the message is delivered."""
     message_id = _enqueue(conn, {**FORWARDED, **HTTP_IMPOSTORS, "Authorization": "Bearer row"})
-    async with Receiver() as receiver:
-        publisher = HttpPublisher(receiver.url, owner="t")
-        async with dispatching(settings(dsn), publisher):
-            [request] = await receiver.wait_for(1)
-            await _until(conn, message_id, "done")
+    request, _ = await _over_http(conn, dsn, message_id)
     got = request.headers
     for name, value in FORWARDED.items():
         assert got.getall(name) == [value]
