@@ -56,6 +56,16 @@ def spec(**worker: Any) -> dict[str, Any]:
     }
 
 
+def resource_of(spec: dict[str, Any]) -> dict[str, Any]:
+    """An OutboxDispatcher `orders` of namespace `shop` with `spec`, as kubectl would send it."""
+    return {
+        "apiVersion": "outbox.dev/v1alpha1",
+        "kind": "OutboxDispatcher",
+        "metadata": {"name": "orders", "namespace": "shop"},
+        "spec": spec,
+    }
+
+
 def fields(worker: dict[str, Any], settings: ControllerSettings = DEFAULTS) -> list[str]:
     return [field for field, _ in violations(spec(**worker), settings)]
 
@@ -179,12 +189,7 @@ def test_the_crd_and_the_operator_refuse_the_same_env_names(prefix: str) -> None
     from chart.chart import custom_resource_errors
 
     name = f"{prefix}X"
-    resource = {
-        "apiVersion": "outbox.dev/v1alpha1",
-        "kind": "OutboxDispatcher",
-        "metadata": {"name": "orders", "namespace": "shop"},
-        "spec": spec(env=[{"name": name, "value": "1"}]),
-    }
+    resource = resource_of(spec(env=[{"name": name, "value": "1"}]))
     assert custom_resource_errors(resource), name
     assert fields({"env": [{"name": name, "value": "1"}]}) == ["spec.worker.env[0]"]
     for plain in (f"X{prefix}", prefix.lower() + "x"):
@@ -196,12 +201,9 @@ def test_the_crd_and_the_operator_refuse_the_same_env_names(prefix: str) -> None
 def test_the_crd_refuses_value_from_with_the_reason() -> None:
     from chart.chart import custom_resource_errors
 
-    resource = {
-        "apiVersion": "outbox.dev/v1alpha1",
-        "kind": "OutboxDispatcher",
-        "metadata": {"name": "orders", "namespace": "shop"},
-        "spec": spec(env=[{"name": "T", "valueFrom": {"secretKeyRef": {"name": "x", "key": "k"}}}]),
-    }
+    resource = resource_of(
+        spec(env=[{"name": "T", "valueFrom": {"secretKeyRef": {"name": "x", "key": "k"}}}])
+    )
     [error] = custom_resource_errors(resource)
     assert error.startswith("spec.worker.env[0]: ") and "no valueFrom" in error
 
@@ -277,12 +279,7 @@ def test_the_crd_and_the_operator_refuse_the_same_pod_labels(key: str) -> None:
     from chart.chart import custom_resource_errors
 
     anything = dataclasses.replace(DEFAULTS, allowed_pod_labels=("*",))
-    resource = {
-        "apiVersion": "outbox.dev/v1alpha1",
-        "kind": "OutboxDispatcher",
-        "metadata": {"name": "orders", "namespace": "shop"},
-        "spec": spec(podLabels={key: "x"}),
-    }
+    resource = resource_of(spec(podLabels={key: "x"}))
     refused = key in OPERATOR_LABELS
     assert bool(custom_resource_errors(resource)) is refused, key
     assert bool(fields({"podLabels": {key: "x"}}, anything)) is refused, key
@@ -294,12 +291,7 @@ def test_the_crd_and_the_operator_refuse_the_same_pod_annotations(prefix: str) -
 
     anything = dataclasses.replace(DEFAULTS, allowed_pod_annotations=("*",))
     key = f"{prefix}scrape"
-    resource = {
-        "apiVersion": "outbox.dev/v1alpha1",
-        "kind": "OutboxDispatcher",
-        "metadata": {"name": "orders", "namespace": "shop"},
-        "spec": spec(podAnnotations={key: "x"}),
-    }
+    resource = resource_of(spec(podAnnotations={key: "x"}))
     refused = prefix in OPERATOR_ANNOTATION_PREFIXES
     assert bool(custom_resource_errors(resource)) is refused, key
     assert bool(fields({"podAnnotations": {key: "x"}}, anything)) is refused, key
