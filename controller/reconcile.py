@@ -359,6 +359,7 @@ class Dispatcher:
             secret_version=self._secret_version,
             secret_versions=self._secret_versions,
             defaults=self.context.settings.worker_defaults,
+            publisher_defaults=self.context.settings.publisher_defaults,
         )
         name = f"{self.namespace}/{rendered['metadata']['name']}"
         if deployment is None:

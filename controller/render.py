@@ -253,6 +253,16 @@ def worker_block(spec: Body, defaults: Body = DEFAULTS) -> dict[str, Any]:
     return worker
 
 
+def publisher_block(spec: Body, defaults: Body) -> dict[str, Any]:
+    """spec.publisher with the admin's defaults (--publisher-defaults: the wire format and
+    the CloudEvents source) for the fields it omits; the resource's own value wins."""
+    publisher = dict(spec["publisher"])
+    for field, value in defaults.items():
+        if field not in publisher:
+            publisher[field] = value
+    return publisher
+
+
 def _spread(constraints: list[Mapping[str, Any]], name: str) -> list[dict[str, Any]]:
     # A constraint without a labelSelector counts no pods at all, so spreads nothing: it
     # means the dispatcher's own workers.
@@ -277,9 +287,12 @@ def pod_template(
     secret_version: str = "",
     defaults: Body = DEFAULTS,
     secret_versions: Mapping[str, str] | None = None,
+    publisher_defaults: Body | None = None,
 ) -> dict[str, Any]:
     name = body["metadata"]["name"]
-    spec = body["spec"]
+    spec: Body = body["spec"]
+    if publisher_defaults:
+        spec = {**spec, "publisher": publisher_block(spec, publisher_defaults)}
     worker: Body = worker_block(spec, defaults)
     port = int(worker["metricsPort"])
     volumes, mounts = _volumes(spec["publisher"])
@@ -358,13 +371,17 @@ def render_deployment(
     secret_version: str = "",
     defaults: Body = DEFAULTS,
     secret_versions: Mapping[str, str] | None = None,
+    publisher_defaults: Body | None = None,
 ) -> dict[str, Any]:
     """The worker Deployment for `body` (defaults applied, as the API server stores it);
     `secret_version` is the DSN Secret's resourceVersion, `secret_versions` every Secret's
-    the spec names (the DSN's included) by name, `defaults` the admin's --worker-defaults."""
+    the spec names (the DSN's included) by name, `defaults` the admin's --worker-defaults,
+    `publisher_defaults` the admin's --publisher-defaults."""
     meta = body["metadata"]
     name = meta["name"]
-    template = pod_template(body, default_image, secret_version, defaults, secret_versions)
+    template = pod_template(
+        body, default_image, secret_version, defaults, secret_versions, publisher_defaults
+    )
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -48,6 +48,13 @@ TRACING_ENDPOINT = re.compile(
 )
 TRACING_PARENTS = ("link", "parent")
 TRACING_FIELDS = ("endpoint", "parent", "samplingRatio", "serviceName")
+# spec.publisher's wire format fields the admin may give defaults for (--publisher-defaults),
+# as the CRD has them (tests/chart/test_publisher_defaults.py compares): the format's enum,
+# and the CloudEvents source's pattern (printable ASCII, no spaces) and length.
+PUBLISHER_FORMATS = ("envelope", "cloudevents-binary", "cloudevents-structured")
+CLOUDEVENTS_SOURCE = re.compile(r"^[\x21-\x7e]+$")
+CLOUDEVENTS_SOURCE_MAX_LENGTH = 1024
+PUBLISHER_DEFAULT_FIELDS = ("format", "cloudEventsSource")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
@@ -90,6 +97,10 @@ class ControllerSettings:
     imagePullSecrets, nodeSelector, tolerations, affinity, topologySpreadConstraints,
     priorityClassName, tracing (default: resources with requests of 100m CPU and 128Mi
     memory)."""
+    publisher_defaults: Mapping[str, Any] = field(default_factory=dict)
+    """spec.publisher's wire format fields applied to a resource that omits them, as a JSON
+    object: format, cloudEventsSource (default: none, so the worker's own: envelope,
+    /outbox/<table>)."""
     worker_publishers: tuple[str, ...] = field(default_factory=installed_publishers)
     """Publishers the worker image has; a resource asking for another is refused in status."""
     secret_consent: bool = True
@@ -168,6 +179,12 @@ def build_parser() -> ArgumentParser:
         + "; default: "
         + json.dumps({"resources": DEFAULT_WORKER_RESOURCES})
         + ")",
+    )
+    parser.add_argument(
+        "--publisher-defaults",
+        help="spec.publisher fields for resources that omit them, as a JSON object ("
+        + ", ".join(PUBLISHER_DEFAULT_FIELDS)
+        + '; e.g. {"format": "cloudevents-binary"}; default: none, the worker\'s own)',
     )
     parser.add_argument(
         "--worker-publishers",
@@ -335,6 +352,34 @@ def _tracing(item: Any) -> None:
         raise ValueError("tracing.serviceName: expected a name of 1 to 253 characters")
 
 
+def _publisher_defaults(text: str) -> Mapping[str, Any]:
+    """A JSON object of spec.publisher's wire format fields, checked as the CRD checks a
+    resource's: the workers' env is rendered from it without the API server seeing it."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise ValueError("expected a JSON object of spec.publisher fields")
+    unknown = sorted(set(value) - set(PUBLISHER_DEFAULT_FIELDS))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not one of {', '.join(PUBLISHER_DEFAULT_FIELDS)}")
+    if "format" in value and value["format"] not in PUBLISHER_FORMATS:
+        raise ValueError(f"format: expected one of {', '.join(PUBLISHER_FORMATS)}")
+    if "cloudEventsSource" in value:
+        source = value["cloudEventsSource"]
+        if not (
+            isinstance(source, str)
+            and len(source) <= CLOUDEVENTS_SOURCE_MAX_LENGTH
+            and CLOUDEVENTS_SOURCE.match(source)
+        ):
+            raise ValueError(
+                "cloudEventsSource: expected a URI-reference of 1 to "
+                f"{CLOUDEVENTS_SOURCE_MAX_LENGTH} printable ASCII characters, no spaces"
+            )
+    return value
+
+
 def _log_format(text: str) -> str:
     if text not in ("auto", "json", "text"):
         raise ValueError(f"{text!r} is not one of auto, json, text")
@@ -413,6 +458,9 @@ def load_settings(
         worker_image=get("--worker-image", str, defaults.worker_image),
         worker_publishers=get("--worker-publishers", _names, installed_publishers()),
         worker_defaults=get("--worker-defaults", _worker_defaults, defaults.worker_defaults),
+        publisher_defaults=get(
+            "--publisher-defaults", _publisher_defaults, defaults.publisher_defaults
+        ),
         secret_consent=get("--secret-consent", on_off, defaults.secret_consent),
         allowed_images=get("--allowed-images", _entries(check_image_pattern), ()),
         allowed_service_accounts=get("--allowed-service-accounts", _entries(_name), ()),
