@@ -5,13 +5,14 @@ See README.md in this folder for what the emulator and the kubelet do and do not
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from .cluster import ADMIN_TOKEN, LocalCluster
 from .kubelet import Kubelet
+from .test_operator import CRD, STEADY_LEADER, Operator
 
 HERE = Path(__file__).parent
 
@@ -44,3 +45,38 @@ def kubelet(k8s: LocalCluster, tmp_path: Path) -> Iterator[Kubelet]:
     assert not running, f"processes left running: {running}"
     assert not node.failures, node.failures
     assert not node.unfinished, node.unfinished
+
+
+# The operator's fixtures, for every test of the real operator (test_operator.py and the rest).
+@pytest.fixture
+def cluster(k8s: LocalCluster) -> LocalCluster:
+    k8s.install_crd(CRD)
+    return k8s
+
+
+@pytest.fixture
+def operators(cluster: LocalCluster, tmp_path: Path) -> Iterator[Callable[..., Operator]]:
+    started: list[Operator] = []
+
+    def start(*args: str, name: str = "op", leader: tuple[str, ...] = STEADY_LEADER) -> Operator:
+        operator = Operator(cluster, tmp_path, *args, name=name, leader=leader).start()
+        started.append(operator)
+        return operator
+
+    yield start
+    for operator in started:
+        operator.stop()
+    for operator in started:
+        assert "Traceback" not in operator.log(), operator.log()
+
+
+@pytest.fixture
+def operator(k8s: LocalCluster, tmp_path: Path) -> Iterator[Operator]:
+    """One operator with the default arguments, on `k8s` with the CRD installed."""
+    k8s.install_crd(CRD)
+    started = Operator(k8s, tmp_path).start()
+    try:
+        yield started
+    finally:
+        started.stop()
+    assert "Traceback" not in started.log(), started.log()

@@ -24,7 +24,6 @@ from outbox.models import Event
 from outbox.producer import enqueue_many
 from outbox.table import Table
 
-from . import test_operator as harness
 from .cluster import LocalCluster
 from .kubelet import Kubelet
 from .test_operator import (
@@ -40,8 +39,6 @@ from .test_operator import (
 
 pytestmark = pytest.mark.slow
 
-cluster = harness.cluster  # the fixtures, shared with test_operator.py
-operators = harness.operators
 
 PUBLISH_SECONDS = 0.05  # the downstream's time per message
 CONCURRENCY = 2  # per worker: 2 / 0.05 s = 40 msg/s

@@ -34,8 +34,6 @@ from .test_operator import (
 )
 
 pytestmark = pytest.mark.slow
-cluster = harness.cluster  # the fixtures, shared with test_operator.py
-operators = harness.operators
 WORKER = Path(sys.executable).parent / "outbox-worker"
 
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from . import test_operator as harness
 from .cluster import LocalCluster
 from .kubelet import Kubelet
 from .test_operator import (
@@ -25,8 +24,6 @@ from .test_operator import (
 )
 
 pytestmark = pytest.mark.slow
-cluster = harness.cluster  # the fixtures, shared with test_operator.py
-operators = harness.operators
 
 
 # `dsn` first: the database outlives the workers at teardown.

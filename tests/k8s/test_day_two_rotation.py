@@ -10,7 +10,6 @@ from collections.abc import Callable
 
 import pytest
 
-from . import test_operator as harness
 from .cluster import LocalCluster
 from .kubelet import Kubelet
 from .test_operator import (
@@ -24,8 +23,6 @@ from .test_operator import (
 )
 
 pytestmark = pytest.mark.slow
-cluster = harness.cluster  # the fixtures, shared with test_operator.py
-operators = harness.operators
 SECRETS_HASH = "outbox.dev/secrets-hash"
 
 

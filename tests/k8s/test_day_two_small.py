@@ -41,8 +41,6 @@ from .test_operator import (
 )
 
 pytestmark = pytest.mark.slow
-cluster = harness.cluster  # the fixtures, shared with test_operator.py
-operators = harness.operators
 SECRET_VERSION = "outbox.dev/dsn-secret-version"
 
 

@@ -13,7 +13,6 @@ import pytest
 
 from outbox.demo.sink import Reply, Sink
 
-from . import test_operator as harness
 from .cluster import LocalCluster
 from .demo import PUBLISH_SECONDS, Sizing, Step, run_story
 from .kubelet import Kubelet
@@ -21,9 +20,6 @@ from .test_autoscaling_loop import scale_events
 from .test_operator import Operator, get
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-cluster = harness.cluster  # the fixtures, shared with test_operator.py
-operators = harness.operators
 
 
 @pytest.fixture

@@ -149,28 +149,6 @@ class Operator:
                 self.process.wait(10)
 
 
-@pytest.fixture
-def cluster(k8s: LocalCluster) -> LocalCluster:
-    k8s.install_crd(CRD)
-    return k8s
-
-
-@pytest.fixture
-def operators(cluster: LocalCluster, tmp_path: Path) -> Iterator[Callable[..., Operator]]:
-    started: list[Operator] = []
-
-    def start(*args: str, name: str = "op", leader: tuple[str, ...] = STEADY_LEADER) -> Operator:
-        operator = Operator(cluster, tmp_path, *args, name=name, leader=leader).start()
-        started.append(operator)
-        return operator
-
-    yield start
-    for operator in started:
-        operator.stop()
-    for operator in started:
-        assert "Traceback" not in operator.log(), operator.log()
-
-
 def secret_manifest(name: str, **data: str) -> dict[str, Any]:
     # Shared with every dispatcher of the namespace (the operator's Secrets by consent);
     # tests/k8s/test_operator_tenant.py covers a Secret that is not.

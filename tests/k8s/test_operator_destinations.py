@@ -17,7 +17,6 @@ from outbox import destinations as dest
 from outbox.pausing import change_by_hand
 from outbox.table import Table
 
-from . import test_operator as harness
 from .cluster import LocalCluster
 from .test_operator import (
     Operator,
@@ -35,8 +34,6 @@ from .test_operator import (
 
 pytestmark = pytest.mark.slow
 
-cluster = harness.cluster  # the fixtures, shared with test_operator.py
-operators = harness.operators
 
 TABLE = Table.parse("outbox")
 DESTINATION = "http://api.shop.test:80"

@@ -8,7 +8,6 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
-from . import test_operator as harness
 from .cluster import LocalCluster
 from .kubelet import Kubelet
 from .test_operator import (
@@ -25,8 +24,6 @@ from .test_operator import (
 )
 
 pytestmark = pytest.mark.slow
-cluster = harness.cluster  # the fixtures, shared with test_operator.py
-operators = harness.operators
 
 
 def pending(dsn: str) -> int:

@@ -9,12 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from . import test_operator as harness
 from .cluster import LocalCluster
 from .test_operator import CRD, NS, dispatcher_manifest
 
 pytestmark = pytest.mark.slow
-cluster = harness.cluster
 SPEC = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
     "properties"
 ]["spec"]

@@ -7,8 +7,6 @@ an Event or in the operator's log; a missing key is named without the Secret's o
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +14,6 @@ from hostile import DSNS, PEM_KEY, assert_no_leak
 
 from .cluster import LocalCluster
 from .test_operator import (
-    CRD,
     NS,
     Operator,
     apply,
@@ -31,17 +28,6 @@ from .test_operator import (
 pytestmark = pytest.mark.slow
 # Key names that say what their values are: not the resource author's to learn either.
 OTHER_KEYS = {"api-token-for-Hunter2Payments": "x", "tls.key": PEM_KEY}
-
-
-@pytest.fixture
-def operator(k8s: LocalCluster, tmp_path: Path) -> Iterator[Operator]:
-    k8s.install_crd(CRD)
-    started = Operator(k8s, tmp_path).start()
-    try:
-        yield started
-    finally:
-        started.stop()
-    assert "Traceback" not in started.log(), started.log()
 
 
 def _database(secret: str) -> dict[str, Any]:

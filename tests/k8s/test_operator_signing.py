@@ -6,14 +6,11 @@ lines (a trailing newline) are fine, as they are to the worker."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from .cluster import LocalCluster
 from .test_operator import (
-    CRD,
     NS,
     Operator,
     apply,
@@ -29,17 +26,6 @@ pytestmark = pytest.mark.slow
 GOOD = "whsec_" + base64.b64encode(bytes(range(32))).decode()
 # Not a signing secret: a plain token someone pasted (the worker refuses it).
 BAD = "sk_live_0123456789abcdefHunter2"
-
-
-@pytest.fixture
-def operator(k8s: LocalCluster, tmp_path: Path) -> Iterator[Operator]:
-    k8s.install_crd(CRD)
-    started = Operator(k8s, tmp_path).start()
-    try:
-        yield started
-    finally:
-        started.stop()
-    assert "Traceback" not in started.log(), started.log()
 
 
 def _signed(name: str, secret: str) -> dict:

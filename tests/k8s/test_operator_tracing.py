@@ -16,7 +16,6 @@ from test_tracing import OtlpReceiver, _attributes
 
 from outbox import enqueue
 
-from . import test_operator as harness
 from .cluster import LocalCluster
 from .kubelet import Kubelet
 from .test_operator import (
@@ -31,8 +30,6 @@ from .test_operator import (
 )
 
 pytestmark = pytest.mark.slow
-cluster = harness.cluster
-operators = harness.operators
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import yaml
 
 from outbox.controller.resource import MAX_NAME_LENGTH
 
-from . import test_operator as harness
 from .cluster import LocalCluster
 from .test_operator import (
     NS,
@@ -29,8 +28,6 @@ from .test_operator import (
 )
 
 pytestmark = pytest.mark.slow
-cluster = harness.cluster
-operators = harness.operators
 HTTP = {"type": "http", "http": {"url": "http://sink.example/in"}}
 
 
