@@ -56,6 +56,27 @@ def kubectl_events(k8s: LocalCluster, name: str) -> list[dict[str, Any]]:
     return [e for e in listed if e["involvedObject"]["name"] == name]
 
 
+def workers_not_ready(k8s: LocalCluster, reason: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Once resource `orders` says WorkersReady=False `reason` (and so does Ready, naming a
+    pod) and a Warning Event says it too: the condition and the first such Event."""
+    workers = wait_for(
+        f"WorkersReady=False {reason}",
+        lambda: (
+            (c := kubectl_condition(k8s, "orders", "WorkersReady")).get("reason") == reason and c
+        ),
+    )
+    assert workers["status"] == "False"
+    assert workers["message"].startswith("pod orders-worker-"), workers
+    ready = kubectl_condition(k8s, "orders", "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", reason)
+    warning = wait_for(
+        "a Warning Event",
+        lambda: [e for e in kubectl_events(k8s, "orders") if e["reason"] == reason],
+    )
+    assert warning[0]["type"] == "Warning"
+    return workers, warning[0]
+
+
 def broken_image(directory: Path) -> Path:
     """An image whose `outbox-worker` pins a setting the worker refuses: its pods crash."""
     directory.mkdir()
@@ -80,26 +101,10 @@ def test_crash_looping_workers_say_why_and_recover(
         secret_manifest("orders-db", dsn=dsn),
         dispatcher_manifest(worker={"image": "docker.io/library/outbox-dispatcher:broken"}),
     )
-    workers = wait_for(
-        "WorkersReady=False WorkersCrashing",
-        lambda: (
-            (c := kubectl_condition(cluster, "orders", "WorkersReady")).get("reason")
-            == "WorkersCrashing"
-            and c
-        ),
-    )
-    assert workers["status"] == "False"
+    workers, warning = workers_not_ready(cluster, "WorkersCrashing")
     # The container's own last line, read from the pod's last termination.
     assert "--lease: '0s' is out of range (1s to 1d)" in workers["message"], workers
-    assert workers["message"].startswith("pod orders-worker-"), workers
-    ready = kubectl_condition(cluster, "orders", "Ready")
-    assert (ready["status"], ready["reason"]) == ("False", "WorkersCrashing")
-    warning = wait_for(
-        "a Warning Event",
-        lambda: [e for e in kubectl_events(cluster, "orders") if e["reason"] == "WorkersCrashing"],
-    )
-    assert warning[0]["type"] == "Warning"
-    assert "out of range" in warning[0]["message"]
+    assert "out of range" in warning["message"]
     described = cluster.kubectl("describe", "obd", "orders").stdout
     assert "WorkersCrashing" in described
 
@@ -134,24 +139,9 @@ def test_an_image_that_cannot_be_pulled_says_so(
         secret_manifest("orders-db", dsn=dsn),
         dispatcher_manifest(worker={"image": missing}),
     )
-    workers = wait_for(
-        "WorkersReady=False ImagePullFailed",
-        lambda: (
-            (c := kubectl_condition(cluster, "orders", "WorkersReady")).get("reason")
-            == "ImagePullFailed"
-            and c
-        ),
-    )
-    assert workers["status"] == "False"
-    assert workers["message"].startswith("pod orders-worker-"), workers
+    workers, warning = workers_not_ready(cluster, "ImagePullFailed")
     assert f'"{missing}"' in workers["message"], workers
-    ready = kubectl_condition(cluster, "orders", "Ready")
-    assert (ready["status"], ready["reason"]) == ("False", "ImagePullFailed")
-    warning = wait_for(
-        "a Warning Event",
-        lambda: [e for e in kubectl_events(cluster, "orders") if e["reason"] == "ImagePullFailed"],
-    )
-    assert warning[0]["type"] == "Warning" and missing in warning[0]["message"]
+    assert missing in warning["message"]
 
 
 def test_a_deployment_changed_by_hand_is_put_back_and_says_what_changed(
