@@ -294,18 +294,24 @@ _MAPS = ("nodeSelector",)
 _LISTS = ("imagePullSecrets", "tolerations", "topologySpreadConstraints")
 
 
-def _worker_defaults(text: str) -> Mapping[str, Any]:
-    """A JSON object of spec.worker fields (WORKER_DEFAULT_FIELDS), each of its shape; the
-    API server checks the rest when the workers' Deployment is written."""
+def _fields_of(section: str, text: str, fields: Sequence[str]) -> dict[str, Any]:
+    """A JSON object of some of `section`'s fields (an operator's defaults for them)."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON ({exc.msg})") from None
     if not isinstance(value, dict):
-        raise ValueError("expected a JSON object of spec.worker fields")
-    unknown = sorted(set(value) - set(WORKER_DEFAULT_FIELDS))
+        raise ValueError(f"expected a JSON object of {section} fields")
+    unknown = sorted(set(value) - set(fields))
     if unknown:
-        raise ValueError(f"{', '.join(unknown)}: not one of {', '.join(WORKER_DEFAULT_FIELDS)}")
+        raise ValueError(f"{', '.join(unknown)}: not one of {', '.join(fields)}")
+    return value
+
+
+def _worker_defaults(text: str) -> Mapping[str, Any]:
+    """A JSON object of spec.worker fields (WORKER_DEFAULT_FIELDS), each of its shape; the
+    API server checks the rest when the workers' Deployment is written."""
+    value = _fields_of("spec.worker", text, WORKER_DEFAULT_FIELDS)
     for key, item in value.items():
         if key in _LISTS and not (
             isinstance(item, list) and all(isinstance(i, dict) for i in item)
@@ -355,15 +361,7 @@ def _tracing(item: Any) -> None:
 def _publisher_defaults(text: str) -> Mapping[str, Any]:
     """A JSON object of spec.publisher's wire format fields, checked as the CRD checks a
     resource's: the workers' env is rendered from it without the API server seeing it."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON ({exc.msg})") from None
-    if not isinstance(value, dict):
-        raise ValueError("expected a JSON object of spec.publisher fields")
-    unknown = sorted(set(value) - set(PUBLISHER_DEFAULT_FIELDS))
-    if unknown:
-        raise ValueError(f"{', '.join(unknown)}: not one of {', '.join(PUBLISHER_DEFAULT_FIELDS)}")
+    value = _fields_of("spec.publisher", text, PUBLISHER_DEFAULT_FIELDS)
     if "format" in value and value["format"] not in PUBLISHER_FORMATS:
         raise ValueError(f"format: expected one of {', '.join(PUBLISHER_FORMATS)}")
     if "cloudEventsSource" in value:
