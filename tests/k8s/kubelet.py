@@ -549,29 +549,10 @@ class Kubelet:
                 "finishedAt": _timestamp(time.monotonic()),
             }
         }
-        status = {
-            "status": {
-                "phase": phase,
-                "podIP": "127.0.0.1",
-                "hostIP": "127.0.0.1",
-                "startTime": _timestamp(pod.started),
-                "conditions": [
-                    {"type": "Ready", "status": ready},
-                    {"type": "ContainersReady", "status": ready},
-                ],
-                "containerStatuses": [
-                    {
-                        "name": container["name"],
-                        "ready": ready == "True",
-                        "restartCount": pod.restarts,
-                        "image": container.get("image", ""),
-                        "imageID": "",
-                        "started": code is None,
-                        "state": running if code is None else terminated,
-                    }
-                ],
-            }
-        }
+        status = _pod_status(
+            phase, container, ready, pod.restarts, code is None,
+            running if code is None else terminated, start_time=_timestamp(pod.started),
+        )  # fmt: skip
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status"
         async with session.patch(
             path, data=json.dumps(status), headers={"Content-Type": "application/merge-patch+json"}
@@ -781,29 +762,10 @@ class Kubelet:
             message = f"back-off {backoff}s restarting failed container={container['name']}"
             current = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
             last = self._termination(pod)
-        status = {
-            "status": {
-                "phase": "Running",
-                "podIP": "127.0.0.1",
-                "hostIP": "127.0.0.1",
-                "conditions": [
-                    {"type": "Ready", "status": ready},
-                    {"type": "ContainersReady", "status": ready},
-                ],
-                "containerStatuses": [
-                    {
-                        "name": container["name"],
-                        "ready": ready == "True",
-                        "restartCount": pod.restarts,
-                        "image": container.get("image", ""),
-                        "imageID": "",
-                        "started": not exited and not pulling,
-                        "state": current,
-                        **({"lastState": last} if last else {}),
-                    }
-                ],
-            }
-        }
+        status = _pod_status(
+            "Running", container, ready, pod.restarts, not exited and not pulling, current,
+            last=last,
+        )  # fmt: skip
         async with session.patch(
             f"{path}/{pod.name}/status",
             data=json.dumps(status),
@@ -1084,6 +1046,44 @@ def _current_hash(deployment: JSON, pods: list[Pod]) -> str:
     if spec.get("paused") and running:
         return max(set(running), key=running.count)
     return template_hash(spec.get("template", {}))
+
+
+def _pod_status(
+    phase: str,
+    container: JSON,
+    ready: str,
+    restarts: int,
+    started: bool,
+    state: JSON,
+    *,
+    last: JSON | None = None,
+    start_time: str | None = None,
+) -> JSON:
+    """A merge patch of a one-container pod's status, as a kubelet reports it."""
+    return {
+        "status": {
+            "phase": phase,
+            "podIP": "127.0.0.1",
+            "hostIP": "127.0.0.1",
+            **({"startTime": start_time} if start_time else {}),
+            "conditions": [
+                {"type": "Ready", "status": ready},
+                {"type": "ContainersReady", "status": ready},
+            ],
+            "containerStatuses": [
+                {
+                    "name": container["name"],
+                    "ready": ready == "True",
+                    "restartCount": restarts,
+                    "image": container.get("image", ""),
+                    "imageID": "",
+                    "started": started,
+                    "state": state,
+                    **({"lastState": last} if last else {}),
+                }
+            ],
+        }
+    }
 
 
 def _timestamp(monotonic: float) -> str:
