@@ -202,8 +202,9 @@ def _storable(error: str | None) -> str | None:
 
 
 def _bigint_array(values: Iterable[int]) -> str:
-    """An array literal for `::bigint[]`: much cheaper than adapting a list element by element."""
-    return "{" + ",".join(map(str, values)) + "}"
+    """An array literal for `::bigint[]` (`{1, 2, 3}`): much cheaper than adapting a list
+    element by element, and a list's own repr, in C, beats joining each int's str."""
+    return f"{{{str(list(values))[1:-1]}}}"
 
 
 async def extend(

@@ -13,14 +13,21 @@ def envelope(message: Message) -> str:
     "payload"}, compact, non-ASCII kept as is: byte for byte what json.dumps of the same
     dict gives. Written out by hand: a dict dump builds an encoder per call and costs the
     HTTP path more than the three quoted strings do."""
+    # Once per message on every text publisher's path: the fields unpacked at once (cheaper
+    # than six attribute reads), the timestamp's cache read inline (`timestamp` below).
+    message_id, _, attempts, aggregate_type, aggregate_id, event_type, payload, created_at, _ = (
+        message
+    )
+    last, created = _last
+    if created_at != last or last is None or created_at.tzinfo is not last.tzinfo:
+        created = timestamp(created_at)
     # The payload is spliced in as the jsonb text PostgreSQL produced: never decoded here.
-    # ints and an ISO timestamp need no quoting beyond their own.
+    # ints (the row's, never bools) and an ISO timestamp need no quoting beyond their own.
     return (
-        f'{{"id":{message.id:d},"aggregate_type":{encode_basestring(message.aggregate_type)},'
-        f'"aggregate_id":{encode_basestring(message.aggregate_id)},'
-        f'"event_type":{encode_basestring(message.event_type)},'
-        f'"created_at":"{timestamp(message.created_at)}","attempt":{message.attempts:d},'
-        f'"payload":{message.payload_json}}}'
+        f'{{"id":{message_id},"aggregate_type":{encode_basestring(aggregate_type)},'
+        f'"aggregate_id":{encode_basestring(aggregate_id)},'
+        f'"event_type":{encode_basestring(event_type)},'
+        f'"created_at":"{created}","attempt":{attempts},"payload":{payload}}}'
     )
 
 
