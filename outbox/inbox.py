@@ -71,13 +71,8 @@ def _table(table: str | Table) -> Table:
 def migration_statements(table: Table) -> list[sql.Composed]:
     """What `outbox inbox migrate` runs on a new table (and `--print` shows)."""
     t = table.ident
-    schema = (
-        [sql.SQL("CREATE SCHEMA IF NOT EXISTS {s}").format(s=sql.Identifier(table.schema))]
-        if table.schema
-        else []
-    )
     return [
-        *schema,
+        *table.create_schema(),
         sql.SQL(
             """CREATE TABLE IF NOT EXISTS {t} (
     consumer    text        NOT NULL,

@@ -75,13 +75,8 @@ class SchemaError(RuntimeError):
 
 def _v1(table: Table) -> list[sql.Composed]:
     t = table.ident
-    schema = (
-        [sql.SQL("CREATE SCHEMA IF NOT EXISTS {s}").format(s=sql.Identifier(table.schema))]
-        if table.schema
-        else []
-    )
     return [
-        *schema,
+        *table.create_schema(),
         sql.SQL(
             """CREATE TABLE IF NOT EXISTS {t} (
     id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -119,6 +119,13 @@ class Table:
         parts = [_quoted_part(first, force=first.startswith("-")), *map(_quoted_part, rest)]
         return shlex.quote(".".join(parts))
 
+    def create_schema(self) -> list[sql.Composed]:
+        """The statement that creates the table's schema if it is missing: none for a table
+        without one (it goes to the first schema of the search_path)."""
+        if not self.schema:
+            return []
+        return [sql.SQL("CREATE SCHEMA IF NOT EXISTS {s}").format(s=sql.Identifier(self.schema))]
+
     @property
     def ident(self) -> sql.Composable:
         """The table as a quoted identifier, safe in statements with or without parameters."""
