@@ -282,18 +282,15 @@ def secrets_hash(versions: Mapping[str, str]) -> str:
 
 
 def pod_template(
-    body: Body,
+    name: str,
+    namespace: str,
+    spec: Body,
+    worker: Body,
     default_image: str,
-    secret_version: str = "",
-    defaults: Body = DEFAULTS,
-    secret_versions: Mapping[str, str] | None = None,
-    publisher_defaults: Body | None = None,
+    rollout: Mapping[str, str],
 ) -> dict[str, Any]:
-    name = body["metadata"]["name"]
-    spec: Body = body["spec"]
-    if publisher_defaults:
-        spec = {**spec, "publisher": publisher_block(spec, publisher_defaults)}
-    worker: Body = worker_block(spec, defaults)
+    """The worker pods of resource `name`: `spec` and its `worker` block with every default
+    applied, `rollout` the annotations whose change rolls the pods (Secret versions)."""
     port = int(worker["metricsPort"])
     volumes, mounts = _volumes(spec["publisher"])
     container: dict[str, Any] = {
@@ -304,7 +301,7 @@ def pod_template(
         # A worker that refuses its settings says why on stderr and exits: that last line
         # becomes the container's termination message, which the operator reports.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "env": worker_env(spec, worker, name, body["metadata"].get("namespace", "")),
+        "env": worker_env(spec, worker, name, namespace),
         "ports": [{"name": METRICS_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
         # Ready = reaches the database and claims; alive = the process answers.
         "readinessProbe": _probe("/readyz", period=5, failures=2),
@@ -344,11 +341,8 @@ def pod_template(
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(port),
         "prometheus.io/path": "/metrics",
+        **rollout,
     }
-    if secret_version:
-        annotations[SECRET_VERSION] = secret_version
-    if secret_versions:
-        annotations[SECRETS_HASH] = secrets_hash(secret_versions)
     return {
         "metadata": {
             "labels": {**(worker.get("podLabels") or {}), **labels(name)},
@@ -379,8 +373,14 @@ def render_deployment(
     `publisher_defaults` the admin's --publisher-defaults."""
     meta = body["metadata"]
     name = meta["name"]
+    spec: Body = body["spec"]
+    if publisher_defaults:
+        spec = {**spec, "publisher": publisher_block(spec, publisher_defaults)}
+    rollout = {SECRET_VERSION: secret_version} if secret_version else {}
+    if secret_versions:
+        rollout[SECRETS_HASH] = secrets_hash(secret_versions)
     template = pod_template(
-        body, default_image, secret_version, defaults, secret_versions, publisher_defaults
+        name, meta.get("namespace", ""), spec, worker_block(spec, defaults), default_image, rollout
     )
     return {
         "apiVersion": "apps/v1",
