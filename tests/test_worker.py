@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +19,7 @@ from outbox import enqueue
 from outbox.demo.sink import Reply, Sink
 from outbox.lease import Applied, claim
 from outbox.models import Message, Outcome
+from outbox.worker.cli import GC_YOUNG_THRESHOLD, calm_collector
 from outbox.worker.finalizer import FINALIZE_LINGER
 from outbox.worker.publishers.base import Defer, PermanentError, RetryableError
 from outbox.worker.publishers.http import HttpPublisher
@@ -619,3 +622,24 @@ def test_the_publish_histogram_exposes_what_a_prometheus_histogram_would():
 
     assert lines(metrics.registry) == lines(reference_registry)
     assert 'outbox_publish_duration_seconds_bucket{le="0.001"} 3.0' in lines(metrics.registry)
+
+
+def test_the_worker_runs_the_cyclic_collector_less_often_and_still_collects_cycles() -> None:
+    before = gc.get_threshold()
+    try:
+        calm_collector()
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, *before[1:])
+        assert gc.get_freeze_count() > 0  # start-up's objects are out of the collector's walks
+
+        class Node:
+            peer: Any = None
+
+        node = Node()
+        node.peer = node  # a cycle: reference counting alone never frees it
+        gone = weakref.ref(node)
+        del node
+        gc.collect()
+        assert gone() is None
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
