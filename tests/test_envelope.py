@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -75,5 +76,17 @@ def test_one_instant_in_two_time_zones_keeps_each_zones_timestamp():
         utc,
     ]
     for created_at in same_instants:
+        message = Message(1, 1, 1, "order", "o-1", "Paid", "{}", created_at)
+        assert json.loads(envelope(message))["created_at"] == created_at.isoformat()
+
+
+def test_the_two_times_of_an_hour_the_clocks_repeat_keep_their_own_offsets():
+    # A session in a zone with summer time: 02:30 happens twice on the night the clocks go
+    # back, and the two compare equal in that zone (Python compares their wall clocks).
+    berlin = ZoneInfo("Europe/Berlin")
+    summer = datetime(2025, 10, 26, 2, 30, tzinfo=berlin)  # fold 0: +02:00
+    winter = summer.replace(fold=1)  # an hour later: +01:00
+    assert summer == winter and summer.utcoffset() != winter.utcoffset()
+    for created_at in (summer, winter, summer):
         message = Message(1, 1, 1, "order", "o-1", "Paid", "{}", created_at)
         assert json.loads(envelope(message))["created_at"] == created_at.isoformat()

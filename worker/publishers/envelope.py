@@ -19,7 +19,9 @@ def envelope(message: Message) -> str:
         message
     )
     last, created = _last
-    if created_at != last or last is None or created_at.tzinfo is not last.tzinfo:
+    # `_other` written out (None, at first, is != any datetime): the envelope is made once
+    # per message, and a call costs more than the test.
+    if created_at != last or created_at.tzinfo is not last.tzinfo or created_at.fold != last.fold:
         created = timestamp(created_at)
     # The payload is spliced in as the jsonb text PostgreSQL produced: never decoded here.
     # ints (the row's, never bools) and an ISO timestamp need no quoting beyond their own.
@@ -41,8 +43,20 @@ def timestamp(created_at: datetime) -> str:
     """`created_at` in ISO 8601 (RFC 3339), the last one's text kept."""
     global _last
     last, text = _last
-    # Equal instants print alike only in the same time zone.
-    if created_at != last or last is None or created_at.tzinfo is not last.tzinfo:
+    if _other(created_at, last):
         text = created_at.isoformat()
         _last = (created_at, text)
     return text
+
+
+def _other(created_at: datetime, last: datetime | None) -> bool:
+    """Whether `created_at` may print otherwise than `last`. Equal instants print alike only
+    in the same time zone; and two times of the hour a zone repeats when its clocks go back
+    compare equal in that zone (Python compares their wall clocks) while `fold` tells them
+    apart."""
+    return (
+        last is None
+        or created_at != last
+        or created_at.tzinfo is not last.tzinfo
+        or created_at.fold != last.fold
+    )
