@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
@@ -158,13 +158,38 @@ class Kube:
                 versions[name] = ""
         return versions
 
-    async def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+    async def _read(
+        self, read: Callable[[str, str], Awaitable[Any]], namespace: str, name: str
+    ) -> dict[str, Any] | None:
+        """An object as a dict, by `read`ing it by name; None when it does not exist."""
         try:
-            return self._dict(await self._apps.read_namespaced_deployment(name, namespace))
+            return self._dict(await read(name, namespace))
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
+
+    async def _create_or_replace(
+        self,
+        create: Callable[..., Awaitable[Any]],
+        replace: Callable[..., Awaitable[Any]],
+        kind: type[Any],
+        body: Mapping[str, Any],
+        current: Mapping[str, Any] | None,
+    ) -> None:
+        """Create the object, or replace `current` with it (its resourceVersion: a concurrent
+        change is a 409, and the next pass tries again)."""
+        self._check()
+        meta = body["metadata"]
+        if current is None:
+            await create(meta["namespace"], model(kind, body), field_manager=MANAGER)
+            return
+        version = current["metadata"]["resourceVersion"]
+        full = {**body, "metadata": {**meta, "resourceVersion": version}}
+        await replace(meta["name"], meta["namespace"], model(kind, full), field_manager=MANAGER)
+
+    async def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._read(self._apps.read_namespaced_deployment, namespace, name)
 
     async def pods(self, namespace: str, selector: str) -> list[dict[str, Any]] | None:
         """The pods `selector` selects (their status says why a worker does not run); None
@@ -213,62 +238,36 @@ class Kube:
         )
 
     async def network_policy(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self._dict(
-                await self._networking.read_namespaced_network_policy(name, namespace)
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return await self._read(self._networking.read_namespaced_network_policy, namespace, name)
 
     async def apply_network_policy(
         self, body: Mapping[str, Any], current: Mapping[str, Any] | None
     ) -> None:
-        """Create the policy, or replace the one there (resourceVersion: a concurrent change
-        is a 409, and the next pass tries again)."""
-        self._check()
-        meta = body["metadata"]
-        if current is None:
-            await self._networking.create_namespaced_network_policy(
-                meta["namespace"], model(V1NetworkPolicy, body), field_manager=MANAGER
-            )
-            return
-        version = current["metadata"]["resourceVersion"]
-        full = {**body, "metadata": {**meta, "resourceVersion": version}}
-        await self._networking.replace_namespaced_network_policy(
-            meta["name"], meta["namespace"], model(V1NetworkPolicy, full), field_manager=MANAGER
+        """Create the policy, or replace the one there."""
+        n = self._networking
+        await self._create_or_replace(
+            n.create_namespaced_network_policy,
+            n.replace_namespaced_network_policy,
+            V1NetworkPolicy,
+            body,
+            current,
         )
 
     async def disruption_budget(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self._dict(
-                await self._disruption.read_namespaced_pod_disruption_budget(name, namespace)
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        d = self._disruption
+        return await self._read(d.read_namespaced_pod_disruption_budget, namespace, name)
 
     async def apply_disruption_budget(
         self, body: Mapping[str, Any], current: Mapping[str, Any] | None
     ) -> None:
-        """Create the workers' PodDisruptionBudget, or replace the one there (as the
-        NetworkPolicy: a concurrent change is a 409, and the next pass tries again)."""
-        self._check()
-        meta = body["metadata"]
-        if current is None:
-            await self._disruption.create_namespaced_pod_disruption_budget(
-                meta["namespace"], model(V1PodDisruptionBudget, body), field_manager=MANAGER
-            )
-            return
-        version = current["metadata"]["resourceVersion"]
-        full = {**body, "metadata": {**meta, "resourceVersion": version}}
-        await self._disruption.replace_namespaced_pod_disruption_budget(
-            meta["name"],
-            meta["namespace"],
-            model(V1PodDisruptionBudget, full),
-            field_manager=MANAGER,
+        """Create the workers' PodDisruptionBudget, or replace the one there."""
+        d = self._disruption
+        await self._create_or_replace(
+            d.create_namespaced_pod_disruption_budget,
+            d.replace_namespaced_pod_disruption_budget,
+            V1PodDisruptionBudget,
+            body,
+            current,
         )
 
     async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
