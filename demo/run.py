@@ -194,6 +194,9 @@ def run_demo(events: int = 3000, workers: int = 4, keep: bool = False) -> int:
             elapsed = time.monotonic() - started
             progress.end()
             codes = [_stop(p) for p in procs]
+            # A late answer may still be on its way, its effect applied and its retry already
+            # absorbed: the report reads the API's records once every request is answered.
+            sink.wait_idle()
             counts = _counts(conn)
             dead_rows = conn.execute("SELECT id, last_error FROM outbox WHERE status = 'dead'")
             dead = {int(message_id): str(error) for message_id, error in dead_rows}
