@@ -414,10 +414,12 @@ def test_poison_messages_go_dead_without_an_endless_loop(new_run, dsn, scale):
     for _ in range(3):
         run.spawn()
     run.produce(100 * scale, seconds=5)
-    # The crashing ones come after, and one at a time: a crash must not cost another poison
-    # message an attempt, so that each one's count can be checked exactly.
+    # The crashing ones come after everything else has settled, and one at a time: a crash
+    # costs an attempt to every message the crashed worker held, so a produced message claimed
+    # in the same batch as a crashing one would share its fate, and each count must be exact.
     failed = ", ".join(map(str, failing))
     run.wait_for(lambda: run.count(f"id IN ({failed}) AND status = 'dead'") == poisons, "deaths")
+    run.wait_drained()
     crashes: list[str] = []
 
     def supervise() -> None:
