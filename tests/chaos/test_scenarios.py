@@ -10,11 +10,9 @@ so a fault that silently missed cannot pass as survived.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import threading
 import zlib
-from collections import defaultdict
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -24,9 +22,10 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from chaos.checker import HEARTBEAT, LEASES, RETRY, TAKEOVER, kind
+from chaos.checker import CLOCK_SLACK, HEARTBEAT, LEASES, RETRY, TAKEOVER, kind
 from chaos.cluster import LEASE, Run, assert_clean
 from chaos.downstream import Call
+from chaos.history import Transition
 from chaos.proxy import Proxy
 from outbox.demo.embedded import EmbeddedPostgres
 from outbox.demo.sink import Reply
@@ -334,23 +333,19 @@ def test_publisher_faults(new_run, dsn, scale):
     late = [d for d in requests if d.ok and d.answered - d.received >= TIMEOUT]
     assert burst["count"] >= 1 and refused and late
     assert any("after the publish timeout" in r for r in verdict.reasons), verdict.reasons
-    # Retry-After: 1 is honoured: the next try of that message comes a second later or more.
-    by_key = defaultdict(list)
-    for d in sorted(requests, key=lambda d: d.received):
-        by_key[d.key].append(d)
-    honoured = 0
-    for tries in by_key.values():
-        for before, after in itertools.pairwise(tries):
-            if before.status == 429:
-                assert after.received >= before.answered + 1.0 - 0.01, (before, after)
-                honoured += 1
-    assert honoured >= 1
-    # And exactly: the retry written after a 429 is due one second after its now().
+    # Retry-After: 1 is honoured. The retry a worker wrote on reading a 429 is due one second
+    # after its now(), and the message's next try reaches the API no sooner. (Timed from the
+    # worker's record, not from the API's answer: a starved worker whose publish timeout
+    # passed before it read the 429 retries on its own backoff, as it should.)
     after_429 = [
         t for t in run.history().transitions if kind(t) == RETRY and "HTTP 429" in t.new_error
     ]
     assert after_429
-    assert all(abs(t.new_available_at - t.tx_now - 1.0) < 1e-3 for t in after_429)
+    for t in after_429:
+        assert abs(t.new_available_at - t.tx_now - 1.0) < 1e-3, t
+        later = [d.received for d in requests if d.key == t.id and d.received > t.tx_now]
+        next_try = min(later)
+        assert next_try >= t.new_available_at - CLOCK_SLACK, (t, next_try)
 
 
 def test_downstream_outage_then_recovery_with_full_jitter(new_run, dsn, scale):
@@ -439,6 +434,9 @@ def test_poison_messages_go_dead_without_an_endless_loop(new_run, dsn, scale):
             "the crashing message to be reaped", tick=supervise,
         )  # fmt: skip
     run.wait_drained(tick=supervise)
+    # The last crash may only be noticed now: `wait_for` ticks while it waits, and its row
+    # can be reaped (the worker exits the moment it claims it) before a slow round looks.
+    supervise()
     verdict = run.finish()
     assert_clean(verdict)
     history = run.history()
@@ -453,6 +451,16 @@ def test_poison_messages_go_dead_without_an_endless_loop(new_run, dsn, scale):
         assert row.last_error.startswith(f"retries exhausted ({limit})")
         assert [d.status for d in history.deliveries if d.key == message_id] == [500] * limit
     assert verdict.dead == 2 * poisons
+
+
+def _stalls(takeovers: list[Transition]) -> list[tuple[str, float]]:
+    """The episodes that cost a live worker its leases: per owner, the lease ends that fall
+    within one lease length of an episode's first are that episode's."""
+    episodes: list[tuple[str, float]] = []
+    for owner, until in sorted((t.old_owner or "", t.old_lease_until or 0.0) for t in takeovers):
+        if not episodes or episodes[-1][0] != owner or until - episodes[-1][1] > LEASE_SECONDS:
+            episodes.append((owner, until))
+    return episodes
 
 
 def test_clock_skew_changes_nothing(new_run, dsn, scale):
@@ -484,9 +492,10 @@ def test_clock_skew_changes_nothing(new_run, dsn, scale):
             # The lease is the database's now() + lease, whatever the worker's clock says.
             assert abs(t.new_lease_until - t.tx_now - LEASE_SECONDS) < 1e-3, t
     # Takeovers are of killed workers. A live one stalled past its lease by a loaded machine
-    # may lose a lease (the checker has explained it above); a skewed clock would lose many.
+    # loses every lease it held then (the checker has explained them above), all ending within
+    # one lease of each other: a stall or two; a skewed clock would lose leases all along.
     stray = [t for t in history.transitions if kind(t) == TAKEOVER and t.old_owner not in victims]
-    assert len(stray) <= 2, stray
+    assert len(_stalls(stray)) <= 2, stray
     assert any(kind(t) == HEARTBEAT for t in history.transitions)
     # The skew was real: each worker logged times shifted by its skew.
     for owner, skew in skew_of.items():
