@@ -89,10 +89,8 @@ def _publisher_env(publisher: Body) -> list[dict[str, Any]]:
                 env.append(_secret(variable, block[field]))
         if "credsSecretRef" in block:
             env.append(_value("OUTBOX_NATS_CREDS", f"{NATS_CREDS_DIR}/creds"))
-        if "tlsSecretName" in block:
-            env.append(_value("OUTBOX_NATS_TLS_CERT", f"{NATS_TLS_DIR}/tls.crt"))
-            env.append(_value("OUTBOX_NATS_TLS_KEY", f"{NATS_TLS_DIR}/tls.key"))
-            env.append(_value("OUTBOX_NATS_TLS_CA", f"{NATS_TLS_DIR}/ca.crt"))
+        if "tlsSecretName" in block:  # the worker uses what the Secret holds of its keys
+            env.append(_value("OUTBOX_NATS_TLS_DIR", NATS_TLS_DIR))
     elif kind == "kafka":
         env.append(_value("OUTBOX_KAFKA_BOOTSTRAP_SERVERS", block["bootstrapServers"]))
         if "topic" in block:

@@ -111,6 +111,21 @@ def test_publisher_secrets_are_secret_refs_or_mounted_secrets() -> None:
     kubernetes_validate.validate(deployment, "1.30", strict=True)
 
 
+def test_a_nats_tls_secret_is_mounted_whole_and_the_worker_takes_the_keys_it_holds() -> None:
+    # ca.crt is optional in the Secret: naming each file would stop a worker whose Secret
+    # lacks one; the worker reads the directory instead.
+    body = resource(
+        publisher={"type": "nats", "nats": {"urls": ["tls://a:4222"], "tlsSecretName": "nats-tls"}}
+    )
+    deployment = render(body)
+    env = env_of(deployment)
+    pod = deployment["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in pod["volumes"]}["nats-tls"]["secret"]["secretName"] == "nats-tls"
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert env["OUTBOX_NATS_TLS_DIR"] == mounts["nats-tls"]["mountPath"]
+    assert not {"OUTBOX_NATS_TLS_CA", "OUTBOX_NATS_TLS_CERT", "OUTBOX_NATS_TLS_KEY"} & set(env)
+
+
 def test_kafka_options_and_secret_config() -> None:
     body = resource(
         publisher={

@@ -274,6 +274,7 @@ def test_settings_from_flags_and_environment():
             "--nats-token",
         ),
         (["--nats-creds", "/nonexistent/x.creds"], {}, "--nats-creds"),
+        (["--nats-tls-dir", "/nonexistent/tls"], {}, "--nats-tls-dir"),
     ],
 )
 def test_bad_settings_are_one_line_naming_the_setting(argv, env, named):
@@ -316,7 +317,8 @@ def test_help_lists_the_nats_options():
     assert result.returncode == 0, result
     for flag in (
         "--nats-url", "--nats-subject", "--nats-creds", "--nats-user", "--nats-password",
-        "--nats-token", "--nats-tls-ca", "--nats-tls-cert", "--nats-tls-key", "--nats-no-stream",
+        "--nats-token", "--nats-tls-ca", "--nats-tls-cert", "--nats-tls-key", "--nats-tls-dir",
+        "--nats-no-stream",
     ):  # fmt: skip
         assert flag in result.stdout
     assert "nats publisher options" in result.stdout
@@ -611,8 +613,49 @@ tls {{
                 await publish(no_cert, message(id=8))
         finally:
             await no_cert.close()
+
+        # The same files as a Kubernetes TLS Secret mounts them (the operator's form).
+        mounted = tmp_path / "secret"
+        mounted.mkdir()
+        for source, name in (
+            ("ca.pem", "ca.crt"),
+            ("client.pem", "tls.crt"),
+            ("client.key", "tls.key"),
+        ):
+            shutil.copy(d / source, mounted / name)
+        in_dir = NatsPublisher.create({"nats_url": ((tls_url,),), "nats_tls_dir": str(mounted)},
+                                      context())  # fmt: skip
+        await connected(in_dir)
+        try:
+            await publish(in_dir, message(id=9))
+        finally:
+            await in_dir.close()
+        assert msg_ids(await stream_messages(tls_url, tls=client_tls)) == [7, 9]
+
+        # Without its ca.crt the worker still starts, and verifies against the system's CAs,
+        # which do not know this server's.
+        (mounted / "ca.crt").unlink()
+        system_cas = NatsPublisher.create(
+            {"nats_url": ((tls_url,),), "nats_tls_dir": str(mounted)}, context()
+        )
+        await system_cas.start()
+        try:
+            with pytest.raises(RetryableError, match="not connected to NATS"):
+                await publish(system_cas, message(id=10))
+        finally:
+            await system_cas.close()
     finally:
         server.stop()
+
+
+def test_a_tls_directory_needs_a_file_it_knows_and_a_key_needs_its_certificate(tmp_path):
+    with pytest.raises(SettingError, match=r"--nats-tls-dir: .* holds none of ca\.crt"):
+        _load(["--nats-tls-dir", str(tmp_path)])
+    (tmp_path / "tls.key").write_text("not used\n")
+    with pytest.raises(SettingError, match=r"holds tls\.key but no tls\.crt"):
+        _load(["--nats-tls-dir", str(tmp_path)])
+    with pytest.raises(SettingError, match="not both"):
+        _load(["--nats-tls-dir", str(tmp_path), "--nats-tls-cert", __file__])
 
 
 # -- real worker processes ---------------------------------------------------------------------

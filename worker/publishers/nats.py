@@ -169,6 +169,49 @@ def readable_file(text: str) -> str:
     return text
 
 
+def readable_dir(text: str) -> str:
+    try:
+        found = Path(text).is_dir()
+    except (OSError, ValueError):
+        found = False
+    if not found:
+        raise ValueError(f"{text!r} is not a directory")
+    return text
+
+
+# A directory as a Kubernetes TLS Secret mounts: (file, what it is), each used when present.
+TLS_DIR_FILES = (("ca.crt", "ca"), ("tls.crt", "cert"), ("tls.key", "key"))
+
+
+def tls_dir_files(folder: str) -> dict[str, str]:
+    """The TLS files a directory holds, by role ("ca", "cert", "key")."""
+    found = {role: str(Path(folder, name)) for name, role in TLS_DIR_FILES}
+    found = {role: path for role, path in found.items() if Path(path).is_file()}
+    if not found:
+        names = ", ".join(name for name, _ in TLS_DIR_FILES)
+        raise SettingError(f"--nats-tls-dir: {folder!r} holds none of {names}")
+    if "key" in found and "cert" not in found:
+        raise SettingError(f"--nats-tls-dir: {folder!r} holds tls.key but no tls.crt")
+    return found
+
+
+def _tls_files(values: dict[str, Any]) -> dict[str, str | None]:
+    """The CA, certificate and key the options name: files, or a directory's (a CA given
+    as a file wins over the directory's, which may come from elsewhere)."""
+    files = {role: values.get(f"nats_tls_{role}") for role in ("ca", "cert", "key")}
+    folder = values.get("nats_tls_dir")
+    if folder is None:
+        return files
+    if files["cert"] is not None or files["key"] is not None:
+        raise SettingError("--nats-tls-dir: give it or --nats-tls-cert/--nats-tls-key, not both")
+    found = tls_dir_files(folder)
+    return {
+        "ca": files["ca"] or found.get("ca"),
+        "cert": found.get("cert"),
+        "key": found.get("key"),
+    }
+
+
 def creds_file(text: str) -> str:
     readable_file(text)
     # nats-py signs the server's nonce with nkeys, an optional dependency of nats-py.
@@ -306,6 +349,12 @@ class NatsPublisher:
         Option("--nats-tls-cert", "client certificate for mutual TLS, PEM", convert=readable_file),
         Option("--nats-tls-key", "client certificate's private key, PEM", convert=readable_file),
         Option(
+            "--nats-tls-dir",
+            "directory as a Kubernetes TLS Secret mounts: tls.crt and tls.key (mutual TLS) and "
+            "ca.crt, each used when present; not with --nats-tls-cert/--nats-tls-key",
+            convert=readable_dir,
+        ),
+        Option(
             "--nats-no-stream",
             "no stream for the subject, or permission denied: dead (default) or retry",
             convert=no_stream_policy,
@@ -343,9 +392,7 @@ class NatsPublisher:
             ack_timeout=context.publish_timeout * 0.9,
             name=context.owner,
             on_duplicate=context.count_broker_duplicate,
-            tls=tls_context(
-                values.get("nats_tls_ca"), values.get("nats_tls_cert"), values.get("nats_tls_key")
-            ),
+            tls=tls_context(**_tls_files(values)),
             auth=auth,
             wire_format=context.format,
             source=context.cloudevents_source,
