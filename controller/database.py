@@ -142,7 +142,7 @@ async def table_identity(
     cursor = await conn.execute(_IDENTITY.format(started=started, t=table.regclass_literal))
     row = await cursor.fetchone()
     if row is None:  # checked just before, so only a concurrent drop: the next pass says so
-        raise Problem("TableMissing", f"table {table} does not exist")
+        raise Problem("TableMissing", f"table {table} does not exist", database=True)
     server, database_oid, table_oid, database, schema, name = (str(v) for v in row)
     return TableIdentity(
         f"{server}/{database_oid}/{table_oid}",
@@ -169,7 +169,8 @@ async def read_table(
                 await check_table(conn, table, ordered=ordered)
             except SchemaError as exc:
                 missing = "does not exist" in str(exc)
-                raise Problem("TableMissing" if missing else "TableInvalid", str(exc)) from None
+                reason = "TableMissing" if missing else "TableInvalid"
+                raise Problem(reason, str(exc), database=True) from None
             stats = await queue_stats_async(conn, table, ordered=ordered)
             return stats, await table_identity(conn, table)
     except psycopg.Error as exc:
