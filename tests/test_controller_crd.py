@@ -235,14 +235,18 @@ def _crd_errors(body: dict[str, Any]) -> list[str]:
     return custom_resource_errors(body)
 
 
-def _worker_error(body: dict[str, Any]) -> str | None:
-    """The worker's own refusal of the env the operator renders for `body`, or None."""
+def _worker_error(body: dict[str, Any], secrets: Path | None = None) -> str | None:
+    """The worker's own refusal of the env the operator renders for `body`, or None. With
+    `secrets` (a directory), Secret values are filled in and the mounted files made there,
+    and the publisher is built too (what it refuses at start)."""
     import copy
 
     from chart.chart import crd_schema
 
     from outbox.controller.render import render_deployment
     from outbox.errors import SettingError
+    from outbox.worker.cli import make_publisher
+    from outbox.worker.metrics import Metrics
     from outbox.worker.settings import load_settings
 
     body = copy.deepcopy(body)
@@ -252,8 +256,17 @@ def _worker_error(body: dict[str, Any]) -> str | None:
     for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]:
         if "value" in item:
             env[item["name"]] = item["value"]
+        elif secrets is not None and "secretKeyRef" in item.get("valueFrom", {}):
+            env.setdefault(item["name"], "from-a-secret")
+    if secrets is not None:
+        for name, value in env.items():
+            if value.startswith("/etc/outbox/"):  # a mounted Secret: a file, as the kubelet makes
+                env[name] = str(secrets / name)
+                (secrets / name).write_text("mounted\n")
     try:
-        load_settings([], env)
+        settings = load_settings([], env)
+        if secrets is not None:
+            make_publisher(settings, Metrics())
     except SettingError as exc:
         return str(exc)
     return None
@@ -285,6 +298,37 @@ SAME_RANGE = [
 # Fields the CRD keeps narrower than the worker, and why: what the CRD admits the worker still
 # accepts (checked), not the other way round.
 NARROWER = [
+    # Ports out of 0-65535 or not numbers stopped every worker; IPvFuture hosts ([v1.fe]) are
+    # the worker's but not the CRD's.
+    (
+        "publisher.http.url",
+        [
+            "http://h/x",
+            "http://h:80/x",
+            "http://h:port/x",
+            "http://h:99999/",
+            "http://h:65535",
+            "http://h:65536",
+            "http://h:0",
+            "http://h:/x",
+            "http://[::1]:8080/x",
+            "http://[::1]/x",
+            "http://[::1]:99999/",
+            "http://u:p@h:8080/x",
+            "http://u@h:x/",
+            "http://a@b@h:80/",
+            "http://h:-1/",
+            "http://h:1:2/",
+            "http://[::1/",
+            "http://[zz]:80/",
+            "http://h]/",
+            "http://u@/",
+            "http://h:80?x",
+            "https://h:443/{event_type}?a={aggregate_id}",
+            "http://[v1.fe]:8/",
+        ],
+        {"publisher.type": "http"},
+    ),
     # 0 is "any free port" to the worker; a pod's probes and scrapes need a known one.
     ("worker.metricsPort", [-1, 0, 1, 9000, 65535, 65536], {}),
     # The pod's termination grace is this plus a margin; beyond an hour no drain waits.
@@ -315,6 +359,32 @@ def test_what_the_crd_admits_of_a_narrower_field_the_worker_accepts(
             admitted += 1
             assert _worker_error(body) is None, (field, value)
     assert 0 < admitted < len(values)
+
+
+_REF = {"name": "nats", "key": "k"}
+
+
+@pytest.mark.parametrize(
+    "nats",
+    [
+        {"userSecretRef": _REF},
+        {"passwordSecretRef": _REF},
+        {"userSecretRef": _REF, "passwordSecretRef": _REF},
+        {"tokenSecretRef": _REF},
+        {"credsSecretRef": _REF},
+        {"tokenSecretRef": _REF, "userSecretRef": _REF, "passwordSecretRef": _REF},
+        {"credsSecretRef": _REF, "tokenSecretRef": _REF},
+        {"urls": ["ws://a:80", "wss://b:443"]},
+        {"urls": ["nats://a:4222", "ws://b:80"]},
+        {"urls": ["tls://a:4222", "nats://b:4222"]},
+    ],
+)
+def test_the_crd_refuses_the_nats_settings_the_worker_refuses(
+    nats: dict[str, Any], tmp_path: Path
+) -> None:
+    body = _body({**_NATS, "publisher.nats": {"urls": ["nats://n:4222"], **nats}})
+    crd, worker = _crd_errors(body), _worker_error(body, secrets=tmp_path)
+    assert (crd == []) == (worker is None), (nats, crd, worker)
 
 
 def test_the_refusals_name_the_range() -> None:

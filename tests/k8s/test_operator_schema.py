@@ -88,7 +88,7 @@ def test_the_same_manifests_with_good_values_are_accepted(cluster: LocalCluster)
     """The control: refusals above come from the wrong field, not from the rest."""
     for path, value in [
         ("spec.publisher.nats.noStream", "retry"),
-        ("spec.publisher.nats.userSecretRef.name", "nats-auth"),
+        ("spec.publisher.nats.tokenSecretRef.name", "nats-auth"),
         ("spec.publisher.kafka.compression", "zstd"),
         ("spec.publisher.kafka.configSecretRef.key", "sasl"),
         ("spec.publisher.http.timeout", "5s"),
