@@ -91,6 +91,8 @@ def test_no_manifest_writes_a_key_twice(values: dict[str, Any]) -> None:
             {"leaseDuration": "1m", "renewDeadline": "2m", "retryPeriod": "100ms"},
             "leaderElection.renewDeadline (2m) must be shorter than",
         ),
+        ({"retryPeriod": "0s"}, "leaderElection.retryPeriod (0s) must be greater than zero"),
+        ({"retryPeriod": "0.0ms"}, "leaderElection.retryPeriod (0.0ms) must be greater than zero"),
     ],
 )
 def test_leader_election_timings_the_operator_refuses_fail_the_render(

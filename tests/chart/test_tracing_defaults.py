@@ -4,6 +4,7 @@ of each resource that does not set spec.worker.tracing itself; a bad value is re
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import helm_python as helm
@@ -53,6 +54,9 @@ def test_a_default_collector_reaches_the_workers_of_a_resource_without_tracing()
     [
         ({"endpoint": "otel-collector:4318"}, "endpoint"),
         ({"endpoint": "http://u:p@otel-collector:4318"}, "endpoint"),
+        # Outside printable ASCII: the operator refuses it at start (controller/settings.py).
+        ({"endpoint": "http://otel-collectör:4318"}, "endpoint"),
+        ({"endpoint": "http://otel-collector:4318/v1\x7f"}, "endpoint"),
         ({"endpoint": COLLECTOR, "parent": "child"}, "parent"),
         ({"endpoint": COLLECTOR, "samplingRatio": 2}, "samplingRatio"),
         ({"parent": "link"}, "endpoint"),
@@ -64,3 +68,11 @@ def test_helm_refuses_a_bad_default(tracing: dict[str, Any], field: str) -> None
         c.render({"workerDefaults": {"tracing": tracing}})
     assert "workerDefaults" in str(refused.value) and "tracing" in str(refused.value)
     assert field in str(refused.value)
+
+
+def test_the_charts_endpoint_pattern_is_the_operators() -> None:
+    from outbox.controller.settings import TRACING_ENDPOINT
+
+    schema = json.loads((c.CHART / "values.schema.json").read_text())
+    tracing = schema["properties"]["workerDefaults"]["properties"]["tracing"]
+    assert tracing["properties"]["endpoint"]["pattern"] == TRACING_ENDPOINT.pattern

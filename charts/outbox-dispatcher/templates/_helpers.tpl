@@ -68,6 +68,9 @@ app.kubernetes.io/part-of: outbox-dispatcher
 {{- if not (gt $lease $renew) }}
 {{- fail (printf "leaderElection.renewDeadline (%s) must be shorter than leaderElection.leaseDuration (%s): a leader must stop acting before a standby may take its Lease" $le.renewDeadline $le.leaseDuration) }}
 {{- end }}
+{{- if not (gt $retry 0.0) }}
+{{- fail (printf "leaderElection.retryPeriod (%s) must be greater than zero" $le.retryPeriod) }}
+{{- end }}
 {{- if not (gt $renew $retry) }}
 {{- fail (printf "leaderElection.retryPeriod (%s) must be shorter than leaderElection.renewDeadline (%s): the leader renews every retryPeriod and gives up after renewDeadline" $le.retryPeriod $le.renewDeadline) }}
 {{- end }}
