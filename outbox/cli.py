@@ -27,7 +27,7 @@ from outbox.dsn import check_dsn, connect_options
 from outbox.durations import duration_between, format_duration, parse_duration
 from outbox.errors import SettingError
 from outbox.filters import DeadFilter
-from outbox.maintenance import purge_done
+from outbox.maintenance import MAX_PURGE_BATCH, PURGE_BATCH, PURGE_BATCH_ENV, purge_done
 from outbox.redact import describe_dsn
 from outbox.repair import Action, default_actor, repair, select_targets
 from outbox.runner import fetch
@@ -43,7 +43,6 @@ PROG = "outbox"
 # indexes on a large hand-made table may need more, hence the flags.
 DEFAULT_LOCK_TIMEOUT = timedelta(seconds=10)
 DEFAULT_STATEMENT_TIMEOUT = timedelta(minutes=5)
-MAX_PURGE_BATCH = 1_000_000
 # `outbox pause` of a paused destination, `outbox resume` of one that is not paused: nothing
 # changed. Not 1 (something failed) nor 2 (a usage error): a script can tell it apart.
 NOTHING_CHANGED = 3
@@ -93,7 +92,9 @@ def _parser() -> ArgumentParser:
     add_dsn_and_table(p)
     _add_timeouts(p)
     p.add_argument("--older-than", required=True, help="e.g. 7d, 12h")
-    p.add_argument("--batch", help="rows per DELETE (default 5000)")
+    p.add_argument(
+        "--batch", help=f"rows per DELETE (env {PURGE_BATCH_ENV}; default {PURGE_BATCH})"
+    )
     p.add_argument("--dry-run", action="store_true", help="count what would be deleted")
 
     r = command("requeue", "put dead messages back to pending: available now, attempts reset")
@@ -314,7 +315,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         purge_options = (
             {
                 "older_than": resolve(args, "--older-than", parse_duration, timedelta(days=7)),
-                "batch": resolve(args, "--batch", int_between(1, MAX_PURGE_BATCH), 5000),
+                "batch": resolve(
+                    args,
+                    "--batch",
+                    int_between(1, MAX_PURGE_BATCH),
+                    PURGE_BATCH,
+                    variable=PURGE_BATCH_ENV,
+                ),
                 "dry_run": args.dry_run,
             }
             if args.command == "purge"

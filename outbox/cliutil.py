@@ -42,8 +42,10 @@ def resolve(
     convert: Callable[[str], T],
     default: T,
     env: Mapping[str, str] | None = None,
+    variable: str | None = None,
 ) -> T:
-    """A setting from its flag, else its OUTBOX_* variable, else the default.
+    """A setting from its flag, else its variable (OUTBOX_* after the flag's name, unless
+    named), else the default.
 
     Conversion errors name where the bad value came from.
     """
@@ -51,7 +53,7 @@ def resolve(
     raw = getattr(args, flag.lstrip("-").replace("-", "_"))
     source = flag
     if raw is None:
-        name = env_name(flag)
+        name = variable or env_name(flag)
         if name not in env or env[name] == "":
             return default
         raw, source = env[name], name

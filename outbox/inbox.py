@@ -39,6 +39,7 @@ from typing import Any, overload
 import psycopg
 from psycopg import sql
 
+from outbox.maintenance import PURGE_BATCH
 from outbox.runner import Query, Row, fetch, first_row, run
 from outbox.schema import SchemaError
 from outbox.table import Table, text_constant
@@ -55,7 +56,7 @@ MAX_KEY_BYTES = 512
 # ridden out with the breaker open and dead messages a person requeues within the week the
 # done rows themselves are kept for (`outbox purge`).
 DEFAULT_RETENTION = timedelta(days=14)
-DEFAULT_PURGE_BATCH = 5000
+DEFAULT_PURGE_BATCH = PURGE_BATCH  # rows per DELETE, as the outbox's own purge
 
 # Migrations take the same lock as `outbox migrate`: one schema change at a time, whichever.
 _MIGRATE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('outbox-dispatcher migrate', 0))"

@@ -14,10 +14,10 @@ from outbox import inbox
 from outbox.cliutil import add_dsn_and_table, int_between, resolve
 from outbox.durations import format_duration, parse_duration
 from outbox.errors import SettingError
+from outbox.maintenance import MAX_PURGE_BATCH, PURGE_BATCH_ENV
 from outbox.schema import SchemaError
 from outbox.table import Table
 
-MAX_PURGE_BATCH = 1_000_000
 # Not OUTBOX_TABLE: that names the outbox table wherever the workers' settings are set.
 TABLE_ENV = "OUTBOX_INBOX_TABLE"
 _TABLE_HELP = (
@@ -58,7 +58,10 @@ def add_commands(
         "be delivered again, see docs/receiving.md "
         f"(default {format_duration(inbox.DEFAULT_RETENTION)})",
     )
-    p.add_argument("--batch", help=f"rows per DELETE (default {inbox.DEFAULT_PURGE_BATCH})")
+    p.add_argument(
+        "--batch",
+        help=f"rows per DELETE (env {PURGE_BATCH_ENV}; default {inbox.DEFAULT_PURGE_BATCH})",
+    )
     p.add_argument("--dry-run", action="store_true", help="count what would be deleted")
 
 
@@ -84,8 +87,9 @@ def prepare(args: argparse.Namespace) -> bool:
     if args.inbox_command == "purge":
         args.older_than = resolve(args, "--older-than", parse_duration, inbox.DEFAULT_RETENTION)
         args.batch = resolve(
-            args, "--batch", int_between(1, MAX_PURGE_BATCH), inbox.DEFAULT_PURGE_BATCH
-        )
+            args, "--batch", int_between(1, MAX_PURGE_BATCH), inbox.DEFAULT_PURGE_BATCH,
+            variable=PURGE_BATCH_ENV,
+        )  # fmt: skip
     return False
 
 

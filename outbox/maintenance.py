@@ -10,13 +10,18 @@ from psycopg import sql
 
 from outbox.table import Table
 
+PURGE_BATCH = 5000  # rows per DELETE: each one short, so no statement holds locks for long
+MAX_PURGE_BATCH = 1_000_000
+# Not OUTBOX_BATCH: that is the workers' claim batch wherever their settings are set.
+PURGE_BATCH_ENV = "OUTBOX_PURGE_BATCH"
+
 
 def purge_done(
     conn: psycopg.Connection[Any],
     table: Table,
     *,
     older_than: timedelta,
-    batch: int = 5000,
+    batch: int = PURGE_BATCH,
     dry_run: bool = False,
 ) -> int:
     """Delete done rows finished more than `older_than` ago; returns how many (would) go."""

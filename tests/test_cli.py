@@ -646,6 +646,19 @@ def test_purge_in_small_batches_deletes_everything_due(conn, dsn, old):
     assert _by_status(conn) == {"done": 1, "pending": 2, "dead": 1}
 
 
+@pytest.mark.parametrize("command", [["purge", "--older-than", "7d"], ["inbox", "purge"]])
+def test_purge_batches_come_from_their_own_variable_not_the_workers_batch(conn, dsn, command):
+    # In a worker's pod OUTBOX_BATCH is the claim batch: a purge run there must not take it.
+    run = outbox(*command, "--dsn", dsn, env={"OUTBOX_BATCH": "abc", "OUTBOX_INBOX_TABLE": "i"})
+    if command[0] == "inbox":
+        assert "does not exist" in run.stderr  # got past its settings to the (missing) table
+    else:
+        assert run.returncode == 0, run.stderr
+    refused = outbox(*command, "--dsn", dsn, env={"OUTBOX_PURGE_BATCH": "abc"})
+    assert refused.returncode == 2
+    assert one_line(refused.stderr).startswith("outbox: error: OUTBOX_PURGE_BATCH: ")
+
+
 def test_purge_retention_from_hours(conn, dsn):
     _done_rows(conn, old=2, recent=3)
     # Everything done more than 5 days ago goes: the 8- and the 6-day-old rows.
