@@ -117,9 +117,21 @@ STALE_AFTER_SECONDS = 900.0
 MAX_CURVE_POINTS = 256
 
 
+# The range of each field of `spec.scaling`: the CRD's minimum and maximum (a test compares),
+# so that the policy run outside a cluster (the autoscaling bench) takes what the API takes.
+SCALING_RANGES: dict[str, tuple[float, float]] = {
+    "min_replicas": (0, 1000),
+    "max_replicas": (1, 1000),
+    "target_oldest_ready_age_seconds": (0.1, 86400),
+    "poll_interval_seconds": (1, 3600),
+    "scale_down_stabilization_seconds": (0, 86400),
+}
+
+
 @dataclass(frozen=True)
 class ScalingSettings:
-    """`spec.scaling` of an `OutboxDispatcher`; the field defaults are the CRD's defaults."""
+    """`spec.scaling` of an `OutboxDispatcher`; the field defaults are the CRD's defaults (the
+    API server fills them in; a test compares)."""
 
     min_replicas: int = 0
     """Never fewer workers than this (0 lets an idle table scale to zero)."""
@@ -160,12 +172,15 @@ class ScalingSettings:
     def _check(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ValueError(f"scaling.{_camel(f.name)} must be a number >= 0, not {value!r}")
+            low, high = SCALING_RANGES[f.name]
+            number = not isinstance(value, bool) and isinstance(value, int | float)
+            if not number or not low <= value <= high:
+                raise ValueError(
+                    f"scaling.{_camel(f.name)} must be a number from {low:g} to {high:g}, "
+                    f"not {value!r}"
+                )
         if self.min_replicas > self.max_replicas:
             raise ValueError("scaling.minReplicas must not exceed scaling.maxReplicas")
-        if self.target_oldest_ready_age_seconds <= 0:
-            raise ValueError("scaling.targetOldestReadyAgeSeconds must be > 0")
 
 
 def _camel(name: str) -> str:

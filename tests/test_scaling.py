@@ -15,6 +15,7 @@ from outbox.controller import scaling
 from outbox.controller.decision import Decision, Observed, decide
 from outbox.controller.scaling import (
     MAX_CURVE_POINTS,
+    SCALING_RANGES,
     STALE_AFTER_SECONDS,
     STARTUP_DELAY_SECONDS,
     ScalingPolicy,
@@ -159,9 +160,14 @@ def test_missing_keys_take_the_crd_defaults():
     [
         ({"maxreplicas": 3}, "unknown key 'maxreplicas'"),
         ({"minReplicas": 4, "maxReplicas": 3}, "minReplicas must not exceed"),
-        ({"minReplicas": -1}, "scaling.minReplicas must be a number >= 0"),
+        ({"minReplicas": -1}, "scaling.minReplicas must be a number from 0 to 1000"),
+        ({"maxReplicas": 0}, "scaling.maxReplicas must be a number from 1 to 1000"),
         ({"pollIntervalSeconds": "5s"}, "scaling.pollIntervalSeconds must be a number"),
-        ({"targetOldestReadyAgeSeconds": 0}, "targetOldestReadyAgeSeconds must be > 0"),
+        ({"pollIntervalSeconds": 0.5}, "scaling.pollIntervalSeconds must be a number from 1"),
+        (
+            {"targetOldestReadyAgeSeconds": 0},
+            "targetOldestReadyAgeSeconds must be a number from 0.1",
+        ),
     ],
 )
 def test_bad_settings_name_the_key(scaling, says):
@@ -375,6 +381,8 @@ def test_the_defaults_are_the_crds():
     defaults = {key: value["default"] for key, value in schema.items()}
     assert ScalingSettings.from_spec(defaults) == ScalingSettings()
     assert set(defaults) == set(ScalingSettings().to_spec())
+    ranges = {key: (value["minimum"], value["maximum"]) for key, value in schema.items()}
+    assert ranges == {scaling._camel(name): bounds for name, bounds in SCALING_RANGES.items()}
 
 
 def test_a_probe_that_overshoots_is_taken_back_before_the_target_at_long_polls():
