@@ -304,6 +304,8 @@ def test_the_crd_format_reaches_the_worker(publisher, spec, mode):
         ({"publisher.cloudEventsSource": ""}, False, True),
         ({"publisher.type": "log", "publisher.format": "cloudevents-binary"}, False, True),
         ({"publisher.format": "cloudevents-structured"}, True, True),
+        ({"publisher.cloudEventsSource": "urn:" + "x" * 1020}, True, True),
+        ({"publisher.cloudEventsSource": "urn:" + "x" * 1021}, False, False),
     ],
 )
 def test_the_crd_refuses_what_the_worker_would(fields, admitted, worker_accepts):

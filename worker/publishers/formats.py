@@ -73,6 +73,8 @@ _TO_ENCODE = re.compile(r"[^\x21\x23\x24\x26-\x7e]")
 # spell out the same range, since a Go (RE2) API server's `\s` is ASCII-only where Python's is
 # Unicode (NBSP, U+0085, U+2028): both refuse exactly the same characters.
 NOT_IN_URI = re.compile(r"[^\x21-\x7e]")
+# The source travels with every message: a bound, the CRD's maxLength too (a test compares).
+MAX_SOURCE_LENGTH = 1024
 
 
 def wire_format(text: str) -> str:
@@ -89,6 +91,8 @@ def cloudevents_source(text: str) -> str:
             f"{text!r} is not a URI-reference (not empty, no whitespace or control characters, "
             "printable ASCII only: percent-encode the rest)"
         )
+    if len(text) > MAX_SOURCE_LENGTH:
+        raise ValueError(f"longer than {MAX_SOURCE_LENGTH} characters ({len(text)})")
     return text
 
 
