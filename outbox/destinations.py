@@ -80,7 +80,7 @@ def create_statements(table: Table) -> list[sql.Composed]:
 
 @dataclass(frozen=True)
 class Policy:
-    """When a breaker opens and how it probes. The defaults are the worker's settings'."""
+    """When a breaker opens and how it probes. The worker's settings take these defaults."""
 
     threshold: int = 5  # distinct failing messages within the window
     window: timedelta = timedelta(seconds=60)

@@ -23,7 +23,7 @@ from outbox.cliutil import (
     port,
     resolve,
 )
-from outbox.destinations import MAX_FAILING_IDS
+from outbox.destinations import MAX_FAILING_IDS, Policy
 from outbox.dsn import check_dsn
 from outbox.durations import duration_between, format_duration, parse_duration
 from outbox.errors import SettingError
@@ -148,12 +148,12 @@ class WorkerSettings:
     rate_limit: float | None = None
     """Most messages a second sent to each destination by all replicas of the table together
     (`50/s`, `600/m`); unset: no limit."""
-    breaker_failures: int = 5
+    breaker_failures: int = Policy.threshold
     """Different messages failing at one destination within the breaker window that open its
     breaker for every replica (0 turns the breaker off)."""
-    breaker_window: timedelta = timedelta(seconds=60)
+    breaker_window: timedelta = Policy.window
     """How close together those failures must be; a success starts the count again."""
-    probe_delay_max: timedelta = timedelta(seconds=30)
+    probe_delay_max: timedelta = Policy.probe_cap
     """Longest wait between two probes of an open destination (the wait doubles from 2s)."""
     format: str = DEFAULT_FORMAT
     """What the http, nats and kafka publishers send: `envelope` (the project's JSON),

@@ -87,6 +87,7 @@ DEFAULT_SUBJECT = "outbox.{aggregate_type}.{event_type}"
 PLACEHOLDERS = ("aggregate_type", "aggregate_id", "event_type")
 SCHEMES = ("nats", "tls", "ws", "wss")
 NO_STREAM_POLICIES = ("dead", "retry")
+DEFAULT_NO_STREAM = "dead"
 RECONNECT_WAIT = 2.0  # seconds between attempts on one server (the client's default)
 CONNECT_TIMEOUT = 2.0  # one TCP + handshake attempt; also how long start() waits for it
 NO_RESPONDERS_STATUS = "503"  # the server's status reply when nothing listens on a subject
@@ -286,7 +287,7 @@ def _no_stream(reason: str, policy: str) -> PermanentError | RetryableError:
     return RetryableError(reason) if policy == "retry" else PermanentError(reason)
 
 
-def classify(exc: Exception, subject: str, no_stream: str = "dead") -> Exception:
+def classify(exc: Exception, subject: str, no_stream: str = DEFAULT_NO_STREAM) -> Exception:
     """The failure class (see the table above) for an exception from publishing to `subject`;
     an exception of no known kind is returned as it is: a bug for the loop to report."""
     if isinstance(exc, NoStreamResponseError | nats.errors.NoRespondersError):
@@ -358,7 +359,7 @@ class NatsPublisher:
             "--nats-no-stream",
             "no stream for the subject, or permission denied: dead (default) or retry",
             convert=no_stream_policy,
-            default="dead",
+            default=DEFAULT_NO_STREAM,
         ),
     )
 
@@ -386,7 +387,7 @@ class NatsPublisher:
         return cls(
             servers,
             subject=values.get("nats_subject") or DEFAULT_SUBJECT,
-            no_stream=values.get("nats_no_stream") or "dead",
+            no_stream=values.get("nats_no_stream") or DEFAULT_NO_STREAM,
             # Our own deadline fires just before the loop's, so a lost PubAck is reported as
             # such rather than as a generic publish timeout.
             ack_timeout=context.publish_timeout * 0.9,
@@ -403,7 +404,7 @@ class NatsPublisher:
         servers: Sequence[str] = (DEFAULT_URL,),
         *,
         subject: str = DEFAULT_SUBJECT,
-        no_stream: str = "dead",
+        no_stream: str = DEFAULT_NO_STREAM,
         ack_timeout: float = 5.0,
         name: str = "outbox-dispatcher",
         on_duplicate: Callable[[], None] = lambda: None,
