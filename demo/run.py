@@ -149,10 +149,35 @@ def _explain_duplicates(
     return duplicates, reasons, unexplained
 
 
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the `finally`s that stop every process
+
+
 def run_demo(events: int = 3000, workers: int = 4, keep: bool = False) -> int:
+    # Stopped by a supervisor or a closed terminal as by Ctrl-C: workers, the API and
+    # PostgreSQL are stopped and the data directory removed, never left behind.
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, _exit_on_signal)
     print(f"outbox demo: {events} events, {AGGREGATES} aggregates, {workers} worker processes")
     server = EmbeddedPostgres()
     server.start()
+    try:
+        return _demo_on(server, events, workers)
+    finally:
+        if keep:
+            dsn, pid = server.dsn(), server.pid
+            server.detach()
+            print(f"\nPostgreSQL keeps running (pid {pid}), data in {server.data_dir}")
+            print(f"  connect:  psql '{dsn}'")
+            print(f"  effects:  psql '{server.dsn(API_DATABASE)}' (tables effects, outbox_inbox)")
+            print(f"  state:    outbox stats --dsn '{dsn}'")
+            print(f"  watch:    outbox-tui --dsn '{dsn}'")
+            print(f"  stop:     kill -INT {pid}")
+        else:
+            server.stop()
+
+
+def _demo_on(server: EmbeddedPostgres, events: int, workers: int) -> int:
     dsn = server.dsn()
     log_dir = server.data_dir / "logs"
     log_dir.mkdir()
@@ -225,17 +250,6 @@ def run_demo(events: int = 3000, workers: int = 4, keep: bool = False) -> int:
                 proc.kill()
         sink.stop()
         effects.close()
-        if keep:
-            pid = server.pid
-            server.detach()
-            print(f"\nPostgreSQL keeps running (pid {pid}), data in {server.data_dir}")
-            print(f"  connect:  psql '{dsn}'")
-            print(f"  effects:  psql '{server.dsn(API_DATABASE)}' (tables effects, outbox_inbox)")
-            print(f"  state:    outbox stats --dsn '{dsn}'")
-            print(f"  watch:    outbox-tui --dsn '{dsn}'")
-            print(f"  stop:     kill -INT {pid}")
-        else:
-            server.stop()
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> int | None:

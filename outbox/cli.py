@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -19,9 +20,9 @@ from outbox.cliutil import (
     choice,
     fail,
     int_between,
-    positive_int,
     resolve,
 )
+from outbox.dead_letters import MAX_ID
 from outbox.destinations import OPEN, PAUSED
 from outbox.dsn import check_dsn, connect_options
 from outbox.durations import duration_between, format_duration, parse_duration
@@ -47,6 +48,9 @@ DEFAULT_STATEMENT_TIMEOUT = timedelta(minutes=5)
 # changed. Not 1 (something failed) nor 2 (a usage error): a script can tell it apart.
 NOTHING_CHANGED = 3
 _TIMEOUT = duration_between(timedelta(0), timedelta(days=1))
+_MESSAGE_ID = int_between(1, MAX_ID)  # ids are bigint: beyond, none exists
+# The demo runs on this machine: more workers than this only thrash it.
+DEMO_MAX_EVENTS, DEMO_MAX_WORKERS = 1_000_000, 32
 
 
 def _add_timeouts(parser: argparse.ArgumentParser) -> None:
@@ -105,7 +109,10 @@ def _parser() -> ArgumentParser:
         "--id", action="append", metavar="ID", help="a dead message (repeat, or comma-separate)"
     )
     which.add_argument(
-        "--error", metavar="TEXT", help="every dead message whose last_error contains TEXT"
+        "--error",
+        metavar="TEXT",
+        type=_error_text,
+        help="every dead message whose last_error contains TEXT",
     )
     which.add_argument("--all-dead", action="store_true", help="every dead message")
     r.add_argument("--dry-run", action="store_true", help="count what would be requeued")
@@ -148,8 +155,8 @@ def _parser() -> ArgumentParser:
         )
 
     d = command("demo", "run the whole system on an embedded PostgreSQL and report")
-    d.add_argument("--events", help="events to enqueue (default 3000)")
-    d.add_argument("--workers", help="worker processes (default 4)")
+    d.add_argument("--events", help=f"events to enqueue, 1 to {DEMO_MAX_EVENTS} (default 3000)")
+    d.add_argument("--workers", help=f"worker processes, 1 to {DEMO_MAX_WORKERS} (default 4)")
     d.add_argument("--keep", action="store_true", help="leave the database running afterwards")
 
     i = command("inbox", "the receiving end's inbox table: migrate, purge (docs/receiving.md)")
@@ -165,13 +172,21 @@ def _table(args: argparse.Namespace) -> Table:
     return resolve(args, "--table", Table.parse, Table.default())
 
 
+def _error_text(text: str) -> str:
+    # Empty, it would match every dead message: an unset variable in `--error "$X"` must not
+    # requeue them all (that is --all-dead, said on purpose).
+    if not text:
+        raise argparse.ArgumentTypeError("empty (every dead message is --all-dead)")
+    return text
+
+
 def message_ids(values: list[str]) -> list[int]:
     """`--id 3 --id 4,5` -> [3, 4, 5]."""
     ids: list[int] = []
     for value in values:
         for part in value.split(","):
             try:
-                ids.append(positive_int(part.strip()))
+                ids.append(_MESSAGE_ID(part.strip()))
             except ValueError:
                 raise SettingError(f"--id: {part.strip()!r} is not a message id") from None
     return ids
@@ -295,8 +310,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 extras.fail(PROG, exc)
             sys.exit(
                 demo.run_demo(  # type: ignore[attr-defined]
-                    events=resolve(args, "--events", positive_int, 3000),
-                    workers=resolve(args, "--workers", positive_int, 4),
+                    events=resolve(args, "--events", int_between(1, DEMO_MAX_EVENTS), 3000),
+                    workers=resolve(args, "--workers", int_between(1, DEMO_MAX_WORKERS), 4),
                     keep=args.keep,
                 )
             )
@@ -395,7 +410,8 @@ def _missing(table: Table, exc: psycopg.errors.UndefinedTable) -> str:
 
 
 def _milliseconds(value: timedelta) -> str:
-    return f"{int(value.total_seconds() * 1000)}ms"
+    # Rounded up: PostgreSQL takes whole milliseconds, and 0 would mean no limit at all.
+    return f"{math.ceil(value / timedelta(milliseconds=1))}ms"
 
 
 def _run(

@@ -695,6 +695,13 @@ def test_purge_retention_from_hours(conn, dsn):
         (["stats"], {"OUTBOX_LOCK_TIMEOUT": "-1s"}, "OUTBOX_LOCK_TIMEOUT"),
         (["frobnicate"], {}, "frobnicate"),
         ([], {}, "COMMAND"),
+        # Ids are bigint: beyond, a database error used to answer (exit 1).
+        (["requeue", "--id", "99999999999999999999", "--dsn", "host=x"], {}, "--id"),
+        (["skip", "--id", "9223372036854775808", "--dsn", "host=x"], {}, "--id"),
+        # Empty, it matched every dead message: `--error "$UNSET"` was --all-dead.
+        (["requeue", "--error", "", "--dsn", "host=x"], {}, "--error"),
+        (["demo", "--workers", "100000"], {}, "--workers"),
+        (["demo", "--events", "0"], {}, "--events"),
     ],
 )
 def test_outbox_usage_errors_exit_2_with_one_line(args, env, named):
@@ -1015,6 +1022,15 @@ def test_a_command_gives_up_on_a_lock_held_elsewhere_and_says_so(dsn, command):
     line = one_line(result.stderr)
     assert line.startswith("outbox: error: gave up after waiting 200ms for a lock on outbox")
     assert "--lock-timeout" in line
+
+
+def test_a_timeout_under_a_millisecond_is_a_limit_not_none(dsn):
+    # PostgreSQL takes whole milliseconds, and 0 means no limit: 0.5ms used to wait for ever.
+    with psycopg.connect(dsn) as holder:
+        holder.execute("LOCK TABLE outbox")
+        result = outbox("stats", "--dsn", dsn, "--lock-timeout", "0.5ms", timeout=60)
+    assert result.returncode == 1
+    assert one_line(result.stderr).startswith("outbox: error: gave up after waiting")
 
 
 def test_a_statement_that_runs_too_long_is_cancelled_and_named(dsn):

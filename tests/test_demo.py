@@ -110,6 +110,45 @@ def test_demo_keep_leaves_a_database_to_connect_to():
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+def _processes_naming(text: str) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            pass  # gone meanwhile
+    return found
+
+
+def test_demo_stopped_by_sigterm_stops_postgres_and_its_workers():
+    import os
+
+    import psycopg
+
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "outbox", "demo", "--events", "200000", "--workers", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        assert demo.stdout is not None
+        lines = iter(demo.stdout.readline, "")
+        dsn = next(m.group(1) for line in lines if (m := re.search(r"embedded\) at (\S+)", line)))
+        # Running: the workers are delivering (the progress line is printed).
+        next(line for line in lines if "(done " in line)
+        assert _processes_naming(dsn), "the workers run with the demo's DSN"
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(dsn, connect_timeout=5).close()
+    assert _processes_naming(dsn) == []  # no worker left behind
+
+
 def test_operator_demo_scales_for_the_burst_and_back_losing_nothing():
     """`make demo`'s second part, as it runs it (its outcome against the emulator and the
     table is asserted in k8s/test_demo_story.py)."""
