@@ -294,6 +294,13 @@ def test_empty_env_variable_counts_as_unset():
         (["--lease", "5x"], {}, "--lease"),
         (["--batch", "0"], {}, "--batch"),
         ([], {"OUTBOX_BATCH": "abc"}, "OUTBOX_BATCH"),
+        # Accepted once: immediate retries in a loop, every defer dead, a blank lease owner.
+        (["--backoff-base", "0s"], {}, "--backoff-base"),
+        (["--backoff-cap", "0s"], {}, "--backoff-cap"),
+        (["--backoff-base", "10m", "--backoff-cap", "1s"], {}, "--backoff-base"),
+        (["--max-defer-age", "0s"], {}, "--max-defer-age"),
+        (["--owner", ""], {}, "--owner"),
+        (["--owner", "  "], {}, "--owner"),
         ([], {"OUTBOX_LEASE": "soon"}, "OUTBOX_LEASE"),
         (["--publisher", "http"], {}, "--http-url"),
         (["--http-url", "ftp://x"], {}, "--http-url"),

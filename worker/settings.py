@@ -25,7 +25,7 @@ from outbox.cliutil import (
 )
 from outbox.destinations import MAX_FAILING_IDS, Policy
 from outbox.dsn import check_dsn
-from outbox.durations import duration_between, format_duration, parse_duration
+from outbox.durations import MAX_DURATION, duration_between, format_duration, parse_duration
 from outbox.errors import SettingError
 from outbox.limits import (
     CLAIM_BYTES,
@@ -57,6 +57,10 @@ POLL_INTERVAL_RANGE = (timedelta(milliseconds=1), timedelta(hours=1))
 MAX_BREAKER_FAILURES = MAX_FAILING_IDS
 BREAKER_WINDOW_RANGE = (timedelta(seconds=1), timedelta(days=1))
 PROBE_DELAY_MAX_RANGE = (timedelta(seconds=2), timedelta(hours=1))
+# 0 would retry at once, in a loop against a failing destination; a day is the longest wait.
+BACKOFF_RANGE = (timedelta(milliseconds=1), timedelta(days=1))
+# 0 would send every business defer straight to dead.
+MAX_DEFER_AGE_RANGE = (timedelta(seconds=1), MAX_DURATION)
 RATE_RANGE = (0.01, 1_000_000.0)  # messages a second
 _RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
@@ -183,6 +187,13 @@ class WorkerSettings:
         return found
 
 
+def _owner(text: str) -> str:
+    # lease_owner is how people and the TUI tell replicas apart: never blank.
+    if not text.strip():
+        raise ValueError("must not be blank")
+    return text
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -198,14 +209,14 @@ CONVERTERS: dict[str, Callable[[str], Any]] = {
     "publish_timeout": duration_between(*PUBLISH_TIMEOUT_RANGE),
     "max_attempts": int_between(1, MAX_ATTEMPTS),
     "ordering": choice(*ORDERINGS),
-    "owner": str,
+    "owner": _owner,
     "metrics_port": port,
     "metrics_address": listen_address,
     "poll_interval": duration_between(*POLL_INTERVAL_RANGE),
     "shutdown_grace": parse_duration,
-    "backoff_base": parse_duration,
-    "backoff_cap": parse_duration,
-    "max_defer_age": parse_duration,
+    "backoff_base": duration_between(*BACKOFF_RANGE),
+    "backoff_cap": duration_between(*BACKOFF_RANGE),
+    "max_defer_age": duration_between(*MAX_DEFER_AGE_RANGE),
     "log_format": choice(*LOG_FORMATS),
     "log_level": str.upper,
     "event_loop": choice(*EVENT_LOOPS),
@@ -367,6 +378,11 @@ def _check(settings: WorkerSettings) -> None:
     for name in ("lease", "publish_timeout", "poll_interval"):
         if getattr(settings, name) <= timedelta(0):
             raise SettingError(f"--{name.replace('_', '-')}: must be greater than zero")
+    if settings.backoff_base > settings.backoff_cap:
+        raise SettingError(
+            f"--backoff-base: {format_duration(settings.backoff_base)} is longer than "
+            f"--backoff-cap ({format_duration(settings.backoff_cap)})"
+        )
     if settings.log_level not in LOG_LEVELS:
         raise SettingError(f"--log-level: {settings.log_level!r} is not {', '.join(LOG_LEVELS)}")
 
