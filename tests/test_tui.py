@@ -491,7 +491,9 @@ def test_flags_and_environment(monkeypatch):
 @pytest.mark.parametrize(
     ("args", "named"),
     [(["--refresh", "soon"], "--refresh"), (["--ordering", "x"], "--ordering"),
-     (["--bogus"], "--bogus"), (["--dsn", "host=x port"], "--dsn")],
+     (["--bogus"], "--bogus"), (["--dsn", "host=x port"], "--dsn"),
+     (["--refresh", "1ms"], "--refresh"),  # polled the database back to back
+     (["--refresh", "2h"], "--refresh")],
 )  # fmt: skip
 def test_usage_errors_exit_2_with_one_line(args, named, capsys):
     with pytest.raises(SystemExit) as exit_info:

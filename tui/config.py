@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 from outbox.cliutil import (
     ArgumentParser,
@@ -15,7 +16,7 @@ from outbox.cliutil import (
     resolve,
 )
 from outbox.dsn import check_dsn
-from outbox.durations import parse_duration
+from outbox.durations import duration_between, parse_duration
 from outbox.errors import SettingError
 from outbox.schema import ORDERINGS
 from outbox.table import Table
@@ -23,6 +24,9 @@ from outbox.table import Table
 PROG = "outbox-tui"
 # What `+` and `-` step through; the flag may set any value, the keys move to a neighbour.
 INTERVALS = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+# Faster than a tenth of a second only polls the database back to back.
+REFRESH_RANGE = (timedelta(milliseconds=100), timedelta(hours=1))
+_REFRESH = duration_between(*REFRESH_RANGE)
 DEFAULT_TABLE = Table.default()
 MAX_PAGE_SIZE = 1000  # rows drawn per page; beyond it a query fetches more than a screen shows
 
@@ -37,6 +41,10 @@ class Config:
     ordered: bool = False  # workers run --ordering aggregate: show blocked aggregates
     page_size: int = 50
     paused: bool = False  # start without live refresh (snapshots, slow links)
+
+
+def _refresh(text: str) -> float:
+    return _REFRESH(text).total_seconds()
 
 
 def _seconds(text: str) -> float:
@@ -64,7 +72,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         default=None,  # unset: OUTBOX_READ_ONLY decides
         help="hide and refuse every action (env OUTBOX_READ_ONLY=on)",
     )
-    parser.add_argument("--refresh", help="time between refreshes (default 2s)")
+    parser.add_argument(
+        "--refresh",
+        help="time between refreshes, 100ms to 1h (default 2s)",
+    )
     parser.add_argument("--slo", help="oldest-age target; ages over it are red (default 60s)")
     parser.add_argument(
         "--ordering", help="none or aggregate, as the workers run (aggregate: blocked heads)"
@@ -77,7 +88,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
             dsn=resolve(args, "--dsn", check_dsn, ""),
             table=resolve(args, "--table", Table.parse, DEFAULT_TABLE),
             read_only=resolve(args, "--read-only", on_off, False),
-            interval=resolve(args, "--refresh", _seconds, 2.0),
+            interval=resolve(args, "--refresh", _refresh, 2.0),
             slo=resolve(args, "--slo", _seconds, 60.0),
             ordered=resolve(args, "--ordering", _ordering, False),
             page_size=resolve(args, "--page-size", int_between(1, MAX_PAGE_SIZE), 50),
