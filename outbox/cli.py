@@ -24,7 +24,7 @@ from outbox.cliutil import (
 )
 from outbox.dead_letters import MAX_ID
 from outbox.destinations import OPEN, PAUSED
-from outbox.dsn import check_dsn, connect_options
+from outbox.dsn import check_dsn, connect_options, with_pg_environment
 from outbox.durations import duration_between, format_duration, parse_duration
 from outbox.errors import SettingError
 from outbox.filters import DeadFilter
@@ -195,8 +195,14 @@ def message_ids(values: list[str]) -> list[int]:
 def _connect(dsn: str) -> psycopg.Connection[Any]:
     try:
         return psycopg.connect(dsn, autocommit=True, **connect_options(dsn))
-    except psycopg.OperationalError as exc:
-        fail(PROG, f"cannot connect to {describe_dsn(dsn)}: {dberrors.describe(exc)}", 1)
+    except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
+        # A setting libpq or psycopg refuses before trying any server (sslmode=bogus,
+        # PGCONNECT_TIMEOUT=abc) can never work: a usage error, named by its parameter.
+        refused = dberrors.invalid_setting(exc)
+        if refused is not None:
+            fail(PROG, f"{refused} (set by the DSN or a PG* variable)")
+        where = describe_dsn(with_pg_environment(dsn))
+        fail(PROG, f"cannot connect to {where}: {dberrors.describe(exc)}", 1)
 
 
 def print_stats(stats: QueueStats) -> None:

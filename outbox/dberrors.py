@@ -15,6 +15,9 @@ every component (the worker's claim, heartbeat, listener and finalizer, the TUI,
   naming it (the worker exits 2) rather than retry for ever. Such an error is never
   transient. (A host name that does not resolve is retried: in a cluster the database's
   service may appear after its workers.)
+- `invalid_setting(exc)`: a connection setting libpq (or psycopg) refuses before trying any
+  server (`sslmode=bogus`, `port=abc`, `PGCONNECT_TIMEOUT=abc`): a usage error, named by its
+  parameter. Such a failure is permanent.
 - `describe(exc)`: the error as one line that keeps the reason (libpq's message spans
   several lines, hints included, and may list one failure per host).
 
@@ -28,6 +31,8 @@ from __future__ import annotations
 import re
 
 import psycopg
+
+from outbox.dsn import KEYWORDS
 
 # SQLSTATE classes and codes of errors that pass by themselves (or by a GRANT).
 _TRANSIENT_CLASSES = frozenset({
@@ -71,8 +76,53 @@ _PERMANENT_CONNECTION = re.compile(
 )
 
 
+# How libpq and psycopg refuse a connection setting before trying any server, with the
+# parameter at fault. Their words go on to quote the value, which is never passed on: after
+# `sslmode= password=x` libpq reads `password=x` as the sslmode. Line by line, to its end:
+# libpq names the option after the quoted value, which may hold `for connection option "`.
+_INVALID_VALUE = re.compile(
+    "|".join(
+        [
+            r'invalid "?(\w+)"? value: "',  # invalid sslmode value: "x"
+            r'invalid integer value ".*" for connection option "(\w+)"$',
+            r'invalid (port) number: "',
+            r"(?:negative )?(require_auth) method \"",  # mixed, or given twice
+            r"^bad value for (\w+): ",  # psycopg's own check of connect_timeout
+        ]
+    ),
+    re.MULTILINE,
+)
+# Settings that cannot go together, in libpq's words, which quote no value of the DSN but
+# numbers and words libpq has already accepted.
+_INVALID_COMBINATION = re.compile(
+    r"could not match \d+ [a-z ]+ (?:to|with) \d+ [a-z ]+"
+    r'|weak sslmode "[a-z-]+" may not be used with \w+=\w+ \(use [a-z", -]+\)'
+    r"|invalid SSL protocol version range"
+)
+
+
+def invalid_setting(exc: BaseException) -> str | None:
+    """What libpq or psycopg refused among the connection settings before trying any server
+    (the DSN's, or a PG* variable's): `invalid value for connection parameter sslmode`,
+    naming no value; None for any other error."""
+    if not isinstance(exc, psycopg.OperationalError | psycopg.ProgrammingError):
+        return None
+    if exc.sqlstate is not None:
+        return None  # the server's answer to a statement
+    text = str(exc)
+    match = _INVALID_VALUE.search(text)
+    if match:
+        name = next(group for group in match.groups() if group is not None)
+        # Only a keyword libpq knows is named: never a piece of a value that looks like one.
+        return f"invalid value for connection parameter {name if name in KEYWORDS else '?'}"
+    combination = _INVALID_COMBINATION.search(text)
+    return combination[0] if combination else None
+
+
 def is_permanent_connection_failure(exc: BaseException) -> bool:
     """A connection refused for a reason that waiting will not fix (see the module doc)."""
+    if invalid_setting(exc) is not None:
+        return True
     if not isinstance(exc, psycopg.OperationalError):
         return False
     if exc.sqlstate in _PERMANENT_CONNECTION_CODES:
@@ -101,7 +151,11 @@ def is_transient(exc: BaseException) -> bool:
 
 def describe(exc: BaseException) -> str:
     """The error on one line, reason kept: `connection to server at "h", port 5432 failed:
-    FATAL: role "x" does not exist`, one clause per host tried, libpq's hints left out."""
+    FATAL: role "x" does not exist`, one clause per host tried, libpq's hints left out; a
+    setting libpq refuses by its parameter only (invalid_setting)."""
+    refused = invalid_setting(exc)
+    if refused is not None:
+        return refused
     text = str(exc).strip()
     for prefix in ("connection failed: ", "connection is bad: "):
         text = text.removeprefix(prefix)

@@ -14,11 +14,12 @@ from __future__ import annotations
 import os
 import re
 import urllib.parse
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 from psycopg import pq
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo, timeout_from_conninfo
 
 from outbox.errors import SettingError
 
@@ -28,6 +29,12 @@ DEFAULT_CONNECT_TIMEOUT = 10  # seconds; libpq's own default is to wait for ever
 # Every keyword the loaded libpq knows; `requiressl` is an old spelling it still takes (as
 # sslmode=require), and `ssl=true` a URL-only one.
 KEYWORDS = frozenset(o.keyword.decode() for o in pq.Conninfo.get_defaults()) | {"requiressl"}
+# The PG* variable libpq reads for each parameter naming the server (PGHOST, PGPORT...).
+_SERVER_VARIABLES = {
+    o.keyword.decode(): o.envvar.decode()
+    for o in pq.Conninfo.get_defaults()
+    if o.envvar and o.keyword.decode() in ("host", "hostaddr", "port", "dbname", "user")
+}
 _SPACE = " \t\n\v\f\r"  # C's isspace(), which libpq's parser uses; not Unicode's spaces
 
 
@@ -45,9 +52,13 @@ def is_url(dsn: str) -> bool:
 
 
 def url_authority(url: str) -> str:
-    """The `user:password@host:port` part of a URL: up to the first `/` or `?`."""
+    """The `user:password@host:port` part of a URL: up to the first `/` or `?` after the last
+    `@` before the query. libpq ends it at the first `/` or `?`; running on to the last `@`
+    keeps a password with an unencoded `/` or `@` whole in the user-info, so that whatever
+    masks the user-info masks all of it (check_dsn refuses such a URL)."""
     rest = url.partition("://")[2]
-    ends = [i for i in (rest.find("/"), rest.find("?")) if i >= 0]
+    after = rest.partition("?")[0].rfind("@") + 1
+    ends = [i for i in (rest.find("/", after), rest.find("?", after)) if i >= 0]
     return rest[: min(ends, default=len(rest))]
 
 
@@ -55,13 +66,30 @@ def check_dsn(dsn: str) -> str:
     """Return the DSN unchanged if libpq can parse it and would read it as written; raise
     DsnError (a SettingError) saying what is wrong otherwise, quoting none of it."""
     try:
-        conninfo_to_dict(dsn)
+        params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         raise DsnError(_what_is_wrong(dsn, str(exc))) from None
+    if is_url(dsn) and "/" in url_authority(dsn):
+        # libpq ends the authority at the first /: the password's tail would be read as the
+        # port and the database, and every message naming the server would show it.
+        raise DsnError("a / or @ in the user name or password must be percent-encoded: %2F, %40")
     if is_url(dsn) and url_authority(dsn).count("@") > 1:
         # libpq would end the password at its first @ and take the rest for the host: a
         # connection to the wrong place, whose errors then quote the password's tail.
         raise DsnError("an @ in the password must be written %40")
+    n = None if is_url(dsn) else _value_taken_from_the_next(dsn)
+    if n is not None:
+        # `port= password=x`: libpq skips the space and reads `password=x` as the port, which
+        # its errors (and any description of the server) would then show.
+        raise DsnError(
+            f"parameter {n} has no value: libpq would read the next parameter as its value; "
+            "write '' for an empty one"
+        )
+    if "connect_timeout" in params:
+        try:  # psycopg's own check, which it makes before every connection attempt
+            timeout_from_conninfo({"connect_timeout": params["connect_timeout"]})
+        except psycopg.ProgrammingError:
+            raise DsnError("connect_timeout is not a number of seconds") from None
     return dsn
 
 
@@ -129,8 +157,29 @@ def _what_is_wrong(dsn: str, libpq: str) -> str:
 
 
 def _key_value_fault(dsn: str) -> int | None:
-    """The number of the first parameter libpq's key/value parser refuses (conninfo_parse in
-    libpq's fe-connect.c, followed step by step), or None if it refuses none."""
+    """The number of the first parameter libpq's key/value parser refuses, or None if it
+    refuses none."""
+    for n, keyword, _, fault in _key_value_parameters(dsn):
+        if fault or keyword not in KEYWORDS:
+            return n
+    return None
+
+
+def _value_taken_from_the_next(dsn: str) -> int | None:
+    """The number of the first parameter whose value, after a space, is the next parameter
+    (`keyword=value`, with a keyword libpq knows), or None."""
+    for n, _, value, _ in _key_value_parameters(dsn):
+        keyword, equals, _ = value.partition("=")
+        if equals and keyword in KEYWORDS:
+            return n
+    return None
+
+
+def _key_value_parameters(dsn: str) -> Iterator[tuple[int, str, str, bool]]:
+    """Each parameter of a key/value DSN as libpq's parser reads it (conninfo_parse in
+    libpq's fe-connect.c, followed step by step): its number, keyword, its value when that is
+    unquoted and follows a space after the "=" (else ""), and whether the parser refuses it
+    (no "=", a quoted value never closed); nothing more is read after a refused one."""
     i, n, end = 0, 0, len(dsn)
     while i < end:
         if dsn[i] in _SPACE:
@@ -144,25 +193,29 @@ def _key_value_fault(dsn: str) -> int | None:
         while i < end and dsn[i] in _SPACE:
             i += 1
         if i >= end or dsn[i] != "=":
-            return n  # no "=" after the keyword
+            yield n, keyword, "", True  # no "=" after the keyword
+            return
         i += 1
+        equals = i
         while i < end and dsn[i] in _SPACE:
             i += 1
+        spaced = i > equals
         if i < end and dsn[i] == "'":
             i += 1
             while True:
                 if i >= end:
-                    return n  # the quoted value never ends
+                    yield n, keyword, "", True  # the quoted value never ends
+                    return
                 if dsn[i] == "'":
                     i += 1
                     break
                 i += 2 if dsn[i] == "\\" else 1
+            yield n, keyword, "", False
         else:
+            value = i
             while i < end and dsn[i] not in _SPACE:
                 i += 2 if dsn[i] == "\\" else 1
-        if keyword not in KEYWORDS:
-            return n
-    return None
+            yield n, keyword, dsn[value:i] if spaced else "", False
 
 
 def _query_fault(url: str) -> int | None:
@@ -178,6 +231,24 @@ def _query_fault(url: str) -> int | None:
         if keyword not in KEYWORDS and not (keyword == "ssl" and value == "true"):
             return n
     return None
+
+
+def with_pg_environment(dsn: str) -> str:
+    """The DSN with the server's host, address, port, database and user taken from libpq's
+    PG* variables where it leaves them out, as libpq itself does when connecting: what a
+    message naming the server describes (outbox.redact.describe_dsn reads the DSN alone,
+    and would say "the local socket" for PGHOST=db). A DSN that does not parse is
+    returned unchanged."""
+    try:
+        given = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return dsn
+    taken = {
+        keyword: os.environ[variable]
+        for keyword, variable in _SERVER_VARIABLES.items()
+        if not given.get(keyword) and os.environ.get(variable)
+    }
+    return make_conninfo(dsn, **taken) if taken else dsn
 
 
 def connect_timeout(dsn: str) -> int:
@@ -215,4 +286,5 @@ __all__ = [
     "connect_timeout",
     "is_url",
     "url_authority",
+    "with_pg_environment",
 ]

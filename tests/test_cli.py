@@ -702,6 +702,22 @@ def test_purge_retention_from_hours(conn, dsn):
         (["requeue", "--error", "", "--dsn", "host=x"], {}, "--error"),
         (["demo", "--workers", "100000"], {}, "--workers"),
         (["demo", "--events", "0"], {}, "--events"),
+        # libpq ends a URL's authority at its first /: the password was shown as host and port.
+        (["stats", "--dsn", "postgresql://u:s3cret/pw@127.0.0.1:1/db"], {}, "--dsn"),
+        (["stats"], {"OUTBOX_DSN": "postgresql://u:s3cret/p@w@127.0.0.1:1/db"}, "OUTBOX_DSN"),
+        # Settings that can never work: a traceback, exit 1, or (the worker) retries for ever.
+        # Named by the parameter; its value (here a password) is never echoed.
+        (["stats", "--dsn", "host=127.0.0.1 port=1 connect_timeout=s3cret"], {}, "connect_timeout"),
+        (
+            ["stats", "--dsn", "host=127.0.0.1 port=1"],
+            {"PGCONNECT_TIMEOUT": "s3cret"},
+            "connect_timeout",
+        ),
+        (["stats", "--dsn", "host=127.0.0.1 port=abc password=s3cret"], {}, "port"),
+        (["stats", "--dsn", "host=127.0.0.1 port=1 sslmode=s3cret"], {}, "sslmode"),
+        (["stats", "--dsn", "host=127.0.0.1 port=1 require_auth=s3cret"], {}, "require_auth"),
+        (["stats", "--dsn", "host=127.0.0.1 port=1"], {"PGSSLMODE": "s3cret"}, "sslmode"),
+        (["stats", "--dsn", "host=127.0.0.1 port= password=s3cret"], {}, "parameter 2"),
     ],
 )
 def test_outbox_usage_errors_exit_2_with_one_line(args, env, named):
@@ -711,6 +727,7 @@ def test_outbox_usage_errors_exit_2_with_one_line(args, env, named):
     line = one_line(result.stderr)
     assert line.startswith("outbox: error: ")
     assert named in line
+    assert "s3cret" not in line
 
 
 @pytest.mark.parametrize(
@@ -761,6 +778,14 @@ def test_outbox_usage_errors_exit_2_with_one_line(args, env, named):
             {},
             "--http-header",
         ),
+        (["--dsn", "postgresql://u:s3cret/pw@127.0.0.1:1/db"], {}, "--dsn"),
+        # Settings that can never work: a traceback, exit 1, or (the worker) retries for ever.
+        # Named by the parameter; its value (here a password) is never echoed.
+        (["--dsn", "host=127.0.0.1 port=1 connect_timeout=s3cret"], {}, "connect_timeout"),
+        (["--dsn", "host=127.0.0.1 port=1"], {"PGCONNECT_TIMEOUT": "s3cret"}, "connect_timeout"),
+        (["--dsn", "host=127.0.0.1 port=abc password=s3cret"], {}, "port"),
+        (["--dsn", "host=127.0.0.1 port=1 sslmode=s3cret"], {}, "sslmode"),
+        (["--dsn", "host=127.0.0.1 port=1 require_auth=s3cret"], {}, "require_auth"),
     ],
 )
 def test_worker_usage_errors_exit_2_with_one_line(args, env, named):
@@ -770,6 +795,7 @@ def test_worker_usage_errors_exit_2_with_one_line(args, env, named):
     line = one_line(result.stderr)
     assert line.startswith("outbox-worker: error: ")
     assert named in line
+    assert "s3cret" not in line
 
 
 def test_the_console_scripts_are_installed():
@@ -797,6 +823,14 @@ def test_unreachable_server_fails_fast_without_leaking_the_password(command):
     # Where it tried (host and port) and why, never the password.
     assert line.startswith("outbox: error: cannot connect to 127.0.0.1 port 1 (database db")
     assert line.endswith("Connection refused")
+
+
+def test_an_unreachable_server_from_pg_variables_is_named_as_libpq_resolves_it():
+    """The server named was the DSN's alone: `the local socket port 5432` for PGHOST."""
+    result = outbox("stats", env={"PGHOST": "127.0.0.1", "PGPORT": "1", "PGUSER": "u"}, timeout=20)
+    assert result.returncode == 1
+    line = one_line(result.stderr)
+    assert line.startswith("outbox: error: cannot connect to 127.0.0.1 port 1 (user u): ")
 
 
 @pytest.mark.parametrize(

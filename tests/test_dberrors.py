@@ -9,7 +9,12 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from outbox.dberrors import describe, is_permanent_connection_failure, is_transient
+from outbox.dberrors import (
+    describe,
+    invalid_setting,
+    is_permanent_connection_failure,
+    is_transient,
+)
 from outbox.demo.embedded import free_port
 
 
@@ -31,6 +36,35 @@ def test_a_connection_refused_for_good_is_permanent(dsn, change, reason):
     assert is_permanent_connection_failure(exc)
     assert not is_transient(exc)
     assert describe(exc).endswith(reason) and "\n" not in describe(exc)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"sslmode": "s3cret"},
+        {"require_auth": "s3cret"},
+        {"require_auth": "!password,md5"},  # methods libpq knows, mixed as it refuses
+        {"port": "s3cret"},
+        {"keepalives": "s3cret"},
+        {"target_session_attrs": "s3cret"},
+    ],
+)
+def test_a_connection_setting_libpq_refuses_is_permanent_and_named_without_its_value(dsn, change):
+    """Not transient: the worker retried these for ever. libpq's words quote the value, which
+    may be a neighbour's (`sslmode= password=x` is the sslmode `password=x`)."""
+    exc = _connect_error(dsn, **change)
+    [(name, _)] = change.items()
+    assert invalid_setting(exc) == f"invalid value for connection parameter {name}"
+    assert is_permanent_connection_failure(exc) and not is_transient(exc)
+    assert describe(exc) == invalid_setting(exc)
+
+
+def test_psycopgs_own_check_of_connect_timeout_is_permanent(dsn, monkeypatch):
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "s3cret")
+    with pytest.raises(psycopg.ProgrammingError) as info:
+        psycopg.connect(dsn)
+    assert describe(info.value) == "invalid value for connection parameter connect_timeout"
+    assert is_permanent_connection_failure(info.value) and not is_transient(info.value)
 
 
 def test_a_role_that_may_not_log_in_is_permanent(conn, dsn):

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from outbox.dsn import check_dsn, connect_options, connect_timeout
+from outbox.dsn import check_dsn, connect_options, connect_timeout, with_pg_environment
 from outbox.durations import MAX_DURATION, parse_duration
 from outbox.errors import SettingError
 from outbox.redact import describe_dsn, redact_dsn, redact_text, redact_url
@@ -145,6 +145,13 @@ def test_a_url_password_with_an_unencoded_at_is_hidden_whole_and_refused(dsn):
         ("postgresql://u:s3cret%zz@h/db", "a % not followed by two hexadecimal digits", "%zz"),
         ("postgresql://u:my s3cret@h/db", "spaces in the URL (write them %20)", "my"),
         ("postgresql://[::1/db", 'an IPv6 host address without its "]"', "::1"),
+        # libpq would read `s3cret` as the port and `pw@127.0.0.1:1/db` as the database.
+        ("postgresql://u:s3cret/pw@127.0.0.1:1/db", "must be percent-encoded: %2F, %40", "pw@"),
+        ("postgres://u:s3/cret@h/db?sslmode=disable", "must be percent-encoded: %2F, %40", "/cret"),
+        # libpq would read `password=s3cret` as the port, and its error would quote it.
+        ("host=x port= password=s3cret", "parameter 2 has no value", "password="),
+        ("host=x connect_timeout=s3cret", "connect_timeout is not a number of seconds", "'"),
+        ("postgresql://h/db?connect_timeout=s3cret", "connect_timeout is not a number", "'"),
     ],
 )
 def test_check_dsn_error_says_what_is_wrong_and_where(dsn, reason, hidden):
@@ -153,6 +160,30 @@ def test_check_dsn_error_says_what_is_wrong_and_where(dsn, reason, hidden):
     message = str(info.value)
     assert message.startswith("invalid DSN (") and reason in message
     assert "s3cret" not in message and hidden not in message
+
+
+@pytest.mark.parametrize(
+    "dsn", ["postgresql://u:s3cret/pw@127.0.0.1:1/db", "postgresql://u:s3/cr@et@127.0.0.1:1/db"]
+)
+def test_a_url_password_with_an_unencoded_slash_is_hidden_whole(dsn):
+    """Every message naming the server showed `u port s3cret (database pw@127.0.0.1:1/db)`."""
+    assert describe_dsn(dsn) == "127.0.0.1 port 1 (database db, user u)"
+    assert "s3" not in redact_dsn(dsn) and "cr" not in redact_dsn(dsn)
+
+
+def test_the_server_is_described_as_libpq_resolves_it_from_pg_variables(monkeypatch):
+    """What the DSN leaves out libpq takes from PGHOST, PGPORT...: messages named `the local
+    socket port 5432` for PGHOST=127.0.0.1 PGPORT=1."""
+    for name in ("PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PGHOST", "127.0.0.1")
+    monkeypatch.setenv("PGPORT", "1")
+    monkeypatch.setenv("PGPASSWORD", "s3cret")
+    assert describe_dsn(with_pg_environment("")) == "127.0.0.1 port 1"
+    assert describe_dsn(with_pg_environment("port=5 dbname=d")) == "127.0.0.1 port 5 (database d)"
+    assert describe_dsn(with_pg_environment("postgresql://u:s3cret@h/d")) == (
+        "h port 1 (database d, user u)"
+    )
 
 
 def test_check_dsn_accepts_what_libpq_reads():

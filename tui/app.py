@@ -14,6 +14,7 @@ from textual.binding import Binding
 from textual.notifications import SeverityLevel
 
 from outbox import dberrors
+from outbox.cliutil import USAGE_ERROR, fail
 from outbox.destinations import OPEN, PAUSED
 from outbox.stats import DestinationState
 from outbox.text import age
@@ -69,6 +70,8 @@ class OutboxApp(App[None]):
             config.dsn, config.table, read_only=config.read_only
         )
         self.clock = clock
+        # A connection setting libpq refuses (sslmode=bogus): the app ends, `main` says why.
+        self.refused_setting: str | None = None
         self.interval = config.interval
         self.paused = config.paused
         self.state = BarState(
@@ -116,6 +119,11 @@ class OutboxApp(App[None]):
             self.set_state(connected=True, error=None, refreshed_at=self.clock())
             if self.state.schema_problem:
                 self._check_schema()  # gone once someone runs what it says, without a restart
+        elif (refused := dberrors.invalid_setting(message.error)) is not None:
+            # It can never work, and only a new start can change it: a usage error, not a
+            # status line that would stay red for ever.
+            self.refused_setting = refused
+            self.exit(return_code=USAGE_ERROR)
         else:
             self.set_state(connected=False, error=describe_error(message.error))
 
@@ -287,4 +295,7 @@ def _hosts_the_screens(app: OutboxApp) -> Host:
 
 def main(argv: Sequence[str] | None = None) -> None:
     config = cfg.parse_args(argv)
-    OutboxApp(config).run()
+    app = OutboxApp(config)
+    app.run()
+    if app.refused_setting is not None:
+        fail(cfg.PROG, f"{app.refused_setting} (set by the DSN or a PG* variable)")

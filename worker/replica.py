@@ -26,7 +26,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from outbox import dberrors
-from outbox.dsn import connect_options, connect_timeout
+from outbox.dsn import connect_options, connect_timeout, with_pg_environment
 from outbox.errors import SettingError
 from outbox.redact import describe_dsn, redact_dsn, redact_url
 from outbox.schema import check_table
@@ -192,9 +192,9 @@ class Replica:
         except Stopped:
             return False
         except (psycopg.Error, OSError) as exc:
+            where = describe_dsn(with_pg_environment(self.settings.dsn))
             raise SettingError(
-                f"--dsn: cannot connect to {describe_dsn(self.settings.dsn)}: "
-                f"{dberrors.describe(exc)}"
+                f"--dsn: cannot connect to {where}: {dberrors.describe(exc)}"
             ) from None
         return True
 

@@ -19,6 +19,7 @@ from typing import TypeVar
 import psycopg
 
 from outbox import dberrors
+from outbox.dsn import with_pg_environment
 from outbox.redact import describe_dsn
 from outbox.worker.metrics import Metrics
 
@@ -105,10 +106,11 @@ class DatabaseRetry:
             delay = max(delay, RETRY_CAP)
         # One line per streak start, then every 10th, so an outage does not flood the log.
         if failures == 1 or failures % 10 == 0:
+            where = describe_dsn(with_pg_environment(self.dsn))  # PGHOST=db: db, not a socket
             log.log(
                 logging.WARNING if transient else logging.ERROR,
                 "%s failed (%s, attempt %d) on %s: %s; %sretrying in %.1fs",
-                operation, type(exc).__name__, failures, describe_dsn(self.dsn),
+                operation, type(exc).__name__, failures, where,
                 dberrors.describe(exc), "" if transient else "not transient, ", delay,
             )  # fmt: skip
         return delay
