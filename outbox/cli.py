@@ -35,7 +35,7 @@ from outbox.runner import fetch
 from outbox.schema import ORDERINGS, SchemaError, migrate, orderings, render_migration
 from outbox.stats import DestinationState, QueueStats, destination_states, queue_stats
 from outbox.table import Table
-from outbox.text import age
+from outbox.text import age, first_control, printable
 
 PROG = "outbox"
 # How long a command waits for a lock another session holds (a `LOCK TABLE`, a migration, a
@@ -236,13 +236,15 @@ def _destinations_summary(states: Sequence[DestinationState]) -> str:
     held = [d for d in states if not d.sending]
     if not held:
         return f"{len(states)}, all closed"
-    shown = ", ".join(f"{d.destination} {d.state}" for d in held)
+    shown = ", ".join(f"{printable(d.destination)} {d.state}" for d in held)
     return f"{len(states)}: {shown} (see outbox destinations)"
 
 
 def print_destinations(table: Table, states: Sequence[DestinationState]) -> None:
     """A table of destinations; under each, why it is held (who paused it and why, or the
-    last error), so the line that matters is next to its destination."""
+    last error), so the line that matters is next to its destination. Names, reasons and
+    errors are shown `printable`: rows hold what downstreams answered and what older
+    versions or other tools wrote, ESC and line breaks included."""
     if not states:
         print(
             f"{table}: no destination recorded: every destination is closed (a row appears when "
@@ -259,7 +261,7 @@ def print_destinations(table: Table, states: Sequence[DestinationState]) -> None
     header = ("DESTINATION", "STATE", "SINCE", "FOR", "FAILURES", "NEXT PROBE")
     rows = [
         (
-            d.destination,
+            printable(d.destination),
             d.state,
             d.since.isoformat(sep=" ", timespec="seconds") if d.since else "-",
             age(d.for_seconds),
@@ -282,25 +284,21 @@ def print_destinations(table: Table, states: Sequence[DestinationState]) -> None
     for d, row in zip(states, rows, strict=True):
         print(line(row))
         if d.state == PAUSED:
-            print(f"    paused by {d.changed_by or '?'}: {_flat(d.reason or '(no reason)')}")
+            who, why = printable(d.changed_by or "?"), printable(d.reason or "(no reason)")
+            print(f"    paused by {who}: {why}")
         elif d.reason:
-            print(f"    reason: {_flat(d.reason)}")
+            print(f"    reason: {printable(d.reason)}")
         elif d.sending and d.changed_by:
-            print(f"    resumed by {d.changed_by}")
+            print(f"    resumed by {printable(d.changed_by)}")
         if d.last_error:
-            print(f"    last error: {_flat(d.last_error)}")
-
-
-def _flat(text: str) -> str:
-    """On one line: an error or a reason may hold newlines."""
-    return " ".join(text.split())
+            print(f"    last error: {printable(d.last_error)}")
 
 
 def _next_probe(d: DestinationState) -> str:
     if d.state != OPEN:
         return "-"
     if d.probing:
-        return f"running ({d.probing})"
+        return f"running ({printable(d.probing)})"
     if d.next_probe_in is None or d.next_probe_in <= 0:
         return "due"
     return f"in {age(d.next_probe_in)}"
@@ -403,6 +401,8 @@ def _checked(name: str, check: Callable[[str], str], value: str) -> str:
 def _actor(text: str) -> str:
     if not text.strip():
         raise ValueError("an empty name records nobody")
+    if (control := first_control(text)) is not None:
+        raise ValueError(f"holds a control character ({control}): a name is one line of text")
     return text
 
 

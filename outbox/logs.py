@@ -7,6 +7,9 @@ import logging
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
+
+from outbox.text import printable
 
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
@@ -25,15 +28,32 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """`time level logger: message`, one record one line: a message quotes what downstreams
+    and rows hold, whose ESC would drive the terminal and whose line break would forge a
+    record; their control characters are shown escaped (outbox.text.printable)."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        # A copy: other handlers of the record see it as it was logged.
+        safe = logging.makeLogRecord({**record.__dict__, "message": printable(record.message)})
+        return super().formatMessage(safe)
+
+    def formatException(self, ei: Any) -> str:
+        # A traceback keeps its lines (people read it under its record); nothing else passes.
+        return printable(super().formatException(ei), keep="\n")
+
+    def formatStack(self, stack_info: str) -> str:
+        return printable(super().formatStack(stack_info), keep="\n")
+
+
 def configure(log_format: str, level: str, quieter: Mapping[str, int] | None = None) -> None:
     """Log to stderr; `quieter` raises the level of a component's chattier libraries."""
     handler = logging.StreamHandler(sys.stderr)
     use_json = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
-    handler.setFormatter(
-        JsonFormatter()
-        if use_json
-        else logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-    )
+    handler.setFormatter(JsonFormatter() if use_json else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

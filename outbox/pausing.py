@@ -15,6 +15,7 @@ Who: the name given (`--actor`, the TUI's OS user), else the database's current_
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
@@ -24,17 +25,22 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from outbox import destinations as dest
+from outbox.redact import redact_url
 from outbox.runner import Query, Row, fetch, fetch_async, first_row
 from outbox.table import Table
-from outbox.text import age
+from outbox.text import age, first_control, printable
 
 Verb = Literal["pause", "resume"]
 MAX_REASON_LENGTH = 500  # a sentence or two: the row and the audit log keep it
 MAX_DESTINATION_LENGTH = 1000
 
 
-def check_reason(text: str) -> str:
-    """A pause's reason: required, and short enough to show."""
+# A word of a destination's name that is a URL (`https://host`, `nats nats://a:4222, ...`).
+_URL_WORD = re.compile(r"\S*://\S*")
+
+
+def _required_reason(text: str) -> str:
+    """What every pause's reason must be (the TUI's too): given, and short enough to show."""
     if not text.strip():
         raise ValueError("a reason is required (why is it paused? people will read it)")
     if len(text) > MAX_REASON_LENGTH:
@@ -42,13 +48,49 @@ def check_reason(text: str) -> str:
     return text
 
 
+def check_reason(text: str) -> str:
+    """A pause's reason as typed (`outbox pause --reason`): required, short enough to show,
+    and one line of text (it is printed under its destination and in messages)."""
+    _required_reason(text)
+    if (control := first_control(text)) is not None:
+        raise ValueError(f"holds a control character ({control}): a reason is one line of text")
+    return text
+
+
 def check_destination(text: str) -> str:
-    """A destination's name as the workers write it (`outbox destinations` lists them)."""
+    """A destination's name as the workers write it (`outbox destinations` lists them).
+
+    Never one with a control character, nor a URL with user-info (other than the mask), a
+    query or a fragment: workers record none (an HTTP destination is its origin, a NATS one
+    its servers masked as outbox.redact shows them), so such a name would pause nothing, and
+    the audit log would keep the secret. The refusal shows the name masked.
+    """
     if not text.strip():
         raise ValueError("a destination is required (`outbox destinations` lists them)")
     if len(text) > MAX_DESTINATION_LENGTH:
         raise ValueError(f"at most {MAX_DESTINATION_LENGTH} characters, got {len(text)}")
+    if (control := first_control(text)) is not None:
+        raise ValueError(f"holds a control character ({control}); no destination's name does")
+    if any(_secretive(url) for url in _URL_WORD.findall(text)):
+        masked = _URL_WORD.sub(lambda url: _masked_url(url[0]), text)
+        raise ValueError(
+            f"{masked} holds user-info, a query or a fragment; workers name a destination "
+            "without them (an HTTP one by its origin, scheme://host:port), see `outbox "
+            "destinations`"
+        )
     return text
+
+
+def _secretive(url: str) -> bool:
+    # Credentials or a query of any kind (a bare `?TOKEN` is one too); user-info already
+    # masked (`nats://***@host`, as a NATS worker records it) is not.
+    return redact_url(url) != url or "?" in url
+
+
+def _masked_url(url: str) -> str:
+    """The URL as a refusal may show it: user-info masked, the query (all of it) too."""
+    head, question, _ = redact_url(url).partition("?")
+    return f"{head}{question and question + '***'}"
 
 
 @dataclass(frozen=True)
@@ -70,6 +112,9 @@ class HandChange:
 
     def summary(self) -> str:
         """One line for people: what changed, or why nothing did."""
+        # Names and reasons come from rows, which older versions or other tools may have
+        # written with control characters: shown escaped, the line stays one line.
+        name = printable(self.destination)
         if self.changed:
             done = "paused" if self.action == "pause" else "resumed"
             was = self.before.state if self.before is not None else None
@@ -77,19 +122,20 @@ class HandChange:
             if self.new:
                 # A typo pauses nothing: say that the name is new, so people check it.
                 note = " (a name no worker has recorded yet: it must match theirs exactly)"
-            return f"{done} {self.destination}{note}, recorded as action #{self.audit_id}"
+            return f"{done} {name}{note}, recorded as action #{self.audit_id}"
         if self.before is None:
-            return f"{self.destination} is not paused (no destination of that name has a row)"
+            return f"{name} is not paused (no destination of that name has a row)"
         state = _state_text(self.before, self.now)
         if self.action == "pause":
-            return f"{self.destination} is already {state}; nothing changed"
-        return f"{self.destination} is not paused: it is {state}; nothing changed"
+            return f"{name} is already {state}; nothing changed"
+        return f"{name} is not paused: it is {state}; nothing changed"
 
 
 def _state_text(row: dest.Destination, now: datetime) -> str:
     since = f" for {age((now - row.since).total_seconds())}" if row.since is not None else ""
     if row.state == dest.PAUSED:
-        return f"paused{since} by {row.changed_by or '?'}: {row.reason or '(no reason)'}"
+        who, why = printable(row.changed_by or "?"), printable(row.reason or "(no reason)")
+        return f"paused{since} by {who}: {why}"
     if row.state == dest.OPEN:
         return f"open{since} (the breaker: it closes by itself after a successful probe)"
     return f"{row.state}{since}"
@@ -178,7 +224,7 @@ def change_by_hand(
 ) -> HandChange:
     """Pause (`reason` required) or resume `destination`, and record it, in one transaction."""
     if verb == "pause":
-        check_reason(reason or "")
+        _required_reason(reason or "")
     try:
         with conn.transaction():
             who, existed = fetch(conn, _who(table, destination, actor))
@@ -204,7 +250,7 @@ async def change_by_hand_async(
 ) -> HandChange:
     """`change_by_hand` on an async connection (the TUI)."""
     if verb == "pause":
-        check_reason(reason or "")
+        _required_reason(reason or "")
     try:
         async with conn.transaction():
             who, existed = await fetch_async(conn, _who(table, destination, actor))

@@ -9,7 +9,8 @@ hold secrets, `is_secret_name`; and one function per form a secret comes in:
   oauth_client_secret, scram keys, whatever a later libpq adds) is masked. A DSN that does
   not parse is not shown at all (outbox.dsn says what is wrong with it).
 - URLs (`redact_url`): the whole user-info (`user:password@`, or a token as the user), the
-  values of the query and the fragment; scheme, host, port and path stay readable.
+  values of the query and the fragment; scheme, host, port and path stay readable. A URL not
+  well formed (no `scheme://`, a password holding `/`, `?` or `#`) loses all before its last `@`.
 - free text (`redact_text`): every URL in it, PEM blocks, JWTs, NATS seeds, `Bearer`/`Basic`
   credentials and `name=value` / `name: value` pairs whose name is a secret's; plus, when the
   caller knows them, given secret values and a DSN's.
@@ -161,6 +162,19 @@ def dsn_secrets(dsn: str) -> set[str]:
 
 # Any URL inside a text: a scheme, `://`, then everything up to whitespace or a quote.
 _URL_IN_TEXT = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+# A proper `scheme://` at the start of a URL: RFC 3986's scheme characters, and `_` for
+# Kafka's `SASL_SSL://`.
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+._-]*://")
+# An authority a URL client reads as host and port, with no user-info: a host (a name, an
+# IPv4 address or a bracketed IPv6 one) and, after a colon, digits or nothing.
+_HOST_PORT = re.compile(r"(?:\[[^\]@]*\]|[^:@\[\]]*)(?::[0-9]*)?")
+
+
+def mask_userinfo(text: str) -> str:
+    """`text` with everything before its last `@` masked: for a value that may hold user-info
+    where none belongs, or whose user-info cannot be told apart (a password holding `/`,
+    `?`, `#` or `,`). Unchanged without an `@`."""
+    return f"{MASK}@{text.rpartition('@')[2]}" if "@" in text else text
 
 
 def redact_url(url: str) -> str:
@@ -169,22 +183,34 @@ def redact_url(url: str) -> str:
 
     The whole user-info goes, the user too: many services take a token as the user
     (`https://TOKEN@host`, `https://TOKEN:x-oauth-basic@host`, `nats://TOKEN@host`).
+
+    A URL that is not well formed is quoted by the very errors that refuse it, so where its
+    user-info ends is not guessed: without a proper `scheme://` (`https//u:p@h`, `//u:p@h`,
+    `http:/u:p@h`, `u:p@h`), or when what stands where the authority should is no host and
+    port (a `/`, `?` or `#` in the password ends it early: `https://u:p/w@h`), everything
+    before the last `@` is masked. That may hide a path holding an `@` too: safe.
     """
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
+    scheme = _SCHEME.match(url)
+    prefix = scheme[0] if scheme else ""
+    rest = url[len(prefix) :]
+    # The authority of a well-formed URL: up to the first `/`, `?` or `#`.
+    ends = [i for i in (rest.find(c) for c in "/?#") if i >= 0]
+    authority_end = min(ends, default=len(rest))
+    authority = rest[:authority_end]
+    if scheme and "@" in authority:
+        rest = f"{MASK}@{authority.rpartition('@')[2]}{rest[authority_end:]}"
+    elif "@" in rest and not (scheme and _HOST_PORT.fullmatch(authority)):
+        # Masked before the query and the fragment are looked for: a `?` or a `#` in the
+        # password would otherwise leave its head outside them, shown.
+        rest = mask_userinfo(rest)
     rest, hash_sign, fragment = rest.partition("#")
     rest, question, query = rest.partition("?")
-    slash = rest.find("/")
-    authority, path = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
-    if "@" in authority:
-        authority = f"{MASK}@{authority.rpartition('@')[2]}"
     if question:
         query = "&".join(
             f"{key}={MASK}" if has_value else key
             for key, has_value, _ in (item.partition("=") for item in query.split("&"))
         )
-    return f"{scheme}://{authority}{path}{question}{query}{hash_sign}{MASK if fragment else ''}"
+    return f"{prefix}{rest}{question}{query}{hash_sign}{MASK if fragment else ''}"
 
 
 # -- free text ----------------------------------------------------------------------------------
@@ -302,6 +328,7 @@ __all__ = [
     "describe_dsn",
     "dsn_secrets",
     "is_secret_name",
+    "mask_userinfo",
     "mask_values",
     "masked_option",
     "redact_dsn",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 def first_line(error: BaseException | str) -> str:
     """The first non-blank line of an error's text; an exception without text gives its
@@ -35,3 +37,23 @@ def storable(text: str, limit: int) -> str:
     """
     text = text[:limit].replace("\x00", "\\0")
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+# C0 (newline and tab included), DEL and C1: what a terminal or a log reader takes for a
+# command (ESC starts a sequence that can retitle, clear or recolour a terminal; CR and LF
+# forge a line) rather than for text.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str, *, keep: str = "") -> str:
+    """`text` with every control character (C0, DEL, C1) but those in `keep` shown as its
+    Python escape (`\\x1b`, `\\n`, `\\t`), so text from a downstream, a row or an argument
+    prints as itself: no terminal command, no line break. Nothing is dropped: the escape
+    says which character was there."""
+    return _CONTROL.sub(lambda m: m[0] if m[0] in keep else repr(m[0])[1:-1], text)
+
+
+def first_control(text: str) -> str | None:
+    """The first control character of `text`, escaped as `printable` shows it; None if none."""
+    found = _CONTROL.search(text)
+    return None if found is None else printable(found[0])

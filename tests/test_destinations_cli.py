@@ -8,12 +8,16 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from helpers import seed
+from helpers import seed, wait_until_db
+from workers import spawn_worker, stop_worker
 
 from outbox import destinations as dest
 from outbox import repair
@@ -22,6 +26,8 @@ from outbox.runner import fetch
 
 BASE_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}
 API = "https://api.test"
+# What no line a person reads may hold: C0 (tab too), DEL and C1.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def outbox(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -173,6 +179,15 @@ def test_the_pause_and_its_record_commit_together(conn, dsn, table):
         (["resume", API, "--actor", " "], {}, "--actor"),
         (["resume", API], {"OUTBOX_ACTOR": " "}, "OUTBOX_ACTOR"),
         (["destinations", "--bogus"], {}, "--bogus"),
+        # Control characters: a terminal command or a forged line wherever they are shown.
+        (["pause", f"{API}\x1b[2J", "--reason", "x"], {}, "DESTINATION"),
+        (["pause", f"{API}\nhttps://other.test", "--reason", "x"], {}, "DESTINATION"),
+        (["resume", "kafka\tk1:9092"], {}, "DESTINATION"),
+        (["pause", API, "--reason", "line1\nline2"], {}, "--reason"),
+        (["pause", API, "--reason", "\x1b]0;pwned\x07"], {}, "--reason"),
+        (["pause", API, "--reason", "C1 \x9b31m"], {}, "--reason"),
+        (["resume", API, "--actor", "ann\x1b[31m"], {}, "--actor"),
+        (["resume", API], {"OUTBOX_ACTOR": "ann\rbob"}, "OUTBOX_ACTOR"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(args, env, named):
@@ -181,6 +196,134 @@ def test_usage_errors_exit_2_with_one_line(args, env, named):
     assert result.stdout == ""
     [line] = result.stderr.splitlines()
     assert line.startswith("outbox: error: ") and named in line
+    assert not CONTROL.search(line), line
+
+
+@pytest.mark.parametrize(
+    ("destination", "shown", "secrets", "recorded"),
+    [
+        ("https://alice:pa55word@api.example.com", "https://***@api.example.com",
+         ("alice", "pa55word"), "https://api.example.com"),
+        ("https://ghp_T0kenAsUser@api.example.com", "https://***@api.example.com",
+         ("ghp_T0ken",), "https://api.example.com"),
+        ("https://api.example.com?token=t0k3n-v4lue", "https://api.example.com?***",
+         ("t0k3n",), "https://api.example.com"),
+        ("https://api.example.com/hook?T0kenAlone", "https://api.example.com/hook?***",
+         ("T0ken",), "https://api.example.com"),
+        # A NATS worker records its servers masked: that name is the one to pause.
+        ("nats nats://u:pa55word@n1:4222, nats://n2:4222", "nats nats://***@n1:4222,",
+         ("pa55word",), "nats nats://***@n1:4222, nats://n2:4222"),
+    ],
+)  # fmt: skip
+def test_a_destination_with_credentials_is_refused_without_showing_them(
+    conn, dsn, table, destination, shown, secrets, recorded
+):
+    """Workers record no user-info and no query (an HTTP destination is its origin): such a
+    name would pause nothing, and the audit log would keep the secret."""
+    for args in (["pause", destination, "--reason", "x"], ["resume", destination]):
+        result = outbox(*args, "--dsn", dsn)
+        assert result.returncode == 2, result
+        [line] = result.stderr.splitlines()
+        assert line.startswith(f"outbox: error: DESTINATION: {shown}") and "user-info" in line
+        assert not any(secret in result.stderr + result.stdout for secret in secrets), line
+    assert _rows(conn) == {} and fetch(conn, repair.recent_actions(table)) == []
+    # The name as workers record it is paused.
+    assert outbox("pause", recorded, "--reason", "x", "--dsn", dsn).returncode == 0
+    assert _rows(conn)[recorded][0] == "paused"
+
+
+def test_text_other_tools_stored_is_shown_escaped_one_line_each(conn, dsn, table):
+    """Rows written by older versions or other tools: names, who, why and errors may hold
+    ESC and line breaks; shown escaped, a row's lines are its own."""
+    evil = "\x1b]0;pwned\x07\x1b[2J\x1b[31mEVIL\nline2"
+    conn.execute(
+        "INSERT INTO outbox_destinations (destination, state, reason, changed_by, last_error) "
+        "VALUES (%s, 'paused', %s, %s, %s), (%s, 'paused', 'upgrade', 'ann', NULL)",
+        (f"https://a.test\n{evil}", f"why {evil}", "root\x1b[8m\x9b", f"HTTP 500: {evil}", API),
+    )
+    result = outbox("destinations", "--dsn", dsn)
+    assert result.returncode == 0, result.stderr
+    assert not CONTROL.search(result.stdout.replace("\n", "")), result.stdout
+    # Each destination's line, then the lines under it (the order is the database's collation).
+    under: dict[str, list[str]] = {}
+    for line in result.stdout.splitlines()[2:]:
+        if not line.startswith("    "):
+            name = line.split()[0]
+            under[name] = []
+        under[name].append(line)
+    shown = r"https://a.test\n\x1b]0;pwned\x07\x1b[2J\x1b[31mEVIL\nline2"
+    assert set(under) == {shown, API}
+    assert under[shown][0].split()[1] == "paused"
+    assert under[shown][1:] == [
+        r"    paused by root\x1b[8m\x9b: why \x1b]0;pwned\x07\x1b[2J\x1b[31mEVIL\nline2",
+        r"    last error: HTTP 500: \x1b]0;pwned\x07\x1b[2J\x1b[31mEVIL\nline2",
+    ]
+    assert under[API][1:] == ["    paused by ann: upgrade"]
+
+    stats = outbox("stats", "--dsn", dsn)
+    assert stats.returncode == 0, stats.stderr
+    [summary] = [line for line in stats.stdout.splitlines() if line.startswith("destinations")]
+    assert r"https://a.test\n\x1b]0;pwned" in summary and not CONTROL.search(summary)
+
+    # Pausing it again says who paused it and why, on one line.
+    conn.execute("UPDATE outbox_destinations SET reason = 'line1' || chr(10) || 'line2' "
+                 "WHERE destination = %s", (API,))  # fmt: skip
+    again = outbox("pause", API, "--reason", "second", "--dsn", dsn)
+    assert again.returncode == NOTHING_CHANGED, again
+    [line] = again.stderr.splitlines()
+    assert line.endswith(r"by ann: line1\nline2; nothing changed")
+
+
+class _Hostile(BaseHTTPRequestHandler):
+    """A downstream answering 500 with a body that would drive a terminal and forge a line
+    (the demo's Sink answers JSON of its own: this body is the point)."""
+
+    protocol_version = "HTTP/1.1"
+    body = b"\x1b]0;pwned\x07\x1b[2J\x1b[31mEVIL\nline2"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(500)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # the test's output is the worker's log
+
+
+def test_a_hostile_downstream_is_stored_shown_and_logged_escaped(conn, dsn, tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    log = tmp_path / "worker.log"
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    worker = spawn_worker(
+        dsn, "--publisher", "http", "--http-url", f"{url}/events", "--log-format", "text",
+        "--breaker-failures", "2", "--backoff-base", "10ms", "--backoff-cap", "50ms",
+        owner="w1", log_path=str(log),
+    )  # fmt: skip
+    try:
+        seed(conn, 3)
+        wait_until_db(conn, "EXISTS (SELECT 1 FROM outbox_destinations WHERE state = 'open')")
+    finally:
+        assert stop_worker(worker) == 0
+        server.shutdown()
+        server.server_close()
+    shown = r"HTTP 500: \x1b]0;pwned\x07\x1b[2J\x1b[31mEVIL\nline2"
+    [(stored,)] = conn.execute("SELECT last_error FROM outbox_destinations").fetchall()
+    assert stored == shown
+    errors = {e for (e,) in conn.execute("SELECT last_error FROM outbox WHERE attempts > 0")}
+    assert errors == {f"retryable: {shown}"}
+
+    result = outbox("destinations", "--dsn", dsn)
+    assert f"    last error: {shown}" in result.stdout.splitlines()
+    assert not CONTROL.search(result.stdout.replace("\n", ""))
+
+    # The breaker's warning quotes the error: one record, one line, every line a record.
+    lines = log.read_text().splitlines()
+    assert any(shown in line and "is down" in line for line in lines), lines
+    assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ", line) for line in lines), lines
+    assert not any(CONTROL.search(line) for line in lines), lines
 
 
 def test_destinations_on_a_table_without_the_destinations_table(conn, dsn):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import random
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -11,11 +12,15 @@ import pytest
 from aiohttp import web
 
 from outbox.demo.embedded import free_port
+from outbox.errors import SettingError
 from outbox.models import Message
 from outbox.worker.backoff import full_jitter, retry_delay
+from outbox.worker.cli import make_publisher
+from outbox.worker.metrics import Metrics
 from outbox.worker.publishers.base import PermanentError, RetryableError
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.http import HttpPublisher, classify, parse_retry_after
+from outbox.worker.settings import load_settings
 
 NOW = datetime(2025, 3, 14, 12, 0, 0, tzinfo=UTC)
 
@@ -66,6 +71,29 @@ def test_error_reason_holds_a_bounded_body_snippet():
     reason = str(info.value)
     assert reason.startswith('HTTP 422: {"error": "amount must be positive"}')
     assert len(reason) < 400
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        # An OSC retitling the terminal, a clear, a colour, then a line break forging a line.
+        (
+            b"\x1b]0;pwned\x07\x1b[2J\x1b[31mEVIL\nline2",
+            r"HTTP 500: \x1b]0;pwned\x07\x1b[2J\x1b[31mEVIL\nline2",
+        ),
+        (b"a\r\nb\tc\x00d\x7fe", r"HTTP 500: a\r\nb\tc\x00d\x7fe"),
+        (
+            "C1 \x9b31m and \x85 (NEL) ünïcode".encode(),
+            r"HTTP 500: C1 \x9b31m and \x85 (NEL) ünïcode",
+        ),
+        # Escaping never gets in the way of masking a URL's credentials.
+        (b"see https://u:s3cret@h.test/x\nthen", r"HTTP 500: see https://***@h.test/x\nthen"),
+    ],
+)
+def test_control_characters_of_a_body_are_escaped_in_the_reason(body, reason):
+    with pytest.raises(RetryableError) as info:
+        classify(500, None, body)
+    assert str(info.value) == reason
 
 
 def test_undecodable_body_does_not_break_classification():
@@ -292,6 +320,20 @@ async def test_urls_in_a_failure_reason_lose_credentials_and_query_values():
     assert "s3cret" not in str(info.value)
 
 
+async def test_a_hostile_answer_reaches_the_reason_escaped():
+    """What is raised is logged and stored as `last_error`: no terminal command, one line."""
+    hostile = "\x1b]0;pwned\x07\x1b[2J\x1b[31mEVIL\nline2"
+    async with _Receiver(_answer(500, hostile)) as receiver:
+        publisher = HttpPublisher(receiver.url + "/events", owner="t")
+        await publisher.start()
+        try:
+            with pytest.raises(RetryableError) as info:
+                await publisher.publish(_message())
+        finally:
+            await publisher.close()
+    assert str(info.value) == r"HTTP 500: \x1b]0;pwned\x07\x1b[2J\x1b[31mEVIL\nline2"
+
+
 async def test_a_request_carries_the_envelope_and_the_message_headers():
     seen: list[tuple[dict[str, str], bytes]] = []
 
@@ -358,3 +400,74 @@ async def test_a_body_in_several_chunks_is_read_whole_within_the_bound():
         finally:
             await publisher.close()
     assert len(receiver.requests) == 2
+
+
+# -- credentials at start --------------------------------------------------------------------
+
+PASSWORD, TOKEN = "pa55wordInTheUrl", "tok3nInTheHeader"
+BOTH = (
+    "--http-url and --http-header Authorization: give the credentials in one of them, not both "
+    "(the URL's user-info is sent as an Authorization header)"
+)
+
+
+@pytest.mark.parametrize(
+    ("url", "header"),
+    [
+        (f"http://alice:{PASSWORD}@127.0.0.1:1/hook", f"Authorization: Bearer {TOKEN}"),
+        (f"https://{PASSWORD}@api.example/hook", f"authorization: Bearer {TOKEN}"),  # token as user
+        (f"https://:{PASSWORD}@api.example/hook", f"AUTHORIZATION: Basic {TOKEN}"),
+        (f"https://alice:{PASSWORD}@api.example/hooks/{{event_type}}", f"Authorization: {TOKEN}"),
+    ],
+)
+def test_credentials_in_the_url_and_an_authorization_header_are_refused_at_start(url, header):
+    """aiohttp refused the pair on every request with a ValueError: each publish failed as an
+    unclassified error, the message left to its lease, its attempts burnt."""
+    settings = load_settings(
+        ["--dsn", "host=x", "--publisher", "http", "--http-url", url, "--http-header", header], {}
+    )
+    with pytest.raises(SettingError) as refused:
+        make_publisher(settings, Metrics())
+    assert str(refused.value) == BOTH
+    with pytest.raises(SettingError):  # made directly, too
+        HttpPublisher(url, owner="t", headers=dict([header.split(": ", 1)]))
+
+
+async def test_credentials_in_the_url_alone_are_sent_as_basic_auth():
+    seen: list[str] = []
+
+    async def record(receiver: _Receiver, request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        return web.Response(status=204)
+
+    async with _Receiver(record) as receiver:
+        url = receiver.url.replace("http://", f"http://alice:{PASSWORD}@") + "/events"
+        publisher = HttpPublisher(url, owner="t", headers={"X-Tenant": "acme"})
+        await publisher.start()
+        try:
+            await publisher.publish(_message())
+        finally:
+            await publisher.close()
+    assert seen == ["Basic " + base64.b64encode(f"alice:{PASSWORD}".encode()).decode()]
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        # No scheme, or a mistyped one: where the user-info ends cannot be told.
+        (f"https//alice:{PASSWORD}@host/x", "'***@host/x' is not an http:// or https:// URL"),
+        (f"//alice:{PASSWORD}@host/x", "'***@host/x' is not an http:// or https:// URL"),
+        (f"http:/alice:{PASSWORD}@host/x", "'***@host/x' is not an http:// or https:// URL"),
+        (f"alice:{PASSWORD}@host/x", "'***@host/x' is not an http:// or https:// URL"),
+        # A `/`, `?` or `#` in the password ends the authority early: urllib took the rest of
+        # the password for a port, and its error quoted it.
+        (f"https://alice:{PASSWORD}/x@host/", "'https://***@host/' is not a valid URL"),
+        (f"https://alice:{PASSWORD}?x@host/", "'https://***@host/' is not a valid URL"),
+        (f"https://alice:{PASSWORD}#x@host/", "'https://***@host/' is not a valid URL"),
+    ],
+)
+def test_a_bad_url_with_credentials_is_refused_without_them(url, shown):
+    with pytest.raises(SettingError) as refused:
+        load_settings(["--dsn", "host=x", "--publisher", "http", "--http-url", url], {})
+    assert str(refused.value).startswith(f"--http-url: {shown}")
+    assert PASSWORD not in str(refused.value) and "\n" not in str(refused.value)

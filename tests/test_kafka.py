@@ -243,6 +243,12 @@ def test_kafka_settings_from_flags_and_env():
 
 
 BOOTSTRAP = ["--kafka-bootstrap-servers", "h:9092"]
+# A password given where librdkafka would read it as part of a host name, logged by it on
+# every connection attempt (and the destination's name would store it).
+PASSWORD = "pa55wordKafkaBootstrap"
+SERVERS = "--kafka-bootstrap-servers: "
+NOT_SERVERS = SERVERS + "'{}' is not [PROTOCOL://]host[:port]: expected host:port"
+CREDENTIALS = "holds user-info: expected host:port[,host:port...]; credentials go in --kafka-config"
 
 
 @pytest.mark.parametrize(
@@ -252,13 +258,90 @@ BOOTSTRAP = ["--kafka-bootstrap-servers", "h:9092"]
         (["--kafka-bootstrap-servers", "a:1,,b:2"], {}, "--kafka-bootstrap-servers: 'a:1,,b:2'"),
         ([*BOOTSTRAP, "--kafka-compression", "brotli"], {}, "--kafka-compression: 'brotli'"),
         (BOOTSTRAP, {"OUTBOX_KAFKA_CONFIG": "linger.ms=5\nbogus"}, "OUTBOX_KAFKA_CONFIG: "),
+        # librdkafka reads `host:x` as port 0 and `host:70000` as port 4464, and retries the
+        # wrong broker for ever, ten log lines a second.
+        (["--kafka-bootstrap-servers", "host:notaport"], {}, NOT_SERVERS.format("host:notaport")),
+        (["--kafka-bootstrap-servers", "h:1, h:"], {}, NOT_SERVERS.format("h:")),
+        (["--kafka-bootstrap-servers", ":9092"], {}, NOT_SERVERS.format(":9092")),
+        (["--kafka-bootstrap-servers", "h:1/x"], {}, NOT_SERVERS.format("h:1/x")),
+        (["--kafka-bootstrap-servers", "SSL://h:1/x"], {}, NOT_SERVERS.format("SSL://h:1/x")),
+        (["--kafka-bootstrap-servers", "a b:1"], {}, NOT_SERVERS.format("a b:1")),
+        (["--kafka-bootstrap-servers", "h:0"], {}, f"{SERVERS}'h:0' has a port outside 1-65535"),
+        (["--kafka-bootstrap-servers", "h:70000"], {}, f"{SERVERS}'h:70000' has a port outside"),
+        (["--kafka-bootstrap-servers", "[zz]:1"], {}, f"{SERVERS}'[zz]:1' has no IPv6 address"),
+        (["--kafka-bootstrap-servers", "redis://h:1"], {},
+         f"{SERVERS}'redis://h:1' names no security protocol"),
+        # User-info: never echoed, whichever way it is written.
+        (["--kafka-bootstrap-servers", f"alice:{PASSWORD}@127.0.0.1:1"], {},
+         f"--kafka-bootstrap-servers: '***@127.0.0.1:1' {CREDENTIALS}"),
+        (["--kafka-bootstrap-servers", f"SASL_SSL://alice:{PASSWORD}@127.0.0.1:1"], {},
+         f"--kafka-bootstrap-servers: '***@127.0.0.1:1' {CREDENTIALS}"),
+        (["--kafka-bootstrap-servers", f"h:1, {PASSWORD}@h2:2"], {},
+         f"--kafka-bootstrap-servers: '***@h2:2' {CREDENTIALS}"),
+        # A comma in the password splits it across two "servers": neither half is shown.
+        (["--kafka-bootstrap-servers", f"alice:{PASSWORD[:9]},{PASSWORD[9:]}@h:1"], {},
+         f"--kafka-bootstrap-servers: '***@h:1' {CREDENTIALS}"),
+        ([], {"OUTBOX_KAFKA_BOOTSTRAP_SERVERS": f"alice:{PASSWORD}@h:1"},
+         f"OUTBOX_KAFKA_BOOTSTRAP_SERVERS: '***@h:1' {CREDENTIALS}"),
     ],
-)
+)  # fmt: skip
 def test_bad_kafka_options_are_one_line_errors_naming_them(argv, env, message):
     with pytest.raises(SettingError) as info:
         load_settings(["--publisher", "kafka", *argv], env)
     assert str(info.value).startswith(message)
     assert "\n" not in str(info.value)
+    for piece in (PASSWORD, PASSWORD[:9], PASSWORD[9:]):
+        assert piece not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("given", "kept"),
+    [
+        # What librdkafka's bootstrap.servers takes (rd_kafka_broker_name_parse): a protocol
+        # prefix in any case (a path after it, which it ignores, only empty), no port (9092),
+        # IPv6 bracketed or, without a port, bare; whitespace around a server is dropped.
+        ("b1:9092, b2:9092", "b1:9092,b2:9092"),
+        (" localhost ", "localhost"),
+        ("kafka-0.kafka-headless.ns.svc.cluster.local.:9092",
+         "kafka-0.kafka-headless.ns.svc.cluster.local.:9092"),
+        ("my_broker:65535,10.0.0.1:1", "my_broker:65535,10.0.0.1:1"),
+        ("[::1]:9092,[fe80::1%eth0],::1", "[::1]:9092,[fe80::1%eth0],::1"),
+        ("PLAINTEXT://h:1, plaintext://h:2/", "PLAINTEXT://h:1,plaintext://h:2/"),
+    ],
+)  # fmt: skip
+def test_every_form_librdkafka_takes_as_a_bootstrap_server_is_accepted(given, kept):
+    s = load_settings(["--publisher", "kafka", "--kafka-bootstrap-servers", given], {})
+    assert s.publisher_options["kafka_bootstrap_servers"] == kept
+    context = PublisherContext(owner="w", concurrency=1, publish_timeout=1.0)
+    publisher = KafkaPublisher.create(s.publisher_options, context)
+    assert publisher.destination == f"kafka {kept}"
+
+
+def test_a_server_naming_another_protocol_than_security_protocol_is_refused():
+    """librdkafka drops such a server (and those after it) with a warning, and never
+    connects: refused at start, with the protocol security.protocol would need."""
+    context = PublisherContext(owner="w", concurrency=1, publish_timeout=1.0)
+    values = {
+        "kafka_bootstrap_servers": "h:1,SSL://h:2", "kafka_topic": "{aggregate_type}",
+        "kafka_compression": "none", "kafka_config": (),
+    }  # fmt: skip
+    with pytest.raises(SettingError) as info:
+        KafkaPublisher.create(values, context)
+    assert str(info.value) == (
+        "--kafka-bootstrap-servers: 'SSL://h:2' names SSL but security.protocol is plaintext "
+        "(--kafka-config security.protocol=...): librdkafka would not connect to it"
+    )
+    ssl = KafkaPublisher.create(
+        {**values, "kafka_config": (("security.protocol", "SSL"),)}, context
+    )
+    assert ssl.config["bootstrap.servers"] == "h:1,SSL://h:2"
+
+
+def test_a_publisher_made_directly_refuses_user_info_too():
+    """The destination's name (stored, logged) and the start-up line come from it."""
+    with pytest.raises(ValueError) as info:
+        KafkaPublisher(f"alice:{PASSWORD}@127.0.0.1:1")
+    assert PASSWORD not in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -343,7 +426,53 @@ def test_worker_refuses_bad_kafka_config_with_one_line_exit_2(config, named):
     assert secret not in result.stderr + result.stdout
 
 
+@pytest.mark.parametrize("source", ["flag", "variable"])
+@pytest.mark.parametrize(
+    "servers",
+    [
+        f"alice:{PASSWORD}@127.0.0.1:1",
+        f"SASL_SSL://alice:{PASSWORD}@127.0.0.1:1",
+        "127.0.0.1:notaport",
+    ],
+)
+def test_worker_refuses_bad_bootstrap_servers_with_one_line_exit_2(servers, source):
+    """It used to start: librdkafka logged the password ~90 times in 30 s (or retried port 0
+    for ever), and the destination's name held it."""
+    by_flag = source == "flag"
+    env = BASE_ENV if by_flag else {**BASE_ENV, "OUTBOX_KAFKA_BOOTSTRAP_SERVERS": servers}
+    flag = ["--kafka-bootstrap-servers", servers] if by_flag else []
+    result = subprocess.run(
+        [sys.executable, "-m", "outbox.worker", "--dsn", "host=127.0.0.1 port=1",
+         "--publisher", "kafka", *flag],
+        capture_output=True, text=True, timeout=30, env=env,
+    )  # fmt: skip
+    assert result.returncode == 2, result
+    lines = result.stderr.splitlines()
+    named = SERVERS if by_flag else "OUTBOX_KAFKA_BOOTSTRAP_SERVERS: "
+    assert len(lines) == 1 and lines[0].startswith(f"outbox-worker: error: {named}"), result
+    assert "expected host:port[,host:port...]" in lines[0]
+    assert PASSWORD not in result.stderr + result.stdout
+
+
 # -- against the mock cluster --------------------------------------------------------------
+
+
+async def test_servers_written_with_protocols_spaces_and_names_reach_the_cluster(cluster):
+    """The forms the converter accepts are ones librdkafka connects with: a delivery."""
+    written = ", ".join(
+        f"PLAINTEXT://{server}" if i == 0 else server.replace("127.0.0.1", "localhost")
+        for i, server in enumerate(cluster.bootstraps.split(","))
+    )
+    s = load_settings(["--publisher", "kafka", "--kafka-bootstrap-servers", written], {})
+    context = PublisherContext(owner="w", concurrency=1, publish_timeout=10.0)
+    publisher = KafkaPublisher.create(s.publisher_options, context)
+    await publisher.start()
+    try:
+        assert await publisher.publish_batch([_message(id=5)]) == [None]
+    finally:
+        await publisher.close()
+    [delivered] = consume_all(cluster.bootstraps, "order", 1)
+    assert json.loads(delivered.value())["id"] == 5
 
 
 @pytest.mark.slow

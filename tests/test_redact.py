@@ -102,6 +102,43 @@ def test_a_hostile_url_is_never_shown(case: Hostile):
     assert_no_leak(redacted + "\n" + text, case.secrets)
 
 
+# A password in URLs that are not well formed, as a person mistypes them.
+TYPO_PASSWORD = "Pa55wordTypoUrl"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        # No proper `scheme://`: where the user-info would end cannot be told, so all before
+        # the last `@` goes (then query values and the fragment, as in any URL).
+        (f"https//alice:{TYPO_PASSWORD}@host/x", "***@host/x"),
+        (f"//alice:{TYPO_PASSWORD}@host/x", "***@host/x"),
+        (f"http:/alice:{TYPO_PASSWORD}@host/x", "***@host/x"),
+        (f"alice:{TYPO_PASSWORD}@host/x", "***@host/x"),
+        (f"alice:{TYPO_PASSWORD}@h:4222", "***@h:4222"),
+        (f"{TYPO_PASSWORD}@h:4222", "***@h:4222"),
+        (f"alice:{TYPO_PASSWORD}?q@host/x?token={TYPO_PASSWORD}#{TYPO_PASSWORD}",
+         "***@host/x?token=***#***"),
+        # A `/`, `?` or `#` in the password ends the authority early: what is left of it is
+        # no host and port, so all before the last `@` goes.
+        (f"https://alice:{TYPO_PASSWORD}/x@host/p", "https://***@host/p"),
+        (f"https://alice:{TYPO_PASSWORD}?x@host/p", "https://***@host/p"),
+        (f"https://alice:{TYPO_PASSWORD}#x@host/p", "https://***@host/p"),
+        (f"SASL_SSL://alice:{TYPO_PASSWORD}@h:9093", "SASL_SSL://***@h:9093"),
+        # Well formed: as before, an `@` in the path included.
+        ("https://host/users/@me", "https://host/users/@me"),
+        ("https://host:8080/users/@me?a=b", "https://host:8080/users/@me?a=***"),
+        ("https://[::1]:8080/u/@me", "https://[::1]:8080/u/@me"),
+        (f"https://alice:{TYPO_PASSWORD}@host/u/@me", "https://***@host/u/@me"),
+        ("host:9092", "host:9092"),
+        ("no at sign here", "no at sign here"),
+    ],
+)  # fmt: skip
+def test_a_url_not_well_formed_loses_all_before_its_last_at(url: str, shown: str):
+    assert redact_url(url) == shown
+    assert_no_leak(redact_url(url), [TYPO_PASSWORD])
+
+
 @pytest.mark.parametrize("case", TEXTS, ids=ids(TEXTS))
 def test_hostile_free_text_is_redacted(case: Hostile):
     shown = redact_text(case.value)
@@ -205,6 +242,20 @@ def test_the_start_up_line_shows_no_secret_of_any_publisher():
           "--kafka-config", "ssl.key.pem=KafkaKeyPem99 not a pem",
           "--kafka-config", "ssl.key.password=KafkaKeyPass99"],
          ("KafkaKeyPem99", "KafkaKeyPass99")),
+        # Credentials where none belong, in URLs that are not well formed.
+        *((["--publisher", "http", "--http-url", url], (TYPO_PASSWORD,)) for url in (
+            f"https//alice:{TYPO_PASSWORD}@host/x", f"//alice:{TYPO_PASSWORD}@host/x",
+            f"http:/alice:{TYPO_PASSWORD}@host/x", f"alice:{TYPO_PASSWORD}@host/x",
+            f"https://alice:{TYPO_PASSWORD}/x@host/",
+        )),
+        (["--publisher", "nats", "--nats-url", f"alice:{TYPO_PASSWORD}@h:4222"], (TYPO_PASSWORD,)),
+        (["--publisher", "kafka", "--kafka-bootstrap-servers",
+          f"alice:{TYPO_PASSWORD}@127.0.0.1:1"], (TYPO_PASSWORD,)),
+        (["--publisher", "kafka", "--kafka-bootstrap-servers",
+          f"SASL_SSL://alice:{TYPO_PASSWORD}@127.0.0.1:1"], (TYPO_PASSWORD,)),
+        # Credentials in the URL and an Authorization header: aiohttp refuses every request.
+        (["--publisher", "http", "--http-url", URLS[0].value, "--http-header",
+          f"Authorization: Bearer {JWT}"], (*URLS[0].secrets, JWT)),
     ],
 )  # fmt: skip
 def test_a_refused_publisher_option_is_named_without_its_secret(argv, secrets):
@@ -307,12 +358,52 @@ def test_worker_processes_refuse_hostile_dsns_without_echoing_them(tmp_path):
         assert_no_leak(text, case.secrets, case.name)
 
 
+def test_worker_processes_refuse_credentials_where_they_do_not_belong(tmp_path):
+    """Each of these used to start (and log the password, over and over), or to echo it in
+    the usage error: now one line naming the setting, exit 2, nothing of the password."""
+    dsn = "host=127.0.0.1 port=1 connect_timeout=1"
+    kafka, http = ["--publisher", "kafka"], ["--publisher", "http"]
+    runs = [
+        ([*kafka, "--kafka-bootstrap-servers", f"alice:{TYPO_PASSWORD}@127.0.0.1:1"],
+         "--kafka-bootstrap-servers: "),
+        ([*kafka, "--kafka-bootstrap-servers", f"SASL_SSL://alice:{TYPO_PASSWORD}@127.0.0.1:1"],
+         "--kafka-bootstrap-servers: "),
+        ([*http, "--http-url", f"http://alice:{TYPO_PASSWORD}@127.0.0.1:1/hook",
+          "--http-header", "Authorization: Bearer tok3nTypoHeader"],
+         "--http-url and --http-header"),
+        ([*http, "--http-url", f"https//alice:{TYPO_PASSWORD}@host/x"], "--http-url: "),
+        (["--publisher", "nats", "--nats-url", f"alice:{TYPO_PASSWORD}@h:4222"], "--nats-url: "),
+    ]  # fmt: skip
+    started = []
+    for i, (args, named) in enumerate(runs):
+        log = tmp_path / f"{i}.log"
+        started.append((named, log, _worker("--dsn", dsn, *args, env={}, log=log)))
+    try:
+        codes = [proc.wait(60) for _, _, proc in started]
+    finally:  # one that kept running (as they did) must not outlive the test
+        for _, _, proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    assert codes == [2] * len(runs)
+    for named, log, _ in started:
+        text = log.read_text(errors="replace")
+        assert text.startswith(f"outbox-worker: error: {named}"), text
+        assert len(text.splitlines()) == 1, text
+        assert_no_leak(text, [TYPO_PASSWORD, "tok3nTypoHeader"], named)
+
+
 def test_a_running_worker_logs_no_secret_of_its_dsn_or_its_publisher(dsn, tmp_path):
     """The start-up line shows the DSN and the publisher's options: secrets masked."""
     hostile = f"{dsn} password=Hunter2Password sslpassword=Hunter2SslPass"  # trust auth
     port, log = free_port(), tmp_path / "worker.log"
+    # Not Authorization: with the URL's user-info it is refused at start (aiohttp would send
+    # both); the URL's credentials stand for it here.
     headers = [
-        arg for name, value in HEADERS.items() for arg in ("--http-header", f"{name}: {value}")
+        arg
+        for name, value in HEADERS.items()
+        if name != "Authorization"
+        for arg in ("--http-header", f"{name}: {value}")
     ]
     proc = _worker(
         "--publisher", "http", "--http-url", URLS[0].value, *headers,

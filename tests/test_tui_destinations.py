@@ -139,3 +139,26 @@ async def test_the_dashboard_shows_an_outage_in_backoff_and_the_held_destination
         assert re.search(r"oldest ready\s+-", text), text
         assert re.search(r"retrying\s+4\b", text), text
         assert re.search(rf"rates · ✖ {API} open for \d+s · e", text), text
+
+
+async def test_control_characters_in_rows_are_shown_escaped_never_sent_to_the_terminal(
+    conn, dsn, table
+):
+    # Rows written by an older version or another tool: ESC would retitle or clear the
+    # terminal, a line break would break the table.
+    hostile = "https://api.test/\x1b]0;pwned\x07"
+
+    def fail(row: dest.Destination, now) -> dest.Destination:
+        failure = dest.Failure(1, "HTTP 500: \x1b[2J\x1b[31mEVIL\nline2")
+        return dest.failed(row, failure, owner="w1", now=now, policy=dest.Policy(threshold=1))
+
+    dest.change_sync(conn, table, hostile, fail)
+    app = _app(dsn)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("e")
+        await until(pilot, lambda: "pwned" in screen_text(app), "the destinations")
+        text = screen_text(app)
+        assert "\x1b" not in text and "\x07" not in text
+        assert r"api.test/\x1b]0;pwned\x07" in text
+        assert r"\x1b[2J\x1b[31mEVIL" in text

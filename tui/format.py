@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from outbox.text import age as age  # the one way to write an age, shared with `outbox`
+from outbox.text import printable
 
 
 def count(n: int) -> str:
@@ -62,8 +63,9 @@ def timestamp(moment: datetime | None) -> str:
 
 
 def one_line(text: str | None, width: int) -> str:
-    """The first line of a (possibly multi-line) error, cut to `width` with an ellipsis."""
+    """The first line of a (possibly multi-line) error, cut to `width` with an ellipsis;
+    control characters escaped (an ESC from a downstream would drive the terminal)."""
     if not text:
         return ""
-    line = " ".join(text.split())
+    line = printable(" ".join(text.split()))
     return line if len(line) <= width else line[: max(width - 1, 0)] + "…"

@@ -14,6 +14,7 @@ from textual.widgets import Static
 
 from outbox.destinations import CLOSED, OPEN, PAUSED
 from outbox.stats import DestinationState
+from outbox.text import printable
 from outbox.tui import format as fmt
 from outbox.tui.actions import DestinationRequest
 from outbox.tui.poller import Poller
@@ -104,7 +105,7 @@ class DestinationsScreen(BaseScreen):
         table.clear()
         for d in self.destinations:
             table.add_row(
-                Text(d.destination, "bold"),
+                Text(printable(d.destination), "bold"),
                 Text(d.state, STATE_STYLE.get(d.state, "")),
                 Text(fmt.age(d.for_seconds), justify="right"),
                 Text(fmt.count(d.failures), "red" if d.failures else "dim", justify="right"),
@@ -156,13 +157,13 @@ class DestinationsScreen(BaseScreen):
         grid.add_column(style="bold", no_wrap=True)
         grid.add_column()
         since = fmt.timestamp(d.since)
-        grid.add_row("destination", Text(d.destination))
+        grid.add_row("destination", Text(printable(d.destination)))
         grid.add_row("state", Text(f"{d.state} since {since} ({fmt.age(d.for_seconds)})"))
         if d.state == PAUSED:
-            grid.add_row("paused by", Text(d.changed_by or "?"))
-            grid.add_row("reason", Text(d.reason or "(no reason)"))
+            grid.add_row("paused by", Text(printable(d.changed_by or "?")))
+            grid.add_row("reason", Text(printable(d.reason or "(no reason)")))
         elif d.reason:
-            grid.add_row("reason", Text(d.reason))
+            grid.add_row("reason", Text(printable(d.reason)))
         if d.state == OPEN:
             grid.add_row("next probe", Text(next_probe(d)))
         if d.last_error:

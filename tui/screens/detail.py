@@ -25,6 +25,7 @@ from textual.widgets import Static
 from outbox.dead_letters import MessageDetail
 from outbox.jsontext import MAX_LAYOUT_DEPTH, layout, nesting_depth
 from outbox.repair import ActionRecord, Seen
+from outbox.text import printable
 from outbox.tui import format as fmt
 from outbox.tui.actions import ActionRequest
 from outbox.tui.poller import Poller
@@ -121,7 +122,7 @@ class DetailScreen(BaseScreen):
         error = c.get("last_error")
         self.query_one("#error", Static).update(
             Group(
-                Text(str(error), "red") if error else Text("(none)", "dim"),
+                Text(printable(str(error), keep="\n"), "red") if error else Text("(none)", "dim"),
                 Text(f"error group: {detail.error_group or '(no error)'}", "dim"),
             )
         )
@@ -194,7 +195,7 @@ def _value(name: str, value: Any, now: datetime) -> RenderableType:
         return Text(str(value), _STATUS_STYLE.get(str(value), ""))
     if isinstance(value, dict | list):
         return Text(json.dumps(value, ensure_ascii=False))
-    return Text(_bounded(str(value)))
+    return Text(printable(_bounded(str(value))))
 
 
 def _bounded(text: str) -> str:

@@ -36,9 +36,11 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
+from outbox.errors import SettingError
 from outbox.models import Message
 from outbox.redact import redact_text, redact_url
 from outbox.signing_keys import signing_key
+from outbox.text import printable
 from outbox.worker.publishers.base import PermanentError, RetryableError, server_of
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.formats import ENVELOPE, HTTP, NOT_IN_URI, CloudEvents, encode
@@ -84,11 +86,15 @@ def classify(
 ) -> None:
     """Raise the failure class for a response status; return for success. The reason quotes
     the body's start, redacted, with `secrets` (the request's own header values, which a
-    receiver may echo) masked."""
+    receiver may echo) masked, and its control characters escaped: the reason is logged and
+    stored as `last_error`, which terminals show."""
     if 200 <= status < 300:
         return
     snippet = body[:_BODY_SNIPPET].decode("utf-8", "replace").strip()
-    reason = redact_text(f"HTTP {status}" + (f": {snippet}" if snippet else ""), secrets=secrets)
+    # Redacted first: a PEM block or a URL is told by the line breaks and spaces around it.
+    reason = printable(
+        redact_text(f"HTTP {status}" + (f": {snippet}" if snippet else ""), secrets=secrets)
+    )
     if status in RETRYABLE_STATUSES or status >= 500:
         raise RetryableError(reason, retry_after=parse_retry_after(retry_after))
     raise PermanentError(reason)
@@ -103,8 +109,12 @@ def _url(text: str) -> str:
     try:
         parts = urllib.parse.urlsplit(text)
         parts.port  # noqa: B018 - raises for a port that is not a number in 0-65535
-    except ValueError as exc:
-        raise ValueError(f"{redact_url(text)!r} is not a valid URL ({exc})") from None
+    except ValueError:
+        # urllib's words quote what it could not read, e.g. as a port the password whose `/`,
+        # `?` or `#` ended the authority early: none of them is passed on.
+        raise ValueError(
+            f"{redact_url(text)!r} is not a valid URL (its host or port cannot be read)"
+        ) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{redact_url(text)!r} is not an http:// or https:// URL")
     # Accepted, these would fail every publish as "retryable" until each message is dead. The
@@ -128,6 +138,24 @@ def _header(text: str) -> tuple[str, str]:
     if _NOT_IN_HEADER_VALUE.search(value):  # the value is a secret: never echoed
         raise ValueError(f"the value of {name} holds a CR, LF or another control character")
     return name, value
+
+
+def check_credentials(url: str, headers: dict[str, str]) -> None:
+    """SettingError if the URL holds user-info and an `Authorization` header is set too.
+
+    aiohttp sends the user-info as an Authorization header of its own and refuses the pair
+    with a ValueError on every request: each publish would fail unclassified, the message
+    left to its lease and its attempts burnt. Neither the URL nor the header is quoted.
+    """
+    if placeholders(url):
+        url = sample(url)  # the user-info is the template's own: placeholders may not be in it
+    parsed = URL(url)  # yarl, as aiohttp reads it
+    has_userinfo = parsed.raw_user is not None or parsed.raw_password is not None
+    if has_userinfo and any(name.lower() == "authorization" for name in headers):
+        raise SettingError(
+            "--http-url and --http-header Authorization: give the credentials in one of them, "
+            "not both (the URL's user-info is sent as an Authorization header)"
+        )
 
 
 def _header_safe(what: str, value: str) -> str:
@@ -191,6 +219,8 @@ class HttpPublisher:
         source: str = "/outbox/outbox",
         signing_keys: Sequence[bytes] = (),
     ) -> None:
+        # Refused here, whoever makes the publisher: otherwise every publish fails.
+        check_credentials(url, headers or {})
         self.url = url
         # A routed URL renders per message; its host cannot vary (routes.py).
         self._router = Router(url) if placeholders(url) else None

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import re
 import string
@@ -61,7 +62,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outbox.errors import SettingError
 from outbox.models import Message
-from outbox.redact import is_secret_name, mask_values, redact_mapping
+from outbox.redact import is_secret_name, mask_userinfo, mask_values, redact_mapping
 from outbox.worker.publishers.base import PermanentError, RetryableError, server_of
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.formats import ENVELOPE, KAFKA, CloudEvents, encode
@@ -94,6 +95,22 @@ TOPIC_PLACEHOLDERS = ("aggregate_type", "aggregate_id", "event_type")
 MAX_TOPIC_LENGTH = 249
 _ILLEGAL_TOPIC_CHARS = re.compile(r"[^a-zA-Z0-9._-]")
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
+# librdkafka's security protocols: a bootstrap server may name one (`SSL://h:9093`, any case),
+# and librdkafka drops a server whose protocol is not security.protocol's.
+PROTOCOLS = ("plaintext", "ssl", "sasl_plaintext", "sasl_ssl")
+# One bootstrap server as librdkafka reads it (rd_kafka_broker_name_parse): an optional
+# `PROTOCOL://` (then a path, ignored by librdkafka, may follow: only an empty one is taken),
+# a host, then `:port` unless the host is an IPv6 address written without brackets.
+_BOOTSTRAP_SERVER = re.compile(
+    r"(?:(?P<protocol>[A-Za-z_]+)://)?"
+    r"(?:(?P<name>[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*\.?)|\[(?P<ipv6>[^\]]+)\])"
+    r"(?::(?P<port>[0-9]+))?"
+    r"(?(protocol)/?)"
+)
+BOOTSTRAP_EXPECTED = (
+    "expected host:port[,host:port...] (host a name, an IPv4 or a [bracketed] IPv6 address; "
+    "port 1-65535; optionally PROTOCOL:// first)"
+)
 
 # Set by this publisher (or by another flag); a passthrough value would break its guarantees.
 RESERVED_CONFIG = {
@@ -220,11 +237,60 @@ def render_topic(template: str, message: Message) -> str:
 # -- settings --------------------------------------------------------------------------------
 
 
-def bootstrap_servers(text: str) -> str:
-    servers = [s.strip() for s in text.split(",")]
+def bootstrap_server_list(text: str) -> str:
+    """A comma-separated list of `[PROTOCOL://]host[:port]`, whitespace around each server
+    dropped: what librdkafka's bootstrap.servers takes, and nothing else.
+
+    librdkafka checks none of it: it reads `user:password@host:port` as a host name, and logs
+    it, password and all, on every connection attempt (the destination's name would store it
+    too), and it reads `host:x` as port 0 and `host:70000` as port 4464. The value is quoted
+    in the error only without an `@`: with one, all before the last `@` is masked (a password
+    may hold a comma, which would split it across two servers).
+    """
+    servers = [server.strip() for server in text.split(",")]
+    if "@" in text:
+        raise ValueError(
+            f"{mask_userinfo(text)!r} holds user-info: expected host:port[,host:port...]; "
+            "credentials go in --kafka-config sasl.username/sasl.password"
+        )
     if not all(servers):
-        raise ValueError(f"{text!r} is not a comma-separated list of host:port")
+        raise ValueError(f"{text!r} has an empty entry: {BOOTSTRAP_EXPECTED}")
+    for server in servers:
+        problem = _bootstrap_server_problem(server)
+        if problem:
+            raise ValueError(f"{server!r} {problem}: {BOOTSTRAP_EXPECTED}")
     return ",".join(servers)
+
+
+def _bootstrap_server_problem(server: str) -> str | None:
+    """What is wrong with one bootstrap server, or None."""
+    match = _BOOTSTRAP_SERVER.fullmatch(server)
+    if match is None:
+        with contextlib.suppress(ValueError):
+            # librdkafka takes an IPv6 address without brackets, and then no port.
+            ipaddress.IPv6Address(server.rpartition("://")[2])
+            return _protocol_problem(server.rpartition("://")[0] or None)
+        return "is not [PROTOCOL://]host[:port]"
+    if match["ipv6"] is not None:
+        try:
+            ipaddress.IPv6Address(match["ipv6"])
+        except ValueError:
+            return "has no IPv6 address between its brackets"
+    if match["port"] is not None and not 1 <= int(match["port"]) <= 65535:
+        return "has a port outside 1-65535"
+    return _protocol_problem(match["protocol"])
+
+
+def _protocol_problem(protocol: str | None) -> str | None:
+    if protocol is not None and protocol.lower() not in PROTOCOLS:
+        return f"names no security protocol of librdkafka's ({', '.join(PROTOCOLS)})"
+    return None
+
+
+def _protocol(server: str) -> str | None:
+    """The protocol a (checked) bootstrap server names, lower case; None if none."""
+    protocol, sep, _ = server.partition("://")
+    return protocol.lower() if sep else None
 
 
 def compression(text: str) -> str:
@@ -460,8 +526,8 @@ class KafkaPublisher:
     options = (
         Option(
             "--kafka-bootstrap-servers",
-            "host:port[,host:port...] of Kafka brokers",
-            convert=bootstrap_servers,
+            "host:port[,host:port...] of Kafka brokers (credentials go in --kafka-config)",
+            convert=bootstrap_server_list,
             required=True,
         ),
         Option(
@@ -514,6 +580,10 @@ class KafkaPublisher:
         wire_format: str = ENVELOPE,
         source: str = "/outbox/outbox",
     ) -> None:
+        # Checked here too, whoever makes the publisher: the destination's name is stored and
+        # logged, and the servers are logged at start and by librdkafka, so none may hold
+        # user-info (ValueError).
+        bootstrap_servers = bootstrap_server_list(bootstrap_servers)
         self.destination = f"kafka {bootstrap_servers}"  # the cluster
         # The first bootstrap server: the span's `server.address` and `server.port`.
         self.server = server_of(bootstrap_servers.split(",")[0], default_port=9092)
@@ -550,6 +620,17 @@ class KafkaPublisher:
         SASL protocol without a usable mechanism, linger.ms beyond the message timeout, a
         missing certificate file). Without bootstrap servers the check connects nowhere.
         """
+        # librdkafka drops, with a warning and no error, a server naming another protocol than
+        # security.protocol's, and the servers after it: the worker would never connect.
+        wanted = str(self.config.get("security.protocol", "plaintext")).lower()
+        for server in str(self.config["bootstrap.servers"]).split(","):
+            named = _protocol(server)
+            if named is not None and named != wanted:
+                raise SettingError(
+                    f"--kafka-bootstrap-servers: {server!r} names {named.upper()} but "
+                    f"security.protocol is {wanted} (--kafka-config security.protocol=...): "
+                    "librdkafka would not connect to it"
+                )
         config = {k: v for k, v in self.config.items() if k != "bootstrap.servers"}
         try:
             Producer(config)
