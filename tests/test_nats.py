@@ -275,6 +275,7 @@ def test_settings_from_flags_and_environment():
         ),
         (["--nats-creds", "/nonexistent/x.creds"], {}, "--nats-creds"),
         (["--nats-tls-dir", "/nonexistent/tls"], {}, "--nats-tls-dir"),
+        (["--nats-url", "s3cret:pw@h:4222"], {}, "--nats-url"),  # the token read as a scheme
     ],
 )
 def test_bad_settings_are_one_line_naming_the_setting(argv, env, named):

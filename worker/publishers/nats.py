@@ -151,8 +151,11 @@ def server_urls(text: str) -> tuple[str, ...]:
         except ValueError:
             raise ValueError(f"{redact_url(url)!r} is not a URL") from None
         if parts.scheme not in SCHEMES:
+            # Without `scheme://`, urllib takes a user name for the scheme (`tok:en@h`): named
+            # only when the URL has its `://`, which redact_url then masks behind.
+            scheme = parts.scheme if "://" in url else ""
             raise ValueError(
-                f"{redact_url(url)!r}: scheme {parts.scheme or '(none)'!r} is not one of "
+                f"{redact_url(url)!r}: scheme {scheme or '(none)'!r} is not one of "
                 + ", ".join(f"{s}://" for s in SCHEMES)
             )
         if not parts.hostname:
