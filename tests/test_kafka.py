@@ -317,14 +317,19 @@ def test_every_form_librdkafka_takes_as_a_bootstrap_server_is_accepted(given, ke
     assert publisher.destination == f"kafka {kept}"
 
 
+def _options(servers: str, *config: tuple[str, str]) -> dict[str, object]:
+    """The kafka publisher's option values, as the worker's settings hand them over."""
+    return {
+        "kafka_bootstrap_servers": servers, "kafka_topic": "{aggregate_type}",
+        "kafka_compression": "none", "kafka_config": config,
+    }  # fmt: skip
+
+
 def test_a_server_naming_another_protocol_than_security_protocol_is_refused():
     """librdkafka drops such a server (and those after it) with a warning, and never
     connects: refused at start, with the protocol security.protocol would need."""
     context = PublisherContext(owner="w", concurrency=1, publish_timeout=1.0)
-    values = {
-        "kafka_bootstrap_servers": "h:1,SSL://h:2", "kafka_topic": "{aggregate_type}",
-        "kafka_compression": "none", "kafka_config": (),
-    }  # fmt: skip
+    values = _options("h:1,SSL://h:2")
     with pytest.raises(SettingError) as info:
         KafkaPublisher.create(values, context)
     assert str(info.value) == (
@@ -365,11 +370,7 @@ def test_bad_kafka_config_entries_are_refused_by_librdkafka_or_by_us(entry, prob
 
 def test_a_combination_librdkafka_refuses_is_a_setting_error_without_secrets():
     context = PublisherContext(owner="w", concurrency=4, publish_timeout=1.0)
-    values = {
-        "kafka_bootstrap_servers": "h:9092", "kafka_topic": "{aggregate_type}",
-        "kafka_compression": "none",
-        "kafka_config": (("linger.ms", "5000"), ("sasl.password", "pw-s3cret")),
-    }  # fmt: skip
+    values = _options("h:9092", ("linger.ms", "5000"), ("sasl.password", "pw-s3cret"))
     with pytest.raises(SettingError) as info:
         KafkaPublisher.create(values, context)
     assert str(info.value) == (
