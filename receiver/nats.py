@@ -24,7 +24,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
@@ -108,7 +107,10 @@ class NatsInbox:
         while not stop.is_set():
             try:
                 messages = await subscription.fetch(batch, timeout=wait)
-            except nats.errors.TimeoutError:
+            except TimeoutError:
+                # Nothing came in time. nats-py raises its own TimeoutError here, and the
+                # builtin one when the server's answer and the deadline meet (a stalled loop):
+                # both mean "fetch again", never "stop consuming".
                 continue
             for msg in messages:
                 await self.handle(msg)

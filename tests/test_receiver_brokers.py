@@ -105,6 +105,16 @@ async def _drained(url: str, durable: str) -> bool:
         await nc.close()
 
 
+async def _consumed(running: asyncio.Task[None], url: str, durable: str) -> None:
+    """Wait until the consumer has nothing pending; a receive loop that died says why."""
+
+    async def over() -> bool:
+        return running.done() or await _drained(url, durable)
+
+    await wait_until(over, timeout=60)
+    assert not running.done(), running.exception()
+
+
 @pytest.mark.slow
 async def test_nats_consumer_killed_between_commit_and_ack_applies_each_message_once(
     conn, dsn, receiver_dsn, nats_server
@@ -138,7 +148,7 @@ async def test_nats_consumer_killed_between_commit_and_ack_applies_each_message_
         try:
             sub = await nc.jetstream().pull_subscribe("outbox.>", durable="billing")
             running = asyncio.create_task(receiver.run(sub, stop, wait=0.2))
-            await wait_until(lambda: _drained(nats_server.url, "billing"), timeout=60)
+            await _consumed(running, nats_server.url, "billing")
             stop.set()
             await running
         finally:
@@ -173,7 +183,7 @@ async def test_nats_failures_are_nakd_and_a_message_without_id_is_terminated(
             sub = await js.pull_subscribe("outbox.>", durable="billing")
             stop = asyncio.Event()
             running = asyncio.create_task(receiver.run(sub, stop, wait=0.2))
-            await wait_until(lambda: _drained(nats_server.url, "billing"), timeout=30)
+            await _consumed(running, nats_server.url, "billing")
             stop.set()
             await running
     finally:
@@ -181,6 +191,50 @@ async def test_nats_failures_are_nakd_and_a_message_without_id_is_terminated(
     assert effects(receiver_dsn) == [("11", "consumer")]
     assert "effect failed" in caplog.text and "rolled back, nak'd" in caplog.text
     assert "Nats-Msg-Id: message id is empty" in caplog.text and "terminated" in caplog.text
+
+
+async def test_nats_receive_loop_outlives_fetches_whose_answer_meets_their_deadline(
+    receiver_dsn, nats_server
+):
+    """A stalled event loop (a busy host, a long handler elsewhere on the loop) makes nats-py
+    raise the builtin TimeoutError, not its own, when the server's "no messages" and the
+    fetch's deadline meet: the loop must fetch again, not die and leave the consumer idle."""
+    await create_stream(nats_server.url)
+    await _durable(nats_server.url, "billing", ack_wait=30)
+    nc = await nats.connect(nats_server.url)
+    stop = asyncio.Event()
+
+    async def stall_the_loop() -> None:
+        while not stop.is_set():
+            time.sleep(0.003)  # noqa: ASYNC251 - blocks the loop, as a starved process does
+            await asyncio.sleep(0.0005)
+
+    try:
+        js = nc.jetstream()
+        sub = await js.pull_subscribe("outbox.>", durable="billing")
+        fetches = 0
+        fetch = sub.fetch
+
+        async def counted(*args: Any, **kwargs: Any) -> list[Any]:
+            nonlocal fetches
+            fetches += 1
+            return await fetch(*args, **kwargs)
+
+        sub.fetch = counted  # type: ignore[method-assign]
+        async with connecting(receiver_dsn) as connect:
+            receiver = NatsInbox(nats_effect, connect=connect, consumer="billing")
+            running = asyncio.create_task(receiver.run(sub, stop, wait=0.002))
+            stalling = asyncio.create_task(stall_the_loop())
+            # Empty fetches under stalls: a few in a hundred used to end the loop.
+            await wait_until(lambda: running.done() or fetches >= 500, timeout=60)
+            await js.publish("outbox.order.Paid", b"{}", headers={NATS_ID: "7"})
+            await _consumed(running, nats_server.url, "billing")
+            stop.set()
+            await asyncio.gather(running, stalling)
+    finally:
+        stop.set()
+        await nc.close()
+    assert effects(receiver_dsn) == [("7", "consumer")]
 
 
 # -- Kafka -----------------------------------------------------------------------------------

@@ -310,7 +310,7 @@ def classify(exc: Exception, subject: str, no_stream: str = DEFAULT_NO_STREAM) -
             f"JetStream refused the message ({exc.code}, err_code {exc.err_code}): "
             f"{exc.description}"
         )
-    if isinstance(exc, nats.errors.TimeoutError):
+    if isinstance(exc, TimeoutError):  # nats-py's own subclasses the builtin it also raises
         return RetryableError(f"no PubAck for subject {subject!r} in time")
     if isinstance(
         exc, nats.errors.MaxPayloadError | nats.errors.BadSubjectError | nats.errors.BadHeaderError
