@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 import kopf
 from kubernetes.aio.client import ApiClient, Configuration
@@ -41,6 +42,14 @@ async def api_client() -> ApiClient:
         load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         await load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    server = urlsplit(configuration.host)
+    if (server.username or server.password) and (configuration.api_key or configuration.username):
+        # aiohttp refuses both on every request (a traceback per call); the server's user-info
+        # is not shown: it is a password.
+        raise ConfigException(
+            "the cluster's server URL holds a user name or password and the kubeconfig's user "
+            "has a token or password too: remove the user-info from the server URL"
+        )
     return ApiClient(configuration)
 
 

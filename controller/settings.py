@@ -12,7 +12,8 @@ from datetime import timedelta
 from importlib.metadata import entry_points
 from typing import Any
 
-from kubernetes.config import list_kube_config_contexts
+import yaml
+from kubernetes.config import ConfigException, list_kube_config_contexts
 
 from outbox.cliutil import ArgumentParser, env_name, listen_address, on_off, port, resolve
 from outbox.controller.policy import check_image_pattern
@@ -398,23 +399,40 @@ def _positive_duration(text: str) -> timedelta:
     return value
 
 
-def kubeconfig_namespace(env: Mapping[str, str]) -> str:
+def kubeconfig_namespace(env: Mapping[str, str]) -> tuple[str, str]:
     """Outside a cluster, the namespace of the kubeconfig's current context ("default" when
-    the context names none, as kubectl reads it); "" in a pod (its namespace is
-    POD_NAMESPACE) or without a readable kubeconfig. The same files the client logs in with:
-    KUBECONFIG (a list separated by the path separator), else ~/.kube/config."""
+    the context names none, as kubectl reads it), or "" and why there is none: in a pod (its
+    namespace is POD_NAMESPACE, nothing to say) or without a usable kubeconfig. The same files
+    the client logs in with: KUBECONFIG (a list separated by the path separator), else
+    ~/.kube/config."""
     if env.get("KUBERNETES_SERVICE_HOST"):
-        return ""
+        return "", ""
     home = env.get("HOME")
     path = env.get("KUBECONFIG") or (os.path.join(home, ".kube", "config") if home else "")
-    if not path:
-        return ""
+    files = [name for name in path.split(os.pathsep) if name]
+    if not files:
+        return "", "neither KUBECONFIG nor HOME is set"
+    if not any(os.path.exists(name) for name in files):
+        return "", f"no kubeconfig at {', '.join(files)}"
     try:
         _, current = list_kube_config_contexts(config_file=path)  # type: ignore[no-untyped-call]
-    except Exception:  # the loader raises its own errors, PyYAML's and OSError
-        return ""  # no usable kubeconfig: the check below says what to set
+    except Exception as exc:  # the loader raises its own errors, PyYAML's, OSError, TypeError
+        return "", f"the kubeconfig {path} is unusable ({_kubeconfig_fault(exc)})"
     context = (current or {}).get("context") or {}
-    return str(context.get("namespace") or "default")
+    return str(context.get("namespace") or "default"), ""
+
+
+def _kubeconfig_fault(exc: Exception) -> str:
+    """What is wrong with a kubeconfig, without quoting it: PyYAML's messages show the text
+    around the fault, which may be a token."""
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or type(exc).__name__}: {exc.filename}"
+    if isinstance(exc, yaml.YAMLError):
+        mark = getattr(exc, "problem_mark", None)
+        return "not YAML" + (f" at line {mark.line + 1}" if mark is not None else "")
+    if isinstance(exc, ConfigException):
+        return str(exc)  # the loader's own words name keys, never values
+    return "not a kubeconfig: a mapping with contexts and current-context"
 
 
 def default_identity(env: Mapping[str, str]) -> str:
@@ -428,6 +446,7 @@ def load_settings(
     env = os.environ if env is None else env
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     defaults = ControllerSettings(worker_publishers=())
+    kube_namespace, no_kube_namespace = kubeconfig_namespace(env)
 
     def get(flag: str, convert, default):  # type: ignore[no-untyped-def]
         return resolve(args, flag, convert, default, env)
@@ -446,7 +465,7 @@ def load_settings(
         leader_election_namespace=get(
             "--leader-election-namespace",
             _dns_label,
-            env.get("POD_NAMESPACE") or kubeconfig_namespace(env),
+            env.get("POD_NAMESPACE") or kube_namespace,
         ),
         leader_election_id=get("--leader-election-id", _dns_label, defaults.leader_election_id),
         leader_identity=get("--leader-identity", str, default_identity(env)),
@@ -475,16 +494,17 @@ def load_settings(
         log_format=get("--log-format", _log_format, defaults.log_format),
         log_level=get("--log-level", _log_level, defaults.log_level),
     )
-    _check(settings)
+    _check(settings, no_kube_namespace)
     return settings
 
 
-def _check(settings: ControllerSettings) -> None:
+def _check(settings: ControllerSettings, no_kube_namespace: str) -> None:
     if not settings.leader_election_namespace:
         raise SettingError(
             f"--leader-election-namespace (or {env_name('--leader-election-namespace')}, "
             "POD_NAMESPACE, or a kubeconfig with a current context) is required: the "
             "namespace of the leader-election Lease"
+            + (f"; {no_kube_namespace}" if no_kube_namespace else "")
         )
     if not settings.renew_deadline < settings.lease_duration:
         raise SettingError(

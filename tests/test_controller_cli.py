@@ -79,15 +79,65 @@ def test_in_a_pod_the_kubeconfig_is_not_read_and_the_namespace_is_still_required
 
 
 @pytest.mark.parametrize(
-    "text", ["", "not: [yaml", "apiVersion: v1\nkind: Config\n"], ids=["empty", "bad", "bare"]
+    ("text", "fault"),
+    [
+        ("", "file is empty"),
+        ("users:\n- user: {token: s3cret: x}\n", "not YAML at line 2"),
+        ("- a\n", "not a kubeconfig"),
+        ("apiVersion: v1\nkind: Config\n", "current-context"),
+    ],
+    ids=["empty", "bad", "list", "bare"],
 )
-def test_an_unusable_kubeconfig_says_what_to_set(tmp_path: Path, text: str) -> None:
+def test_an_unusable_kubeconfig_says_what_to_set_and_what_is_wrong(
+    tmp_path: Path, text: str, fault: str
+) -> None:
     config = tmp_path / "config"
     config.write_text(text)
-    with pytest.raises(SettingError, match=r"--leader-election-namespace .*kubeconfig"):
+    with pytest.raises(SettingError) as refused:
         load_settings([], {"KUBECONFIG": str(config)})
-    with pytest.raises(SettingError, match="--leader-election-namespace"):
+    said = str(refused.value)
+    assert said.startswith("--leader-election-namespace ") and "kubeconfig" in said
+    assert f"the kubeconfig {config} is unusable" in said and fault in said
+    assert "s3cret" not in said  # PyYAML's own message quotes the text around the fault
+
+
+def test_a_missing_kubeconfig_is_named_not_reported_as_a_bad_one(tmp_path: Path) -> None:
+    with pytest.raises(SettingError) as refused:
         load_settings([], {"KUBECONFIG": str(tmp_path / "missing")})
+    assert str(refused.value).endswith(f"; no kubeconfig at {tmp_path / 'missing'}")
+    with pytest.raises(SettingError) as refused:
+        load_settings([], {})
+    assert str(refused.value).endswith("; neither KUBECONFIG nor HOME is set")
+    # A missing file in a list is skipped, as kubectl skips it.
+    present = _kubeconfig(tmp_path / "config", "shop-dev")
+    env = {"KUBECONFIG": f"{tmp_path / 'missing'}:{present}"}
+    assert load_settings([], env).leader_election_namespace == "shop-dev"
+
+
+def test_a_server_url_with_user_info_beside_a_token_exits_2_without_showing_either(
+    tmp_path: Path,
+) -> None:
+    config = _kubeconfig(tmp_path / "config", "shop-dev")
+    config.write_text(
+        config.read_text()
+        .replace("https://127.0.0.1:1", "https://alice:pa55word@127.0.0.1:1")
+        .replace("token: t", "token: tok-s3cret")
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "outbox.controller", "--health-port=0"],
+        capture_output=True,
+        text=True,
+        env={"KUBECONFIG": str(config), "PATH": ""},
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    said = result.stderr.splitlines()[-1]  # after the start's log records, one line
+    assert "Traceback" not in result.stderr, result.stderr
+    assert said.startswith("outbox-controller: error: ") and said.endswith(
+        "remove the user-info from the server URL"
+    )
+    assert "pa55word" not in result.stderr + result.stdout
+    assert "s3cret" not in result.stderr + result.stdout
 
 
 def test_a_lease_shorter_than_the_renew_deadline_exits_2_naming_both_flags(
