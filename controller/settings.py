@@ -56,6 +56,13 @@ PUBLISHER_FORMATS = ("envelope", "cloudevents-binary", "cloudevents-structured")
 CLOUDEVENTS_SOURCE = re.compile(r"^[\x21-\x7e]+$")
 CLOUDEVENTS_SOURCE_MAX_LENGTH = 1024
 PUBLISHER_DEFAULT_FIELDS = ("format", "cloudEventsSource")
+# spec.publisher.type's enum and a resource quantity's pattern, as the CRD has them (the same
+# test compares): what --worker-publishers may name, and what --worker-defaults' resources
+# may ask for (the API server refused a bad quantity only when each Deployment was written).
+PUBLISHER_TYPES = ("null", "log", "http", "nats", "kafka")
+QUANTITY = re.compile(
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
@@ -324,13 +331,43 @@ def _worker_defaults(text: str) -> Mapping[str, Any]:
             raise ValueError(f"{key}: expected an object of strings")
         if key in ("resources", "affinity") and not isinstance(item, dict):
             raise ValueError(f"{key}: expected an object")
-        if key == "resources" and not set(item) <= {"requests", "limits"}:
-            raise ValueError("resources: expected requests and limits only")
+        if key == "resources":
+            _resources(item)
         if key == "priorityClassName" and not (isinstance(item, str) and _NAME.match(item)):
             raise ValueError("priorityClassName: expected a priority class's name")
         if key == "tracing":
             _tracing(item)
     return value
+
+
+def _resources(item: Mapping[str, Any]) -> None:
+    if not set(item) <= {"requests", "limits"}:
+        raise ValueError("resources: expected requests and limits only")
+    for part, amounts in item.items():
+        if not isinstance(amounts, dict):
+            raise ValueError(f"resources.{part}: expected an object of quantities")
+        for name, amount in amounts.items():
+            if not _quantity(amount):
+                raise ValueError(
+                    f"resources.{part}.{name}: expected a quantity (100m, 0.5, 128Mi, 1G)"
+                )
+
+
+def _quantity(amount: Any) -> bool:
+    if isinstance(amount, bool):  # JSON true is no number of anything
+        return False
+    if isinstance(amount, int):
+        return amount >= 0
+    return isinstance(amount, str) and QUANTITY.match(amount) is not None
+
+
+def _publisher_names(text: str) -> tuple[str, ...]:
+    names = _names(text)
+    for name in names:
+        if name not in PUBLISHER_TYPES:
+            known = ", ".join(PUBLISHER_TYPES)
+            raise ValueError(f"{name!r} is no publisher a resource can name (one of {known})")
+    return names
 
 
 def _tracing(item: Any) -> None:
@@ -473,7 +510,7 @@ def load_settings(
         renew_deadline=get("--renew-deadline", _positive_duration, defaults.renew_deadline),
         retry_period=get("--retry-period", _positive_duration, defaults.retry_period),
         worker_image=get("--worker-image", str, defaults.worker_image),
-        worker_publishers=get("--worker-publishers", _names, installed_publishers()),
+        worker_publishers=get("--worker-publishers", _publisher_names, installed_publishers()),
         worker_defaults=get("--worker-defaults", _worker_defaults, defaults.worker_defaults),
         publisher_defaults=get(
             "--publisher-defaults", _publisher_defaults, defaults.publisher_defaults

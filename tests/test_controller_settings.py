@@ -59,6 +59,7 @@ def test_flags_and_variables() -> None:
         (["--retry-period", "10s"], ENV, "--retry-period"),
         (["--lease-duration", "soon"], ENV, "--lease-duration"),
         ([], {**ENV, "OUTBOX_LOG_LEVEL": "LOUD"}, "OUTBOX_LOG_LEVEL"),
+        (["--worker-publishers", "http,kafak"], ENV, "--worker-publishers: 'kafak' is no"),
     ],
 )
 def test_bad_settings_name_themselves(argv: list[str], env: dict[str, str], names: str) -> None:

@@ -22,13 +22,16 @@ from outbox.controller.settings import (
     CLOUDEVENTS_SOURCE_MAX_LENGTH,
     PUBLISHER_DEFAULT_FIELDS,
     PUBLISHER_FORMATS,
+    PUBLISHER_TYPES,
+    QUANTITY,
     load_settings,
 )
 from outbox.errors import SettingError
 
-PUBLISHER = yaml.safe_load(c.CRD_SOURCE.read_text())["spec"]["versions"][0]["schema"][
-    "openAPIV3Schema"
-]["properties"]["spec"]["properties"]["publisher"]["properties"]
+SPEC = yaml.safe_load(c.CRD_SOURCE.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
+    "properties"
+]["spec"]["properties"]
+PUBLISHER = SPEC["publisher"]["properties"]
 CHART_SCHEMA = json.loads((c.CHART / "values.schema.json").read_text())["properties"][
     "publisherDefaults"
 ]["properties"]
@@ -37,6 +40,9 @@ CHART_SCHEMA = json.loads((c.CHART / "values.schema.json").read_text())["propert
 def test_the_operator_checks_what_the_crd_checks() -> None:
     # One source: the operator's constants are the CRD's enum, pattern and length.
     assert list(PUBLISHER_FORMATS) == PUBLISHER["format"]["enum"]
+    assert list(PUBLISHER_TYPES) == PUBLISHER["type"]["enum"]  # what --worker-publishers names
+    quantity = SPEC["worker"]["properties"]["resources"]["properties"]["requests"]
+    assert QUANTITY.pattern == quantity["additionalProperties"]["pattern"]
     source = PUBLISHER["cloudEventsSource"]
     assert CLOUDEVENTS_SOURCE.pattern == source["pattern"]
     assert source["maxLength"] == CLOUDEVENTS_SOURCE_MAX_LENGTH

@@ -119,7 +119,9 @@ def test_bad_defaults_are_refused_by_helm(values: dict[str, Any], says: str) -> 
     "text",
     ['{"serviceAccountName": "admin"}', "[]", "{", '{"tolerations": {}}',
      '{"nodeSelector": {"a": 1}}', '{"resources": {"claims": []}}',
-     '{"priorityClassName": "High"}'],
+     '{"priorityClassName": "High"}', '{"resources": {"requests": {"cpu": "lots"}}}',
+     '{"resources": {"limits": {"memory": -1}}}', '{"resources": {"limits": {"cpu": true}}}',
+     '{"resources": {"limits": "1Gi"}}'],
 )  # fmt: skip
 def test_the_operator_refuses_bad_defaults_naming_the_flag(text: str) -> None:
     from outbox.errors import SettingError
