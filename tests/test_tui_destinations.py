@@ -12,6 +12,8 @@ from datetime import timedelta
 import pytest
 from helpers import seed
 from test_tui import SIZE, _app, screen_text, settle, until
+from textual import events
+from textual.widgets import Input
 
 from outbox import destinations as dest
 from outbox import repair
@@ -66,8 +68,15 @@ async def test_pause_and_resume_a_destination_confirmed_and_recorded(conn, dsn, 
         await until(pilot, lambda: "Pause https://api.test?" in screen_text(app), "dialog")
         assert "Open for" in screen_text(app) and "after 1 failure (" in screen_text(app)
         await pilot.press("enter")  # a blank reason is refused
-        await until(pilot, lambda: "A reason is required" in screen_text(app), "the refusal")
+        await until(pilot, lambda: "a reason is required" in screen_text(app), "the refusal")
         assert isinstance(app.screen, DestinationConfirmScreen)
+        # A pasted control character is refused as the CLI refuses it, named escaped.
+        await pilot.press("x")
+        app.screen.query_one("#reason", Input).post_message(events.Paste("\x1b[2J"))
+        await pilot.press("enter")
+        await until(pilot, lambda: "control character" in screen_text(app), "the refusal")
+        assert isinstance(app.screen, DestinationConfirmScreen)
+        app.screen.query_one("#reason", Input).value = ""
         await pilot.press(*"deploy, no retries yet")
         await pilot.press("enter")
         await until(pilot, lambda: f"paused {API} (it was open)" in screen_text(app), "result")

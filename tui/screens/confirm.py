@@ -13,7 +13,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
-from outbox.pausing import MAX_REASON_LENGTH, Verb
+from outbox.pausing import Verb, check_reason
 from outbox.repair import Action
 from outbox.tui.format import count
 
@@ -197,13 +197,13 @@ class DestinationConfirmScreen(ModalScreen[str | None]):
     @on(Input.Submitted, "#reason")
     def _submitted(self) -> None:
         reason = self._reason()
-        if reason is None:
+        try:
+            # The CLI's rules (`outbox pause --reason`): a pasted tab or escape sequence would
+            # be stored and shown under the destination.
+            check_reason(reason or "")
+        except ValueError as exc:
             self.query_one("#prompt", Static).update(
-                Text("A reason is required: people will read it. Type it, or esc to cancel.")
-            )
-        elif len(reason) > MAX_REASON_LENGTH:
-            self.query_one("#prompt", Static).update(
-                Text(f"At most {MAX_REASON_LENGTH} characters, please: {len(reason)} typed.")
+                Text(f"Not paused: {exc}. Edit it, or esc to cancel.")
             )
         else:
             self.dismiss(reason)
