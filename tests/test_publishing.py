@@ -130,3 +130,32 @@ async def test_a_per_message_publisher_runs_up_to_concurrency_at_once():
     outcomes = await _outcomes(ledger, 5)
     assert most == 2
     assert outcomes[3] is OutcomeKind.DEAD and outcomes[5] is OutcomeKind.DONE
+
+
+class Hostile:
+    """Errors as a broker or a plugin may word them: a downstream's text, line breaks and
+    terminal escapes included."""
+
+    name = "hostile"
+
+    async def publish_batch(self, messages: Sequence[Message]) -> list[Exception | None]:
+        errors = {
+            1: RetryableError("stream gone\n2026-01-01 INFO forged\x1b[2J"),
+            2: PermanentError("refused: \x9b31m\ttabbed"),
+        }
+        return [errors[m.id] for m in messages]
+
+
+async def test_every_publishers_reason_is_stored_with_its_control_characters_escaped():
+    # last_error is printed by the TUI and the CLI and read by people with psql: one line.
+    ledger, publishing = _publishing(Hostile())
+    ledger.hold(_messages(1, 2), now=0.0, claim_seconds=0.0)
+    publishing.start()
+    while len(ledger.outcomes) < 2:
+        ledger.outcomes_waiting.clear()
+        await ledger.outcomes_waiting.wait()
+    errors = sorted(str(o.error) for o in ledger.take_outcomes(2))
+    assert errors == [
+        "permanent: refused: \\x9b31m\\ttabbed",
+        "retryable: stream gone\\n2026-01-01 INFO forged\\x1b[2J",
+    ]

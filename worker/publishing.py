@@ -25,6 +25,7 @@ from datetime import timedelta
 
 from outbox.models import Message, Outcome
 from outbox.redact import redact_text
+from outbox.text import printable
 from outbox.worker import tracing
 from outbox.worker.backoff import retry_delay
 from outbox.worker.health import Health
@@ -84,9 +85,10 @@ class Classifier:
 
 def reason(exc: BaseException) -> str:
     """A publisher's reason as stored in last_error (readable by anyone who may SELECT the
-    table, and shown by the TUI): URL credentials and query values redacted, whichever
-    publisher wrote it."""
-    return redact_text(str(exc))
+    table, and shown by the TUI): URL credentials and query values redacted, and control
+    characters escaped (a broker's or a downstream's words, one line), whichever publisher
+    wrote it. Redacted first: a PEM block is told by its line breaks."""
+    return printable(redact_text(str(exc)))
 
 
 class Publishing(Service):
