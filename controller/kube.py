@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
+import aiohttp
 from kubernetes.aio.client import (
     ApiClient,
     AppsV1Api,
@@ -32,6 +33,9 @@ from outbox.controller.resource import API_VERSION, GROUP, KIND, MANAGER, PLURAL
 from outbox.controller.status import Problem, json_message, timestamp
 
 MERGE_PATCH = "application/merge-patch+json"
+# The API server out of reach: socket errors and timeouts, and aiohttp's own for a connection
+# the server (or a proxy) closed mid-request, which are not OSErrors.
+UNREACHABLE = (TimeoutError, OSError, aiohttp.ClientError)
 M = TypeVar("M", V1Deployment, CoreV1Event, V1NetworkPolicy, V1PodDisruptionBudget)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from kubernetes.aio.client import ApiClient, CoordinationV1Api, V1Lease
 from kubernetes.aio.client.exceptions import ApiException
 
-from outbox.controller.kube import api_reason
+from outbox.controller.kube import UNREACHABLE, api_reason
 from outbox.controller.settings import ControllerSettings
 
 log = logging.getLogger("outbox.controller")
@@ -126,7 +126,7 @@ class LeaderElector:
             body["spec"]["renewTime"] = _micro_time(datetime.now(UTC))
             await self._leases.replace_namespaced_lease(self._name, self._namespace, _lease(body))
             log.info("released lease %s/%s", self._namespace, self._name)
-        except (ApiException, OSError) as exc:
+        except (ApiException, *UNREACHABLE) as exc:
             log.warning("could not release lease %s/%s: %s", self._namespace, self._name, exc)
         finally:
             self._renewed_at = None
@@ -185,8 +185,8 @@ class LeaderElector:
                 # The server's own reason (a 403 names the permission it lacks).
                 log.warning("lease %s/%s: %s", self._namespace, self._name, api_reason(exc))
             return False
-        except (TimeoutError, OSError) as exc:
-            log.warning("lease %s/%s: %s", self._namespace, self._name, exc)
+        except UNREACHABLE as exc:
+            log.warning("lease %s/%s: %s", self._namespace, self._name, exc or type(exc).__name__)
             return False
         # The lease counts from before the request: the deadline errs on the safe side.
         self._renewed_at = attempt_started

@@ -38,7 +38,7 @@ from outbox.controller.database import (
 )
 from outbox.controller.decision import Decision, Limits, Observed, SizingPolicy, decide
 from outbox.controller.drift import template_drift
-from outbox.controller.kube import Kube, api_reason, secret_key
+from outbox.controller.kube import UNREACHABLE, Kube, api_reason, secret_key
 from outbox.controller.leader import LeadershipLost
 from outbox.controller.metrics import Metrics
 from outbox.controller.network import differs as network_differs
@@ -169,8 +169,9 @@ class Dispatcher:
                 if exc.status != 409:  # a conflict is a stale read: the next pass reads anew
                     await self._report_api_error(message)
                 interval = min(interval, API_RETRY_SECONDS)
-            except (OSError, TimeoutError) as exc:
-                log.warning("%s/%s: cannot reach the API: %s", self.namespace, self.name, exc)
+            except UNREACHABLE as exc:
+                reason = str(exc) or type(exc).__name__
+                log.warning("%s/%s: cannot reach the API: %s", self.namespace, self.name, reason)
                 interval = min(interval, API_RETRY_SECONDS)
             except Exception:
                 # A bug: say so with its traceback, keep serving the other resources.

@@ -4,6 +4,7 @@ it)."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from datetime import timedelta
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes.aio.client import ApiClient
+from helpers import wait_until
+from kubernetes.aio.client import ApiClient, Configuration
 
 from outbox.controller.leader import LeaderElector
 from outbox.controller.settings import load_settings
@@ -192,3 +194,32 @@ async def test_the_leases_whole_seconds_never_undercut_the_renew_deadline() -> N
         await api.close()  # type: ignore[no-untyped-call]
     assert lease["spec"]["leaseDurationSeconds"] >= settings.renew_deadline / timedelta(seconds=1)
     assert lease["spec"]["leaseDurationSeconds"] == 2
+
+
+async def test_an_api_server_that_hangs_up_mid_request_is_unreachable_not_a_crash(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A connection closed before any answer (a proxy, an API server restarting) is aiohttp's
+    # ServerDisconnectedError, no OSError: the replica keeps trying to lead.
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    configuration = Configuration(host=f"http://127.0.0.1:{port}")
+    api = ApiClient(configuration)
+    settings = load_settings(
+        ["--lease-duration=3s", "--renew-deadline=2s", "--retry-period=100ms"],
+        {"POD_NAMESPACE": "ns"},
+    )
+    stop = asyncio.Event()
+    try:
+        acquiring = asyncio.create_task(LeaderElector(api, settings).acquire(stop))
+        await wait_until(lambda: acquiring.done() or "Server disconnected" in caplog.text)
+        stop.set()
+        assert await acquiring is False
+    finally:
+        await api.close()  # type: ignore[no-untyped-call]
+        server.close()
+    assert "lease ns/outbox-controller: Server disconnected" in caplog.text
