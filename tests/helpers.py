@@ -55,9 +55,22 @@ def wait_until_db(conn: psycopg.Connection[Any], condition_sql: str, timeout: fl
         time.sleep(0.02)
 
 
+# Background tasks a test relies on (a replica in this event loop): a wait fails at once
+# with the task's error when one has ended, rather than timing out on what it would have done.
+RUNNING: set[asyncio.Task[Any]] = set()
+
+
+def _check_running() -> None:
+    for task in RUNNING:
+        if task.done():
+            error = "cancelled" if task.cancelled() else repr(task.exception())
+            raise AssertionError(f"{task.get_name()} ended while a test waited on it: {error}")
+
+
 async def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not await _call(predicate):
+        _check_running()
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or predicate}")
         await asyncio.sleep(0.02)

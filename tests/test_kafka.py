@@ -642,7 +642,9 @@ async def test_a_fatal_producer_error_replaces_the_producer_and_retries(conn, ds
 
 
 async def test_close_flushes_what_librdkafka_still_holds(cluster):
-    publisher = _publisher(cluster, config={"linger.ms": "300"})
+    # Held far longer than the test looks (a loop stall cannot see it sent already), and
+    # sent by close()'s flush, which does not wait for the linger.
+    publisher = _publisher(cluster, config={"linger.ms": "5000"})
     await publisher.start()
     publish = asyncio.create_task(publisher.publish_batch([_message(id=41)]))
     await wait_until(lambda: len(publisher._session.producer) == 1, timeout=5)

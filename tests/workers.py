@@ -7,11 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
+
+from helpers import RUNNING
 
 from outbox.table import Table
 from outbox.worker.publishers.base import Publisher
@@ -41,10 +43,12 @@ async def dispatching(settings: WorkerSettings, publisher: Publisher) -> AsyncIt
     dispatcher = Replica(settings, publisher)
     stop = asyncio.Event()
     await publisher.start()
-    task = asyncio.create_task(dispatcher.run(stop))
+    task = asyncio.create_task(dispatcher.run(stop), name=f"replica {settings.owner}")
+    RUNNING.add(task)
     try:
         yield dispatcher
     finally:
+        RUNNING.discard(task)
         stop.set()
         await asyncio.wait_for(task, timeout=60)
         await publisher.close()
@@ -62,6 +66,14 @@ def spawn_worker(
         stdout=log,
         stderr=log,
     )
+
+
+def listening(conn: Any, owners: Sequence[str]) -> int:
+    """Workers whose LISTEN connection is open (the worker names it "<owner> listener"): up
+    and ready to claim."""
+    names = [f"{owner} listener" for owner in owners]
+    query = "SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY(%s)"
+    return int(conn.execute(query, (names,)).fetchone()[0])
 
 
 def stop_worker(
