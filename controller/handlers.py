@@ -96,6 +96,7 @@ def build_registry(
         await supervisor.close()
         await close_connections()
         stop_flag.set()
+        log.info("stopping: every dispatcher loop and connection closed")
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

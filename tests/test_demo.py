@@ -15,7 +15,7 @@ import pytest
 from helpers import seed, wait_until
 from workers import stop_worker
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # whole demos, a loaded machine
 
 
 def test_demo_delivers_everything_and_explains_every_duplicate():
@@ -127,7 +127,7 @@ def test_demo_stopped_by_sigterm_stops_postgres_and_its_workers():
     import psycopg
 
     demo = subprocess.Popen(
-        [sys.executable, "-m", "outbox", "demo", "--events", "200000", "--workers", "2"],
+        [sys.executable, "-m", "outbox", "demo", "--events", "50000", "--workers", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip

@@ -52,5 +52,7 @@ async def test_one_failure_after_every_backend_is_terminated_not_one_per_dead_co
         elapsed = time.monotonic() - started
         failures = d.metrics.db_errors.labels("finalize")._value.get()
     assert failures <= 1, f"{failures:g} failed finalizes in a row"
-    # One back-off step, not one per dead connection (a loaded machine adds some seconds).
-    assert elapsed < 5.0
+    # One back-off step, not one per dead connection (the count above says so; the time
+    # only catches a retry loop that waits without failing, so a loaded machine's seconds
+    # are allowed for).
+    assert elapsed < 30.0

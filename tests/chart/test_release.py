@@ -363,6 +363,7 @@ def test_install_serve_upgrade_test_rollback_uninstall(
                 timeout=120,
             )
             delivered.update(ids)
+            assert sink.wait_idle()  # a reply is recorded after it is sent
             assert set(sink.delivered_ids()) == delivered
 
         serves(50)

@@ -183,6 +183,7 @@ def test_the_docs_run_commands_run_the_image(
         worker = shell.popen(documented(RUN[1]), OUTBOX_DSN=dsn, OUTBOX_HTTP_URL=sink.url)
         try:
             _wait_for(lambda: statuses(conn) == {"done": len(ids)}, worker, "the backlog done")
+            assert sink.wait_idle()  # a reply is recorded after it is sent
             assert sorted(set(sink.delivered_ids())) == ids
             url = f"http://127.0.0.1:{METRICS_PORT}/metrics"
             metrics = urllib.request.urlopen(url, timeout=10).read().decode()

@@ -148,6 +148,7 @@ def test_chart_to_emulator_to_worker_containers_and_back_to_zero(
             wait_for("a worker container", lambda: _running(kubelet), timeout=120)
             _assert_security_context_honoured(_running(kubelet)[0])
             wait_for("the drain", lambda: statuses(conn) == {"done": len(ids)}, timeout=300)
+            assert sink.wait_idle()  # a reply is recorded after it is sent
             assert set(sink.delivered_ids()) == set(ids)
             wait_for(
                 "the scale-down to zero",

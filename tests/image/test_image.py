@@ -115,6 +115,7 @@ def test_a_worker_container_drains_a_backlog_and_exits_zero_on_sigterm(
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 _wait_for(lambda: statuses(conn) == {"done": len(ids)}, what="the backlog done")
+            assert sink.wait_idle()  # a reply is recorded after it is sent
             assert sorted(set(sink.delivered_ids())) == ids
             images.run("podman", "kill", "--signal", "TERM", name)
             assert worker.wait(timeout=120) == 0, log_path.read_text()

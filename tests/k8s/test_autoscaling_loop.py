@@ -37,7 +37,7 @@ from .test_operator import (
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # minutes of real scaling
 
 
 PUBLISH_SECONDS = 0.05  # the downstream's time per message
@@ -176,6 +176,7 @@ def test_a_step_scales_up_drains_scales_to_zero_and_wakes_again(
     wait_for("the Event of the scale to zero", lambda: scale_events(cluster)[-1][1] == 0)
     wait_for("every worker process gone", lambda: not kubelet.pods("default", "orders-worker"))
     assert condition(cluster, "orders", "Ready")["reason"] == "ScaledToZero"
+    assert sink.wait_idle()  # a reply is recorded after it is sent: the row may be done first
     assert len(set(sink.delivered_ids())) == sent
 
     # The next message wakes it at once, and it goes back to zero after the window.
@@ -301,6 +302,7 @@ def test_a_downstream_outage_holds_the_workers_and_they_catch_up_after(
             )
         sent = arrivals.sent
         wait_for("the backlog to drain", lambda: unfinished(dsn) == 0, timeout=180)
+        assert sink.wait_idle()  # the last reply recorded
         delivered = set(sink.delivered_ids())
         refused = [r for r in sink.requests[:requests_down] if r.status == 503]
 
