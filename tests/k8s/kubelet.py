@@ -7,8 +7,10 @@ running from the pod template's first container:
 - the command: `command` (else `default_command`, the image's entrypoint: images are not
   run) plus `args`; the executable is looked up in the test environment's bin directory
   (`outbox-worker` is the project's own console script), then in /usr/bin and /bin, with
-  `$(VAR)` references expanded;
-- the environment: `env` values, `valueFrom.secretKeyRef` and `configMapKeyRef` read from the
+  `$(VAR)` references to the container's variables expanded and `$$` read as one `$`, as a
+  real kubelet reads them (expansion.py);
+- the environment: `env` values (`$(VAR)` expanded from the variables declared before, the
+  same way), `valueFrom.secretKeyRef` and `configMapKeyRef` read from the
   emulator (a missing Secret or key holds the pod back, as CreateContainerConfigError does),
   `fieldRef` for `metadata.name`, `metadata.namespace` and `spec.nodeName`, and `envFrom`;
   nothing is inherited from the test process except PATH;
@@ -88,6 +90,7 @@ from typing import Any
 
 import aiohttp
 
+from .expansion import expand
 from .loops import close_unwound
 
 JSON = dict[str, Any]
@@ -435,7 +438,15 @@ class Kubelet:
         container = pod_spec["containers"][0]
         ports = {int(p["containerPort"]): _free_port() for p in container.get("ports", [])}
         try:
-            env = await self._environment(session, namespace, pod_name, container, ports)
+            declared = await self._environment(session, namespace, pod_name, container, ports)
+            # What the node adds to every process (not variables `$(VAR)` may refer to),
+            # under the container's own.
+            env = {
+                "PATH": f"{self.bin_dir}{os.pathsep}/usr/bin:/bin",
+                "HOSTNAME": pod_name,
+                "HOME": str(self.workdir / namespace),
+                **declared,
+            }
             env.update(await self._service_account(session, namespace, pod_name, pod_spec))
             pull_error = self.unpullable.get(str(container.get("image", "")), "")
             if pull_error:
@@ -444,7 +455,7 @@ class Kubelet:
                 assert placeholder is not None
                 command = [placeholder, "86400"]
             else:
-                command = self._command(container, env, ports)
+                command = self._command(container, declared, env["PATH"], ports)
             # Service names become their local proxies (no cluster DNS here).
             env = {k: await self._services_in(session, v) for k, v in env.items()}
             command = [await self._services_in(session, part) for part in command]
@@ -784,11 +795,8 @@ class Kubelet:
         container: JSON,
         ports: dict[int, int],
     ) -> dict[str, str]:
-        env: dict[str, str] = {
-            "PATH": f"{self.bin_dir}{os.pathsep}/usr/bin:/bin",
-            "HOSTNAME": pod,
-            "HOME": str(self.workdir / namespace),
-        }
+        """The container's own variables (envFrom, then env), which `$(VAR)` may refer to."""
+        env: dict[str, str] = {}
         for source in container.get("envFrom", []):
             prefix = source.get("prefix", "")
             for kind, ref in (
@@ -802,7 +810,9 @@ class Kubelet:
                     env.update({prefix + k: v for k, v in data.items()})
         for item in container.get("env", []):
             if "value" in item:
-                env[item["name"]] = _expand(str(item["value"]), env)
+                # As the kubelet does: references to the variables declared before this one
+                # (and envFrom's) are expanded, `$$` is a literal `$`.
+                env[item["name"]] = expand(str(item["value"]), env)
                 continue
             source = item.get("valueFrom", {})
             value = await self._value_from(session, namespace, pod, source)
@@ -854,18 +864,22 @@ class Kubelet:
             data = {k: base64.b64decode(v).decode() for k, v in data.items()}
         return data
 
-    def _command(self, container: JSON, env: dict[str, str], ports: dict[int, int]) -> list[str]:
+    def _command(
+        self, container: JSON, declared: dict[str, str], search: str, ports: dict[int, int]
+    ) -> list[str]:
+        """The command and args, `$(VAR)` expanded from the container's own variables
+        (`declared`), the executable found in `search` (a PATH)."""
         command = [*container.get("command", self.default_command), *container.get("args", [])]
         if not command:
             raise ConfigError("no command: the local kubelet does not run images")
-        command = [_rewrite_port(_expand(str(part), env), ports) for part in command]
+        command = [_rewrite_port(expand(str(part), declared), ports) for part in command]
         # The image's own commands, if the test gave it some; then the test environment's
         # scripts (outbox-worker), then the system's PATH.
         image = self.images.get(str(container.get("image", "")))
-        path = env["PATH"] if image is None else f"{image}{os.pathsep}{env['PATH']}"
+        path = search if image is None else f"{image}{os.pathsep}{search}"
         found = shutil.which(command[0], path=path)
         if found is None:
-            raise ConfigError(f"executable {command[0]!r} not found in {env['PATH']}")
+            raise ConfigError(f"executable {command[0]!r} not found in {search}")
         command[0] = found
         return command
 
@@ -1089,14 +1103,6 @@ def _pod_status(
 def _timestamp(monotonic: float) -> str:
     wall = time.time() - (time.monotonic() - monotonic)
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
-
-
-_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
-
-
-def _expand(value: str, env: dict[str, str]) -> str:
-    """Kubernetes' `$(VAR)` expansion; unknown references stay as they are."""
-    return _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), value)
 
 
 def _rewrite_port(value: str, ports: dict[int, int]) -> str:

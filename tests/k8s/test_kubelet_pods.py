@@ -208,3 +208,37 @@ def test_a_pod_talks_to_the_api_as_its_service_account(
         lambda: 'serviceaccount "nobody" not found' in node.errors.get(("default", "orphan"), ""),
         "the orphan held back",
     )
+
+
+def test_variable_references_expand_as_a_real_kubelet_expands_them(
+    k8s: LocalCluster, kubelet: Kubelet
+) -> None:
+    """`$(VAR)` in env values (from the variables declared before), command and args; `$$`
+    is one literal `$`, so `$$(SECRET)` reaches the process as the text `$(SECRET)`."""
+    script = "import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'env': {k: os.environ.get(k) for k in 'ABCDEFG'}}))"  # noqa: E501
+    manifest = json.loads(pod("expands", script))
+    container = manifest["spec"]["containers"][0]
+    container["command"] += ["$(SECRET)", "$$(SECRET)", "$$$(SECRET)", "$(PATH)", "$", "$$"]
+    container["env"] = [
+        {"name": "B", "value": "$(SECRET)"},  # not declared yet: as written
+        {"name": "SECRET", "value": "s3cr3t"},
+        {"name": "A", "value": "$(SECRET)"},
+        {"name": "C", "value": "$$(SECRET)"},
+        {"name": "D", "value": "$$$(SECRET)"},
+        {"name": "E", "value": "cost: 5$ $(SECRET"},
+        {"name": "F", "value": "$(UNKNOWN) $() $$$$"},
+        {"name": "G", "value": "$(PATH)"},  # the node's PATH is no variable of the container
+    ]
+    k8s.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    eventually(phase(k8s, "expands", "Succeeded"), "the pod to succeed")
+    seen = json.loads(k8s.kubectl("logs", "expands").stdout)
+    assert seen["argv"] == ["s3cr3t", "$(SECRET)", "$s3cr3t", "$(PATH)", "$", "$"]
+    assert seen["env"] == {
+        "A": "s3cr3t",
+        "B": "$(SECRET)",
+        "C": "$(SECRET)",
+        "D": "$s3cr3t",
+        "E": "cost: 5$ $(SECRET",
+        "F": "$(UNKNOWN) $() $$",
+        "G": "$(PATH)",
+    }
