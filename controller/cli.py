@@ -24,7 +24,7 @@ from outbox import logs
 from outbox.cliutil import fail
 from outbox.controller.handlers import Supervisor, build_kopf_settings, build_registry
 from outbox.controller.kube import Kube
-from outbox.controller.leader import LeaderElector
+from outbox.controller.leader import LeaseThread
 from outbox.controller.metrics import HealthServer, Metrics
 from outbox.controller.reconcile import Context
 from outbox.controller.settings import ControllerSettings, load_settings
@@ -35,7 +35,7 @@ PROG = "outbox-controller"
 LOST_LEADERSHIP = 1
 
 
-async def api_client() -> ApiClient:
+async def cluster_configuration() -> Configuration:
     """In-cluster credentials inside a pod, else the kubeconfig (KUBECONFIG or ~/.kube)."""
     configuration = Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
@@ -50,7 +50,7 @@ async def api_client() -> ApiClient:
             "the cluster's server URL holds a user name or password and the kubeconfig's user "
             "has a token or password too: remove the user-info from the server URL"
         )
-    return ApiClient(configuration)
+    return configuration
 
 
 async def run(settings: ControllerSettings) -> int:
@@ -63,11 +63,12 @@ async def run(settings: ControllerSettings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        api = await api_client()
+        configuration = await cluster_configuration()
     except (ConfigException, OSError) as exc:
         await health.close()
         fail(PROG, f"no cluster credentials (in-cluster or KUBECONFIG): {exc}")
-    elector = LeaderElector(api, settings)
+    api = ApiClient(configuration)
+    elector = LeaseThread(configuration, settings)
     # Read at each scrape: a leader frozen past its renew deadline shows 0 as soon as it wakes.
     metrics.leader.set_function(lambda: 1.0 if elector.leading else 0.0)
     try:
@@ -75,7 +76,7 @@ async def run(settings: ControllerSettings) -> int:
             return 0
         return await _lead(settings, api, elector, metrics, health, stop)
     finally:
-        await elector.release()
+        await elector.close()
         await api.close()  # type: ignore[no-untyped-call]
         await health.close()
 
@@ -83,7 +84,7 @@ async def run(settings: ControllerSettings) -> int:
 async def _lead(
     settings: ControllerSettings,
     api: ApiClient,
-    elector: LeaderElector,
+    elector: LeaseThread,
     metrics: Metrics,
     health: HealthServer,
     stop: asyncio.Event,

@@ -7,6 +7,10 @@ so clocks need not agree). The leader renews every `retry_period`; if it could n
 exits, so the pod restarts as a follower. Every write of the operator first asks `check()`,
 so a leader that was frozen (SIGSTOP, a long GC pause, a partition) and wakes up past its
 deadline refuses to write before it even notices the loss: two replicas never both act.
+
+`LeaseThread` runs the elector on a thread and event loop of its own, with its own
+connections: the operator's loop may be as busy as its fleet makes it, a renewal never
+waits behind that work (see its docstring).
 """
 
 from __future__ import annotations
@@ -15,18 +19,21 @@ import asyncio
 import contextlib
 import logging
 import math
+import threading
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from kubernetes.aio.client import ApiClient, CoordinationV1Api, V1Lease
+from kubernetes.aio.client import ApiClient, Configuration, CoordinationV1Api, V1Lease
 from kubernetes.aio.client.exceptions import ApiException
 
 from outbox.controller.kube import UNREACHABLE, api_reason
 from outbox.controller.settings import ControllerSettings
 
 log = logging.getLogger("outbox.controller")
+T = TypeVar("T")
 
 
 class LeadershipLost(Exception):
@@ -52,6 +59,7 @@ class _Observed:
 
 class LeaderElector:
     def __init__(self, api: ApiClient, settings: ControllerSettings) -> None:
+        self.api = api
         self._leases = CoordinationV1Api(api)
         self._namespace = settings.leader_election_namespace
         self._name = settings.leader_election_id
@@ -205,3 +213,89 @@ class LeaderElector:
                 "leaseTransitions": 0,
             },
         }
+
+
+class LeaseThread:
+    """A LeaderElector on a thread and an event loop of its own, with its own API connections.
+
+    The operator's event loop serves every resource it watches; a renewal queued behind that
+    work could miss the renew deadline, and a leader that loses its Lease because it is busy
+    exits and restarts into the same load: a crash loop that stops the whole fleet's scaling.
+    A real API server gives Lease traffic a priority level of its own; this is the operator's
+    side of it. Here the renewal never waits for the operator's loop, only for the interpreter
+    (which a busy thread yields every `sys.getswitchinterval()`, 5 ms). `leading` and `check`
+    are read from the operator's loop: one float written by this thread, read whole.
+    """
+
+    def __init__(self, configuration: Configuration, settings: ControllerSettings) -> None:
+        self.identity = settings.leader_identity
+        self._configuration = configuration
+        self._settings = settings
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="lease", daemon=True)
+        self._thread.start()
+        self._elector: LeaderElector = self._run_sync(self._open())
+        self._stop = asyncio.Event()  # of the lease loop; set through call_soon_threadsafe
+        self._holding: asyncio.Task[None] | None = None  # of the lease loop, once leading
+
+    async def _open(self) -> LeaderElector:
+        return LeaderElector(ApiClient(self._configuration), self._settings)
+
+    def _run_sync(self, work: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
+
+    async def _run(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run `work` on the lease loop; cancelling the caller cancels it there too."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self._loop))
+
+    @property
+    def leading(self) -> bool:
+        return self._elector.leading
+
+    def check(self) -> None:
+        self._elector.check()
+
+    async def acquire(self, stop: asyncio.Event) -> bool:
+        """Wait until this replica leads (True), or until `stop` is set (False). From the
+        moment it leads, the lease thread renews by itself, whatever this loop does next."""
+        acquiring = asyncio.ensure_future(self._run(self._acquire_and_hold()))
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not acquiring.done():
+                self._loop.call_soon_threadsafe(self._stop.set)
+            return await acquiring
+        finally:
+            stopping.cancel()
+
+    async def _acquire_and_hold(self) -> bool:
+        if not await self._elector.acquire(self._stop):
+            return False
+        self._holding = asyncio.create_task(self._elector.hold(), name="lease renewal")
+        return True
+
+    async def hold(self) -> None:
+        """Return once the Lease is lost (the renewals began when it was acquired)."""
+        await self._run(self._until_lost())
+
+    async def _until_lost(self) -> None:
+        assert self._holding is not None, "hold() before acquire()"
+        await asyncio.shield(self._holding)  # a caller that stops waiting leaves it renewing
+
+    async def close(self) -> None:
+        """Hand the Lease over (if held), close the connections and end the thread."""
+        try:
+            await self._run(self._release())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            await asyncio.to_thread(self._thread.join)
+            self._loop.close()
+
+    async def _release(self) -> None:
+        if self._holding is not None:
+            self._holding.cancel()  # renewing stops before the hand-over
+            await asyncio.gather(self._holding, return_exceptions=True)
+        try:
+            await self._elector.release()
+        finally:
+            await self._elector.api.close()  # type: ignore[no-untyped-call]
