@@ -12,21 +12,30 @@ The message id, in this order (the first one present):
 | `ce-id`                                      | CloudEvents, binary mode                  |
 | `id` of an `application/cloudevents+json` body | CloudEvents, structured mode            |
 
-With secrets given, only `webhook-id` is read: it is the one the signature covers.
+With secrets given, only `webhook-id` is read: it is the one the signature covers. Standard
+Webhooks signs `{webhook-id}.{webhook-timestamp}.{body}` and nothing else, so every other
+header (`Idempotency-Key`, CloudEvents binary mode's `ce-*`, `Outbox-Event-Type`, the row's own
+headers) and the URL are the requester's to change: a request whose `Idempotency-Key` or `ce-id`
+differs from its signed `webhook-id` is refused (401: it was altered on the way), a structured
+CloudEvent whose signed `id` differs from it is 400, and `Delivery.attributes()` gives a verified
+handler the CloudEvent's attributes from the signed body only (structured mode), never from
+`ce-*` headers (binary mode): those it refuses, 400.
 
 Answers: the handler's reply (204 when it returns None) for a first delivery whose transaction
 committed; 200 with `Outbox-Inbox: duplicate` for a duplicate, without running the handler;
 400 with no usable id, 401 for a missing or wrong signature, 413 past `max_body`: those are
 the sender's to fix, and the worker takes a 4xx as permanent. A handler that raises is 500
 and one whose reply is not 2xx keeps that reply: either way the transaction (record and
-effect) is rolled back, so the sender's retry applies the message. A database that cannot be
-reached is 503.
+effect) is rolled back, so the sender's retry applies the message. A handler that raises
+Refused (Unsigned, from `Delivery.attributes()`, is one) is answered its 4xx, rolled back too.
+A database that cannot be reached is 503.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +53,25 @@ CLOUDEVENTS_JSON = "application/cloudevents+json"
 # The answer's header telling a first delivery from a duplicate (for people and tests; a
 # sender needs only the 2xx).
 INBOX_HEADER = "Outbox-Inbox"
+# A structured CloudEvent's members that are its data, not attributes.
+_DATA = frozenset({"data", "data_base64"})
+
+
+class Refused(Exception):
+    """A request answered 4xx with nothing applied: raised before the transaction, or by a
+    handler inside it (then rolled back). The sender takes a 4xx as permanent."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class Unsigned(Refused):
+    """A verified delivery's handler asked for something its signature does not cover."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(400, reason)
 
 
 @dataclass(frozen=True)
@@ -51,12 +79,53 @@ class Delivery:
     """One request, as the handler sees it."""
 
     message_id: str
+    """The id recorded in the inbox; on a verified delivery, the signed `webhook-id`."""
     headers: Mapping[str, str]
-    """Header names in lower case; the first value of a repeated header."""
+    """Header names in lower case; the first value of a repeated header. As received: no
+    signature covers a header, verified or not."""
     body: bytes
+    verified: bool = False
+    """The request's Standard Webhooks signature was checked: `message_id` and `body` are
+    what the sender signed (and `attributes()` reads only them)."""
 
     def json(self) -> Any:
         return json.loads(self.body)
+
+    def attributes(self) -> dict[str, Any]:
+        """The CloudEvent's context attributes (`id`, `source`, `type`, `subject`, `time`,
+        extensions), where the CloudEvents SDK's `from_http` reads them: from the `ce-*`
+        headers (binary mode: values percent-decoded, strings; `datacontenttype` from
+        `Content-Type`) when the request has any, otherwise from the JSON body (structured
+        mode: JSON values, `data` left out). Refused (400) if the request is no CloudEvent.
+
+        On a `verified` delivery the attributes must be signed: structured mode's body, whose
+        `id` is the signed `webhook-id`. Binary mode's headers are not covered by the
+        signature (anyone who captured the request can send it again with another `ce-type`
+        or `ce-subject`), so they raise Unsigned, answered 400 with nothing applied: sign
+        structured mode (`--format cloudevents-structured`) to read them verified."""
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        ce_headers = {name: value for name, value in headers.items() if name.startswith("ce-")}
+        if ce_headers:
+            if self.verified:
+                raise Unsigned(
+                    "CloudEvents attributes sent as ce- headers are not covered by the "
+                    "signature: sign structured mode (--format cloudevents-structured)"
+                )
+            found: dict[str, Any] = {
+                name[3:]: urllib.parse.unquote(value) for name, value in ce_headers.items()
+            }
+            if "content-type" in headers:
+                found["datacontenttype"] = headers["content-type"]
+            return found
+        try:
+            event = json.loads(self.body)
+        except ValueError:
+            event = None
+        if not isinstance(event, dict) or not isinstance(event.get("specversion"), str):
+            raise Refused(400, "not a CloudEvent: no ce- headers, no JSON event with specversion")
+        if self.verified and event.get("id") != self.message_id:
+            raise Unsigned("the CloudEvent's id differs from the signed webhook-id")
+        return {name: value for name, value in event.items() if name not in _DATA}
 
 
 @dataclass(frozen=True)
@@ -75,15 +144,6 @@ class Reply:
 Handler = Callable[[AsyncConnection, Delivery], Awaitable[Reply | None]]
 
 
-class Refused(Exception):
-    """A request answered without touching the database (a 4xx)."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-
-
 def _unquoted(value: str) -> str:
     """An Idempotency-Key as the IETF draft writes it (a structured-field string, quoted)
     or bare, as most senders do: the same key either way."""
@@ -98,6 +158,8 @@ def message_id(headers: Mapping[str, str], body: bytes, *, signed: bool = False)
     found: str | None
     if signed:
         found = headers.get("webhook-id")
+        if found:
+            _same_as_signed(found, headers, body)
     else:
         found = headers.get("webhook-id") or (
             _unquoted(headers["idempotency-key"]) if "idempotency-key" in headers else None
@@ -114,6 +176,26 @@ def message_id(headers: Mapping[str, str], body: bytes, *, signed: bool = False)
         return inbox.check_key("message id", found)
     except ValueError as exc:
         raise Refused(400, str(exc)) from None
+
+
+def _same_as_signed(signed_id: str, headers: Mapping[str, str], body: bytes) -> None:
+    """Refused unless every other id the request states is its signed `webhook-id`. The
+    worker sends one id everywhere; a header that says another was changed on the way (a
+    captured request sent again as a "new" message), and a handler or a log that read it
+    would be misled."""
+    unsigned = {
+        "Idempotency-Key": _unquoted(headers["idempotency-key"])
+        if "idempotency-key" in headers
+        else None,
+        "ce-id": urllib.parse.unquote(headers["ce-id"]) if "ce-id" in headers else None,
+    }
+    for name, value in unsigned.items():
+        if value is not None and value != signed_id:
+            raise Refused(401, f"{name} differs from the signed webhook-id")
+    if not any(name.startswith("ce-") for name in headers):
+        event_id = _structured_id(headers, body)
+        if event_id is not None and event_id != signed_id:
+            raise Refused(400, "the CloudEvent's id differs from the signed webhook-id")
 
 
 def _structured_id(headers: Mapping[str, str], body: bytes) -> str | None:
@@ -197,10 +279,11 @@ class HttpInbox:
         try:
             if len(body) > self.max_body:
                 return self.too_large()
+            verified = self.signatures is not None
             if self.signatures is not None:
                 self.signatures.verify(headers, body)
             delivery = Delivery(
-                message_id(headers, body, signed=self.signatures is not None), headers, body
+                message_id(headers, body, signed=verified), headers, body, verified=verified
             )
         except Refused as refused:
             return _refusal(refused)
@@ -218,6 +301,9 @@ class HttpInbox:
                 keep=lambda reply: reply.success,
                 tries=self.tries,
             )
+        except Refused as refused:  # the handler's own 4xx (Unsigned, say): rolled back
+            log.warning("delivery %s refused: %s", delivery.message_id, refused.reason)
+            return _refusal(refused)
         except psycopg.OperationalError as exc:
             log.warning("delivery %s: database unavailable: %s", delivery.message_id, exc)
             return Reply(503, b"database unavailable\n", {"Retry-After": "1"})
@@ -265,6 +351,7 @@ __all__ = [
     "Refused",
     "Reply",
     "Signatures",
+    "Unsigned",
     "lower_headers",
     "message_id",
 ]

@@ -302,9 +302,11 @@ async def test_signed_requests_are_verified_with_every_secret(form, pool, receiv
         old = await post(url, body, signed(OLD_SECRET, "m-2", body))
         # A retry: a new timestamp and signature, the same webhook-id.
         retry = await post(url, body, signed(SECRET, "m-1", body))
-        # The signed id is the key: another Idempotency-Key does not make a new message.
+        # The signed id is the key: another Idempotency-Key does not make a new message, it
+        # says the request was altered (tests/test_receiver_signed.py: ce-id, the attributes).
         replay = await post(url, body, {**signed(SECRET, "m-1", body), "Idempotency-Key": "m-9"})
-    assert [new[0], old[0], retry[0], replay[0]] == [204, 204, 200, 200]
+        same = await post(url, body, {**signed(SECRET, "m-2", body), "Idempotency-Key": "m-2"})
+    assert [new[0], old[0], retry[0], replay[0], same[0]] == [204, 204, 200, 401, 200]
     assert effects(receiver_dsn) == [("m-1", "r"), ("m-2", "r")]
 
 
