@@ -9,8 +9,9 @@
 | `outbox.receiver.core`     | `apply_async` / `apply`: what they all do        |
 
 Each imports its framework only when imported itself: the application brings the one it
-uses; `pip install outbox-dispatcher[receiver]` adds the Standard Webhooks verifier. The
-inbox table comes from `outbox inbox migrate`; docs/receiving.md tells the whole story.
+uses; `pip install outbox-dispatcher[receiver]` adds the Standard Webhooks verifier and
+psycopg-pool. The inbox table comes from `outbox inbox migrate`; docs/receiving.md tells the
+whole story.
 """
 
 from outbox.receiver.core import Applied, apply, apply_async

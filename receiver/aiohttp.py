@@ -7,7 +7,14 @@
         event = delivery.json()
         await conn.execute("UPDATE accounts SET paid = paid + %s WHERE id = %s", (...))
 
-    pool = AsyncConnectionPool(dsn, open=False)  # opened in the app's startup
+    pool = AsyncConnectionPool(dsn, open=False)  # opened with the app, below
+
+    async def database(app):
+        await pool.open(wait=True)
+        yield
+        await pool.close()
+
+    app.cleanup_ctx.append(database)
     app.router.add_post("/events", inbox_handler(apply_payment, connect=pool.connection,
                                                  consumer="billing"))
 

@@ -3,11 +3,17 @@
     from psycopg_pool import AsyncConnectionPool
     from outbox.receiver.asgi import InboxEndpoint
 
-    pool = AsyncConnectionPool(dsn, open=False)  # opened in the app's lifespan
+    pool = AsyncConnectionPool(dsn, open=False)  # opened by the app's lifespan, below
     events = InboxEndpoint(apply_payment, connect=pool.connection, consumer="billing")
 
-    app.mount("/events", events)                  # FastAPI / Starlette
-    # or serve it alone: uvicorn.run(events)
+    @asynccontextmanager
+    async def lifespan(app):
+        await pool.open(wait=True)
+        yield
+        await pool.close()
+
+    app = FastAPI(lifespan=lifespan)              # or Starlette(lifespan=lifespan)
+    app.mount("/events", events)
 
 It answers POST (405 otherwise) and runs the handler in the transaction that records the
 message id (see `outbox.receiver.http` for the id, the signature and every answer). No

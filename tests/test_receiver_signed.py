@@ -12,6 +12,7 @@ time, or under an attribute the signature does not cover."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -24,7 +25,7 @@ from test_receiver_http import FORMS, SECRET, effects, post, receiver, recorded
 from wire import Received, Receiver
 from workers import dispatching, settings
 
-from outbox import Event, enqueue_many
+from outbox import Event, enqueue_many, inbox
 from outbox.receiver.http import Delivery, Handler, Reply
 from outbox.signing_keys import signing_key
 from outbox.worker.publishers.http import HttpPublisher
@@ -213,3 +214,41 @@ def test_a_request_that_is_no_cloudevent_has_no_attributes():
     with pytest.raises(Refused) as refused:
         Delivery("1", {"content-type": "application/json"}, b'{"id": "1"}').attributes()
     assert refused.value.status == 400
+
+
+# -- the recipe of docs/receiving.md -----------------------------------------------------------
+
+
+def documented_recipe() -> Any:
+    doc = (Path(__file__).parent.parent / "docs" / "receiving.md").read_text()
+    section = doc[doc.index("### A signed CloudEvent in a few lines") :]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start : section.index("\n```", start)]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/receiving.md", "exec"), namespace)  # our own docs' code
+    return namespace["signed_cloudevent"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_recipe_applies_a_captured_request_once_under_its_signed_type(
+    mode, conn, dsn, receiver_dsn
+):
+    """The recipe as written, recording what it says to record: the original and a copy
+    under another ce-id and ce-type, in either order. One record, under the signed type, or
+    none at all where nothing but the id is signed."""
+    signed_cloudevent = documented_recipe()
+    message_id, request = await capture(conn, dsn, mode, SECRET)
+    copy = {**tampered(request), "ce-id": "999"}
+    applied: list[tuple[str, str]] = []
+    for headers in (copy, sent(request)):
+        try:
+            event = signed_cloudevent(request.body, headers, SECRET)
+        except ValueError:  # refused by the recipe (the signature itself verifies)
+            continue
+        with psycopg.connect(receiver_dsn) as c, c.transaction():
+            if inbox.record(c, consumer="c", message_id=event.get_id()):
+                applied.append((event.get_id(), event.get_type()))
+    if mode == "cloudevents-structured":
+        assert applied == [(message_id, "OrderPaid")]
+    else:  # binary mode: its type is in a header nobody signed
+        assert applied == []

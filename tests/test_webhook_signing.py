@@ -208,6 +208,10 @@ async def test_the_documented_receiver_verifies_a_signed_cloudevent(conn, dsn, m
     async with receiver, dispatching(settings(dsn), publisher):
         [request] = await receiver.wait_for(1)
     headers = dict(request.headers)
+    if mode == "cloudevents-binary":  # its attributes are headers, which no signature covers
+        with pytest.raises(ValueError, match="not signed: send structured mode"):
+            signed_cloudevent(request.body, headers, OLD)
+        return
     event = signed_cloudevent(request.body, headers, OLD)
     assert (event.get_id(), event.get_type(), event.get_source()) == (
         str(message_id),
