@@ -169,3 +169,130 @@ def test_every_command_block_of_the_deploy_docs_is_run_by_a_test():
     for test in runners:  # each named test exists
         path, name = test.split("::")
         assert f"\ndef {name}(" in (ROOT / path).read_text(), test
+
+
+# -- the docs' Python examples run with the install they name ----------------------------------
+
+PYPROJECT = ROOT / "pyproject.toml"
+# What the receiving page's examples may import besides their install: the framework or client
+# the application already has (the page's words), which is what the helper module a block
+# imports uses itself (`outbox.receiver.aiohttp` imports aiohttp), and for the ASGI endpoint,
+# which imports none, the ASGI frameworks the page names.
+ASGI_FRAMEWORKS = {"fastapi", "starlette"}
+_PIP_INSTALL = re.compile(r"pip install ([^`\n]+)")
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _requirement(spec: str) -> tuple[str, list[str]]:
+    """A requirement's distribution name and extras."""
+    found = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?", spec)
+    assert found, spec
+    return _canonical(found[1]), [e.strip() for e in (found[2] or "").split(",") if e.strip()]
+
+
+def installed_by(extras: list[str]) -> set[str]:
+    """The distributions `pip install 'outbox-dispatcher[extras]'` asks for by name (the
+    plain install's and each extra's, following extras that name other extras)."""
+    import tomllib
+
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    names: set[str] = set()
+    pending, seen = [None, *extras], set()
+    while pending:
+        extra = pending.pop()
+        if extra in seen:
+            continue
+        seen.add(extra)
+        specs = (
+            project["dependencies"] if extra is None else project["optional-dependencies"][extra]
+        )
+        for spec in specs:
+            name, more = _requirement(spec)
+            if name == _canonical(project["name"]):
+                pending.extend(more)
+            else:
+                names.add(name)
+    return names
+
+
+def _imported(code: str) -> set[str]:
+    """The top-level modules a block imports (absolute imports)."""
+    import ast
+
+    tree = ast.parse(code.replace("…", "..."))  # the docs' ellipsis stands for a value
+    modules = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules.add(node.module)
+    return modules
+
+
+def _distribution(module: str) -> set[str]:
+    """Who provides a top-level module: the installed distributions, or one of its name."""
+    from importlib.metadata import packages_distributions
+
+    return {_canonical(d) for d in packages_distributions().get(module, [module])}
+
+
+def _brought_by_helpers(modules: set[str]) -> set[str]:
+    """What the `outbox.receiver` modules among `modules` import themselves: the framework
+    or client each one uses, which the application has."""
+    brought: set[str] = set()
+    for module in modules:
+        if module.startswith("outbox.receiver."):
+            source = ROOT / "receiver" / (module.rsplit(".", 1)[1] + ".py")
+            if source.exists():
+                for name in _imported(source.read_text()):
+                    brought |= _distribution(name.split(".")[0])
+        if module == "outbox.receiver.asgi":
+            brought |= ASGI_FRAMEWORKS
+    return brought
+
+
+def foreign_imports(doc: Path) -> list[str]:
+    """Each import of `doc`'s Python examples that the install the page names does not
+    bring: not the standard library, not the project, not a distribution that `pip install`
+    commands written on the page install (the project with its extras, or others)."""
+    import sys
+
+    text = doc.read_text()
+    extras: list[str] = []
+    named: set[str] = set()
+    for command in _PIP_INSTALL.findall(text):
+        for word in command.split():
+            word = word.strip("'\"")
+            if word.startswith("-"):
+                continue
+            name, more = _requirement(word)
+            if name == "outbox-dispatcher":
+                extras.extend(more)
+            else:
+                named.add(name)
+    allowed = installed_by(extras) | named
+    foreign = []
+    for number, code in enumerate(re.findall(r"```python\n(.*?)```", text, flags=re.S), 1):
+        modules = _imported(code)
+        brought = _brought_by_helpers(modules)
+        for module in sorted(modules):
+            top = module.split(".")[0]
+            if top in sys.stdlib_module_names or top == "outbox":
+                continue
+            if not _distribution(top) & (allowed | brought):
+                foreign.append(f"{doc.relative_to(ROOT)} block {number}: {module}")
+    return foreign
+
+
+def test_the_docs_examples_import_only_what_the_install_they_name_brings():
+    """A reader who runs the page's `pip install` can run its examples: e.g. receiving.md's
+    helpers take connections from a psycopg_pool pool, so the `receiver` extra installs it."""
+    assert "psycopg-pool" in installed_by(["worker"])  # the resolution still reads pyproject
+    assert _imported("from psycopg_pool import AsyncConnectionPool") == {"psycopg_pool"}
+    blocks = sum(len(re.findall(r"```python\n", doc.read_text())) for doc in DOCS)
+    assert blocks >= 10, blocks  # the examples are still found
+    foreign = [line for doc in DOCS for line in foreign_imports(doc)]
+    assert not foreign, "imports the install a page names does not bring:\n" + "\n".join(foreign)
