@@ -5,6 +5,7 @@ settings); every secret (the DSN, HTTP headers, broker credentials) is a `secret
 mounted Secret, never a copied value. Rendering the same resource twice gives the same
 object, so a status-only change of the resource leaves the pods alone, and a spec change
 rolls them (the template changes, and with it the template hash the operator compares).
+Every text reaches the worker as written: Kubernetes expands nothing in it (`literal`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,43 @@ Body = Mapping[str, Any]
 
 def _value(name: str, value: object) -> dict[str, Any]:
     return {"name": name, "value": str(value)}
+
+
+# The kubelet expands `$(NAME)` in a container's `command`, `args` and `env[].value` to the
+# value of the container's variable NAME, and reads `$$` as one `$`. The operator never means
+# a reference, and a resource's author must not get one: `$(OUTBOX_DSN)` in a URL would send
+# the database's password wherever the author points it. So each `$` there is doubled, as the
+# last step of rendering and for every container, whatever field the text came from (a field
+# added later included). Nothing else in a pod is expanded: labels, annotations, the image,
+# probes, volumes and their mounts are taken as written (only a mount's `subPathExpr`, which
+# is never rendered, would be).
+EXPANDED_FIELDS = ("command", "args")
+CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
+
+
+def literal(text: str) -> str:
+    """`text` as the kubelet passes it on unchanged: every `$` doubled."""
+    return text.replace("$", "$$")
+
+
+def _literal_container(container: Mapping[str, Any]) -> dict[str, Any]:
+    result = dict(container)
+    for field in EXPANDED_FIELDS:
+        if field in result:
+            result[field] = [literal(str(part)) for part in result[field]]
+    if "env" in result:  # valueFrom is never expanded
+        result["env"] = [
+            {**item, "value": literal(str(item["value"]))} if "value" in item else dict(item)
+            for item in result["env"]
+        ]
+    return result
+
+
+def _literal_pod(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    for field in CONTAINER_LISTS:
+        if field in pod_spec:
+            pod_spec[field] = [_literal_container(c) for c in pod_spec[field]]
+    return pod_spec
 
 
 def _secret(name: str, ref: Mapping[str, Any]) -> dict[str, Any]:
@@ -190,7 +228,7 @@ def worker_env(
     """The worker's settings as OUTBOX_* variables, the tracing block's OTEL_* variables,
     then the spec's extra variables (which come last, so that one of them wins). `worker` is
     spec.worker with the admin's defaults (worker_block), `name` and `namespace` the
-    resource's."""
+    resource's. The values as the worker is to read them: pod_template makes them literal."""
     if worker is None:
         worker = spec.get("worker") or {}
     database = spec["database"]
@@ -215,7 +253,9 @@ def worker_env(
     if timeout is not None:
         env.append(_value("OUTBOX_PUBLISH_TIMEOUT", timeout))
     env.extend(tracing_env(worker.get("tracing") or {}, name, namespace))
-    env.extend(dict(item) for item in worker.get("env") or ())
+    # Names and plain values only: the pod policy refuses valueFrom, and an entry that
+    # escaped it would still reach no Secret.
+    env.extend(_value(item["name"], item.get("value", "")) for item in worker.get("env") or ())
     return env
 
 
@@ -334,6 +374,7 @@ def pod_template(
             pod_spec[field] = worker[field]
     if "topologySpreadConstraints" in pod_spec:
         pod_spec["topologySpreadConstraints"] = _spread(pod_spec["topologySpreadConstraints"], name)
+    _literal_pod(pod_spec)
     annotations = {
         **(worker.get("podAnnotations") or {}),
         "prometheus.io/scrape": "true",

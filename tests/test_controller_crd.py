@@ -242,6 +242,7 @@ def _worker_error(body: dict[str, Any], secrets: Path | None = None) -> str | No
     import copy
 
     from chart.chart import crd_schema
+    from k8s.expansion import expand
 
     from outbox.controller.render import render_deployment
     from outbox.errors import SettingError
@@ -254,8 +255,8 @@ def _worker_error(body: dict[str, Any], secrets: Path | None = None) -> str | No
     deployment = render_deployment(body, replicas=1, default_image="outbox-dispatcher:test")
     env = {"OUTBOX_DSN": "postgresql://app@db/orders", "OUTBOX_OWNER": "orders-worker-1"}
     for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]:
-        if "value" in item:
-            env[item["name"]] = item["value"]
+        if "value" in item:  # as the kubelet reads it
+            env[item["name"]] = expand(item["value"], env)
         elif secrets is not None and "secretKeyRef" in item.get("valueFrom", {}):
             env.setdefault(item["name"], "from-a-secret")
     if secrets is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -552,3 +553,202 @@ def test_the_crd_refuses_a_budget_that_blocks_every_drain(
 
     body = resource(worker={"disruptionBudget": value})
     assert (custom_resource_errors(body) == []) is admitted, value
+
+
+# -- nothing a resource's author writes is expanded by Kubernetes ------------------------------
+
+DSN = "postgresql://app:hunter2@orders-db/orders"
+REF = "$(OUTBOX_DSN)"  # what the kubelet would replace with the DSN, password and all
+
+
+def _kafka(**block: Any) -> dict[str, Any]:
+    return {"publisher": {"type": "kafka", "kafka": {"bootstrapServers": "k:9092", **block}}}
+
+
+def _nats(**block: Any) -> dict[str, Any]:
+    return {"publisher": {"type": "nats", "nats": {"urls": ["nats://n:4222"], **block}}}
+
+
+def _http(url: str = "http://events.example/in", **publisher: Any) -> dict[str, Any]:
+    return {"publisher": {"type": "http", "http": {"url": url}, **publisher}}
+
+
+# Every text field of the CRD that reaches the worker's environment and admits a `$`: the
+# spec that puts a reference to the DSN's variable there, and the variable that must carry
+# the author's text as written.
+EXPANSION_ROUTES: dict[str, tuple[dict[str, Any], str, str]] = {
+    "database.table": (
+        {"database": {"dsnSecretRef": {"name": "orders-db"}, "table": f"app.{REF}"}},
+        "OUTBOX_TABLE", f"app.{REF}",
+    ),
+    "publisher.cloudEventsSource": (
+        _http(cloudEventsSource=f"/shop/{REF}"), "OUTBOX_CLOUDEVENTS_SOURCE", f"/shop/{REF}",
+    ),
+    "publisher.http.url": (
+        _http(f"http://listener/hook?d={REF}"), "OUTBOX_HTTP_URL", f"http://listener/hook?d={REF}",
+    ),
+    "publisher.nats.urls[]": (
+        {"publisher": {"type": "nats", "nats": {"urls": [f"nats://{REF}:4222"]}}},
+        "OUTBOX_NATS_URL", f"nats://{REF}:4222",
+    ),
+    "publisher.nats.subject": (_nats(subject=f"events.{REF}"), "OUTBOX_NATS_SUBJECT",
+                               f"events.{REF}"),
+    "publisher.kafka.bootstrapServers": (
+        {"publisher": {"type": "kafka", "kafka": {"bootstrapServers": f"{REF}:9092"}}},
+        "OUTBOX_KAFKA_BOOTSTRAP_SERVERS", f"{REF}:9092",
+    ),
+    "publisher.kafka.topic": (_kafka(topic=f"t.{REF}"), "OUTBOX_KAFKA_TOPIC", f"t.{REF}"),
+    "publisher.kafka.config{}": (
+        _kafka(config={"client.id": REF}), "OUTBOX_KAFKA_CONFIG", f"client.id={REF}",
+    ),
+    "worker.env[].value": ({"worker": {"env": [{"name": "NOTE", "value": REF}]}}, "NOTE", REF),
+    "worker.tracing.endpoint": (
+        {"worker": {"tracing": {"endpoint": f"http://collector:4318/{REF}"}}},
+        "OTEL_EXPORTER_OTLP_ENDPOINT", f"http://collector:4318/{REF}",
+    ),
+    "worker.tracing.serviceName": (
+        {"worker": {"tracing": {"endpoint": "http://c:4318", "serviceName": REF}}},
+        "OTEL_SERVICE_NAME", REF,
+    ),
+}  # fmt: skip
+# Text fields placed where Kubernetes expands nothing (the image, names of variables, the
+# pods' placement, labels and annotations), or refused: valueFrom.
+NOT_IN_THE_CONTAINERS_TEXT = {
+    "worker.image",
+    "worker.env[].name",
+    "worker.env[].valueFrom",
+    "worker.tolerations[].key",
+    "worker.tolerations[].value",
+    "worker.topologySpreadConstraints[].topologyKey",
+    "worker.topologySpreadConstraints[].labelSelector",
+    "worker.topologySpreadConstraints[].matchLabelKeys[]",
+    "worker.affinity",
+    "worker.podAnnotations{}",
+}
+# Text fields whose pattern admits no `$` (checked below with a value it admits).
+FIXED_SYNTAX = {
+    "database.dsnSecretRef.name": "orders-db",
+    "database.dsnSecretRef.key": "dsn",
+    "publisher.http.timeout": "10s",
+    "publisher.http.headersSecretRef.name": "h",
+    "publisher.http.headersSecretRef.key": "k",
+    "publisher.http.signingSecretRef.name": "s",
+    "publisher.http.signingSecretRef.key": "k",
+    "publisher.nats.timeout": "10s",
+    "publisher.nats.userSecretRef.name": "n",
+    "publisher.nats.userSecretRef.key": "k",
+    "publisher.nats.passwordSecretRef.name": "n",
+    "publisher.nats.passwordSecretRef.key": "k",
+    "publisher.nats.tokenSecretRef.name": "n",
+    "publisher.nats.tokenSecretRef.key": "k",
+    "publisher.nats.credsSecretRef.name": "n",
+    "publisher.nats.credsSecretRef.key": "k",
+    "publisher.nats.tlsSecretName": "nats-tls",
+    "publisher.kafka.timeout": "10s",
+    "publisher.kafka.configSecretRef.name": "k",
+    "publisher.kafka.configSecretRef.key": "k",
+    "publisher.rateLimit": "50/s",
+    "publisher.breaker.window": "30s",
+    "publisher.breaker.probeDelayMax": "5s",
+    "lease": "60s",
+    "retention": "7d",
+    "worker.resources.requests{}": "100m",
+    "worker.resources.limits{}": "1Gi",
+    "worker.nodeSelector{}": "workers",
+    "worker.podLabels{}": "orders",
+    "worker.serviceAccountName": "orders-worker",
+    "worker.priorityClassName": "batch",
+    "worker.imagePullSecrets[].name": "regcred",
+    "worker.disruptionBudget.maxUnavailable": "10%",
+    "worker.disruptionBudget.minAvailable": "50%",
+}
+
+
+def _text_fields(schema: dict[str, Any], path: str = "") -> dict[str, dict[str, Any]]:
+    """spec's fields that hold text, by path (`[]` an item, `{}` a map's value)."""
+    found = {}
+    if (
+        schema.get("type") == "string"
+        or schema.get("x-kubernetes-int-or-string")
+        or (schema.get("x-kubernetes-preserve-unknown-fields"))
+    ):
+        found[path] = schema
+    for key, sub in (schema.get("properties") or {}).items():
+        found.update(_text_fields(sub, f"{path}.{key}" if path else key))
+    for key, mark in (("items", "[]"), ("additionalProperties", "{}")):
+        if isinstance(schema.get(key), dict):
+            found.update(_text_fields(schema[key], path + mark))
+    return found
+
+
+def process_of(deployment: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """What the worker process gets from a real kubelet: the DSN as OUTBOX_DSN, the pod's
+    name, each other Secret's value as its variable's name."""
+    from k8s.expansion import container_environment
+
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    values_from = {"OUTBOX_DSN": DSN, "OUTBOX_OWNER": "orders-worker-abc12"}
+    for item in container["env"]:
+        values_from.setdefault(item["name"], f"<{item['name']}>")
+    return container_environment(container, values_from)
+
+
+def test_every_text_field_is_a_route_tested_below_or_can_hold_no_reference() -> None:
+    import re
+
+    fields = _text_fields(_schema()["properties"]["spec"])
+    enums = {path for path, schema in fields.items() if "enum" in schema}
+    assert not [p for p in enums if any("$" in str(v) for v in fields[p]["enum"])]
+    known = set(EXPANSION_ROUTES) | NOT_IN_THE_CONTAINERS_TEXT | set(FIXED_SYNTAX) | enums
+    assert set(fields) == known, (
+        "a text field the tests do not know: add it to EXPANSION_ROUTES if it reaches the "
+        "worker's command, args or environment and admits a `$`"
+    )
+    for path, sample in FIXED_SYNTAX.items():
+        pattern = fields[path]["pattern"]
+        assert re.search(pattern, sample), path
+        hostile = [sample[:i] + REF + sample[i:] for i in range(len(sample) + 1)]
+        assert not [text for text in hostile if re.search(pattern, text)], path
+
+
+@pytest.mark.parametrize("route", sorted(EXPANSION_ROUTES))
+def test_a_reference_the_author_writes_reaches_the_worker_as_written(route: str) -> None:
+    """The kubelet would put the DSN's password wherever the author points a URL, a topic or
+    a variable that names $(OUTBOX_DSN); the worker gets the text instead."""
+    from chart.chart import custom_resource_errors
+
+    spec, variable, written = EXPANSION_ROUTES[route]
+    body = resource(**copy.deepcopy(spec))
+    assert custom_resource_errors(body) == [], route  # a route a tenant can take
+    deployment = render(body)
+    env, argv = process_of(deployment)
+    assert written in env[variable]
+    assert [name for name, value in env.items() if "hunter2" in value] == ["OUTBOX_DSN"]
+    assert "hunter2" not in json.dumps(argv)
+
+
+def test_the_admins_defaults_reach_the_worker_as_written_too() -> None:
+    defaults = {"resources": {}, "tracing": {"endpoint": f"http://c:4318/{REF}"}}
+    deployment = render_deployment(
+        resource(**_http()),
+        replicas=1,
+        default_image="i",
+        defaults=defaults,
+        publisher_defaults={"cloudEventsSource": f"/shop/{REF}"},
+    )
+    env, _ = process_of(deployment)
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == f"http://c:4318/{REF}"
+    assert env["OUTBOX_CLOUDEVENTS_SOURCE"] == f"/shop/{REF}"
+
+
+@pytest.mark.parametrize(
+    "text", ["$", "$$", "a$", "$(", "$()", "$(A", "$$(A)", "$$$(A)", "x$(A)y$(B)", "5$ (A)"]
+)
+def test_every_value_and_argument_reaches_the_process_unchanged(text: str) -> None:
+    """Whatever the text, a variable declared before it included: the kubelet gives the
+    process exactly what the operator rendered from the resource."""
+    env = [{"name": "A", "value": "a"}, {"name": "NOTE", "value": text}]
+    body = resource(worker={"env": env})
+    process_env, argv = process_of(render(body))
+    assert (process_env["A"], process_env["NOTE"]) == ("a", text)
+    assert argv == ["outbox-worker"]

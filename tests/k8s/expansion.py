@@ -14,6 +14,7 @@ that of `command` and `args` is the container's whole environment.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 
 def expand(text: str, mapping: Mapping[str, str]) -> str:
@@ -41,3 +42,18 @@ def expand(text: str, mapping: Mapping[str, str]) -> str:
             checkpoint = cursor + 1
         cursor += 1
     return "".join(out) + text[checkpoint:]
+
+
+def container_environment(
+    container: Mapping[str, Any], values_from: Mapping[str, str]
+) -> tuple[dict[str, str], list[str]]:
+    """The environment and the command line a real kubelet gives `container`'s process:
+    each `env[].value` expanded from the variables declared before it, each `valueFrom`
+    taken from `values_from` by the variable's name (as a Secret's key or a field would give
+    it), then `command` and `args` expanded from the whole environment."""
+    env: dict[str, str] = {}
+    for item in container.get("env") or ():
+        name = item["name"]
+        env[name] = expand(item["value"], env) if "value" in item else values_from[name]
+    argv = [*(container.get("command") or ()), *(container.get("args") or ())]
+    return env, [expand(str(part), env) for part in argv]
