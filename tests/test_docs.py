@@ -110,16 +110,17 @@ def test_the_docs_name_only_paths_that_exist():
 DEPLOY = ROOT / "docs" / "deploy.md"
 
 
-def command_blocks(doc: Path = DEPLOY) -> list[list[str]]:
-    """The commands of each ```sh block of `doc`, in order: a command and its `\\`
-    continuations joined into one line, comments dropped, runs of blanks made one."""
+def command_blocks(doc: Path = DEPLOY, fence: str = "```sh") -> list[list[str]]:
+    """The commands of each ```sh block of `doc` (or of each block opened by `fence`), in
+    order: a command and its `\\` continuations joined into one line, comments dropped, runs
+    of blanks made one."""
     blocks: list[list[str]] = []
     block: list[str] | None = None
     for line in doc.read_text().splitlines():
-        fence = line.strip()
-        if block is None and fence == "```sh":
+        opened = line.strip()
+        if block is None and opened == fence:
             block = []
-        elif block is not None and fence == "```":
+        elif block is not None and opened == "```":
             text = "\n".join(block).replace("\\\n", " ")
             commands = [re.sub(r"\s+#.*$|^#.*$", "", c.strip()) for c in text.splitlines()]
             blocks.append([re.sub(r"\s+", " ", c) for c in commands if c])
@@ -296,3 +297,91 @@ def test_the_docs_examples_import_only_what_the_install_they_name_brings():
     assert blocks >= 10, blocks  # the examples are still found
     foreign = [line for doc in DOCS for line in foreign_imports(doc)]
     assert not foreign, "imports the install a page names does not bring:\n" + "\n".join(foreign)
+
+
+# -- namespaces: made before anything is put in them -------------------------------------------
+
+EXAMPLES = ROOT / "examples"
+# Every cluster has it.
+_GIVEN_NAMESPACES = {"default"}
+
+
+def _manifest_namespaces(command: str) -> set[str]:
+    """The namespaces of the objects `kubectl apply -f FILE…` creates, from the files."""
+    import yaml
+
+    namespaces: set[str] = set()
+    if " apply " not in f" {command} ":
+        return namespaces
+    for path in re.findall(r"(?:-f|--filename)[ =](\S+)", command):
+        if (ROOT / path).is_file():
+            for obj in yaml.safe_load_all((ROOT / path).read_text()):
+                if obj and obj.get("metadata", {}).get("namespace"):
+                    namespaces.add(obj["metadata"]["namespace"])
+    return namespaces
+
+
+def namespaces_used_before_made(commands: list[str]) -> list[str]:
+    """Each command, in the order a reader types them, that puts something in (or reads from)
+    a namespace no earlier command made: `kubectl create namespace NS`, or a `helm` command's
+    `--create-namespace`. A namespace is used by `-n`/`--namespace` and by the objects of the
+    files `kubectl apply -f` names."""
+    made = set(_GIVEN_NAMESPACES)
+    unmade = []
+    for command in commands:
+        words = command.split()
+        if not words or words[0] not in ("kubectl", "helm"):
+            continue
+        flagged = set(re.findall(r"(?:^|\s)(?:-n|--namespace)[ =](\S+)", command))
+        if words[:3] == ["kubectl", "create", "namespace"] and len(words) > 3:
+            made.add(words[3])
+            continue
+        if words[0] == "helm" and "--create-namespace" in words:
+            made |= flagged
+            continue
+        missing = (flagged | _manifest_namespaces(command)) - made
+        if missing:
+            unmade.append(f"{command}  (namespace {', '.join(sorted(missing))})")
+    return unmade
+
+
+def example_headers() -> dict[Path, list[str]]:
+    """The commands each example's header comment tells a reader to run."""
+    return {
+        path: [
+            m.strip() for m in re.findall(r"^#\s+(kubectl .*?)(?:\s+#.*)?$", path.read_text(), re.M)
+        ]
+        for path in sorted(EXAMPLES.rglob("*.yaml"))
+    }
+
+
+def test_every_namespace_is_made_before_a_command_uses_it():
+    """docs/deploy.md's story and each example's header make the
+    namespace before they apply to it (`kubectl -n shop apply` in a fresh cluster only says
+    `namespaces "shop" not found`)."""
+    stories = {
+        "docs/deploy.md": [c for block in command_blocks() for c in block],
+        **{str(path.relative_to(ROOT)): commands for path, commands in example_headers().items()},
+    }
+    assert sum(1 for commands in stories.values() if any(" apply " in c for c in commands)) >= 6
+    unmade = [f"{name}: {line}" for name, cmds in stories.items()
+              for line in namespaces_used_before_made(cmds)]  # fmt: skip
+    assert not unmade, "namespaces used before they are made:\n" + "\n".join(unmade)
+
+
+def test_the_namespace_check_sees_each_way_of_using_one():
+    assert namespaces_used_before_made(
+        [
+            "helm install r charts/x --namespace ops --create-namespace",
+            "kubectl -n ops get pods",
+            "kubectl -n shop apply -f examples/http.yaml",
+            "kubectl apply -f examples/log.yaml",
+            "kubectl create namespace shop",
+            "kubectl --namespace=shop get obd",
+            "helm upgrade r charts/x -n billing",
+        ]
+    ) == [
+        "kubectl -n shop apply -f examples/http.yaml  (namespace shop)",
+        "kubectl apply -f examples/log.yaml  (namespace sandbox)",
+        "helm upgrade r charts/x -n billing  (namespace billing)",
+    ]

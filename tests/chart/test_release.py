@@ -50,6 +50,7 @@ HELM_STORY = (
     "kubectl -n outbox-system rollout status",
     "helm test",
     "outbox migrate --table public.outbox",
+    "kubectl create namespace shop",
     "kubectl -n shop apply -f examples/http.yaml",
     "kubectl -n shop get obd",
     "helm upgrade",
@@ -291,7 +292,8 @@ def test_install_serve_upgrade_test_rollback_uninstall(
     user.docs("kubectl apply --server-side -f crds/outboxdispatchers.yaml")
     user.docs("kubectl label crd")
     user.docs("kubectl annotate crd")
-    user.sh("kubectl create namespace shop && kubectl create namespace billing")
+    user.docs("kubectl create namespace shop")  # made early: the production values serve it
+    user.sh("kubectl create namespace billing")
 
     installed = user.docs("helm install")
     assert "STATUS: deployed" in installed and "REVISION: 1" in installed, installed
