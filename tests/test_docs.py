@@ -356,14 +356,15 @@ def example_headers() -> dict[Path, list[str]]:
 
 
 def test_every_namespace_is_made_before_a_command_uses_it():
-    """docs/deploy.md's story and each example's header make the
+    """docs/deploy.md's story, its kind quick start and each example's header make the
     namespace before they apply to it (`kubectl -n shop apply` in a fresh cluster only says
     `namespaces "shop" not found`)."""
     stories = {
         "docs/deploy.md": [c for block in command_blocks() for c in block],
+        "docs/deploy.md, kind": [c for block in command_blocks(fence=KIND) for c in block],
         **{str(path.relative_to(ROOT)): commands for path, commands in example_headers().items()},
     }
-    assert sum(1 for commands in stories.values() if any(" apply " in c for c in commands)) >= 6
+    assert sum(1 for commands in stories.values() if any(" apply " in c for c in commands)) >= 7
     unmade = [f"{name}: {line}" for name, cmds in stories.items()
               for line in namespaces_used_before_made(cmds)]  # fmt: skip
     assert not unmade, "namespaces used before they are made:\n" + "\n".join(unmade)
@@ -385,3 +386,118 @@ def test_the_namespace_check_sees_each_way_of_using_one():
         "kubectl apply -f examples/log.yaml  (namespace sandbox)",
         "helm upgrade r charts/x -n billing  (namespace billing)",
     ]
+
+
+# -- the kind quick start: the release story's commands, on kind -------------------------------
+
+# The quick start's blocks: shell, but for a kind cluster, which no test machine runs, so they
+# are checked against the release test's commands instead (below) and kept out of the blocks
+# that test runs.
+KIND = "```sh kind"
+RELEASE_TEST = ROOT / "tests" / "chart" / "test_release.py"
+# The demo's own steps: the throwaway database and API, the migration pod, the backlog.
+_DEMO_OWN = re.compile(r"^kubectl -n shop (run|exec|wait) ")
+
+
+def release_commands() -> list[str]:
+    """What tests/chart/test_release.py runs: docs/deploy.md's commands of its story (found
+    by their first words, as it finds them) and each command line it types itself (up to the
+    first value it computes)."""
+    import ast
+
+    from chart.test_release import HELM_STORY, documented
+
+    run = [c for c in documented() if any(c.startswith(start) for start in HELM_STORY)]
+    for node in ast.walk(ast.parse(RELEASE_TEST.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if node.func.attr != "sh" or not node.args:
+            continue
+        line = node.args[0]
+        while isinstance(line, ast.BinOp):  # "kubectl … -p " + shlex.quote(…)
+            line = line.left
+        if isinstance(line, ast.JoinedStr):  # f"kubectl … {value}"
+            line = line.values[0] if line.values else line
+        if isinstance(line, ast.Constant) and isinstance(line.value, str):
+            run.append(line.value.rstrip("\"' "))
+    return run
+
+
+def _helm_shape(command: str) -> tuple[list[str], list[str]]:
+    """A helm command without its `--set` values: the words, and the keys it sets."""
+    words = command.split()
+    keys, kept, at = [], [], 0
+    while at < len(words):
+        if words[at] in ("--set", "--set-string") and at + 1 < len(words):
+            keys.append(words[at + 1].split("=", 1)[0])
+            at += 2
+            continue
+        kept.append(words[at])
+        at += 1
+    return kept, keys
+
+
+def _image(command: str) -> str:
+    """The image a helm command's `--set image.repository=… --set image.tag=…` names."""
+    sets = dict(re.findall(r"--set (image\.\w+)=(\S+)", command))
+    return f"{sets['image.repository']}:{sets['image.tag']}"
+
+
+def test_the_kind_quick_start_runs_the_release_story_on_kind():
+    blocks = command_blocks(fence=KIND)
+    commands = [c for block in blocks for c in block]
+    assert len(blocks) >= 5, blocks  # the quick start is there, and found
+    story = release_commands()
+    assert any(c.startswith("helm install") for c in story)  # the story is still found
+
+    # The image built is the one loaded into kind and the one the chart runs, with Docker and
+    # with podman.
+    [install] = [c for c in commands if c.startswith("helm install")]
+    image = _image(install)
+    assert f"docker build -t {image} ." in commands
+    assert f"kind load docker-image {image} --name outbox" in commands
+    assert f"podman build -t {image} ." in commands
+    archive = next(c for c in commands if c.startswith("podman save"))
+    assert archive.endswith(f" {image}")
+    [tar] = re.findall(r"-o (\S+)", archive)
+    assert f"kind load image-archive {tar} --name outbox" in commands
+    assert commands.index("export KIND_EXPERIMENTAL_PROVIDER=podman") < commands.index(archive)
+    assert sum(c == "kind create cluster --name outbox" for c in commands) == 2
+    assert commands[-1] == "kind delete cluster --name outbox"
+
+    unmatched = []
+    for command in commands:
+        if command.startswith("helm "):
+            # The story's command with that verb, the same words but the values it sets.
+            verb = command.split()[1]
+            [ours] = [c for c in story if c.startswith(f"helm {verb} ")][:1] or [""]
+            if _helm_shape(command) != _helm_shape(ours):
+                unmatched.append(f"{command}\n    the story: {ours}")
+        elif command.startswith("kubectl "):
+            if _DEMO_OWN.match(command):
+                continue
+            if not any(
+                command == c or (command.startswith(c) and len(c.split()) >= 4) for c in story
+            ):
+                unmatched.append(command)
+        for path in re.findall(r"-f (\S+\.yaml)", command):
+            assert (ROOT / path).is_file(), command
+    assert not unmatched, "quick start commands the release test does not run:\n" + "\n".join(
+        unmatched
+    )
+    # The story's own steps are all there: the namespace, the example, the two values the
+    # example leaves to the reader (the DSN, the API), the table the example names.
+    for step in (
+        "kubectl create namespace shop",
+        "kubectl -n shop apply -f examples/http.yaml",
+        "kubectl -n shop patch secret orders-db -p",
+        "kubectl -n shop patch obd orders --type=merge -p",
+        "kubectl -n outbox-system rollout status deployment/outbox-dispatcher",
+        "kubectl -n shop get obd",
+    ):
+        assert any(c.startswith(step) for c in commands), step
+        assert any(c.startswith(step) or step.startswith(c) for c in story), step
+    [migrate] = [c for c in commands if "outbox migrate" in c]
+    [documented_migrate] = [c for c in story if c.startswith("outbox migrate")]
+    assert migrate.endswith(f"-- {documented_migrate}")
+    assert f"--image={image}" in migrate
