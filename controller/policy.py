@@ -38,10 +38,83 @@ SECRET_NOT_SHARED = "SecretNotShared"
 # commas, or `*` for all of them.
 CONSENT_ANNOTATION = "outbox.dev/dispatchers"
 ANY = "*"
-# Environment names the workers' own settings, libpq, the dynamic loader, Python and OpenSSL
-# read: a resource setting them could redirect the database connection (PGHOSTADDR), load code
-# (LD_PRELOAD, PYTHONPATH) or weaken TLS. The CRD refuses them too (one list: a test compares).
-RESERVED_ENV_PREFIXES = ("OUTBOX_", "PG", "LD_", "PYTHON", "SSL")
+# The environment spec.worker.env may not set, whatever the admin allows: the worker's own
+# settings, and every variable that changes how the worker process resolves names, loads
+# code, or finds its configuration or credentials. With LOCALDOMAIN, glibc's resolver tried
+# `orders-db.shop.svc.cluster.local.<the author's domain>` first and libpq sent the DSN's
+# password there; PGHOSTADDR does it directly. One list, by prefix, name and suffix, each
+# with the component that reads it and where that is documented; the CRD's CEL rule holds the
+# same (tests/test_controller_policy.py compares them), docs/security.md explains it.
+# OTEL_* stay allowed on purpose: OpenTelemetry's own settings (exporter headers, batching),
+# which spec.worker.tracing leaves to the author; what they reach is a collector, a
+# destination like the publisher's.
+DENIED_ENV_PREFIXES: dict[str, str] = {
+    "OUTBOX_": "the worker's own settings, which the spec's fields set",
+    # postgresql.org/docs/current/libpq-envars.html: PGHOSTADDR, PGPASSFILE, PGSERVICEFILE,
+    # PGSYSCONFDIR, PGSSLROOTCERT, PGGSSLIB, PGKRBSRVNAME...
+    "PG": "libpq reads it (where to connect, its password, service and certificate files)",
+    # ld.so(8): LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT
+    "LD_": "glibc's dynamic loader reads it (libraries to load)",
+    # python(1), "Environment variables": PYTHONPATH, PYTHONHOME, PYTHONSTARTUP, PYTHONUSERBASE
+    "PYTHON": "Python reads it (modules to load)",
+    # SSL_CERT_FILE, SSL_CERT_DIR (OpenSSL, openssl-env(7)); SSLKEYLOGFILE (Python's ssl
+    # writes every TLS session's keys there)
+    "SSL": "OpenSSL or Python's ssl reads it (trusted CAs, a TLS key log)",
+    # openssl-env(7): OPENSSL_CONF, OPENSSL_CONF_INCLUDE, OPENSSL_MODULES, OPENSSL_ENGINES
+    "OPENSSL": "OpenSSL reads it (its configuration, providers and engines to load)",
+    # MIT kerberos(7), for libpq's and librdkafka's GSSAPI: KRB5_CONFIG, KRB5CCNAME,
+    # KRB5_KTNAME, KRB5_CLIENT_KTNAME, KRB5RCACHEDIR, KRB5_TRACE
+    "KRB5": "Kerberos reads it (its configuration, plugins, credential caches, keytabs)",
+    # MIT gssapi: GSS_MECH_CONFIG, the mechanism modules to load
+    "GSS": "GSSAPI reads it (mechanism modules to load)",
+    # Cyrus SASL (librdkafka's GSSAPI): SASL_PATH, SASL_CONF_PATH
+    "SASL_": "Cyrus SASL reads it (plugins to load, its configuration)",
+    # glibc's sysdeps/generic/unsecvars.h: RESOLV_HOST_CONF and the older RESOLV_* switches
+    "RESOLV_": "glibc's resolver reads it",
+    # bash(1): BASH_ENV (a file every non-interactive bash runs first), BASH_FUNC_*%%
+    # (functions it defines); librdkafka runs its kinit command through a shell
+    "BASH": "bash reads it (a file to run, functions to define)",
+    # XDG Base Directory Specification: XDG_CONFIG_HOME, XDG_CONFIG_DIRS...
+    "XDG_": "libraries find their configuration through it",
+}
+DENIED_ENV_NAMES: dict[str, str] = {
+    # glibc drops these from the environment of set-user-ID programs as unsafe
+    # (sysdeps/generic/unsecvars.h; LD_* and RESOLV_* above).
+    "GCONV_PATH": "glibc reads it (character set converters to load)",
+    "GETCONF_DIR": "glibc reads it",
+    "GLIBC_TUNABLES": "glibc's loader and allocator read it",
+    "HOSTALIASES": "glibc's resolver reads it (a file of host name aliases)",
+    "LOCALDOMAIN": "glibc's resolver reads it (domains a host name is tried in first)",
+    "LOCPATH": "glibc reads it (locales to load)",
+    "MALLOC_TRACE": "glibc's allocator reads it (a file it writes)",
+    "NIS_PATH": "glibc reads it",
+    "NLSPATH": "glibc reads it (message catalogs to load)",
+    "RES_OPTIONS": "glibc's resolver reads it (how many dots make a name tried as written)",
+    "TMPDIR": "glibc and Python read it (where temporary files go)",
+    "TZDIR": "glibc reads it (time zone files to load)",
+    # openssl-env(7), beyond OPENSSL_* and SSL*
+    "CTLOG_FILE": "OpenSSL reads it (certificate transparency logs)",
+    "QLOGDIR": "OpenSSL reads it (a directory it writes QUIC logs to)",
+    "RANDFILE": "OpenSSL reads it (its random seed file)",
+    # libpq: ~/.pgpass, ~/.pg_service.conf, ~/.postgresql/root.crt, postgresql.crt and .key;
+    # Python: the user's site-packages (~/.local); HTTP clients: ~/.netrc
+    "HOME": "libpq, Python and HTTP clients find files through it (passwords, certificates)",
+    # which programs run: librdkafka runs its kinit command through /bin/sh
+    "PATH": "it decides which programs run",
+    "ENV": "shells read it (a file to run)",
+    "IFS": "shells read it (how a command line is split)",
+    "SHELLOPTS": "bash reads it (xtrace runs PS4's commands)",
+    "PS4": "shells read it (commands run with xtrace)",
+    # requests (the OTLP exporter's HTTP client): CA bundles, and netrc's credentials
+    "REQUESTS_CA_BUNDLE": "HTTP clients read it (trusted CAs)",
+    "CURL_CA_BUNDLE": "HTTP clients read it (trusted CAs)",
+    "NETRC": "HTTP clients read it (a file of credentials)",
+}
+# Python's urllib.request.getproxies takes every variable whose name ends in `_proxy`, in any
+# case (http_proxy, HTTPS_PROXY, ALL_PROXY, no_proxy), as do requests and OpenSSL's HTTP
+# client: every request to a destination would go through the author's proxy.
+DENIED_ENV_SUFFIX = "_PROXY"  # compared in upper case, as the CRD's upperAscii()
+DENIED_ENV_SUFFIX_WHY = "HTTP clients read it (a proxy every request goes through)"
 # A Secret's name: a DNS subdomain, so never a path into another namespace.
 SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 # Where the spec names Secrets, from spec (`[]` walks a list). imagePullSecrets is the pod
@@ -205,6 +278,19 @@ def _service_account(value: Any, settings: ControllerSettings) -> Iterator[Viola
     yield "serviceAccountName", f"service account `{_shown(value)}` is not allowed ({why})"
 
 
+def denied_env(name: str) -> str | None:
+    """Why spec.worker.env may not set `name` (what reads it), or None when it may."""
+    for prefix, why in DENIED_ENV_PREFIXES.items():
+        if name.startswith(prefix):
+            return why
+    if name in DENIED_ENV_NAMES:
+        return DENIED_ENV_NAMES[name]
+    # bytes.upper changes ASCII letters only, as CEL's upperAscii().
+    if name.encode().upper().endswith(DENIED_ENV_SUFFIX.encode()):
+        return DENIED_ENV_SUFFIX_WHY
+    return None
+
+
 def _env(value: Any, settings: ControllerSettings) -> Iterator[Violation]:
     # Values are never quoted back: an author may have put a secret in one.
     for index, item in enumerate(value or ()):
@@ -215,9 +301,9 @@ def _env(value: Any, settings: ControllerSettings) -> Iterator[Violation]:
                 f"`{_shown(name)}` must be a plain value (no valueFrom): Secrets reach the "
                 "workers through the spec's secret references, with the Secret's consent",
             )
-        if name.startswith(RESERVED_ENV_PREFIXES):
-            reserved = ", ".join(f"{p}*" for p in RESERVED_ENV_PREFIXES)
-            yield f"env[{index}]", f"`{_shown(name)}` is reserved ({reserved} may not be set)"
+        why = denied_env(name)
+        if why is not None:
+            yield f"env[{index}]", f"`{_shown(name)}` may not be set: {why}"
 
 
 def _tolerations(value: Any, settings: ControllerSettings) -> Iterator[Violation]:

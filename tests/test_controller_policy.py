@@ -18,9 +18,11 @@ from outbox.controller.decision import Limits, Observed, decide
 from outbox.controller.policy import (
     BY_CONSENT,
     CONSENT_ANNOTATION,
+    DENIED_ENV_NAMES,
+    DENIED_ENV_PREFIXES,
+    DENIED_ENV_SUFFIX,
     OPERATOR_ANNOTATION_PREFIXES,
     OPERATOR_LABELS,
-    RESERVED_ENV_PREFIXES,
     SECRET_FIELDS,
     UNRESTRICTED,
     WORKER_CHECKS,
@@ -184,18 +186,78 @@ def test_env_takes_plain_values_outside_the_reserved_prefixes_and_never_quotes_o
     assert "203.0.113.9" not in text and "billing-api" not in text
 
 
-@pytest.mark.parametrize("prefix", RESERVED_ENV_PREFIXES)
-def test_the_crd_and_the_operator_refuse_the_same_env_names(prefix: str) -> None:
+def _env_refused(name: str) -> tuple[bool, bool]:
+    """(the CRD refuses `name` in spec.worker.env, the operator does)."""
     from chart.chart import custom_resource_errors
 
-    name = f"{prefix}X"
-    resource = resource_of(spec(env=[{"name": name, "value": "1"}]))
-    assert custom_resource_errors(resource), name
-    assert fields({"env": [{"name": name, "value": "1"}]}) == ["spec.worker.env[0]"]
-    for plain in (f"X{prefix}", prefix.lower() + "x"):
-        resource["spec"] = spec(env=[{"name": plain, "value": "1"}])
-        assert custom_resource_errors(resource) == [], plain
-        assert fields({"env": [{"name": plain, "value": "1"}]}) == [], plain
+    env = [{"name": name, "value": "1"}]
+    return bool(custom_resource_errors(resource_of(spec(env=env)))), bool(fields({"env": env}))
+
+
+def _crd_env_rule() -> str:
+    items = SCHEMA["properties"]["spec"]["properties"]["worker"]["properties"]["env"]["items"]
+    [rule] = [r["rule"] for r in items["x-kubernetes-validations"] if "self.name" in r["rule"]]
+    return str(rule)
+
+
+def test_the_crds_env_rule_holds_the_operators_list() -> None:
+    import re
+
+    rule = _crd_env_rule()
+    [prefixes] = re.findall(r"\[([^]]*)\]\.exists\(p, self\.name\.startsWith\(p\)\)", rule)
+    [names] = re.findall(r"self\.name in \[([^]]*)\]", rule)
+    [suffix] = re.findall(r"self\.name\.upperAscii\(\)\.endsWith\('([^']*)'\)", rule)
+
+    def listed(text: str) -> list[str]:
+        return re.findall(r"'([^']*)'", text)
+
+    assert sorted(listed(prefixes)) == sorted(DENIED_ENV_PREFIXES)
+    assert sorted(listed(names)) == sorted(DENIED_ENV_NAMES)
+    assert suffix == DENIED_ENV_SUFFIX
+
+
+DENIED_EXAMPLES = [
+    *(f"{prefix}X" for prefix in DENIED_ENV_PREFIXES),
+    *DENIED_ENV_NAMES,
+    # The routes of the review: the resolver's search domains and options, code and
+    # configuration that OpenSSL, Kerberos and SASL load, libpq's files under HOME, proxies.
+    "LOCALDOMAIN", "RES_OPTIONS", "HOSTALIASES", "GCONV_PATH", "OPENSSL_CONF",
+    "OPENSSL_MODULES", "KRB5_CONFIG", "KRB5CCNAME", "SASL_PATH", "HOME", "PATH",
+    "PGSERVICEFILE", "BASH_ENV", "http_proxy", "HTTPS_PROXY", "no_proxy", "All_Proxy",
+    "SSLKEYLOGFILE",
+]  # fmt: skip
+ALLOWED_EXAMPLES = [
+    *(f"X{prefix}" for prefix in DENIED_ENV_PREFIXES),
+    *(prefix.lower() + "x" for prefix in DENIED_ENV_PREFIXES),
+    *(f"{name}X" for name in DENIED_ENV_NAMES),
+    # OpenTelemetry's own settings stay the author's (spec.worker.tracing documents them).
+    "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "OTEL_PYTHON_LOG_LEVEL",
+    "TZ", "LANG", "PROXY", "MY_PROXY_URL", "HOMEPAGE",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", DENIED_EXAMPLES)
+def test_the_crd_and_the_operator_refuse_every_variable_that_redirects_the_worker(
+    name: str,
+) -> None:
+    assert _env_refused(name) == (True, True)
+
+
+@pytest.mark.parametrize("name", ALLOWED_EXAMPLES)
+def test_the_crd_and_the_operator_admit_the_other_variables(name: str) -> None:
+    assert _env_refused(name) == (False, False)
+
+
+def test_a_refused_variable_is_named_with_what_reads_it() -> None:
+    from chart.chart import custom_resource_errors
+
+    env = [{"name": "TZ", "value": "UTC"}, {"name": "LOCALDOMAIN", "value": "evil.example"}]
+    [(field, why)] = violations(spec(env=env), DEFAULTS)
+    assert field == "spec.worker.env[1]"
+    assert why == "`LOCALDOMAIN` may not be set: " + DENIED_ENV_NAMES["LOCALDOMAIN"]
+    [error] = custom_resource_errors(resource_of(spec(env=env)))
+    assert error.startswith("spec.worker.env[1]: ") and "may not set LOCALDOMAIN: " in error
+    assert "evil.example" not in why + error
 
 
 def test_the_crd_refuses_value_from_with_the_reason() -> None:

@@ -230,12 +230,17 @@ def test_a_tenant_who_may_only_write_dispatchers_gets_nothing_more_through_the_o
         ]
         shared.as_tenant("apply", "-f", "-", input=yaml.safe_dump_all(attacks))
 
-        # Finding 2's environment and finding 3's PGHOSTADDR: refused before any operator.
+        # Finding 2's environment, finding 3's PGHOSTADDR, and what sends libpq elsewhere by
+        # name (the resolver's search domains) or reads its files elsewhere (HOME): refused
+        # before any operator.
         stolen = {"secretKeyRef": {"name": "billing-api", "key": "headers"}}
         for env, says in (
             ({"name": "TOKEN", "valueFrom": stolen}, "takes plain values only (no valueFrom)"),
-            ({"name": "PGHOSTADDR", "value": "203.0.113.9"}, "may not set PG*"),
-            ({"name": "LD_PRELOAD", "value": "/tmp/x.so"}, "may not set PG*, LD_*"),
+            ({"name": "PGHOSTADDR", "value": "203.0.113.9"}, "may not set PGHOSTADDR: "),
+            ({"name": "LD_PRELOAD", "value": "/tmp/x.so"}, "may not set LD_PRELOAD: "),
+            ({"name": "LOCALDOMAIN", "value": "evil.example"}, "may not set LOCALDOMAIN: "),
+            ({"name": "HOME", "value": "/tmp"}, "may not set HOME: "),
+            ({"name": "https_proxy", "value": "http://evil.example"}, "may not set https_proxy"),
         ):  # fmt: skip
             manifest = dispatcher_manifest("env", database=orders, worker={"env": [env]})
             result = shared.as_tenant("apply", "-f", "-", input=json.dumps(manifest), check=False)
