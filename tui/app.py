@@ -17,7 +17,7 @@ from outbox import dberrors
 from outbox.cliutil import USAGE_ERROR, fail
 from outbox.destinations import OPEN, PAUSED
 from outbox.stats import DestinationState
-from outbox.text import age
+from outbox.text import age, printable
 from outbox.tui import config as cfg
 from outbox.tui.actions import ActionRequest, DestinationRequest
 from outbox.tui.errors import DATABASE_ERRORS
@@ -27,7 +27,7 @@ from outbox.tui.poller import Poller
 from outbox.tui.screens.confirm import ConfirmScreen, DestinationConfirmScreen
 from outbox.tui.screens.dashboard import DashboardScreen
 from outbox.tui.screens.help import HelpScreen
-from outbox.tui.source import PgSource, ReadOnlyError, Source
+from outbox.tui.source import EscapedSource, PgSource, ReadOnlyError, Source
 from outbox.tui.widgets import BarState, StatusLine, TopBar
 
 Clock = Callable[[], datetime]
@@ -66,8 +66,9 @@ class OutboxApp(App[None]):
     ) -> None:
         super().__init__()
         self.config = config
-        self.source: Source = source or PgSource(
-            config.dsn, config.table, read_only=config.read_only
+        # Every answer reaches the screens escaped: rows hold what producers wrote.
+        self.source: Source = EscapedSource(
+            source or PgSource(config.dsn, config.table, read_only=config.read_only)
         )
         self.clock = clock
         # A connection setting libpq refuses (sslmode=bogus): the app ends, `main` says why.
@@ -179,6 +180,8 @@ class OutboxApp(App[None]):
         self, message: str, *, title: str = "", severity: SeverityLevel = "information"
     ) -> None:
         """An action's outcome: a toast now, and the status line until the next one."""
+        # Database errors quote values from rows: escaped like everything the source reads.
+        message, title = printable(message), printable(title)
         self.notify(message, title=title, severity=severity, markup=False)
         self.set_state(last_action=message)
 

@@ -5,6 +5,11 @@
 event loop.
 Tests and snapshots substitute a `Source` of fixed data.
 
+The app reads every source through `EscapedSource`: what any query returns reaches the
+screens with each of its strings escaped (`outbox.text.printable`), so no widget can put a
+producer's ESC on the operator's terminal. The few strings that go back to the database as
+keys (a destination's name, an error group) are turned back into what the database holds.
+
 Each poller has its own connection ("channel"): a slow error-group query never delays the
 dashboard, and one poll at a time per channel means a connection is never shared by two
 queries. A connection that fails is dropped and the next use reconnects, so the app
@@ -13,9 +18,10 @@ recovers by itself from a restarted server or a killed backend.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import dataclasses
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -29,7 +35,7 @@ from outbox.runner import Query, fetch_async
 from outbox.schema import SchemaError, check_table, serves_ordering
 from outbox.stats import DestinationState, QueueStats, destination_states, queue_stats_async
 from outbox.table import Table
-from outbox.text import first_line
+from outbox.text import first_line, printable
 from outbox.tui.session import configure_session
 
 T = TypeVar("T")
@@ -308,3 +314,154 @@ class PgSource:
         connections, self._connections = list(self._connections.values()), {}
         for conn in connections:
             await conn.close()
+
+
+# Deeper than anything the TUI decodes (outbox.jsontext.MAX_DECODE_DEPTH): past it a value is
+# left out rather than walked further.
+_SHOWN_DEPTH = 200
+
+
+def shown(value: T) -> T:
+    """`value` with every string in it, dictionary keys included, shown escaped
+    (`outbox.text.printable`): through dataclasses, lists, tuples and dicts. The one way the
+    screens receive what the database holds: a lease owner, an event type, a destination's
+    reason may hold ESC and a line break, written by a producer or another tool."""
+    return cast(T, _shown(value, 0))
+
+
+def _shown(value: Any, depth: int) -> Any:
+    if isinstance(value, str):
+        return printable(value)
+    if depth >= _SHOWN_DEPTH:
+        return "…"
+    if isinstance(value, list):
+        return [_shown(v, depth + 1) for v in value]
+    if isinstance(value, tuple):
+        items = [_shown(v, depth + 1) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if isinstance(value, dict):
+        return {_shown(k, depth + 1): _shown(v, depth + 1) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {
+            f.name: _shown(getattr(value, f.name), depth + 1)
+            for f in dataclasses.fields(value)
+            if f.init
+        }
+        return dataclasses.replace(value, **changes)
+    return value
+
+
+class _Originals:
+    """What the database holds behind the escaped strings the screens were given, for those
+    that go back to it as keys: a pause names the destination as its row does.
+
+    Two values that are shown alike (`a<ESC>` and a literal `a\\x1b`) cannot be told apart
+    on screen; then the literal one is taken, as typed."""
+
+    LIMIT = 10_000  # remembered keys; only those that hold control characters are kept
+
+    def __init__(self) -> None:
+        self._raw: dict[str, str] = {}
+
+    def remember(self, values: Iterable[str]) -> None:
+        values = list(values)
+        plain = set(values)
+        for value in values:
+            escaped = printable(value)
+            if escaped != value and escaped not in plain:
+                if len(self._raw) >= self.LIMIT:
+                    self._raw.clear()
+                self._raw[escaped] = value
+
+    def raw(self, escaped: str) -> str:
+        return self._raw.get(escaped, escaped)
+
+
+class EscapedSource:
+    """A `Source` whose every answer is `shown`: the boundary between the database's rows
+    and the screens. Keys the screens hand back (a destination's name, an error group in a
+    filter) are turned back into the values they were escaped from."""
+
+    def __init__(self, inner: Source) -> None:
+        self.inner = inner
+        self.read_only = inner.read_only
+        self._destinations = _Originals()
+        self._groups = _Originals()
+
+    @property
+    def label(self) -> str:
+        return printable(self.inner.label)
+
+    def _raw_filter(self, f: DeadFilter | None) -> DeadFilter | None:
+        if f is None or f.error_group is None:
+            return f
+        return dataclasses.replace(f, error_group=self._groups.raw(f.error_group))
+
+    def _raw_recorded(self, recorded: dict[str, Any]) -> dict[str, Any]:
+        found = recorded.get("filter")
+        if not isinstance(found, dict) or not isinstance(found.get("error_group"), str):
+            return recorded
+        raw = {**found, "error_group": self._groups.raw(found["error_group"])}
+        return {**recorded, "filter": raw}
+
+    async def check(self, ordered: bool) -> str | None:
+        return shown(await self.inner.check(ordered))
+
+    async def overview(self, ordered: bool) -> Overview:
+        return shown(await self.inner.overview(ordered))
+
+    async def dead_page(
+        self, f: DeadFilter, *, before: int | None, after: int | None, limit: int
+    ) -> DeadPage:
+        raw = self._raw_filter(f) or f
+        return shown(await self.inner.dead_page(raw, before=before, after=after, limit=limit))
+
+    async def dead_count(self, f: DeadFilter) -> int:
+        return await self.inner.dead_count(self._raw_filter(f) or f)
+
+    async def check_filter(self, f: DeadFilter) -> str | None:
+        return shown(await self.inner.check_filter(self._raw_filter(f) or f))
+
+    async def error_groups(self, f: DeadFilter) -> list[ErrorGroup]:
+        groups = await self.inner.error_groups(self._raw_filter(f) or f)
+        self._groups.remember(g.key for g in groups)
+        return shown(groups)
+
+    async def blocking_heads(self) -> list[BlockingHead]:
+        return shown(await self.inner.blocking_heads())
+
+    async def sessions(self) -> list[Session]:
+        return shown(await self.inner.sessions())
+
+    async def message(self, message_id: int) -> MessageDetail | None:
+        return shown(await self.inner.message(message_id))
+
+    async def history(self, message_id: int) -> list[ActionRecord]:
+        return shown(await self.inner.history(message_id))
+
+    async def recent_actions(self) -> list[ActionRecord]:
+        return shown(await self.inner.recent_actions())
+
+    async def targets(
+        self, f: DeadFilter | None = None, ids: Sequence[int] | None = None
+    ) -> list[Seen]:
+        return shown(await self.inner.targets(self._raw_filter(f), ids))
+
+    async def apply(
+        self, action: Action, seen: Sequence[Seen], recorded: dict[str, Any]
+    ) -> ActionResult:
+        return shown(await self.inner.apply(action, seen, self._raw_recorded(recorded)))
+
+    async def destinations(self) -> list[DestinationState]:
+        found = await self.inner.destinations()
+        self._destinations.remember(d.destination for d in found)
+        return shown(found)
+
+    async def change_destination(
+        self, verb: pausing.Verb, destination: str, reason: str | None
+    ) -> pausing.HandChange:
+        raw = self._destinations.raw(destination)
+        return shown(await self.inner.change_destination(verb, raw, reason))
+
+    async def close(self) -> None:
+        await self.inner.close()

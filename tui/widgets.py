@@ -15,6 +15,7 @@ from textual.widgets import DataTable, Sparkline, Static
 
 from outbox.dashboard import Blocked, LeaseHolder
 from outbox.stats import QueueStats
+from outbox.text import printable
 from outbox.tui import format as fmt
 from outbox.tui.rates import RateHistory
 
@@ -71,7 +72,8 @@ class TopBar(Static):
     """
 
     def show(self, state: BarState) -> None:
-        left = Text.assemble(("outbox-tui ", "bold"), (state.table, "bold"), f" @ {state.source}")
+        table, source = printable(state.table), printable(state.source)
+        left = Text.assemble(("outbox-tui ", "bold"), (table, "bold"), f" @ {source}")
         right = Text()
         if state.ordered:
             right.append(" ordered ", "black on cyan")

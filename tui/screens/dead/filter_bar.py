@@ -12,6 +12,7 @@ from textual.reactive import var
 from textual.widgets import Input, Static
 
 from outbox.filters import DeadFilter, FilterError, parse_filter
+from outbox.text import printable
 
 PLACEHOLDER = 'type:X agg:Y error:text {"k": "v"} $.path > 1  (enter applies, esc)'
 
@@ -53,7 +54,8 @@ class FilterBar(Vertical):
 
     def watch_problem(self, problem: str | None) -> None:
         if self.is_mounted:
-            message = Text(f"filter: {problem}") if problem is not None else ""
+            # The database's refusal quotes the path, pasted text may hold ESC: escaped.
+            message = Text(f"filter: {printable(problem)}") if problem is not None else ""
             self.query_one("#filter-error", Static).update(message)
 
     @on(Input.Submitted, "#filter")
