@@ -12,11 +12,13 @@ applies the decision to the Deployment and reports it. The rules, first match wi
    added nor removed blind; nor does a pinned count add workers while a problem stands (a
    new pod would read inputs this pass could not validate, such as a bad DSN in the Secret).
 4. Otherwise the sizing policy's answer, within `minReplicas..maxReplicas` (`MinReplicas`,
-   `MaxReplicas` say when a bound changed it); but while a destination is open or paused
-   (`Observed.open_destinations`) no more workers than run now (`DestinationUnreachable`):
-   what holds the messages back is the destination, not capacity, and more workers would
-   only wait beside the others. One worker at least, when the policy wants one, so that
-   someone probes the destination; fewer are allowed.
+   `MaxReplicas` say when a bound changed it); but while a destination the workers serve is
+   open or paused (`Observed.open_destinations`) no more workers than run now
+   (`DestinationUnreachable`): what holds the messages back is the destination, not
+   capacity, and more workers would only wait beside the others. One worker at least, when
+   the policy wants one, so that someone probes the destination; fewer are allowed. A
+   destination no worker serves any more (idle: its URL changed, its workers are gone) holds
+   nothing: no worker will ever probe it, and its messages, if any, are not this size's.
 
 The policy is asked on every pass that has a reading, paused or pinned too: it learns from
 each one. A rule that needs another input (e.g. a destination's health) takes it from
@@ -113,7 +115,8 @@ class Observed:
     problem: Problem | None  # why the resource cannot be served, if it cannot
     replicas: int  # the Deployment's spec.replicas (0 without one of ours)
     ready_replicas: int
-    # The destinations nothing is sent to (open or paused), from the same reading.
+    # The destinations the workers serve and nothing is sent to (open or paused), from the
+    # same reading (`QueueStats.unreachable`: idle ones left out).
     open_destinations: tuple[DestinationState, ...] = ()
 
     @property

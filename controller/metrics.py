@@ -14,7 +14,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from outbox.destinations import STATES as DESTINATION_STATES
+from outbox.destinations import SHOWN_STATES as DESTINATION_STATES
 from outbox.stats import QueueStats
 
 log = logging.getLogger("outbox.controller")
@@ -55,8 +55,9 @@ class Metrics:
         )
         self.destination_state = Gauge(
             "outbox_controller_destination_state",
-            "1 for each destination's state (closed, open, paused) as last read from the "
-            "table's destinations, 0 for the other states",
+            "1 for each destination's state (closed, open, paused; idle when no worker has "
+            "served it lately, whatever its row says) as last read from the table's "
+            "destinations, 0 for the other states",
             [*RESOURCE, "destination", "state"],
             registry=r,
         )
@@ -98,7 +99,7 @@ class Metrics:
             shown.add(found.destination)
             for state in DESTINATION_STATES:
                 self.destination_state.labels(namespace, name, found.destination, state).set(
-                    1 if found.state == state else 0
+                    1 if found.shown_state == state else 0
                 )
         gone = self._destinations.get((namespace, name), set()) - shown
         self._forget_destinations(namespace, name, gone)

@@ -35,9 +35,10 @@ has the formulas and the simulation that measures them):
   after each calm minute (no message waited), so that an over-provisioned deployment sheds
   workers until they saturate, which measures it; a probe after which a message waits is
   taken back at once, before it is measured (`DrainRate.overshot`). An
-  interval in which a destination was open or paused (`stats.unreachable`) measures
-  nothing: the destination set the pace. The start-up delay of new workers is measured too
-  (`StartupDelay`).
+  interval in which a destination a worker serves was open or paused (`stats.unreachable`)
+  measures nothing: the destination set the pace. An idle destination's row (no worker
+  serves it any more) sets no pace and interrupts nothing. The start-up delay of new
+  workers is measured too (`StartupDelay`).
 - The size: enough capacity that (1) arrivals are served (the fewest workers whose
   capacity exceeds them; the noise on top is a backlog, the backlog part's), and (2) every
   message already waiting, or arriving before a pod started now becomes productive

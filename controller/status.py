@@ -302,14 +302,27 @@ def _unreachable_text(d: DestinationState) -> str:
 
 
 def destination_condition(stats: QueueStats) -> Condition:
-    """DestinationReachable: False while any destination is open (`CircuitOpen`, which wins)
-    or paused (`Paused`), naming each with its last error; the message goes through
-    outbox.redact, since errors and plugin destination keys may quote anything."""
+    """DestinationReachable: False while any destination a worker serves is open
+    (`CircuitOpen`, which wins) or paused (`Paused`), naming each with its last error; the
+    message goes through outbox.redact, since errors and plugin destination keys may quote
+    anything. An idle destination (no worker serves it any more: its URL changed) counts for
+    nothing, whatever its row says; the message names such rows, so nobody wonders."""
     down = stats.unreachable
     if not down:
-        return Condition(
-            DESTINATION_REACHABLE, True, "Reachable", "no destination is open or paused"
-        )
+        message = "no destination is open or paused"
+        left = [d for d in stats.destinations if d.idle and not d.sending]
+        if left:
+            names = ", ".join(f"{d.destination} {d.state}" for d in left[:SHOWN_DESTINATIONS])
+            more = (
+                f" and {len(left) - SHOWN_DESTINATIONS} more"
+                if len(left) > SHOWN_DESTINATIONS
+                else ""
+            )
+            message = (
+                f"no destination a worker serves is open or paused; idle, not counted: "
+                f"{names}{more}"
+            )
+        return Condition(DESTINATION_REACHABLE, True, "Reachable", redact_text(message))
     reason = "CircuitOpen" if any(d.state == dest.OPEN for d in down) else "Paused"
     # The open ones first: they are the outage; a pause is someone's decision.
     shown = sorted(down, key=lambda d: (d.state != dest.OPEN, d.destination))
@@ -421,7 +434,9 @@ def _destination_changed(was: Mapping[str, Any], now: Mapping[str, Any]) -> Even
     if now.get("status") == "False" and was.get("status") != "False":
         return Event("Warning", "DestinationDown", now["message"])
     if now.get("status") == "True" and was.get("status") == "False":
-        message = f"every destination is sending again; it was {was.get('reason')}: "
+        # Closed, or no worker serves it any more (its URL changed): either way, what the
+        # workers send to is sending.
+        message = f"every destination a worker serves is sending; it was {was.get('reason')}: "
         return Event("Normal", "DestinationRecovered", message + str(was.get("message")))
     return None
 

@@ -23,7 +23,7 @@ from outbox.cliutil import (
     resolve,
 )
 from outbox.dead_letters import MAX_ID
-from outbox.destinations import OPEN, PAUSED
+from outbox.destinations import CLOSED, IDLE, OPEN, PAUSED
 from outbox.dsn import check_dsn, connect_options, with_pg_environment
 from outbox.durations import duration_between, format_duration, parse_duration
 from outbox.errors import SettingError
@@ -44,7 +44,7 @@ PROG = "outbox"
 # indexes on a large hand-made table may need more, hence the flags.
 DEFAULT_LOCK_TIMEOUT = timedelta(seconds=10)
 DEFAULT_STATEMENT_TIMEOUT = timedelta(minutes=5)
-# `outbox pause` of a paused destination, `outbox resume` of one that is not paused: nothing
+# `outbox pause` of a paused destination, `outbox resume` of a closed one: nothing
 # changed. Not 1 (something failed) nor 2 (a usage error): a script can tell it apart.
 NOTHING_CHANGED = 3
 _TIMEOUT = duration_between(timedelta(0), timedelta(days=1))
@@ -129,14 +129,18 @@ def _parser() -> ArgumentParser:
     )
     k.add_argument("--dry-run", action="store_true", help="count what would be skipped")
 
-    ds = command("destinations", "each destination's health: closed, open (the breaker), paused")
+    ds = command(
+        "destinations",
+        "each destination's health: closed, open (the breaker), paused; idle when no worker "
+        "serves it any more",
+    )
     add_dsn_and_table(ds)
     _add_timeouts(ds)
     ds.add_argument("--json", action="store_true", help="one JSON object, for scripts")
 
     for name, help in (
         ("pause", "send nothing to a destination until `outbox resume` (recorded, with why)"),
-        ("resume", "send to a paused destination again (recorded)"),
+        ("resume", "send to a paused destination again, or close an open breaker (recorded)"),
     ):
         h = command(name, help)
         add_dsn_and_table(h)
@@ -147,6 +151,10 @@ def _parser() -> ArgumentParser:
         if name == "pause":
             h.add_argument(
                 "--reason", required=True, metavar="TEXT", help="why: kept with who paused it"
+            )
+        else:
+            h.add_argument(
+                "--reason", metavar="TEXT", help="why (e.g. the API is back): kept in the audit log"
             )
         h.add_argument(
             "--actor",
@@ -233,11 +241,13 @@ def print_stats(stats: QueueStats) -> None:
 def _destinations_summary(states: Sequence[DestinationState]) -> str:
     if not states:
         return "none recorded (all closed)"
-    held = [d for d in states if not d.sending]
+    held = [d for d in states if not d.sending and not d.idle]
+    idle = sum(d.idle for d in states)
+    idle_note = f", {idle} idle" if idle else ""
     if not held:
-        return f"{len(states)}, all closed"
+        return f"{len(states)}, none held{idle_note}" if idle else f"{len(states)}, all closed"
     shown = ", ".join(f"{printable(d.destination)} {d.state}" for d in held)
-    return f"{len(states)}: {shown} (see outbox destinations)"
+    return f"{len(states)}: {shown}{idle_note} (see outbox destinations)"
 
 
 def print_destinations(table: Table, states: Sequence[DestinationState]) -> None:
@@ -248,13 +258,13 @@ def print_destinations(table: Table, states: Sequence[DestinationState]) -> None
     if not states:
         print(
             f"{table}: no destination recorded: every destination is closed (a row appears when "
-            "one fails, is paused or rate limited)"
+            "a worker serves one, or one fails, is paused or rate limited)"
         )
         return
     counts = ", ".join(
-        f"{sum(d.state == s for d in states)} {s}"
-        for s in (OPEN, PAUSED)
-        if any(d.state == s for d in states)
+        f"{sum(d.shown_state == s for d in states)} {s}"
+        for s in (OPEN, PAUSED, IDLE)
+        if any(d.shown_state == s for d in states)
     )
     print(f"{table}: {len(states)} destination{'' if len(states) == 1 else 's'}"
           + (f", {counts}" if counts else ", all closed"))  # fmt: skip
@@ -262,7 +272,7 @@ def print_destinations(table: Table, states: Sequence[DestinationState]) -> None
     rows = [
         (
             printable(d.destination),
-            d.state,
+            d.shown_state,
             d.since.isoformat(sep=" ", timespec="seconds") if d.since else "-",
             age(d.for_seconds),
             str(d.failures),
@@ -283,6 +293,8 @@ def print_destinations(table: Table, states: Sequence[DestinationState]) -> None
     print(line(header))
     for d, row in zip(states, rows, strict=True):
         print(line(row))
+        if d.idle:
+            print(f"    {idle_text(d)}")
         if d.state == PAUSED:
             who, why = printable(d.changed_by or "?"), printable(d.reason or "(no reason)")
             print(f"    paused by {who}: {why}")
@@ -294,8 +306,20 @@ def print_destinations(table: Table, states: Sequence[DestinationState]) -> None
             print(f"    last error: {printable(d.last_error)}")
 
 
+def idle_text(d: DestinationState) -> str:
+    """Why an idle destination holds nothing back, and what its row still says."""
+    if d.served_ago is None:
+        served = "no running worker serves it"
+    else:
+        served = f"no worker has served it for {age(d.served_ago)}"
+        if d.served_by:
+            served += f" (last {printable(d.served_by)})"
+    was = "" if d.state == CLOSED else f"; its row still says {d.state} (`outbox resume` closes it)"
+    return f"idle: {served}{was}"
+
+
 def _next_probe(d: DestinationState) -> str:
-    if d.state != OPEN:
+    if d.state != OPEN or d.idle:
         return "-"
     if d.probing:
         return f"running ({printable(d.probing)})"
@@ -350,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.id = message_ids(args.id)
         if args.command in ("pause", "resume"):
             args.destination = _checked("DESTINATION", pausing.check_destination, args.destination)
-            if args.command == "pause":
+            if args.reason is not None:
                 args.reason = _checked("--reason", pausing.check_reason, args.reason)
             args.actor = resolve(args, "--actor", _actor, default_actor())
         timeouts = {
@@ -370,6 +394,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             fail(PROG, str(exc), 1)
         except psycopg.errors.UndefinedTable as exc:
             fail(PROG, f"{_missing(table, exc)}; run `outbox migrate --table {table.argument}`", 1)
+        except psycopg.errors.UndefinedColumn as exc:
+            # A column a later schema adds (the destinations' served_at: v5).
+            primary = exc.diag.message_primary or "a column is missing"
+            fail(
+                PROG,
+                f"table {table} is at an older schema ({primary}); run `outbox migrate --table "
+                f"{table.argument}`",
+                1,
+            )
         except psycopg.errors.LockNotAvailable:
             fail(
                 PROG,

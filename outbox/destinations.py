@@ -1,10 +1,12 @@
-"""Destination health, shared by every replica of a table: the breaker, pauses, rate tokens.
+"""Destination health, shared by every replica of a table: the breaker, pauses, rate tokens,
+and which destinations the running workers serve.
 
 A failure that many different messages meet at one destination is the destination's, not
 the messages'. Each outbox table has a small table beside it, `<table>_destinations` (schema
-v4), with one row per destination that has failed, been paused or been rate limited. The
-database is the one place every replica already shares, so a breaker opened by one replica
-holds for all of them, and for replicas started while it is open.
+v4), with one row per destination that a worker serves or served, or that has failed, been
+paused or been rate limited. The database is the one place every replica already shares, so
+a breaker opened by one replica holds for all of them, and for replicas started while it is
+open.
 
 States (docs/protocol.md draws them):
 
@@ -17,6 +19,18 @@ States (docs/protocol.md draws them):
   closes the breaker for everyone, one that fails doubles the delay (with jitter) up to the
   cap. A `Retry-After` opens it at once until then.
 - `paused`: opened by a person (`outbox pause`), with who and why; only `outbox resume` ends it.
+
+A person may also close an open breaker (`outbox resume`, the TUI; `resumed`): one who knows
+the destination is back need not wait for the next probe. Like a pause it is recorded with
+who and why (outbox.pausing); if the destination still fails, the breaker opens again.
+
+A row outlives the workers that wrote it: after a URL changes, the old origin's row stays as
+it was, open perhaps, and no worker will ever probe it again. So each worker stamps the
+destinations it is configured for (`served_at`, schema v5; `served`) when it starts and every
+SERVED_INTERVAL. A destination no worker stamped within IDLE_AFTER is idle: shown as such,
+and nothing (the operator's scaling hold, its DestinationReachable condition, its alert
+series) treats an idle destination's state as a live outage. Sends cannot tell this: an open
+destination gets none, and is still served.
 
 Changes are read-modify-write under the row's lock in one short transaction, with the
 rules in `transition` (pure, unit-tested); every time is the database's `now()`. Failures
@@ -40,9 +54,20 @@ from outbox.text import storable
 
 CLOSED, OPEN, PAUSED = "closed", "open", "paused"
 STATES = (CLOSED, OPEN, PAUSED)
+# Not a state of the row: how a destination no worker serves any more is shown, whatever its
+# row says (`is_idle`).
+IDLE = "idle"
+SHOWN_STATES = (*STATES, IDLE)
 # Failed message ids kept per window: enough to count up to any sensible threshold.
 MAX_FAILING_IDS = 100
 MAX_ERROR_LENGTH = 500
+# How often each worker stamps the destinations it serves. A stamp younger than half of it
+# is left as it is: with many replicas most stamps then write nothing.
+SERVED_INTERVAL = timedelta(seconds=10)
+# A destination no worker stamped for this long is idle: several stamps missed in a row,
+# more than a slow or briefly unreachable database explains, and well under the 5 minutes
+# after which an open destination pages (docs/monitoring.md).
+IDLE_AFTER = 6 * SERVED_INTERVAL
 
 
 def table_of(table: Table) -> sql.Composable:
@@ -78,6 +103,18 @@ def create_statements(table: Table) -> list[sql.Composed]:
     ]
 
 
+def serving_statements(table: Table) -> list[sql.Composed]:
+    """Who serves each destination (a migration step of schema v5): the last stamp of a
+    worker configured for it, and that worker. Columns without a default: a catalog change
+    only, no rewrite."""
+    return [
+        sql.SQL(
+            "ALTER TABLE {d} ADD COLUMN IF NOT EXISTS served_at timestamptz, "
+            "ADD COLUMN IF NOT EXISTS served_by text"
+        ).format(d=table_of(table))
+    ]
+
+
 @dataclass(frozen=True)
 class Policy:
     """When a breaker opens and how it probes. The worker's settings take these defaults."""
@@ -109,22 +146,35 @@ class Destination:
     probe_until: datetime | None = None
     reason: str | None = None  # why it is paused (or opened by a Retry-After)
     changed_by: str | None = None
+    # The last stamp of a worker configured for it, and that worker (None: never stamped,
+    # or not read: the rules neither read nor write them).
+    served_at: datetime | None = None
+    served_by: str | None = None
 
     @property
     def sending(self) -> bool:
         return self.state == CLOSED
 
 
+# What the rules read and write, under the row's lock.
 _COLUMNS = (
     "destination", "state", "since", "failures", "failing_ids", "failing_at", "window_start",
     "last_error",
     "last_failure", "next_probe_at", "probe_delay", "probe_owner", "probe_until", "reason",
     "changed_by",
 )  # fmt: skip
+# What a listing reads besides: the workers' stamps, which only `served` writes.
+_LISTED = (*_COLUMNS, "served_at", "served_by")
 
 
-def _parse(row: Row) -> Destination:
-    values = dict(zip(_COLUMNS, row, strict=True))
+def is_idle(row: Destination, now: datetime) -> bool:
+    """Whether no worker has stamped the destination within IDLE_AFTER of `now` (the
+    database's): nothing running serves it, whatever its row says."""
+    return row.served_at is None or now - row.served_at > IDLE_AFTER
+
+
+def _parse(row: Row, columns: tuple[str, ...] = _COLUMNS) -> Destination:
+    values = dict(zip(columns, row, strict=True))
     values["failing_ids"] = tuple(values["failing_ids"] or ())
     values["failing_at"] = tuple(values["failing_at"] or ())
     return Destination(**values)
@@ -219,6 +269,13 @@ def succeeded(row: Destination, *, owner: str, now: datetime) -> Destination:
     if row.state != OPEN or row.probe_owner != owner:
         return row
     return closed(row, now)
+
+
+def resumed(row: Destination, *, by: str, now: datetime) -> Destination | None:
+    """A person's resume: a paused destination, or an open breaker (without waiting for a
+    probe: they know the destination is back), closed and marked with who did it; None for a
+    closed one (nothing to do)."""
+    return closed(row, now, by=by) if row.state in (PAUSED, OPEN) else None
 
 
 def closed(row: Destination, now: datetime, by: str | None = None) -> Destination:
@@ -331,11 +388,30 @@ def change_sync(conn: SyncConn, table: Table, destination: str, rule: Rule) -> C
 
 
 def listing(table: Table) -> Query[list[tuple[Destination, datetime]]]:
-    """Every destination with a row, and the database's now() (for ages and due probes)."""
+    """Every destination with a row, and the database's now() (for ages, due probes and
+    whether a worker serves it)."""
     statement = sql.SQL("SELECT {columns}, now() FROM {d} ORDER BY destination").format(
-        d=table_of(table), columns=sql.SQL(", ").join(map(sql.Identifier, _COLUMNS))
+        d=table_of(table), columns=sql.SQL(", ").join(map(sql.Identifier, _LISTED))
     )
-    return Query(statement, None, lambda rows: [(_parse(r[:-1]), r[-1]) for r in rows])
+    return Query(statement, None, lambda rows: [(_parse(r[:-1], _LISTED), r[-1]) for r in rows])
+
+
+def served(table: Table, destinations: list[str], *, owner: str) -> Query[int]:
+    """Stamp `destinations` as served by `owner` now (a row is made, closed, for one that has
+    none), in one statement; how many stamps were written. A stamp younger than half of
+    SERVED_INTERVAL is left as it is: another replica stamped it, and rewriting the row
+    would only add dead tuples. Rows are taken in name order, so that replicas stamping the
+    same set never deadlock."""
+    statement = sql.SQL(
+        """INSERT INTO {d} AS d (destination, served_at, served_by)
+SELECT name, now(), %(owner)s FROM unnest(%(names)s::text[]) AS name ORDER BY name
+ON CONFLICT (destination) DO UPDATE
+   SET served_at = excluded.served_at, served_by = excluded.served_by
+ WHERE d.served_at IS NULL OR d.served_at < now() - %(fresh)s::interval
+RETURNING destination"""
+    ).format(d=table_of(table))
+    params = {"names": sorted(set(destinations)), "owner": owner, "fresh": SERVED_INTERVAL / 2}
+    return Query(statement, params, len)
 
 
 def take_tokens(table: Table, destination: str, *, rate: float, want: int) -> Query[int]:

@@ -2,13 +2,14 @@
 
 A pause is the `paused` rule of outbox.destinations applied under the destination's row
 lock, with who and why written into the row (`changed_by`, `reason`); a resume is the
-`closed` rule, applied only to a paused destination (an open breaker closes by itself on a
-successful probe; a person who wants it closed at once pauses and resumes it). The same
-transaction writes one row to the table's audit log (`<table>_actions`, as requeue and skip
-do, with no message ids and the destination and reason in `filter`), so the row and its
-record commit together or not at all. A change that does nothing (pausing a paused
-destination, resuming one that is not paused) writes nothing, not even a destination row,
-and says what the destination's state is instead.
+`resumed` rule: a paused destination, or an open breaker, closed (a person who knows the
+destination is back need not wait for the next probe, which may be minutes away or, for a
+destination no worker serves any more, never come). The same transaction writes one row to
+the table's audit log (`<table>_actions`, as requeue and skip do, with no message ids and
+the destination, the state it was in and the reason in `filter`), so the row and its record
+commit together or not at all. A change that does nothing (pausing a paused destination,
+resuming a closed one) writes nothing, not even a destination row, and says what the
+destination's state is instead.
 
 Who: the name given (`--actor`, the TUI's OS user), else the database's current_user.
 """
@@ -124,11 +125,8 @@ class HandChange:
                 note = " (a name no worker has recorded yet: it must match theirs exactly)"
             return f"{done} {name}{note}, recorded as action #{self.audit_id}"
         if self.before is None:
-            return f"{name} is not paused (no destination of that name has a row)"
-        state = _state_text(self.before, self.now)
-        if self.action == "pause":
-            return f"{name} is already {state}; nothing changed"
-        return f"{name} is not paused: it is {state}; nothing changed"
+            return f"{name} is closed (no destination of that name has a row); nothing changed"
+        return f"{name} is already {_state_text(self.before, self.now)}; nothing changed"
 
 
 def _state_text(row: dest.Destination, now: datetime) -> str:
@@ -136,8 +134,6 @@ def _state_text(row: dest.Destination, now: datetime) -> str:
     if row.state == dest.PAUSED:
         who, why = printable(row.changed_by or "?"), printable(row.reason or "(no reason)")
         return f"paused{since} by {who}: {why}"
-    if row.state == dest.OPEN:
-        return f"open{since} (the breaker: it closes by itself after a successful probe)"
     return f"{row.state}{since}"
 
 
@@ -176,14 +172,14 @@ def _rule(verb: Verb, actor: str, reason: str | None) -> dest.Rule:
         return dest.paused(row, by=actor, reason=reason or "", now=now)
 
     def resume(row: dest.Destination, now: datetime) -> dest.Destination | None:
-        return dest.closed(row, now, by=actor) if row.state == dest.PAUSED else None
+        return dest.resumed(row, by=actor, now=now)
 
     return pause if verb == "pause" else resume
 
 
 def _recorded(verb: Verb, change: dest.Change, reason: str | None, via: str) -> dict[str, Any]:
     recorded: dict[str, Any] = {"destination": change.before.destination}
-    if verb == "pause":
+    if reason is not None:
         recorded["reason"] = reason
     recorded["was"] = change.before.state
     recorded["via"] = via
@@ -222,9 +218,10 @@ def change_by_hand(
     actor: str | None = None,
     via: str,
 ) -> HandChange:
-    """Pause (`reason` required) or resume `destination`, and record it, in one transaction."""
-    if verb == "pause":
-        _required_reason(reason or "")
+    """Pause (`reason` required) or resume (`reason` optional) `destination`, and record it,
+    in one transaction."""
+    if verb == "pause" or reason is not None:
+        _required_reason(reason or "")  # a resume's is optional, but kept to the same rules
     try:
         with conn.transaction():
             who, existed = fetch(conn, _who(table, destination, actor))
@@ -249,8 +246,8 @@ async def change_by_hand_async(
     via: str,
 ) -> HandChange:
     """`change_by_hand` on an async connection (the TUI)."""
-    if verb == "pause":
-        _required_reason(reason or "")
+    if verb == "pause" or reason is not None:
+        _required_reason(reason or "")  # a resume's is optional, but kept to the same rules
     try:
         async with conn.transaction():
             who, existed = await fetch_async(conn, _who(table, destination, actor))

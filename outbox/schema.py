@@ -18,7 +18,7 @@ from outbox import destinations
 from outbox.runner import Query, Row, fetch, fetch_async, first_row
 from outbox.table import Table, text_constant
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 _VERSION_COMMENT = re.compile(r"^outbox-dispatcher schema v(\d+)$")
 
 # The columns every component relies on: a contract. Extra columns are allowed.
@@ -181,6 +181,13 @@ def _v4(table: Table) -> list[sql.Composed]:
     ]
 
 
+def _v5(table: Table) -> list[sql.Composed]:
+    """Which destinations the running workers serve (outbox.destinations: `served_at`,
+    `served_by`, stamped by each worker), so that a destination no worker serves any more
+    (its URL changed, its dispatcher is gone) is told apart from one that is down."""
+    return destinations.serving_statements(table)
+
+
 # How workers may order their claims: a table serves "aggregate" only with its ordering index.
 ORDERINGS = ("none", "aggregate")
 _ORDERING_INDEX = "aggregate"  # the index's name is the table's, with this suffix
@@ -309,7 +316,7 @@ def _serve_ordering(
 # by running the later steps. v1 once built ordered mode's index too: that index is now an
 # option a table at any version takes or leaves (ordering_statements), and a table built with
 # it keeps it until told otherwise.
-MIGRATIONS: list[Callable[[Table], list[sql.Composed]]] = [_v1, _v2, _v3, _v4]
+MIGRATIONS: list[Callable[[Table], list[sql.Composed]]] = [_v1, _v2, _v3, _v4, _v5]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

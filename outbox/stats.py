@@ -24,8 +24,10 @@ the oldest `count_limit` messages that wait for a later time (`waiting`).
 
 Each destination's state (`destinations`: closed, open or paused; outbox.destinations) is
 read by a second, small statement on `<table>_destinations`, which holds one row per
-destination that ever failed, was paused or rate limited: its cost follows the number of
-destinations, never the backlog.
+destination that a worker serves or served, or that ever failed, was paused or rate limited:
+its cost follows the number of destinations, never the backlog. A destination no running
+worker serves (`DestinationState.idle`) is no outage, whatever its row says: `unreachable`
+leaves it out.
 
 Ordered tables (`ordered=True`) add what can be claimed at all, since only the head of each
 aggregate is claimable: the heads are found by a skip scan of the `aggregate` index, one
@@ -92,6 +94,12 @@ class DestinationState:
     probing: str | None  # the replica holding the probe right now, if one does
     reason: str | None  # why it was paused (or "Retry-After" for an open one)
     changed_by: str | None  # who paused it, or resumed it last
+    served_at: datetime | None = None  # a worker configured for it last said so (None: never)
+    served_ago: float | None = None  # seconds since then
+    served_by: str | None = None  # that worker
+    # No worker has served it lately (outbox.destinations.IDLE_AFTER): its row is what the
+    # last ones left, which nothing running will probe or change.
+    idle: bool = False
 
     @classmethod
     def of(cls, row: dest.Destination, now: datetime) -> DestinationState:
@@ -114,15 +122,24 @@ class DestinationState:
             probing=probing,
             reason=row.reason,
             changed_by=row.changed_by,
+            served_at=row.served_at,
+            served_ago=_seconds(now, row.served_at),
+            served_by=row.served_by,
+            idle=dest.is_idle(row, now),
         )
 
     @property
     def sending(self) -> bool:
         return self.state == dest.CLOSED
 
+    @property
+    def shown_state(self) -> str:
+        """The state people and alerts see: the row's, or `idle` for one no worker serves."""
+        return dest.IDLE if self.idle else self.state
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        for name in ("since", "last_failure", "next_probe_at"):
+        for name in ("since", "last_failure", "next_probe_at", "served_at"):
             data[name] = _iso(data[name])
         return data
 
@@ -185,8 +202,9 @@ class QueueStats:
 
     @property
     def unreachable(self) -> tuple[DestinationState, ...]:
-        """The destinations nothing is sent to (open or paused)."""
-        return tuple(d for d in self.destinations if not d.sending)
+        """The destinations nothing is sent to (open or paused) that a running worker
+        serves: an idle one's state holds nothing back any more."""
+        return tuple(d for d in self.destinations if not d.sending and not d.idle)
 
     def at_least(self, name: str) -> bool:
         """Whether the count `name` stopped at the count limit (the true figure may be more)."""

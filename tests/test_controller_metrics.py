@@ -94,3 +94,20 @@ def test_a_destination_that_went_away_and_a_deleted_resource_lose_their_series()
         },
     )
     assert other == 1
+
+
+def test_a_destination_no_worker_serves_is_exported_idle_not_open() -> None:
+    """The alert on open or paused destinations must not page for ever on a row no worker
+    will probe again (its URL changed): the series says `idle` instead."""
+    metrics = Metrics()
+    metrics.observe_backlog(NS, NAME, STATS)
+    left = replace(STATS.destinations[0], idle=True)
+    metrics.observe_backlog(NS, NAME, replace(STATS, destinations=(left, STATS.destinations[1])))
+    states = ("closed", "open", "paused", "idle")
+    assert [state(metrics, "http://a.test:80", s) for s in states] == [0, 0, 0, 1]
+    assert [state(metrics, "kafka://b", s) for s in states] == [1, 0, 0, 0]
+    # Served again (a worker of that URL started): open once more.
+    metrics.observe_backlog(NS, NAME, STATS)
+    assert [state(metrics, "http://a.test:80", s) for s in states] == [0, 1, 0, 0]
+    metrics.forget(NS, NAME)
+    assert state(metrics, "http://a.test:80", "idle") is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -246,6 +247,24 @@ def test_a_paused_destination_says_who_and_why_and_an_open_one_wins() -> None:
     assert found.message.index("http://z.test:80") < found.message.index("kafka://main")
 
 
+def test_a_destination_no_worker_serves_any_more_is_no_outage_but_is_named() -> None:
+    """After a URL change the old origin's row stays open and no worker will probe it: the
+    condition stays True (no Warning, no page), and its message says what is left over."""
+    old = destination("http://old.test:80", "open", idle=True, last_error="publish timed out")
+    new = destination("http://new.test:80", "closed")
+    found = st.destination_condition(stats(destinations=(old, new)))
+    assert (found.status, found.reason) == (True, "Reachable")
+    assert found.message == (
+        "no destination a worker serves is open or paused; idle, not counted: "
+        "http://old.test:80 open"
+    )
+    # The new origin going down is an outage all the same, named alone.
+    down = st.destination_condition(stats(destinations=(old, replace(new, state="open"))))
+    assert (down.status, down.reason) == (False, "CircuitOpen")
+    assert down.message.startswith("http://new.test:80 circuit open")
+    assert "old.test" not in down.message
+
+
 def test_many_destinations_down_are_named_up_to_a_few() -> None:
     many = tuple(destination(f"http://d{i}.test:80", "open") for i in range(5))
     found = st.destination_condition(stats(destinations=many))
@@ -285,7 +304,8 @@ def test_a_destination_going_down_is_one_warning_and_coming_back_one_normal_even
         st.Event(
             "Normal",
             "DestinationRecovered",
-            "every destination is sending again; it was Paused: http://api.test:80 paused by bob",
+            "every destination a worker serves is sending; it was Paused: "
+            "http://api.test:80 paused by bob",
         )
     ]
     # A first reading: down says so, reachable says nothing.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -102,6 +103,76 @@ def test_a_pause_holds_until_resumed_whatever_fails():
     assert row.state == d.PAUSED and row.reason == "maintenance"
     assert d.probe_taken(row, owner="a", now=T0 + timedelta(days=1), hold=timedelta(1)) is None
     assert d.closed(row, T0, by="ops").state == d.CLOSED
+
+
+def test_a_person_closes_an_open_breaker_or_a_pause_and_leaves_a_closed_one():
+    """`outbox resume`'s rule: an open breaker closes at once, without its probe (whoever
+    held one holds it no more), its count starts again, and it says who closed it."""
+    opened = _fail(_fail(_fail(d.Destination("http://api"), 1), 2), 3)
+    probing = d.probe_taken(opened, owner="w1", now=T0 + timedelta(minutes=1), hold=timedelta(5))
+    assert probing is not None and probing.state == d.OPEN
+    later = T0 + timedelta(minutes=2)
+    for row in (opened, probing):
+        after = d.resumed(row, by="oncall", now=later)
+        assert after is not None
+        assert (after.state, after.since, after.changed_by) == (d.CLOSED, later, "oncall")
+        assert (after.failures, after.failing_ids, after.next_probe_at) == (0, (), None)
+        assert (after.probe_owner, after.probe_until, after.reason) == (None, None, None)
+        # The probe that was out answers after all: nothing to close, nothing changes.
+        assert d.succeeded(after, owner="w1", now=later) == after
+    paused = d.paused(d.Destination("x"), by="ops", reason="maintenance", now=T0)
+    resumed = d.resumed(paused, by="ann", now=later)
+    assert resumed is not None and (resumed.state, resumed.changed_by) == (d.CLOSED, "ann")
+    assert d.resumed(resumed, by="bob", now=later) is None  # closed: nothing to do
+
+
+def test_a_destination_no_worker_stamped_lately_is_idle():
+    never = d.Destination("http://old")
+    assert d.is_idle(never, T0)
+    stamped = replace(never, served_at=T0)
+    assert not d.is_idle(stamped, T0 + d.IDLE_AFTER)
+    assert d.is_idle(stamped, T0 + d.IDLE_AFTER + timedelta(seconds=1))
+    # A worker stamps several times within the window: a missed stamp or two is no idleness.
+    assert d.IDLE_AFTER >= 3 * d.SERVED_INTERVAL
+
+
+def test_stamps_make_rows_mark_who_serves_and_skip_fresh_ones(conn):
+    table = Table.parse("outbox")
+    d.change_sync(conn, table, "kafka k1", lambda row, now: d.paused(
+        row, by="ops", reason="upgrade", now=now))  # fmt: skip
+    # Two destinations, one with a row already (kept as it is but for the stamp).
+    assert fetch(conn, d.served(table, ["http://b", "kafka k1", "http://b"], owner="w1")) == 2
+    rows = {row.destination: (row, now) for row, now in fetch(conn, d.listing(table))}
+    assert set(rows) == {"http://b", "kafka k1"}
+    b, now = rows["http://b"]
+    assert (b.state, b.served_by) == (d.CLOSED, "w1")
+    assert b.served_at is not None and timedelta(0) <= now - b.served_at < timedelta(seconds=5)
+    k, _ = rows["kafka k1"]
+    assert (k.state, k.reason, k.changed_by, k.served_by) == (d.PAUSED, "upgrade", "ops", "w1")
+    # Another replica right after: a fresh stamp is left as it is (no row rewritten).
+    assert fetch(conn, d.served(table, ["http://b", "kafka k1"], owner="w2")) == 0
+    # Half an interval later it is renewed, by whoever comes.
+    conn.execute(
+        "UPDATE outbox_destinations SET served_at = served_at - %s", (d.SERVED_INTERVAL / 2,)
+    )
+    assert fetch(conn, d.served(table, ["http://b"], owner="w2")) == 1
+    rows = {row.destination: row for row, _ in fetch(conn, d.listing(table))}
+    assert (rows["http://b"].served_by, rows["kafka k1"].served_by) == ("w2", "w1")
+
+
+def test_the_rules_leave_the_stamps_alone(conn):
+    """A transition reads and writes only the breaker's columns: the workers' stamp stays."""
+    table = Table.parse("outbox")
+    assert fetch(conn, d.served(table, ["http://api"], owner="w1")) == 1
+    [(before, _)] = fetch(conn, d.listing(table))
+    for rule in (
+        lambda row, now: d.failed(row, d.Failure(1, "refused"), owner="w2", now=now, policy=POLICY),
+        lambda row, now: d.paused(row, by="ops", reason="x", now=now),
+        lambda row, now: d.resumed(row, by="ops", now=now),
+    ):
+        d.change_sync(conn, table, "http://api", rule)
+        [(row, _)] = fetch(conn, d.listing(table))
+        assert (row.served_at, row.served_by) == (before.served_at, "w1")
 
 
 def test_transitions_are_serialized_on_the_row(conn, dsn):

@@ -12,6 +12,7 @@ from psycopg import sql
 from outbox import Outcome, queue_stats, queue_stats_async, rates
 from outbox import destinations as dest
 from outbox.lease import claim, finalize
+from outbox.runner import fetch
 from outbox.schema import migrate
 from outbox.stats import QueueStats, stats_query
 from outbox.table import Table
@@ -458,6 +459,8 @@ def test_each_destinations_state_with_its_error_redacted(conn, table):
 
     dest.change_sync(conn, table, "https://hooks.test", pause)
     dest.change_sync(conn, table, "https://api.test", fail)
+    # Served by a running worker: their states hold messages back (`unreachable`).
+    fetch(conn, dest.served(table, ["https://api.test", "https://hooks.test"], owner="w1"))
     stats = queue_stats(conn, table)
     api, hooks = stats.destinations
     assert (api.destination, api.state, api.reason) == ("https://api.test", "open", "Retry-After")

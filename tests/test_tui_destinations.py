@@ -26,13 +26,15 @@ API = "https://api.test"
 
 
 def _open(conn, table, destination: str = API) -> None:
-    """The breaker opened by a 503 with a Retry-After of 5 minutes, as a worker reports it."""
+    """The breaker opened by a 503 with a Retry-After of 5 minutes, as the worker that serves
+    it reports it."""
 
     def fail(row: dest.Destination, now) -> dest.Destination:
         failure = dest.Failure(1, "HTTP 503 from https://bot:s3cret@api.test/",
                                retry_after=timedelta(minutes=5))  # fmt: skip
         return dest.failed(row, failure, owner="w1", now=now, policy=dest.Policy())
 
+    fetch(conn, dest.served(table, [destination], owner="w1"))
     dest.change_sync(conn, table, destination, fail)
 
 
@@ -108,6 +110,54 @@ async def test_pause_and_resume_a_destination_confirmed_and_recorded(conn, dsn, 
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, ActionScreen), "the entry")
         assert "a resume of a destination changes no message" in screen_text(app)
+
+
+async def test_an_open_breaker_is_closed_by_hand_and_one_no_worker_serves_is_idle(conn, dsn, table):
+    """`U` on an open destination closes its breaker at once (confirmed, recorded): someone
+    who knows the API is back need not wait for a probe. A destination whose workers are
+    gone (its URL changed) shows idle, and the dashboard holds nothing for it."""
+    old = "https://old.test"
+    _open(conn, table, old)
+    conn.execute(
+        "UPDATE outbox_destinations SET served_at = now() - interval '10 minutes', "
+        "served_by = 'demo-worker-1' WHERE destination = %s",
+        (old,),
+    )
+    _open(conn, table)
+    app = _app(dsn)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: f"rates · ✖ {API} open" in screen_text(app), "the dashboard")
+        assert old not in screen_text(app)  # held: only the served one
+        await pilot.press("e")
+        await until(pilot, lambda: old in screen_text(app), "the destinations")
+        text = screen_text(app)
+        assert re.search(rf"{old}\s+idle\s", text), text
+        assert re.search(rf"{API}\s+open\s", text), text
+        assert "1 open" in text and "1 idle" in text
+        # The table is by name: the served one first, then the idle one.
+        await until(pilot, lambda: re.search(r"served\s+\d+s ago by w1", screen_text(app)), "row")
+        await pilot.press("down")
+        await until(pilot, lambda: re.search(r"destination\s+https://old", screen_text(app)), "2")
+        text = screen_text(app)
+        assert re.search(r"served\s+idle: last by demo-worker-1 10m 0\ds ago", text), text
+        assert re.search(r"next probe\s+-", text), text  # nobody will probe it
+
+        await pilot.press("up")
+        await pilot.press("U")
+        await until(pilot, lambda: f"Resume {API}?" in screen_text(app), "dialog")
+        assert "Open for" in screen_text(app) and "without waiting for a probe" in screen_text(app)
+        await pilot.press("y")
+        await until(pilot, lambda: f"resumed {API} (it was open)" in screen_text(app), "result")
+        assert _row(conn) == ("closed", None, getpass.getuser())
+        [record] = fetch(conn, repair.recent_actions(table))
+        assert (record.action, record.actor) == ("resume", getpass.getuser())
+        assert record.filter == {"destination": API, "was": "open", "via": "outbox-tui"}
+
+        # Closed already: said, not asked.
+        await until(pilot, lambda: re.search(rf"{API}\s+closed", screen_text(app)), "refresh")
+        await pilot.press("U")
+        await until(pilot, lambda: "is already closed" in screen_text(app), "the notice")
+        assert not isinstance(app.screen, DestinationConfirmScreen)
 
 
 async def test_read_only_shows_the_destinations_and_refuses_to_change_them(conn, dsn, table):

@@ -272,13 +272,15 @@ class OutboxApp(App[None]):
 def describe_destination(d: DestinationState) -> str:
     """A destination's state in one sentence, for the dialog that changes it."""
     since = f" for {age(d.for_seconds)}" if d.for_seconds is not None else ""
+    # Idle: the workers that served it are gone (its URL changed); nobody will probe it.
+    idle = " (Idle: no running worker serves it, so it holds nothing back.)" if d.idle else ""
     if d.state == PAUSED:
-        return f"Paused{since} by {d.changed_by or '?'}: {d.reason or '(no reason)'}"
+        return f"Paused{since} by {d.changed_by or '?'}: {d.reason or '(no reason)'}{idle}"
     if d.state == OPEN:
         error = f" (last error: {d.last_error})" if d.last_error else ""
         failures = f"{d.failures} failure{'' if d.failures == 1 else 's'}"
-        return f"Open{since}: the breaker holds it after {failures}{error}."
-    return f"Closed{since}: messages are sent to it."
+        return f"Open{since}: the breaker holds it after {failures}{error}.{idle}"
+    return f"Closed{since}: messages are sent to it.{idle}"
 
 
 def describe_error(exc: BaseException) -> str:

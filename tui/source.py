@@ -199,9 +199,10 @@ class PgSource:
                 stats = await queue_stats_async(
                     conn, self.table, exact=self._small_table, ordered=ordered
                 )
-            except psycopg.errors.UndefinedTable:
-                # A table at a schema before v4 has no destinations table yet; the status
-                # line says what to run, and the figures it has are still shown.
+            except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
+                # A table at a schema before v4 has no destinations table yet, one before v5
+                # no served_at in it; the status line says what to run, and the figures it
+                # has are still shown.
                 stats = await queue_stats_async(
                     conn, self.table, exact=self._small_table, ordered=ordered, destinations=False
                 )

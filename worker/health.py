@@ -14,7 +14,13 @@ table; this module keeps a view of it, read every REFRESH_INTERVAL, and reports 
   open destination taken once its probe is due becomes the probe, and the others are given
   back until about the next one;
 - a probe that gets an answer (success, or a refusal that is the message's own) closes the
-  breaker for every replica; the others see it at their next read.
+  breaker for every replica; the others see it at their next read;
+- the destinations this replica serves are stamped (outbox.destinations.served) before its
+  first claim and every SERVED_INTERVAL: its publisher's one destination, or with
+  per-message destinations each one met in a claimed message, from then on while the
+  replica runs. A destination nobody stamps any more is idle, and its row (open, perhaps,
+  after its URL changed) no longer holds anything back: the operator scales as if it were
+  not there. Sends could not tell this: an open destination gets none, and is served.
 
 The rate limit takes tokens from the destination's bucket in the same table, a few at a
 time, so that all replicas together keep to it.
@@ -67,8 +73,11 @@ class Health(Service):
         name = str(getattr(publisher, "name", "publisher"))
         self.fixed: str = str(getattr(publisher, "destination", name))
         per_message = getattr(publisher, "destination_of", None)
-        self.destination_of: Callable[[Message], str] = per_message or (lambda _: self.fixed)
+        self._destination_of: Callable[[Message], str] | None = per_message
         self.per_message = per_message is not None
+        # What this replica stamps as served: one destination for all, or each one met.
+        self.served: set[str] = set() if self.per_message else {self.fixed}
+        self._stamp_at = -math.inf  # monotonic: when the next stamp is due
         self.limiter = (
             RateLimiter(settings, self.connection) if settings.rate_limit is not None else None
         )
@@ -82,6 +91,17 @@ class Health(Service):
         self._shown: set[tuple[str, str]] = set()
 
     # -- the hot path -----------------------------------------------------------------------
+
+    def destination_of(self, message: Message) -> str:
+        """The message's destination; a per-message one not met before is stamped as served
+        at the next refresh."""
+        if self._destination_of is None:
+            return self.fixed
+        destination = self._destination_of(message)
+        if destination not in self.served:
+            self.served.add(destination)
+            self._stamp_at = -math.inf
+        return destination
 
     def delivered(self, message: Message) -> None:
         """A success: failures before it no longer count towards opening the breaker."""
@@ -220,16 +240,25 @@ class Health(Service):
             await self.refresh()
 
     async def refresh(self) -> None:
-        """Read the shared state once (also before the first claim: a replica started while
-        a destination is down respects it from the start)."""
+        """Stamp what this replica serves, when due, and read the shared state once (also
+        before the first claim: a replica started while a destination is down respects it
+        from the start, and the operator counts its destination as served)."""
         try:
             async with self.connection() as conn:
+                if self.served and time.monotonic() >= self._stamp_at:
+                    await self._stamp(conn)
                 rows = await fetch_async(conn, dest.listing(self.settings.table))
         except DatabaseErrors as exc:
             # The claimer and the finalizer report the database's absence; keep the view.
             log.debug("could not read destination health: %s", exc)
         else:
             self._read(rows)
+
+    async def _stamp(self, conn: Any) -> None:
+        # Due again whether or not it was written: a failure is retried at the next one.
+        self._stamp_at = time.monotonic() + dest.SERVED_INTERVAL.total_seconds()
+        table, owner = self.settings.table, self.settings.owner
+        await fetch_async(conn, dest.served(table, sorted(self.served), owner=owner))
 
     def _read(self, rows: list[tuple[dest.Destination, datetime]]) -> None:
         for row, now in rows:
@@ -238,7 +267,9 @@ class Health(Service):
             self._unblock(gone)  # its row was deleted: closed
         for name in set(self.probes) - set(self.blocked):
             self.probes.pop(name)  # closed meanwhile (by another replica's probe)
-        shown = {(row.destination, row.state) for row, _ in rows}
+        # Only the destinations this replica serves: another dispatcher's, or the one its
+        # URL named before a change, is not this worker's to report.
+        shown = {(row.destination, row.state) for row, _ in rows if row.destination in self.served}
         for destination, state in shown | self._shown:
             self.metrics.destination_state.labels(destination, state).set(
                 1 if (destination, state) in shown else 0

@@ -71,8 +71,8 @@ class Metrics:
         )
         self.destination_state = Gauge(
             "outbox_destination_state",
-            "1 for each destination's breaker state as this worker last read it "
-            "(closed, open, paused)",
+            "1 for the breaker state of each destination this worker serves, as it last "
+            "read it (closed, open, paused)",
             ["destination", "state"],
             registry=r,
         )

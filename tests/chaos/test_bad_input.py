@@ -367,7 +367,7 @@ def test_placeholder_characters_in_table_names_act_on_that_table_only(empty_dsn,
     for name in PLACEHOLDER_NAMES:
         result = _outbox("migrate", "--dsn", empty_dsn, "--table", name)
         assert result.returncode == 0, result.stderr
-        assert result.stdout == f"{name}: migrated from v0 to v4, for --ordering none\n"
+        assert result.stdout == f"{name}: migrated from v0 to v5, for --ordering none\n"
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         for name in PLACEHOLDER_NAMES:  # one row each, telling where it was written
             enqueue(c, aggregate_type="t", aggregate_id=name, event_type="E", payload={},

@@ -1,13 +1,16 @@
 """The real operator (kopf, against the emulator) and a destination that stops answering:
-the breaker's row in the table's destinations is written with the workers' own rules (no
-workers run here; tests/k8s/test_autoscaling_loop.py has them), and the test waits for what
-people see, `kubectl get obd`, the condition, the Events, the Deployment's size, the metrics.
+the breaker's row in the table's destinations is written with the workers' own rules, and
+stamped as served as the workers stamp it (no workers run here;
+tests/k8s/test_autoscaling_loop.py has them), and the test waits for what people see,
+`kubectl get obd`, the condition, the Events, the Deployment's size, the metrics.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -15,6 +18,7 @@ import pytest
 
 from outbox import destinations as dest
 from outbox.pausing import change_by_hand
+from outbox.runner import fetch
 from outbox.table import Table
 
 from .cluster import LocalCluster
@@ -41,7 +45,29 @@ DESTINATION = "http://api.shop.test:80"
 ERROR = "HTTP 503 Service Unavailable from http://app:hunter2-secret@api.shop.test/ingest"
 
 
-def open_breaker(dsn: str) -> None:
+@contextmanager
+def serving(dsn: str, destination: str) -> Iterator[None]:
+    """The dispatcher's workers, as far as destination health goes: they stamp the
+    destination they are configured for, as often as a worker does (or more)."""
+    stop = threading.Event()
+
+    def stamp() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while True:
+                fetch(conn, dest.served(TABLE, [destination], owner="orders-worker-0"))
+                if stop.wait(dest.SERVED_INTERVAL.total_seconds() / 4):
+                    return
+
+    thread = threading.Thread(target=stamp, name="stamps", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def open_breaker(dsn: str, destination: str = DESTINATION) -> None:
     """Five different messages fail at the destination, as five worker publishes report it
     (outbox.destinations' rules, the default policy): its breaker opens."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -50,7 +76,7 @@ def open_breaker(dsn: str) -> None:
             change = dest.change_sync(
                 conn,
                 TABLE,
-                DESTINATION,
+                destination,
                 lambda row, now, f=failure: dest.failed(
                     row, f, owner="orders-worker-0", now=now, policy=dest.Policy()
                 ),
@@ -95,6 +121,15 @@ def destination_events(k8s: LocalCluster) -> list[tuple[str, str, str]]:
 
 
 def test_an_open_destination_is_shown_holds_the_workers_and_its_recovery_is_told(
+    cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
+) -> None:
+    with serving(dsn, DESTINATION):
+        _an_open_destination_is_shown_holds_the_workers_and_its_recovery_is_told(
+            cluster, operators, dsn
+        )
+
+
+def _an_open_destination_is_shown_holds_the_workers_and_its_recovery_is_told(
     cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
 ) -> None:
     operator = operators()
@@ -177,7 +212,7 @@ def test_an_open_destination_is_shown_holds_the_workers_and_its_recovery_is_told
         (
             "Normal",
             "DestinationRecovered",
-            f"every destination is sending again; it was Paused: {paused['message']}",
+            f"every destination a worker serves is sending; it was Paused: {paused['message']}",
         )
     ]
     wait_for("the scale-up for the backlog", lambda: scaled_up(cluster) == 3)
@@ -196,3 +231,54 @@ def test_an_open_destination_is_shown_holds_the_workers_and_its_recovery_is_told
     assert "hunter2-secret" not in operator.log()
     deployment = deployment_of(cluster)
     assert deployment is not None
+
+
+def test_a_breaker_nobody_sends_to_any_more_does_not_hold_the_workers(
+    cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
+) -> None:
+    """A demo left its API's origin open and its workers are gone; a dispatcher on the same
+    table sends elsewhere. The old row holds nothing back: the operator scales for the
+    backlog, reports the destination reachable (naming the leftover), and pages nobody."""
+    old = "http://demo-api.test:8080"
+    operator = operators()
+    enqueue(dsn, 2000)
+    open_breaker(dsn, old)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        fetch(conn, dest.served(TABLE, [old], owner="demo-worker-1"))
+        conn.execute(
+            "UPDATE outbox_destinations SET served_at = now() - interval '10 minutes' "
+            "WHERE destination = %s",
+            (old,),
+        )
+    scaling = {
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "pollIntervalSeconds": 1,
+        "targetOldestReadyAgeSeconds": 0.5,
+    }
+    with serving(dsn, DESTINATION):
+        apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest(scaling=scaling))
+        wait_for("the scale-up for the backlog", lambda: scaled_up(cluster) == 3)
+        assert condition(cluster, "orders", "Scaling")["reason"] in ("Backlog", "MaxReplicas")
+        reachable = wait_for(
+            "DestinationReachable",
+            lambda: (c := condition(cluster, "orders", "DestinationReachable")).get("status") and c,
+        )
+        assert (reachable["status"], reachable["reason"]) == ("True", "Reachable")
+        assert reachable["message"].endswith(f"idle, not counted: {old} open")
+        assert column(cluster, "DESTINATIONS") == "Reachable"
+        assert (
+            wait_for(
+                "the idle series",
+                lambda: operator.metric(
+                    "outbox_controller_destination_state", destination=old, state="idle"
+                ),
+            )
+            == 1
+        )
+        assert (
+            operator.metric("outbox_controller_destination_state", destination=old, state="open")
+            == 0
+        )
+        passes(cluster, 2)
+        assert destination_events(cluster) == []  # no DestinationDown: nothing is down

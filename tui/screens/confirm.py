@@ -124,7 +124,8 @@ DESTINATION_EXPLAIN = {
     "pause": "Nothing is sent to it until someone resumes it, by every worker: its messages "
     "wait in pending and spend no attempt.",
     "resume": "Its messages are sent again at once, the backlog that piled up included (within "
-    "the rate limit, if one is set).",
+    "the rate limit, if one is set). An open breaker closes for every worker without waiting "
+    "for a probe; if the destination still fails, it opens again.",
 }
 
 

@@ -1,8 +1,10 @@
 """Destinations: each one's health as every worker sees it (outbox.destinations), and the
 hands on it. Closed ones are sent to; an open one (the breaker) gets one probe at a time
-until a probe succeeds; a paused one gets nothing until someone resumes it. `P` pauses the
-highlighted destination (the reason is typed), `U` resumes a paused one; both are confirmed
-and recorded in the audit log like requeue and skip."""
+until a probe succeeds; a paused one gets nothing until someone resumes it; an idle one is
+served by no running worker (its URL changed), and its row holds nothing back. `P` pauses
+the highlighted destination (the reason is typed), `U` resumes a paused one or closes an
+open breaker at once; both are confirmed and recorded in the audit log like requeue and
+skip."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Static
 
-from outbox.destinations import CLOSED, OPEN, PAUSED
+from outbox.destinations import CLOSED, IDLE, OPEN, PAUSED
 from outbox.stats import DestinationState
 from outbox.text import printable
 from outbox.tui import format as fmt
@@ -21,14 +23,15 @@ from outbox.tui.poller import Poller
 from outbox.tui.screens.base import BaseScreen
 from outbox.tui.widgets import RowTable
 
-STATE_STYLE = {CLOSED: "green", OPEN: "bold red", PAUSED: "bold yellow"}
+STATE_STYLE = {CLOSED: "green", OPEN: "bold red", PAUSED: "bold yellow", IDLE: "dim"}
 # Fixed columns (label, width); `why` comes last and takes the rest.
 COLUMNS = (("destination", 30), ("state", 6), ("for", 7), ("failures", 8), ("next probe", 10))
 
 
 def next_probe(d: DestinationState) -> str:
-    """When the next probe may go out: only an open destination is probed."""
-    if d.state != OPEN:
+    """When the next probe may go out: only an open destination is probed, by the workers
+    that serve it."""
+    if d.state != OPEN or d.idle:
         return "-"
     if d.probing:
         return f"running ({d.probing})"
@@ -47,6 +50,16 @@ def why(d: DestinationState) -> str:
     if not parts and d.changed_by:
         parts.append(f"resumed by {d.changed_by}")
     return " · ".join(parts)
+
+
+def served(d: DestinationState) -> str:
+    """Which worker serves it and when it last said so; idle when none does any more."""
+    if d.served_ago is None:
+        return "idle: no running worker serves it"
+    by = f" by {printable(d.served_by)}" if d.served_by else ""
+    if d.idle:
+        return f"idle: last{by} {fmt.age(d.served_ago)} ago; its row holds nothing back"
+    return f"{fmt.age(d.served_ago)} ago{by}"
 
 
 class DestinationsScreen(BaseScreen):
@@ -106,7 +119,7 @@ class DestinationsScreen(BaseScreen):
         for d in self.destinations:
             table.add_row(
                 Text(printable(d.destination), "bold"),
-                Text(d.state, STATE_STYLE.get(d.state, "")),
+                Text(d.shown_state, STATE_STYLE.get(d.shown_state, "")),
                 Text(fmt.age(d.for_seconds), justify="right"),
                 Text(fmt.count(d.failures), "red" if d.failures else "dim", justify="right"),
                 Text(next_probe(d), justify="right"),
@@ -129,12 +142,14 @@ class DestinationsScreen(BaseScreen):
         self._show_header()
 
     def _show_header(self) -> None:
-        counts = {s: sum(d.state == s for d in self.destinations) for s in (OPEN, PAUSED)}
+        counts = {
+            s: sum(d.shown_state == s for d in self.destinations) for s in (OPEN, PAUSED, IDLE)
+        }
         text = Text.assemble(("destinations ", "bold"), (fmt.count(len(self.destinations)), "bold"))
         for state, n in counts.items():
             if n:
                 text.append(f"  {n} {state}", STATE_STYLE[state])
-        if self.destinations and not any(counts.values()):
+        if self.destinations and not any(counts[s] for s in (OPEN, PAUSED)):
             text.append("  all closed", "green")
         if self.stale_since is not None:
             text.append(f"  {self.stale_note()}", "bold yellow")
@@ -166,6 +181,7 @@ class DestinationsScreen(BaseScreen):
             grid.add_row("reason", Text(printable(d.reason)))
         if d.state == OPEN:
             grid.add_row("next probe", Text(next_probe(d)))
+        grid.add_row("served", Text(served(d)))
         if d.last_error:
             when = f" ({fmt.timestamp(d.last_failure)})" if d.last_failure else ""
             grid.add_row("last error", Text(fmt.one_line(d.last_error, 400) + when))
@@ -186,8 +202,7 @@ class DestinationsScreen(BaseScreen):
         d = self.highlighted()
         if d is None:
             return
-        if d.state != PAUSED:
-            hint = " (the breaker: it closes by itself after a probe)" if d.state == OPEN else ""
-            self.outbox.tell(f"{d.destination} is not paused: it is {d.state}{hint}")
+        if d.state == CLOSED:
+            self.outbox.tell(f"{d.destination} is already closed")
             return
         self.outbox.request_destination(DestinationRequest("resume", d))
