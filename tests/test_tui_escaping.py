@@ -171,3 +171,39 @@ async def test_database_errors_in_notices_and_the_filter_line_are_shown_escaped(
         await until(pilot, lambda: "filter: " in screen_text(app), "the refusal")
         problem = str(app.screen.query_one("#filter-error", Static).render())
         assert r"\x1b]0;pwned" in problem and not CONTROL.search(problem), repr(problem)
+
+
+async def test_keys_shown_escaped_still_name_their_rows(conn, dsn, table):
+    """A destination's name and an error group are shown escaped, and what the operator
+    does to them reaches the row they were escaped from."""
+    ids = _hostile_rows(conn, table)
+    app = _app(dsn)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settle(pilot)
+        await _visit(pilot, "e", DestinationsScreen, _SHOWN_NAME)
+        await pilot.press("U")
+        await until(pilot, lambda: f"{_SHOWN_NAME}?" in screen_text(app), "the dialog")
+        await pilot.press("y")
+        await until(pilot, lambda: f"resumed {_SHOWN_NAME}" in screen_text(app), "the resume")
+        state = conn.execute(
+            "SELECT state FROM outbox_destinations WHERE destination = %s", (DESTINATION,)
+        ).fetchone()
+        assert state == ("closed",)
+        assert conn.execute("SELECT count(*) FROM outbox_destinations").fetchone() == (1,)
+        await pilot.press("escape")
+
+        # The whole hostile error group, requeued from the group view.
+        await _visit(pilot, "d", DeadScreen, r"HTTP 500: [i]\x1b]52")
+        await _visit(pilot, "g", DeadScreen, r"HTTP 500: [i]\x1b]<n>;c;cHduZWQ=\x07")
+        await pilot.press("R")
+        await until(pilot, lambda: "Requeue 2 dead messages?" in screen_text(app), "the dialog")
+        await pilot.press("y")
+        await until(pilot, lambda: "requeued 2 of 2" in screen_text(app), "the requeue")
+    assert conn.execute(
+        "SELECT count(*) FROM outbox WHERE id = ANY(%s) AND status = 'pending'", ([ids[0], ids[2]],)
+    ).fetchone() == (2,)
+    # The audit log records the group as the rows hold it, not as it was shown.
+    recorded = conn.execute(
+        "SELECT filter -> 'filter' ->> 'error_group' FROM outbox_actions ORDER BY id DESC LIMIT 1"
+    ).fetchone()
+    assert recorded is not None and "\x1b]<n>;pwned" in recorded[0], recorded
