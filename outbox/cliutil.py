@@ -20,6 +20,7 @@ from typing import Any, NoReturn, TypeVar
 from outbox.durations import format_duration
 from outbox.errors import SettingError
 from outbox.table import DEFAULT_TABLE_NAME
+from outbox.text import printable
 
 T = TypeVar("T")
 USAGE_ERROR = 2
@@ -168,7 +169,9 @@ def listen_address(text: str) -> str:
 
 
 def fail(prog: str, message: str, code: int = USAGE_ERROR) -> NoReturn:
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    # One line of text: a database error quotes what it was given (a row's value, a
+    # trigger's message), ESC and line breaks included.
+    print(f"{prog}: error: {printable(message)}", file=sys.stderr)
     raise SystemExit(code)
 
 
