@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from outbox.controller.resource import labels
+from outbox.controller.resource import labels, selector_labels
 from outbox.controller.status import Problem
 
 if TYPE_CHECKING:  # settings.py validates its lists with this module's parsers
@@ -235,7 +235,8 @@ def allowed_images(settings: ControllerSettings) -> tuple[str, ...]:
 # -- the pod policy -------------------------------------------------------------------------------
 
 Violation = tuple[str, str]  # (the field, from spec.worker, and what is wrong with it)
-Check = Callable[[Any, "ControllerSettings"], Iterator[Violation]]
+# A check of one spec.worker field: (its value, the settings, the dispatcher's name).
+Check = Callable[[Any, "ControllerSettings", str], Iterator[Violation]]
 
 
 def _shown(value: object) -> str:
@@ -260,7 +261,7 @@ def pair_allowed(key: str, value: str | None, patterns: tuple[str, ...]) -> bool
     )
 
 
-def _image(value: Any, settings: ControllerSettings) -> Iterator[Violation]:
+def _image(value: Any, settings: ControllerSettings, dispatcher: str) -> Iterator[Violation]:
     if not value or value == settings.worker_image:  # absent: the admin's own default
         return
     allowed = allowed_images(settings)
@@ -270,7 +271,9 @@ def _image(value: Any, settings: ControllerSettings) -> Iterator[Violation]:
         yield "image", f"image `{_shown(value)}` is not allowed ({_listed(allowed)})"
 
 
-def _service_account(value: Any, settings: ControllerSettings) -> Iterator[Violation]:
+def _service_account(
+    value: Any, settings: ControllerSettings, dispatcher: str
+) -> Iterator[Violation]:
     allowed = settings.allowed_service_accounts
     if not value or value == "default" or ANY in allowed or value in allowed:
         return
@@ -291,7 +294,7 @@ def denied_env(name: str) -> str | None:
     return None
 
 
-def _env(value: Any, settings: ControllerSettings) -> Iterator[Violation]:
+def _env(value: Any, settings: ControllerSettings, dispatcher: str) -> Iterator[Violation]:
     # Values are never quoted back: an author may have put a secret in one.
     for index, item in enumerate(value or ()):
         name = str(item.get("name", ""))
@@ -306,7 +309,7 @@ def _env(value: Any, settings: ControllerSettings) -> Iterator[Violation]:
             yield f"env[{index}]", f"`{_shown(name)}` may not be set: {why}"
 
 
-def _tolerations(value: Any, settings: ControllerSettings) -> Iterator[Violation]:
+def _tolerations(value: Any, settings: ControllerSettings, dispatcher: str) -> Iterator[Violation]:
     allowed = settings.allowed_tolerations
     for index, toleration in enumerate(value or ()):
         key = str(toleration.get("key") or "")
@@ -324,7 +327,9 @@ def _tolerations(value: Any, settings: ControllerSettings) -> Iterator[Violation
             )
 
 
-def _node_selector(value: Any, settings: ControllerSettings) -> Iterator[Violation]:
+def _node_selector(
+    value: Any, settings: ControllerSettings, dispatcher: str
+) -> Iterator[Violation]:
     allowed = settings.allowed_node_selectors
     for key, wanted in sorted((value or {}).items()):
         if not key_valid(key):
@@ -336,16 +341,78 @@ def _node_selector(value: Any, settings: ControllerSettings) -> Iterator[Violati
             )
 
 
-def _affinity(value: Any, settings: ControllerSettings) -> Iterator[Violation]:
-    # Anti-affinity only keeps the workers apart; node affinity would pass by the node
-    # selector's list, and pod affinity places them beside pods of the author's choosing.
+# Where a podAntiAffinity holds its terms (PodAffinityTerm), by list.
+ANTI_AFFINITY_TERMS = (
+    ("requiredDuringSchedulingIgnoredDuringExecution", None),
+    ("preferredDuringSchedulingIgnoredDuringExecution", "podAffinityTerm"),
+)
+
+
+def _anti_affinity_terms(anti: Any) -> Iterator[tuple[str, Any]]:
+    """Each term of a podAntiAffinity and where it is (`preferred…[1].podAffinityTerm`)."""
+    if not isinstance(anti, Mapping):
+        yield "", anti
+        return
+    for field, inner in ANTI_AFFINITY_TERMS:
+        for index, item in enumerate(anti.get(field) or ()):
+            if inner is None:
+                yield f"{field}[{index}]", item
+            else:
+                term = item.get(inner) if isinstance(item, Mapping) else item
+                yield f"{field}[{index}].{inner}", term
+
+
+def _others_selected(term: Any, dispatcher: str) -> str | None:
+    """Why a pod affinity term selects pods besides the dispatcher's own workers, or None.
+
+    A term's pods are those of the pod's own namespace (no `namespaces`, no
+    `namespaceSelector`) that its `labelSelector` matches; without a labelSelector it matches
+    none. A selector whose matchLabels hold the workers' selector labels matches their pods
+    only, whatever else it adds (matchExpressions, matchLabelKeys and mismatchLabelKeys only
+    narrow it)."""
+    if not isinstance(term, Mapping):
+        return "is not a pod affinity term"
+    if term.get("namespaces") or term.get("namespaceSelector") is not None:
+        return (
+            "selects pods of other namespaces (namespaces, namespaceSelector): only the "
+            "dispatcher's own namespace is allowed"
+        )
+    selector = term.get("labelSelector")
+    if selector is None:
+        return None
+    own = selector_labels(dispatcher)
+    matched = selector.get("matchLabels") if isinstance(selector, Mapping) else None
+    if isinstance(matched, Mapping) and all(matched.get(k) == v for k, v in own.items()):
+        return None
+    wanted = ", ".join(f"{k}: {v}" for k, v in own.items())
+    return (
+        "selects pods besides the dispatcher's own workers: its labelSelector.matchLabels "
+        f"must hold {wanted}"
+    )
+
+
+def _affinity(value: Any, settings: ControllerSettings, dispatcher: str) -> Iterator[Violation]:
+    # Node affinity would pass by the node selector's list, and pod affinity places the
+    # workers beside pods of the author's choosing. Anti-affinity keeps the workers apart,
+    # and apart from nothing else: the scheduler enforces a running pod's required
+    # anti-affinity against every pod it would place (and weighs its preferred terms), so a
+    # term selecting other pods holds them off the workers' nodes; an empty labelSelector, an
+    # empty namespaceSelector and the topology key kubernetes.io/os would hold every pod of
+    # the cluster off every node. So a term may select the dispatcher's own workers only.
     if settings.allow_affinity:
         return
     for kind in sorted(set(value or {}) - {"podAntiAffinity"}):
         yield f"affinity.{kind}", "not allowed (the policy allows podAntiAffinity only)"
+    for at, term in _anti_affinity_terms((value or {}).get("podAntiAffinity") or {}):
+        why = _others_selected(term, dispatcher)
+        if why is not None:
+            where = f"affinity.podAntiAffinity.{at}" if at else "affinity.podAntiAffinity"
+            yield where, why
 
 
-def _priority_class(value: Any, settings: ControllerSettings) -> Iterator[Violation]:
+def _priority_class(
+    value: Any, settings: ControllerSettings, dispatcher: str
+) -> Iterator[Violation]:
     allowed = settings.allowed_priority_classes
     if value and ANY not in allowed and value not in allowed:
         yield (
@@ -383,7 +450,7 @@ def _operators(key: str, field: str) -> bool:
 
 
 def _keys(field: str, what: str, setting: str) -> Check:
-    def check(value: Any, settings: ControllerSettings) -> Iterator[Violation]:
+    def check(value: Any, settings: ControllerSettings, dispatcher: str) -> Iterator[Violation]:
         allowed: tuple[str, ...] = getattr(settings, setting)
         for key in sorted(value or {}):
             if not key_valid(key):
@@ -414,14 +481,16 @@ WORKER_CHECKS: dict[str, Check] = {
     "podAnnotations": _keys("podAnnotations", "annotation", "allowed_pod_annotations"),
 }
 # spec.worker's fields that give the pods nothing the image and the namespace's quotas do not
-# bound already. topologySpreadConstraints only narrow where the pods may go (like
-# podAntiAffinity): they never pass a taint or a node selector, and the pods they count
-# change nothing but the workers' own placement. disruptionBudget guards the workers from
-# evictions and is rendered only while it cannot block a drain (render.py). tracing names a
-# collector the workers send spans to: a destination, like the publisher's URL or brokers,
-# which the policy leaves to the author too (the workers' egress is open, network.py), and
-# which spec.worker.env could name anyway through OTEL_EXPORTER_OTLP_ENDPOINT. The spans say
-# what the table says of each attempt (ids, types, destination, the redacted last_error).
+# bound already. topologySpreadConstraints only narrow where the pods may go: they never pass
+# a taint or a node selector, and the scheduler applies a pod's constraints to that pod alone
+# (unlike a required anti-affinity, which it enforces against every other pod too), so the
+# pods they count change nothing but the workers' own placement. disruptionBudget guards the
+# workers from evictions and is rendered only while it cannot block a drain (render.py).
+# tracing names a collector the workers send spans to: a destination, like the publisher's
+# URL or brokers, which the policy leaves to the author too (the workers' egress is open,
+# network.py), and which spec.worker.env could name anyway through
+# OTEL_EXPORTER_OTLP_ENDPOINT. The spans say what the table says of each attempt (ids,
+# types, destination, the redacted last_error).
 UNRESTRICTED = frozenset(
     {
         "imagePullPolicy",
@@ -439,19 +508,26 @@ UNRESTRICTED = frozenset(
 BY_CONSENT = frozenset({"imagePullSecrets"})
 
 
-def violations(spec: Mapping[str, Any], settings: ControllerSettings) -> list[Violation]:
-    """Every field of spec.worker outside the policy, as (`spec.worker.<field>`, why)."""
+def violations(
+    spec: Mapping[str, Any], settings: ControllerSettings, dispatcher: str = ""
+) -> list[Violation]:
+    """Every field of spec.worker outside the policy, as (`spec.worker.<field>`, why), for
+    the dispatcher named `dispatcher` (whose own pods a podAntiAffinity may select)."""
     worker: Mapping[str, Any] = spec.get("worker") or {}
     found: list[Violation] = []
     for field, check in WORKER_CHECKS.items():
         if field in worker:
-            found.extend((f"spec.worker.{at}", why) for at, why in check(worker[field], settings))
+            found.extend(
+                (f"spec.worker.{at}", why) for at, why in check(worker[field], settings, dispatcher)
+            )
     return found
 
 
-def check_pod_policy(spec: Mapping[str, Any], settings: ControllerSettings) -> None:
+def check_pod_policy(
+    spec: Mapping[str, Any], settings: ControllerSettings, dispatcher: str = ""
+) -> None:
     """Raise PolicyViolation naming each field outside the cluster admin's policy."""
-    found = violations(spec, settings)
+    found = violations(spec, settings, dispatcher)
     if found:
         listed = "; ".join(f"{field}: {why}" for field, why in found)
         raise Problem(
@@ -526,7 +602,7 @@ async def admit(
     resource's namespace: a name cannot leave it) and check each consents; raises the
     Problem. Returns the Secrets read, by name. Without --secret-consent only the DSN's
     Secret is read, as the operator needs its value."""
-    check_pod_policy(spec, settings)
+    check_pod_policy(spec, settings, dispatcher)
     uses = secret_uses(spec)
     named = [use for use in uses if not SECRET_NAME.match(use.name)]
     if named:

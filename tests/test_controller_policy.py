@@ -318,6 +318,94 @@ def test_placement_labels_and_annotations_are_refused_until_the_admin_lists_them
     assert fields({"affinity": {"podAntiAffinity": {"x": 1}}}) == []
 
 
+# -- anti-affinity: the workers apart from each other, and from nothing else ------------------
+
+WORKERS = {
+    "app.kubernetes.io/name": "outbox-dispatcher",
+    "app.kubernetes.io/instance": "orders",
+    "app.kubernetes.io/component": "worker",
+}
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def term(selector: dict[str, Any] | None = None, **more: Any) -> dict[str, Any]:
+    found = {"topologyKey": "kubernetes.io/hostname", **more}
+    return found if selector is None else {**found, "labelSelector": selector}
+
+
+def anti_fields(
+    required: tuple[Any, ...] = (),
+    preferred: tuple[Any, ...] = (),
+    settings: ControllerSettings = DEFAULTS,
+) -> list[str]:
+    anti = {REQUIRED: list(required),
+            PREFERRED: [{"weight": 100, "podAffinityTerm": t} for t in preferred]}  # fmt: skip
+    found = violations(spec(affinity={"podAntiAffinity": anti}), settings, "orders")
+    return [field.removeprefix("spec.worker.affinity.podAntiAffinity.") for field, _ in found]
+
+
+# A term that selects other pods: the scheduler holds them off every node of the term's
+# topology domain while a worker runs there (required), or weighs against it (preferred).
+HOLDS_OFF_OTHERS = {
+    # The review's: every pod of every namespace, off every node of the operating system.
+    "every pod of the cluster": term({}, namespaceSelector={}, topologyKey="kubernetes.io/os"),
+    "every pod of the namespace": term({}),
+    "another application's pods": term({"matchLabels": {"app": "postgres"}}),
+    "another dispatcher's workers": term(
+        {"matchLabels": {**WORKERS, "app.kubernetes.io/instance": "billing"}}),
+    "part of the selector": term({"matchLabels": {"app.kubernetes.io/instance": "orders"}}),
+    "the workers of another namespace": term({"matchLabels": WORKERS}, namespaces=["billing"]),
+    "the workers of every namespace": term({"matchLabels": WORKERS}, namespaceSelector={}),
+    "expressions only": term({"matchExpressions": [
+        {"key": "app.kubernetes.io/instance", "operator": "In", "values": ["orders"]}]}),
+}  # fmt: skip
+SELECTS_THE_WORKERS_ONLY = {
+    "the workers": term({"matchLabels": WORKERS}),
+    "some of the workers": term({"matchLabels": {**WORKERS, "team": "a"}, "matchExpressions": [
+        {"key": "pod-template-hash", "operator": "Exists"}]}, matchLabelKeys=["pod-template-hash"]),
+    "no pods (no labelSelector)": term(),
+    "their own namespace, named": term({"matchLabels": WORKERS}, namespaces=[]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(HOLDS_OFF_OTHERS))
+def test_an_anti_affinity_that_would_hold_other_pods_off_the_workers_nodes_is_refused(
+    name: str,
+) -> None:
+    chosen = HOLDS_OFF_OTHERS[name]
+    assert anti_fields((chosen,)) == [f"{REQUIRED}[0]"]
+    assert anti_fields(preferred=(chosen,)) == [f"{PREFERRED}[0].podAffinityTerm"]
+    # The cluster admin may allow it (policy.affinity), as every other pod affinity.
+    allowed = dataclasses.replace(DEFAULTS, allow_affinity=True)
+    assert anti_fields((chosen,), (chosen,), settings=allowed) == []
+
+
+@pytest.mark.parametrize("name", sorted(SELECTS_THE_WORKERS_ONLY))
+def test_an_anti_affinity_among_the_workers_needs_no_permission(name: str) -> None:
+    chosen = SELECTS_THE_WORKERS_ONLY[name]
+    assert anti_fields((chosen,), (chosen,)) == []
+
+
+def test_the_refusal_says_what_the_term_must_select() -> None:
+    everyone = HOLDS_OFF_OTHERS["every pod of the cluster"]
+    with pytest.raises(Problem) as raised:
+        check_pod_policy(spec(affinity={"podAntiAffinity": {REQUIRED: [everyone]}}), DEFAULTS,
+                         "orders")  # fmt: skip
+    assert raised.value.reason == "PolicyViolation" and raised.value.stops_workers
+    assert (
+        f"spec.worker.affinity.podAntiAffinity.{REQUIRED}[0]: selects pods of other namespaces"
+        in raised.value.message
+    )
+    [(_, why)] = violations(
+        spec(affinity={"podAntiAffinity": {REQUIRED: [term({})]}}), DEFAULTS, "orders"
+    )
+    assert why.endswith(
+        "labelSelector.matchLabels must hold app.kubernetes.io/name: outbox-dispatcher, "
+        "app.kubernetes.io/instance: orders, app.kubernetes.io/component: worker"
+    )
+
+
 def test_the_operators_own_labels_and_annotations_are_refused_whatever_the_admin_allows() -> None:
     anything = dataclasses.replace(
         DEFAULTS, allowed_pod_labels=("*",), allowed_pod_annotations=("*",)

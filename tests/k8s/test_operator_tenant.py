@@ -62,6 +62,13 @@ SPARE_TABLE = "spare_outbox"
 # team's registry path.
 POLICY = {"policy": {"images": ["outbox-dispatcher", "registry.example/orders/*"]}}
 ALLOWED_IMAGE = "registry.example/orders/outbox-dispatcher:1.4"
+EVERY_POD_OFF = {
+    "podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {}, "namespaceSelector": {}, "topologyKey": "kubernetes.io/os"}
+        ]
+    }
+}
 
 
 def tenant_rbac() -> list[dict[str, Any]]:
@@ -227,6 +234,11 @@ def test_a_tenant_who_may_only_write_dispatchers_gets_nothing_more_through_the_o
             dispatcher_manifest(
                 "deputy", database=spare, paused=True, worker={"serviceAccountName": "deployer"}
             ),
+            # One worker's required anti-affinity that holds every pod of every namespace off
+            # every node: the scheduler enforces it against each pod it places.
+            dispatcher_manifest(
+                "blocker", database=spare, paused=True, worker={"affinity": EVERY_POD_OFF}
+            ),
         ]
         shared.as_tenant("apply", "-f", "-", input=yaml.safe_dump_all(attacks))
 
@@ -262,11 +274,17 @@ def test_a_tenant_who_may_only_write_dispatchers_gets_nothing_more_through_the_o
         assert "spec.worker.image: image `evil.example/miner:1` is not allowed" in miner["message"]
         deputy = ready(shared, "deputy", "PolicyViolation")
         assert "spec.worker.serviceAccountName" in deputy["message"]
+        blocker = ready(shared, "blocker", "PolicyViolation")
+        assert (
+            "spec.worker.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+            "[0]: selects pods of other namespaces" in blocker["message"]
+        )
         for name, reason in (
             ("drain", "SecretNotShared"),
             ("hook", "SecretNotShared"),
             ("miner", "PolicyViolation"),
             ("deputy", "PolicyViolation"),
+            ("blocker", "PolicyViolation"),
         ):
             warned(shared, name, reason)
             wait_for(f"{name}'s status for its generation", lambda n=name: observed(cluster, n))
