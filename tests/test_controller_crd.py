@@ -496,3 +496,21 @@ def _undescribed(schema: dict[str, Any], path: str) -> list[str]:
 
 def test_every_field_has_a_description() -> None:
     assert _undescribed(SCHEMA, "") == []
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        lambda end: {"lease": f"60s{end}"},
+        lambda end: {"publisher.type": "http", "publisher.http": {"url": f"http://s.example/{end}"}},
+        lambda end: {"publisher.type": "http", "publisher.http": {"url": "http://s.example/"},
+                     "publisher.cloudEventsSource": f"urn:shop:orders{end}"},
+    ],
+    ids=["lease", "http.url", "cloudEventsSource"],
+)  # fmt: skip
+def test_a_pattern_ends_at_the_end_of_the_text_as_on_a_real_api_server(spec: Any) -> None:
+    """A schema's `pattern` is Go's RE2, whose `$` matches at the very end only: a value with
+    a newline after what the pattern takes is refused (Python's `$` would take it)."""
+    assert _crd_errors(_body(spec(""))) == []
+    [error] = _crd_errors(_body(spec("\n")))
+    assert "should match" in error

@@ -426,13 +426,45 @@ def _check_string(node: JSON, value: str, path: str) -> list[FieldError]:
                 value,
             )
         )
-    if "pattern" in node and not re.search(node["pattern"], value):
+    if "pattern" in node and not re.search(go_regex(node["pattern"]), value):
         errors.append(
             FieldError(
                 path, "FieldValueInvalid", f"{path} in body should match '{node['pattern']}'", value
             )
         )
     return errors
+
+
+@functools.cache
+def go_regex(pattern: str) -> str:
+    """A schema's `pattern` (Go's RE2 syntax) as Python's `re` reads it the same way: `$`
+    outside a character class ends the text only, as in Go without the `m` flag (Python's
+    `$` also matches before a final newline, so `^[a-z]+$` took "abc\\n"), and `\\z` is
+    Python's `\\Z`."""
+    out: list[str] = []
+    index, in_class = 0, False
+    while index < len(pattern):
+        char = pattern[index]
+        if char == "\\" and index + 1 < len(pattern):
+            pair = pattern[index : index + 2]
+            out.append("\\Z" if pair == "\\z" and not in_class else pair)
+            index += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+            # A `]` first in the class (after an optional `^`) is a literal.
+            start = index + 1 + (pattern[index + 1 : index + 2] == "^")
+            if pattern[start : start + 1] == "]":
+                out.append(pattern[index : start + 1])
+                index = start + 1
+                continue
+        elif char == "$":
+            char = "\\Z"
+        out.append(char)
+        index += 1
+    return "".join(out)
 
 
 def _check_list(node: JSON, value: list[Any], path: str) -> list[FieldError]:
