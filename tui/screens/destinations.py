@@ -54,9 +54,9 @@ def why(d: DestinationState) -> str:
 
 def served(d: DestinationState) -> str:
     """Which worker serves it and when it last said so; idle when none does any more."""
+    by = f" by {printable(d.served_by)}" if d.served_by else ""
     if d.served_ago is None:
         return "idle: no running worker serves it"
-    by = f" by {printable(d.served_by)}" if d.served_by else ""
     if d.idle:
         return f"idle: last{by} {fmt.age(d.served_ago)} ago; its row holds nothing back"
     return f"{fmt.age(d.served_ago)} ago{by}"
@@ -181,7 +181,8 @@ class DestinationsScreen(BaseScreen):
             grid.add_row("reason", Text(printable(d.reason)))
         if d.state == OPEN:
             grid.add_row("next probe", Text(next_probe(d)))
-        grid.add_row("served", Text(served(d)))
+        if d.idle or d.served_ago is not None:
+            grid.add_row("served", Text(served(d)))
         if d.last_error:
             when = f" ({fmt.timestamp(d.last_failure)})" if d.last_failure else ""
             grid.add_row("last error", Text(fmt.one_line(d.last_error, 400) + when))
