@@ -426,6 +426,22 @@ def test_destinations_on_a_table_without_the_destinations_table(conn, dsn):
     )
 
 
+def test_destinations_on_a_v4_table_say_what_to_run_and_pause_still_works(conn, dsn):
+    """Before v5 the destinations table has no stamps: listing says what to run; a pause,
+    which the breaker's rules apply, works on the row as v4 has it."""
+    conn.execute("ALTER TABLE outbox_destinations DROP COLUMN served_at, DROP COLUMN served_by")
+    conn.execute("COMMENT ON TABLE outbox IS 'outbox-dispatcher schema v4'")
+    for command in ("destinations", "stats"):
+        result = outbox(command, "--dsn", dsn)
+        assert result.returncode == 1, result
+        assert result.stderr == (
+            'outbox: error: table outbox is at an older schema (column "served_at" does not '
+            "exist); run `outbox migrate --table outbox`\n"
+        )
+    assert outbox("pause", API, "--reason", "x", "--dsn", dsn).returncode == 0
+    assert _rows(conn)[API][0] == "paused"
+
+
 # -- outbox stats: an outage in backoff ------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ import getpass
 import re
 from datetime import timedelta
 
+import psycopg
 import pytest
 from helpers import seed
 from test_tui import SIZE, _app, screen_text, settle, until
@@ -18,6 +19,7 @@ from textual.widgets import Input
 from outbox import destinations as dest
 from outbox import repair
 from outbox.runner import fetch
+from outbox.table import Table
 from outbox.tui.screens.confirm import DestinationConfirmScreen
 from outbox.tui.screens.destinations import DestinationsScreen
 from outbox.tui.screens.history import ActionScreen, HistoryScreen
@@ -221,3 +223,21 @@ async def test_control_characters_in_rows_are_shown_escaped_never_sent_to_the_te
         assert "\x1b" not in text and "\x07" not in text
         assert r"api.test/\x1b]0;pwned\x07" in text
         assert r"\x1b[2J\x1b[31mEVIL" in text
+
+
+async def test_a_v4_table_shows_its_figures_and_what_to_run(empty_dsn):
+    """A table not migrated to v5 has a destinations table without the workers' stamps: the
+    dashboard still shows what it can read, and says what to run."""
+    from outbox.schema import MIGRATIONS, migration_statements
+
+    table = Table.parse("outbox")
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        v4 = sum(len(step(table)) + 1 for step in MIGRATIONS[:4])  # each with its comment
+        for statement in migration_statements(table)[:v4]:
+            c.execute(statement)
+        seed(c, 3)
+    app = _app(empty_dsn)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: "outbox migrate" in screen_text(app), "the schema warning")
+        assert "schema v4" in screen_text(app)
+        await until(pilot, lambda: re.search(r"pending\s+3\b", screen_text(app)), "figures")
