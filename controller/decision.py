@@ -18,7 +18,7 @@ applies the decision to the Deployment and reports it. The rules, first match wi
    capacity, and more workers would only wait beside the others. One worker at least, when
    the policy wants one, so that someone probes the destination; fewer are allowed. A
    destination no worker serves any more (idle: its URL changed, its workers are gone) holds
-   nothing: no worker will ever probe it, and its messages, if any, are not this size's.
+   nothing: no worker will ever probe it, and what the workers send goes elsewhere.
 
 The policy is asked on every pass that has a reading, paused or pinned too: it learns from
 each one. A rule that needs another input (e.g. a destination's health) takes it from
