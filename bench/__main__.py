@@ -3,7 +3,8 @@
 python -m bench                   # the full run (about 15 minutes on 2 cores)
 python -m bench --smoke           # tiny sizes, one repeat: checks the harness only
 python -m bench --only throughput # the no-op throughput section and the SQL ceiling alone
-python -m bench --only latency    # the light-load latency section alone
+python -m bench --only latency    # commit to receiver, worker beside a floor and pgqueuer
+python -m bench --only latency --latency-rates 1000 --latency-processes 2 --latency-seconds 5
 python -m bench --repeat 4 --messages 20000 --out bench/results
 """
 
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import scenarios
+from bench import latency, scenarios
 from bench.ceiling import run_ceiling
 from bench.costs import statement_costs
 from bench.env import Bench
@@ -96,44 +97,22 @@ def run_throughput(bench: Bench, messages: int, repeat: int) -> dict[str, Any]:
     return throughput
 
 
-LATENCY_RATE = 100  # messages/s: light load
+def _latency_plan(args: argparse.Namespace) -> latency.Plan:
+    """The grid from the flags; --smoke's is one quick cell (100/s, one process, both
+    modes, every contender, 2 s each)."""
+    base = latency.SMOKE if args.smoke else latency.Plan()
 
+    def listed(text: str | None, convert: Any, default: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(convert(v) for v in text.split(",")) if text else default
 
-def run_latency(bench: Bench, count: int, repeat: int) -> dict[str, Any]:
-    """Enqueue-to-publish percentiles at light load, in rounds (every other one in reverse
-    order); each contender's figures are the medians of its rounds' percentiles."""
-    contenders: dict[str, Any] = {
-        "outbox_dispatcher": lambda: scenarios.latency_ours(
-            bench, count, LATENCY_RATE, via_http=False
-        ),
-        "pgqueuer": lambda: scenarios.latency_pgqueuer(bench, count, LATENCY_RATE),
-        "outbox_dispatcher_via_http": lambda: scenarios.latency_ours(
-            bench, count, LATENCY_RATE, via_http=True
-        ),
-    }
-    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in contenders}
-    for n in range(repeat):
-        names = list(contenders) if n % 2 == 0 else list(reversed(contenders))
-        for name in names:
-            _log(f"latency: {name}, {count} messages at {LATENCY_RATE}/s ({n + 1}/{repeat})")
-            rounds[name].append(contenders[name]())
-    latency: dict[str, Any] = {"rate_per_second": LATENCY_RATE}
-    for name, measured in rounds.items():
-        latency[name] = _medians(measured)
-    # The producer's INSERT alone, as timed beside our worker: the floor under every figure.
-    latency["insert"] = _medians([r["insert"] for r in rounds["outbox_dispatcher"]])
-    return latency
-
-
-def _medians(measured: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        **{
-            key: statistics.median(r[key] for r in measured)
-            for key in ("p50_ms", "p99_ms", "max_ms")
-        },
-        "samples": measured[0]["samples"],
-        "rounds": measured,
-    }
+    return latency.Plan(
+        rates=listed(args.latency_rates, int, base.rates),
+        processes=listed(args.latency_processes, int, base.processes),
+        modes=listed(args.latency_modes, str, base.modes),
+        contenders=listed(args.latency_contenders, str, base.contenders),
+        seconds=args.latency_seconds if args.latency_seconds is not None else base.seconds,
+        repeat=1 if args.smoke else args.latency_repeat,
+    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -152,7 +131,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 return report
             report["http"] = run_http(bench, messages, repeat, _log, profile=args.profile)
 
-        report["latency"] = run_latency(bench, 200 if smoke else 1000, repeat)
+        report["latency"] = latency.run_latency(bench, _latency_plan(args), _log)
         if args.only == "latency":
             return report
 
@@ -196,6 +175,18 @@ def main() -> None:
         help="run one section: throughput (no-op, with the SQL ceiling and the statements' "
         "costs) or latency; writes SECTION.json/.md",
     )
+    group = parser.add_argument_group("latency (bench/latency.py)")
+    for flag, what in (
+        ("--latency-rates", "messages/s, comma-separated (10,100,1000)"),
+        ("--latency-processes", "contender processes, comma-separated (1,2)"),
+        ("--latency-modes", "unordered and/or ordered (both)"),
+        ("--latency-contenders", "worker, floor and/or pgqueuer (all)"),
+    ):
+        group.add_argument(flag, metavar="LIST", help=what)
+    group.add_argument(
+        "--latency-seconds", type=float, help="seconds of traffic per run (by rate: 40, 30, 20)"
+    )
+    group.add_argument("--latency-repeat", type=int, default=1, help="rounds, samples pooled (1)")
     args = parser.parse_args()
     report = run(args)
     out = Path(args.out)
@@ -205,12 +196,15 @@ def main() -> None:
         section = render_throughput if args.only == "throughput" else render_latency
         text = render_section(report, section(report))
         (out / f"{args.only}.md").write_text(text)
+        if args.only == "latency":
+            latency.plot(report["latency"], out / "latency.png")
         print(text)
         return
     (out / "report.json").write_text(json.dumps(report, indent=2))
     text = render(report)
     (out / "report.md").write_text(text)
     plot(report, out / "report.png")
+    latency.plot(report["latency"], out / "latency.png")
     print(text)
     print(f"\nwritten: {out / 'report.json'}, {out / 'report.md'}, {out / 'report.png'}")
 

@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from bench import latency
 from bench.costs import INDEX_COSTS, SHIPPED
 
 
@@ -336,34 +337,9 @@ def _http_profile(profile: dict[str, Any]) -> list[str]:
 
 
 def render_latency(report: dict[str, Any]) -> list[str]:
-    """Enqueue-to-publish percentiles at light load: the medians of the rounds' figures."""
-    latency = report["latency"]
-    rounds = len(latency["outbox_dispatcher"].get("rounds", [None]))
-    lines = [
-        f"## Latency, enqueue to publish, {latency['rate_per_second']} messages/s",
-        "",
-        f"{latency['outbox_dispatcher']['samples']:,} messages per contender and round, "
-        f"{rounds} round(s): the median of the rounds' percentiles [min-max].",
-        "",
-        "| | p50 ms | p99 ms | max ms |",
-        "|---|---|---|---|",
-    ]
-    latency_rows = {
-        "outbox-dispatcher, at the publisher call": "outbox_dispatcher",
-        "pgqueuer, at the entrypoint call": "pgqueuer",
-        "outbox-dispatcher, until a local HTTP endpoint has it": "outbox_dispatcher_via_http",
-        "our producer's INSERT alone, its commit included (part of our figures above)": "insert",
-    }
-    for label, name in latency_rows.items():
-        if name in latency:
-            row = latency[name]
-            cells = []
-            for key in ("p50_ms", "p99_ms", "max_ms"):
-                values = [r[key] for r in row.get("rounds", [row])]
-                spread = f" [{min(values):.1f}-{max(values):.1f}]" if len(values) > 1 else ""
-                cells.append(f"{row[key]:.1f}{spread}")
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines
+    """Commit to the receiver's first byte: the worker beside the floor and pgqueuer
+    (bench/latency.py)."""
+    return latency.render(report["latency"])
 
 
 def render(report: dict[str, Any]) -> str:

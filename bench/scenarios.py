@@ -1,4 +1,5 @@
-"""The benchmark scenarios beyond raw throughput: HTTP, latency, scale, memory, slow publishers."""
+"""The benchmark scenarios beyond raw throughput: HTTP, scale, memory, slow publishers (latency:
+bench/latency.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,9 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -22,7 +20,6 @@ import psycopg
 from bench.cpu import cpu_seconds, pin, tree_cpu_seconds
 from bench.env import ROOT, Bench, measure_drain, python_module, seed_outbox
 from outbox.demo.embedded import free_port
-from outbox.demo.sink import Sink
 from outbox.lease import OrderedClaims, claim, finalize
 from outbox.models import Outcome
 from outbox.table import Table
@@ -221,148 +218,6 @@ def http_throughput(
         "null_worker_cpu_us": null["worker"],
         "null_database_cpu_us": null["database"],
     }
-
-
-# -- latency at light load --------------------------------------------------------------------
-
-
-def _pace(count: int, rate: float, send: Any) -> None:
-    interval = 1.0 / rate
-    next_at = time.perf_counter()
-    for n in range(count):
-        send(n)
-        next_at += interval
-        delay = next_at - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-
-
-def _percentiles(latencies: list[float]) -> dict[str, Any]:
-    ordered = sorted(latencies)
-    return {
-        "p50_ms": 1000 * ordered[len(ordered) // 2],
-        "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
-        "max_ms": 1000 * ordered[-1],
-        "samples": len(ordered),
-    }
-
-
-def latency_ours(bench: Bench, count: int, rate: float, *, via_http: bool) -> dict[str, Any]:
-    """Enqueue to publish. `via_http`: until a local HTTP endpoint has the request; else until
-    the publisher is called, which is where pgqueuer's figure is taken (its entrypoint)."""
-    received: dict[int, float] = {}
-    lock = threading.Lock()
-
-    def record(body: dict[str, Any], nth: int) -> Any:
-        from outbox.demo.sink import Reply
-
-        with lock:
-            received.setdefault(int(body["payload"]["n"]), time.time())
-        return Reply()
-
-    sent: dict[int, float] = {}
-    committed: dict[int, float] = {}  # when the producer's INSERT (and its commit) returned
-    with (
-        Sink(record) as sink,
-        bench.database() as dsn,
-        tempfile.TemporaryDirectory() as tmp,
-    ):
-        timings = Path(tmp) / "reached.json"
-        publisher = (
-            ("--publisher", "http", "--http-url", sink.url)
-            if via_http
-            else ("--publisher", "bench.publishers:TimingPublisher", "--timing-out", str(timings))
-        )
-        worker = python_module("outbox.worker", "--dsn", dsn, *publisher, "--log-level", "WARNING")
-        try:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                _wait_listening(conn)
-
-                def send(n: int) -> None:
-                    sent[n] = time.time()
-                    conn.execute(
-                        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
-                        "VALUES ('order', %s, 'OrderPlaced', jsonb_build_object('n', %s::int))",
-                        (f"order-{n}", n),
-                    )
-                    committed[n] = time.time()
-
-                _pace(count + WARM_UP, rate, send)
-                if via_http:
-                    sink.wait_for(lambda s: len(received) >= count + WARM_UP, timeout=60)
-                else:
-                    _wait_done(conn, count + WARM_UP)
-        finally:
-            _stop([worker])  # SIGTERM: the timing publisher writes its file as it closes
-        if not via_http:
-            received.update((int(n), t) for n, t in json.loads(timings.read_text()).items())
-    figures = _percentiles([received[n] - sent[n] for n in sent if n in received and n >= WARM_UP])
-    # The floor under every figure: the producer's own statement, its commit's flush included.
-    figures["insert"] = _percentiles([committed[n] - sent[n] for n in sent if n >= WARM_UP])
-    return figures
-
-
-def _wait_done(conn: psycopg.Connection[Any], total: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    query = "SELECT count(*) FROM outbox WHERE status = 'done'"
-    while conn.execute(query).fetchone()[0] < total:  # type: ignore[index]
-        if time.monotonic() > deadline:
-            raise TimeoutError("the worker did not publish every message")
-        time.sleep(0.05)
-
-
-def _wait_listening(conn: psycopg.Connection[Any], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    query = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'"
-    while conn.execute(query).fetchone()[0] == 0:  # type: ignore[index]
-        if time.monotonic() > deadline:
-            raise TimeoutError("the worker never started listening")
-        time.sleep(0.05)
-
-
-WARM_UP = 50  # messages sent first and left out of the percentiles, for every contender
-
-
-def latency_pgqueuer(bench: Bench, count: int, rate: float) -> dict[str, float]:
-    with bench.database(outbox=False) as dsn:
-        from bench.peers.pgqueuer_worker import install_and_enqueue
-
-        asyncio.run(install_and_enqueue(dsn, 0, b""))
-        worker = python_module(
-            "bench.peers.pgqueuer_worker", dsn, "asyncpg", "10", "latency",
-            str(count + WARM_UP), stdout=subprocess.PIPE,
-        )  # fmt: skip
-        try:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                _wait_connected(conn)
-
-                def send(n: int) -> None:
-                    body = json.dumps({"n": n, "t": time.time()}).encode()
-                    conn.execute(
-                        "INSERT INTO pgqueuer (priority, entrypoint, payload, status) "
-                        "VALUES (0, 'publish', %s, 'queued')",
-                        (body,),
-                    )
-
-                _pace(count + WARM_UP, rate, send)
-            out, _ = worker.communicate(timeout=120)
-        finally:
-            _stop([worker])
-    return _percentiles(json.loads(out)[WARM_UP:])
-
-
-def _wait_connected(conn: psycopg.Connection[Any], timeout: float = 30) -> None:
-    """pgqueuer shows no LISTEN we can see: wait for its connection, then for it to settle."""
-    deadline = time.monotonic() + timeout
-    query = (
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND pid <> pg_backend_pid()"
-    )
-    while conn.execute(query).fetchone()[0] == 0:  # type: ignore[index]
-        if time.monotonic() > deadline:
-            raise TimeoutError("the peer never connected")
-        time.sleep(0.05)
-    time.sleep(1.0)
 
 
 # -- scale: claim and finalize cost as done rows pile up; ordered mode ----------------------

@@ -72,11 +72,14 @@ def test_bench_smoke_run_writes_a_complete_report(tmp_path):
     parts = http["profile"]["parts_us"]
     assert parts["aiohttp: request and response"]["worker"] > 0
     assert parts["aiohttp: request and response"]["loadgen"] > 0
-    for name in ("outbox_dispatcher", "pgqueuer", "outbox_dispatcher_via_http"):
-        latency = report["latency"][name]
-        assert latency["samples"] == 200 and 0 < latency["p50_ms"] <= latency["p99_ms"]
-    insert = report["latency"]["insert"]  # the producer's own statement, part of our figure
-    assert 0 < insert["p50_ms"] < report["latency"]["outbox_dispatcher"]["p50_ms"]
+    # Commit to receiver: the worker, the floor and pgqueuer, every message delivered.
+    cells = report["latency"]["cells"]
+    assert {(c["contender"], c["mode"]) for c in cells} == {
+        ("worker", "unordered"), ("worker", "ordered"), ("floor", "unordered"),
+        ("floor", "ordered"), ("pgqueuer", "unordered"),
+    }  # fmt: skip
+    assert all(c["samples"] > 0 and c["p50_ms"] > 0 for c in cells)
+    assert all(r["missing"] == 0 for r in report["latency"]["runs"])
     assert [row["done_rows"] for row in report["scale_done_rows"]] == [1_000, 10_000]
     assert all(row["messages"] == report["messages"] for row in report["scale_done_rows"])
     assert [row["aggregates"] for row in report["ordered"]] == [10, 100]
@@ -99,3 +102,4 @@ def test_bench_smoke_run_writes_a_complete_report(tmp_path):
     ):
         assert heading in text
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

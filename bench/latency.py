@@ -1,0 +1,588 @@
+"""Latency as a producer feels it: from its commit to the first byte of the request at a real
+receiver, at steady rates, for the worker beside a floor and pgqueuer in the same run.
+
+python -m bench --only latency                                # the whole grid (~20 minutes)
+python -m bench --only latency --latency-rates 100 --latency-processes 1 --latency-seconds 3
+                                                              # one quick cell
+
+What runs, per cell (rate x processes x mode):
+
+- the producer (this process): the project's `enqueue`, one row per transaction on
+  autocommit connections, at a steady rate (each message at its own time, on the first of a
+  few connections that is free, so a slow commit does not hold the next one back); it notes
+  `time.time_ns()` when the commit returned.
+- the receiver (bench.latency_receiver, a process of its own, aiohttp's low-level server on
+  uvloop): notes `time.time_ns()` when a request's first byte comes in. One machine, one
+  clock (CLOCK_REALTIME) for both notes: the difference is the latency.
+- the contenders, each in as many processes as the cell says, one after the other:
+  `outbox-worker --publisher http` with its defaults; the floor (bench.latency_floor: one
+  loop on one connection doing LISTEN, the project's claim up to the same batch, concurrent
+  POSTs, one fenced finalize per batch); and pgqueuer (bench.peers.pgqueuer_http, its
+  defaults, the entrypoint POSTing) in unordered mode only: it has no per-aggregate order.
+
+Everything shares the machine's cores with PostgreSQL, as it does in the issue's own
+measurement: the floor, run on the same machine in the same minutes, says how much of a
+figure is the machine's and how much the worker's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.cpu import cpu_seconds
+from bench.env import ROOT, Bench, python_module
+from outbox.demo.embedded import free_port
+from outbox.producer import enqueue
+
+RATES = (10, 100, 1000)  # messages/s
+PROCESSES = (1, 2)
+MODES = ("unordered", "ordered")
+CONTENDERS = ("worker", "floor", "pgqueuer")
+# Seconds of steady traffic per run, by rate: enough samples for the tail at each (at 10/s
+# p99.9 is out of reach in any sensible time: the report says where a percentile has fewer
+# than ten samples beyond it).
+SECONDS = {10: 40, 100: 30, 1000: 20}
+AGGREGATES = 1000  # messages spread over this many aggregates (ordered mode: one head each)
+PRODUCER_CONNECTIONS = 4
+WARM_UP_SECONDS = 1.0  # the first second of each run is sent and left out (at least 20)
+BATCH, CONCURRENCY = 100, 32  # the worker's defaults, which the floor is given too
+PAYLOAD = {"note": "x" * 160}  # ~200 bytes of JSON with `n`, as the other benchmarks send
+# Histogram bins: 20 a decade from 0.1 ms to 100 s.
+BINS_MS = [10 ** (k / 20) for k in range(-20, 101)]
+QUANTILES = {"p50_ms": 0.5, "p90_ms": 0.9, "p99_ms": 0.99, "p999_ms": 0.999}
+
+
+@dataclass(frozen=True)
+class Plan:
+    rates: tuple[int, ...] = RATES
+    processes: tuple[int, ...] = PROCESSES
+    modes: tuple[str, ...] = MODES
+    contenders: tuple[str, ...] = CONTENDERS
+    seconds: float | None = None  # every run this long; None: SECONDS by rate
+    repeat: int = 1
+
+    def duration(self, rate: int) -> float:
+        return self.seconds if self.seconds is not None else SECONDS.get(rate, 20)
+
+    def runs(self) -> list[tuple[int, int, str, str]]:
+        """(rate, processes, mode, contender) in running order: cell by cell, the contenders
+        of a cell back to back, their order reversed every other cell, so that neither the
+        worker nor the floor always runs first after a change of cell."""
+        order: list[tuple[int, int, str, str]] = []
+        cell = 0
+        for rate in self.rates:
+            for processes in self.processes:
+                for mode in self.modes:
+                    names = [
+                        c for c in self.contenders if not (c == "pgqueuer" and mode == "ordered")
+                    ]
+                    if cell % 2:
+                        names.reverse()
+                    order += [(rate, processes, mode, name) for name in names]
+                    cell += 1
+        return order
+
+
+SMOKE = Plan(rates=(100,), processes=(1,), seconds=2.0)
+
+
+# -- figures ------------------------------------------------------------------------------
+
+
+def percentiles(latencies_ms: list[float]) -> dict[str, Any]:
+    """Nearest-rank percentiles, the maximum and the sample count; a percentile with fewer
+    than ten samples beyond it is None (it would be one of the last few samples, not a
+    percentile)."""
+    ordered = sorted(latencies_ms)
+    n = len(ordered)
+    figures: dict[str, Any] = {"samples": n, "max_ms": ordered[-1] if n else None}
+    for key, q in QUANTILES.items():
+        enough = n * (1 - q) >= 10 or (key == "p50_ms" and n > 0)
+        figures[key] = ordered[max(0, math.ceil(q * n) - 1)] if enough else None
+    return figures
+
+
+def histogram(latencies_ms: list[float]) -> list[int]:
+    """Counts per BINS_MS bin: bin k holds [BINS_MS[k], BINS_MS[k+1]); the first also what is
+    below, the last what is above."""
+    counts = [0] * (len(BINS_MS) - 1)
+    for value in latencies_ms:
+        k = bisect.bisect_right(BINS_MS, value) - 1
+        counts[min(max(k, 0), len(counts) - 1)] += 1
+    return counts
+
+
+# -- the receiver -------------------------------------------------------------------------
+
+
+class Receiver:
+    """bench.latency_receiver in a process of its own."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/events"
+        self.proc = python_module("bench.latency_receiver", str(self.port))
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.count()
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("the receiver did not start") from None
+                time.sleep(0.05)
+
+    def _get(self, path: str) -> bytes:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=30) as r:
+            return bytes(r.read())
+
+    def count(self) -> int:
+        return int(self._get("/count"))
+
+    def results(self) -> dict[str, Any]:
+        """Every arrival since the last call, and forget them."""
+        return dict(json.loads(self._get("/results")))
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
+    def capacity(self, requests: int = 5000) -> float:
+        """Requests/s the receiver takes from a plain aiohttp client (bench.loadgen) with the
+        worker's connection limit: what it could take beside what it is sent."""
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.loadgen", self.url, str(requests), str(CONCURRENCY)],
+            capture_output=True, text=True, check=True, cwd=ROOT,
+        )  # fmt: skip
+        self.results()  # the load generator's requests are no run's
+        return float(json.loads(out.stdout)["requests_per_second"])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait()
+
+
+# -- the producer ---------------------------------------------------------------------------
+
+
+@dataclass
+class Produced:
+    sent_ns: dict[str, int] = field(default_factory=dict)  # key -> before the statement
+    committed_ns: dict[str, int] = field(default_factory=dict)  # key -> its commit returned
+    order: list[str] = field(default_factory=list)  # keys in sending order
+    late: int = 0  # messages that found every producer connection busy at their time
+
+
+Insert = Callable[[psycopg.AsyncConnection[Any], int], Any]  # -> awaitable of the row's id
+
+
+async def _enqueue_outbox(conn: psycopg.AsyncConnection[Any], n: int) -> int:
+    message_id = await enqueue(
+        conn, aggregate_type="order", aggregate_id=f"order-{n % AGGREGATES}",
+        event_type="OrderPlaced", payload={"n": n, **PAYLOAD}, trace_context=False,
+    )  # fmt: skip
+    return int(message_id)
+
+
+async def _enqueue_pgqueuer(conn: psycopg.AsyncConnection[Any], n: int) -> int:
+    body = json.dumps({"n": n, **PAYLOAD}).encode()
+    cur = await conn.execute(
+        "INSERT INTO pgqueuer (priority, entrypoint, payload, status) "
+        "VALUES (0, 'publish', %s, 'queued') RETURNING id",
+        (body,),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def produce(dsn: str, rate: float, count: int, insert: Insert) -> Produced:
+    """`count` messages at `rate`, message n at start + n / rate, each on a free connection."""
+    produced = Produced()
+    conns = [
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        for _ in range(PRODUCER_CONNECTIONS)
+    ]
+    idle: asyncio.Queue[psycopg.AsyncConnection[Any]] = asyncio.Queue()
+    for conn in conns:
+        idle.put_nowait(conn)
+
+    async def one(conn: psycopg.AsyncConnection[Any], n: int) -> None:
+        sent = time.time_ns()
+        key = str(await insert(conn, n))
+        produced.committed_ns[key] = time.time_ns()
+        produced.sent_ns[key] = sent
+        produced.order.append(key)
+        idle.put_nowait(conn)
+
+    loop = asyncio.get_running_loop()
+    tasks = []
+    start = loop.time() + 0.05
+    try:
+        for n in range(count):
+            delay = start + n / rate - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if idle.empty():
+                produced.late += 1
+            tasks.append(asyncio.create_task(one(await idle.get(), n)))
+        await asyncio.gather(*tasks)
+    finally:
+        for conn in conns:
+            await conn.close()
+    return produced
+
+
+# -- contenders ---------------------------------------------------------------------------
+
+
+def _start(contender: str, dsn: str, url: str, processes: int, mode: str) -> list[Any]:
+    ordered = mode == "ordered"
+    if contender == "worker":
+        args = ["--dsn", dsn, "--publisher", "http", "--http-url", url, "--log-level", "WARNING"]
+        args += ["--ordering", "aggregate"] if ordered else []
+        return [python_module("outbox.worker", *args) for _ in range(processes)]
+    if contender == "floor":
+        args = [dsn, url, str(BATCH), str(CONCURRENCY)] + (["ordered"] if ordered else [])
+        return [python_module("bench.latency_floor", *args) for _ in range(processes)]
+    return [python_module("bench.peers.pgqueuer_http", dsn, url) for _ in range(processes)]
+
+
+# Sessions each contender's process keeps open once it is ready: the worker's LISTEN
+# connection and its pool's two, the floor's one, pgqueuer's one.
+READY_QUERY = {
+    "worker": "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+    "AND query LIKE 'LISTEN %'",
+    "floor": "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+    "AND application_name = 'latency-floor'",
+    "pgqueuer": "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+    "AND pid <> pg_backend_pid() AND application_name = ''",
+}
+
+
+def _wait_ready(dsn: str, contender: str, procs: list[Any], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while conn.execute(READY_QUERY[contender]).fetchone()[0] < len(procs):  # type: ignore[index]
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"{contender} did not start")
+            time.sleep(0.05)
+    time.sleep(1.0)  # LISTEN issued, first claims done: let start-up work settle
+
+
+def _stop(procs: list[Any]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_one(
+    bench: Bench, receiver: Receiver, contender: str, rate: int, processes: int, mode: str,
+    seconds: float,
+) -> tuple[dict[str, Any], list[float]]:  # fmt: skip
+    """One run: its figures, and its latencies (ms) past the warm-up."""
+    warm_up = max(20, int(rate * WARM_UP_SECONDS))
+    count = warm_up + int(rate * seconds)
+    ordering = "aggregate" if mode == "ordered" else None
+    pgqueuer = contender == "pgqueuer"
+    with bench.database(outbox=not pgqueuer, ordering=ordering) as dsn:
+        if pgqueuer:
+            from bench.peers.pgqueuer_worker import install_and_enqueue
+
+            asyncio.run(install_and_enqueue(dsn, 0, b""))
+        receiver.results()
+        procs = _start(contender, dsn, receiver.url, processes, mode)
+        try:
+            _wait_ready(dsn, contender, procs)
+            cpu_before, started = receiver.cpu(), time.monotonic()
+            insert = _enqueue_pgqueuer if pgqueuer else _enqueue_outbox
+            produced = asyncio.run(produce(dsn, rate, count, insert))
+            deadline = time.monotonic() + 60
+            while receiver.count() < count and time.monotonic() < deadline:
+                if any(p.poll() is not None for p in procs):
+                    raise RuntimeError(f"a {contender} process ended")
+                time.sleep(0.05)
+            receiver_busy = (receiver.cpu() - cpu_before) / (time.monotonic() - started)
+            got = receiver.results()
+        finally:
+            _stop(procs)
+    arrivals: dict[str, list[int]] = got["arrivals"]
+    measured = produced.order[warm_up:]
+    latencies = [
+        (arrivals[k][0] - produced.committed_ns[k]) / 1e6 for k in measured if k in arrivals
+    ]
+    own = [(arrivals[k][1] - arrivals[k][0]) / 1e6 for k in measured if k in arrivals]
+    commits = [(produced.committed_ns[k] - produced.sent_ns[k]) / 1e6 for k in measured]
+    first, last = produced.committed_ns[measured[0]], produced.committed_ns[measured[-1]]
+    figures = {
+        "contender": contender, "rate": rate, "processes": processes, "mode": mode,
+        **percentiles(latencies),
+        "missing": len(measured) - len(latencies),
+        "duplicates": got["duplicates"],
+        "achieved_rate": (len(measured) - 1) / max((last - first) / 1e9, 1e-9),
+        "producer_late": produced.late,
+        "commit": percentiles(commits),
+        "receiver_own": percentiles(own),
+        "receiver_cpu_share": receiver_busy,
+        "histogram": histogram(latencies),
+    }  # fmt: skip
+    return figures, latencies
+
+
+def run_latency(bench: Bench, plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
+    receiver = Receiver()
+    try:
+        log("latency: the receiver's capacity (plain aiohttp client)")
+        capacity = receiver.capacity()
+        runs: list[dict[str, Any]] = []
+        pooled: dict[tuple[int, int, str, str], list[float]] = {}
+        order = plan.runs()
+        for n in range(plan.repeat):
+            for rate, processes, mode, contender in order if n % 2 == 0 else order[::-1]:
+                seconds = plan.duration(rate)
+                log(
+                    f"latency: {contender}, {processes} process(es), {mode}, {rate}/s for "
+                    f"{seconds:g} s ({n + 1}/{plan.repeat})"
+                )
+                load = os.getloadavg()[0]
+                figures, latencies = run_one(
+                    bench, receiver, contender, rate, processes, mode, seconds
+                )
+                runs.append({"round": n, "load_1min": load, **figures})
+                pooled.setdefault((rate, processes, mode, contender), []).extend(latencies)
+    finally:
+        receiver.close()
+    cells = [
+        {"rate": rate, "processes": processes, "mode": mode, "contender": contender,
+         **percentiles(latencies), "histogram": histogram(latencies)}
+        for (rate, processes, mode, contender), latencies in pooled.items()
+    ]  # fmt: skip
+    settings = {
+        "rates": plan.rates, "processes": plan.processes, "modes": plan.modes,
+        "contenders": plan.contenders, "seconds": {r: plan.duration(r) for r in plan.rates},
+        "repeat": plan.repeat, "batch": BATCH, "concurrency": CONCURRENCY,
+        "aggregates": AGGREGATES, "producer_connections": PRODUCER_CONNECTIONS,
+    }  # fmt: skip
+    return {
+        "plan": settings,
+        "receiver_capacity_rps": capacity,
+        "cores": os.cpu_count(),
+        "bins_ms": BINS_MS,
+        "cells": cells,
+        "runs": runs,
+    }
+
+
+# -- the report ---------------------------------------------------------------------------
+
+NAMES = {
+    "worker": "outbox-worker",
+    "floor": "floor (the protocol, one loop)",
+    "pgqueuer": "pgqueuer",
+}
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.1f}x" if a is not None and b else "-"
+
+
+LOADED = 2.5  # a 1-minute load average above this on two cores: latency figures mean little
+
+
+def render(latency: dict[str, Any]) -> list[str]:
+    plan = latency["plan"]
+    cells = latency["cells"]
+    runs = latency["runs"]
+    loads = [r["load_1min"] for r in runs]
+    loaded = (
+        f"**Taken on a loaded machine**: the 1-minute load average was "
+        f"{min(loads):.1f}-{max(loads):.1f} as runs started (above {LOADED} on "
+        f"{latency.get('cores', 2)} cores, other work competed for the CPU): these figures "
+        "show the harness works, not what the contenders do."
+        if loads and max(loads) > LOADED
+        else f"1-minute load average {min(loads):.1f}-{max(loads):.1f} as runs started."
+        if loads
+        else None
+    )
+    seconds = ", ".join(f"{s:g} s at {r}/s" for r, s in plan["seconds"].items())
+    lines = [
+        "## Latency: a producer's commit to the first byte at the receiver",
+        "",
+        *([loaded, ""] if loaded else []),
+        f"A producer commits one row per transaction (the project's `enqueue`, autocommit, "
+        f"up to {plan['producer_connections']} connections so a slow commit never holds the "
+        f"next back) at a steady rate, {plan['aggregates']:,} aggregates; each run sends its "
+        f"rate for {seconds}, after a first second left out. The figure is the receiver's "
+        "`time.time_ns()` at a request's first byte minus the producer's right after its "
+        "commit returned: one machine, one clock (CLOCK_REALTIME). "
+        f"{plan['repeat']} round(s), samples pooled.",
+        "",
+        "Contenders, one after another on the same PostgreSQL and the same two cores as the "
+        "producer and the receiver:",
+        "",
+        f"- **outbox-worker**: `outbox-worker --publisher http` with its defaults (batch "
+        f"{plan['batch']}, concurrency {plan['concurrency']}); ordered mode adds "
+        "`--ordering aggregate` on a table migrated for it.",
+        "- **floor**: `bench/latency_floor.py`, the same protocol without the worker's "
+        "machinery: one asyncio loop on one connection doing LISTEN, the project's claim "
+        "(outbox.lease) of up to the same batch, every claimed message POSTed at once over "
+        "as many connections as the worker's concurrency, one fenced finalize per batch, "
+        "claim again.",
+        "- **pgqueuer**: its QueueManager with its defaults (batch 10), the entrypoint "
+        "POSTing the job; unordered only (pgqueuer has no per-aggregate order).",
+        "",
+        _receiver_note(latency),
+        "",
+        "| rate/s | processes | mode | contender | samples | p50 ms | p90 ms | p99 ms "
+        "| p99.9 ms | max ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in cells:
+        lines.append(
+            f"| {cell['rate']:,} | {cell['processes']} | {cell['mode']} | "
+            f"{NAMES[cell['contender']]} | {cell['samples']:,} | "
+            + " | ".join(_ms(cell[k]) for k in ("p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms"))
+            + " |"
+        )
+    lines += [
+        "",
+        "- : fewer than ten samples beyond that percentile.",
+        "",
+        "### The worker beside the floor (worker ÷ floor, same cell, same run)",
+        "",
+        "| rate/s | processes | mode | p50 | p90 | p99 | p99.9 | max |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    by_key = {(c["rate"], c["processes"], c["mode"], c["contender"]): c for c in cells}
+    for (rate, processes, mode, contender), worker in by_key.items():
+        floor = by_key.get((rate, processes, mode, "floor"))
+        if contender != "worker" or floor is None:
+            continue
+        lines.append(
+            f"| {rate:,} | {processes} | {mode} | "
+            + " | ".join(
+                _ratio(worker[k], floor[k])
+                for k in ("p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms")
+            )
+            + " |"
+        )
+    lines += ["", *_run_notes(runs)]
+    return lines
+
+
+def _receiver_note(latency: dict[str, Any]) -> str:
+    runs = latency["runs"]
+    busiest = max((r["receiver_cpu_share"] for r in runs), default=0.0)
+    own_p90 = max((r["receiver_own"]["p90_ms"] or 0.0 for r in runs), default=0.0)
+    own_max = max((r["receiver_own"]["max_ms"] or 0.0 for r in runs), default=0.0)
+    rates = latency["plan"]["rates"]
+    return (
+        "The receiver (`bench/latency_receiver.py`, aiohttp's low-level server on uvloop in a "
+        "process of its own) is not the bottleneck: a plain aiohttp client got "
+        f"{latency['receiver_capacity_rps']:,.0f} requests/s from it in this run, against at "
+        f"most {max(rates):,} a second sent; it was busy at most {busiest:.0%} of a core "
+        "during any run, and its own share of a figure (from the first byte to its handler, "
+        f"both noted) was at most {own_p90:.2f} ms at p90 and {own_max:.1f} ms at most in any "
+        "run."
+    )
+
+
+def _run_notes(runs: list[dict[str, Any]]) -> list[str]:
+    notes = []
+    short = [
+        r
+        for r in runs
+        if r["achieved_rate"] < 0.97 * r["rate"]
+        or r["missing"]
+        or r["producer_late"] > 0.01 * r["samples"]
+    ]
+    for r in short:
+        notes.append(
+            f"- {NAMES[r['contender']]}, {r['processes']} process(es), {r['mode']}, "
+            f"{r['rate']}/s: the producer reached {r['achieved_rate']:,.0f}/s "
+            f"({r['producer_late']} messages found every producer connection busy), "
+            f"{r['missing']} missing."
+        )
+    commits = [r["commit"]["p50_ms"] for r in runs]
+    commit_p90 = [r["commit"]["p90_ms"] for r in runs if r["commit"]["p90_ms"] is not None]
+    dupes = sum(r["duplicates"] for r in runs)
+    return [
+        f"The producer's own statement (enqueue until its commit returned, not part of the "
+        f"figures): p50 {min(commits):.1f}-{max(commits):.1f} ms, p90 up to "
+        f"{max(commit_p90, default=0.0):.1f} ms across runs. Duplicates at the receiver: "
+        f"{dupes}.",
+        *(["", *notes] if notes else []),
+    ]
+
+
+def plot(latency: dict[str, Any], path: Path) -> None:
+    """Histograms of every cell: one panel per rate and process count, one line per
+    contender and mode, counts as a share of the cell's samples on log-spaced bins."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    plan, edges = latency["plan"], latency["bins_ms"]
+    rates, processes = list(plan["rates"]), list(plan["processes"])
+    figure, axes = plt.subplots(
+        len(processes), len(rates), figsize=(5 * len(rates), 3.6 * len(processes)),
+        squeeze=False, sharex=True,
+    )  # fmt: skip
+    colours = {"worker": "tab:green", "floor": "tab:blue", "pgqueuer": "tab:orange"}
+    for cell in latency["cells"]:
+        ax = axes[processes.index(cell["processes"])][rates.index(cell["rate"])]
+        total = max(cell["samples"], 1)
+        shares = [c / total for c in cell["histogram"]]
+        style = "-" if cell["mode"] == "unordered" else "--"
+        ax.stairs(
+            shares, edges, color=colours[cell["contender"]], linestyle=style,
+            label=f"{cell['contender']} ({cell['mode']})",
+        )  # fmt: skip
+        if cell["p99_ms"] is not None and cell["mode"] == "unordered":
+            ax.axvline(cell["p99_ms"], color=colours[cell["contender"]], alpha=0.4, lw=0.8)
+    for row, n in enumerate(processes):
+        for col, rate in enumerate(rates):
+            ax = axes[row][col]
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlim(0.5, 500)
+            ax.set_ylim(1e-5, 1)
+            ax.set_title(f"{rate:,} msg/s, {n} process(es)", fontsize=10)
+            if row == len(processes) - 1:
+                ax.set_xlabel("commit → first byte at the receiver (ms)")
+            if col == 0:
+                ax.set_ylabel("share of messages")
+    axes[0][0].legend(fontsize=7)
+    figure.suptitle("Latency histograms (thin vertical lines: unordered p99)", fontsize=11)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

@@ -1,0 +1,112 @@
+"""The latency floor: the lease protocol over HTTP without the worker's machinery.
+
+python -m bench.latency_floor DSN URL BATCH CONCURRENCY [ordered]
+
+One asyncio loop (uvloop, as the worker runs by default) on one connection: LISTEN on the
+table's channel; claim up to BATCH with the project's own claim (outbox.lease.claim, the
+statement outbox.queries holds, prepared as the worker prepares it; ordered mode's heads
+when `ordered`, found as OrderedClaims says, as the worker finds them); POST every claimed
+message at once over at most CONCURRENCY connections (the worker's default connection limit
+is its concurrency), the same body (the worker's envelope) and headers as the http
+publisher; then finalize the whole batch in one fenced statement (outbox.lease.finalize);
+and claim again at once. Only a claim that finds nothing waits, for a NOTIFY or one second.
+
+No services, no ledger, no timers, no hand-offs between tasks: what the protocol costs on
+this machine, to set the worker's figures beside. Runs until SIGTERM; what it holds then is
+left to its leases (the benchmark has every message by then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from datetime import timedelta
+
+import aiohttp
+import psycopg
+
+from bench.env import uvloop_run
+from outbox.lease import OrderedClaims, claim, finalize
+from outbox.models import Message, Outcome
+from outbox.queries import queries
+from outbox.table import Table
+from outbox.worker.publishers.envelope import envelope
+
+TABLE = Table.parse("outbox")
+LEASE = timedelta(seconds=60)
+MAX_ATTEMPTS = 12
+POLL = 1.0  # seconds an empty claim waits for a NOTIFY, as the worker's poll interval
+# psycopg prepares only what is asked for (the claim), never the batched finalize: the
+# worker's connection setting (outbox.worker.replica.EXPLICIT_PREPARE_ONLY).
+EXPLICIT_PREPARE_ONLY = 2**31 - 1
+
+
+async def _post(session: aiohttp.ClientSession, url: str, message: Message) -> Outcome:
+    headers = {
+        "Idempotency-Key": str(message.id),
+        "Outbox-Event-Type": message.event_type,
+        "Outbox-Attempt": str(message.attempts),
+    }
+    try:
+        async with session.post(url, data=envelope(message).encode(), headers=headers) as reply:
+            await reply.read()
+            if 200 <= reply.status < 300:
+                return Outcome.done(message)
+            error = f"HTTP {reply.status}"
+    except aiohttp.ClientError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return Outcome.retry(message, timedelta(0), error)
+
+
+async def dispatch(dsn: str, url: str, batch: int, concurrency: int, ordered: bool) -> None:
+    owner = "latency-floor"
+    async with (
+        await psycopg.AsyncConnection.connect(
+            dsn, autocommit=True, prepare_threshold=EXPLICIT_PREPARE_ONLY, application_name=owner
+        ) as conn,
+        aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=concurrency),
+            timeout=aiohttp.ClientTimeout(),
+            headers={
+                "Content-Type": "application/json",
+                "User-Agent": owner,
+                "Outbox-Worker": owner,
+            },
+        ) as session,
+    ):
+        # UTC by name, as the worker's pool sets it: timestamps decode without a zone lookup.
+        await conn.execute("SET TimeZone = 'UTC'")
+        await conn.execute(queries(TABLE).listen)
+        plan = OrderedClaims()
+        while True:
+            messages = await claim(
+                conn, TABLE, owner=owner, batch=batch, lease=LEASE, max_attempts=MAX_ATTEMPTS,
+                ordered=ordered, by_aggregate=plan.by_aggregate, prepare=True,
+            )  # fmt: skip
+            if ordered:
+                plan.observe(len(messages), batch)
+            if messages:
+                outcomes = await asyncio.gather(*(_post(session, url, m) for m in messages))
+                await finalize(conn, TABLE, outcomes)
+                continue
+            # NOTIFYs that came in during the claims are yielded first (psycopg keeps them):
+            # at worst one claim more, never a row missed.
+            async for _ in conn.notifies(timeout=POLL, stop_after=1):
+                pass
+
+
+async def main(argv: list[str]) -> None:
+    dsn, url, batch, concurrency = argv[0], argv[1], int(argv[2]), int(argv[3])
+    ordered = argv[4:] == ["ordered"]
+    task = asyncio.ensure_future(dispatch(dsn, url, batch, concurrency, ordered))
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+if __name__ == "__main__":
+    uvloop_run(main(sys.argv[1:]))

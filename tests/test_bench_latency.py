@@ -1,0 +1,113 @@
+"""The latency benchmark's harness (bench/latency.py): its figures, its order of runs, its
+report, and a run of one quick cell end to end. No timing is asserted: the figures live in
+bench/results/latency.md."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import latency
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_percentiles_are_nearest_rank_and_left_out_without_ten_samples_beyond():
+    values = [float(v) for v in range(1, 1001)]  # 1..1000 ms
+    figures = latency.percentiles(list(reversed(values)))
+    assert figures["samples"] == 1000 and figures["max_ms"] == 1000.0
+    assert (figures["p50_ms"], figures["p90_ms"], figures["p99_ms"]) == (500.0, 900.0, 990.0)
+    assert figures["p999_ms"] is None  # one sample beyond it: that is the maximum, not p99.9
+    assert latency.percentiles(values * 10)["p999_ms"] == 999.0
+    empty = latency.percentiles([])
+    assert empty["samples"] == 0 and empty["p50_ms"] is None and empty["max_ms"] is None
+
+
+def test_histogram_counts_every_sample_once_on_log_bins():
+    samples = [0.01, 0.1, 1.0, 1.05, 10.0, 99.0, 10**6]
+    counts = latency.histogram(samples)
+    assert sum(counts) == len(samples) and len(counts) == len(latency.BINS_MS) - 1
+    assert counts[0] == 2  # below the first edge, and on it
+    assert counts[-1] == 1  # far past the last edge
+    one_ms = latency.BINS_MS.index(1.0)
+    assert counts[one_ms] == 2  # [1.0, 1.12)
+
+
+def test_runs_go_cell_by_cell_pgqueuer_unordered_only_order_alternating():
+    plan = latency.Plan(rates=(10, 100), processes=(1,), modes=("unordered", "ordered"))
+    runs = plan.runs()
+    assert runs[:3] == [(10, 1, "unordered", c) for c in ("worker", "floor", "pgqueuer")]
+    assert runs[3:5] == [(10, 1, "ordered", c) for c in ("floor", "worker")]
+    assert runs[5:8] == [(100, 1, "unordered", c) for c in ("worker", "floor", "pgqueuer")]
+    assert not [r for r in runs if r[3] == "pgqueuer" and r[2] == "ordered"]
+    assert latency.Plan().duration(1000) == latency.SECONDS[1000]
+    assert latency.Plan(seconds=2.5).duration(10) == 2.5
+
+
+def _section(load: float) -> dict:
+    def figures(contender: str, scale: float) -> dict:
+        values = [scale] * 20_000
+        return {
+            "rate": 1000, "processes": 2, "mode": "unordered", "contender": contender,
+            **latency.percentiles(values), "histogram": latency.histogram(values),
+        }  # fmt: skip
+
+    cells = [figures("worker", 4.0), figures("floor", 2.0), figures("pgqueuer", 3.0)]
+    run = {
+        "load_1min": load, "achieved_rate": 1000.0, "missing": 0, "producer_late": 0,
+        "duplicates": 0, "receiver_cpu_share": 0.2, "rate": 1000, "samples": 2000,
+        "commit": latency.percentiles([1.0] * 200),
+        "receiver_own": latency.percentiles([0.1] * 200),
+    }  # fmt: skip
+    return {
+        "plan": {
+            "rates": [1000], "processes": [2], "modes": ["unordered"],
+            "contenders": list(latency.CONTENDERS), "seconds": {1000: 2.0}, "repeat": 1,
+            "batch": 100, "concurrency": 32, "aggregates": 1000, "producer_connections": 4,
+        },
+        "receiver_capacity_rps": 5000.0, "cores": 2, "bins_ms": latency.BINS_MS,
+        "cells": cells, "runs": [run],
+    }  # fmt: skip
+
+
+def test_report_sets_the_worker_beside_the_floor_and_says_when_the_machine_was_loaded(
+    tmp_path,
+):
+    quiet = "\n".join(latency.render(_section(load=0.4)))
+    assert "| 1,000 | 2 | unordered | outbox-worker | 20,000 | 4.0 |" in quiet
+    assert "| 1,000 | 2 | unordered | 2.0x | 2.0x | 2.0x | 2.0x | 2.0x |" in quiet
+    assert "loaded machine" not in quiet and "CLOCK_REALTIME" in quiet
+    assert "not the bottleneck" in quiet and "5,000 requests/s" in quiet
+    assert "**Taken on a loaded machine**" in "\n".join(latency.render(_section(load=3.1)))
+    latency.plot(_section(load=0.4), tmp_path / "latency.png")
+    assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_one_quick_cell_runs_end_to_end(tmp_path):
+    """Every contender, both modes, one process at 100/s for one second: every message
+    reaches the receiver once, and the section's three files are written."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "--only", "latency", "--smoke", "--latency-seconds",
+         "1", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    section = json.loads((tmp_path / "latency.json").read_text())["latency"]
+    assert {(c["contender"], c["mode"]) for c in section["cells"]} == {
+        ("worker", "unordered"), ("worker", "ordered"), ("floor", "unordered"),
+        ("floor", "ordered"), ("pgqueuer", "unordered"),
+    }  # fmt: skip
+    for run in section["runs"]:
+        assert run["samples"] == 100 and run["missing"] == 0 and run["duplicates"] == 0, run
+        assert 0 < run["p50_ms"] <= run["max_ms"]
+        assert run["commit"]["p50_ms"] > 0 and run["receiver_own"]["p50_ms"] >= 0
+    assert section["receiver_capacity_rps"] > 0
+    text = (tmp_path / "latency.md").read_text()
+    assert "The worker beside the floor" in text and "pgqueuer" in text
+    assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
