@@ -214,7 +214,8 @@ def _connect(dsn: str) -> psycopg.Connection[Any]:
 
 
 def print_stats(stats: QueueStats) -> None:
-    done = f"~{stats.done}" if stats.done_is_estimate else str(stats.done)
+    # The planner's estimate (~), or counted: exactly, or at least (≥) where the count stopped.
+    done = f"~{stats.done}" if stats.done_is_estimate else stats.count_text("done")
     rows = [
         ("table", stats.table),
         ("pending", f"{stats.count_text('pending')} ({stats.count_text('ready')} ready)"),

@@ -11,7 +11,12 @@ claimable backlog is then estimated from the id span between the head of the cla
 and `max_id` (`QueueStats.ready_estimate`), and completions from how far that head moved.
 The attempts distribution covers the oldest `count_limit` waiting messages. Done rows are
 the one count that cannot be cheap: an estimate from the planner's statistics unless
-`exact=True`.
+`exact=True`, as long as those statistics are to be trusted. A table never analyzed has
+none (`reltuples` -1: a demo's thousands of delivered rows read `done ~0`), and one changed a
+lot since its last analyze has stale ones (`n_mod_since_analyze` past `STALE_FRACTION` of the
+rows it knew: twice what makes autovacuum analyze it again); then the done rows are counted
+among the first `count_limit` rows of the table, an exact figure when the table holds fewer,
+else a lower bound (`at_least("done")`), never a wrong estimate.
 
 Two ages, because they answer different questions. The ready age (`oldest_ready_age`) is how
 long the head of the claim order has been claimable: what more workers would shorten, the
@@ -60,6 +65,11 @@ COUNT_LIMIT = 10_000
 
 # `exact=True`: no bound in practice (PostgreSQL's LIMIT takes a bigint).
 _UNBOUNDED = 2**62
+
+# The planner's statistics are stale past this many changes (inserts, updates, deletes) since
+# the last analyze, as a fraction of the rows it counted: autovacuum analyzes again at 10%
+# (and 50 rows) by default, so twice that means it is behind or off for this table.
+STALE_FRACTION = 0.2
 
 _COUNTED = (
     "pending", "ready", "waiting", "retrying", "processing", "dead", "expired_leases",
@@ -163,7 +173,7 @@ class QueueStats:
     processing: int
     dead: int
     done: int
-    done_is_estimate: bool
+    done_is_estimate: bool  # the planner's statistics (see the module's docstring)
     expired_leases: int  # processing rows past lease_until: crashed or stalled workers
     # Seconds since created_at of the oldest unfinished message (pending or processing),
     # backoff included; also named `oldest_unfinished_age`.
@@ -188,6 +198,8 @@ class QueueStats:
     # among the `waiting` rows walked, so a lower bound when `waiting` is.
     retrying: int = 0
     destinations: tuple[DestinationState, ...] = ()  # every destination with a row, by name
+    # Done rows counted (statistics missing or stale) stopped at the count limit: a lower bound.
+    done_at_least: bool = False
 
     @property
     def backlog(self) -> int:
@@ -210,6 +222,8 @@ class QueueStats:
         """Whether the count `name` stopped at the count limit (the true figure may be more)."""
         if name == "retrying":  # counted among the waiting rows walked
             name = "waiting"
+        if name == "done":  # counted (or estimated) its own way
+            return self.done_at_least
         value = getattr(self, name)
         return self.count_limit is not None and value is not None and value >= self.count_limit
 
@@ -238,7 +252,7 @@ class QueueStats:
         data["destinations"] = [d.to_dict() for d in self.destinations]
         data["backlog"] = self.backlog
         data["ready_estimate"] = self.ready_estimate
-        data["at_least"] = [name for name in _COUNTED if self.at_least(name)]
+        data["at_least"] = [name for name in (*_COUNTED, "done") if self.at_least(name)]
         return data
 
 
@@ -351,6 +365,28 @@ _ORDERED_COLUMNS = sql.SQL(
 )
 
 
+# Done rows without `exact`: [how, figure]. How 0: the planner's estimate of every row
+# (reltuples, summed over the partitions if any), trusted only while every part has been
+# analyzed (or vacuumed) and changed little since (`STALE_FRACTION`). Else the done rows among
+# the first %(limit)s rows in id order (the primary key, oldest first): how 1 when that was
+# the whole table (exact), 2 when it stopped at the limit (a lower bound). The count is a
+# subquery only the ELSE branch refers to: PostgreSQL runs it only when it is needed.
+_DONE = sql.SQL(
+    """(SELECT CASE
+         WHEN bool_and(c.reltuples >= 0
+                       AND coalesce(pg_stat_get_mod_since_analyze(c.oid), 0)
+                           <= c.reltuples * {stale})
+         THEN ARRAY[0, sum(greatest(c.reltuples, 0))::bigint]
+         ELSE (SELECT ARRAY[CASE WHEN count(*) < %(limit)s THEN 1 ELSE 2 END,
+                            count(*) FILTER (WHERE r.status = 'done')]
+                 FROM (SELECT status FROM {t} ORDER BY id LIMIT %(limit)s) AS r)
+       END
+  FROM pg_class AS c
+ WHERE (c.oid = {rc}::regclass AND c.relkind <> 'p')
+    OR c.oid IN (SELECT relid FROM pg_partition_tree({rc}::regclass) WHERE isleaf))"""
+)
+
+
 def _statement(table: Table, exact: bool, ordered: bool) -> sql.Composed:
     t = table.ident
 
@@ -379,9 +415,7 @@ def _statement(table: Table, exact: bool, ordered: bool) -> sql.Composed:
     done = (
         count("status = 'done'", "id")
         if exact
-        else sql.SQL(
-            "(SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = {rc}::regclass)"
-        ).format(rc=table.regclass_literal)
+        else _DONE.format(t=t, rc=table.regclass_literal, stale=sql.Literal(STALE_FRACTION))
     )
     body = sql.SQL(
         """SELECT now(),
@@ -424,9 +458,15 @@ def _build(table: Table, row: Row, exact: bool, limit: int | None) -> QueueStats
     ]
     max_id, dist, (waiting, retrying) = row[10:13]
     heads, head_age, blocked = row[13:16] if len(row) > 13 else (None, None, None)
-    if not exact:
-        # reltuples counts every row: what is not waiting or dead is (roughly) done.
-        done = max(int(done) - pending - processing - dead, 0)
+    done_at_least = False
+    if exact:
+        estimate = False
+    else:
+        how, done = (int(v) for v in done)
+        estimate, done_at_least = how == 0, how == 2
+        if estimate:
+            # reltuples counts every row: what is not waiting or dead is (roughly) done.
+            done = max(done - pending - processing - dead, 0)
     return QueueStats(
         table=str(table),
         sampled_at=now,
@@ -435,7 +475,8 @@ def _build(table: Table, row: Row, exact: bool, limit: int | None) -> QueueStats
         processing=processing,
         dead=dead,
         done=int(done),
-        done_is_estimate=not exact,
+        done_is_estimate=estimate,
+        done_at_least=done_at_least,
         expired_leases=expired,
         oldest_pending_age=oldest,
         oldest_ready_age=oldest_ready,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -11,6 +12,7 @@ from psycopg import sql
 
 from outbox import Outcome, queue_stats, queue_stats_async, rates
 from outbox import destinations as dest
+from outbox.cli import main as cli_main
 from outbox.lease import claim, finalize
 from outbox.runner import fetch
 from outbox.schema import migrate
@@ -63,11 +65,62 @@ def test_counts_readiness_expired_leases_and_attempts(conn, table):
 
 def test_done_is_estimated_from_planner_statistics_unless_exact(conn, table):
     _shape(conn)
+    conn.execute("SELECT pg_stat_force_next_flush()")  # no change left to count after ANALYZE
     conn.execute("ANALYZE outbox")
     estimate = queue_stats(conn, table)
     assert estimate.done_is_estimate
     assert estimate.done == 3  # reltuples (12) minus pending, processing and dead
     assert estimate.pending == 4  # the other counts are exact either way
+
+
+def _deliver(conn, count: int) -> None:
+    """`count` messages enqueued and delivered, and the cumulative statistics flushed, so
+    that what the table's statistics say (or lack) is what the test decides."""
+    ids = seed(conn, count)
+    _set(conn, ids, "status = 'done', done_at = now(), attempts = 1")
+    conn.execute("SELECT pg_stat_force_next_flush()")  # flushed before the answer comes
+
+
+@pytest.fixture
+def no_autovacuum(conn):
+    """Nothing analyzes the table behind the test's back."""
+    conn.execute("ALTER TABLE outbox SET (autovacuum_enabled = off)")
+
+
+def test_done_is_counted_when_the_table_was_never_analyzed(conn, table, no_autovacuum, capsys):
+    # What the demo leaves: every message delivered before autoanalyze ran; reltuples says
+    # -1 (never analyzed), which read as "done ~0".
+    _deliver(conn, 2994)
+    assert conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'outbox'").fetchone() == (
+        -1,
+    )
+    stats = queue_stats(conn, table, count_limit=10_000)
+    assert (stats.done, stats.done_is_estimate, stats.at_least("done")) == (2994, False, False)
+    dsn = conn.info.dsn
+    cli_main(["stats", "--dsn", dsn])
+    assert re.search(r"^done\s+2994$", capsys.readouterr().out, re.MULTILINE)
+
+
+def test_done_is_counted_when_the_statistics_are_stale(conn, table, no_autovacuum):
+    _deliver(conn, 10)
+    conn.execute("ANALYZE outbox")
+    assert queue_stats(conn, table).done_is_estimate  # fresh statistics: the estimate
+    _deliver(conn, 3000)  # many times the rows the statistics know of
+    stats = queue_stats(conn, table)
+    assert (stats.done, stats.done_is_estimate) == (3010, False)
+    conn.execute("ANALYZE outbox")
+    fresh = queue_stats(conn, table)
+    assert fresh.done_is_estimate and fresh.done == 3010
+
+
+def test_done_counted_past_the_limit_is_a_lower_bound(conn, table, no_autovacuum):
+    _deliver(conn, 300)
+    seed(conn, 5)
+    stats = queue_stats(conn, table, count_limit=100)
+    assert not stats.done_is_estimate and stats.at_least("done"), stats
+    assert 0 < stats.done <= 100
+    assert stats.count_text("done") == f"≥{stats.done}"
+    assert "done" in stats.to_dict()["at_least"]
 
 
 def test_oldest_ages_skip_rows_that_are_not_waiting(conn, table):
@@ -205,7 +258,9 @@ def test_counts_stop_at_the_limit_and_say_so(conn, table):
     assert exact.count_limit is None and exact.counts_exact
     assert stats.max_id == exact.max_id == max(ids)
     assert stats.oldest_pending_age == pytest.approx(exact.oldest_pending_age, abs=5)
-    assert stats.to_dict()["at_least"] == ["pending", "ready", "processing"]
+    # Done rows too: never analyzed, the table's statistics say nothing, so they are counted
+    # among its first 3 rows.
+    assert stats.to_dict()["at_least"] == ["pending", "ready", "processing", "done"]
 
 
 def test_below_the_limit_every_count_is_exact(conn, table):

@@ -206,9 +206,11 @@ class PgSource:
                 stats = await queue_stats_async(
                     conn, self.table, exact=self._small_table, ordered=ordered, destinations=False
                 )
-            # Exact from the next poll on while counting done rows costs next to nothing.
-            self._small_table = stats.pending + stats.processing + stats.dead + stats.done < (
-                EXACT_DONE_BELOW
+            # Exact from the next poll on while counting done rows costs next to nothing: a
+            # count that stopped at its limit says the table may be far bigger.
+            counted = stats.pending + stats.processing + stats.dead + stats.done
+            self._small_table = (
+                counted < EXACT_DONE_BELOW and stats.counts_exact and not stats.at_least("done")
             )
             holders = await fetch_async(conn, dashboard.lease_holders(self.table))
             blocked: Blocked | None = None

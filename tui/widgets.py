@@ -131,8 +131,10 @@ class CountsPanel(Static):
         grid.add_row("processing", fmt.count(stats.processing), expired)
         dead = Text(fmt.count(stats.dead), style="bold red" if stats.dead else "")
         grid.add_row("dead", dead, "press d" if stats.dead else "")
-        done = ("~" if stats.done_is_estimate else "") + fmt.short_count(stats.done)
-        grid.add_row("done", done, "estimate" if stats.done_is_estimate else "")
+        # The planner's estimate, or counted (at least, where the count stopped).
+        mark = "~" if stats.done_is_estimate else "≥" if stats.at_least("done") else ""
+        note = "estimate" if stats.done_is_estimate else "at least" if mark else ""
+        grid.add_row("done", mark + fmt.short_count(stats.done), note)
         self.update(grid)
 
 
