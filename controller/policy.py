@@ -115,6 +115,24 @@ DENIED_ENV_NAMES: dict[str, str] = {
 # client: every request to a destination would go through the author's proxy.
 DENIED_ENV_SUFFIX = "_PROXY"  # compared in upper case, as the CRD's upperAscii()
 DENIED_ENV_SUFFIX_WHY = "HTTP clients read it (a proxy every request goes through)"
+# spec.publisher.kafka.config reaches the worker as OUTBOX_KAFKA_CONFIG, one KEY=VALUE a line
+# (read with str.splitlines, for which \r, \v, \f, \x1c-\x1e, \x85, U+2028 and U+2029 end a
+# line too): a key outside librdkafka's property names, or a value with a line break, would
+# add a property the author did not write as one. The CRD takes values of printable ASCII
+# only (a pattern); it cannot check map keys cheaply (see key_valid), so the policy does.
+KAFKA_CONFIG_KEY = re.compile(r"^[a-z0-9][a-z0-9._]*\Z")
+KAFKA_CONFIG_VALUE = re.compile(r"^[\x20-\x7e]*\Z")
+# librdkafka's properties (CONFIGURATION.md) that load code or run a command in the worker
+# process, whose environment holds the DSN: refused whatever the admin allows, by the CRD
+# too (one list: tests/test_controller_policy.py compares). A Kafka Secret's owner, who
+# consents to it, may still set them through configSecretRef.
+DENIED_KAFKA_CONFIG: dict[str, str] = {
+    "plugin.library.paths": "librdkafka loads the libraries it names",
+    "sasl.kerberos.kinit.cmd": "librdkafka runs it through a shell",
+    "ssl.engine.location": "OpenSSL loads the engine library it names",
+    "ssl.engine.id": "OpenSSL loads the engine it names",
+    "ssl.providers": "OpenSSL loads the providers it names",
+}
 # A Secret's name: a DNS subdomain, so never a path into another namespace.
 SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 # Where the spec names Secrets, from spec (`[]` walks a list). imagePullSecrets is the pod
@@ -508,11 +526,24 @@ UNRESTRICTED = frozenset(
 BY_CONSENT = frozenset({"imagePullSecrets"})
 
 
+def _kafka_config(config: Mapping[str, Any]) -> Iterator[Violation]:
+    # Values are never quoted back: an author may have put a secret in one.
+    for key in sorted(config):
+        at = f"spec.publisher.kafka.config.{_shown(key)}"
+        if not KAFKA_CONFIG_KEY.match(key):
+            yield at, "is not a librdkafka property name (a-z, 0-9, dots and underscores)"
+        elif key in DENIED_KAFKA_CONFIG:
+            yield at, f"may not be set: {DENIED_KAFKA_CONFIG[key]}"
+        if not KAFKA_CONFIG_VALUE.match(str(config[key])):
+            yield at, "its value must be one line of printable ASCII"
+
+
 def violations(
     spec: Mapping[str, Any], settings: ControllerSettings, dispatcher: str = ""
 ) -> list[Violation]:
     """Every field of spec.worker outside the policy, as (`spec.worker.<field>`, why), for
-    the dispatcher named `dispatcher` (whose own pods a podAntiAffinity may select)."""
+    the dispatcher named `dispatcher` (whose own pods a podAntiAffinity may select), and the
+    Kafka properties no resource may set."""
     worker: Mapping[str, Any] = spec.get("worker") or {}
     found: list[Violation] = []
     for field, check in WORKER_CHECKS.items():
@@ -520,6 +551,8 @@ def violations(
             found.extend(
                 (f"spec.worker.{at}", why) for at, why in check(worker[field], settings, dispatcher)
             )
+    kafka: Mapping[str, Any] = (spec.get("publisher") or {}).get("kafka") or {}
+    found.extend(_kafka_config(kafka.get("config") or {}))
     return found
 
 

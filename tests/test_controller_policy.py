@@ -21,6 +21,7 @@ from outbox.controller.policy import (
     DENIED_ENV_NAMES,
     DENIED_ENV_PREFIXES,
     DENIED_ENV_SUFFIX,
+    DENIED_KAFKA_CONFIG,
     OPERATOR_ANNOTATION_PREFIXES,
     OPERATOR_LABELS,
     SECRET_FIELDS,
@@ -316,6 +317,65 @@ def test_placement_labels_and_annotations_are_refused_until_the_admin_lists_them
     by_key = dataclasses.replace(DEFAULTS, allowed_tolerations=("dedicated",))
     assert fields({"tolerations": [{"key": "dedicated", "operator": "Exists"}]}, by_key) == []
     assert fields({"affinity": {"podAntiAffinity": {"x": 1}}}) == []
+
+
+# -- Kafka properties: no code loaded, no command run, one property a line -------------------
+
+
+def kafka_refused(config: dict[str, str]) -> tuple[list[str], list[str]]:
+    """(what the CRD refuses, what the operator refuses) of spec.publisher.kafka.config."""
+    from chart.chart import custom_resource_errors
+
+    kafka = {"type": "kafka", "kafka": {"bootstrapServers": "k:9092", "config": config}}
+    resource = resource_of({**spec(), "publisher": kafka})
+    operator = [field for field, _ in violations(resource["spec"], DEFAULTS, "orders")]
+    return custom_resource_errors(resource), operator
+
+
+def test_the_crds_kafka_rule_holds_the_operators_list() -> None:
+    import re
+
+    kafka = SCHEMA["properties"]["spec"]["properties"]["publisher"]["properties"]["kafka"]
+    [rule] = [r["rule"] for r in kafka["properties"]["config"]["x-kubernetes-validations"]]
+    [listed] = re.findall(r"^!\[([^]]*)\]\.exists\(k, k in self\)$", rule)
+    assert sorted(re.findall(r"'([^']*)'", listed)) == sorted(DENIED_KAFKA_CONFIG)
+
+
+@pytest.mark.parametrize("key", sorted(DENIED_KAFKA_CONFIG))
+def test_a_property_that_loads_code_or_runs_a_command_is_refused(key: str) -> None:
+    crd, operator = kafka_refused({"security.protocol": "plaintext", key: "/tmp/x.so"})
+    assert len(crd) == 1 and "may not set plugin.library.paths" in crd[0]
+    assert operator == [f"spec.publisher.kafka.config.{key}"]
+
+
+@pytest.mark.parametrize(
+    ("config", "crd_refuses"),
+    [
+        # A line break in a value adds a property of its own, a denied one included.
+        ({"client.id": "a\nplugin.library.paths=/tmp/x.so"}, True),
+        ({"client.id": "a\rplugin.library.paths=/tmp/x.so"}, True),
+        ({"client.id": "a\u2028plugin.library.paths=/tmp/x.so"}, True),
+        ({"client.id": "a\x85b"}, True),
+        # So does one in a key, which the CRD cannot check cheaply: the operator does.
+        ({"client.id=a\nplugin.library.paths": "/tmp/x.so"}, False),
+        ({"Client.Id": "a"}, False),
+    ],
+)
+def test_every_property_is_one_line_of_its_own(config: dict[str, str], crd_refuses: bool) -> None:
+    crd, operator = kafka_refused(config)
+    assert bool(crd) is crd_refuses
+    assert operator == [f"spec.publisher.kafka.config.{' '.join(next(iter(config)).split())}"]
+
+
+def test_plain_properties_pass_and_a_refusal_never_quotes_a_value() -> None:
+    plain = {"security.protocol": "sasl_ssl", "sasl.mechanisms": "SCRAM-SHA-512",
+             "client.id": "orders outbox", "linger.ms": "5"}  # fmt: skip
+    assert kafka_refused(plain) == ([], [])
+    kafka = {"type": "kafka", "kafka": {"bootstrapServers": "k:9092",
+                                        "config": {"sasl.password": "hunter2\nx=y"}}}  # fmt: skip
+    [(field, why)] = violations({**spec(), "publisher": kafka}, DEFAULTS, "orders")
+    assert field == "spec.publisher.kafka.config.sasl.password"
+    assert why == "its value must be one line of printable ASCII"
 
 
 # -- anti-affinity: the workers apart from each other, and from nothing else ------------------
