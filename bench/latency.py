@@ -32,6 +32,7 @@ import bisect
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -43,7 +44,7 @@ from typing import Any
 
 import psycopg
 
-from bench.cpu import cpu_seconds
+from bench.cpu import cpu_seconds, tree_cpu_seconds
 from bench.env import ROOT, Bench, python_module
 from outbox.demo.embedded import free_port
 from outbox.producer import enqueue
@@ -284,6 +285,13 @@ def _wait_ready(dsn: str, contender: str, procs: list[Any], timeout: float = 60)
     time.sleep(1.0)  # LISTEN issued, first claims done: let start-up work settle
 
 
+def _spent(bench: Bench, procs: list[Any]) -> tuple[float, float]:
+    """CPU seconds so far: the contender's processes, PostgreSQL's processes."""
+    postmaster = bench.server.pid
+    database = tree_cpu_seconds(postmaster) if postmaster is not None else 0.0
+    return sum(cpu_seconds(p.pid) for p in procs), database
+
+
 def _stop(procs: list[Any]) -> None:
     for proc in procs:
         if proc.poll() is None:
@@ -315,6 +323,7 @@ def run_one(
         try:
             _wait_ready(dsn, contender, procs)
             cpu_before, started = receiver.cpu(), time.monotonic()
+            spent_before = _spent(bench, procs)
             insert = _enqueue_pgqueuer if pgqueuer else _enqueue_outbox
             produced = asyncio.run(produce(dsn, rate, count, insert))
             deadline = time.monotonic() + 60
@@ -322,6 +331,10 @@ def run_one(
                 if any(p.poll() is not None for p in procs):
                     raise RuntimeError(f"a {contender} process ended")
                 time.sleep(0.05)
+            spent = [
+                after - before
+                for after, before in zip(_spent(bench, procs), spent_before, strict=True)
+            ]
             receiver_busy = (receiver.cpu() - cpu_before) / (time.monotonic() - started)
             got = receiver.results()
         finally:
@@ -344,6 +357,10 @@ def run_one(
         "commit": percentiles(commits),
         "receiver_own": percentiles(own),
         "receiver_cpu_share": receiver_busy,
+        # CPU the contender's processes and PostgreSQL's (every backend: the producer's too)
+        # spent per message over the run: what each contender asks of the shared cores.
+        "contender_cpu_us": spent[0] * 1e6 / count,
+        "database_cpu_us": spent[1] * 1e6 / count,
         "histogram": histogram(latencies),
     }  # fmt: skip
     return figures, latencies
@@ -372,10 +389,19 @@ def run_latency(bench: Bench, plan: Plan, log: Callable[[str], None]) -> dict[st
                 pooled.setdefault((rate, processes, mode, contender), []).extend(latencies)
     finally:
         receiver.close()
+
+    def cpu(key: tuple[int, int, str, str], name: str) -> float:
+        return statistics.median(
+            r[name] for r in runs
+            if (r["rate"], r["processes"], r["mode"], r["contender"]) == key
+        )  # fmt: skip
+
     cells = [
-        {"rate": rate, "processes": processes, "mode": mode, "contender": contender,
-         **percentiles(latencies), "histogram": histogram(latencies)}
-        for (rate, processes, mode, contender), latencies in pooled.items()
+        {"rate": key[0], "processes": key[1], "mode": key[2], "contender": key[3],
+         **percentiles(latencies), "histogram": histogram(latencies),
+         "contender_cpu_us": cpu(key, "contender_cpu_us"),
+         "database_cpu_us": cpu(key, "database_cpu_us")}
+        for key, latencies in pooled.items()
     ]  # fmt: skip
     settings = {
         "rates": plan.rates, "processes": plan.processes, "modes": plan.modes,
@@ -460,19 +486,21 @@ def render(latency: dict[str, Any]) -> list[str]:
         _receiver_note(latency),
         "",
         "| rate/s | processes | mode | contender | samples | p50 ms | p90 ms | p99 ms "
-        "| p99.9 ms | max ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| p99.9 ms | max ms | CPU µs/msg | PostgreSQL CPU µs/msg |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in cells:
         lines.append(
             f"| {cell['rate']:,} | {cell['processes']} | {cell['mode']} | "
             f"{NAMES[cell['contender']]} | {cell['samples']:,} | "
             + " | ".join(_ms(cell[k]) for k in ("p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms"))
-            + " |"
+            + f" | {cell['contender_cpu_us']:,.0f} | {cell['database_cpu_us']:,.0f} |"
         )
     lines += [
         "",
-        "- : fewer than ten samples beyond that percentile.",
+        "- : fewer than ten samples beyond that percentile. CPU: the contender's processes "
+        "and all of PostgreSQL's (the producer's backends too) over the run, idle waits "
+        "included, per message sent: what each asks of the cores everything shares.",
         "",
         "### The worker beside the floor (worker ÷ floor, same cell, same run)",
         "",
