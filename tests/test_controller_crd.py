@@ -120,6 +120,10 @@ def test_subresources_and_printer_columns() -> None:
     assert {"Ready", "Desired", "Backlog", "Oldest-Ready", "Dead", "Status", "Age"} <= set(columns)
     assert {"Oldest-Unfinished", "Destinations"} <= set(columns)
     assert columns["Destinations"] == '.status.conditions[?(@.type=="DestinationReachable")].reason'
+    # Two pauses, named apart: the resource's own (its workers stop) is named after its field,
+    # so that `false` beside DESTINATIONS `Paused` (a destination a person paused) reads right.
+    assert columns["Spec-Paused"] == ".spec.paused"
+    assert not {"Paused", "PAUSED", "paused"} & set(columns)
     for path in columns.values():
         plain = path.split("[")[0].lstrip(".")
         assert plain in FIELDS or plain.startswith("metadata"), path

@@ -1,6 +1,6 @@
 """Day two's smaller findings, with the real operator against the emulator and kubectl:
 
-- a paused resource says `Paused` (Ready's reason and a PAUSED column), not `ScaledToZero`;
+- a paused resource says `Paused` (Ready's reason and the SPEC-PAUSED column), not `ScaledToZero`;
 - a scale Event says why it scaled ("0 -> 1 workers: minReplicas is 1; nothing waiting"),
   not what the policy alone would have run ("wanted 0: idle for 0s");
 - a bad DSN written to the Secret: reported (`InvalidDsn`), the running workers (started on
@@ -60,7 +60,7 @@ def test_paused_reads_paused_and_scale_events_say_why(
     )
     # Created on an empty table: the floor is why one worker starts, and nothing waits.
     assert up == ["0 -> 1 workers: minReplicas is 1; nothing waiting"], up
-    assert _column(cluster, "orders", "PAUSED") == "false"
+    assert _column(cluster, "orders", "SPEC-PAUSED") == "false"
 
     cluster.kubectl("patch", "obd", "orders", "--type=merge", "-p", '{"spec":{"paused":true}}')
     ready = wait_for(
@@ -69,7 +69,7 @@ def test_paused_reads_paused_and_scale_events_say_why(
     )
     assert ready["status"] == "True"
     assert "spec.paused" in ready["message"]
-    assert _column(cluster, "orders", "PAUSED") == "true"
+    assert _column(cluster, "orders", "SPEC-PAUSED") == "true"
     wide = cluster.kubectl("get", "obd", "orders", "-o", "wide").stdout.splitlines()
     assert dict(zip(wide[0].split(), wide[1].split(), strict=True))["REASON"] == "Paused"
     down = [e["message"] for e in events(cluster, "orders") if e["reason"] == "ScaledDown"]
@@ -83,7 +83,7 @@ def test_paused_reads_paused_and_scale_events_say_why(
             and condition(cluster, "orders", "Ready").get("reason") != "Paused"
         ),
     )
-    assert _column(cluster, "orders", "PAUSED") == "false"
+    assert _column(cluster, "orders", "SPEC-PAUSED") == "false"
     ups = [e["message"] for e in events(cluster, "orders") if e["reason"] == "ScaledUp"]
     assert all("wanted 0" not in m and "needs 0" not in m for m in ups), ups
 

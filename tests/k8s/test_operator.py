@@ -688,7 +688,7 @@ def test_never_past_max_replicas_and_kubectl_scale_pins_the_count(
         "DEAD",
         "DESTINATIONS",
         "STATUS",
-        "PAUSED",
+        "SPEC-PAUSED",
         "AGE",
     ]
     assert row.split()[:4] == ["orders", "0", "1", "2000"]

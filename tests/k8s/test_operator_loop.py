@@ -103,7 +103,7 @@ def test_the_closed_loop(
         "DEAD",
         "DESTINATIONS",
         "STATUS",
-        "PAUSED",
+        "SPEC-PAUSED",
         "AGE",
     ]
     assert table[1].split()[:9] == ["orders", "0", "0", "0", "0", "0", "0", "Reachable", "True"]
