@@ -134,7 +134,8 @@ class ControllerSettings:
     """Extra annotation keys the worker pods may have: a key, a prefix ending in `*`
     (example.com/*), or `*`."""
     allow_affinity: bool = False
-    """Node and pod affinity on the worker pods (podAntiAffinity is always allowed)."""
+    """Node and pod affinity on the worker pods, and anti-affinity terms that select other
+    pods than the dispatcher's own workers (those it always allows)."""
     worker_network_policy: bool = False
     """Give each dispatcher's worker pods a NetworkPolicy (owned by the resource): ingress
     only to their metrics port, from --worker-metrics-from; egress stays open (the database,
@@ -214,7 +215,10 @@ def build_parser() -> ArgumentParser:
     policy.add_argument("--allowed-priority-classes", help="names or * (default: none)")
     policy.add_argument("--allowed-pod-labels", help="keys, prefix* or * (default: none)")
     policy.add_argument("--allowed-pod-annotations", help="keys, prefix* or * (default: none)")
-    policy.add_argument("--allow-affinity", help="on or off (default): node and pod affinity")
+    policy.add_argument(
+        "--allow-affinity",
+        help="on or off (default): node and pod affinity, anti-affinity to other pods",
+    )
     policy.add_argument(
         "--worker-network-policy",
         help="on or off (default): a NetworkPolicy for each dispatcher's worker pods",
