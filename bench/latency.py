@@ -285,6 +285,17 @@ def _wait_ready(dsn: str, contender: str, procs: list[Any], timeout: float = 60)
     time.sleep(1.0)  # LISTEN issued, first claims done: let start-up work settle
 
 
+def _transactions(dsn: str) -> int:
+    """Transactions committed or rolled back in the run's database so far (this one too)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+            "WHERE datname = current_database()"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def _spent(bench: Bench, procs: list[Any]) -> tuple[float, float]:
     """CPU seconds so far: the contender's processes, PostgreSQL's processes."""
     postmaster = bench.server.pid
@@ -322,6 +333,7 @@ def run_one(
         procs = _start(contender, dsn, receiver.url, processes, mode)
         try:
             _wait_ready(dsn, contender, procs)
+            transactions_before = _transactions(dsn)
             cpu_before, started = receiver.cpu(), time.monotonic()
             spent_before = _spent(bench, procs)
             insert = _enqueue_pgqueuer if pgqueuer else _enqueue_outbox
@@ -339,6 +351,9 @@ def run_one(
             got = receiver.results()
         finally:
             _stop(procs)
+        # Read once the contender's sessions have ended: a session reports its counts to
+        # the statistics as it ends, and at most every second before.
+        transactions = _transactions(dsn) - transactions_before - count
     arrivals: dict[str, list[int]] = got["arrivals"]
     measured = produced.order[warm_up:]
     latencies = [
@@ -361,6 +376,9 @@ def run_one(
         # spent per message over the run: what each contender asks of the shared cores.
         "contender_cpu_us": spent[0] * 1e6 / count,
         "database_cpu_us": spent[1] * 1e6 / count,
+        # The contender's own transactions (claims, finalizes, renewals, its other reads and
+        # writes; the producer's left out) per message: its round trips to the database.
+        "transactions_per_message": transactions / count,
         "histogram": histogram(latencies),
     }  # fmt: skip
     return figures, latencies
@@ -400,7 +418,8 @@ def run_latency(bench: Bench, plan: Plan, log: Callable[[str], None]) -> dict[st
         {"rate": key[0], "processes": key[1], "mode": key[2], "contender": key[3],
          **percentiles(latencies), "histogram": histogram(latencies),
          "contender_cpu_us": cpu(key, "contender_cpu_us"),
-         "database_cpu_us": cpu(key, "database_cpu_us")}
+         "database_cpu_us": cpu(key, "database_cpu_us"),
+         "transactions_per_message": cpu(key, "transactions_per_message")}
         for key, latencies in pooled.items()
     ]  # fmt: skip
     settings = {
@@ -486,21 +505,24 @@ def render(latency: dict[str, Any]) -> list[str]:
         _receiver_note(latency),
         "",
         "| rate/s | processes | mode | contender | samples | p50 ms | p90 ms | p99 ms "
-        "| p99.9 ms | max ms | CPU µs/msg | PostgreSQL CPU µs/msg |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| p99.9 ms | max ms | CPU µs/msg | PostgreSQL CPU µs/msg | transactions/msg |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in cells:
         lines.append(
             f"| {cell['rate']:,} | {cell['processes']} | {cell['mode']} | "
             f"{NAMES[cell['contender']]} | {cell['samples']:,} | "
             + " | ".join(_ms(cell[k]) for k in ("p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms"))
-            + f" | {cell['contender_cpu_us']:,.0f} | {cell['database_cpu_us']:,.0f} |"
+            + f" | {cell['contender_cpu_us']:,.0f} | {cell['database_cpu_us']:,.0f}"
+            f" | {cell['transactions_per_message']:.2f} |"
         )
     lines += [
         "",
         "- : fewer than ten samples beyond that percentile. CPU: the contender's processes "
         "and all of PostgreSQL's (the producer's backends too) over the run, idle waits "
-        "included, per message sent: what each asks of the cores everything shares.",
+        "included, per message sent: what each asks of the cores everything shares. "
+        "Transactions: the contender's own in the run's database (claims, finalizes, lease "
+        "renewals, whatever else it reads or writes; the producer's left out), per message.",
         "",
         "### The worker beside the floor (worker ÷ floor, same cell, same run)",
         "",

@@ -9,7 +9,8 @@ when `ordered`, found as OrderedClaims says, as the worker finds them); POST eve
 message at once over at most CONCURRENCY connections (the worker's default connection limit
 is its concurrency), the same body (the worker's envelope) and headers as the http
 publisher; then finalize the whole batch in one fenced statement (outbox.lease.finalize);
-and claim again at once. Only a claim that finds nothing waits, for a NOTIFY or one second.
+and claim again at once after a full batch (in ordered mode after any); otherwise wait for a
+NOTIFY, or one second.
 
 No services, no ledger, no timers, no hand-offs between tasks: what the protocol costs on
 this machine, to set the worker's figures beside. Runs until SIGTERM; what it holds then is
@@ -90,9 +91,13 @@ async def dispatch(dsn: str, url: str, batch: int, concurrency: int, ordered: bo
             if messages:
                 outcomes = await asyncio.gather(*(_post(session, url, m) for m in messages))
                 await finalize(conn, TABLE, outcomes)
+            # Claim again at once after a full batch (more may be waiting), and in ordered
+            # mode after any (the finalize made the next message of each aggregate its head,
+            # which no NOTIFY announces). Otherwise every row committed since the claim's
+            # snapshot has a NOTIFY coming: those that came in during the claim, the POSTs
+            # or the finalize are kept by psycopg and yielded first, the others are awaited.
+            if len(messages) == batch or (ordered and messages):
                 continue
-            # NOTIFYs that came in during the claims are yielded first (psycopg keeps them):
-            # at worst one claim more, never a row missed.
             async for _ in conn.notifies(timeout=POLL, stop_after=1):
                 pass
 

@@ -55,6 +55,7 @@ def _section(load: float) -> dict:
             "rate": 1000, "processes": 2, "mode": "unordered", "contender": contender,
             **latency.percentiles(values), "histogram": latency.histogram(values),
             "contender_cpu_us": 100.0 * scale, "database_cpu_us": 300.0,
+            "transactions_per_message": 0.5,
         }  # fmt: skip
 
     cells = [figures("worker", 4.0), figures("floor", 2.0), figures("pgqueuer", 3.0)]
@@ -80,7 +81,7 @@ def test_report_sets_the_worker_beside_the_floor_and_says_when_the_machine_was_l
 ):
     quiet = "\n".join(latency.render(_section(load=0.4)))
     assert "| 1,000 | 2 | unordered | outbox-worker | 20,000 | 4.0 |" in quiet
-    assert "| 4.0 | 4.0 | 400 | 300 |" in quiet  # the worker's CPU, PostgreSQL's
+    assert "| 4.0 | 4.0 | 400 | 300 | 0.50 |" in quiet  # CPU: the worker's, PostgreSQL's
     assert "| 1,000 | 2 | unordered | 2.0x | 2.0x | 2.0x | 2.0x | 2.0x |" in quiet
     assert "loaded machine" not in quiet and "CLOCK_REALTIME" in quiet
     assert "not the bottleneck" in quiet and "5,000 requests/s" in quiet
@@ -110,6 +111,7 @@ def test_one_quick_cell_runs_end_to_end(tmp_path):
         assert 0 < run["p50_ms"] <= run["max_ms"]
         assert run["commit"]["p50_ms"] > 0 and run["receiver_own"]["p50_ms"] >= 0
         assert run["contender_cpu_us"] > 0 and run["database_cpu_us"] > 0
+        assert run["transactions_per_message"] > 0
     assert section["receiver_capacity_rps"] > 0
     text = (tmp_path / "latency.md").read_text()
     assert "The worker beside the floor" in text and "pgqueuer" in text
