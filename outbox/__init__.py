@@ -4,13 +4,15 @@ Applications need only the producer API::
 
     from outbox import enqueue, enqueue_many, Event, PayloadTooLarge
 
-`InvalidHeaders` and `HeadersTooLarge` are the refusals of `headers=`.
+`InvalidHeaders` and `HeadersTooLarge` are the refusals of `headers=`, `NameTooLong` of a
+name (event_type, aggregate_type, aggregate_id) past its limit.
 """
 
 from outbox.models import Event, Message, Outcome, OutcomeKind, Status
 from outbox.producer import (
     HeadersTooLarge,
     InvalidHeaders,
+    NameTooLong,
     PayloadTooLarge,
     enqueue,
     enqueue_many,
@@ -25,6 +27,7 @@ __all__ = [
     "HeadersTooLarge",
     "InvalidHeaders",
     "Message",
+    "NameTooLong",
     "Outcome",
     "OutcomeKind",
     "PayloadTooLarge",

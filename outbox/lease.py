@@ -7,10 +7,12 @@ lock or transaction is held while a message is published. Each runs as a `Query`
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from itertools import repeat
 from operator import attrgetter, itemgetter
+from typing import NamedTuple
 
 import psycopg
 
@@ -49,9 +51,11 @@ async def claim(
     the connection's `prepare_threshold`.
 
     Rows are bounded (outbox.limits): a row whose payload, as text, is longer than
-    `max_payload_bytes` goes dead with the reason instead of being taken, and the messages
-    taken hold at most `claim_bytes` of payload between them, or one message when the first
-    alone is more; the rest stay ready for the next claim.
+    `max_payload_bytes`, or whose names or headers are past their limits, goes dead with the
+    reason instead of being taken, and the messages taken hold at most `claim_bytes` of
+    payload between them, or one message when the first alone is more; the rest stay ready
+    for the next claim. A row that cannot be read all the same fails alone: it goes dead with
+    the reason and the others are returned.
     """
     q = queries(table)
     statement = (q.claim_heads if by_aggregate else q.claim_ordered) if ordered else q.claim
@@ -63,15 +67,25 @@ async def claim(
         "max_payload_bytes": max_payload_bytes,
         "claim_bytes": claim_bytes,
     }
-    return await fetch_async(conn, Query(statement, params, _messages, prepare, binary=True))
+    claimed = await fetch_async(conn, Query(statement, params, _claimed, prepare, binary=True))
+    if claimed.unreadable:
+        # Leased already: ended by a finalize fenced on the lease just taken, like any other.
+        await finalize(conn, table, claimed.unreadable)
+    return claimed.messages
 
 
 _new_tuple = tuple.__new__
 _FIELDS = len(Message._fields)
-_row_id = itemgetter(0)
+_HEADERS = Message._fields.index("headers")
+_row_id, _headers_text = itemgetter(0), itemgetter(_HEADERS)
 
 
-def _messages(rows: list[Row]) -> list[Message]:
+class _Claimed(NamedTuple):
+    messages: list[Message]
+    unreadable: list[Outcome]  # dead, each with its reason
+
+
+def _claimed(rows: list[Row]) -> _Claimed:
     # Sorted as rows (RETURNING order is unspecified), then each row made a Message by
     # tuple.__new__ through map: no Python call per message, where Message._make and a key
     # lambda cost about twice as much (a claim makes one per message). _make's length check,
@@ -79,7 +93,33 @@ def _messages(rows: list[Row]) -> list[Message]:
     if rows and len(rows[0]) != _FIELDS:
         raise TypeError(f"a claimed row has {len(rows[0])} columns, Message {_FIELDS} fields")
     rows.sort(key=_row_id)
-    return list(map(_new_tuple, repeat(Message), rows))
+    if not any(map(_headers_text, rows)):  # no headers: the rows are the messages
+        return _Claimed(list(map(_new_tuple, repeat(Message), rows)), [])
+    messages: list[Message] = []
+    unreadable: list[Outcome] = []
+    for row in rows:
+        text = row[_HEADERS]
+        if text is None:
+            messages.append(_new_tuple(Message, row))
+            continue
+        try:
+            headers = _parsed_headers(text)
+        except (ValueError, RecursionError) as exc:
+            message = Message._make((*row[:_HEADERS], None))
+            unreadable.append(Outcome.dead(message, f"headers cannot be read: {exc}"))
+            continue
+        messages.append(_new_tuple(Message, (*row[:_HEADERS], headers)))
+    return _Claimed(messages, unreadable)
+
+
+def _parsed_headers(text: str) -> dict[str, str]:
+    """A row's headers from their text, as the claim checked them: a JSON object of string
+    values (ValueError otherwise: the claim's checks and this must never disagree, but if they
+    do, the row fails alone)."""
+    headers = json.loads(text)
+    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        raise ValueError("not a JSON object of string values")
+    return headers
 
 
 class OrderedClaims:

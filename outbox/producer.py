@@ -22,9 +22,16 @@ text measured is the one sent to PostgreSQL, made by the connection's JSON dumps
 (psycopg's `set_json_dumps`, if the application set one), and is made once.
 
 Headers (`headers=` of `enqueue`, `Event.headers`) are metadata the publishers send beside the
-payload: a mapping of string names to string values, at most 16 KiB as JSON text
-(`outbox.limits.MAX_HEADERS_BYTES`); anything else is refused with `InvalidHeaders` before
-anything is written. The project's own headers (the message id) always win over them.
+payload: a mapping of string names to string values, at most 64 of them
+(`outbox.limits.MAX_HEADER_COUNT`) and 16 KiB as JSON text (`outbox.limits.MAX_HEADERS_BYTES`,
+measured as PostgreSQL renders the stored value, which is how a worker measures it); anything
+else is refused with `InvalidHeaders` before anything is written. The project's own headers
+(the message id) always win over them.
+
+Names are bounded too: an `event_type`, `aggregate_type` or `aggregate_id` longer than 1 KiB
+in UTF-8 (`outbox.limits.MAX_NAME_BYTES`) is refused with `NameTooLong`. These are the limits
+a worker's claim applies (anything past them goes `dead` there without being loaded), so an
+event the producer accepts is one a worker with the defaults takes.
 
 Trace context: when the application uses OpenTelemetry and a span is active, each event's
 headers get the W3C `traceparent` and `tracestate` (and `baggage` when set), written by the
@@ -43,6 +50,7 @@ a minute, with no per-call cost either way.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import weakref
@@ -54,7 +62,14 @@ from psycopg import sql
 from psycopg.adapt import PyFormat
 from psycopg.types.json import Jsonb
 
-from outbox.limits import MAX_HEADERS_BYTES, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_RANGE, format_bytes
+from outbox.limits import (
+    MAX_HEADER_COUNT,
+    MAX_HEADERS_BYTES,
+    MAX_NAME_BYTES,
+    MAX_PAYLOAD_BYTES,
+    MAX_PAYLOAD_RANGE,
+    format_bytes,
+)
 from outbox.models import Event
 from outbox.runner import Query, Row, fetch, fetch_async, first_row, run
 from outbox.table import DEFAULT_TABLE_NAME, Table, text_constant
@@ -77,6 +92,35 @@ class PayloadTooLarge(ValueError):
         self.index, self.size, self.limit = index, size, limit
 
 
+class NameTooLong(ValueError):
+    """An event's `event_type`, `aggregate_type` or `aggregate_id` is longer than
+    MAX_NAME_BYTES in UTF-8; nothing was written. The message names the event by its place in
+    the call and the field, never by its content."""
+
+    def __init__(self, index: int, field: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"event {index}: {field} of {size} bytes exceeds the limit of {limit} bytes "
+            f"({format_bytes(limit)})"
+        )
+        self.index, self.field, self.size, self.limit = index, field, size, limit
+
+
+_NAMES = ("event_type", "aggregate_type", "aggregate_id")
+
+
+def _check_names(events: Sequence[Event]) -> None:
+    """NameTooLong for the first name past MAX_NAME_BYTES (checked before anything else, so
+    that no other refusal quotes a long name)."""
+    for index, event in enumerate(events):
+        for field in _NAMES:
+            value = getattr(event, field)
+            if not isinstance(value, str) or len(value) * 4 <= MAX_NAME_BYTES:
+                continue  # not text: psycopg refuses it; at most 4 bytes a character: short
+            size = len(value.encode("utf-8", "surrogatepass"))
+            if size > MAX_NAME_BYTES:
+                raise NameTooLong(index, field, size, MAX_NAME_BYTES)
+
+
 class InvalidHeaders(ValueError):
     """An event's headers are not a mapping of string names to string values, or are too
     large; nothing was written. The message names the event by its place in the call and its
@@ -88,7 +132,9 @@ class InvalidHeaders(ValueError):
 
 
 class HeadersTooLarge(InvalidHeaders):
-    """An event's headers, as JSON text, are longer than MAX_HEADERS_BYTES."""
+    """An event's headers, as JSON text, are longer than MAX_HEADERS_BYTES (measured as
+    PostgreSQL renders the stored value: `{"a": "b", "c": "d"}`, characters outside ASCII as
+    they are)."""
 
     def __init__(self, index: int, event: Event, size: int, limit: int) -> None:
         super().__init__(
@@ -169,11 +215,16 @@ def _headers(
     trace_context: bool,
 ) -> _Headers | None:
     """Each event's headers (its own over the trace context), checked and measured; None when
-    no event has any, so that a table before schema v4 still takes the insert."""
+    no event has any, so that a table before schema v4 still takes the insert.
+
+    Measured as the text PostgreSQL makes of the stored value (`headers::text`), which a
+    worker's claim measures: json.dumps with its default separators and characters outside
+    ASCII as they are writes the same text, byte for byte, for a mapping of strings (key
+    order aside, which is not a length). That text is what is sent, whatever JSON dumps the
+    connection has: the two mean the same object of strings."""
     context = _trace_context() if trace_context else {}
     if not context and all(event.headers is None for event in events):
         return None
-    dumper = conn.adapters.get_dumper(Jsonb, PyFormat.TEXT)(Jsonb, conn)
     headers = _Headers()
     headers.optional = all(not event.headers for event in events)
     for index, event in enumerate(events):
@@ -182,7 +233,11 @@ def _headers(
         if not merged:
             headers.append(None)
             continue
-        text = bytes(dumper.dump(Jsonb(merged)) or b"")
+        if len(merged) > MAX_HEADER_COUNT:
+            raise InvalidHeaders(
+                index, event, f"{len(merged)} headers, more than the limit of {MAX_HEADER_COUNT}"
+            )
+        text = json.dumps(merged, ensure_ascii=False).encode("utf-8", "surrogatepass")
         if len(text) > MAX_HEADERS_BYTES:
             raise HeadersTooLarge(index, event, len(text), MAX_HEADERS_BYTES)
         headers.append(Jsonb(merged, dumps=_sending(text)))
@@ -392,10 +447,12 @@ def enqueue_many(
     """Insert many events in one statement; returns their ids in input order.
 
     Raises PayloadTooLarge, writing nothing, when any payload's JSON text is longer than
-    `max_payload_bytes` (default: the process's limit, 1 MiB unless set), and InvalidHeaders
-    when any event's headers are not string names and values within MAX_HEADERS_BYTES.
+    `max_payload_bytes` (default: the process's limit, 1 MiB unless set), InvalidHeaders
+    when any event's headers are not string names and values within MAX_HEADER_COUNT and
+    MAX_HEADERS_BYTES, and NameTooLong when a name is past MAX_NAME_BYTES.
     `trace_context=False` keeps the active span's context out of the headers."""
     batch = list(events)
+    _check_names(batch)
     payloads = _payloads(conn, batch, max_payload_bytes)
     headers = _headers(conn, batch, trace_context) if batch else None
     return _write(conn, table, batch, payloads, lock_aggregate and bool(batch), headers, _ids)
@@ -447,9 +504,11 @@ def enqueue(
     `headers` are sent beside the payload (string names and values); with OpenTelemetry in
     use and a span active, the span's trace context joins them unless `trace_context=False`.
     Raises PayloadTooLarge, writing nothing, when the payload's JSON text is longer than
-    `max_payload_bytes` (default: the process's limit, 1 MiB unless set), and InvalidHeaders
-    when the headers are not string names and values within MAX_HEADERS_BYTES."""
+    `max_payload_bytes` (default: the process's limit, 1 MiB unless set), InvalidHeaders
+    when the headers are not string names and values within MAX_HEADER_COUNT and
+    MAX_HEADERS_BYTES, and NameTooLong when a name is past MAX_NAME_BYTES."""
     event = Event(aggregate_type, aggregate_id, event_type, payload, headers)
+    _check_names([event])
     payloads = _payloads(conn, [event], max_payload_bytes)
     written = _headers(conn, [event], trace_context)
     return _write(conn, table, [event], payloads, lock_aggregate, written, _first_id)

@@ -12,6 +12,7 @@ from functools import cache
 
 from psycopg import sql
 
+from outbox.limits import MAX_HEADER_COUNT, MAX_HEADERS_BYTES, MAX_NAME_BYTES, format_bytes
 from outbox.table import Table
 
 REAPED_ERROR = "lease expired on the last attempt (worker crashed, or publish outlived the lease)"
@@ -28,10 +29,18 @@ def with_error(error: sql.Composable) -> sql.Composed:
 
 
 # What a claim returns of each row taken (a small payload as the text measured: see `sized`).
+# Headers come as the text measured (a row taken has them within the limit, or none), parsed
+# row by row (outbox.lease): one row's headers can never fail the decoding of the others, and
+# by then they are known to be a small object of strings.
 _CLAIMED_COLUMNS = sql.SQL(
     "o.id, o.lease_version, o.attempts, o.aggregate_type, o.aggregate_id, o.event_type, "
-    "coalesce(sized.small_body, o.payload::text), o.created_at, o.headers"
+    "coalesce(sized.small_body, o.payload::text), o.created_at, sized.headers_text"
 )
+
+# What each claim statement's `picked` holds of a locked row: what `sized` measures.
+_PICKED = ("id", "payload", "headers", "event_type", "aggregate_type", "aggregate_id")
+_PICKED_COLUMNS = sql.SQL(", ").join(map(sql.Identifier, _PICKED))
+_PICKED_OF_C = sql.SQL(", ").join(sql.Identifier("c", name) for name in _PICKED)
 
 # Ordered mode: a row is claimable only if no earlier row of its aggregate is unfinished
 # (pending, processing or dead). One probe of the `aggregate` partial index.
@@ -73,37 +82,80 @@ def _reap(t: sql.Composable) -> sql.Composed:
 CLAIM_MARKER = "/* outbox claim */"
 _CLAIM = sql.SQL(CLAIM_MARKER)
 
-# Bounded rows. The picked rows are measured as the text a worker receives (`payload::text`,
-# what it holds in memory: the stored size may be compressed many times over), once they are
-# locked (a row another claim holds is never measured). A row over the payload limit goes
-# dead in the same statement with the reason, and is never sent. The others are taken in the
-# order the claim found them while the running total fits the byte budget; the first of
-# them always, so that a claim never comes back empty while rows are ready (a replica holds
-# at most its budget plus one row). A row past the budget stays as it was, for the next
-# claim: the worker asks for fewer rows when rows are large, so few are measured in vain.
-# `picked` has (id, payload) of the locked rows, in the order the claim found them; each
-# payload becomes text once (OFFSET 0 keeps the planner from writing the cast out twice),
-# and a small one's text is what the claim returns. A large one is not kept between the
-# steps of the statement (where it would spill to disk): a row taken makes it again.
+# Bounded rows (outbox.limits): a row can never crash a worker, and can never cost another row
+# anything. The picked rows are measured once they are locked (a row another claim holds is
+# never measured), every column a worker loads: the payload as the text a worker receives
+# (`payload::text`, what it holds in memory: the stored size may be compressed many times
+# over), the names in bytes (octet_length reads a stored value's length without loading it),
+# and the headers, which must be a JSON object of at most MAX_HEADER_COUNT string values and
+# MAX_HEADERS_BYTES of text: flat by construction, so no depth can reach the worker's JSON
+# decoder. A row past a limit goes dead in the same statement with the reason (the column and
+# the limit, never the content), and is never sent. The others are taken in the order the
+# claim found them while the running total of their payloads fits the byte budget; the first
+# of them always, so that a claim never comes back empty while rows are ready (a replica
+# holds at most its budget plus one payload, and each row's other columns are bounded). A
+# row past the budget stays as it was, for the next claim: the worker asks for fewer rows
+# when rows are large, so few are measured in vain.
+# `picked` has the locked rows (_PICKED), in the order the claim found them; each payload and
+# headers becomes text once (OFFSET 0 keeps the planner from writing the casts out again),
+# and a small payload's text is what the claim returns. A large one is not kept between the
+# steps of the statement (where it would spill to disk): a row taken makes it again. The
+# checks run in the order written (CASE), the cheap ones first; a row without headers (the
+# common case) stops after the names.
 _SIZED_CTE = sql.SQL(
     """sized AS (
-    SELECT id, small_body, size, CASE
-           WHEN size > %(max_payload_bytes)s::bigint THEN 'dead'
-           WHEN count(*) FILTER (WHERE size <= %(max_payload_bytes)s::bigint) OVER w = 1
-             OR sum(size) FILTER (WHERE size <= %(max_payload_bytes)s::bigint) OVER w
+    SELECT id, small_body, size, reason, headers_text, CASE
+           WHEN reason IS NOT NULL THEN 'dead'
+           WHEN count(*) FILTER (WHERE reason IS NULL) OVER w = 1
+             OR sum(size) FILTER (WHERE reason IS NULL) OVER w
                 <= %(claim_bytes)s::bigint THEN 'take'
            ELSE 'cut' END AS verdict
-      FROM (SELECT id, octet_length(body)::bigint AS size,
-                   CASE WHEN octet_length(body) <= 8192 THEN body END AS small_body
-              FROM (SELECT id, payload::text AS body FROM picked OFFSET 0) AS p) AS m
+      FROM (SELECT id, size, CASE WHEN size <= 8192 THEN body END AS small_body,
+                   CASE WHEN headers_size <= {max_headers} THEN headers_text END AS headers_text,
+                   CASE
+                   WHEN size > %(max_payload_bytes)s::bigint
+                   THEN 'payload of ' || {size_shown} || ' exceeds --max-payload-bytes '
+                        || {limit}
+                   WHEN octet_length(event_type) > {max_name}
+                   THEN 'event_type of ' || {event_type_shown} || ' exceeds ' || {max_name_shown}
+                   WHEN octet_length(aggregate_type) > {max_name}
+                   THEN 'aggregate_type of ' || {aggregate_type_shown} || ' exceeds '
+                        || {max_name_shown}
+                   WHEN octet_length(aggregate_id) > {max_name}
+                   THEN 'aggregate_id of ' || {aggregate_id_shown} || ' exceeds '
+                        || {max_name_shown}
+                   WHEN headers IS NULL THEN NULL
+                   WHEN headers_size > {max_headers}
+                   THEN 'headers of ' || {headers_shown} || ' exceed ' || {max_headers_shown}
+                   WHEN jsonb_typeof(headers) <> 'object'
+                   THEN 'headers is a JSON ' || jsonb_typeof(headers)
+                        || ', not an object of string values'
+                   WHEN jsonb_path_exists(headers, {not_a_string})
+                   THEN 'headers is not a JSON object of string values (a value is a JSON '
+                        || (jsonb_path_query_first(headers, {not_a_string_type}) #>> '{{}}')
+                        || ')'
+                   -- Fewer bytes than the shortest text of that many entries (`"": ""` each)
+                   -- cannot hold too many: the usual headers are never counted.
+                   WHEN headers_size >= {count_from}
+                    AND jsonb_array_length(jsonb_path_query_array(headers, '$.*'))
+                        > {max_header_count}
+                   THEN 'headers hold '
+                        || jsonb_array_length(jsonb_path_query_array(headers, '$.*'))
+                        || ' entries, more than ' || {max_header_count}
+                   END AS reason
+              FROM (SELECT id, body, octet_length(body)::bigint AS size, headers,
+                           headers_text, octet_length(headers_text)::bigint AS headers_size,
+                           event_type, aggregate_type, aggregate_id
+                      FROM (SELECT id, payload::text AS body, headers,
+                                   headers::text AS headers_text,
+                                   event_type, aggregate_type, aggregate_id
+                              FROM picked OFFSET 0) AS p) AS m OFFSET 0) AS r
     WINDOW w AS (ROWS UNBOUNDED PRECEDING)
 ), oversized AS (
-    UPDATE {t} AS o SET status = 'dead', last_error = r.reason, errors = {errors},
+    UPDATE {t} AS o SET status = 'dead', last_error = sized.reason, errors = {errors},
                    lease_owner = NULL, lease_until = NULL
-      FROM (SELECT id, 'payload of ' || pg_size_pretty(size) || ' (' || size
-                       || ' bytes) exceeds --max-payload-bytes ' || {limit} AS reason
-              FROM sized WHERE verdict = 'dead') AS r
-     WHERE o.id = r.id
+      FROM sized
+     WHERE o.id = sized.id AND sized.verdict = 'dead'
 )"""
 )
 
@@ -129,10 +181,42 @@ _LIMIT_SHOWN = sql.SQL(
                             ELSE %(max_payload_bytes)s::bigint || ' bytes' END"""
 )
 
+# A header value that is not a string (`strict`: an object's values, not the object itself).
+_NOT_A_STRING = 'strict $.* ? (@.type() != "string")'
+
+
+def _size_shown(size: str) -> sql.Composed:
+    """A size in a reason, for people and in bytes: `3072 kB (3145740 bytes)`, or `1025
+    bytes` (pg_size_pretty's own words below 10 kB)."""
+    return sql.SQL(
+        "CASE WHEN {size} < 10240 THEN {size} || ' bytes' "
+        "ELSE pg_size_pretty({size}::bigint) || ' (' || {size} || ' bytes)' END"
+    ).format(size=sql.SQL(size))
+
 
 def _take_lease(t: sql.Composable) -> sql.Composed:
-    """The measure of `picked` (id, payload), the oversized rows' death, and the lease."""
-    sized = _SIZED_CTE.format(t=t, errors=with_error(sql.SQL("r.reason")), limit=_LIMIT_SHOWN)
+    """The measure of `picked` (_PICKED), the death of rows past a limit, and the lease of
+    the others."""
+    # The shortest text of MAX_HEADER_COUNT + 1 entries: `{"": "", ...}`.
+    count_from = 2 + (MAX_HEADER_COUNT + 1) * len('"": ""') + MAX_HEADER_COUNT * len(", ")
+    sized = _SIZED_CTE.format(
+        t=t,
+        errors=with_error(sql.SQL("sized.reason")),
+        limit=_LIMIT_SHOWN,
+        size_shown=_size_shown("size"),
+        max_name=sql.Literal(MAX_NAME_BYTES),
+        max_name_shown=sql.Literal(format_bytes(MAX_NAME_BYTES)),
+        event_type_shown=_size_shown("octet_length(event_type)"),
+        aggregate_type_shown=_size_shown("octet_length(aggregate_type)"),
+        aggregate_id_shown=_size_shown("octet_length(aggregate_id)"),
+        max_headers=sql.Literal(MAX_HEADERS_BYTES),
+        max_headers_shown=sql.Literal(format_bytes(MAX_HEADERS_BYTES)),
+        headers_shown=_size_shown("headers_size"),
+        not_a_string=sql.Literal(_NOT_A_STRING),
+        not_a_string_type=sql.Literal(_NOT_A_STRING + ".type()"),
+        count_from=sql.Literal(count_from),
+        max_header_count=sql.Literal(MAX_HEADER_COUNT),
+    )
     return sql.SQL("{sized}\n{take}").format(
         sized=sized, take=_TAKE_LEASE.format(t=t, columns=_CLAIMED_COLUMNS)
     )
@@ -154,22 +238,30 @@ def _claim(t: sql.Composable, ordered: bool) -> sql.Composed:
     return sql.SQL(
         """{marker}
 WITH {reap}, expired AS (
-    SELECT c.id, c.payload FROM {t} AS c
+    SELECT {columns} FROM {t} AS c
      WHERE c.status = 'processing' AND c.lease_until < now()
        AND c.attempts < %(max_attempts)s::int{head}
      ORDER BY c.lease_until
      LIMIT %(batch)s::int
        FOR UPDATE OF c SKIP LOCKED
 ), ready AS (
-    SELECT c.id, c.payload FROM {t} AS c
+    SELECT {columns} FROM {t} AS c
      WHERE c.status = 'pending' AND c.available_at <= now(){head}
      ORDER BY c.available_at, c.id
      LIMIT %(batch)s::int
        FOR UPDATE OF c SKIP LOCKED
 ), picked AS (
-    SELECT id, payload FROM expired UNION ALL SELECT id, payload FROM ready LIMIT %(batch)s::int
+    SELECT {picked} FROM expired UNION ALL SELECT {picked} FROM ready LIMIT %(batch)s::int
 ), {take}"""
-    ).format(t=t, head=head, reap=_reap(t), take=_take_lease(t), marker=_CLAIM)
+    ).format(
+        t=t,
+        head=head,
+        reap=_reap(t),
+        take=_take_lease(t),
+        marker=_CLAIM,
+        columns=_PICKED_OF_C,
+        picked=_PICKED_COLUMNS,
+    )
 
 
 def _claim_heads(t: sql.Composable) -> sql.Composed:
@@ -190,7 +282,7 @@ WITH RECURSIVE {reap}, heads(aggregate_id, id) AS (
          WHERE status <> 'done' AND aggregate_id > h.aggregate_id
          ORDER BY aggregate_id, id LIMIT 1) AS n
 ), picked AS (
-    SELECT c.id, c.payload FROM {t} AS c JOIN heads AS h ON c.id = h.id
+    SELECT {columns} FROM {t} AS c JOIN heads AS h ON c.id = h.id
      WHERE (c.status = 'pending' AND c.available_at <= now())
         OR (c.status = 'processing' AND c.lease_until < now()
             AND c.attempts < %(max_attempts)s::int)
@@ -198,7 +290,7 @@ WITH RECURSIVE {reap}, heads(aggregate_id, id) AS (
      LIMIT %(batch)s::int
        FOR UPDATE OF c SKIP LOCKED
 ), {take}"""
-    ).format(t=t, reap=_reap(t), take=_take_lease(t), marker=_CLAIM)
+    ).format(t=t, reap=_reap(t), take=_take_lease(t), marker=_CLAIM, columns=_PICKED_OF_C)
 
 
 @cache

@@ -1,6 +1,8 @@
-"""Bounded rows: the producer refuses a payload past its limit; a claim measures payloads in the
-database, sends one past the worker's limit to dead with the reason without loading it, and
-takes rows by a byte budget; a real worker under a memory limit meets 50 MB rows and goes on."""
+"""Bounded rows: a row can never crash a worker, and can never cost another row anything. The
+producer refuses a payload, a name or headers past their limits; a claim measures every column
+in the database, sends a row past a limit to dead with the reason without loading it, and takes
+rows by a byte budget; a real worker under a memory limit meets 50 MB payloads, headers and
+event types, and headers nested 5,000 deep, and goes on delivering the rest."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import resource
 import signal
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from functools import partial
 from pathlib import Path
@@ -18,10 +20,28 @@ from pathlib import Path
 import psycopg
 import pytest
 from helpers import row, seed, serve_ordering, statuses, wait_until
+from psycopg import sql
 from psycopg.types.json import set_json_dumps
 
-from outbox import Event, PayloadTooLarge, enqueue, enqueue_many, lease
-from outbox.limits import MAX_PAYLOAD_BYTES, MIB, WORKER_MAX_PAYLOAD_BYTES
+from outbox import (
+    Event,
+    HeadersTooLarge,
+    InvalidHeaders,
+    NameTooLong,
+    PayloadTooLarge,
+    enqueue,
+    enqueue_many,
+    lease,
+)
+from outbox.limits import (
+    KIB,
+    MAX_HEADER_COUNT,
+    MAX_HEADERS_BYTES,
+    MAX_NAME_BYTES,
+    MAX_PAYLOAD_BYTES,
+    MIB,
+    WORKER_MAX_PAYLOAD_BYTES,
+)
 from outbox.models import Message, Outcome
 from outbox.producer import get_max_payload_bytes, set_max_payload_bytes
 from outbox.worker.ledger import Ledger
@@ -121,6 +141,56 @@ async def test_an_async_connection_is_bounded_too(aconn, conn):
     assert _count(conn) == 1
 
 
+NAMES = {"aggregate_type": "doc", "aggregate_id": "1", "event_type": "Stored"}
+
+
+@pytest.mark.parametrize("field", ["event_type", "aggregate_type", "aggregate_id"])
+def test_enqueue_refuses_a_name_past_its_limit_naming_the_field_not_its_content(conn, field):
+    at_limit = "é" * (MAX_NAME_BYTES // 2)  # two bytes each in UTF-8: the limit is in bytes
+    assert enqueue(conn, payload={}, **{**NAMES, field: at_limit})
+    with pytest.raises(NameTooLong) as refused:
+        enqueue_many(conn, [Event(**{**NAMES, field: at_limit + "x"}, payload={})])
+    assert str(refused.value) == (
+        f"event 0: {field} of {MAX_NAME_BYTES + 1} bytes exceeds the limit of 1024 bytes (1KiB)"
+    )
+    assert (refused.value.field, refused.value.size) == (field, MAX_NAME_BYTES + 1)
+    with pytest.raises(NameTooLong, match=f"^event 0: {field} of 50000 bytes"):
+        enqueue(conn, payload={}, **{**NAMES, field: "x" * 50_000})
+    assert _count(conn) == 1
+
+
+def _headers_of(size: int) -> dict[str, str]:
+    """Headers whose text, as PostgreSQL renders the stored value, is exactly `size` bytes:
+    `{"tenant": "é…x"}`, characters outside ASCII included (as themselves, two bytes each)."""
+    room = size - len('{"tenant": ""}')
+    return {"tenant": "é" * (room // 2) + "x" * (room % 2)}
+
+
+async def test_headers_are_measured_as_the_claim_measures_them_so_what_is_accepted_is_taken(
+    conn, aconn, table
+):
+    """The producer measured the connection's JSON (`é` as `\\u00e9`, six bytes, or compact
+    without spaces), the claim PostgreSQL's text: they must agree, byte for byte."""
+    set_json_dumps(partial(json.dumps, separators=(",", ":")), context=conn)
+    at_limit = _headers_of(MAX_HEADERS_BYTES)
+    [message_id] = enqueue_many(conn, [Event(**NAMES, payload={}, headers=at_limit)])
+    size = conn.execute("SELECT octet_length(headers::text) FROM outbox").fetchone()[0]
+    assert size == MAX_HEADERS_BYTES
+    [taken] = await _claim(aconn, table)
+    assert (taken.id, taken.headers) == (message_id, at_limit)
+    with pytest.raises(HeadersTooLarge, match=f"headers of {MAX_HEADERS_BYTES + 1} bytes"):
+        enqueue(conn, payload={}, headers=_headers_of(MAX_HEADERS_BYTES + 1), **NAMES)
+    assert _count(conn) == 1
+
+
+def test_enqueue_refuses_more_headers_than_the_limit(conn):
+    most = {f"h{i}": "v" for i in range(MAX_HEADER_COUNT)}
+    assert enqueue(conn, payload={}, headers=most, **NAMES, trace_context=False)
+    with pytest.raises(InvalidHeaders, match=r"^event 0 \(doc Stored\): 65 headers, more than "):
+        enqueue(conn, payload={}, headers={**most, "one": "more"}, **NAMES)
+    assert _count(conn) == 1
+
+
 # -- the claim -------------------------------------------------------------------------------
 
 LONG = timedelta(minutes=5)
@@ -211,6 +281,147 @@ async def test_the_payload_a_claim_returns_is_the_stored_text_small_or_large(con
     taken = {m.id: m.payload_json for m in await _claim(aconn, table)}
     assert json.loads(taken[small]) == {"n": 0, "text": "x" * 20}
     assert taken[large] == '{"blob": "' + "x" * 20_000 + '"}'
+
+
+HUGE = 50 * MIB
+DEEP = "(repeat('[', 5000) || repeat(']', 5000))::jsonb"  # 10 KB of text, 5,000 deep
+# A row past a limit in one column: (the column, its value as SQL, the reason it is dead).
+HOSTILE = {
+    "headers nested 5,000 deep": (
+        "headers", DEEP, "headers is a JSON array, not an object of string values"
+    ),
+    "headers an array": (
+        "headers", "'[1]'", "headers is a JSON array, not an object of string values"
+    ),
+    "headers a string": (
+        "headers", "'\"x\"'", "headers is a JSON string, not an object of string values"
+    ),
+    "headers a number": (
+        "headers", "'7'", "headers is a JSON number, not an object of string values"
+    ),
+    "a header a number": (
+        "headers", """'{"tenant": "t", "n": 1}'""",
+        "headers is not a JSON object of string values (a value is a JSON number)",
+    ),
+    "a header nested 5,000 deep": (
+        "headers", f"jsonb_build_object('tenant', 't', 'deep', {DEEP})",
+        "headers is not a JSON object of string values (a value is a JSON array)",
+    ),
+    "65 headers": (
+        "headers", "(SELECT jsonb_object_agg('h' || i, 'v') FROM generate_series(1, 65) AS i)",
+        "headers hold 65 entries, more than 64",
+    ),
+    "headers of 16 KiB and a byte": (
+        "headers", f"jsonb_build_object('big', repeat('x', {16 * KIB - 10}))",
+        "headers of 16 kB (16385 bytes) exceed 16KiB",
+    ),
+    "headers of 50 MB": (
+        "headers", f"jsonb_build_object('big', repeat('x', {HUGE}))",
+        f"headers of 50 MB ({HUGE + 11} bytes) exceed 16KiB",
+    ),
+    "event_type of 50 MB": (
+        "event_type", f"repeat('e', {HUGE})", f"event_type of 50 MB ({HUGE} bytes) exceeds 1KiB"
+    ),
+    "event_type of 1 KiB and a byte": (
+        "event_type", "repeat('é', 512) || 'e'", "event_type of 1025 bytes exceeds 1KiB"
+    ),
+    "aggregate_type of 5,000 characters": (
+        "aggregate_type", "repeat('a', 5000)", "aggregate_type of 5000 bytes exceeds 1KiB"
+    ),
+    "aggregate_id of 1 KiB and a byte": (
+        "aggregate_id", "repeat('i', 1025)", "aggregate_id of 1025 bytes exceeds 1KiB"
+    ),
+}  # fmt: skip
+
+
+def _insert_row(conn: psycopg.Connection, column: str, value: str, aggregate: str) -> int:
+    """A row whose `column` is the SQL expression `value`, made in the database (the test
+    process never holds it); its own aggregate unless the column is aggregate_id."""
+    values = {
+        "aggregate_type": "'doc'",
+        "aggregate_id": sql.Literal(aggregate).as_string(conn),
+        "event_type": "'Hostile'",
+        "payload": "'{}'",
+        "headers": "NULL",
+        column: value,
+    }
+    statement = "INSERT INTO outbox ({}) SELECT {} RETURNING id".format(
+        ", ".join(values), ", ".join(f"{v}::{_TYPES[c]}" for c, v in values.items())
+    )
+    return conn.execute(statement.encode()).fetchone()[0]
+
+
+_TYPES = {"aggregate_type": "text", "aggregate_id": "text", "event_type": "text",
+          "payload": "jsonb", "headers": "jsonb"}  # fmt: skip
+
+
+def _fate(conn: psycopg.Connection, message_id: int) -> tuple[str, int, int, str, list[str]]:
+    """What became of a row, read without loading its hostile columns."""
+    return conn.execute(
+        "SELECT status, attempts, lease_version, last_error, "
+        "ARRAY(SELECT e ->> 'error' FROM jsonb_array_elements(errors) AS e) "
+        "FROM outbox WHERE id = %s",
+        (message_id,),
+    ).fetchone()
+
+
+@pytest.mark.parametrize(("column", "value", "reason"), HOSTILE.values(), ids=HOSTILE.keys())
+async def test_a_row_past_a_limit_in_any_column_is_dead_with_the_reason_and_never_loaded(
+    conn, aconn, table, column, value, reason
+):
+    before = seed(conn, 3, aggregates=3)
+    hostile = _insert_row(conn, column, value, aggregate="hostile")
+    after = seed(conn, 3, aggregates=3)
+    taken = await _claim(aconn, table)  # before: a RecursionError, or every row loaded
+    assert [m.id for m in taken] == before + after
+    assert _fate(conn, hostile) == ("dead", 0, 0, reason, [reason])  # never leased
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [{}, {"ordered": True}, {"ordered": True, "by_aggregate": True}],
+    ids=["unordered", "ordered", "ordered-by-aggregate"],
+)
+async def test_every_hostile_row_of_a_batch_is_dead_and_the_others_are_taken_in_every_mode(
+    conn, aconn, table, mode
+):
+    if mode:
+        serve_ordering(conn)
+    innocent: list[int] = []
+    hostile: dict[int, str] = {}
+    traced = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    for n, (column, value, reason) in enumerate(HOSTILE.values()):
+        with conn.transaction():
+            [message_id] = enqueue_many(conn, [Event("doc", f"i-{n}", "E", {}, headers=traced)])
+        innocent.append(message_id)
+        hostile[_insert_row(conn, column, value, aggregate=f"h-{n}")] = reason
+    taken = await _claim(aconn, table, **mode)
+    assert [m.id for m in taken] == innocent
+    assert all(m.headers == traced for m in taken)
+    for message_id, reason in hostile.items():
+        assert _fate(conn, message_id) == ("dead", 0, 0, reason, [reason])
+
+
+def test_a_claimed_row_whose_headers_cannot_be_read_fails_alone():
+    """The claim lets only a small object of strings through; should a row's headers fail
+    to load all the same, that row goes dead alone and the others are delivered."""
+    now = datetime.now(UTC)
+
+    def row_of(message_id: int, headers: str | None) -> tuple[object, ...]:
+        return (message_id, 1, 1, "doc", "a", "E", "{}", now, headers)
+
+    claimed = lease._claimed([
+        row_of(3, '{"tenant": "t"}'),
+        row_of(1, "[" * 100_000),
+        row_of(2, None),
+        row_of(4, '{"n": 1}'),
+    ])  # fmt: skip
+    assert [(m.id, m.headers) for m in claimed.messages] == [(2, None), (3, {"tenant": "t"})]
+    assert [(o.message_id, o.kind, o.error) for o in claimed.unreadable] == [
+        (1, "dead", "headers cannot be read: maximum recursion depth exceeded while decoding "
+                    "a JSON array from a unicode string"),
+        (4, "dead", "headers cannot be read: not a JSON object of string values"),
+    ]  # fmt: skip
 
 
 def test_the_defaults_let_through_what_the_producer_accepts():
@@ -370,3 +581,92 @@ async def test_a_worker_takes_large_rows_a_few_at_a_time_within_its_byte_budget(
     # What is left of 4 MiB, and one row: never more than one large row at a time here.
     assert max(large_per_claim) == 1, claims
     assert all(len(entry) >= 1 for entry in claims) and large_text > 3 * MIB
+
+
+@pytest.mark.slow
+async def test_a_worker_under_a_memory_limit_lives_through_headers_it_could_not_load(
+    conn, dsn, tmp_path, sink
+):
+    """The issue's cases: headers of 5,000 `[` and 5,000 `]` made the worker exit with a
+    RecursionError inside the claim, its leases committed: every restart claimed the row
+    again and crashed, until it and the ten innocent messages claimed with it were dead;
+    headers that are not an object raised an AttributeError on every attempt. Each is now
+    dead at the claim with the reason; the worker lives on and the rest is delivered."""
+    innocent = seed(conn, 10)
+    hostile: dict[int, str] = {}
+    for n, kind in enumerate(
+        ["headers nested 5,000 deep", "headers an array", "headers a string", "headers a number"]
+    ):
+        column, value, reason = HOSTILE[kind]
+        hostile[_insert_row(conn, column, value, aggregate=f"h-{n}")] = reason
+        innocent += seed(conn, 2)
+    log = tmp_path / "worker.log"
+    proc = _spawn_limited(dsn, log, "--publisher", "http", "--http-url", sink.url,
+                          "--batch", "100")  # fmt: skip
+    try:
+        await wait_until(
+            lambda: (
+                statuses(conn) == {"done": len(innocent), "dead": len(hostile)}
+                or proc.poll() is not None
+            ),
+            timeout=120,
+            what="innocent rows delivered, hostile ones dead",
+        )
+        assert proc.poll() is None, log.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    assert code == 0, log.read_text()[-2000:]
+    assert sorted(sink.delivered_ids()) == innocent
+    assert {message_id: _fate(conn, message_id) for message_id in hostile} == {
+        message_id: ("dead", 0, 0, reason, [reason]) for message_id, reason in hostile.items()
+    }
+    assert conn.execute(
+        "SELECT array_agg(DISTINCT attempts) FROM outbox WHERE id = ANY(%s)", (innocent,)
+    ).fetchone()[0] == [1]
+    assert "Traceback" not in log.read_text()
+
+
+@pytest.mark.slow
+async def test_a_worker_under_a_memory_limit_sends_50_mb_headers_and_event_types_to_dead(
+    conn, dsn, tmp_path, sink
+):
+    """The issue's case: 8 rows with 50 MB headers and 8 with a 50 MB event type, between
+    small ones, under 512 MiB: every claim failed "out of memory for query result" with its
+    leases committed, and after a minute every row was dead. Now the large ones are dead at
+    the claim, never loaded, and the small ones are delivered, one attempt each."""
+    small: list[int] = []
+    big: dict[int, str] = {}
+    for i in range(8):
+        small += seed(conn, 5)
+        for kind in ("headers of 50 MB", "event_type of 50 MB"):
+            column, value, reason = HOSTILE[kind]
+            big[_insert_row(conn, column, value, aggregate=f"big-{i}")] = reason
+    small += seed(conn, 5)
+    log = tmp_path / "worker.log"
+    proc = _spawn_limited(dsn, log, "--publisher", "http", "--http-url", sink.url,
+                          "--batch", "100")  # fmt: skip
+    try:
+        await wait_until(
+            lambda: (
+                statuses(conn) == {"done": len(small), "dead": len(big)} or proc.poll() is not None
+            ),
+            timeout=120,
+            what="small rows delivered, large ones dead",
+        )
+        assert proc.poll() is None, log.read_text()[-2000:]
+        peak = _peak_kib(proc.pid) * 1024
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    assert code == 0, log.read_text()[-2000:]
+    assert sorted(sink.delivered_ids()) == small
+    assert peak < 150 * MIB, f"resident peak {peak / MIB:.0f} MiB"  # nothing large came in
+    assert {message_id: _fate(conn, message_id) for message_id in big} == {
+        message_id: ("dead", 0, 0, reason, [reason]) for message_id, reason in big.items()
+    }
+    assert conn.execute(
+        "SELECT array_agg(DISTINCT attempts) FROM outbox WHERE id = ANY(%s)", (small,)
+    ).fetchone()[0] == [1]

@@ -15,6 +15,7 @@ from workers import dispatching, settings
 
 from outbox import Event, enqueue_many
 from outbox.errors import SettingError
+from outbox.limits import MAX_NAME_BYTES
 from outbox.worker.publishers.http import HttpPublisher
 from outbox.worker.settings import load_settings
 
@@ -57,14 +58,18 @@ async def test_a_value_that_would_make_a_dot_or_empty_segment_is_dead(conn, dsn,
 
 
 async def test_a_huge_value_is_dead_not_a_414(conn, dsn):
+    # Names at the producer's limit (outbox.limits.MAX_NAME_BYTES), each encoded 3 times over.
+    name = "é" * (MAX_NAME_BYTES // 2)
     with conn.transaction():
-        [message_id] = enqueue_many(conn, [Event("order", "é" * 5000, "Paid", {})])
+        [message_id] = enqueue_many(conn, [Event(name, name, name, {})])
     async with Receiver() as receiver:
-        publisher = HttpPublisher(receiver.origin + "/hooks/{aggregate_id}", owner="t")
+        template = "/hooks/{aggregate_type}/{event_type}/{aggregate_id}"
+        publisher = HttpPublisher(receiver.origin + template, owner="t")
         async with dispatching(settings(dsn), publisher):
             await wait_until(lambda: row(conn, message_id)["status"] == "dead")
         assert receiver.requests == []
-    assert "the routed URL is 300" in row(conn, message_id)["last_error"]
+    length = len(receiver.origin + template) - 42 + 3 * 6 * len(name)
+    assert f"the routed URL is {length} characters" in row(conn, message_id)["last_error"]
 
 
 @pytest.mark.parametrize(
