@@ -34,12 +34,14 @@ from workers import dispatching, settings, spawn_worker, stop_worker
 from outbox import Event, enqueue_many
 from outbox.demo.embedded import free_port
 from outbox.errors import SettingError
+from outbox.limits import MAX_NAME_BYTES
 from outbox.models import Message
 from outbox.redact import redact_url
 from outbox.worker.cli import make_publisher
 from outbox.worker.metrics import Metrics
 from outbox.worker.publishers.base import PermanentError, RetryableError
 from outbox.worker.publishers.nats import (
+    MAX_SUBJECT_BYTES,
     NatsPublisher,
     render_subject,
     subject_template,
@@ -230,6 +232,25 @@ def test_bad_subject_templates_are_refused(template, says):
     assert says in str(refused.value)
 
 
+# Four names at the producer's limit: a subject longer than a server's control line takes.
+LONG_SUBJECT = "outbox.{aggregate_id}.{aggregate_id}.{aggregate_id}.{aggregate_id}"
+LONG_ID = "i" * MAX_NAME_BYTES
+
+
+def test_a_subject_longer_than_a_server_takes_is_permanent():
+    size = len("outbox....") + 4 * MAX_NAME_BYTES
+    with pytest.raises(PermanentError) as refused:
+        render_subject(LONG_SUBJECT, message(aggregate_id=LONG_ID))
+    assert str(refused.value) == (
+        f"subject {LONG_SUBJECT!r} renders {size} bytes for this message, more than the "
+        f"{MAX_SUBJECT_BYTES} a NATS server's control line leaves for a subject; not sent"
+    )
+    longest = "x" * (MAX_SUBJECT_BYTES - len("outbox."))
+    assert render_subject("outbox.{aggregate_id}", message(aggregate_id=longest))
+    with pytest.raises(ValueError, match=f"longer than the {MAX_SUBJECT_BYTES} bytes"):
+        subject_template("outbox." + "x" * MAX_SUBJECT_BYTES)
+
+
 def test_urls_are_redacted_for_logs():
     # The whole user-info goes: one rule for every URL (a token may stand as the user).
     assert redact_url("nats://u:s3cret@h:4222") == "nats://***@h:4222"
@@ -393,6 +414,49 @@ async def test_a_batch_gets_a_result_per_message_in_order(stream):
     assert "maximum payload exceeded" in str(results[3])
     assert duplicates == [1]
     assert msg_ids(await stream_messages(stream.url)) == [1, 5]
+
+
+async def test_a_subject_too_long_for_the_server_fails_its_message_alone(stream):
+    """Sent, it made the server close the connection ("maximum control line exceeded"):
+    every message in flight failed with it as retryable, each spending an attempt."""
+    publisher = NatsPublisher([stream.url], subject=LONG_SUBJECT)
+    await connected(publisher)
+    try:
+        results = await publisher.publish_batch([
+            message(id=1),
+            message(id=2, aggregate_id=LONG_ID),
+            message(id=3),
+        ])  # fmt: skip
+        after = await publisher.publish_batch([message(id=4)])  # the connection stayed up
+    finally:
+        await publisher.close()
+    kinds = [None if r is None else type(r) for r in results]
+    assert (kinds, after) == ([None, PermanentError, None], [None])
+    assert "more than the 3968 a NATS server's control line leaves" in str(results[1])
+    assert msg_ids(await stream_messages(stream.url)) == [1, 3, 4]
+
+
+async def test_a_row_whose_name_no_subject_can_hold_costs_the_others_nothing(stream, conn, dsn):
+    """The issue's case: an aggregate_type of 5,000 characters closed the connection and
+    failed the two innocent messages of its batch as retryable, each spending an attempt.
+    The claim ends it with the reason; the others are delivered at their first attempt."""
+    innocent = seed(conn, 1)
+    [hostile] = conn.execute(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
+        "VALUES (repeat('a', 5000), 'o-1', 'Tested', '{}') RETURNING id"
+    ).fetchone()
+    innocent += seed(conn, 1)
+    publisher = NatsPublisher([stream.url], subject="outbox.{aggregate_type}.{event_type}")
+    async with dispatching(settings(dsn), publisher):
+        await wait_until(lambda: count(conn, "status IN ('done', 'dead')") == 3, timeout=20)
+    assert [(row(conn, i)["status"], row(conn, i)["attempts"]) for i in innocent] == [
+        ("done", 1),
+        ("done", 1),
+    ]
+    dead = row(conn, hostile)
+    assert (dead["status"], dead["attempts"], dead["lease_version"]) == ("dead", 0, 0)
+    assert dead["last_error"] == "aggregate_type of 5000 bytes exceeds 1KiB"
+    assert msg_ids(await stream_messages(stream.url)) == innocent
 
 
 async def test_no_stream_goes_dead_with_a_clear_error(stream, conn, dsn):

@@ -5,9 +5,11 @@ publishes them all asynchronously, each with its own reply subject, and returns 
 message once each has its PubAck (or its failure, or the ack timeout, one timer per batch).
 
 The subject comes from a template (default `outbox.{aggregate_type}.{event_type}`); every
-substituted value is made a single valid subject token (whitespace, control characters,
-`.`, `*` and `>` become `_`). The body is the JSON envelope; the header `Nats-Msg-Id` is the
-outbox id, the same on every retry, so the stream's duplicate window drops a message it
+substituted value is made a single valid subject token (whitespace, control characters, `.`,
+`*` and `>` become `_`). A subject longer than MAX_SUBJECT_BYTES makes its message permanent,
+alone: the server would close the connection on it ("maximum control line exceeded") and fail
+every message in flight with it. The body is the JSON envelope; the header `Nats-Msg-Id` is
+the outbox id, the same on every retry, so the stream's duplicate window drops a message it
 already stored: the PubAck then says `duplicate` and the worker counts it in
 `outbox_broker_duplicates_total`. Headers `Outbox-Event-Type`, `Outbox-Aggregate-Type` and
 `Outbox-Aggregate-Id` carry the unsanitized values. `--format` may make the message a
@@ -37,6 +39,7 @@ server is back.
 | socket errors (`OSError`) and any other `nats.errors.Error`                 | retryable |
 | body over the server's `max_payload` (`MaxPayloadError`)                    | dead      |
 | invalid subject or header (`BadSubjectError`, `BadHeaderError`)             | dead      |
+| subject past MAX_SUBJECT_BYTES (checked before publishing)                  | dead      |
 
 (1) `--nats-no-stream retry` makes these retryable instead: for a stream or a permission
 that will be added later. (2) Also what a connection lost mid-request, or PubAcks dropped by a
@@ -92,6 +95,12 @@ RECONNECT_WAIT = 2.0  # seconds between attempts on one server (the client's def
 CONNECT_TIMEOUT = 2.0  # one TCP + handshake attempt; also how long start() waits for it
 NO_RESPONDERS_STATUS = "503"  # the server's status reply when nothing listens on a subject
 SUBJECT_CACHE_SIZE = 4096  # rendered subjects kept; emptied when full
+# A server reads `HPUB <subject> <reply> <header size> <total size>` as one control line of
+# at most 4096 bytes (its default `max_control_line`), and closes the connection on a longer
+# one. The reply subject (the client's inbox and a counter) and the sizes take under 100 of
+# them: the rest is room for the subject.
+MAX_CONTROL_LINE = 4096
+MAX_SUBJECT_BYTES = MAX_CONTROL_LINE - 128
 
 # Anything that cannot stand inside one subject token: whitespace and control characters
 # break the protocol line, `.` separates tokens, `*` and `>` are wildcards.
@@ -108,11 +117,19 @@ def subject_token(value: str) -> str:
 
 
 def render_subject(template: str, message: Message) -> str:
-    return template.format(
+    """The subject of a message; PermanentError when it is too long for a server to take."""
+    subject = template.format(
         aggregate_type=subject_token(message.aggregate_type),
         aggregate_id=subject_token(message.aggregate_id),
         event_type=subject_token(message.event_type),
     )
+    size = len(subject.encode())
+    if size > MAX_SUBJECT_BYTES:
+        raise PermanentError(
+            f"subject {template!r} renders {size} bytes for this message, more than the "
+            f"{MAX_SUBJECT_BYTES} a NATS server's control line leaves for a subject; not sent"
+        )
+    return subject
 
 
 def subject_template(text: str) -> str:
@@ -128,6 +145,8 @@ def subject_template(text: str) -> str:
             known = ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
             raise ValueError(f"{text!r}: unknown placeholder {{{name}}} (use {known})")
     sample = text.format(**dict.fromkeys(PLACEHOLDERS, "x"))
+    if len(sample.encode()) > MAX_SUBJECT_BYTES:
+        raise ValueError(f"longer than the {MAX_SUBJECT_BYTES} bytes a subject may take")
     for token in sample.split("."):
         if not token:
             raise ValueError(f"{text!r}: empty subject token (leading, trailing or double dot)")
@@ -275,6 +294,15 @@ class _Acks:
             self.left -= 1
             if self.left == 0 and not self.future.done():
                 self.future.set_result(None)
+
+    def refuse(self, index: int, verdict: Exception, *, counted: bool = False) -> None:
+        """A verdict for a message that never left (`counted` if it was in `left`). The
+        batch is still being sent: the future is not set here, even if every message sent
+        so far has its PubAck (the batch would end before the messages still to send)."""
+        if self.verdicts[index] is None:
+            self.verdicts[index] = verdict
+            if counted:
+                self.left -= 1
 
     def expire(self) -> None:
         """The ack timeout: every message still waiting gets no PubAck in time."""
@@ -460,6 +488,7 @@ class NatsPublisher:
         if subject is None:
             if len(self._subjects) >= SUBJECT_CACHE_SIZE:
                 self._subjects.clear()
+            # May raise: nothing is kept then.
             subject = self._subjects[key] = render_subject(self.subject_template, message)
         return subject
 
@@ -608,7 +637,11 @@ class NatsPublisher:
         waiting, inbox, subject_of, counter = self._waiting, self._inbox, self.subject, self._tokens
         subjects, publish, plain = acks.subjects, nc.publish, self.format == ENVELOPE
         for index, message in enumerate(messages):
-            subject = subjects[index] = subject_of(message)
+            try:
+                subject = subjects[index] = subject_of(message)
+            except PermanentError as exc:  # a subject no server takes: this message alone
+                acks.refuse(index, exc)
+                continue
             token = str(next(counter))
             waiting[token] = (acks, index)
             tokens.append(token)
@@ -627,7 +660,7 @@ class NatsPublisher:
                 await publish(subject, body, reply=inbox + token, headers=headers)
             except Exception as exc:  # refused before it left, e.g. over max_payload
                 del waiting[token]
-                acks.decide(index, exc)
+                acks.refuse(index, exc, counted=True)
 
     def _encode(self, message: Message, headers: dict[str, str]) -> bytes:
         """The body of a message in the chosen format, its headers completed: the format's,
