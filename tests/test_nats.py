@@ -436,6 +436,25 @@ async def test_a_subject_too_long_for_the_server_fails_its_message_alone(stream)
     assert msg_ids(await stream_messages(stream.url)) == [1, 3, 4]
 
 
+async def test_a_message_refused_before_it_leaves_first_in_its_batch_fails_alone(stream):
+    """Refused at once (over the server's max_payload, or a subject too long) with nothing
+    sent before it, it completed the batch on the spot: the messages after it were sent
+    but their PubAcks never waited for, and the batch failed unclassified."""
+    publisher = NatsPublisher([stream.url], subject="outbox.{aggregate_id}")
+    await connected(publisher)
+    try:
+        results = await publisher.publish_batch([
+            message(id=1, payload_json=json.dumps("x" * 2_000_000)),
+            message(id=2, aggregate_id="i" * MAX_SUBJECT_BYTES),
+            message(id=3),
+        ])  # fmt: skip
+    finally:
+        await publisher.close()
+    kinds = [None if r is None else type(r) for r in results]
+    assert kinds == [PermanentError, PermanentError, None]
+    assert msg_ids(await stream_messages(stream.url)) == [3]
+
+
 async def test_a_row_whose_name_no_subject_can_hold_costs_the_others_nothing(stream, conn, dsn):
     """The issue's case: an aggregate_type of 5,000 characters closed the connection and
     failed the two innocent messages of its batch as retryable, each spending an attempt.
