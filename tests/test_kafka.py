@@ -33,7 +33,13 @@ from outbox.models import Message
 from outbox.worker.publishers import kafka
 from outbox.worker.publishers.base import PermanentError, RetryableError
 from outbox.worker.publishers.envelope import envelope
-from outbox.worker.publishers.kafka import KafkaPublisher, classify, is_fatal, render_topic
+from outbox.worker.publishers.kafka import (
+    KafkaPublisher,
+    classify,
+    is_fatal,
+    render_topic,
+    topic_template,
+)
 from outbox.worker.publishers.registry import PublisherContext
 from outbox.worker.settings import load_settings
 
@@ -190,8 +196,16 @@ def test_topic_template_renders_sanitized_values():
     )
     assert render_topic("{aggregate_type}-{aggregate_id}", m) == "Order_Line-a_1"
     assert render_topic("static-topic", m) == "static-topic"
-    long = render_topic("t.{aggregate_id}", _message(aggregate_id="x" * 300))
-    assert long == "t." + "x" * 247 and len(long) == 249
+    longest = render_topic("t.{aggregate_id}", _message(aggregate_id="x" * 247))
+    assert longest == "t." + "x" * 247 and len(longest) == 249
+
+
+def test_a_topic_past_249_characters_is_permanent_never_cut():
+    """Cut, `t.` + 300 characters and `t.` + 247 of them and more would share one topic."""
+    with pytest.raises(PermanentError, match="renders 250 characters for this message, more "):
+        render_topic("t.{aggregate_id}", _message(aggregate_id="x" * 248))
+    with pytest.raises(ValueError, match="longer than the 249 characters"):
+        topic_template("t" * 250)
 
 
 @pytest.mark.parametrize("aggregate_type", ["", ".", ".."])
@@ -544,6 +558,35 @@ async def test_topic_template_and_compression_in_process(conn, dsn, cluster):
     consumed = consume_all(cluster.bootstraps, "outbox.Order_Line.Paid_v2", 2)
     assert sorted(json.loads(m.value())["id"] for m in consumed) == ids
     assert {json.loads(m.value())["payload"]["n"] for m in consumed} == {1, 2}
+
+
+async def test_a_topic_a_row_makes_too_long_is_dead_alone_never_cut(conn, dsn, cluster):
+    """Cut at 249 characters, the topic of a long aggregate type could be another one's (any
+    two that differ past the cut share it): the message went where it was not meant to."""
+    long_type = "order_" + "x" * 300
+    cut = long_type[:249]
+    cluster.create_topic(cut, partitions=1, replication_factor=3)  # where the cut sent it
+    with conn.transaction():
+        ids = enqueue_many(conn, [
+            Event("order", "o-1", "Paid", {"n": 1}),
+            Event(long_type, "o-2", "Paid", {"n": 2}),
+            Event("order", "o-3", "Paid", {"n": 3}),
+        ])  # fmt: skip
+    async with dispatching(settings(dsn), _publisher(cluster)):
+        await wait_until(lambda: _count(conn, "status IN ('done', 'dead')") == 3, timeout=20)
+    dead = row(conn, ids[1])
+    assert (dead["status"], dead["attempts"]) == ("dead", 1)
+    assert dead["last_error"] == (
+        "permanent: topic template '{aggregate_type}' renders 306 characters for this message, "
+        "more than the 249 of a Kafka topic name; not sent"
+    )
+    assert [(row(conn, i)["status"], row(conn, i)["attempts"]) for i in ids[::2]] == [
+        ("done", 1),
+        ("done", 1),
+    ]
+    consumed = consume_all(cluster.bootstraps, "order", 2)
+    assert sorted(json.loads(m.value())["id"] for m in consumed) == ids[::2]
+    assert consume_all(cluster.bootstraps, cut, 0) == []
 
 
 async def test_transient_broker_errors_are_retried_by_librdkafka_and_delivered_once(

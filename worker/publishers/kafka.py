@@ -38,7 +38,8 @@ Errors, by librdkafka error code (the dispatcher prefixes `permanent:` / `retrya
 | any other code whose error is `fatal()` or `retriable()`                        | retryable |
 | any other code                                                                  | permanent |
 
-A topic name the template renders empty, `.` or `..` is permanent too.
+A topic name the template renders empty, `.` or `..`, or longer than 249 characters (never
+cut: a cut name could be another topic), is permanent too, for that message alone.
 Authentication and TLS failures are retryable: they are the worker's configuration, not the
 message's fault. A *fatal* error (the idempotent producer lost its guarantees, e.g. a
 sequence desynchronisation) makes the producer unusable: a new producer replaces it, the
@@ -217,18 +218,27 @@ def topic_template(text: str) -> str:
             raise ValueError(f"{text!r}: unknown placeholder {{{field}}} (known: {known})")
         if spec or conversion:
             raise ValueError(f"{text!r}: write {{{field}}} without a conversion or format spec")
+    if len(text.format_map(dict.fromkeys(TOPIC_PLACEHOLDERS, "x"))) > MAX_TOPIC_LENGTH:
+        raise ValueError(f"longer than the {MAX_TOPIC_LENGTH} characters of a Kafka topic name")
     return text
 
 
 def render_topic(template: str, message: Message) -> str:
-    """The topic for a message: placeholders filled with sanitized values, at most 249 chars.
+    """The topic for a message: placeholders filled with sanitized values.
 
-    Characters Kafka does not allow become `_`; a name that is still not legal is permanent.
+    Characters Kafka does not allow become `_`; a name that is still not legal is permanent,
+    and so is one longer than 249 characters: it is never cut, since a cut name can be
+    another topic (two names that differ past the cut would share one).
     """
     values = {
         name: _ILLEGAL_TOPIC_CHARS.sub("_", getattr(message, name)) for name in TOPIC_PLACEHOLDERS
     }
-    topic = template.format_map(values)[:MAX_TOPIC_LENGTH]
+    topic = template.format_map(values)
+    if len(topic) > MAX_TOPIC_LENGTH:
+        raise PermanentError(
+            f"topic template {template!r} renders {len(topic)} characters for this message, "
+            f"more than the {MAX_TOPIC_LENGTH} of a Kafka topic name; not sent"
+        )
     if topic in ("", ".", ".."):
         raise PermanentError(f"topic template {template!r} renders {topic!r}, not a legal topic")
     return topic
