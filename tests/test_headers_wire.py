@@ -58,6 +58,32 @@ HTTP_IMPOSTORS = {
     "Trailer": "X-Late",
     "Upgrade": "websocket",
     "Keep-Alive": "timeout=1",
+    # What proxies and frameworks take the client's address, the URL, the host or the method
+    # from: a row would pass for another client, or turn a POST into a DELETE.
+    "X-Real-IP": "10.0.0.2",
+    "X-Client-IP": "10.0.0.3",
+    "True-Client-IP": "10.0.0.4",
+    "CF-Connecting-IP": "10.0.0.5",
+    "Fastly-Client-IP": "10.0.0.6",
+    "X-Cluster-Client-IP": "10.0.0.7",
+    "X-Originating-IP": "10.0.0.8",
+    "X-Original-URL": "/admin",
+    "X-Rewrite-URL": "/admin",
+    "X-Original-URI": "/admin",
+    "X-Original-Host": "evil.example",
+    "X-Host": "evil.example",
+    "X-HTTP-Method-Override": "DELETE",
+    "X-HTTP-Method": "DELETE",
+    "X-Method-Override": "DELETE",
+    "X-Forwarded": "for=10.0.0.9",
+    # Underscore spellings, which CGI-style servers (PHP, WSGI, nginx with
+    # underscores_in_headers) fold into the same variable as the reserved names.
+    "Idempotency_Key": "999",
+    "webhook_id": "999",
+    "X_Real_IP": "10.0.0.10",
+    "X_Forwarded_For": "10.0.0.11",
+    "Content_Type": "text/plain",
+    "Outbox_Attempt": "99",
 }
 
 
