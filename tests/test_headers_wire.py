@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -20,6 +21,9 @@ from workers import dispatching, settings
 
 from outbox import Event, enqueue_many
 from outbox.limits import MAX_HEADERS_BYTES
+from outbox.models import Message
+from outbox.worker.publishers.base import PermanentError
+from outbox.worker.publishers.headers import http_headers, kafka_headers, nats_headers
 from outbox.worker.publishers.http import HttpPublisher
 from outbox.worker.publishers.kafka import KafkaPublisher
 from outbox.worker.publishers.nats import NatsPublisher
@@ -196,6 +200,19 @@ HOSTILE = [
     ({"X-Über": "v"}, "header name 'X-Über' cannot be sent"),
     ({"X-Latin": "café"}, "header 'X-Latin': its value is not ASCII"),
 ]
+
+
+@pytest.mark.parametrize("headers", [[1], "x", 7], ids=["array", "string", "number"])
+def test_headers_that_are_not_a_mapping_are_permanent_on_every_transport(headers):
+    """The claim lets none through; a publisher meeting one all the same fails it alone,
+    with a reason (it raised an AttributeError, unclassified, on every attempt)."""
+    message = Message(7, 1, 1, "order", "o-1", "Paid", "{}", datetime.now(UTC), headers)
+    for transport in (http_headers(), nats_headers(), kafka_headers()):
+        with pytest.raises(PermanentError) as refused:
+            transport.of(message)
+        assert str(refused.value) == (
+            f"headers is a {type(headers).__name__}, not a mapping of names to values; not sent"
+        )
 
 
 @pytest.mark.parametrize(("headers", "reason"), HOSTILE)
