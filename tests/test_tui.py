@@ -444,7 +444,7 @@ async def test_ordered_mode_on_a_table_without_its_index_says_what_to_run(dsn, c
         # Meanwhile nothing that needs the index is read: each would scan the table.
         overview = await app.source.overview(True)
         assert overview.blocked is None and overview.stats.claimable_heads is None
-        assert await app.source.blocking_heads() == []
+        assert await app.source.blocking_heads() is None
         detail = await app.source.message(dead)
         assert detail is not None and detail.is_head is None and detail.waiting_behind is None
         # Someone runs what it says: the warning goes, and the figures come, without a restart.

@@ -238,7 +238,7 @@ class FakeSource:
                 )
         return sorted(groups, key=lambda g: (-g.count, -g.newest_id))
 
-    async def blocking_heads(self) -> list[BlockingHead]:
+    async def blocking_heads(self) -> list[BlockingHead] | None:
         await self._call()
         return [
             BlockingHead(m.id, m.aggregate_type, m.aggregate_id, m.event_type, m.last_error,

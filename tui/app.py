@@ -12,6 +12,7 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 from textual.notifications import SeverityLevel
+from textual.timer import Timer
 
 from outbox import dberrors
 from outbox.cliutil import USAGE_ERROR, fail
@@ -57,6 +58,9 @@ class OutboxApp(App[None]):
         Binding("r,R,s,space,P,U", "refused", "refused", show=False),
     ]
 
+    # Seconds a notice stays in the status line (its toast goes after NOTIFICATION_TIMEOUT).
+    NOTICE_SECONDS = 10.0
+
     def __init__(
         self,
         config: cfg.Config,
@@ -75,6 +79,7 @@ class OutboxApp(App[None]):
         self.refused_setting: str | None = None
         self.interval = config.interval
         self.paused = config.paused
+        self._notice_timer: Timer | None = None
         self.state = BarState(
             source=self.source.label,
             table=str(config.table),
@@ -184,6 +189,15 @@ class OutboxApp(App[None]):
         message, title = printable(message), printable(title)
         self.notify(message, title=title, severity=severity, markup=False)
         self.set_state(last_action=message)
+        # A notice is news: kept in the status line a while after its toast, then gone, so
+        # that it does not read as the state of things for the rest of the session.
+        if self._notice_timer is not None:
+            self._notice_timer.stop()
+        self._notice_timer = self.set_timer(self.NOTICE_SECONDS, self._notice_over)
+
+    def _notice_over(self) -> None:
+        self._notice_timer = None
+        self.set_state(last_action=None)
 
     def request(self, request: ActionRequest) -> None:
         """Confirm and apply an action (from any screen)."""

@@ -89,7 +89,10 @@ class Source(Protocol):
 
     async def error_groups(self, f: DeadFilter) -> list[ErrorGroup]: ...
 
-    async def blocking_heads(self) -> list[BlockingHead]: ...
+    async def blocking_heads(self) -> list[BlockingHead] | None:
+        """Ordered mode's dead heads; None on a table without ordered mode's index (reading
+        them there would scan the table; `check` says what to run)."""
+        ...
 
     async def sessions(self) -> list[Session]: ...
 
@@ -244,10 +247,10 @@ class PgSource:
     async def error_groups(self, f: DeadFilter) -> list[ErrorGroup]:
         return await self._fetch("groups", dead_letters.error_groups(self.table, f))
 
-    async def blocking_heads(self) -> list[BlockingHead]:
-        async def work(conn: psycopg.AsyncConnection[Any]) -> list[BlockingHead]:
+    async def blocking_heads(self) -> list[BlockingHead] | None:
+        async def work(conn: psycopg.AsyncConnection[Any]) -> list[BlockingHead] | None:
             if not await serves_ordering(conn, self.table):
-                return []  # no aggregate is blocked without ordered mode (see overview)
+                return None  # not read without ordered mode's index (see overview)
             return await fetch_async(conn, dashboard.blocking_heads(self.table))
 
         return await self._run("blocked", work)
@@ -430,7 +433,7 @@ class EscapedSource:
         self._groups.remember(g.key for g in groups)
         return shown(groups)
 
-    async def blocking_heads(self) -> list[BlockingHead]:
+    async def blocking_heads(self) -> list[BlockingHead] | None:
         return shown(await self.inner.blocking_heads())
 
     async def sessions(self) -> list[Session]:

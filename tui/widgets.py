@@ -28,6 +28,22 @@ def _grid() -> RichTable:
     return table
 
 
+def fit_columns(wanted: dict[str, int], room: int, keep: int) -> dict[str, int]:
+    """Widths for columns that want `wanted` cells each (their longest value, or their
+    label), sharing `room` with a last column that keeps at least `keep`: every column gets
+    what it wants when that fits; else the narrow ones get theirs and the wide ones share the
+    rest evenly (a long event type does not squeeze a short aggregate)."""
+    left = max(room - keep, len(wanted))
+    widths: dict[str, int] = {}
+    pending = sorted(wanted.items(), key=lambda kv: kv[1])
+    while pending:
+        share = left // len(pending)
+        name, want = pending.pop(0)
+        widths[name] = max(min(want, share), 1)
+        left -= widths[name]
+    return {name: widths[name] for name in wanted}
+
+
 class RowTable(DataTable[object]):
     """A table of rows with a row cursor: Home and End go to the first and last row (the
     framework's scroll sideways)."""

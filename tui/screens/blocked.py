@@ -4,6 +4,7 @@ open it."""
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -15,7 +16,7 @@ from outbox.tui.actions import ActionRequest
 from outbox.tui.poller import Poller
 from outbox.tui.screens.base import BaseScreen
 from outbox.tui.screens.detail import DetailScreen, skip_notes
-from outbox.tui.widgets import RowTable
+from outbox.tui.widgets import RowTable, fit_columns
 
 
 class BlockedScreen(BaseScreen):
@@ -34,6 +35,8 @@ class BlockedScreen(BaseScreen):
     def __init__(self) -> None:
         super().__init__()
         self.heads: list[BlockingHead] = []
+        self.indexed = True  # False: the table lacks ordered mode's index, nothing was read
+        self._columns: dict[str, int] = {}  # the widths the table's columns were built with
 
     def compose(self) -> ComposeResult:
         yield from self.compose_top()
@@ -44,44 +47,89 @@ class BlockedScreen(BaseScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        table = self.query_one(RowTable)
-        widths = {"head": 10, "aggregate": 28, "event": 20, "waiting": 8, "dead for": 8}
-        for label, width in widths.items():
-            table.add_column(label, key=label, width=width)
-        used = sum(widths.values()) + 2 * (len(widths) + 1) + 2  # cell padding, scrollbar
-        table.add_column("last error", key="last error", width=max(self.size.width - used, 20))
-        table.focus()
+        self._fill()
+        self.query_one(RowTable).focus()
         self._show_header()
 
+    def on_resize(self) -> None:
+        super().on_resize()
+        if self.is_mounted:
+            self._fill()
+
+    def _widths(self) -> dict[str, int]:
+        """Aggregate and event as wide as their longest value while the last error keeps a
+        third of the room; the last error takes the rest."""
+        fixed = {"head": 10, "waiting": 8, "dead for": 8}
+        room = self.size.width - sum(fixed.values()) - 2 * 6 - 2  # cell padding, scrollbar
+        names = fit_columns(
+            {
+                "aggregate": max(
+                    (cell_len(_aggregate(h)) for h in self.heads), default=len("aggregate")
+                ),
+                "event": max((cell_len(_event(h)) for h in self.heads), default=len("event")),
+            },
+            room,
+            keep=max(room // 3, 20),
+        )
+        error = max(room - sum(names.values()), 20)
+        return {"head": 10, **names, "waiting": 8, "dead for": 8, "last error": error}
+
     async def fetch(self) -> None:
-        self.heads = await self.outbox.source.blocking_heads()
+        # Unordered workers claim past a dead message: nothing is blocked, nothing to read.
+        heads = await self.outbox.source.blocking_heads() if self.outbox.config.ordered else []
+        self.indexed = heads is not None
+        self.heads = heads or []
+        self._fill()
+        self._show_header()
+
+    def _fill(self) -> None:
         table = self.query_one(RowTable)
+        widths = self._widths()
+        if widths != self._columns:  # fitted to the width and the values shown
+            self._columns = widths
+            table.clear(columns=True)
+            for label, width in widths.items():
+                table.add_column(label, key=label, width=width)
         row = table.cursor_row
         table.clear()
         now = self.outbox.clock()
         for h in self.heads:
             table.add_row(
                 Text(str(h.id), justify="right"),
-                Text(fmt.one_line(f"{h.aggregate_type}/{h.aggregate_id}", 28)),
-                Text(fmt.one_line(h.event_type, 20)),
+                Text(fmt.one_line(_aggregate(h), widths["aggregate"])),
+                Text(fmt.one_line(_event(h), widths["event"])),
                 Text(fmt.count(h.waiting), "bold" if h.waiting else "dim", justify="right"),
                 Text(fmt.since(h.created_at, now), justify="right"),
-                Text(fmt.one_line(h.last_error, max(self.size.width - 90, 20)), "red"),
+                Text(fmt.one_line(h.last_error, widths["last error"]), "red"),
                 key=str(h.id),
             )
         if self.heads:
             table.move_cursor(row=min(row, len(self.heads) - 1), animate=False)
-        self._show_header()
 
     def show_staleness(self) -> None:
         self._show_header()
 
     def _show_header(self) -> None:
         text = Text()
-        text.append("blocked aggregates ", "bold")
-        text.append(fmt.count(len(self.heads)), "bold red" if self.heads else "bold")
-        waiting = sum(h.waiting for h in self.heads)
-        text.append(f"  {fmt.count(waiting)} messages wait behind their dead heads", "dim")
+        text.append("blocked aggregates", "bold")
+        if not self.outbox.config.ordered:
+            # A count of 0 here would read as "nothing is blocked" in a mode with no blocking.
+            text.append(" ordered mode only", "bold")
+            text.append(
+                ": unordered, a dead message blocks nothing (start with --ordering aggregate "
+                "if the workers run so)",
+                "dim",
+            )
+        elif not self.indexed:
+            text.append(" unknown", "bold yellow")
+            text.append(
+                ": the table lacks ordered mode's index (outbox migrate --ordering aggregate)",
+                "dim",
+            )
+        else:
+            text.append(f" {fmt.count(len(self.heads))}", "bold red" if self.heads else "bold")
+            waiting = sum(h.waiting for h in self.heads)
+            text.append(f"  {fmt.count(waiting)} messages wait behind their dead heads", "dim")
         if self.stale_since is not None:
             text.append(f"  {self.stale_note()}", "bold yellow")
         self.query_one("#blocked-header", Static).update(text)
@@ -123,3 +171,11 @@ class BlockedScreen(BaseScreen):
 
     def action_skip(self) -> None:
         self._request("skip")
+
+
+def _aggregate(h: BlockingHead) -> str:
+    return fmt.one_line(f"{h.aggregate_type}/{h.aggregate_id}", 10_000)
+
+
+def _event(h: BlockingHead) -> str:
+    return fmt.one_line(h.event_type, 10_000)

@@ -4,6 +4,7 @@ without a session is a worker that is gone."""
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -27,6 +28,7 @@ class WorkersScreen(BaseScreen):
     def __init__(self) -> None:
         super().__init__()
         self.sessions: list[Session] = []
+        self._columns: dict[str, int] = {}  # the widths the table's columns were built with
 
     def compose(self) -> ComposeResult:
         yield from self.compose_top()
@@ -37,23 +39,46 @@ class WorkersScreen(BaseScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        table = self.query_one(RowTable)
-        widths = {"application_name": 32, "sessions": 8, "states": 24, "held": 8,
-                  "expired": 8, "last claim": 11, "connected": 9}  # fmt: skip
-        for label, width in widths.items():
-            table.add_column(label, key=label, width=width)
-        table.focus()
+        self._fill()
+        self.query_one(RowTable).focus()
+
+    def on_resize(self) -> None:
+        super().on_resize()
+        if self.is_mounted:
+            self._fill()
+
+    def _widths(self) -> dict[str, int]:
+        """The name as wide as the longest one shown where the screen has the room (at least
+        32 cells, scrolling sideways on a narrow screen); the others fixed."""
+        others = {"sessions": 8, "states": 24, "held": 8, "expired": 8, "last claim": 11,
+                  "connected": 9}  # fmt: skip
+        room = self.size.width - sum(others.values()) - 2 * (len(others) + 1) - 2
+        longest = max((cell_len(_name(s)) for s in self.sessions), default=0)
+        return {"application_name": max(min(longest, room), 32), **others}
 
     async def fetch(self) -> None:
         self.sessions = await self.outbox.source.sessions()
+        self._fill()
+        self._show_header()
+
+    def _fill(self) -> None:
         table = self.query_one(RowTable)
+        widths = self._widths()
+        if widths != self._columns:
+            self._columns = widths
+            table.clear(columns=True)
+            for label, width in widths.items():
+                table.add_column(label, key=label, width=width)
         row = table.cursor_row
         table.clear()
         now = self.outbox.clock()
         for s in self.sessions:
             gone = s.connections == 0
             table.add_row(
-                Text(s.name or "(no name)", "bold red" if gone else "bold"),
+                Text(
+                    fmt.one_line(_name(s), widths["application_name"]),
+                    "bold red" if gone else "bold",
+                ),
                 Text(
                     "gone" if gone else str(s.connections), "red" if gone else "", justify="right"
                 ),
@@ -67,7 +92,6 @@ class WorkersScreen(BaseScreen):
             )
         if self.sessions:
             table.move_cursor(row=min(row, len(self.sessions) - 1), animate=False)
-        self._show_header()
 
     def show_staleness(self) -> None:
         self._show_header()
@@ -85,3 +109,7 @@ class WorkersScreen(BaseScreen):
         if self.stale_since is not None:
             text.append(f"  {self.stale_note()}", "bold yellow")
         self.query_one("#workers-header", Static).update(text)
+
+
+def _name(s: Session) -> str:
+    return fmt.one_line(s.name, 10_000) if s.name else "(no name)"

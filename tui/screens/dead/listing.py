@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.reactive import var
@@ -24,7 +25,7 @@ from outbox.tui import format as fmt
 from outbox.tui.screens.dead.marks import Marks
 from outbox.tui.screens.dead.rows import RowsView
 from outbox.tui.source import Source
-from outbox.tui.widgets import RowTable
+from outbox.tui.widgets import RowTable, fit_columns
 
 CELL_PADDING = 2  # DataTable pads each cell by one column on either side
 SCROLLBAR = 2
@@ -86,20 +87,25 @@ async def read_listing(source: Source, f: DeadFilter, wanted: Page, size: int) -
     return Listing(f, page, before, 1 if before is None else number, size)
 
 
-def list_columns(width: int, id_digits: int) -> dict[str, int]:
-    """Column widths for the list: the error takes what the others leave. Aggregate and
-    event names get more room on wide terminals."""
-    wide = width >= 120
-    columns = {
-        "mark": 1,
-        "id": max(id_digits, 2),
-        "aggregate": 24 if wide else 12,
-        "event": 20 if wide else 12,
-        "att": 3,
-        "age": 7,
-    }
-    used = sum(columns.values()) + CELL_PADDING * (len(columns) + 1) + SCROLLBAR
-    return {**columns, "error": max(width - used, 12)}
+def list_columns(width: int, id_digits: int, aggregate: int = 0, event: int = 0) -> dict[str, int]:
+    """Column widths for the list: aggregate and event as wide as their longest value shown
+    (`aggregate`, `event`: cells) while the error keeps a third of the room, and the error
+    takes what they leave."""
+    fixed = {"mark": 1, "id": max(id_digits, 2), "att": 3, "age": 7}
+    used = sum(fixed.values()) + CELL_PADDING * (len(fixed) + 3) + SCROLLBAR
+    room = width - used
+    names = fit_columns(
+        {"aggregate": max(aggregate, len("aggregate")), "event": max(event, len("event"))},
+        room,
+        keep=max(room // 3, 12),
+    )
+    error = max(room - sum(names.values()), 12)
+    return {"mark": 1, "id": fixed["id"], **names, "att": 3, "age": 7, "error": error}
+
+
+def _cells(text: str) -> int:
+    """The cells a value takes on one line, as `fmt.one_line` writes it."""
+    return cell_len(fmt.one_line(text, len(text) * 4 + 1))
 
 
 LABELS = {"mark": "", "att": "att", "error": "last error"}
@@ -156,9 +162,14 @@ class DeadList(RowsView):
 
     # -- rows -------------------------------------------------------------------------------
 
-    def fitted_to(self) -> tuple[int, int]:
+    def fitted_to(self) -> tuple[int, int, int, int]:
         messages = self.listing.page.messages if self.listing is not None else []
-        return self.size.width, len(str(messages[0].id)) if messages else 2
+        return (
+            self.size.width,
+            len(str(messages[0].id)) if messages else 2,
+            max((_cells(f"{m.aggregate_type}/{m.aggregate_id}") for m in messages), default=0),
+            max((_cells(m.event_type) for m in messages), default=0),
+        )
 
     def build_columns(self, table: RowTable) -> None:
         self._widths = list_columns(*self.fitted_to())
