@@ -65,12 +65,9 @@ CLAIM_BYTES = 16 * MIB
 """Payload bytes a worker replica holds at once, claimed and not yet finalized
 (`--claim-bytes`): a claim takes rows while they fit what is left of it, and always one row
 (within the payload limit), so a replica holds at most this plus one payload. At least the
-worker's payload limit; a larger limit raises it to the limit. The other columns of a message
-are bounded by the limits above (ROW_OVERHEAD_BYTES at most), whatever the table holds."""
-
-ROW_OVERHEAD_BYTES = 3 * MAX_NAME_BYTES + MAX_HEADERS_BYTES
-"""The most a claimed message holds besides its payload: its names and its headers. A
-replica holds at most `--claim-bytes` plus one payload, plus this for each message held."""
+worker's payload limit; a larger limit raises it to the limit. Each message held has at most
+3 * MAX_NAME_BYTES + MAX_HEADERS_BYTES (19 KiB) in its other columns, whatever the table
+holds: a replica's memory is bounded by its settings alone."""
 
 # A payload's text is a PostgreSQL `text`, which holds less than 1 GiB.
 MAX_PAYLOAD_RANGE = (1, GIB - 1)
@@ -108,7 +105,6 @@ __all__ = [
     "MAX_HEADER_COUNT",
     "MAX_NAME_BYTES",
     "MAX_PAYLOAD_BYTES",
-    "ROW_OVERHEAD_BYTES",
     "WORKER_MAX_PAYLOAD_BYTES",
     "bytes_between",
     "format_bytes",
