@@ -44,7 +44,7 @@ from typing import Any
 
 import psycopg
 
-from bench.cpu import cpu_seconds, tree_cpu_seconds
+from bench.cpu import cpu_seconds, own_cpu_seconds, tree_cpu_seconds
 from bench.env import ROOT, Bench, python_module
 from outbox.demo.embedded import free_port
 from outbox.producer import enqueue
@@ -57,6 +57,7 @@ CONTENDERS = ("worker", "floor", "pgqueuer")
 # p99.9 is out of reach in any sensible time: the report says where a percentile has fewer
 # than ten samples beyond it).
 SECONDS = {10: 40, 100: 30, 1000: 20}
+_TICKS = os.sysconf("SC_CLK_TCK")
 AGGREGATES = 1000  # messages spread over this many aggregates (ordered mode: one head each)
 PRODUCER_CONNECTIONS = 4
 WARM_UP_SECONDS = 1.0  # the first second of each run is sent and left out (at least 20)
@@ -296,11 +297,23 @@ def _transactions(dsn: str) -> int:
     return int(row[0])
 
 
-def _spent(bench: Bench, procs: list[Any]) -> tuple[float, float]:
-    """CPU seconds so far: the contender's processes, PostgreSQL's processes."""
+def _spent(bench: Bench, procs: list[Any], receiver: Receiver) -> tuple[float, ...]:
+    """CPU seconds so far: the contender's processes, PostgreSQL's, and the whole machine's
+    less everything of this benchmark's (contender, PostgreSQL, receiver, this process with
+    its producer): what other work took from the cores meanwhile."""
     postmaster = bench.server.pid
     database = tree_cpu_seconds(postmaster) if postmaster is not None else 0.0
-    return sum(cpu_seconds(p.pid) for p in procs), database
+    contender = sum(cpu_seconds(p.pid) for p in procs)
+    ours = contender + database + receiver.cpu() + own_cpu_seconds()
+    return contender, database, _machine_busy_seconds() - ours
+
+
+def _machine_busy_seconds() -> float:
+    """CPU seconds every core of the machine has spent busy since boot (/proc/stat)."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:9]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields) - idle) / _TICKS
 
 
 def _stop(procs: list[Any]) -> None:
@@ -335,7 +348,7 @@ def run_one(
             _wait_ready(dsn, contender, procs)
             transactions_before = _transactions(dsn)
             cpu_before, started = receiver.cpu(), time.monotonic()
-            spent_before = _spent(bench, procs)
+            spent_before = _spent(bench, procs, receiver)
             insert = _enqueue_pgqueuer if pgqueuer else _enqueue_outbox
             produced = asyncio.run(produce(dsn, rate, count, insert))
             deadline = time.monotonic() + 60
@@ -345,9 +358,10 @@ def run_one(
                 time.sleep(0.05)
             spent = [
                 after - before
-                for after, before in zip(_spent(bench, procs), spent_before, strict=True)
+                for after, before in zip(_spent(bench, procs, receiver), spent_before, strict=True)
             ]
-            receiver_busy = (receiver.cpu() - cpu_before) / (time.monotonic() - started)
+            elapsed = time.monotonic() - started
+            receiver_busy = (receiver.cpu() - cpu_before) / elapsed
             got = receiver.results()
         finally:
             _stop(procs)
@@ -379,12 +393,16 @@ def run_one(
         # The contender's own transactions (claims, finalizes, renewals, its other reads and
         # writes; the producer's left out) per message: its round trips to the database.
         "transactions_per_message": transactions / count,
+        # Cores other work kept busy during the run, on average: whether the machine was
+        # this benchmark's alone.
+        "others_cores": spent[2] / elapsed,
         "histogram": histogram(latencies),
     }  # fmt: skip
     return figures, latencies
 
 
 def run_latency(bench: Bench, plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
+    load_before = os.getloadavg()[0]
     receiver = Receiver()
     try:
         log("latency: the receiver's capacity (plain aiohttp client)")
@@ -432,6 +450,7 @@ def run_latency(bench: Bench, plan: Plan, log: Callable[[str], None]) -> dict[st
         "plan": settings,
         "receiver_capacity_rps": capacity,
         "cores": os.cpu_count(),
+        "load_before": load_before,
         "bins_ms": BINS_MS,
         "cells": cells,
         "runs": runs,
@@ -458,23 +477,14 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 LOADED = 2.5  # a 1-minute load average above this on two cores: latency figures mean little
+OTHERS_LOADED = 0.5  # cores other work kept busy during a run: as much
 
 
 def render(latency: dict[str, Any]) -> list[str]:
     plan = latency["plan"]
     cells = latency["cells"]
     runs = latency["runs"]
-    loads = [r["load_1min"] for r in runs]
-    loaded = (
-        f"**Taken on a loaded machine**: the 1-minute load average was "
-        f"{min(loads):.1f}-{max(loads):.1f} as runs started (above {LOADED} on "
-        f"{latency.get('cores', 2)} cores, other work competed for the CPU): these figures "
-        "show the harness works, not what the contenders do."
-        if loads and max(loads) > LOADED
-        else f"1-minute load average {min(loads):.1f}-{max(loads):.1f} as runs started."
-        if loads
-        else None
-    )
+    loaded = _load_note(latency)
     seconds = ", ".join(f"{s:g} s at {r}/s" for r, s in plan["seconds"].items())
     lines = [
         "## Latency: a producer's commit to the first byte at the receiver",
@@ -544,6 +554,32 @@ def render(latency: dict[str, Any]) -> list[str]:
         )
     lines += ["", *_run_notes(runs)]
     return lines
+
+
+def _load_note(latency: dict[str, Any]) -> str | None:
+    """How busy the machine was with other work: the load average before the section
+    started, and the cores other processes kept busy during each run (the load average
+    once runs go on counts this benchmark's own processes). The figures are marked as a
+    loaded machine's when the load was above LOADED at the start, or other work kept more
+    than OTHERS_LOADED cores busy during the median run."""
+    runs = latency["runs"]
+    if not runs:
+        return None
+    before = latency.get("load_before", runs[0]["load_1min"])
+    others = [r.get("others_cores", 0.0) for r in runs]
+    cores = latency.get("cores") or 2
+    seen = (
+        f"the 1-minute load average was {before:.1f} before the first run, and other work "
+        f"kept {statistics.median(others):.2f} of the {cores} cores busy during a run at the "
+        f"median, {max(others):.2f} at most"
+    )
+    if before > LOADED or statistics.median(others) > OTHERS_LOADED:
+        return (
+            f"**Taken on a loaded machine**: {seen}. Other work competed for the CPU with "
+            "every contender: these figures show that the harness works, not what the "
+            "contenders do."
+        )
+    return f"Machine: {seen}."
 
 
 def _receiver_note(latency: dict[str, Any]) -> str:

@@ -60,8 +60,9 @@ def _section(load: float) -> dict:
 
     cells = [figures("worker", 4.0), figures("floor", 2.0), figures("pgqueuer", 3.0)]
     run = {
-        "load_1min": load, "achieved_rate": 1000.0, "missing": 0, "producer_late": 0,
-        "duplicates": 0, "receiver_cpu_share": 0.2, "rate": 1000, "samples": 2000,
+        "load_1min": load, "others_cores": 0.1, "achieved_rate": 1000.0, "missing": 0,
+        "producer_late": 0, "duplicates": 0, "receiver_cpu_share": 0.2, "rate": 1000,
+        "samples": 2000,
         "commit": latency.percentiles([1.0] * 200),
         "receiver_own": latency.percentiles([0.1] * 200),
     }  # fmt: skip
@@ -72,6 +73,7 @@ def _section(load: float) -> dict:
             "batch": 100, "concurrency": 32, "aggregates": 1000, "producer_connections": 4,
         },
         "receiver_capacity_rps": 5000.0, "cores": 2, "bins_ms": latency.BINS_MS,
+        "load_before": load,
         "cells": cells, "runs": [run],
     }  # fmt: skip
 
@@ -111,7 +113,7 @@ def test_one_quick_cell_runs_end_to_end(tmp_path):
         assert 0 < run["p50_ms"] <= run["max_ms"]
         assert run["commit"]["p50_ms"] > 0 and run["receiver_own"]["p50_ms"] >= 0
         assert run["contender_cpu_us"] > 0 and run["database_cpu_us"] > 0
-        assert run["transactions_per_message"] > 0
+        assert run["transactions_per_message"] > 0 and run["others_cores"] is not None
     assert section["receiver_capacity_rps"] > 0
     text = (tmp_path / "latency.md").read_text()
     assert "The worker beside the floor" in text and "pgqueuer" in text
