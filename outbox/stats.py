@@ -20,8 +20,10 @@ else a lower bound (`at_least("done")`), never a wrong estimate.
 
 Two ages, because they answer different questions. The ready age (`oldest_ready_age`) is how
 long the head of the claim order has been claimable: what more workers would shorten, the
-operator's sizing signal. It leaves out messages waiting out a backoff, so an outage that
-sends every message into backoff keeps it near zero. The oldest unfinished age
+operator's sizing signal. It leaves out messages waiting out a backoff, so failures that
+send messages into backoff keep it near zero; an outage that opens a destination's breaker
+holds its messages back unsent and claimable instead (a publisher of one destination), and
+then it grows while `retrying` stays near zero. The oldest unfinished age
 (`oldest_unfinished_age`, from `created_at` of the oldest pending or processing message)
 grows through any stall, backoff included: the one to alert on. `retrying` counts the
 messages waiting out a backoff (pending, available later, at least one attempt spent), among
@@ -179,7 +181,7 @@ class QueueStats:
     # backoff included; also named `oldest_unfinished_age`.
     oldest_pending_age: float | None
     # Seconds the longest-waiting ready message has been claimable: messages waiting out a
-    # backoff are not ready, so an outage does not show here (see the module's docstring).
+    # backoff are not ready, so they do not show here (see the module's docstring).
     oldest_ready_age: float | None
     max_id: int  # highest id so far: arrivals between two snapshots = difference
     attempts: dict[int, int]  # attempts -> messages, over (the oldest) pending and processing rows

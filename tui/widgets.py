@@ -179,7 +179,8 @@ class AgesPanel(Static):
             if ordered and label == "oldest claimable" and not over:
                 note = f"{fmt.count(stats.claimable_heads or 0)} heads"
             grid.add_row(label, Text(fmt.age(value), style=slo_style(value, slo)), note)
-        # Waiting out a backoff: an outage shows here while the ready age stays low.
+        # Waiting out a backoff: a message's own failures, or a downstream failing too few
+        # messages to open its breaker (an open one holds its messages back unsent instead).
         retrying = ("≥" if stats.at_least("retrying") else "") + fmt.count(stats.retrying)
         grid.add_row("retrying", Text(retrying, "yellow" if stats.retrying else ""), "")
         grid.add_row(
