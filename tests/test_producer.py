@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from helpers import row
 
-from outbox import Event, enqueue, enqueue_many
+from outbox import SCHEMA_VERSION, Event, enqueue, enqueue_many
 from outbox.limits import MAX_HEADERS_BYTES
 from outbox.producer import HeadersTooLarge, InvalidHeaders
 from outbox.table import Table
@@ -347,7 +347,7 @@ def test_v4_adds_headers_online_to_a_table_with_rows(empty_dsn):
             "SELECT 'a', g::text, 'E', jsonb_build_object('n', g) FROM generate_series(1, 20000) g"
         )
         before = _physical(conn)
-        assert migrate(conn, table) == (3, 4)
+        assert migrate(conn, table) == (3, SCHEMA_VERSION)
         after = _physical(conn)
         assert after == before  # same file, no sequential scan, no heap page read
         assert conn.execute("SELECT count(*), count(headers) FROM outbox").fetchone() == (20000, 0)
@@ -425,7 +425,7 @@ def test_an_active_span_does_not_break_writes_to_a_table_before_v4(empty_dsn, mo
                     headers={"k": "v"})  # fmt: skip
         conn.commit()
         with psycopg.connect(empty_dsn, autocommit=True) as admin:
-            assert migrate(admin, Table.parse("outbox")) == (3, 4)
+            assert migrate(admin, Table.parse("outbox")) == (3, SCHEMA_VERSION)
         monkeypatch.setattr(outbox.producer, "RECHECK_SECONDS", 0.0)  # no minute to wait
         with tracer.start_as_current_span("after migration") as span, conn.transaction():
             third = enqueue(conn, aggregate_type="a", aggregate_id="3", event_type="E",
