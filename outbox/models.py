@@ -51,7 +51,9 @@ class Message(NamedTuple):
     created_at: datetime
     headers: Mapping[str, str] | None = None
     """What the producer added (schema v4's `headers`): W3C trace context, tenant ids. None
-    when it added nothing. Publishers forward it after the project's own headers."""
+    when it added nothing. Publishers forward it after the project's own headers. A claimed
+    message's are string names and values only, within MAX_HEADER_COUNT and
+    MAX_HEADERS_BYTES (outbox.limits): the claim sends a row with any other to dead."""
 
 
 @dataclass(frozen=True, slots=True)
