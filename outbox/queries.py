@@ -101,7 +101,8 @@ _CLAIM = sql.SQL(CLAIM_MARKER)
 # and a small payload's text is what the claim returns. A large one is not kept between the
 # steps of the statement (where it would spill to disk): a row taken makes it again. The
 # checks run in the order written (CASE), the cheap ones first; a row without headers (the
-# common case) stops after the names.
+# common case) stops after the names. The second OFFSET 0 has them run once a row: flattened,
+# `reason` would be written out, and its checks run, at each of its four uses.
 _SIZED_CTE = sql.SQL(
     """sized AS (
     SELECT id, small_body, size, reason, headers_text, CASE
