@@ -577,8 +577,8 @@ def measure(
         operator = OperatorProcess(code, emulator, workdir)
         stack.callback(stop_process, operator.process)
         wait_until("the operator to lead", operator.leading, timeout=60, every=0.25)
-        started_cpu = cpu_seconds(operator.pid)
         items = yaml.safe_dump_all(dispatchers(databases, count))
+        start = snapshot(admin, databases, operator, emulator)
         applying = time.monotonic()
         emulator.kubectl("create", "-f", "-", input=items)
         applied = time.monotonic()
@@ -594,9 +594,13 @@ def measure(
             time.sleep(0.25)
         result["first_status_seconds"] = None if first_status is None else round(first_status, 1)
         result["resources_with_status"] = with_status
-        if operator.running:
-            ramp = time.monotonic() - applying
-            result["ramp_cpu_cores"] = round((cpu_seconds(operator.pid) - started_cpu) / ramp, 3)
+        ramped = snapshot(admin, databases, operator, emulator)
+        result["deployments_at_ramp_end"] = emulator.get("/_bench/status")["deployments"]
+        ramp = figures(start, ramped, ramped.at - start.at, Freshness(), [], [], [], [])
+        result["ramp"] = {
+            "seconds": round(ramped.at - start.at, 1),
+            **{key: ramp[key] for key in RAMP_FIGURES},
+        }
         log(f"  first status for all: {result['first_status_seconds']} s ({with_status}/{count})")
 
         # The steady window.
@@ -607,10 +611,12 @@ def measure(
         ages: list[float] = []
         spy = start_profile(operator.pid, profile, duration) if profile else None
         before = snapshot(admin, databases, operator, emulator)
+        # An operator that exited during the ramp has no steady state to measure.
+        window = duration if operator.running else 0.0
         names = ",".join(probe.name for probe in probes)
         next_second = before.at
         exited_at: float | None = None
-        while time.monotonic() - before.at < duration:
+        while time.monotonic() - before.at < window:
             now = time.monotonic()
             shown = emulator.get(f"/_bench/status?names={names}")
             step_probes(probes, shown, now, fresh, inserting=True)
@@ -654,8 +660,11 @@ def measure(
         }
         result["log"] = summarize_log(text)
         span = after.at - before.at
-        result["window_seconds"] = round(span, 1)
-        result.update(figures(before, after, span, fresh, rss, emulator_rss, connections, ages))
+        result["window_seconds"] = round(span, 1) if window else None
+        steady = figures(before, after, span, fresh, rss, emulator_rss, connections, ages)
+        if not window:
+            steady = {key: _nothing(value) for key, value in steady.items()}
+        result.update(steady)
     return result
 
 
@@ -679,6 +688,22 @@ def figures(
         a - b for a, b in zip(after.stats["handling"], before.stats["handling"], strict=True)
     ]
     lag = [a - b for a, b in zip(after.stats["lag"], before.stats["lag"], strict=True)]
+    counts = {
+        kind: n - before.stats["requests"].get(kind, 0)
+        for kind, n in after.stats["requests"].items()
+    }
+    busy = {
+        kind: seconds - before.stats["seconds"].get(kind, 0.0)
+        for kind, seconds in after.stats["seconds"].items()
+    }
+    by_verb = {
+        kind: {
+            "mean_ms": round(1000 * seconds / counts[kind], 1),
+            "seconds_per_second": round(seconds / span, 3),
+        }
+        for kind, seconds in sorted(busy.items(), key=lambda item: -item[1])
+        if counts.get(kind)
+    }
 
     def r(value: float | None, digits: int = 3) -> float | None:
         return None if value is None else round(value, digits)
@@ -708,8 +733,26 @@ def figures(
             "loop_lag_p50_ms": r(_ms(hist_percentile(lag, buckets, 0.5)), 1),
             "loop_lag_p99_ms": r(_ms(hist_percentile(lag, buckets, 0.99)), 1),
             "loop_lag_max_ms": r(_ms(hist_max(lag, buckets)), 1),
+            "handler_seconds_per_second": r(sum(busy.values()) / span),
+            "by_verb": by_verb,
         },
     }
+
+
+RAMP_FIGURES = (
+    "sessions_per_second",
+    "operator_cpu_cores",
+    "api_requests_per_second",
+    "api_requests_per_second_total",
+    "emulator",
+)
+
+
+def _nothing(value: Any) -> Any:
+    """The shape of a figure with no value (no steady window to measure)."""
+    if isinstance(value, dict):
+        return {key: _nothing(item) for key, item in value.items()} if value else {}
+    return None
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -735,29 +778,41 @@ def start_profile(pid: int, output: Path, duration: float) -> subprocess.Popen[b
     )  # fmt: skip
 
 
-# Where a sample's innermost frames are, by the file they run in.
+# Who a busy sample is working for: the innermost frame of a known library or of the
+# operator's own code (py-spy names frames `function (package/module.py:line)`), so that
+# the standard library's work (copy, json, asyncio's transports) is counted for its caller.
 AREAS = (
-    ("kopf", "/kopf/"),
-    ("kubernetes client", "/kubernetes/"),
-    ("kubernetes client", "/kubernetes_asyncio/"),
-    ("psycopg", "/psycopg"),
-    ("aiohttp", "/aiohttp/"),
-    ("yaml/json", "/yaml/"),
-    ("yaml/json", "/json/"),
-    ("ssl", "/ssl.py"),
-    ("logging", "/logging/"),
-    ("asyncio", "/asyncio/"),
-    ("operator: database", "controller/database.py"),
-    ("operator: reconcile", "controller/"),
-    ("outbox (shared)", "/outbox/"),
+    ("kopf (watching)", "(kopf/"),
+    ("kubernetes client (pydantic models)", "(pydantic/"),
+    ("kubernetes client (pydantic models)", "(pydantic_core/"),
+    ("kubernetes client", "(kubernetes/"),
+    ("aiohttp (HTTP to the API)", "(aiohttp/"),
+    ("aiohttp (HTTP to the API)", "(netrc.py"),
+    ("psycopg (database)", "(psycopg/"),
+    ("psycopg (database)", "(psycopg_pool/"),
+    ("yaml", "(yaml/"),
+    ("operator: database reads", "(outbox/controller/database.py"),
+    ("operator: leader election", "(outbox/controller/leader.py"),
+    ("operator: reconcile, render, status", "(outbox/controller/"),
+    ("outbox (shared)", "(outbox/"),
+    ("prometheus_client", "(prometheus_client/"),
+    ("logging", "(logging/"),
 )
+# Innermost frames of a thread that waits in C (epoll, a lock): py-spy may count them busy.
+WAITING = (".select (selectors.py", "_worker (concurrent/futures/thread.py", "wait (threading.py")
 
 
-def area(frame: str) -> str:
-    for name, marker in AREAS:
-        if marker in frame:
-            return name
-    return "other"
+def normalized(frame: str) -> str:
+    """The operator's frames named alike whichever tree it runs from."""
+    return re.sub(r"\((?:[^()]*/)?(?:outbox/)?controller/", "(outbox/controller/", frame)
+
+
+def area(frames: Sequence[str]) -> str:
+    for frame in reversed(frames):
+        for name, marker in AREAS:
+            if marker in frame:
+                return name
+    return "event loop and standard library"
 
 
 def finish_profile(spy: subprocess.Popen[bytes], output: Path) -> dict[str, Any]:
@@ -770,27 +825,34 @@ def finish_profile(spy: subprocess.Popen[bytes], output: Path) -> dict[str, Any]
         return {"skipped": "py-spy could not sample the operator (ptrace not permitted?)"}
     own: Counter[str] = Counter()
     by_area: Counter[str] = Counter()
-    inclusive: Counter[str] = Counter()
-    total = 0
+    operator: Counter[str] = Counter()
+    total = waiting = 0
     for line in output.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
         if not n.isdigit():
             continue
         count = int(n)
-        frames = [f.strip() for f in stack.split(";")]
+        frames = [normalized(f.strip()) for f in stack.split(";")]
+        if any(f in frames[-1] for f in WAITING):
+            waiting += count
+            continue
         total += count
         own[frames[-1]] += count
-        by_area[area(frames[-1])] += count
-        for name in {area(f) for f in frames}:
-            inclusive[name] += count
-        for f in {f for f in frames if "controller/" in f}:
-            inclusive[f"  {f}"] += count
+        by_area[area(frames)] += count
+        # The operator's functions on the stack (inclusive), by name without the line.
+        for name in {re.sub(r":\d+\)$", ")", f) for f in frames if "(outbox/" in f}:
+            operator[name] += count
+
+    def share(n: int) -> float:
+        return round(n / max(total, 1), 3)
+
     return {
         "samples": total,
+        "waiting_samples": waiting,
         "rate_per_second": 100,
-        "by_innermost_area": {k: round(v / total, 3) for k, v in by_area.most_common()},
-        "inclusive": {k: round(v / total, 3) for k, v in inclusive.most_common(40)},
-        "top_frames": [{"frame": f, "share": round(v / total, 3)} for f, v in own.most_common(15)],
+        "by_area": {k: share(v) for k, v in by_area.most_common()},
+        "operator_inclusive": {k: share(v) for k, v in operator.most_common(25)},
+        "top_frames": [{"frame": f, "share": share(v)} for f, v in own.most_common(15)],
     }
 
 
@@ -842,7 +904,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for schema in {code.schema for code in found}
             }
             for size in sizes:
-                order = found if len(report["runs"]) % 2 == 0 else list(reversed(found))
+                # Which code goes first alternates from one size to the next.
+                flip = (variants.index(variant) * len(sizes) + sizes.index(size)) % 2
+                order = list(reversed(found)) if flip else found
                 for code in order:
                     databases = sets[code.schema]
                     log(
@@ -870,7 +934,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 duration=min(duration, 60.0),
                 first_status_timeout=args.first_status_timeout,
                 workdir=work / f"profile-{args.profile}",
-                profile=Path(tmp) / "profile.txt",
+                profile=work / f"profile-{args.profile}.txt",
             )  # fmt: skip
             report["profile"] = row
             databases.drop()
@@ -902,6 +966,8 @@ def _rows(run: dict[str, Any]) -> dict[str, str]:
     fresh = run["freshness"]
     emulator = run["emulator"]
     lease = run["lease"]
+    ramp = run.get("ramp") or {}
+    ramp_emulator = ramp.get("emulator") or {}
     first = (
         _v(run["first_status_seconds"])
         if run["first_status_seconds"] is not None
@@ -923,7 +989,6 @@ def _rows(run: dict[str, Any]) -> dict[str, str]:
         "new DB sessions/s": _v(run["sessions_per_second"]),
         "operator's DB connections open, most": _v(run["operator_db_connections_max"]),
         "operator CPU (cores)": _v(run["operator_cpu_cores"]),
-        "operator CPU while starting (cores)": _v(run.get("ramp_cpu_cores")),
         "operator resident, mean / max (MB)": (
             f"{_v(run['operator_rss_mb'])} / {_v(run['operator_rss_max_mb'])}"
         ),
@@ -936,6 +1001,18 @@ def _rows(run: dict[str, Any]) -> dict[str, str]:
             f"{_v(emulator['loop_lag_p99_ms'])} / {_v(emulator['loop_lag_max_ms'])}"
         ),
         "lost its Lease": lost,
+        "Deployments stored when the wait for first status ended": _v(
+            run.get("deployments_at_ramp_end")
+        ),
+        "while starting: seconds measured": _v(ramp.get("seconds")),
+        "while starting: operator CPU (cores)": _v(ramp.get("operator_cpu_cores")),
+        "while starting: new DB sessions/s": _v(ramp.get("sessions_per_second")),
+        "while starting: API requests/s": _v(ramp.get("api_requests_per_second_total")),
+        "while starting: emulator CPU (cores)": _v(ramp_emulator.get("cpu_cores")),
+        "while starting: emulator loop lag p99 / max (ms)": (
+            f"{_v(ramp_emulator.get('loop_lag_p99_ms'))} / "
+            f"{_v(ramp_emulator.get('loop_lag_max_ms'))}"
+        ),
         "log: warnings / errors (too many clients)": (
             f"{run['log']['warnings']} / {run['log']['errors']} ({run['log']['too_many_clients']})"
         ),
@@ -1017,13 +1094,21 @@ def render(report: dict[str, Any]) -> str:
         for name in table_rows[0]:
             goal = GOAL_TEXT.get(name, "")
             lines.append(f"| {name} | {goal} | " + " | ".join(t[name] for t in table_rows) + " |")
-        kinds = sorted({k for r in runs for k in r["api_requests_per_second"]})
-        lines += ["", "API requests/s by verb:", ""]
-        lines += ["| verb resource | " + " | ".join(r["code"] for r in runs) + " |"]
-        lines += ["|---|" + "---:|" * len(runs)]
+        lines += [
+            "",
+            "API requests/s by verb in the steady window, and in brackets the emulator's "
+            "mean time in its handler for one (ms); then the same while starting:",
+            "",
+        ]
+        parts = [(r["code"], r) for r in runs]
+        parts += [(f"{r['code']} starting", r.get("ramp") or {}) for r in runs]
+        lines += ["| verb resource | " + " | ".join(name for name, _ in parts) + " |"]
+        lines += ["|---|" + "---:|" * len(parts)]
+        kinds = sorted({k for _, part in parts for k in part.get("api_requests_per_second") or {}})
         for kind in kinds:
-            values = [_v(r["api_requests_per_second"].get(kind)) for r in runs]
-            lines.append(f"| {kind} | " + " | ".join(values) + " |")
+            lines.append(
+                f"| {kind} | " + " | ".join(_per_verb(part, kind) for _, part in parts) + " |"
+            )
         tops = [(r["code"], r["log"]["top"]) for r in runs if r["log"]["top"]]
         if tops:
             lines += ["", "Most frequent warnings and errors in the operator's log:", ""]
@@ -1035,6 +1120,15 @@ def render(report: dict[str, Any]) -> str:
     if profile and "profile" in profile:
         lines += render_profile(profile)
     return "\n".join(lines) + "\n"
+
+
+def _per_verb(part: dict[str, Any], kind: str) -> str:
+    """Requests/s of one verb, with the emulator's mean handling time in brackets."""
+    rate = (part.get("api_requests_per_second") or {}).get(kind)
+    each = ((part.get("emulator") or {}).get("by_verb") or {}).get(kind)
+    if rate is None:
+        return "—"
+    return f"{rate:g}" + (f" ({each['mean_ms']:g})" if each else "")
 
 
 def _invocations(report: dict[str, Any]) -> list[str]:
@@ -1059,17 +1153,21 @@ def render_profile(run: dict[str, Any]) -> list[str]:
         "",
         f"py-spy ({found['rate_per_second']} samples/s, non-blocking, busy samples only) on the "
         f"{run['code']} operator ({run['revision']}) over its steady window at "
-        f"{run['dispatchers']} dispatchers, 1 database ({found['samples']} samples; "
-        f"{_v(run['operator_cpu_cores'])} core while profiled).",
+        f"{run['dispatchers']} dispatchers, 1 database ({found['samples']} busy samples, and "
+        f"{found.get('waiting_samples', 0)} more of threads waiting in epoll or on a lock, left "
+        f"out; {_v(run['operator_cpu_cores'])} core while profiled).",
         "",
-        "| innermost frame's area | share of busy samples |",
+        "Each busy sample counted for the innermost frame of a library or of the operator's",
+        "own code on its stack (the standard library's work goes to its caller):",
+        "",
+        "| working for | share of busy samples |",
         "|---|---:|",
     ]
-    for name, share in found["by_innermost_area"].items():
+    for name, share in found["by_area"].items():
         lines.append(f"| {name} | {share:.1%} |")
-    lines += ["", "| on the stack (inclusive) | share |", "|---|---:|"]
-    for name, share in found["inclusive"].items():
-        lines.append(f"| {'↳ ' if name.startswith('  ') else ''}{name.strip()} | {share:.1%} |")
+    lines += ["", "| the operator's functions on the stack (inclusive) | share |", "|---|---:|"]
+    for name, share in found["operator_inclusive"].items():
+        lines.append(f"| `{name}` | {share:.1%} |")
     lines += ["", "| innermost frame | share |", "|---|---:|"]
     for item in found["top_frames"]:
         lines.append(f"| `{item['frame']}` | {item['share']:.1%} |")
@@ -1143,8 +1241,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--first-status-timeout",
         type=float,
-        default=120.0,
-        help="most seconds to wait for every resource's first status (120)",
+        default=240.0,
+        help="most seconds to wait for every resource's first status (240)",
     )
     parser.add_argument(
         "--profile",

@@ -10,11 +10,12 @@ recorded, so that the benchmark can watch without adding API traffic:
 
 - `GET /_bench/stats`: requests served so far by verb and resource (`get secrets`,
   `patch outboxdispatchers/status`, `watch leases`), the handling time of each finished
-  request, and this loop's lag (how late a 50 ms timer fires: the queueing every request
+  request (from its arrival in the handler to its answer, waits on the store's lock
+  included), and this loop's lag (how late a 50 ms timer fires: the queueing every request
   meets before it is handled);
 - `GET /_bench/status?names=a,b`: `status.backlog.pending` of those OutboxDispatchers
-  (null without a backlog yet); without `names`, how many have a backlog at all, and the
-  oldest `status.backlog.sampledAt` among them;
+  (null without a backlog yet); without `names`, how many have a backlog at all, the
+  oldest `status.backlog.sampledAt` among them, and how many Deployments are stored;
 - `GET /_bench/status?since=T`: how many have a `sampledAt` later than T (ISO time).
 
 kmock keeps every request it parsed for a test's assertions; a benchmark sends hundreds of
@@ -66,6 +67,7 @@ class Histogram:
 class Counters:
     requests: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     handling: Histogram = field(default_factory=Histogram)  # non-watch requests
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # by kind
     lag: Histogram = field(default_factory=Histogram)
     max_lag: float = 0.0
 
@@ -113,7 +115,9 @@ class CountingEmulator(Emulator):
             return await super().__call__(raw_request)
         finally:
             if not kind.startswith("watch "):
-                COUNTERS.handling.add(time.perf_counter() - started)
+                took = time.perf_counter() - started
+                COUNTERS.handling.add(took)
+                COUNTERS.seconds[kind] += took
             if len(self._requests) > 2 * KEEP_REQUESTS:
                 del self._requests[:-KEEP_REQUESTS]
 
@@ -123,6 +127,7 @@ class CountingEmulator(Emulator):
                 {
                     "requests": dict(COUNTERS.requests),
                     "handling": COUNTERS.handling.counts,
+                    "seconds": dict(COUNTERS.seconds),
                     "lag": COUNTERS.lag.counts,
                     "max_lag": COUNTERS.max_lag,
                     "buckets": BUCKETS,
@@ -142,6 +147,7 @@ class CountingEmulator(Emulator):
 
     def _backlogs(self, query: Any) -> dict[str, Any]:
         found = self._dispatchers()
+        deployments = sum(1 for rtype, _, _ in self._store if rtype.plural == "deployments")
         if "names" in query:
             wanted = set(query["names"].split(","))
             return {
@@ -157,6 +163,7 @@ class CountingEmulator(Emulator):
         since = query.get("since")
         return {
             "resources": len(found),
+            "deployments": deployments,
             "with_backlog": len(stamps),
             "oldest_sampled_at": min(stamps, default=None),
             "sampled_since": sum(1 for s in stamps if since is not None and s > since),

@@ -68,6 +68,11 @@ def test_smoke_run_reports_every_figure_for_both_codes(tmp_path):
         assert requests["update leases"] > 0, run  # the Lease is renewed
         emulator = run["emulator"]
         assert emulator["cpu_cores"] > 0 and emulator["handling_p50_ms"] > 0, run
+        assert emulator["by_verb"]["patch outboxdispatchers/status"]["mean_ms"] > 0, run
+        assert run["deployments_at_ramp_end"] == count, run  # minReplicas 0 still has one
+        ramp = run["ramp"]
+        assert ramp["seconds"] > 0 and ramp["operator_cpu_cores"] > 0, run
+        assert ramp["api_requests_per_second"]["create outboxdispatchers"] > 0, run
         assert emulator["loop_lag_p99_ms"] is not None, run
         assert run["lease"] == {
             "lost": False, "exited_by_itself_after_seconds": None, "exit_code": None,
