@@ -16,7 +16,7 @@ import psycopg
 from psycopg import sql
 
 from outbox import dberrors
-from outbox.controller.status import Problem
+from outbox.controller.problem import Problem
 from outbox.dsn import DsnError, check_dsn
 from outbox.durations import parse_duration
 from outbox.errors import SettingError

@@ -29,13 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from outbox.controller.problem import Problem
 from outbox.redact import redact_text
 from outbox.stats import DestinationState, QueueStats
-
-if TYPE_CHECKING:  # status.py reports decisions: it imports this module
-    from outbox.controller.status import Problem
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,9 @@ from kubernetes.aio.client import (
 )
 from kubernetes.aio.client.exceptions import ApiException
 
+from outbox.controller.problem import Problem
 from outbox.controller.resource import API_VERSION, GROUP, KIND, MANAGER, PLURAL, VERSION
-from outbox.controller.status import Problem, json_message, timestamp
+from outbox.controller.status import json_message, timestamp
 
 MERGE_PATCH = "application/merge-patch+json"
 # The API server out of reach: socket errors and timeouts, and aiohttp's own for a connection

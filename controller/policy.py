@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from outbox.controller.problem import Problem
 from outbox.controller.resource import labels, selector_labels
-from outbox.controller.status import Problem
 
 if TYPE_CHECKING:  # settings.py validates its lists with this module's parsers
     from outbox.controller.kube import Kube, Secret

@@ -44,6 +44,7 @@ from outbox.controller.metrics import Metrics
 from outbox.controller.network import differs as network_differs
 from outbox.controller.network import render_network_policy
 from outbox.controller.policy import admit, secret_uses
+from outbox.controller.problem import Problem
 from outbox.controller.render import TEMPLATE_HASH, render_deployment
 from outbox.controller.resource import deployment_name, selector_string
 from outbox.controller.scaling import ScalingPolicy
@@ -81,7 +82,7 @@ class Reading:
     status_before: Mapping[str, Any]
     dsn: str  # "" when the inputs are unusable
     stats: QueueStats | None
-    problem: st.Problem | None
+    problem: Problem | None
     deployment: Mapping[str, Any] | None  # ours; None when there is none of ours
     pods: list[dict[str, Any]] | None = None  # its pods; None when they could not be read
 
@@ -204,7 +205,7 @@ class Dispatcher:
         kind = spec["publisher"]["type"]
         available = self.context.settings.worker_publishers
         if kind not in available:
-            raise st.Problem(
+            raise Problem(
                 "PublisherUnavailable",
                 f"the worker image has no {kind!r} publisher (it has: {', '.join(available)})",
             )
@@ -233,10 +234,10 @@ class Dispatcher:
             )
             try:
                 signing_text = secret.value(signing["key"])
-            except st.Problem as exc:  # not UTF-8: the Secret's value's problem, named so
+            except Problem as exc:  # not UTF-8: the Secret's value's problem, named so
                 if exc.reason != "InvalidDsn":
                     raise
-                raise st.Problem("InvalidSigningSecret", f"{where} is not UTF-8 text") from None
+                raise Problem("InvalidSigningSecret", f"{where} is not UTF-8 text") from None
             parse_signing_secret(signing_text, where)
         ordered = spec.get("ordering") == "aggregate"
         stats, identity = await read_table(dsn, table, ordered=ordered)
@@ -246,7 +247,7 @@ class Dispatcher:
         """The resources this replica serves (`Tables.start`)."""
         return self.context.kube.served(self.context.settings.namespaces)
 
-    def _table_conflict(self, identity: TableIdentity) -> st.Problem | None:
+    def _table_conflict(self, identity: TableIdentity) -> Problem | None:
         """One table, one resource (`Tables`): workers of two resources on one table would
         finalize each other's rows, and each would size for the other's backlog."""
         meta = self.body["metadata"]
@@ -254,7 +255,7 @@ class Dispatcher:
         first = self.context.tables.first(self.namespace, self.name, created, identity)
         if first is None:
             return None
-        return st.Problem(
+        return Problem(
             "TableConflict",
             f"{identity.text} is already served by OutboxDispatcher {first[0]}/{first[1]} "
             "(the older resource): this one runs no workers until it serves another table "
@@ -267,7 +268,7 @@ class Dispatcher:
         # What this replica wrote last is newer than a body whose watch event is still on its way.
         status_before: Mapping[str, Any] = self._last_status or body.get("status") or {}
         now = datetime.now(UTC)
-        problem: st.Problem | None = None
+        problem: Problem | None = None
         stats: QueueStats | None = None
         dsn = ""
         tables = self.context.tables
@@ -279,7 +280,7 @@ class Dispatcher:
             # No workers until the others' tables are known (an older one may read later).
             await tables.settled(self.namespace, self.name, self._listing)
             problem = self._table_conflict(identity)
-        except st.Problem as exc:
+        except Problem as exc:
             problem = exc
         finally:
             tables.read(self.namespace, self.name)  # read, or failed to: none waits for it
@@ -289,7 +290,7 @@ class Dispatcher:
         if deployment is not None and not _owned_by(deployment, body["metadata"].get("uid")):
             # Someone else's Deployment (or a deleted namesake's, about to be collected):
             # never taken over, never resized.
-            problem = st.Problem(
+            problem = Problem(
                 "DeploymentNotOwned",
                 f"Deployment {self.namespace}/{name} exists and does not belong to this "
                 "resource; delete or rename it",
@@ -431,7 +432,7 @@ class Dispatcher:
         table = parse_table(spec["database"].get("table", "outbox"))
         try:
             purged = await purge(reading.dsn, table, retention)
-        except st.Problem as exc:
+        except Problem as exc:
             log.warning("%s/%s: purge failed: %s", self.namespace, self.name, exc.message)
             return None
         self._last_purge = reading.now

@@ -18,6 +18,7 @@ from typing import Any
 
 from outbox import destinations as dest
 from outbox.controller.decision import Decision
+from outbox.controller.problem import Problem
 from outbox.controller.resource import selector_string
 from outbox.redact import redact_text
 from outbox.stats import DestinationState, QueueStats, Rates, rates
@@ -70,25 +71,6 @@ class Condition:
     @property
     def status_text(self) -> str:
         return {True: "True", False: "False", None: "Unknown"}[self.status]
-
-
-class Problem(Exception):
-    """Why a resource cannot be served: a CamelCase reason and a message for people.
-
-    Raised while reconciling; reported as Ready=False (and DatabaseReachable=False when
-    `database` is set) with an Event, never as a traceback. `stops_workers`: the resource
-    may run no workers while it stands (the cluster admin's policy, a Secret not shared),
-    where other problems hold the current size.
-    """
-
-    def __init__(
-        self, reason: str, message: str, *, database: bool = False, stops_workers: bool = False
-    ) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.database = database
-        self.stops_workers = stops_workers
 
 
 def timestamp(moment: datetime) -> str:

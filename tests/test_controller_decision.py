@@ -17,8 +17,8 @@ from outbox.controller.decision import (
     SizingPolicy,
     decide,
 )
+from outbox.controller.problem import Problem
 from outbox.controller.scaling import ScalingPolicy
-from outbox.controller.status import Problem
 from outbox.stats import DestinationState, QueueStats
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -36,8 +36,8 @@ from outbox.controller.policy import (
     secret_uses,
     violations,
 )
+from outbox.controller.problem import Problem
 from outbox.controller.settings import ControllerSettings, load_settings
-from outbox.controller.status import Problem
 from outbox.errors import SettingError
 
 ROOT = Path(__file__).resolve().parent.parent

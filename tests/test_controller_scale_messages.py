@@ -11,8 +11,8 @@ from test_scaling import Queue, snap
 
 from outbox.controller import status as st
 from outbox.controller.decision import Limits, Observed, decide, describe_reading
+from outbox.controller.problem import Problem
 from outbox.controller.scaling import ScalingPolicy
-from outbox.controller.status import Problem
 
 
 def _limits(**overrides: object) -> Limits:

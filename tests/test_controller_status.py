@@ -11,6 +11,7 @@ import pytest
 
 from outbox.controller import status as st
 from outbox.controller.decision import Decision
+from outbox.controller.problem import Problem
 from outbox.stats import DestinationState, QueueStats, Rates
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -76,11 +77,11 @@ def test_ready_condition() -> None:
 
 
 def test_a_problem_sets_ready_false_and_database_reachable_false_when_it_is_the_database() -> None:
-    problem = st.Problem("DatabaseUnreachable", "cannot connect", database=True)
+    problem = Problem("DatabaseUnreachable", "cannot connect", database=True)
     conditions = {c.type: c for c in st.problem_conditions(problem)}
     assert conditions[st.READY].status is False
     assert conditions[st.DATABASE_REACHABLE].reason == "DatabaseUnreachable"
-    secret = st.problem_conditions(st.Problem("SecretNotFound", "no secret"))
+    secret = st.problem_conditions(Problem("SecretNotFound", "no secret"))
     assert [c.type for c in secret] == [st.READY]
 
 
@@ -131,15 +132,15 @@ def test_a_served_resource_reports_ready_from_its_pods_and_a_reachable_database(
 
 def test_a_problem_says_what_was_checked_of_the_database() -> None:
     held = Decision(3, "HoldingSize", "size held")
-    not_ours = st.Problem("DeploymentNotOwned", "not ours")
+    not_ours = Problem("DeploymentNotOwned", "not ours")
     found = by_type(st.conditions(SPEC, held, None, stats(), not_ours))
     assert found[st.READY].reason == "DeploymentNotOwned"
     assert found[st.DATABASE_REACHABLE].status is True  # read: the problem lies elsewhere
-    secret = st.Problem("SecretNotFound", "no secret")
+    secret = Problem("SecretNotFound", "no secret")
     found = by_type(st.conditions(SPEC, held, DEPLOYMENT, None, secret))
     assert found[st.DATABASE_REACHABLE].status is None
     assert found[st.DATABASE_REACHABLE].message == "not checked: no secret"
-    down = st.Problem("DatabaseUnreachable", "cannot connect", database=True)
+    down = Problem("DatabaseUnreachable", "cannot connect", database=True)
     found = by_type(st.conditions(SPEC, held, DEPLOYMENT, None, down))
     assert found[st.DATABASE_REACHABLE].reason == "DatabaseUnreachable"
 
@@ -277,7 +278,7 @@ def test_destination_reachable_is_reported_only_from_a_reading() -> None:
     gone = stats(destinations=(destination("http://api.test:80", "open"),))
     found = by_type(st.conditions(SPEC, decision, DEPLOYMENT, gone, None))
     assert found[st.DESTINATION_REACHABLE].reason == "CircuitOpen"
-    down = st.Problem("DatabaseUnreachable", "cannot connect", database=True)
+    down = Problem("DatabaseUnreachable", "cannot connect", database=True)
     found = by_type(st.conditions(SPEC, decision, DEPLOYMENT, None, down))
     assert st.DESTINATION_REACHABLE not in found  # the last reading's condition stays
 
