@@ -48,7 +48,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from outbox.runner import Query, Row, first_row
+from outbox.runner import Query, Row, Steps, first_row, no_rows, perform, perform_async, step
 from outbox.table import Table
 from outbox.text import storable
 
@@ -348,8 +348,7 @@ class Change:
 Rule = Callable[[Destination, datetime], "Destination | None"]
 
 
-def _decide(found: Row | None, rule: Rule) -> Change:
-    assert found is not None
+def _decide(found: Row, rule: Rule) -> Change:
     before, now = _parse(found[:-1]), found[-1]
     return Change(before, rule(before, now), now)
 
@@ -360,31 +359,29 @@ def _changed(change: Change) -> dict[str, Any] | None:
     return _params(after) if after is not None and after != change.before else None
 
 
+def changing(table: Table, destination: str, rule: Rule) -> Steps[Change]:
+    """`change`'s statements, to run inside a larger operation's transaction (the row's lock
+    is held until that commits)."""
+    lock = Query(_lock(table), {"destination": destination}, first_row(lambda row: row))
+    found = yield from step(lock)
+    if found is None:  # inserted by that statement, so not visible to it: read again
+        found = yield from step(lock)
+    assert found is not None  # the row exists now, made or not by us
+    result = _decide(found, rule)
+    if (write := _changed(result)) is not None:
+        yield from step(Query(_write(table), write, no_rows))
+    return result
+
+
 async def change(conn: AsyncConn, table: Table, destination: str, rule: Rule) -> Change:
     """Apply `rule(row, now) -> row | None` to the destination's row (made closed if it is
     missing) under the row's lock, in one short transaction."""
-    params = {"destination": destination}
-    async with conn.transaction():
-        found = await (await conn.execute(_lock(table), params)).fetchone()
-        if found is None:  # inserted by that statement, so not visible to it: read again
-            found = await (await conn.execute(_lock(table), params)).fetchone()
-        result = _decide(found, rule)
-        if (write := _changed(result)) is not None:
-            await conn.execute(_write(table), write)
-    return result
+    return await perform_async(conn, changing(table, destination, rule), transaction=True)
 
 
 def change_sync(conn: SyncConn, table: Table, destination: str, rule: Rule) -> Change:
     """`change` on a sync connection (the CLI's pause and resume)."""
-    params = {"destination": destination}
-    with conn.transaction():
-        found = conn.execute(_lock(table), params).fetchone()
-        if found is None:
-            found = conn.execute(_lock(table), params).fetchone()
-        result = _decide(found, rule)
-        if (write := _changed(result)) is not None:
-            conn.execute(_write(table), write)
-    return result
+    return perform(conn, changing(table, destination, rule), transaction=True)
 
 
 def listing(table: Table) -> Query[list[tuple[Destination, datetime]]]:

@@ -27,7 +27,7 @@ from psycopg.types.json import Jsonb
 
 from outbox import destinations as dest
 from outbox.redact import redact_url
-from outbox.runner import Query, Row, fetch, fetch_async, first_row
+from outbox.runner import Query, Row, Steps, first_row, perform, perform_async, step
 from outbox.table import Table
 from outbox.text import age, first_control, printable
 
@@ -208,6 +208,30 @@ class _Unchanged(Exception):
         self.result = result
 
 
+def _changing_by_hand(
+    table: Table, verb: Verb, destination: str, reason: str | None, actor: str | None, via: str
+) -> Steps[HandChange]:
+    """`change_by_hand`'s statements, once the reason is checked (before any transaction
+    begins, as a plain function: a generator's body would wait for its first step)."""
+    if verb == "pause" or reason is not None:
+        _required_reason(reason or "")  # a resume's is optional, but kept to the same rules
+    return _hand_change_steps(table, verb, destination, reason, actor, via)
+
+
+def _hand_change_steps(
+    table: Table, verb: Verb, destination: str, reason: str | None, actor: str | None, via: str
+) -> Steps[HandChange]:
+    """Run in one transaction: raises _Unchanged, to roll it back, when nothing changes."""
+    who, existed = yield from step(_who(table, destination, actor))
+    change = yield from dest.changing(table, destination, _rule(verb, who, reason))
+    result = _outcome(verb, destination, change, existed, who)
+    if not result.changed:
+        raise _Unchanged(result)
+    recorded = _recorded(verb, change, reason, via)
+    audit = yield from step(_record(table, verb, who, recorded))
+    return replace(result, audit_id=audit)
+
+
 def change_by_hand(
     conn: psycopg.Connection[Any],
     table: Table,
@@ -220,19 +244,11 @@ def change_by_hand(
 ) -> HandChange:
     """Pause (`reason` required) or resume (`reason` optional) `destination`, and record it,
     in one transaction."""
-    if verb == "pause" or reason is not None:
-        _required_reason(reason or "")  # a resume's is optional, but kept to the same rules
+    steps = _changing_by_hand(table, verb, destination, reason, actor, via)
     try:
-        with conn.transaction():
-            who, existed = fetch(conn, _who(table, destination, actor))
-            change = dest.change_sync(conn, table, destination, _rule(verb, who, reason))
-            result = _outcome(verb, destination, change, existed, who)
-            if not result.changed:
-                raise _Unchanged(result)
-            audit = fetch(conn, _record(table, verb, who, _recorded(verb, change, reason, via)))
+        return perform(conn, steps, transaction=True)
     except _Unchanged as unchanged:
         return unchanged.result
-    return replace(result, audit_id=audit)
 
 
 async def change_by_hand_async(
@@ -246,18 +262,8 @@ async def change_by_hand_async(
     via: str,
 ) -> HandChange:
     """`change_by_hand` on an async connection (the TUI)."""
-    if verb == "pause" or reason is not None:
-        _required_reason(reason or "")  # a resume's is optional, but kept to the same rules
+    steps = _changing_by_hand(table, verb, destination, reason, actor, via)
     try:
-        async with conn.transaction():
-            who, existed = await fetch_async(conn, _who(table, destination, actor))
-            change = await dest.change(conn, table, destination, _rule(verb, who, reason))
-            result = _outcome(verb, destination, change, existed, who)
-            if not result.changed:
-                raise _Unchanged(result)
-            audit = await fetch_async(
-                conn, _record(table, verb, who, _recorded(verb, change, reason, via))
-            )
+        return await perform_async(conn, steps, transaction=True)
     except _Unchanged as unchanged:
         return unchanged.result
-    return replace(result, audit_id=audit)

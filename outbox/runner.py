@@ -7,11 +7,18 @@ the connection it is given, for APIs that accept either (the producer's). A quer
 single statement: atomic on its own in autocommit mode, part of the caller's transaction
 otherwise. The statements themselves are composed where they belong (the lease protocol's
 in `outbox.queries`, the others beside the functions that use them).
+
+An operation of several statements, where what comes next depends on what came back (lock a
+row, decide, write), is written once too: as `Steps`, a generator that yields each `Query`
+and is sent its result, and returns the operation's value. It does no I/O of its own, so
+`perform` runs it on a sync connection and `perform_async` on an async one, optionally in
+one transaction; operations compose with `yield from`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, closing, nullcontext
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
@@ -46,14 +53,20 @@ def first_row(parse: Callable[[Row | None], T]) -> Callable[[list[Row]], T]:
     return lambda rows: parse(rows[0] if rows else None)
 
 
+def no_rows(rows: list[Row]) -> None:
+    """A `parse` for a statement whose rows, if any, are not read (an UPDATE's)."""
+
+
+# A statement without a result (an UPDATE without RETURNING) is parsed as no rows: psycopg
+# refuses to fetch from it.
 def fetch(conn: psycopg.Connection[Any], query: Query[T]) -> T:
     if query.json_as_text:
         with conn.cursor() as cursor:
             _json_as_text(cursor)
             cursor.execute(query.statement, query.params, prepare=query.prepare)
-            return query.parse(cursor.fetchall())
+            return query.parse(cursor.fetchall() if cursor.description else [])
     cursor = conn.execute(query.statement, query.params, prepare=query.prepare, binary=query.binary)
-    return query.parse(cursor.fetchall())
+    return query.parse(cursor.fetchall() if cursor.description else [])
 
 
 async def fetch_async(conn: psycopg.AsyncConnection[Any], query: Query[T]) -> T:
@@ -61,11 +74,11 @@ async def fetch_async(conn: psycopg.AsyncConnection[Any], query: Query[T]) -> T:
         async with conn.cursor() as acursor:
             _json_as_text(acursor)
             await acursor.execute(query.statement, query.params, prepare=query.prepare)
-            return query.parse(await acursor.fetchall())
+            return query.parse(await acursor.fetchall() if acursor.description else [])
     cursor = await conn.execute(
         query.statement, query.params, prepare=query.prepare, binary=query.binary
     )
-    return query.parse(await cursor.fetchall())
+    return query.parse(await cursor.fetchall() if cursor.description else [])
 
 
 def _json_as_text(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
@@ -85,3 +98,52 @@ def run(
     if isinstance(conn, psycopg.AsyncConnection):
         return fetch_async(conn, query)
     return fetch(conn, query)
+
+
+# -- operations of several statements ------------------------------------------------------
+
+# Yields the queries to run, is sent each one's result, returns the operation's value.
+Steps = Generator[Query[Any], Any, T]
+
+
+def step(query: Query[T]) -> Steps[T]:
+    """One statement of an operation, typed: `value = yield from step(query)`."""
+    return (yield query)  # type: ignore[no-any-return]  # what the driver sends: query's T
+
+
+def perform(conn: psycopg.Connection[Any], steps: Steps[T], *, transaction: bool = False) -> T:
+    """Run `steps` on a sync connection, in one transaction if asked (a savepoint inside the
+    caller's). A statement's error ends the operation: it propagates, nothing is sent in."""
+    scope: AbstractContextManager[Any] = conn.transaction() if transaction else nullcontext()
+    with scope, closing(steps):
+        next_step = _advance(steps, None)
+        while isinstance(next_step, Query):
+            next_step = _advance(steps, fetch(conn, next_step))
+        return next_step.value
+
+
+async def perform_async(
+    conn: psycopg.AsyncConnection[Any], steps: Steps[T], *, transaction: bool = False
+) -> T:
+    """`perform` on an async connection."""
+    scope: AbstractAsyncContextManager[Any] = conn.transaction() if transaction else nullcontext()
+    async with scope:
+        with closing(steps):
+            next_step = _advance(steps, None)
+            while isinstance(next_step, Query):
+                next_step = _advance(steps, await fetch_async(conn, next_step))
+            return next_step.value
+
+
+@dataclass(frozen=True)
+class _Returned(Generic[T]):
+    value: T
+
+
+def _advance(steps: Steps[T], sent: Any) -> Query[Any] | _Returned[T]:
+    """The operation's next query, or what it returned. Only the generator's own
+    StopIteration ends it: one raised while a statement runs or parses stays an error."""
+    try:
+        return steps.send(sent)
+    except StopIteration as done:
+        return _Returned(done.value)

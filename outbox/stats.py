@@ -42,8 +42,9 @@ probe per aggregate with unfinished messages (at most `count_limit` of them). A 
 counts from when it became claimable: the later of its `available_at` and its
 predecessor's `done_at`, looked for among the `count_limit` ids below the newest head.
 
-One statement serves sync and async connections alike: `stats_query` builds it as a
-`Query` (outbox.runner), and `queue_stats` / `queue_stats_async` run it.
+One definition serves sync and async connections alike: `stats_query` builds the statement
+as a `Query` and `snapshot` the two statements as `Steps` (outbox.runner), which
+`queue_stats` / `queue_stats_async` run.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from psycopg import sql
 
 from outbox import destinations as dest
 from outbox.redact import redact_text
-from outbox.runner import Query, Row, fetch, fetch_async
+from outbox.runner import Query, Row, Steps, perform, perform_async, step
 from outbox.table import Table
 
 # Counts stop here by default: a walk of at most this many index entries whatever the backlog
@@ -517,6 +518,24 @@ def _query(table: Table, exact: bool, ordered: bool = False) -> sql.Composable:
     return sql.SQL(text)  # composed from quoted parts above
 
 
+def snapshot(
+    table: Table,
+    *,
+    exact: bool = False,
+    ordered: bool = False,
+    count_limit: int = COUNT_LIMIT,
+    destinations: bool = True,
+) -> Steps[QueueStats]:
+    """The snapshot's statements: the queue's, then each destination's state unless
+    `destinations` is False (`queue_stats` runs them)."""
+    query = stats_query(table, exact=exact, ordered=ordered, count_limit=count_limit)
+    stats = yield from step(query)
+    if not destinations:
+        return stats
+    found = yield from step(destination_states(table))
+    return replace(stats, destinations=tuple(found))
+
+
 def queue_stats(
     conn: psycopg.Connection[Any],
     table: Table,
@@ -527,11 +546,10 @@ def queue_stats(
     destinations: bool = True,
 ) -> QueueStats:
     """The snapshot, and each destination's state unless `destinations` is False."""
-    stats = fetch(conn, stats_query(table, exact=exact, ordered=ordered, count_limit=count_limit))
-    if not destinations:
-        return stats
-    found = fetch(conn, destination_states(table))
-    return replace(stats, destinations=tuple(found))
+    steps = snapshot(
+        table, exact=exact, ordered=ordered, count_limit=count_limit, destinations=destinations
+    )
+    return perform(conn, steps)
 
 
 async def queue_stats_async(
@@ -544,9 +562,7 @@ async def queue_stats_async(
     destinations: bool = True,
 ) -> QueueStats:
     """`queue_stats` on an async connection."""
-    query = stats_query(table, exact=exact, ordered=ordered, count_limit=count_limit)
-    stats = await fetch_async(conn, query)
-    if not destinations:
-        return stats
-    found = await fetch_async(conn, destination_states(table))
-    return replace(stats, destinations=tuple(found))
+    steps = snapshot(
+        table, exact=exact, ordered=ordered, count_limit=count_limit, destinations=destinations
+    )
+    return await perform_async(conn, steps)

@@ -1,0 +1,88 @@
+"""outbox.runner's operations of several statements: one generator of steps, run alike on a
+sync and an async connection, in one transaction when asked."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from outbox.runner import Query, Steps, first_row, no_rows, perform, perform_async, step
+
+
+def _value(expression: str) -> Query[int]:
+    return Query(sql.SQL(f"SELECT {expression}"), None, first_row(lambda row: int(row[0])))
+
+
+def _add_one(table: str) -> Query[None]:
+    return Query(sql.SQL("INSERT INTO {} VALUES (1)").format(sql.Identifier(table)), None, no_rows)
+
+
+def _count(table: str) -> Query[int]:
+    statement = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))
+    return Query(statement, None, first_row(lambda row: int(row[0])))
+
+
+def _doubled_sum() -> Steps[int]:
+    # The second statement depends on the first's result, as a lock-then-write does.
+    first = yield from step(_value("20"))
+    second = yield from step(_value(f"{first} + 1"))
+    return first + second
+
+
+def _write_then_refuse(table: str) -> Steps[None]:
+    yield from step(_add_one(table))
+    raise LookupError("refused after the write")
+
+
+def test_an_operation_runs_alike_on_sync_and_async_connections(conn, dsn):
+    assert perform(conn, _doubled_sum()) == 41
+
+    async def run() -> int:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            return await perform_async(aconn, _doubled_sum())
+
+    assert asyncio.run(run()) == 41
+
+
+def test_an_operation_that_raises_rolls_its_transaction_back(conn, dsn):
+    conn.execute("CREATE TABLE marks (n int)")
+    with pytest.raises(LookupError):
+        perform(conn, _write_then_refuse("marks"), transaction=True)
+    assert perform(conn, step(_count("marks"))) == 0
+
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            await perform_async(aconn, _write_then_refuse("marks"), transaction=True)
+
+    with pytest.raises(LookupError):
+        asyncio.run(run())
+    assert perform(conn, step(_count("marks"))) == 0
+    # Without a transaction of its own, the write stands (autocommit).
+    with pytest.raises(LookupError):
+        perform(conn, _write_then_refuse("marks"))
+    assert perform(conn, step(_count("marks"))) == 1
+
+
+def test_a_failing_statement_ends_the_operation_and_closes_it(conn):
+    closed = []
+
+    def steps() -> Steps[int]:
+        try:
+            return (yield from step(_value("1 / 0")))
+        finally:
+            closed.append(True)
+
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        perform(conn, steps())
+    assert closed == [True]
+
+
+def test_a_stop_iteration_raised_while_parsing_is_an_error_not_the_end(conn):
+    def parse(rows: list[tuple[object, ...]]) -> int:
+        return int(next(iter([])))
+
+    with pytest.raises(StopIteration):
+        perform(conn, step(Query(sql.SQL("SELECT 1"), None, parse)))
