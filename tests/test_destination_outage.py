@@ -22,9 +22,9 @@ from workers import dispatching, listening, settings, spawn_worker, stop_worker
 
 from outbox.demo.sink import Reply, Sink
 from outbox.models import Message
-from outbox.worker.health import TOKEN_CHUNK_SECONDS
 from outbox.worker.publishers.base import RetryableError
 from outbox.worker.publishers.http import HttpPublisher
+from outbox.worker.rate_limit import TOKEN_CHUNK_SECONDS
 
 pytestmark = pytest.mark.slow
 

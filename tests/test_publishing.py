@@ -11,10 +11,10 @@ from test_ledger import _messages
 from workers import settings
 
 from outbox.models import Message, OutcomeKind
-from outbox.worker.health import Health
+from outbox.worker.destination_gate import DestinationGate
 from outbox.worker.ledger import Ledger
 from outbox.worker.metrics import Metrics
-from outbox.worker.publishers.base import Defer, PermanentError, RetryableError
+from outbox.worker.publishers.base import Defer, PermanentError, RetryableError, declared
 from outbox.worker.publishing import Publishing
 from outbox.worker.service import Shared
 
@@ -46,9 +46,10 @@ def _publishing(publisher: object, **overrides: object) -> tuple[Ledger, Publish
     s = settings("", batch=4, concurrency=2, breaker_failures=0, **overrides)
     ledger = Ledger(s.batch, s.concurrency)
     metrics = Metrics()
-    # No database: destination health is only read and written when something fails.
+    # No database: the destination gate reads and writes it only when something fails.
     shared = Shared(s, ledger, connection=None, retry=None, metrics=metrics)  # type: ignore[arg-type]
-    return ledger, Publishing(shared, publisher, Health(shared, publisher))  # type: ignore[arg-type]
+    publisher = declared(publisher)  # type: ignore[arg-type]
+    return ledger, Publishing(shared, publisher, DestinationGate(shared, publisher))
 
 
 async def _outcomes(ledger: Ledger, count: int) -> dict[int, OutcomeKind]:

@@ -443,13 +443,14 @@ def test_the_worker_modules_import_no_opentelemetry_when_not_asked():
         """
         import sys
         from outbox.worker import publishing, tracing
+        from outbox.worker.publishers.base import declared
 
         class Publisher:
             name = "p"
             async def publish(self, message): ...
 
-        p = Publisher()
-        publish, batch = tracing.publish_calls(p, None, "link", {})
+        p = declared(Publisher())
+        publish, batch = tracing.publish_calls(p, "link", {})
         assert publish == p.publish and batch is None
         print(sorted(n for n in sys.modules if n.split(".")[0] == "opentelemetry"))
         """

@@ -13,11 +13,11 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 from outbox import lease
 from outbox.models import Message
-from outbox.worker.health import Health
+from outbox.waiting import first_of
+from outbox.worker.destination_gate import DestinationGate
 from outbox.worker.retry import Stopped
 from outbox.worker.service import Service, Shared
 
@@ -36,13 +36,13 @@ class Claimer(Service):
         wakeup: asyncio.Event,
         listening: Callable[[], bool],
         on_claimed: Callable[[], None],
-        health: Health,
+        gate: DestinationGate,
     ) -> None:
         super().__init__(shared)
         self.wakeup = wakeup  # set by NOTIFY, and by a stop
         self.listening = listening
         self.on_claimed = on_claimed  # publishing starts on what came in
-        self.health = health
+        self.gate = gate  # while the publisher's one destination is down, claims are gated
         self._ordered_claims = lease.OrderedClaims()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -66,27 +66,23 @@ class Claimer(Service):
             if not ledger.worth_claiming(room):
                 # Wait until publishing or finalizing frees some.
                 ledger.room.clear()
-                await _first_of(stop.wait(), ledger.room.wait())
+                await first_of(stop.wait(), ledger.room.wait())
                 continue
             want = ledger.rows_for(ledger.bytes_to_claim(), min(s.batch, room))
-            health = self.health
-            gate = await health.claim_gate() if health.blocked else None
-            if gate == 0:
+            limit = None if self.gate.all_clear else await self.gate.claim_limit()
+            if limit == 0:
                 # The destination is down: nothing to claim until a probe is due or the
                 # breaker closes (another replica's probe).
-                health.changed.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(health.gate_wait()):
-                        await _first_of(stop.wait(), health.changed.wait())
+                await self.gate.wait_to_claim(stop)
                 continue
-            if gate is not None:
-                want = min(want, gate)
+            if limit is not None:
+                want = min(want, limit)
             self.wakeup.clear()  # a NOTIFY during the claim must still wake the next wait
             started = time.monotonic()
             messages = await self.retry.until_done("claim", partial(self._claim, want), stop=stop)
             self.metrics.ready = True  # whichever operation failed before, claiming works
-            if gate == 1 and messages:
-                health.probing(health.fixed, messages[0])
+            if limit == 1 and messages:
+                self.gate.probe_claimed(messages[0])
             if messages:
                 now = time.monotonic()
                 ledger.hold(messages, now, claim_seconds=now - started)
@@ -142,15 +138,3 @@ class Claimer(Service):
                        "versions": [m.lease_version for m in messages]},
             )  # fmt: skip
         return messages
-
-
-async def _first_of(*waits: Any) -> None:
-    """Wait until any awaitable finishes, cancel the others."""
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*tasks, return_exceptions=True)

@@ -19,7 +19,10 @@ one of two ways to send:
   order: None when delivered, else an instance of one of the three failure classes (returned,
   not raised: one message's failure is not the batch's).
 
-A class with `publish_batch` is driven through it alone. `PublisherFactory` is the class
+A class with `publish_batch` is driven through it alone. A plugin may instead subclass
+`PublisherBase`, which declares every optional part with its default: `batched = True` then
+says it sends through `publish_batch`, `per_message_destinations = True` that
+`destination_of` names each message's destination. `PublisherFactory` is the class
 side of either. The three failure classes:
 
 - `RetryableError(reason, retry_after=None)`: transient; retried with full-jitter back-off,
@@ -53,6 +56,7 @@ from outbox.worker.publishers.base import (
     Defer,
     PermanentError,
     Publisher,
+    PublisherBase,
     RetryableError,
 )
 from outbox.worker.publishers.envelope import envelope
@@ -71,6 +75,7 @@ __all__ = [
     "Option",
     "PermanentError",
     "Publisher",
+    "PublisherBase",
     "PublisherContext",
     "PublisherFactory",
     "RetryableError",

@@ -24,19 +24,18 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from outbox.models import Message, Outcome
-from outbox.redact import redact_text
-from outbox.text import printable
 from outbox.worker import tracing
 from outbox.worker.backoff import retry_delay
-from outbox.worker.health import Health
+from outbox.worker.destination_gate import DestinationGate
 from outbox.worker.in_flight import InFlight
 from outbox.worker.publishers.base import (
-    BatchPublisher,
     Defer,
     PermanentError,
-    Publisher,
+    PublisherBase,
     RetryableError,
+    reason,
 )
+from outbox.worker.rate_limit import RateLimiter
 from outbox.worker.service import Service, Shared
 from outbox.worker.settings import WorkerSettings
 
@@ -83,29 +82,28 @@ class Classifier:
         return Outcome.retry(message, delay, error)
 
 
-def reason(exc: BaseException) -> str:
-    """A publisher's reason as stored in last_error (readable by anyone who may SELECT the
-    table, and shown by the TUI): URL credentials and query values redacted, and control
-    characters escaped (a broker's or a downstream's words, one line), whichever publisher
-    wrote it. Redacted first: a PEM block is told by its line breaks."""
-    return printable(redact_text(str(exc)))
-
-
 class Publishing(Service):
-    """Runs the publisher over what the ledger holds; `start()` after each claim."""
+    """Runs the publisher over what the ledger holds; `start()` after each claim. The
+    destination gate says before each send whether it may go, and hears each result; the
+    rate limiter, when there is one, gives a token per send."""
 
     def __init__(
-        self, shared: Shared, publisher: Publisher | BatchPublisher, health: Health
+        self,
+        shared: Shared,
+        publisher: PublisherBase,
+        gate: DestinationGate,
+        limiter: RateLimiter | None = None,
     ) -> None:
         super().__init__(shared)
         settings = self.settings
         self.publisher = publisher
-        self.health = health
+        self.gate = gate
+        self.limiter = limiter
         self.classifier = Classifier(settings)
         self.in_flight = InFlight(settings.publish_timeout.total_seconds())
         self.tasks: set[asyncio.Task[None]] = set()
         # The publisher's own calls, or the same making publish spans (worker/tracing.py).
-        self._publish, batch = tracing.publish_calls(publisher, health, settings.otel_parent)
+        self._publish, batch = tracing.publish_calls(publisher, settings.otel_parent)
         self._publish_batch = batch
         if batch is not None:
             self._run, self._most = self._publish_batches, BATCHES_IN_FLIGHT
@@ -141,19 +139,19 @@ class Publishing(Service):
         """Publish waiting messages one after the other until none is waiting."""
         task = asyncio.current_task()
         assert task is not None
-        ledger, metrics, health = self.ledger, self.metrics, self.health
-        put_outcome, done, delivered = ledger.put_outcome, Outcome.done, health.delivered
-        blocked, probes, limiter = health.blocked, health.probes, health.limiter
+        ledger, metrics, gate = self.ledger, self.metrics, self.gate
+        put_outcome, done, delivered = ledger.put_outcome, Outcome.done, gate.delivered
+        limiter, destination_of = self.limiter, self.publisher.destination_of
         publish, in_flight = self._publish, self.in_flight
         assert publish is not None
         clock = time.perf_counter
         while (message := ledger.take_one(time.monotonic())) is not None:
-            if blocked and not await health.admit(message):
+            if not gate.all_clear and (hold := await gate.before(message)) is not None:
                 ledger.published()
-                self._hold_back(message)
+                ledger.put_outcome(Outcome.release(message, hold))  # unsent, attempt refunded
                 continue
             if limiter is not None:
-                await limiter.acquire(health.destination_of(message))
+                await limiter.acquire(destination_of(message))
             started = clock()
             error: BaseException | None = None
             try:
@@ -168,31 +166,26 @@ class Publishing(Service):
             finally:
                 metrics.publish_seconds.observe(clock() - started)
             ledger.published()
-            if error is None and not probes:
+            if error is None and delivered(message):
                 put_outcome(done(message))
-                delivered(message)
             else:
                 await self._settle(message, error)
         ledger.ran_dry(time.monotonic())  # publishing freed room for the next claim
 
-    def _hold_back(self, message: Message) -> None:
-        """Its destination is open or paused: back to pending unsent, attempt refunded."""
-        delay = self.health.hold_back(self.health.destination_of(message))
-        self.ledger.put_outcome(Outcome.release(message, delay))
-
     async def _settle(self, message: Message, error: BaseException | None) -> None:
         """The outcome of a publish that failed, or of any publish while this replica
-        probes a destination: the destination's health hears of it first."""
-        health = self.health
-        if isinstance(error, RetryableError | TimeoutError):
-            retry_after = error.retry_after if isinstance(error, RetryableError) else None
-            text = self.classifier.timed_out if isinstance(error, TimeoutError) else reason(error)
-            hold = await health.failed(message, text, retry_after)
-            if hold is not None:  # the destination's failure, not the message's
-                self.ledger.put_outcome(Outcome.release(message, hold))
-                return
-        else:
-            await health.answered(message)  # delivered, or refused for the message's reason
+        probes a destination: the destination gate hears of it first."""
+        failure, retry_after = None, None
+        if isinstance(error, RetryableError):
+            failure, retry_after = reason(error), error.retry_after
+        elif isinstance(error, TimeoutError):
+            failure = self.classifier.timed_out
+        # None for a delivery or a refusal for the message's own reason: the destination
+        # answered.
+        hold = await self.gate.after(message, failure, retry_after)
+        if hold is not None:  # the destination's failure, not the message's
+            self.ledger.put_outcome(Outcome.release(message, hold))
+            return
         try:
             outcome = self.classifier.outcome(message, error)
         except Exception:
@@ -216,24 +209,26 @@ class Publishing(Service):
     async def _publish_batches(self) -> None:
         """Hand the publisher batches of waiting messages until none is waiting. A batch
         publisher has one destination (its cluster), so a batch shares one fate."""
-        ledger, s, health = self.ledger, self.settings, self.health
+        ledger, s, gate, limiter = self.ledger, self.settings, self.gate, self.limiter
         publish_batch = self._publish_batch
         assert publish_batch is not None
         timeout = s.publish_timeout.total_seconds()
+        destination = self.publisher.one_destination()
         while ledger.waiting:
             want = min(s.batch, len(ledger.waiting))
-            if health.limiter is not None:
-                want = await health.limiter.acquire(health.fixed, want)
+            if limiter is not None:
+                want = await limiter.acquire(destination, want)
             messages = ledger.take(want, time.monotonic())
-            if health.blocked:
-                allowed = [m for m in messages if await health.admit(m)]
-                if len(allowed) < len(messages):
-                    ledger.published(len(messages) - len(allowed))
-                    sent = {m.id for m in allowed}
-                    for message in messages:
-                        if message.id not in sent:
-                            self._hold_back(message)
-                    messages = allowed
+            if not gate.all_clear:
+                allowed = []
+                for message in messages:
+                    hold = await gate.before(message)
+                    if hold is None:
+                        allowed.append(message)
+                    else:
+                        ledger.published()
+                        ledger.put_outcome(Outcome.release(message, hold))
+                messages = allowed
             if not messages:
                 continue
             started = time.perf_counter()
@@ -256,21 +251,21 @@ class Publishing(Service):
                 results = [exc] * len(messages)
             elapsed = time.perf_counter() - started
             ledger.published(len(messages))
-            if results.count(None) == len(messages) and not health.probes:
+            if results.count(None) == len(messages) and gate.delivered(messages[-1]):
                 # The common case: every message delivered. One outcome list and one
                 # observation for the batch, no step per message in Python.
                 ledger.put_outcomes(Outcome.all_done(messages))
-                health.delivered(messages[-1])
                 self.metrics.publish_seconds.observe_many(elapsed, len(messages))
                 continue
             observe = self.metrics.publish_seconds.observe
-            done = Outcome.done
             delivered = [m for m, error in zip(messages, results, strict=True) if error is None]
-            if delivered and not health.probes:
-                ledger.put_outcomes(map(done, delivered))
-                health.delivered(delivered[-1])
+            # While this replica probes, every result goes to the gate (one may close the
+            # breaker); decided once for the batch, so that no delivery goes unrecorded.
+            settle_all = not delivered or not gate.delivered(delivered[-1])
+            if not settle_all:
+                ledger.put_outcomes(map(Outcome.done, delivered))
             for message, error in zip(messages, results, strict=True):
                 observe(elapsed)
-                if error is not None or health.probes:
+                if error is not None or settle_all:
                     await self._settle(message, error)
         ledger.ran_dry(time.monotonic())

@@ -32,15 +32,16 @@ from outbox.redact import describe_dsn, redact_dsn, redact_url
 from outbox.schema import check_table
 from outbox.worker import tracing
 from outbox.worker.claimer import Claimer
+from outbox.worker.destination_gate import DestinationGate
 from outbox.worker.finalizer import Finalizer
-from outbox.worker.health import Health
 from outbox.worker.lease_keeper import LeaseKeeper
 from outbox.worker.ledger import Ledger
 from outbox.worker.listener import Listener
 from outbox.worker.metrics import Metrics
-from outbox.worker.publishers.base import BatchPublisher, Publisher
+from outbox.worker.publishers.base import BatchPublisher, Publisher, PublisherBase, declared
 from outbox.worker.publishers.registry import load_publisher, shown_values
 from outbox.worker.publishing import Publishing
+from outbox.worker.rate_limit import RateLimiter
 from outbox.worker.retry import DatabaseRetry, Stopped, unless_stopped
 from outbox.worker.service import Shared
 from outbox.worker.settings import WorkerSettings
@@ -87,11 +88,11 @@ class Replica:
     def __init__(
         self,
         settings: WorkerSettings,
-        publisher: Publisher | BatchPublisher,
+        publisher: PublisherBase | Publisher | BatchPublisher,
         metrics: Metrics | None = None,
     ) -> None:
         s = self.settings = settings
-        self.publisher = publisher
+        self.publisher = declared(publisher)
         self.metrics = metrics or Metrics()
         self.ledger = Ledger(s.batch, s.concurrency, s.claim_bytes)
         self.pool: Pool = AsyncConnectionPool(
@@ -115,11 +116,12 @@ class Replica:
         wakeup = asyncio.Event()
         shared = Shared(s, self.ledger, self.pool.connection, retry, self.metrics)
         self.listener = Listener(s, retry, wakeup)
-        self.health = Health(shared, publisher)
-        self.publishing = Publishing(shared, publisher, self.health)
+        self.gate = DestinationGate(shared, self.publisher)
+        limiter = RateLimiter(s, self.pool.connection) if s.rate_limit is not None else None
+        self.publishing = Publishing(shared, self.publisher, self.gate, limiter)
         self.claimer = Claimer(
             shared, wakeup=wakeup, listening=lambda: self.listener.listening,
-            on_claimed=self.publishing.start, health=self.health,
+            on_claimed=self.publishing.start, gate=self.gate,
         )  # fmt: skip
         self.finalizer = Finalizer(shared)
         self.lease_keeper = LeaseKeeper(shared)
@@ -134,7 +136,7 @@ class Replica:
         try:
             if not await self._check_table(stop):
                 return
-            await self.health.refresh()
+            await self.gate.refresh()
             self.metrics.ready = True
             self._log_start()
             async with asyncio.TaskGroup() as services:
@@ -144,7 +146,7 @@ class Replica:
                         ("finalizer", self.finalizer.run()),
                         ("lease keeper", self.lease_keeper.run()),
                         ("listener", self.listener.run()),
-                        ("destination health", self.health.run()),
+                        ("destination gate", self.gate.run()),
                     )
                 ]
                 try:

@@ -21,6 +21,7 @@ import psycopg
 from outbox import dberrors
 from outbox.dsn import with_pg_environment
 from outbox.redact import describe_dsn
+from outbox.waiting import first_of
 from outbox.worker.metrics import Metrics
 
 log = logging.getLogger("outbox.worker")
@@ -130,15 +131,8 @@ async def _stopped_within(stop: asyncio.Event, seconds: float) -> bool:
 async def unless_stopped(stop: asyncio.Event, call: Awaitable[T]) -> T:
     """Await `call`, but end it at once if `stop` is set first (Stopped): a server that never
     answers would otherwise hold a stop for a whole connect timeout."""
-    attempt = asyncio.ensure_future(call)
-    stopping = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait((attempt, stopping), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopping.cancel()
-        if not attempt.done():
-            attempt.cancel()
-            await asyncio.gather(attempt, return_exceptions=True)
+    attempt, _ = await first_of(call, stop.wait())
     if attempt.cancelled():
         raise Stopped
-    return attempt.result()
+    result: T = attempt.result()
+    return result

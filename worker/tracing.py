@@ -22,13 +22,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from outbox.models import Message
+from outbox.worker.publishers.base import PublisherBase, reason
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer
-
-    from outbox.worker.health import Health
-    from outbox.worker.publishers.base import BatchPublisher, Publisher
 
 log = logging.getLogger("outbox.worker")
 
@@ -56,19 +54,17 @@ def wanted(env: Mapping[str, str]) -> bool:
 
 
 def publish_calls(
-    publisher: Publisher | BatchPublisher,
-    health: Health,
-    parent: str,
-    env: Mapping[str, str] = os.environ,
+    publisher: PublisherBase, parent: str, env: Mapping[str, str] = os.environ
 ) -> tuple[Publish | None, PublishBatch | None]:
-    """The publisher's `publish` and `publish_batch` (None where it has none), each making
-    a span per message when the environment asks for traces; untouched otherwise."""
-    publish: Publish | None = getattr(publisher, "publish", None)
-    publish_batch: PublishBatch | None = getattr(publisher, "publish_batch", None)
+    """The publisher's `publish`, or `publish_batch` when it is `batched` (None for the other
+    one), making a span per message when the environment asks for traces; untouched
+    otherwise."""
+    publish: Publish | None = None if publisher.batched else publisher.publish
+    publish_batch: PublishBatch | None = publisher.publish_batch if publisher.batched else None
     if not wanted(env):
         return publish, publish_batch
     try:
-        spans = Spans(publisher, health, parent, env)
+        spans = Spans(publisher, parent, env)
     except ImportError as exc:
         log.warning(
             "OTEL_* variables ask for traces but OpenTelemetry is not installed (%s); install "
@@ -85,29 +81,24 @@ def publish_calls(
 class Spans:
     """Makes the publish spans of one publisher; imports OpenTelemetry when made."""
 
-    def __init__(
-        self, publisher: Publisher | BatchPublisher, health: Health, parent: str,
-        env: Mapping[str, str],
-    ) -> None:  # fmt: skip
+    def __init__(self, publisher: PublisherBase, parent: str, env: Mapping[str, str]) -> None:
         from opentelemetry import trace
         from opentelemetry.context import Context
         from opentelemetry.propagate import extract
         from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-        from outbox.worker.publishing import reason  # redacted as last_error is
-
         self._tracer: Tracer = _tracer(env)
         self._extract, self._empty, self._span_of = extract, Context(), trace.get_current_span
         self._link, self._producer, self._error = Link, SpanKind.PRODUCER, Status
-        self._error_code, self._reason = StatusCode.ERROR, reason
+        self._error_code, self._reason = StatusCode.ERROR, reason  # redacted as last_error is
         self._as_parent = parent == "parent"
-        self._system = str(getattr(publisher, "name", "outbox"))
-        self._name, self._template, self._destination = _destination(publisher, health)
+        self._system = publisher.name
+        self._name, self._template, self._destination = _destination(publisher)
         # Where it is known (the HTTP origin, a broker cluster's first server): the
         # conventions' `server.address` and `server.port`, the same for every message.
         self._server: dict[str, Any] = {}
-        server = getattr(publisher, "server", None)
-        if isinstance(server, tuple) and len(server) == 2:
+        server = publisher.server
+        if server is not None:
             self._server["server.address"] = server[0]
             if server[1] is not None:
                 self._server["server.port"] = server[1]
@@ -219,34 +210,23 @@ def _tracer(env: Mapping[str, str]) -> Tracer:
 
 
 def _destination(
-    publisher: Publisher | BatchPublisher, health: Health
+    publisher: PublisherBase,
 ) -> tuple[str, str | None, Callable[[Message], str]]:
     """The span name (`send` and the destination's template: few distinct names), the
     template when names are rendered per message, and each message's destination name: the
-    publisher's `destination_name(message)` or NATS subject, else the template (the Kafka
-    topic's), else the destination the worker tracks (the HTTP origin: never a URL's path,
-    query or credentials)."""
-    template = next(
-        (
-            value
-            for attribute in ("subject_template", "topic")
-            if isinstance(value := getattr(publisher, attribute, None), str)
-        ),
-        None,
-    )
+    publisher's `destination_name(message)` where it has a template (a NATS subject's, a
+    Kafka topic's), the template when that refuses the message; else the destination the
+    worker tracks (the HTTP origin: never a URL's path, query or credentials)."""
+    template = publisher.destination_template
     if template is None:
-        return f"send {health.fixed}", None, health.destination_of
+        return f"send {publisher.one_destination()}", None, publisher.destination_of
     rendered = template if "{" in template else None
-    # A publisher that renders names per message may say each one: `destination_name`
-    # (any publisher), `subject` (NATS's).
-    subject = getattr(publisher, "destination_name", None) or getattr(publisher, "subject", None)
-    if not callable(subject):
-        return f"send {template}", rendered, lambda _: template
+    name_of = publisher.destination_name
 
     def subject_of(message: Message) -> str:
         try:
-            return str(subject(message))
-        except Exception:  # a subject the publisher refuses: its publish says why
+            return name_of(message)
+        except Exception:  # a name the publisher refuses: its publish says why
             return template
 
     return f"send {template}", rendered, subject_of

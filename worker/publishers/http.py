@@ -41,7 +41,12 @@ from outbox.models import Message
 from outbox.redact import redact_text, redact_url
 from outbox.signing_keys import signing_key
 from outbox.text import printable
-from outbox.worker.publishers.base import PermanentError, RetryableError, server_of
+from outbox.worker.publishers.base import (
+    PermanentError,
+    PublisherBase,
+    RetryableError,
+    server_of,
+)
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.formats import ENVELOPE, HTTP, NOT_IN_URI, CloudEvents, encode
 from outbox.worker.publishers.formats import wire_format as check_format
@@ -168,7 +173,7 @@ def _header_safe(what: str, value: str) -> str:
     return value
 
 
-class HttpPublisher:
+class HttpPublisher(PublisherBase):
     name = "http"
     options = (
         Option(

@@ -64,7 +64,12 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from outbox.errors import SettingError
 from outbox.models import Message
 from outbox.redact import is_secret_name, mask_userinfo, mask_values, redact_mapping
-from outbox.worker.publishers.base import PermanentError, RetryableError, server_of
+from outbox.worker.publishers.base import (
+    PermanentError,
+    PublisherBase,
+    RetryableError,
+    server_of,
+)
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.formats import ENVELOPE, KAFKA, CloudEvents, encode
 from outbox.worker.publishers.formats import wire_format as check_format
@@ -531,8 +536,9 @@ class _Session:
             close()
 
 
-class KafkaPublisher:
+class KafkaPublisher(PublisherBase):
     name = "kafka"
+    batched = True
     options = (
         Option(
             "--kafka-bootstrap-servers",
@@ -600,7 +606,7 @@ class KafkaPublisher:
         self.format = check_format(wire_format)
         self._cloudevents = CloudEvents(source)
         self._row_headers = kafka_headers()
-        self.topic = topic_template(topic)
+        self.topic = self.destination_template = topic_template(topic)
         self._extra = dict(config or {})
         self._publish_timeout = publish_timeout
         # Defaults a passthrough property may change, then what this publisher relies on.

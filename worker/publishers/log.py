@@ -6,11 +6,12 @@ import sys
 from typing import Any, TextIO
 
 from outbox.models import Message
+from outbox.worker.publishers.base import PublisherBase
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.registry import Option, PublisherContext
 
 
-class LogPublisher:
+class LogPublisher(PublisherBase):
     name = "log"
     options: tuple[Option, ...] = ()
 

@@ -76,7 +76,12 @@ from nats.js.errors import (
 from outbox.errors import SettingError
 from outbox.models import Message
 from outbox.redact import is_secret_name, redact_text, redact_url
-from outbox.worker.publishers.base import PermanentError, RetryableError, server_of
+from outbox.worker.publishers.base import (
+    PermanentError,
+    PublisherBase,
+    RetryableError,
+    server_of,
+)
 from outbox.worker.publishers.envelope import envelope
 from outbox.worker.publishers.formats import ENVELOPE, NATS, CloudEvents, encode
 from outbox.worker.publishers.formats import wire_format as check_format
@@ -354,8 +359,9 @@ def classify(exc: Exception, subject: str, no_stream: str = DEFAULT_NO_STREAM) -
 # -- the publisher -----------------------------------------------------------------------------
 
 
-class NatsPublisher:
+class NatsPublisher(PublisherBase):
     name = "nats"
+    batched = True
     options = (
         Option(
             "--nats-url",
@@ -449,7 +455,7 @@ class NatsPublisher:
         self.format = check_format(wire_format)
         self._cloudevents = CloudEvents(source)
         self._row_headers = nats_headers()
-        self.subject_template = subject_template(subject)
+        self.subject_template = self.destination_template = subject_template(subject)
         self.no_stream = no_stream_policy(no_stream)
         self._ack_timeout = ack_timeout
         self._name = name
@@ -491,6 +497,9 @@ class NatsPublisher:
             # May raise: nothing is kept then.
             subject = self._subjects[key] = render_subject(self.subject_template, message)
         return subject
+
+    def destination_name(self, message: Message) -> str:
+        return self.subject(message)
 
     async def start(self) -> None:
         self._connect()

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from outbox.models import Message
+from outbox.worker.publishers.base import PublisherBase
 from outbox.worker.publishers.registry import Option, PublisherContext
 
 
-class NullPublisher:
+class NullPublisher(PublisherBase):
     name = "null"
     options: tuple[Option, ...] = ()
 
