@@ -53,7 +53,6 @@ import contextlib
 import ipaddress
 import logging
 import re
-import string
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -75,6 +74,7 @@ from outbox.worker.publishers.formats import ENVELOPE, KAFKA, CloudEvents, encod
 from outbox.worker.publishers.formats import wire_format as check_format
 from outbox.worker.publishers.headers import kafka_headers
 from outbox.worker.publishers.registry import Option, PublisherContext
+from outbox.worker.publishers.template import Template
 
 log = logging.getLogger("outbox.kafka")
 
@@ -97,7 +97,6 @@ RETRYABLE_CODES = frozenset({
     E.PRODUCER_FENCED, E._FATAL, E._AUTHENTICATION, E.SASL_AUTHENTICATION_FAILED, E._SSL,
 })  # fmt: skip
 
-TOPIC_PLACEHOLDERS = ("aggregate_type", "aggregate_id", "event_type")
 MAX_TOPIC_LENGTH = 249
 _ILLEGAL_TOPIC_CHARS = re.compile(r"[^a-zA-Z0-9._-]")
 COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -202,50 +201,45 @@ def _fatal_in(exc: BaseException | None) -> KafkaError | None:
 # -- topics ----------------------------------------------------------------------------------
 
 
+def topic_name(value: str) -> str:
+    """A value as it may stand in a topic name: characters Kafka does not allow become `_`."""
+    return _ILLEGAL_TOPIC_CHARS.sub("_", value)
+
+
 def topic_template(text: str) -> str:
     """Validate a topic template: known placeholders only, legal characters around them."""
     if not text:
         raise ValueError("empty topic template")
-    try:
-        parts = list(string.Formatter().parse(text))
-    except ValueError as exc:
-        raise ValueError(f"{text!r}: {exc}") from None
-    for literal, field, spec, conversion in parts:
-        if _ILLEGAL_TOPIC_CHARS.search(literal):
-            raise ValueError(
-                f"{text!r} contains characters Kafka does not allow in topic names "
-                "(allowed: a-z A-Z 0-9 . _ -)"
-            )
-        if field is None:
-            continue
-        if field not in TOPIC_PLACEHOLDERS:
-            known = ", ".join(f"{{{name}}}" for name in TOPIC_PLACEHOLDERS)
-            raise ValueError(f"{text!r}: unknown placeholder {{{field}}} (known: {known})")
-        if spec or conversion:
-            raise ValueError(f"{text!r}: write {{{field}}} without a conversion or format spec")
-    if len(text.format_map(dict.fromkeys(TOPIC_PLACEHOLDERS, "x"))) > MAX_TOPIC_LENGTH:
+    template = Template(text, topic_name)
+    if any(_ILLEGAL_TOPIC_CHARS.search(literal) for literal in template.literals):
+        raise ValueError(
+            f"{text!r} contains characters Kafka does not allow in topic names "
+            "(allowed: a-z A-Z 0-9 . _ -)"
+        )
+    if len(template.sample()) > MAX_TOPIC_LENGTH:
         raise ValueError(f"longer than the {MAX_TOPIC_LENGTH} characters of a Kafka topic name")
     return text
 
 
-def render_topic(template: str, message: Message) -> str:
+def render_topic(template: str | Template, message: Message) -> str:
     """The topic for a message: placeholders filled with sanitized values.
 
     Characters Kafka does not allow become `_`; a name that is still not legal is permanent,
     and so is one longer than 249 characters: it is never cut, since a cut name can be
     another topic (two names that differ past the cut would share one).
     """
-    values = {
-        name: _ILLEGAL_TOPIC_CHARS.sub("_", getattr(message, name)) for name in TOPIC_PLACEHOLDERS
-    }
-    topic = template.format_map(values)
+    if isinstance(template, str):
+        template = Template(template, topic_name)
+    topic = template.render(message)
     if len(topic) > MAX_TOPIC_LENGTH:
         raise PermanentError(
-            f"topic template {template!r} renders {len(topic)} characters for this message, "
+            f"topic template {template.text!r} renders {len(topic)} characters for this message, "
             f"more than the {MAX_TOPIC_LENGTH} of a Kafka topic name; not sent"
         )
     if topic in ("", ".", ".."):
-        raise PermanentError(f"topic template {template!r} renders {topic!r}, not a legal topic")
+        raise PermanentError(
+            f"topic template {template.text!r} renders {topic!r}, not a legal topic"
+        )
     return topic
 
 
@@ -626,7 +620,8 @@ class KafkaPublisher(PublisherBase):
         self._retiring: set[asyncio.Task[None]] = set()
         # Rendering a topic is three regex substitutions; messages of one aggregate type and
         # event type share theirs (and the aggregate id, when the template uses it).
-        self._by_id = "{aggregate_id}" in self.topic
+        self._template = Template(self.topic, topic_name)
+        self._by_id = self._template.by_id
         self._routes: dict[tuple[str, str, str], _Routing] = {}
 
     def check_config(self) -> None:
@@ -719,7 +714,7 @@ class KafkaPublisher(PublisherBase):
         if routing is None:
             if len(self._routes) >= TOPIC_CACHE_SIZE:
                 self._routes.clear()
-            topic = render_topic(self.topic, message)  # may raise: uncached
+            topic = render_topic(self._template, message)  # may raise: uncached
             routing = (
                 topic,
                 ("outbox-event-type", message.event_type.encode()),

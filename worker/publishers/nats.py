@@ -56,7 +56,6 @@ import json
 import logging
 import re
 import ssl
-import string
 import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -87,12 +86,12 @@ from outbox.worker.publishers.formats import ENVELOPE, NATS, CloudEvents, encode
 from outbox.worker.publishers.formats import wire_format as check_format
 from outbox.worker.publishers.headers import nats_headers
 from outbox.worker.publishers.registry import Option, PublisherContext
+from outbox.worker.publishers.template import Template
 
 log = logging.getLogger("outbox.worker")
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 DEFAULT_SUBJECT = "outbox.{aggregate_type}.{event_type}"
-PLACEHOLDERS = ("aggregate_type", "aggregate_id", "event_type")
 SCHEMES = ("nats", "tls", "ws", "wss")
 NO_STREAM_POLICIES = ("dead", "retry")
 DEFAULT_NO_STREAM = "dead"
@@ -121,17 +120,15 @@ def subject_token(value: str) -> str:
     return _NOT_IN_TOKEN.sub("_", value) or "_"
 
 
-def render_subject(template: str, message: Message) -> str:
+def render_subject(template: str | Template, message: Message) -> str:
     """The subject of a message; PermanentError when it is too long for a server to take."""
-    subject = template.format(
-        aggregate_type=subject_token(message.aggregate_type),
-        aggregate_id=subject_token(message.aggregate_id),
-        event_type=subject_token(message.event_type),
-    )
+    if isinstance(template, str):
+        template = Template(template, subject_token)
+    subject = template.render(message)
     size = len(subject.encode())
     if size > MAX_SUBJECT_BYTES:
         raise PermanentError(
-            f"subject {template!r} renders {size} bytes for this message, more than the "
+            f"subject {template.text!r} renders {size} bytes for this message, more than the "
             f"{MAX_SUBJECT_BYTES} a NATS server's control line leaves for a subject; not sent"
         )
     return subject
@@ -139,17 +136,7 @@ def render_subject(template: str, message: Message) -> str:
 
 def subject_template(text: str) -> str:
     """Check a subject template: known placeholders only, and a valid subject around them."""
-    try:
-        fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(text)]
-    except ValueError as exc:
-        raise ValueError(f"{text!r} is not a template: {exc}") from None
-    for name, spec, conversion in fields:
-        if name is None:
-            continue
-        if name not in PLACEHOLDERS or spec or conversion:
-            known = ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
-            raise ValueError(f"{text!r}: unknown placeholder {{{name}}} (use {known})")
-    sample = text.format(**dict.fromkeys(PLACEHOLDERS, "x"))
+    sample = Template(text, subject_token).sample()
     if len(sample.encode()) > MAX_SUBJECT_BYTES:
         raise ValueError(f"longer than the {MAX_SUBJECT_BYTES} bytes a subject may take")
     for token in sample.split("."):
@@ -481,7 +468,8 @@ class NatsPublisher(PublisherBase):
         self._acks_denied: str | None = None
         # Rendering a subject is three regex substitutions; messages of one aggregate type and
         # event type share theirs (and the aggregate id, when the template uses it).
-        self._by_id = "{aggregate_id}" in self.subject_template
+        self._template = Template(self.subject_template, subject_token)
+        self._by_id = self._template.by_id
         self._subjects: dict[tuple[str, str, str], str] = {}
 
     def subject(self, message: Message) -> str:
@@ -495,7 +483,7 @@ class NatsPublisher(PublisherBase):
             if len(self._subjects) >= SUBJECT_CACHE_SIZE:
                 self._subjects.clear()
             # May raise: nothing is kept then.
-            subject = self._subjects[key] = render_subject(self.subject_template, message)
+            subject = self._subjects[key] = render_subject(self._template, message)
         return subject
 
     def destination_name(self, message: Message) -> str:

@@ -1,7 +1,7 @@
 """Routed URLs for the HTTP publisher: `--http-url https://api.example/hooks/{event_type}`.
 
-Placeholders are those of the NATS subject and Kafka topic templates: `{event_type}`,
-`{aggregate_type}` and `{aggregate_id}`. They may stand in the path and the query only: a
+Placeholders are those of every template (template.py): `{event_type}`, `{aggregate_type}`
+and `{aggregate_id}`. They may stand in the path and the query only: a
 template with one in the scheme, the user-info, the host or the port (which could send a
 message to another server), in the fragment (never sent), or with an unknown name, is refused
 at start. Each value is percent-encoded whole (RFC 3986's unreserved characters only stay),
@@ -16,42 +16,34 @@ destination for health, as with a NATS subject template.
 
 from __future__ import annotations
 
-import string
 import urllib.parse
 
 from outbox.models import Message
 from outbox.redact import redact_url
 from outbox.worker.publishers.base import PermanentError
+from outbox.worker.publishers.template import PLACEHOLDERS, Template
 
-PLACEHOLDERS = ("event_type", "aggregate_type", "aggregate_id")
+__all__ = ["PLACEHOLDERS", "Router", "check_template", "placeholders", "sample", "segment"]
 # Longer URLs are refused by many servers and proxies (414); the message is dead instead.
 MAX_URL_LENGTH = 8192
 ROUTE_CACHE_SIZE = 4096  # rendered URLs kept; emptied when full
 
 
+def url_template(template: str) -> Template:
+    """A URL template checked as a template: ValueError for an unknown placeholder. Its
+    values are percent-encoded whole (`segment`)."""
+    return Template(template, segment, shown=repr(redact_url(template)))
+
+
 def placeholders(template: str) -> list[str]:
     """The placeholders of a URL template, checked: ValueError for an unknown one."""
-    try:
-        fields = list(string.Formatter().parse(template))
-    except ValueError as exc:
-        raise ValueError(f"{redact_url(template)!r} is not a template: {exc}") from None
-    found = []
-    for _, name, spec, conversion in fields:
-        if name is None:
-            continue
-        if name not in PLACEHOLDERS or spec or conversion:
-            known = ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
-            raise ValueError(
-                f"{redact_url(template)!r}: unknown placeholder {{{name}}} (use {known})"
-            )
-        found.append(name)
-    return found
+    return url_template(template).names
 
 
 def sample(template: str) -> str:
     """The template rendered with a plain value for each placeholder: a URL of its shape
     (its origin is every rendering's)."""
-    return template.format(**dict.fromkeys(PLACEHOLDERS, "x"))
+    return url_template(template).sample()
 
 
 def check_template(template: str) -> None:
@@ -86,8 +78,9 @@ class Router:
 
     def __init__(self, template: str) -> None:
         self.template = template
-        self._by_id = "{aggregate_id}" in template
-        self._sample_segments = urllib.parse.urlsplit(sample(template)).path.split("/")
+        self._template = url_template(template)
+        self._by_id = self._template.by_id
+        self._sample_segments = urllib.parse.urlsplit(self._template.sample()).path.split("/")
         self._urls: dict[tuple[str, str, str], str] = {}
 
     def url(self, message: Message) -> str:
@@ -105,11 +98,7 @@ class Router:
         return url
 
     def _render(self, message: Message) -> str:
-        url = self.template.format(
-            event_type=segment(message.event_type),
-            aggregate_type=segment(message.aggregate_type),
-            aggregate_id=segment(message.aggregate_id),
-        )
+        url = self._template.render(message)
         if len(url) > MAX_URL_LENGTH:
             raise PermanentError(
                 f"the routed URL is {len(url)} characters, more than {MAX_URL_LENGTH}: not sent"
