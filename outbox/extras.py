@@ -11,11 +11,9 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import re
-import sys
 from collections.abc import Callable
-from typing import NoReturn
 
-from outbox.cliutil import USAGE_ERROR
+from outbox.cliutil import fail
 
 PACKAGE = "outbox-dispatcher"
 _REQUIREMENT = re.compile(r"\s*([A-Za-z0-9._-]+)\s*(?:\[([^\]]*)\])?[^;]*(?:;\s*(.*))?$")
@@ -86,17 +84,12 @@ def load(module: str, extra: str) -> object:
         raise MissingExtra(extra, missing) from None
 
 
-def fail(prog: str, exc: MissingExtra) -> NoReturn:
-    sys.stderr.write(f"{prog}: error: {exc}\n")
-    sys.exit(USAGE_ERROR)
-
-
 def _entry(prog: str, module: str, extra: str) -> Callable[[], None]:
     def main() -> None:
         try:
             component = load(module, extra)
         except MissingExtra as exc:
-            fail(prog, exc)
+            fail(prog, str(exc))
         component.main()  # type: ignore[attr-defined]
 
     main.__doc__ = f"`{prog}`: runs {module}.main, or names the [{extra}] extra if missing."

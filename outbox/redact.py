@@ -4,10 +4,11 @@ Anything a program echoes (a log line, an error, `last_error`, a Kubernetes stat
 goes through here when it may hold a secret. One mask, `MASK`; one vocabulary of names that
 hold secrets, `is_secret_name`; and one function per form a secret comes in:
 
-- DSNs (`redact_dsn`, `describe_dsn`): a parameter is shown only if it is on a list of
-  libpq keywords known to hold nothing secret; every other one (password, sslpassword,
-  oauth_client_secret, scram keys, whatever a later libpq adds) is masked. A DSN that does
-  not parse is not shown at all (outbox.dsn says what is wrong with it).
+- DSNs (`redact_dsn`; where one points: `describe_dsn` for messages, `dsn_label` for a
+  title): a parameter is shown only if it is on a list of libpq keywords known to hold
+  nothing secret; every other one (password, sslpassword, oauth_client_secret, scram keys,
+  whatever a later libpq adds) is masked. A DSN that does not parse is not shown at all
+  (outbox.dsn says what is wrong with it).
 - URLs (`redact_url`): the whole user-info (`user:password@`, or a token as the user), the
   values of the query and the fragment; scheme, host, port and path stay readable. A URL not
   well formed (no `scheme://`, a password holding `/`, `?` or `#`) loses all before its last `@`.
@@ -137,6 +138,23 @@ def describe_dsn(dsn: str) -> str:
     extra = [f"{label} {params[key]}" for key, label in (("dbname", "database"), ("user", "user"))
              if params.get(key)]  # fmt: skip
     return f"{host} port {port}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def dsn_label(dsn: str) -> str:
+    """Where a DSN points, short, for a title (the TUI's top bar): `user@host:port/db`,
+    nothing secret; `?` for a DSN that does not parse."""
+    params = _parameters(dsn)
+    if params is None:
+        return "?"
+    host = params.get("host") or params.get("hostaddr") or "local"
+    return address_label(params.get("user"), host, params.get("port"), params.get("dbname"))
+
+
+def address_label(user: str | None, host: str, port: str | None, dbname: str | None) -> str:
+    """`user@host:port/db`, each part left out when unknown: a DSN's (`dsn_label`), or a
+    connection's once made (what the server says it is)."""
+    text = f"{host}{':' + port if port else ''}{'/' + dbname if dbname else ''}"
+    return f"{user}@{text}" if user else text
 
 
 def dsn_secrets(dsn: str) -> set[str]:
@@ -325,7 +343,9 @@ __all__ = [
     "SECRET_NAME_PARTS",
     "SHOWN_PARAMETERS",
     "UNPARSEABLE_DSN",
+    "address_label",
     "describe_dsn",
+    "dsn_label",
     "dsn_secrets",
     "is_secret_name",
     "mask_userinfo",

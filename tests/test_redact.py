@@ -40,6 +40,7 @@ from outbox.redact import (
     MASK,
     UNPARSEABLE_DSN,
     describe_dsn,
+    dsn_label,
     is_secret_name,
     mask_values,
     redact_dsn,
@@ -76,6 +77,7 @@ def test_a_hostile_dsn_is_never_shown_by_the_masking_functions(case: Hostile):
     shown = [
         redact_dsn(case.value),
         describe_dsn(case.value),
+        dsn_label(case.value),
         redact_text(f"connect failed for {case.value}: {case.value!r}", dsn=case.value),
     ]
     if case.parses:
@@ -91,6 +93,16 @@ def test_a_hostile_dsn_is_never_shown_by_the_masking_functions(case: Hostile):
         # whole password masked before it is read.
         assert redact_dsn(case.value) == UNPARSEABLE_DSN or "password=***" in redact_dsn(case.value)
     assert_no_leak("\n".join(shown), case.secrets)
+
+
+def test_a_dsn_label_is_short_and_says_where_it_points():
+    """The TUI's top bar: user@host:port/db before connecting, in the same form as after."""
+    assert dsn_label("postgresql://u:s3cret@db.example:5433/orders") == "u@db.example:5433/orders"
+    assert dsn_label("host=db dbname=d") == "db/d"
+    assert dsn_label("") == "local"
+    # A dbname holding a connection string of its own is masked, as redact_dsn masks it.
+    assert dsn_label("host=db dbname='host=x password=s3cret'") == f"db/{MASK}"
+    assert dsn_label("host=db port=") == "db"
 
 
 @pytest.mark.parametrize("case", URLS, ids=ids(URLS))

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
 from outbox import dashboard, dberrors, dead_letters, pausing, repair
 from outbox.dashboard import Blocked, BlockingHead, LeaseHolder, Session
 from outbox.dead_letters import DeadPage, ErrorGroup, MessageDetail
 from outbox.filters import DeadFilter, path_check
+from outbox.redact import address_label, dsn_label
 from outbox.repair import Action, ActionRecord, ActionResult, Seen
 from outbox.runner import Query, fetch_async
 from outbox.schema import SchemaError, check_table, serves_ordering
@@ -123,27 +123,13 @@ class Source(Protocol):
     async def close(self) -> None: ...
 
 
-def describe_dsn(dsn: str) -> str:
-    """`user@host:port/db` from a DSN, or what libpq would use from PG* variables."""
-    try:
-        params = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
-        return "?"
-    host = params.get("host") or params.get("hostaddr") or "local"
-    port = params.get("port")
-    db = params.get("dbname")
-    user = params.get("user")
-    text = f"{host}{':' + str(port) if port else ''}{'/' + str(db) if db else ''}"
-    return f"{user}@{text}" if user else text
-
-
 class PgSource:
     def __init__(self, dsn: str, table: Table, *, read_only: bool = False) -> None:
         self.dsn = dsn
         self.table = table
         self.read_only = read_only
         self._connections: dict[str, psycopg.AsyncConnection[Any]] = {}
-        self._label = describe_dsn(dsn)
+        self._label = dsn_label(dsn)
         self._small_table = False  # known after the first poll's estimate
 
     @property
@@ -163,7 +149,7 @@ class PgSource:
         )
         await configure_session(conn, read_only=self.read_only)
         info = conn.info
-        self._label = f"{info.user}@{info.host}:{info.port}/{info.dbname}"
+        self._label = address_label(info.user, info.host, str(info.port), info.dbname)
         self._connections[channel] = conn
         return conn
 
