@@ -33,6 +33,7 @@ from outbox.redact import describe_dsn
 from outbox.repair import Action, default_actor, repair, select_targets
 from outbox.runner import fetch
 from outbox.schema import ORDERINGS, SchemaError, migrate, orderings, render_migration
+from outbox.session import session_settings
 from outbox.stats import DestinationState, QueueStats, destination_states, queue_stats
 from outbox.table import Table
 from outbox.text import age, first_control, printable
@@ -336,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             try:  # the demo's parts load only when asked for
                 demo = extras.load("outbox.demo.run", "demo")
             except extras.MissingExtra as exc:
-                extras.fail(PROG, exc)
+                fail(PROG, str(exc))
             sys.exit(
                 demo.run_demo(  # type: ignore[attr-defined]
                     events=resolve(args, "--events", int_between(1, DEMO_MAX_EVENTS), 3000),
@@ -388,8 +389,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         fail(PROG, str(exc))
     with _connect(dsn) as conn:
         try:
-            for name, value in timeouts.items():
-                conn.execute("SELECT set_config(%s, %s, false)", (name, _milliseconds(value)))
+            settings = {name: _milliseconds(value) for name, value in timeouts.items()}
+            fetch(conn, session_settings(settings))
             _run(args, conn, table, purge_options)
         except SchemaError as exc:
             fail(PROG, str(exc), 1)
