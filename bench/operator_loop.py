@@ -5,13 +5,13 @@ python -m bench.operator_loop --smoke           # a short trace: checks the harn
 python -m bench.operator_loop --out bench/results
 
 `bench.autoscale` simulates the world; this runs it: the operator's reconcile loop
-(`outbox.controller.reconcile.Dispatcher`, in this process) against the API server emulator,
+(`outbox.controller.reconcile.DispatcherLoop`, in this process) against the API server emulator,
 with the local kubelet running the Deployment's pods as real `outbox-worker` processes, a
 producer sending at a known rate, and a downstream that takes a fixed time per message. The
 emulator and the kubelet are the test harness (`tests/k8s/`, see its README).
 
 Each contender gets a fresh database, emulator and kubelet and sees the same trace. The
-operator's own policy runs through the unmodified `Dispatcher`; the KEDA models (the
+operator's own policy runs through the unmodified `DispatcherLoop`; the KEDA models (the
 `KedaHpa` of `bench.autoscale.contenders`, fed the figures KEDA's PostgreSQL scaler would
 query) replace the policy in a subclass that overrides only the sizing decision, so the
 operator ships no switch for them. Every duration of the KEDA and HPA defaults and of the
@@ -30,7 +30,7 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,8 +42,9 @@ from bench.env import Bench
 from outbox.controller.decision import Decision
 from outbox.controller.kube import Kube
 from outbox.controller.metrics import Metrics
-from outbox.controller.reconcile import Context, Dispatcher
+from outbox.controller.reconcile import Context, DispatcherLoop
 from outbox.controller.settings import ControllerSettings
+from outbox.controller.spec import ScalingSettings
 from outbox.demo.sink import Reply, Sink
 from outbox.stats import QueueStats
 
@@ -134,10 +135,13 @@ class KedaPolicy:
         self._start: float | None = None
         self._t = -1
 
-    def reconfigure(self, scaling: Mapping[str, Any] | None) -> None:
+    def reconfigure(self, scaling: ScalingSettings) -> None:
         """The trace never edits spec.scaling."""
 
-    def decide_explained(
+    def decided(self, decision: Decision, *, replicas: int, ready_replicas: int) -> None:
+        """KEDA and the HPA learn nothing from what the operator settled on."""
+
+    def wish(
         self, stats: QueueStats, *, replicas: int, ready_replicas: int, paused: bool = False
     ) -> Decision:
         now = stats.sampled_at.timestamp()
@@ -222,7 +226,7 @@ async def drive(
     settings = ControllerSettings(worker_publishers=("log", "http", "null"), health_port=0)
     context = Context(settings, Kube(api, lambda: None, "bench"), Metrics())
     body = wait_for("the stored resource", lambda: get(cluster, "outboxdispatchers", "orders"))
-    dispatcher = Dispatcher(context, body)
+    dispatcher = DispatcherLoop(context, body)
     if policy is not None:
         dispatcher.new_policy = lambda scaling: policy
     task = asyncio.create_task(dispatcher.run(), name="dispatcher")

@@ -1,4 +1,10 @@
-"""What the operator asks of the outbox database: is the table usable, the backlog, the purge.
+"""The operator's door to the outbox databases: one small interface, `Database`.
+
+A pass asks it two things: read a table (`read`: is it usable, its backlog, which table it
+is) and purge done rows (`purge`). `Connections` answers with a connection per call, closed
+after; a pool kept per database would answer the same two calls, and only `Context`'s
+`database` would change (the statements are in `outbox.operator_reads` and
+`outbox.maintenance`).
 
 Every failure becomes a `Problem` with a precise reason; messages never carry anything secret
 of the DSN: one that does not parse is named by where it came from and what is wrong, never
@@ -11,24 +17,53 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol
 
 import psycopg
-from psycopg import sql
 
-from outbox import dberrors
+from outbox import dberrors, operator_reads
 from outbox.controller.problem import Problem
 from outbox.dsn import DsnError, check_dsn
-from outbox.durations import parse_duration
-from outbox.errors import SettingError
 from outbox.maintenance import purge_done
+from outbox.operator_reads import TableIdentity
 from outbox.redact import redact_dsn, redact_text
-from outbox.schema import SchemaError, check_table
-from outbox.signing_keys import signing_keys
-from outbox.stats import QueueStats, queue_stats_async
+from outbox.schema import SchemaError
+from outbox.stats import QueueStats
 from outbox.table import Table
 
 CONNECT_TIMEOUT_SECONDS = 5
 APPLICATION_NAME = "outbox-controller"
+
+
+@dataclass(frozen=True)
+class TableReading:
+    """What one read of a table found."""
+
+    stats: QueueStats
+    identity: TableIdentity
+
+
+class Database(Protocol):
+    """What a pass asks of the outbox databases (see the module)."""
+
+    async def read(self, dsn: str, table: Table, *, ordered: bool) -> TableReading:
+        """The table checked, its backlog and identity; a Problem when it cannot be."""
+        ...
+
+    async def purge(self, dsn: str, table: Table, older_than: timedelta) -> int:
+        """Done rows older than `older_than` deleted; how many went; a Problem on failure."""
+        ...
+
+
+class Connections:
+    """`Database` with a connection per call, closed after."""
+
+    async def read(self, dsn: str, table: Table, *, ordered: bool) -> TableReading:
+        stats, identity = await read_table(dsn, table, ordered=ordered)
+        return TableReading(stats, identity)
+
+    async def purge(self, dsn: str, table: Table, older_than: timedelta) -> int:
+        return await purge(dsn, table, older_than)
 
 
 def parse_dsn(dsn: str, source: str) -> str:
@@ -40,42 +75,6 @@ def parse_dsn(dsn: str, source: str) -> str:
         raise Problem(
             "InvalidDsn", f"{source} is not a libpq connection string: {exc.reason}"
         ) from None
-
-
-def parse_signing_secret(text: str, source: str) -> None:
-    """A Problem unless `text` holds Standard Webhooks signing secrets the worker starts with
-    (outbox.signing_keys: one `whsec_<base64>` a line, blank lines skipped): named by
-    `source` and the line, quoting none of the value."""
-    try:
-        signing_keys(text)
-    except ValueError as exc:
-        raise Problem("InvalidSigningSecret", f"{source}: {exc}") from None
-
-
-def parse_table(text: str) -> Table:
-    try:
-        return Table.parse(text)
-    except SettingError as exc:
-        raise Problem("InvalidTable", str(exc)) from None
-
-
-def parse_retention(text: str | None) -> timedelta | None:
-    """spec.retention, None when absent (done rows are kept). Zero or less is refused as the
-    CRD refuses it (a CRD from an older release admitted `0s`): it would delete every done
-    row as soon as it is done, the recent history people read in an incident."""
-    if text is None:
-        return None
-    try:
-        retention = parse_duration(text)
-    except ValueError as exc:
-        raise Problem("InvalidRetention", f"spec.retention {text!r}: {exc}") from None
-    if retention <= timedelta(0):
-        raise Problem(
-            "InvalidRetention",
-            f"spec.retention {text!r} must be more than zero: it would purge every done row "
-            "at once; set a period (7d, 12h) or remove it to keep them",
-        )
-    return retention
 
 
 def _database_problem(exc: psycopg.Error, dsn: str) -> Problem:
@@ -98,58 +97,6 @@ def _database_problem(exc: psycopg.Error, dsn: str) -> Problem:
     return Problem("DatabaseError", reason, database=True)
 
 
-@dataclass(frozen=True)
-class TableIdentity:
-    """Which table a DSN and a table name reach, as the server knows it: the server, the
-    database's oid and the table's oid (found through the search_path when unqualified). Two
-    DSNs that differ in text (host alias, port spelled out, options, another role) reach the
-    same table iff their identities are equal.
-
-    The server is named by what every role may read, so that two roles agree whatever their
-    grants: its start time (`pg_postmaster_start_time()`) and its port. The cluster's
-    `system_identifier` would be steadier, but `pg_control_system()` is often not granted
-    (managed services revoke it), and a role that cannot read it would key the same table
-    otherwise; `data_directory` is for superusers only; the address a client reached
-    (`inet_server_addr()`) depends on the route. The limits: the key changes when the server
-    restarts (`Tables` has whoever shared the old key read again before anyone on the new one
-    runs workers); a server and its standbys differ (the operator only writes to a primary);
-    a role an administrator denied `pg_postmaster_start_time()` names its server by port
-    only, comparable only with roles denied it too."""
-
-    key: str  # compared, never shown
-    text: str  # for people: `table public.outbox of database orders`
-
-
-# Asked first, so a role denied the function makes no failing call (PostgreSQL would log an
-# ERROR on every pass; the executor checks EXECUTE on every call in a plan, even in a CASE
-# branch not taken).
-_MAY_READ_START = "SELECT has_function_privilege('pg_postmaster_start_time()', 'execute')"
-_STARTED = sql.SQL("(extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text")
-_UNKNOWN = sql.SQL("'unknown'")
-_IDENTITY = sql.SQL(
-    "SELECT {started} || '@' || current_setting('port'), d.oid::text, c.oid::text, "
-    "d.datname, n.nspname, c.relname "
-    "FROM pg_database d, pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-    "WHERE d.datname = current_database() AND c.oid = to_regclass({t})"
-)
-
-
-async def table_identity(
-    conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table
-) -> TableIdentity:
-    allowed = await (await conn.execute(_MAY_READ_START)).fetchone()
-    started = _STARTED if allowed is not None and allowed[0] else _UNKNOWN
-    cursor = await conn.execute(_IDENTITY.format(started=started, t=table.regclass_literal))
-    row = await cursor.fetchone()
-    if row is None:  # checked just before, so only a concurrent drop: the next pass says so
-        raise Problem("TableMissing", f"table {table} does not exist", database=True)
-    server, database_oid, table_oid, database, schema, name = (str(v) for v in row)
-    return TableIdentity(
-        f"{server}/{database_oid}/{table_oid}",
-        f"table {schema}.{name} of database {database}",
-    )
-
-
 async def read_table(
     dsn: str, table: Table, *, ordered: bool = False
 ) -> tuple[QueueStats, TableIdentity]:
@@ -166,13 +113,11 @@ async def read_table(
             application_name=APPLICATION_NAME,
         ) as conn:
             try:
-                await check_table(conn, table, ordered=ordered)
+                return await operator_reads.read_table(conn, table, ordered=ordered)
             except SchemaError as exc:
                 missing = "does not exist" in str(exc)
                 reason = "TableMissing" if missing else "TableInvalid"
                 raise Problem(reason, str(exc), database=True) from None
-            stats = await queue_stats_async(conn, table, ordered=ordered)
-            return stats, await table_identity(conn, table)
     except psycopg.Error as exc:
         raise _database_problem(exc, dsn) from None
 
@@ -195,4 +140,12 @@ async def purge(dsn: str, table: Table, older_than: timedelta) -> int:
         raise _database_problem(exc, dsn) from None
 
 
-__all__ = ["TableIdentity", "parse_dsn", "parse_table", "purge", "read_table"]
+__all__ = [
+    "Connections",
+    "Database",
+    "TableIdentity",
+    "TableReading",
+    "parse_dsn",
+    "purge",
+    "read_table",
+]

@@ -21,17 +21,20 @@ applies the decision to the Deployment and reports it. The rules, first match wi
    nothing: no worker will ever probe it, and what the workers send goes elsewhere.
 
 The policy is asked on every pass that has a reading, paused or pinned too: it learns from
-each one. A rule that needs another input (e.g. a destination's health) takes it from
-`Observed` and goes into `decide` between the policy's answer and the bounds.
+each one. It answers with its wish alone; the limits (rules 1, 2 and 4's bounds) are applied
+here and nowhere else, and the policy is told what was decided. A rule that needs another
+input (e.g. a destination's health) takes it from `Observed` and goes into `decide` between
+the policy's answer and the bounds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from outbox.controller.problem import Problem
+from outbox.controller.spec import ScalingSettings
 from outbox.redact import redact_text
 from outbox.stats import DestinationState, QueueStats
 
@@ -52,14 +55,21 @@ PAUSED_DECISION = Decision(0, "Paused", "spec.paused is true: no workers run")
 class SizingPolicy(Protocol):
     """What the decide step asks of a policy on every pass that has a reading
     (`scaling.ScalingPolicy` is the one the operator ships; the benchmark plugs KEDA's models
-    in through the same door). `paused` says the spec holds the workers at zero: the policy
-    learns from the reading and sizes nothing."""
+    in through the same door).
 
-    def decide_explained(
+    `wish` is the count the policy would run, from the reading alone: the bounds, a pinned
+    count and the destinations are this module's to apply (once, in `decide`). `paused` says
+    the spec holds the workers at zero: the policy learns from the reading and sizes nothing
+    (`PAUSED_DECISION`). `decided` tells it the count the pass settled on, which is the one
+    that will run (a policy learns how long asked-for workers take to start from it)."""
+
+    def wish(
         self, stats: QueueStats, *, replicas: int, ready_replicas: int, paused: bool = False
     ) -> Decision: ...
 
-    def reconfigure(self, scaling: Mapping[str, Any] | None) -> None: ...
+    def decided(self, decision: Decision, *, replicas: int, ready_replicas: int) -> None: ...
+
+    def reconfigure(self, scaling: ScalingSettings) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -72,15 +82,10 @@ class Limits:
     pinned: int | None = None  # spec.replicas
 
     @classmethod
-    def from_spec(cls, spec: Mapping[str, Any]) -> Limits:
-        scaling = spec["scaling"]
-        pinned = spec.get("replicas")
-        return cls(
-            min_replicas=int(scaling["minReplicas"]),
-            max_replicas=int(scaling["maxReplicas"]),
-            paused=bool(spec.get("paused")),
-            pinned=None if pinned is None else int(pinned),
-        )
+    def of(
+        cls, scaling: ScalingSettings, *, paused: bool = False, pinned: int | None = None
+    ) -> Limits:
+        return cls(int(scaling.min_replicas), int(scaling.max_replicas), paused, pinned)
 
     def fixed(self) -> Decision | None:
         """The count when the policy has no say: paused (which wins), or pinned."""
@@ -125,17 +130,26 @@ class Observed:
 
 def decide(observed: Observed, limits: Limits, policy: Callable[[], SizingPolicy]) -> Decision:
     """The count to run now (the module's rules). `policy` gives the resource's policy; it
-    is called only when there is a reading to learn from."""
+    is called only when there is a reading to learn from, and told what was decided."""
     if observed.problem is not None and observed.problem.stops_workers:
         return Decision(0, observed.problem.reason, observed.problem.message)
+    sizer = policy() if observed.reading is not None else None
     wanted = None
-    if observed.reading is not None:
-        wanted = policy().decide_explained(
+    if sizer is not None and observed.reading is not None:
+        wanted = sizer.wish(
             observed.reading,
             replicas=observed.replicas,
             ready_replicas=observed.ready_replicas,
             paused=limits.paused,
         )
+    decision = _within_limits(observed, limits, wanted)
+    if sizer is not None:
+        sizer.decided(decision, replicas=observed.replicas, ready_replicas=observed.ready_replicas)
+    return decision
+
+
+def _within_limits(observed: Observed, limits: Limits, wanted: Decision | None) -> Decision:
+    """Rules 1 to 4: the spec's limits, the held size, the destinations, the bounds."""
     fixed = limits.fixed()
     if fixed is not None:
         if observed.problem is not None and fixed.replicas > observed.replicas:

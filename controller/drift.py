@@ -12,7 +12,7 @@ defaults are the fixed list below (`POD_DEFAULTS` and its neighbours), each stri
 live spec only where the operator renders nothing for it and the live value is the default
 (`dnsPolicy: None` added by hand is drift; `dnsPolicy: ClusterFirst` is the server's). A
 default the list does not know is learned from the server's answer to the operator's own
-write (`Dispatcher._stored`), so it is never put back in a loop. The pod template's metadata is
+write (`reconcile.apply`), so it is never put back in a loop. The pod template's metadata is
 compared only where the operator renders it (`kubectl rollout restart` annotates it).
 """
 

@@ -1,4 +1,4 @@
-"""The kopf side: watch OutboxDispatcher resources and keep one `Dispatcher` loop per resource.
+"""The kopf side: watch OutboxDispatcher resources, one `DispatcherLoop` per resource.
 
 kopf only watches here. No change handlers, daemons or timers are registered, so kopf puts no
 finalizers, annotations or status of its own on the resources: deleting a resource is never
@@ -18,18 +18,18 @@ from typing import Any
 import kopf
 
 from outbox.controller.leader import LeadershipLost
-from outbox.controller.reconcile import Context, Dispatcher
+from outbox.controller.reconcile import Context, DispatcherLoop
 from outbox.controller.resource import GROUP, PLURAL, VERSION
 
 log = logging.getLogger("outbox.controller")
 
 
 class Supervisor:
-    """The Dispatcher loops of this replica; a lost leadership stops them all."""
+    """The DispatcherLoops of this replica; a lost leadership stops them all."""
 
     def __init__(self, context: Context) -> None:
         self.context = context
-        self._loops: dict[tuple[str, str], tuple[Dispatcher, asyncio.Task[None]]] = {}
+        self._loops: dict[tuple[str, str], tuple[DispatcherLoop, asyncio.Task[None]]] = {}
         self.lost = asyncio.Event()
         self._closed = False
 
@@ -46,7 +46,7 @@ class Supervisor:
             existing[0].update(body)
             return
         self._stop(key)  # deleted and re-created under the same name while unseen
-        dispatcher = Dispatcher(self.context, body)
+        dispatcher = DispatcherLoop(self.context, body)
         task = asyncio.create_task(dispatcher.run(), name=f"dispatcher {key[0]}/{key[1]}")
         task.add_done_callback(self._ended)
         self._loops[key] = (dispatcher, task)

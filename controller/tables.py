@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-from outbox.controller.database import TableIdentity
+from outbox.operator_reads import TableIdentity
 
 log = logging.getLogger("outbox.controller")
 

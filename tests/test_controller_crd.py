@@ -420,8 +420,8 @@ RETENTIONS = [
 
 @pytest.mark.parametrize("retention", RETENTIONS)
 def test_the_crd_refuses_exactly_the_retention_the_operator_refuses(retention: str) -> None:
-    from outbox.controller.database import parse_retention
     from outbox.controller.problem import Problem
+    from outbox.controller.spec import parse_retention
 
     try:
         parse_retention(retention)

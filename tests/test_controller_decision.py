@@ -3,9 +3,7 @@ database: hand-made stats and the real scaling policy)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 
@@ -19,6 +17,7 @@ from outbox.controller.decision import (
 )
 from outbox.controller.problem import Problem
 from outbox.controller.scaling import ScalingPolicy
+from outbox.controller.spec import ScalingSettings
 from outbox.stats import DestinationState, QueueStats
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -43,8 +42,8 @@ def backlog(t: float = 0, *, ready: int = 5000, age: float = 120.0) -> QueueStat
     )
 
 
-def limits(**spec: Any) -> Limits:
-    return Limits.from_spec({"scaling": SCALING, **spec})
+def limits(*, paused: bool = False, replicas: int | None = None) -> Limits:
+    return Limits.of(ScalingSettings.from_spec(SCALING), paused=paused, pinned=replicas)
 
 
 def never() -> SizingPolicy:
@@ -58,26 +57,28 @@ class Wants:
     def __init__(self, replicas: int) -> None:
         self.replicas = replicas
 
-    def decide_explained(
+    def wish(
         self, stats: QueueStats, *, replicas: int, ready_replicas: int, paused: bool = False
     ) -> Decision:
         return Decision(self.replicas, "KedaHpa", "metric 9.0, target 1 per replica")
 
-    def reconfigure(self, scaling: Mapping[str, Any] | None) -> None:
+    def decided(self, decision: Decision, *, replicas: int, ready_replicas: int) -> None:
+        pass
+
+    def reconfigure(self, scaling: ScalingSettings) -> None:
         pass
 
 
 def test_paused_wins_over_a_pinned_count_and_pinned_is_capped_at_max() -> None:
-    scaling = {"minReplicas": 1, "maxReplicas": 4}
-    paused = Limits.from_spec({"paused": True, "replicas": 3, "scaling": scaling}).fixed()
+    paused = limits(paused=True, replicas=3).fixed()
     assert paused is not None and paused.replicas == 0 and paused.reason == "Paused"
-    pinned = Limits.from_spec({"paused": False, "replicas": 9, "scaling": scaling}).fixed()
+    pinned = limits(paused=False, replicas=9).fixed()
     assert pinned is not None and pinned.replicas == 4 and pinned.reason == "ReplicasPinned"
-    assert Limits.from_spec({"paused": False, "scaling": scaling}).fixed() is None
+    assert limits(paused=False).fixed() is None
 
 
 def test_bounded_never_leaves_min_and_max() -> None:
-    bounds = Limits.from_spec({"scaling": {"minReplicas": 1, "maxReplicas": 4}})
+    bounds = limits()
     wanted = [Decision(n, "Backlog", "") for n in (0, 1, 3, 4, 50)]
     assert [bounds.bound(d).replicas for d in wanted] == [1, 1, 3, 4, 4]
 
@@ -110,7 +111,9 @@ def test_a_problem_holds_the_current_size_without_asking_the_policy(stats) -> No
 def test_the_scaling_policys_answer_is_the_decision() -> None:
     policy = ScalingPolicy(SCALING)
     decision = decide(Observed(backlog(), None, 1, 1), limits(), lambda: policy)
-    assert decision == policy.last_decision
+    # The policy's wish, within the bounds (applied once, by decide).
+    assert policy.last_decision is not None
+    assert decision == limits().bound(policy.last_decision)
     assert SCALING["minReplicas"] <= decision.replicas <= SCALING["maxReplicas"]
 
 
@@ -193,7 +196,7 @@ def test_fewer_workers_are_allowed_while_a_destination_is_open() -> None:
 
 def test_from_zero_one_worker_starts_to_probe_the_open_destination() -> None:
     read = Observed(backlog(), None, 0, 0, down("http://api.test:80"))
-    with_floor = Limits.from_spec({"scaling": {"minReplicas": 0, "maxReplicas": 4}})
+    with_floor = Limits(min_replicas=0, max_replicas=4)
     decision = decide(read, with_floor, lambda: Wants(4))
     assert (decision.replicas, decision.reason) == (1, "DestinationUnreachable")
     assert decide(read, with_floor, lambda: Wants(0)).replicas == 0  # nothing wanted: none

@@ -113,7 +113,7 @@ def test_a_retention_of_zero_is_refused_by_the_operator_too() -> None:
 
     import pytest
 
-    from outbox.controller.database import parse_retention
+    from outbox.controller.spec import parse_retention
 
     assert parse_retention(None) is None
     assert parse_retention("7d") == timedelta(days=7)

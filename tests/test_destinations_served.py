@@ -16,9 +16,10 @@ from yarl import URL
 
 from outbox import destinations as dest
 from outbox.controller import status as st
-from outbox.controller.decision import Limits, decide
+from outbox.controller.decision import decide
 from outbox.controller.reconcile import Reading
 from outbox.controller.scaling import ScalingPolicy
+from outbox.controller.spec import DispatcherSpec
 from outbox.demo.sink import Reply, Sink
 from outbox.models import Message
 from outbox.runner import fetch
@@ -30,7 +31,12 @@ from outbox.worker.publishers.http import HttpPublisher
 OLD = "http://old-api.test:8080"  # the URL the demo's workers sent to, now gone
 # The scenario as a new user met it: 3,000 messages, the oldest ready for 46 s against a
 # 10 s target, one worker running.
-SPEC = {"scaling": {"minReplicas": 1, "maxReplicas": 10, "targetOldestReadyAgeSeconds": 10}}
+SPEC = {
+    "database": {"dsnSecretRef": {"name": "orders-db"}},
+    "publisher": {"type": "http", "http": {"url": "http://api.test/"}},
+    "scaling": {"minReplicas": 1, "maxReplicas": 10, "targetOldestReadyAgeSeconds": 10},
+}
+RESOURCE_METADATA = {"namespace": "shop", "name": "orders", "generation": 1}
 
 
 def _fail(conn: psycopg.Connection[Any], table: Table, destination: str, owner: str) -> None:
@@ -79,7 +85,7 @@ def _served_by(conn: psycopg.Connection[Any], destination: str) -> str | None:
 def _decision(stats: QueueStats, replicas: int = 1) -> tuple[int, str, str]:
     """The operator's read and decide steps on this reading, one worker running."""
     reading = Reading(
-        body={"metadata": {"generation": 1}, "spec": SPEC},
+        spec=DispatcherSpec.parse({"metadata": RESOURCE_METADATA, "spec": SPEC}),
         now=datetime.now(UTC),
         status_before={},
         dsn="",
@@ -87,9 +93,7 @@ def _decision(stats: QueueStats, replicas: int = 1) -> tuple[int, str, str]:
         problem=None,
         deployment={"spec": {"replicas": replicas}, "status": {"readyReplicas": replicas}},
     )
-    decision = decide(
-        reading.observed, Limits.from_spec(SPEC), lambda: ScalingPolicy(SPEC["scaling"])
-    )
+    decision = decide(reading.observed, reading.limits, lambda: ScalingPolicy(reading.spec.scaling))
     return decision.replicas, decision.reason, decision.message
 
 

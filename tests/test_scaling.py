@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from outbox.controller import scaling
-from outbox.controller.decision import Decision, Observed, decide
+from outbox.controller.decision import Decision, Limits, Observed, decide
 from outbox.controller.scaling import (
     MAX_CURVE_POINTS,
     SCALING_RANGES,
@@ -21,6 +21,7 @@ from outbox.controller.scaling import (
     ScalingPolicy,
     ScalingSettings,
 )
+from outbox.controller.spec import camel
 from outbox.stats import DestinationState, QueueStats
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -128,7 +129,7 @@ class Queue:
             if down:
                 stats = replace(stats, destinations=down)  # the reading shows them
                 observed = Observed(stats, None, self.replicas, self.ready, down)
-                limits = self.policy.settings.limits(paused=False)
+                limits = Limits.of(self.policy.settings)
                 d = decide(observed, limits, lambda: self.policy)
             else:
                 d = self.policy.decide_explained(
@@ -382,7 +383,7 @@ def test_the_defaults_are_the_crds():
     assert ScalingSettings.from_spec(defaults) == ScalingSettings()
     assert set(defaults) == set(ScalingSettings().to_spec())
     ranges = {key: (value["minimum"], value["maximum"]) for key, value in schema.items()}
-    assert ranges == {scaling._camel(name): bounds for name, bounds in SCALING_RANGES.items()}
+    assert ranges == {camel(name): bounds for name, bounds in SCALING_RANGES.items()}
 
 
 def test_a_probe_that_overshoots_is_taken_back_before_the_target_at_long_polls():
@@ -428,15 +429,17 @@ def test_a_decision_raised_to_min_replicas_says_so():
 
 
 def test_an_edited_spec_scaling_keeps_what_the_policy_learned():
-    from outbox.controller.reconcile import Dispatcher
+    from outbox.controller.reconcile import DispatcherLoop
 
-    # _policy_for reads no context: the resource's own policy, across spec edits.
-    dispatcher = Dispatcher(context=None, body={})  # type: ignore[arg-type]
-    policy = dispatcher._policy_for({"maxReplicas": 50})
+    # The loop's policy reads no context: the resource's own policy, across spec edits.
+    loop = DispatcherLoop(context=None, body={})  # type: ignore[arg-type]
+    policy = loop.policy(ScalingSettings.from_spec({"maxReplicas": 50}))
     Queue(policy, mu=200, replicas=2).run(60, rate=1000)
     assert policy.drain_rate.measured
 
-    edited = dispatcher._policy_for({"maxReplicas": 20, "targetOldestReadyAgeSeconds": 5})
+    edited = loop.policy(
+        ScalingSettings.from_spec({"maxReplicas": 20, "targetOldestReadyAgeSeconds": 5})
+    )
     assert edited is policy
     assert edited.settings.max_replicas == 20
     assert edited.settings.target_oldest_ready_age_seconds == 5
@@ -506,7 +509,7 @@ def test_a_long_outage_keeps_the_arrival_curve_small_and_decides_the_same(monkey
     policy, decision = outage_of(7200)
     assert len(policy._history) <= MAX_CURVE_POINTS
     assert decision.reason == "Backlog" and decision.replicas > 100, decision
-    monkeypatch.setattr(scaling, "MAX_CURVE_POINTS", 10**9)
+    monkeypatch.setattr(scaling.policy, "MAX_CURVE_POINTS", 10**9)  # where the policy reads it
     whole, same = outage_of(7200)
     assert len(whole._history) > 1400
     assert same == decision

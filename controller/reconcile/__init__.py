@@ -1,0 +1,36 @@
+"""One resource's reconcile loop and the steps of its pass, in the order they run.
+
+A `DispatcherLoop` runs for each OutboxDispatcher resource while this replica leads (it is
+the resource's reconcile loop; the workers dispatch the messages). Every
+`pollIntervalSeconds` (and at once when the spec changes) it parses the resource once
+(`spec.DispatcherSpec`) and runs a pass from scratch:
+
+1. `read`: the inputs (pod policy, Secrets, the table's check and backlog through
+   `Context.database`), the Deployment if it is ours, its pods → a `Reading`;
+2. decide: the worker count and why (`decision.decide`, pure);
+3. `apply`: create, replace or resize the Deployment, its NetworkPolicy and budget; purge
+   done rows → an `Applied`;
+4. `report`: metrics, Events, the status (its content from `status`, pure).
+
+Each step is a function of what the steps before it returned; `loop.Memory` is all a pass
+leaves the next. `context` holds what every loop shares.
+"""
+
+from outbox.controller.reconcile.apply import Applied, apply
+from outbox.controller.reconcile.context import Context, StepFailed, step
+from outbox.controller.reconcile.loop import DispatcherLoop, Memory
+from outbox.controller.reconcile.read import Reading, read
+from outbox.controller.reconcile.report import report
+
+__all__ = [
+    "Applied",
+    "Context",
+    "DispatcherLoop",
+    "Memory",
+    "Reading",
+    "StepFailed",
+    "apply",
+    "read",
+    "report",
+    "step",
+]

@@ -1,0 +1,46 @@
+"""What every resource's loop shares (`Context`), and how a step names itself in an error."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from kubernetes.aio.client.exceptions import ApiException
+
+from outbox.controller.database import Connections, Database
+from outbox.controller.kube import Kube
+from outbox.controller.metrics import Metrics
+from outbox.controller.settings import ControllerSettings
+from outbox.controller.tables import Tables
+
+
+@dataclass
+class Context:
+    """What every loop shares: the settings, the writer, the metrics, which resource serves
+    which table, and the door to the databases (one place to keep connections in)."""
+
+    settings: ControllerSettings
+    kube: Kube
+    metrics: Metrics
+    tables: Tables = field(default_factory=Tables)
+    database: Database = field(default_factory=Connections)
+
+
+class StepFailed(Exception):
+    """The API server refused what a step of a pass did; `step` says which, for people."""
+
+    def __init__(self, step: str, error: ApiException) -> None:
+        super().__init__(f"{step}: {error}")
+        self.step = step
+        self.error = error
+
+
+@contextmanager
+def step(what: str) -> Iterator[None]:
+    """Name the step whose API calls follow (`reading Deployment ns/x-worker`): an error
+    the server answers them with says what the pass was doing."""
+    try:
+        yield
+    except ApiException as exc:
+        raise StepFailed(what, exc) from exc

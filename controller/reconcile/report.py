@@ -1,0 +1,140 @@
+"""The report step: metrics, Events and the status of what one pass saw, decided and did.
+
+Their content is `status`'s pure functions; this step composes them and writes them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.aio.client.exceptions import ApiException
+
+from outbox.controller import status as st
+from outbox.controller.decision import Decision
+from outbox.controller.kube import api_reason
+from outbox.controller.reconcile.apply import Applied
+from outbox.controller.reconcile.context import Context, step
+from outbox.controller.reconcile.read import Reading
+from outbox.controller.spec import DispatcherSpec
+from outbox.durations import format_duration
+from outbox.stats import QueueStats
+
+log = logging.getLogger("outbox.controller")
+
+API_ERROR = "ApiError"  # Ready's reason while the API server refuses what a pass does
+DRIFT_CORRECTED = "DriftCorrected"  # the Event when a hand-changed template is put back
+
+
+def status(
+    reading: Reading, decision: Decision, applied: Applied, previous: QueueStats | None
+) -> dict[str, Any]:
+    """The status this pass writes; `previous` is the last pass's stats (for the rates)."""
+    spec, before = reading.spec, reading.status_before
+    found = st.conditions(
+        spec.raw, decision, applied.deployment, reading.stats, reading.problem, reading.pods
+    )
+    written = st.resource_status(
+        name=spec.name,
+        generation=spec.generation,
+        now=reading.now,
+        before=before,
+        found=found,
+        decision=decision,
+        deployment=applied.deployment,
+        stats=reading.stats,
+        previous=previous,
+    )
+    if applied.purged is not None:
+        written["lastPurgeTime"] = st.timestamp(reading.now)
+        written["purgedTotal"] = int(before.get("purgedTotal") or 0) + applied.purged
+    if applied.scaled:
+        written["lastScaleTime"] = st.timestamp(reading.now)
+    return written
+
+
+def events(
+    reading: Reading, decision: Decision, applied: Applied, written: Mapping[str, Any]
+) -> list[st.Event]:
+    found = []
+    scaled = st.scale_event(reading.replicas, decision) if applied.scaled else None
+    if scaled is not None:
+        found.append(scaled)
+    if applied.drift:
+        message = "put back as rendered: " + "; ".join(applied.drift)
+        found.append(st.Event("Warning", DRIFT_CORRECTED, message))
+    if applied.purged and reading.spec.retention is not None:
+        older = format_duration(reading.spec.retention)
+        message = f"deleted {applied.purged} done messages older than {older}"
+        found.append(st.Event("Normal", "Purged", message))
+    before = reading.status_before.get("conditions")
+    return [*found, *st.change_events(before, written["conditions"])]
+
+
+def measure(context: Context, reading: Reading, decision: Decision, applied: Applied) -> None:
+    metrics, labels = context.metrics, (reading.spec.namespace, reading.spec.name)
+    if reading.problem is not None:  # counted on every pass that could not serve it
+        metrics.reconcile_errors.labels(*labels, reading.problem.reason).inc()
+    if applied.scaled:
+        direction = "up" if decision.replicas > reading.replicas else "down"
+        metrics.scale_decisions.labels(*labels, direction).inc()
+    ready = int(((applied.deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+    metrics.observe_replicas(*labels, decision.replicas, ready)
+    if reading.stats is not None:
+        metrics.observe_backlog(*labels, reading.stats)
+
+
+async def post(context: Context, spec: DispatcherSpec, event: st.Event) -> None:
+    level = logging.WARNING if event.type == "Warning" else logging.INFO
+    log.log(level, "%s/%s: %s: %s", spec.namespace, spec.name, event.reason, event.message)
+    with step(f"posting a {event.reason} Event"):
+        await context.kube.event(spec.body, event.type, event.reason, event.message)
+
+
+async def report(
+    context: Context,
+    reading: Reading,
+    decision: Decision,
+    applied: Applied,
+    previous: QueueStats | None,
+) -> dict[str, Any]:
+    """Measure, post and write the status; the status as it stands after."""
+    spec = reading.spec
+    written = status(reading, decision, applied, previous)
+    measure(context, reading, decision, applied)
+    for event in events(reading, decision, applied, written):
+        await post(context, spec, event)
+    with step("writing the status"):
+        await context.kube.patch_status(spec.namespace, spec.name, written)
+    return {**reading.status_before, **written}
+
+
+async def report_api_error(
+    context: Context, spec: DispatcherSpec, before: Mapping[str, Any], message: str
+) -> Mapping[str, Any] | None:
+    """An API error in status (Ready=False, `ApiError`, the server's own words) and, when
+    Ready changes to it, a Warning Event; best effort, as the API may refuse these too. The
+    status as it stands after, None when it could not be written."""
+    conditions = st.merge_conditions(
+        before.get("conditions"),
+        [st.Condition(st.READY, False, API_ERROR, message)],
+        generation=spec.generation,
+        now=datetime.now(UTC),
+    )
+    try:
+        for event in st.change_events(before.get("conditions"), conditions):
+            level = logging.WARNING if event.type == "Warning" else logging.INFO
+            log.log(level, "%s/%s: %s: %s", spec.namespace, spec.name, event.reason, event.message)
+            await context.kube.event(spec.body, event.type, event.reason, event.message)
+        await context.kube.patch_status(spec.namespace, spec.name, {"conditions": conditions})
+    except ApiException as exc:
+        log.warning(
+            "%s/%s: cannot report the API error either: %s",
+            spec.namespace,
+            spec.name,
+            api_reason(exc),
+        )
+        return None
+    return {**before, "conditions": conditions}

@@ -1,0 +1,208 @@
+"""An OutboxDispatcher as the operator reads it: parsed once per body into a frozen, typed
+`DispatcherSpec`, with the CRD's defaults, in the manner of CloudNativePG's `api/v1` types.
+
+Everything a pass decides on is read here once: the table, the retention, the poll interval
+and the bounds (`ScalingSettings`), paused and pinned, the Secrets the database and the
+signing keys come from. A value the schema admits but the operator cannot use (a table name
+that does not parse, a retention of zero from an older CRD) is not raised here: it is kept
+as a `Problem` in `problems`, which the read step reports at the point of the pass where
+it always has (after the pod policy and the Secrets' consent), so that what a resource
+reads in status does not depend on how the spec was parsed.
+
+The renderers (`render.py`, `network.py`, `budget.py`) and the pod policy (`policy.py`)
+are pure functions of the resource's body as written, which `body` keeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from datetime import timedelta
+from typing import Any
+
+from outbox.controller.problem import Problem
+from outbox.durations import parse_duration
+from outbox.errors import SettingError
+from outbox.table import Table
+
+# The range of each field of `spec.scaling`: the CRD's minimum and maximum (a test compares),
+# so that the policy run outside a cluster (the autoscaling bench) takes what the API takes.
+SCALING_RANGES: dict[str, tuple[float, float]] = {
+    "min_replicas": (0, 1000),
+    "max_replicas": (1, 1000),
+    "target_oldest_ready_age_seconds": (0.1, 86400),
+    "poll_interval_seconds": (1, 3600),
+    "scale_down_stabilization_seconds": (0, 86400),
+}
+
+
+def camel(name: str) -> str:
+    """A field's name as the CRD spells it: `min_replicas` -> `minReplicas`."""
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+@dataclass(frozen=True)
+class ScalingSettings:
+    """`spec.scaling` of an `OutboxDispatcher`; the field defaults are the CRD's defaults (the
+    API server fills them in; a test compares)."""
+
+    min_replicas: int = 0
+    """Never fewer workers than this (0 lets an idle table scale to zero)."""
+
+    max_replicas: int = 10
+    """Never more workers than this."""
+
+    target_oldest_ready_age_seconds: float = 30.0
+    """The age the oldest claimable message should stay under (the delivery SLO)."""
+
+    poll_interval_seconds: float = 5.0
+    """How often the operator reads the stats and asks the policy (it reads no clock)."""
+
+    scale_down_stabilization_seconds: float = 300.0
+    """How long a lower arrival rate must last before workers are removed, and how long the
+    queue must stay idle before scaling to zero."""
+
+    @classmethod
+    def from_spec(cls, scaling: Mapping[str, Any] | None) -> ScalingSettings:
+        """Read the CRD's camelCase keys; missing keys take the defaults above."""
+        known = {camel(f.name): f.name for f in fields(cls)}
+        given = dict(scaling or {})
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise ValueError(f"scaling: unknown key {unknown[0]!r}")
+        values = {known[key]: value for key, value in given.items()}
+        settings = cls(**values)
+        settings._check()
+        return settings
+
+    def to_spec(self) -> dict[str, float]:
+        """The settings as `spec.scaling` (camelCase keys)."""
+        return {camel(f.name): getattr(self, f.name) for f in fields(self)}
+
+    def _check(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            low, high = SCALING_RANGES[f.name]
+            number = not isinstance(value, bool) and isinstance(value, int | float)
+            if not number or not low <= value <= high:
+                raise ValueError(
+                    f"scaling.{camel(f.name)} must be a number from {low:g} to {high:g}, "
+                    f"not {value!r}"
+                )
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("scaling.minReplicas must not exceed scaling.maxReplicas")
+
+
+def parse_table(text: str) -> Table:
+    try:
+        return Table.parse(text)
+    except SettingError as exc:
+        raise Problem("InvalidTable", str(exc)) from None
+
+
+def parse_retention(text: str | None) -> timedelta | None:
+    """spec.retention, None when absent (done rows are kept). Zero or less is refused as the
+    CRD refuses it (a CRD from an older release admitted `0s`): it would delete every done
+    row as soon as it is done, the recent history people read in an incident."""
+    if text is None:
+        return None
+    try:
+        retention = parse_duration(text)
+    except ValueError as exc:
+        raise Problem("InvalidRetention", f"spec.retention {text!r}: {exc}") from None
+    if retention <= timedelta(0):
+        raise Problem(
+            "InvalidRetention",
+            f"spec.retention {text!r} must be more than zero: it would purge every done row "
+            "at once; set a period (7d, 12h) or remove it to keep them",
+        )
+    return retention
+
+
+@dataclass(frozen=True)
+class SecretKeyRef:
+    """A key of a Secret of the resource's namespace."""
+
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class DispatcherSpec:
+    """One body of an OutboxDispatcher, parsed (see the module)."""
+
+    body: Mapping[str, Any]  # the resource as written, for the renderers and the pod policy
+    namespace: str
+    name: str
+    uid: str | None
+    generation: int
+    created: str  # metadata.creationTimestamp: the older resource keeps a shared table
+    deleting: bool  # metadata.deletionTimestamp is set
+    publisher_type: str
+    dsn_secret: SecretKeyRef
+    signing_secret: SecretKeyRef | None  # spec.publisher.http.signingSecretRef
+    table: Table | None  # None: it does not parse (in `problems`)
+    ordered: bool  # spec.ordering aggregate
+    retention: timedelta | None  # None: absent, or unusable (in `problems`)
+    paused: bool
+    pinned: int | None  # spec.replicas
+    scaling: ScalingSettings
+    problems: tuple[Problem, ...] = ()  # what the schema admits and the operator cannot use
+
+    @property
+    def poll_interval(self) -> float:
+        return float(self.scaling.poll_interval_seconds)
+
+    @property
+    def status(self) -> Mapping[str, Any]:
+        status: Mapping[str, Any] = self.body.get("status") or {}
+        return status
+
+    @property
+    def raw(self) -> Mapping[str, Any]:
+        """`spec` as written (the pod policy and the renderers read it whole)."""
+        spec: Mapping[str, Any] = self.body["spec"]
+        return spec
+
+    @classmethod
+    def parse(cls, body: Mapping[str, Any]) -> DispatcherSpec:
+        """The body's spec with its defaults; ValueError only for a `spec.scaling` that the
+        CRD refuses (its ranges), which no stored resource holds."""
+        meta, spec = body["metadata"], body["spec"]
+        database = spec["database"]
+        ref = database["dsnSecretRef"]
+        signing = (spec["publisher"].get("http") or {}).get("signingSecretRef")
+        problems: list[Problem] = []
+        table = retention = None
+        try:
+            table = parse_table(database.get("table", "outbox"))
+        except Problem as exc:
+            problems.append(exc)
+        try:
+            retention = parse_retention(spec.get("retention"))
+        except Problem as exc:
+            problems.append(exc)
+        pinned = spec.get("replicas")
+        uid = meta.get("uid")
+        return cls(
+            body=body,
+            namespace=str(meta["namespace"]),
+            name=str(meta["name"]),
+            uid=None if uid is None else str(uid),
+            generation=int(meta.get("generation") or 0),
+            created=str(meta.get("creationTimestamp") or ""),
+            deleting=bool(meta.get("deletionTimestamp")),
+            publisher_type=str(spec["publisher"]["type"]),
+            dsn_secret=SecretKeyRef(str(ref["name"]), str(ref.get("key", "dsn"))),
+            signing_secret=None
+            if signing is None
+            else SecretKeyRef(str(signing["name"]), str(signing["key"])),
+            table=table,
+            ordered=spec.get("ordering") == "aggregate",
+            retention=retention,
+            paused=bool(spec.get("paused")),
+            pinned=None if pinned is None else int(pinned),
+            scaling=ScalingSettings.from_spec(spec.get("scaling")),
+            problems=tuple(problems),
+        )

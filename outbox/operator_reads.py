@@ -1,0 +1,80 @@
+"""What the operator reads of and does to an outbox table, on a connection it is given.
+
+The operator (`outbox.controller`) keeps its connections; the statements live here, with
+every other statement of the protocol. `read_table` is one pass's read (the table's check,
+its backlog, which table it is); its retention is `outbox.maintenance.purge_done`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from outbox.schema import SchemaError, check_table
+from outbox.stats import QueueStats, queue_stats_async
+from outbox.table import Table
+
+AsyncConnection = psycopg.AsyncConnection[tuple[object, ...]]
+
+
+@dataclass(frozen=True)
+class TableIdentity:
+    """Which table a DSN and a table name reach, as the server knows it: the server, the
+    database's oid and the table's oid (found through the search_path when unqualified). Two
+    DSNs that differ in text (host alias, port spelled out, options, another role) reach the
+    same table iff their identities are equal.
+
+    The server is named by what every role may read, so that two roles agree whatever their
+    grants: its start time (`pg_postmaster_start_time()`) and its port. The cluster's
+    `system_identifier` would be steadier, but `pg_control_system()` is often not granted
+    (managed services revoke it), and a role that cannot read it would key the same table
+    otherwise; `data_directory` is for superusers only; the address a client reached
+    (`inet_server_addr()`) depends on the route. The limits: the key changes when the server
+    restarts (the operator has whoever shared the old key read again before anyone on the
+    new one runs workers); a server and its standbys differ (the operator only writes to a
+    primary); a role an administrator denied `pg_postmaster_start_time()` names its server
+    by port only, comparable only with roles denied it too."""
+
+    key: str  # compared, never shown
+    text: str  # for people: `table public.outbox of database orders`
+
+
+# Asked first, so a role denied the function makes no failing call (PostgreSQL would log an
+# ERROR on every pass; the executor checks EXECUTE on every call in a plan, even in a CASE
+# branch not taken).
+_MAY_READ_START = "SELECT has_function_privilege('pg_postmaster_start_time()', 'execute')"
+_STARTED = sql.SQL("(extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text")
+_UNKNOWN = sql.SQL("'unknown'")
+_IDENTITY = sql.SQL(
+    "SELECT {started} || '@' || current_setting('port'), d.oid::text, c.oid::text, "
+    "d.datname, n.nspname, c.relname "
+    "FROM pg_database d, pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE d.datname = current_database() AND c.oid = to_regclass({t})"
+)
+
+
+async def table_identity(conn: AsyncConnection, table: Table) -> TableIdentity:
+    """The table's identity; SchemaError when it does not exist."""
+    allowed = await (await conn.execute(_MAY_READ_START)).fetchone()
+    started = _STARTED if allowed is not None and allowed[0] else _UNKNOWN
+    cursor = await conn.execute(_IDENTITY.format(started=started, t=table.regclass_literal))
+    row = await cursor.fetchone()
+    if row is None:  # checked just before, so only a concurrent drop: the next pass says so
+        raise SchemaError(f"table {table} does not exist")
+    server, database_oid, table_oid, database, schema, name = (str(v) for v in row)
+    return TableIdentity(
+        f"{server}/{database_oid}/{table_oid}",
+        f"table {schema}.{name} of database {database}",
+    )
+
+
+async def read_table(
+    conn: AsyncConnection, table: Table, *, ordered: bool = False
+) -> tuple[QueueStats, TableIdentity]:
+    """Check the table is a usable outbox table (SchemaError otherwise), read its backlog and
+    which table it is. `ordered` (aggregate ordering) adds the claimable heads."""
+    await check_table(conn, table, ordered=ordered)
+    stats = await queue_stats_async(conn, table, ordered=ordered)
+    return stats, await table_identity(conn, table)
