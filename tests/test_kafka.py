@@ -40,6 +40,7 @@ from outbox.worker.publishers.kafka import (
     render_topic,
     topic_template,
 )
+from outbox.worker.publishers.kafka import errors as kafka_errors
 from outbox.worker.publishers.registry import PublisherContext
 from outbox.worker.settings import load_settings
 
@@ -160,9 +161,9 @@ def test_a_fatal_error_is_found_behind_the_systemerror_a_callback_raises():
         except KafkaException as exc:
             raise SystemError("returned a result with an exception set") from exc
     except SystemError as exc:
-        found = kafka._fatal_in(exc)
+        found = kafka_errors._fatal_in(exc)
     assert found is not None and found.code() == E.OUT_OF_ORDER_SEQUENCE_NUMBER
-    assert kafka._fatal_in(KafkaException(KafkaError(E._TRANSPORT))) is None
+    assert kafka_errors._fatal_in(KafkaException(KafkaError(E._TRANSPORT))) is None
 
 
 def _table_codes(text: str) -> dict[str, set[str]]:
