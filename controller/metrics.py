@@ -134,7 +134,9 @@ def _remove(gauge: Gauge, *labels: str) -> None:
 
 
 class HealthServer:
-    """/healthz: the process is alive (leader or standby). /metrics: the registry above."""
+    """The operator's HTTP endpoint: /healthz says the process is alive (leader or standby;
+    the liveness probe's, not a destination's health, which is `DestinationReachable`), and
+    /metrics serves the registry above."""
 
     def __init__(self, metrics: Metrics, port: int, address: str) -> None:
         self._metrics = metrics
@@ -151,8 +153,9 @@ class HealthServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._address, self._wanted_port)
         await site.start()
-        sockets = getattr(site._server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else self._wanted_port
+        # The runner's public addresses: with port 0 the one the system picked.
+        addresses = self._runner.addresses
+        self.port = int(addresses[0][1]) if addresses else self._wanted_port
         log.info("health and metrics on port %s (address %s)", self.port, self._address)
 
     async def _serve_metrics(self, request: web.Request) -> web.Response:
