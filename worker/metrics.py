@@ -149,9 +149,9 @@ class HealthServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._address, self._port)
         await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else self._port
+        # The port bound, from the runner's public addresses (port 0 picks a free one).
+        addresses = self._runner.addresses
+        self.port = int(addresses[0][1]) if addresses else self._port
         log.info("metrics and health on port %s (address %s)", self.port, self._address)
 
     async def _serve_metrics(self, request: web.Request) -> web.Response:
