@@ -34,6 +34,7 @@ Writes fleet.json and fleet.md into --out.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -482,6 +483,14 @@ class Snapshot:
     emulator_cpu: float
     sessions: int
     stats: dict[str, Any]
+    machine_busy: float  # CPU seconds every process of the machine used so far
+
+
+def machine_busy() -> float:
+    """CPU seconds the whole machine spent busy since boot (/proc/stat: all but idle and
+    iowait): what else runs on the shared cores shows as busy the operator did not use."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / TICKS
 
 
 def sessions(admin: psycopg.Connection[Any], names: list[str]) -> int:
@@ -512,6 +521,7 @@ def snapshot(
         cpu_seconds(emulator.process.pid),
         sessions(admin, databases.names),
         emulator.get("/_bench/stats"),
+        machine_busy(),
     )
 
 
@@ -580,6 +590,8 @@ def measure(
         items = yaml.safe_dump_all(dispatchers(databases, count))
         start = snapshot(admin, databases, operator, emulator)
         applying = time.monotonic()
+        applying_wall = time.time()
+        result["load_average_at_start"] = [round(x, 2) for x in os.getloadavg()]
         emulator.kubectl("create", "-f", "-", input=items)
         applied = time.monotonic()
         result["apply_seconds"] = round(applied - applying, 1)
@@ -653,10 +665,14 @@ def measure(
         code_at_stop = operator.process.poll()
         exit_code = stop_process(operator.process)
         text = operator.log()
+        final = emulator.get("/_bench/stats")
         result["lease"] = {
             "lost": LOST_LEASE in text,
             "exited_by_itself_after_seconds": None if exited_at is None else round(exited_at, 1),
             "exit_code": exit_code if code_at_stop is not None else None,
+            **renewals(
+                final, applying_wall, None if exited_at is None else applying_wall + exited_at
+            ),
         }
         result["log"] = summarize_log(text)
         span = after.at - before.at
@@ -710,6 +726,7 @@ def figures(
 
     operator_cpu = after.operator_cpu - before.operator_cpu
     return {
+        "machine_busy_cores": r((after.machine_busy - before.machine_busy) / span, 2),
         "freshness": {
             "samples": len(fresh.delays),
             "missed": fresh.missed,
@@ -739,7 +756,25 @@ def figures(
     }
 
 
+def renewals(stats: dict[str, Any], since: float, exited: float | None) -> dict[str, Any]:
+    """The Lease as the API server saw it: the longest time between two successful renewals
+    from `since` on (a leader gives up after its renew deadline, 10 s), and the slowest Lease
+    request the emulator handled; with `exited`, how long before its exit the last one was."""
+    times = [t for t in stats["renewals"] if t >= since - 5 and (exited is None or t <= exited)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    slowest = [stats["slowest"].get(k, 0.0) for k in ("get leases", "update leases")]
+    return {
+        "renewals_seen": len(times),
+        "longest_renewal_gap_seconds": round(max(gaps), 1) if gaps else None,
+        "last_renewal_before_exit_seconds": (
+            round(exited - times[-1], 1) if exited is not None and times else None
+        ),
+        "slowest_lease_request_ms": round(1000 * max(slowest), 1),
+    }
+
+
 RAMP_FIGURES = (
+    "machine_busy_cores",
     "sessions_per_second",
     "operator_cpu_cores",
     "api_requests_per_second",
@@ -1001,6 +1036,21 @@ def _rows(run: dict[str, Any]) -> dict[str, str]:
             f"{_v(emulator['loop_lag_p99_ms'])} / {_v(emulator['loop_lag_max_ms'])}"
         ),
         "lost its Lease": lost,
+        "Lease: longest gap between renewals the server took (s)": _v(
+            lease.get("longest_renewal_gap_seconds")
+        )
+        + (
+            f"; last one {lease['last_renewal_before_exit_seconds']} s before the exit"
+            if lease.get("last_renewal_before_exit_seconds") is not None
+            else ""
+        ),
+        "Lease: slowest Lease request in the emulator (ms)": _v(
+            lease.get("slowest_lease_request_ms")
+        ),
+        "machine: busy cores (of 2), steady / starting; load average at the start": (
+            f"{_v(run.get('machine_busy_cores'))} / {_v(ramp.get('machine_busy_cores'))}; "
+            f"{_v(run.get('load_average_at_start', [None])[0])}"
+        ),
         "Deployments stored when the wait for first status ended": _v(
             run.get("deployments_at_ramp_end")
         ),
@@ -1026,6 +1076,7 @@ GOAL_TEXT = {
     "operator CPU (cores)": "≤ 0.25",
     "operator resident, mean / max (MB)": "≤ 400",
     "lost its Lease": "never",
+    "Lease: longest gap between renewals the server took (s)": "< 10 (renew deadline)",
 }
 
 
@@ -1069,6 +1120,11 @@ def render(report: dict[str, Any]) -> str:
         "/proc over the window; resident: VmRSS each second. API requests: counted by the "
         "emulator by verb and resource; its handling time excludes watches; its loop lag is "
         "how late a 50 ms timer fires in its event loop.",
+        "- Lease: the emulator records when each Lease write succeeds; the longest gap between "
+        "two is what the leader's renew deadline (10 s) is measured against, and the "
+        "emulator's slowest Lease request shows whether the server or the leader was late. "
+        "Machine busy: all of the machine's CPU time from /proc/stat, so that the other work "
+        "on the shared cores shows beside the operator's and the emulator's.",
         *_invocations(report),
         "- One run per cell, baseline and current alternating which goes first; the figures "
         "are a shared machine's: compare within a table, not across runs of other days.",

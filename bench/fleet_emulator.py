@@ -11,8 +11,9 @@ recorded, so that the benchmark can watch without adding API traffic:
 - `GET /_bench/stats`: requests served so far by verb and resource (`get secrets`,
   `patch outboxdispatchers/status`, `watch leases`), the handling time of each finished
   request (from its arrival in the handler to its answer, waits on the store's lock
-  included), and this loop's lag (how late a 50 ms timer fires: the queueing every request
-  meets before it is handled);
+  included), the slowest of each kind, when each Lease write succeeded (the renewals as
+  the server saw them), and this loop's lag (how late a 50 ms timer fires: the queueing
+  every request meets before it is handled);
 - `GET /_bench/status?names=a,b`: `status.backlog.pending` of those OutboxDispatchers
   (null without a backlog yet); without `names`, how many have a backlog at all, the
   oldest `status.backlog.sampledAt` among them, and how many Deployments are stored;
@@ -68,6 +69,8 @@ class Counters:
     requests: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     handling: Histogram = field(default_factory=Histogram)  # non-watch requests
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # by kind
+    slowest: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # by kind
+    renewals: list[float] = field(default_factory=list)  # wall times of Lease writes done
     lag: Histogram = field(default_factory=Histogram)
     max_lag: float = 0.0
 
@@ -112,12 +115,17 @@ class CountingEmulator(Emulator):
         COUNTERS.requests[kind] += 1
         started = time.perf_counter()
         try:
-            return await super().__call__(raw_request)
+            response = await super().__call__(raw_request)
+            if kind in ("update leases", "create leases") and response.status < 300:
+                COUNTERS.renewals.append(time.time())
+                del COUNTERS.renewals[:-KEEP_REQUESTS]
+            return response
         finally:
             if not kind.startswith("watch "):
                 took = time.perf_counter() - started
                 COUNTERS.handling.add(took)
                 COUNTERS.seconds[kind] += took
+                COUNTERS.slowest[kind] = max(COUNTERS.slowest[kind], took)
             if len(self._requests) > 2 * KEEP_REQUESTS:
                 del self._requests[:-KEEP_REQUESTS]
 
@@ -128,6 +136,8 @@ class CountingEmulator(Emulator):
                     "requests": dict(COUNTERS.requests),
                     "handling": COUNTERS.handling.counts,
                     "seconds": dict(COUNTERS.seconds),
+                    "slowest": dict(COUNTERS.slowest),
+                    "renewals": COUNTERS.renewals,
                     "lag": COUNTERS.lag.counts,
                     "max_lag": COUNTERS.max_lag,
                     "buckets": BUCKETS,
