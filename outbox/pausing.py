@@ -27,7 +27,7 @@ from psycopg.types.json import Jsonb
 
 from outbox import destinations as dest
 from outbox.redact import redact_url
-from outbox.runner import Query, Row, Steps, first_row, perform, perform_async, step
+from outbox.runner import Query, Rollback, Row, Steps, first_row, perform, perform_async, step
 from outbox.table import Table
 from outbox.text import age, first_control, printable
 
@@ -201,13 +201,6 @@ def _outcome(
     )
 
 
-class _Unchanged(Exception):
-    """Rolls back a change that did nothing: no destination row is left behind."""
-
-    def __init__(self, result: HandChange) -> None:
-        self.result = result
-
-
 def _changing_by_hand(
     table: Table, verb: Verb, destination: str, reason: str | None, actor: str | None, via: str
 ) -> Steps[HandChange]:
@@ -221,12 +214,13 @@ def _changing_by_hand(
 def _hand_change_steps(
     table: Table, verb: Verb, destination: str, reason: str | None, actor: str | None, via: str
 ) -> Steps[HandChange]:
-    """Run in one transaction: raises _Unchanged, to roll it back, when nothing changes."""
+    """Run in one transaction, rolled back when nothing changes: no destination row is
+    left behind."""
     who, existed = yield from step(_who(table, destination, actor))
     change = yield from dest.changing(table, destination, _rule(verb, who, reason))
     result = _outcome(verb, destination, change, existed, who)
     if not result.changed:
-        raise _Unchanged(result)
+        raise Rollback(result)
     recorded = _recorded(verb, change, reason, via)
     audit = yield from step(_record(table, verb, who, recorded))
     return replace(result, audit_id=audit)
@@ -245,10 +239,7 @@ def change_by_hand(
     """Pause (`reason` required) or resume (`reason` optional) `destination`, and record it,
     in one transaction."""
     steps = _changing_by_hand(table, verb, destination, reason, actor, via)
-    try:
-        return perform(conn, steps, transaction=True)
-    except _Unchanged as unchanged:
-        return unchanged.result
+    return perform(conn, steps, transaction=True)
 
 
 async def change_by_hand_async(
@@ -263,7 +254,4 @@ async def change_by_hand_async(
 ) -> HandChange:
     """`change_by_hand` on an async connection (the TUI)."""
     steps = _changing_by_hand(table, verb, destination, reason, actor, via)
-    try:
-        return await perform_async(conn, steps, transaction=True)
-    except _Unchanged as unchanged:
-        return unchanged.result
+    return await perform_async(conn, steps, transaction=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, closing, nullcontext
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, cast, overload
 
 import psycopg
 from psycopg import sql
@@ -111,15 +111,28 @@ def step(query: Query[T]) -> Steps[T]:
     return (yield query)  # type: ignore[no-any-return]  # what the driver sends: query's T
 
 
+class Rollback(Exception):
+    """Raised by an operation that found nothing to do: its transaction is rolled back (what
+    it wrote so far undone) and `perform` returns `value`. Without a transaction of the
+    operation's own, what it wrote stands."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__(value)
+        self.value = value
+
+
 def perform(conn: psycopg.Connection[Any], steps: Steps[T], *, transaction: bool = False) -> T:
     """Run `steps` on a sync connection, in one transaction if asked (a savepoint inside the
     caller's). A statement's error ends the operation: it propagates, nothing is sent in."""
     scope: AbstractContextManager[Any] = conn.transaction() if transaction else nullcontext()
-    with scope, closing(steps):
-        next_step = _advance(steps, None)
-        while isinstance(next_step, Query):
-            next_step = _advance(steps, fetch(conn, next_step))
-        return next_step.value
+    try:
+        with scope, closing(steps):
+            next_step = _advance(steps, None)
+            while isinstance(next_step, Query):
+                next_step = _advance(steps, fetch(conn, next_step))
+            return next_step.value
+    except Rollback as rolled_back:
+        return cast(T, rolled_back.value)
 
 
 async def perform_async(
@@ -127,12 +140,15 @@ async def perform_async(
 ) -> T:
     """`perform` on an async connection."""
     scope: AbstractAsyncContextManager[Any] = conn.transaction() if transaction else nullcontext()
-    async with scope:
-        with closing(steps):
-            next_step = _advance(steps, None)
-            while isinstance(next_step, Query):
-                next_step = _advance(steps, await fetch_async(conn, next_step))
-            return next_step.value
+    try:
+        async with scope:
+            with closing(steps):
+                next_step = _advance(steps, None)
+                while isinstance(next_step, Query):
+                    next_step = _advance(steps, await fetch_async(conn, next_step))
+                return next_step.value
+    except Rollback as rolled_back:
+        return cast(T, rolled_back.value)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,16 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from outbox.runner import Query, Steps, first_row, no_rows, perform, perform_async, step
+from outbox.runner import (
+    Query,
+    Rollback,
+    Steps,
+    first_row,
+    no_rows,
+    perform,
+    perform_async,
+    step,
+)
 
 
 def _value(expression: str) -> Query[int]:
@@ -64,6 +73,23 @@ def test_an_operation_that_raises_rolls_its_transaction_back(conn, dsn):
     with pytest.raises(LookupError):
         perform(conn, _write_then_refuse("marks"))
     assert perform(conn, step(_count("marks"))) == 1
+
+
+def test_an_operation_that_finds_nothing_to_do_rolls_back_and_returns_a_value(conn, dsn):
+    conn.execute("CREATE TABLE marks (n int)")
+
+    def write_then_undo() -> Steps[str]:
+        yield from step(_add_one("marks"))
+        raise Rollback("nothing to do")
+
+    assert perform(conn, write_then_undo(), transaction=True) == "nothing to do"
+
+    async def run() -> str:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            return await perform_async(aconn, write_then_undo(), transaction=True)
+
+    assert asyncio.run(run()) == "nothing to do"
+    assert perform(conn, step(_count("marks"))) == 0
 
 
 def test_a_failing_statement_ends_the_operation_and_closes_it(conn):
