@@ -64,7 +64,7 @@ def secret_key(namespace: str, name: str, key: str) -> str:
 
 @dataclass(frozen=True)
 class Secret:
-    """A Secret as read: its annotations say who may use it (controller/policy.py)."""
+    """A Secret as read: its annotations say who may use it (controller/consent.py)."""
 
     namespace: str
     name: str

@@ -6,7 +6,7 @@ not do for a resource's author what the author could not do: run an image, a ser
 or a placement the cluster admin did not allow, or hand a Secret to workers (and through
 them to a destination the author picks) that the Secret did not agree to.
 
-`admit` runs both checks on every pass before anything else is read, and a resource that
+`consent.admit` runs both checks on every pass before anything else is read, and a resource that
 fails them gets `Ready=False` (`PolicyViolation`, `SecretNotShared`) and no workers: its
 Problem stops them (`decision.py`). The checks are pure functions of the spec, the settings
 and a Secret's annotations, so they are tested without a cluster; the CRD refuses what is
@@ -14,7 +14,7 @@ static (env names and `valueFrom`, Secret names) before the operator ever sees i
 
 A new pod field of `spec.worker` gets a check in `WORKER_CHECKS` (or a place in
 `UNRESTRICTED` when it widens nothing, or in `BY_CONSENT` when what it reaches is a Secret),
-and a new Secret reference a path in `SECRET_FIELDS`; tests/test_controller_policy.py fails
+and a new Secret reference a path in `consent.SECRET_FIELDS`; tests/test_controller_policy.py fails
 until the CRD and these tables agree.
 """
 
@@ -22,22 +22,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from outbox.controller.images import ANY, allowed_images, image_allowed, parse_image
 from outbox.controller.problem import Problem
 from outbox.controller.resource import labels, selector_labels
 
 if TYPE_CHECKING:  # settings.py validates its lists with this module's parsers
-    from outbox.controller.kube import Kube, Secret
     from outbox.controller.settings import ControllerSettings
 
 POLICY_VIOLATION = "PolicyViolation"
-SECRET_NOT_SHARED = "SecretNotShared"
-# On a Secret: the dispatchers (of the Secret's namespace) that may use it, separated by
-# commas, or `*` for all of them.
-CONSENT_ANNOTATION = "outbox.dev/dispatchers"
-ANY = "*"
 # The environment spec.worker.env may not set, whatever the admin allows: the worker's own
 # settings, and every variable that changes how the worker process resolves names, loads
 # code, or finds its configuration or credentials. With LOCALDOMAIN, glibc's resolver tried
@@ -133,122 +127,7 @@ DENIED_KAFKA_CONFIG: dict[str, str] = {
     "ssl.engine.id": "OpenSSL loads the engine it names",
     "ssl.providers": "OpenSSL loads the providers it names",
 }
-# A Secret's name: a DNS subdomain, so never a path into another namespace.
-SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-# Where the spec names Secrets, from spec (`[]` walks a list). imagePullSecrets is the pod
-# field the day-two pod settings add: a Secret of registry credentials is a Secret too.
-SECRET_FIELDS = (
-    "database.dsnSecretRef.name",
-    "publisher.http.headersSecretRef.name",
-    "publisher.http.signingSecretRef.name",
-    "publisher.nats.userSecretRef.name",
-    "publisher.nats.passwordSecretRef.name",
-    "publisher.nats.tokenSecretRef.name",
-    "publisher.nats.credsSecretRef.name",
-    "publisher.nats.tlsSecretName",
-    "publisher.kafka.configSecretRef.name",
-    "worker.imagePullSecrets[].name",
-)
-DSN_FIELD = "spec.database.dsnSecretRef"
 SHOWN_CHARS = 80  # of a value the author wrote, quoted back in a message
-
-# -- image references ---------------------------------------------------------------------------
-
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_DOMAIN = (
-    r"(?:localhost(?::[0-9]+)?"
-    r"|[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)+"
-    r"(?::[0-9]+)?"
-    r"|[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?:[0-9]+)"
-)
-_PATH = rf"{_COMPONENT}(?:/{_COMPONENT})*"
-_DIGEST = r"sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128}"
-_REFERENCE = re.compile(
-    rf"^(?:(?P<domain>{_DOMAIN})/)?(?P<path>{_PATH})"
-    rf"(?::(?P<tag>[\w][\w.-]{{0,127}}))?(?:@(?P<digest>{_DIGEST}))?$"
-)
-_PREFIX = re.compile(rf"^(?:(?P<domain>{_DOMAIN})(?:/(?P<path>{_PATH}))?|(?P<bare>{_PATH}))/\*$")
-
-
-@dataclass(frozen=True)
-class Image:
-    """An image reference, its repository named in full (`docker.io/library/outbox`)."""
-
-    repository: str
-    tag: str | None
-    digest: str | None
-
-
-def _full(domain: str | None, path: str) -> str:
-    # Docker's short names: `outbox` is docker.io/library/outbox, `team/outbox`
-    # docker.io/team/outbox; so an allowed `outbox` is not dodged by spelling it out.
-    if domain is None or domain == "index.docker.io":
-        domain = "docker.io"
-    if domain == "docker.io" and "/" not in path:
-        path = f"library/{path}"
-    return f"{domain}/{path}"
-
-
-def parse_image(text: str) -> Image | None:
-    """The reference, or None when it is not one (the grammar of distribution/reference)."""
-    match = _REFERENCE.match(text)
-    if match is None:
-        return None
-    return Image(_full(match["domain"], match["path"]), match["tag"], match["digest"])
-
-
-def check_image_pattern(text: str) -> str:
-    """An entry of --allowed-images: `*`, a repository (any tag or digest), a repository
-    pinned to one digest (`repo@sha256:…`), or every repository under a prefix (`host/team/*`);
-    raises ValueError otherwise."""
-    if text == ANY or _PREFIX.match(text):
-        return text
-    image = parse_image(text)
-    if image is None or image.tag is not None:
-        raise ValueError(
-            f"{text!r} is not *, a repository, repository@sha256:<digest> or prefix/* "
-            "(a tag would allow nothing more than its repository)"
-        )
-    return text
-
-
-def _under(repository: str, prefix: str) -> bool:
-    match = _PREFIX.match(prefix)
-    assert match is not None
-    if match["bare"]:  # a Docker Hub user or organisation
-        base = f"docker.io/{match['bare']}"
-    else:
-        domain = "docker.io" if match["domain"] == "index.docker.io" else match["domain"]
-        base = f"{domain}/{match['path']}" if match["path"] else domain
-    return repository.startswith(base + "/")
-
-
-def image_allowed(text: str, patterns: tuple[str, ...]) -> bool:
-    image = parse_image(text)
-    if image is None:
-        return False
-    for pattern in patterns:
-        if pattern == ANY:
-            return True
-        if pattern.endswith("/*"):
-            if _under(image.repository, pattern):
-                return True
-            continue
-        allowed = parse_image(pattern)
-        if allowed is None or allowed.repository != image.repository:
-            continue
-        if allowed.digest is None or allowed.digest == image.digest:
-            return True
-    return False
-
-
-def allowed_images(settings: ControllerSettings) -> tuple[str, ...]:
-    """The admin's list, else the repository of the operator's default worker image."""
-    if settings.allowed_images:
-        return settings.allowed_images
-    image = parse_image(settings.worker_image)
-    return (image.repository,) if image is not None else (settings.worker_image,)
-
 
 # -- the pod policy -------------------------------------------------------------------------------
 
@@ -257,7 +136,7 @@ Violation = tuple[str, str]  # (the field, from spec.worker, and what is wrong w
 Check = Callable[[Any, "ControllerSettings", str], Iterator[Violation]]
 
 
-def _shown(value: object) -> str:
+def shown(value: object) -> str:
     text = " ".join(str(value).split())
     return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
 
@@ -284,9 +163,9 @@ def _image(value: Any, settings: ControllerSettings, dispatcher: str) -> Iterato
         return
     allowed = allowed_images(settings)
     if parse_image(str(value)) is None:
-        yield "image", f"`{_shown(value)}` is not an image reference"
+        yield "image", f"`{shown(value)}` is not an image reference"
     elif not image_allowed(str(value), allowed):
-        yield "image", f"image `{_shown(value)}` is not allowed ({_listed(allowed)})"
+        yield "image", f"image `{shown(value)}` is not allowed ({_listed(allowed)})"
 
 
 def _service_account(
@@ -296,7 +175,7 @@ def _service_account(
     if not value or value == "default" or ANY in allowed or value in allowed:
         return
     why = _listed(allowed, "only the namespace's default")
-    yield "serviceAccountName", f"service account `{_shown(value)}` is not allowed ({why})"
+    yield "serviceAccountName", f"service account `{shown(value)}` is not allowed ({why})"
 
 
 def denied_env(name: str) -> str | None:
@@ -319,12 +198,12 @@ def _env(value: Any, settings: ControllerSettings, dispatcher: str) -> Iterator[
         if set(item) - {"name", "value"}:
             yield (
                 f"env[{index}]",
-                f"`{_shown(name)}` must be a plain value (no valueFrom): Secrets reach the "
+                f"`{shown(name)}` must be a plain value (no valueFrom): Secrets reach the "
                 "workers through the spec's secret references, with the Secret's consent",
             )
         why = denied_env(name)
         if why is not None:
-            yield f"env[{index}]", f"`{_shown(name)}` may not be set: {why}"
+            yield f"env[{index}]", f"`{shown(name)}` may not be set: {why}"
 
 
 def _tolerations(value: Any, settings: ControllerSettings, dispatcher: str) -> Iterator[Violation]:
@@ -338,10 +217,10 @@ def _tolerations(value: Any, settings: ControllerSettings, dispatcher: str) -> I
             continue
         wanted = None if exists else str(toleration.get("value") or "")
         if not pair_allowed(key, wanted, allowed):
-            shown = key if wanted is None else f"{key}={wanted}"
+            entry = key if wanted is None else f"{key}={wanted}"
             yield (
                 f"tolerations[{index}]",
-                f"toleration `{_shown(shown)}` is not allowed ({_listed(allowed)})",
+                f"toleration `{shown(entry)}` is not allowed ({_listed(allowed)})",
             )
 
 
@@ -351,11 +230,11 @@ def _node_selector(
     allowed = settings.allowed_node_selectors
     for key, wanted in sorted((value or {}).items()):
         if not key_valid(key):
-            yield f"nodeSelector.{key}", f"`{_shown(key)}` is not a label key ([prefix/]name)"
+            yield f"nodeSelector.{key}", f"`{shown(key)}` is not a label key ([prefix/]name)"
         elif not pair_allowed(key, str(wanted), allowed):
             yield (
                 f"nodeSelector.{key}",
-                f"`{_shown(f'{key}={wanted}')}` is not allowed ({_listed(allowed)})",
+                f"`{shown(f'{key}={wanted}')}` is not allowed ({_listed(allowed)})",
             )
 
 
@@ -435,7 +314,7 @@ def _priority_class(
     if value and ANY not in allowed and value not in allowed:
         yield (
             "priorityClassName",
-            f"priority class `{_shown(value)}` is not allowed ({_listed(allowed)})",
+            f"priority class `{shown(value)}` is not allowed ({_listed(allowed)})",
         )
 
 
@@ -472,13 +351,13 @@ def _keys(field: str, what: str, setting: str) -> Check:
         allowed: tuple[str, ...] = getattr(settings, setting)
         for key in sorted(value or {}):
             if not key_valid(key):
-                yield f"{field}.{key}", f"`{_shown(key)}` is not a {what} key ([prefix/]name)"
+                yield f"{field}.{key}", f"`{shown(key)}` is not a {what} key ([prefix/]name)"
             elif _operators(key, field):
-                yield f"{field}.{key}", f"{what} `{_shown(key)}` is the operator's own"
+                yield f"{field}.{key}", f"{what} `{shown(key)}` is the operator's own"
             elif not key_allowed(key, allowed):
                 yield (
                     f"{field}.{key}",
-                    f"{what} `{_shown(key)}` is not allowed ({_listed(allowed)})",
+                    f"{what} `{shown(key)}` is not allowed ({_listed(allowed)})",
                 )
 
     return check
@@ -521,7 +400,7 @@ UNRESTRICTED = frozenset(
         "tracing",
     }
 )
-# spec.worker's fields that name Secrets: each must consent (SECRET_FIELDS), as for every
+# spec.worker's fields that name Secrets: each must consent (consent.SECRET_FIELDS), as for every
 # Secret a resource names; a registry credential is a Secret like any other.
 BY_CONSENT = frozenset({"imagePullSecrets"})
 
@@ -529,7 +408,7 @@ BY_CONSENT = frozenset({"imagePullSecrets"})
 def _kafka_config(config: Mapping[str, Any]) -> Iterator[Violation]:
     # Values are never quoted back: an author may have put a secret in one.
     for key in sorted(config):
-        at = f"spec.publisher.kafka.config.{_shown(key)}"
+        at = f"spec.publisher.kafka.config.{shown(key)}"
         if not KAFKA_CONFIG_KEY.match(key):
             yield at, "is not a librdkafka property name (a-z, 0-9, dots and underscores)"
         elif key in DENIED_KAFKA_CONFIG:
@@ -568,90 +447,3 @@ def check_pod_policy(
             f"outside the cluster admin's pod policy, so no workers run: {listed}",
             stops_workers=True,
         )
-
-
-# -- Secrets by consent --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SecretUse:
-    field: str  # where the spec names it: spec.publisher.http.headersSecretRef
-    name: str
-
-
-def _walk(node: Any, parts: list[str], at: str) -> Iterator[tuple[str, Any]]:
-    if not parts:
-        yield at, node
-        return
-    head, rest = parts[0], parts[1:]
-    many = head.endswith("[]")
-    head = head.removesuffix("[]")
-    if not isinstance(node, Mapping) or head not in node:
-        return
-    child = node[head]
-    if many:
-        for index, item in enumerate(child or ()):
-            yield from _walk(item, rest, f"{at}.{head}[{index}]")
-    else:
-        yield from _walk(child, rest, f"{at}.{head}")
-
-
-def secret_uses(spec: Mapping[str, Any]) -> list[SecretUse]:
-    """Every Secret the spec names, and where (the reference, not its `.name`)."""
-    uses = []
-    for path in SECRET_FIELDS:
-        for at, name in _walk(spec, path.split("."), "spec"):
-            uses.append(SecretUse(at.removesuffix(".name"), str(name)))
-    return uses
-
-
-def consents(annotations: Mapping[str, str] | None, dispatcher: str) -> bool:
-    """Does a Secret with these annotations agree to be used by `dispatcher`?"""
-    listed = (annotations or {}).get(CONSENT_ANNOTATION, "")
-    names = {name.strip() for name in listed.split(",")}
-    return ANY in names or dispatcher in names
-
-
-def not_shared(namespace: str, secret: str, dispatcher: str, fields: list[str]) -> Problem:
-    # The Secret by name and where the spec names it, never anything it holds.
-    return Problem(
-        SECRET_NOT_SHARED,
-        f"Secret `{namespace}/{secret}` ({', '.join(fields)}) is not shared with dispatcher "
-        f"`{dispatcher}`, so no workers run: whoever owns the Secret shares it with "
-        f"`kubectl annotate secret {secret} {CONSENT_ANNOTATION}={dispatcher}` (names separated "
-        f"by commas; {ANY} shares it with every dispatcher of the namespace)",
-        stops_workers=True,
-    )
-
-
-async def admit(
-    kube: Kube,
-    settings: ControllerSettings,
-    namespace: str,
-    dispatcher: str,
-    spec: Mapping[str, Any],
-) -> dict[str, Secret]:
-    """Check the spec against the pod policy, then read the Secrets it names (only the
-    resource's namespace: a name cannot leave it) and check each consents; raises the
-    Problem. Returns the Secrets read, by name. Without --secret-consent only the DSN's
-    Secret is read, as the operator needs its value."""
-    check_pod_policy(spec, settings, dispatcher)
-    uses = secret_uses(spec)
-    named = [use for use in uses if not SECRET_NAME.match(use.name)]
-    if named:
-        listed = "; ".join(
-            f"{u.field}.name: `{_shown(u.name)}` is not a Secret name" for u in named
-        )
-        raise Problem(POLICY_VIOLATION, listed, stops_workers=True)
-    if not settings.secret_consent:
-        uses = [use for use in uses if use.field == DSN_FIELD]
-    fields: dict[str, list[str]] = {}
-    for use in uses:
-        fields.setdefault(use.name, []).append(use.field)
-    secrets = {}
-    for name, where in fields.items():
-        secret = await kube.secret(namespace, name)
-        if settings.secret_consent and not consents(secret.annotations, dispatcher):
-            raise not_shared(namespace, name, dispatcher, where)
-        secrets[name] = secret
-    return secrets

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -442,86 +441,5 @@ def render_deployment(
             },
             "minReadySeconds": 0,
             "template": template,
-        },
-    }
-
-
-# -- the workers' PodDisruptionBudget ----------------------------------------------------------
-
-DISRUPTION_BUDGET_API = "policy/v1"
-# What a budget the resource no longer asks for becomes: the operator deletes nothing (its
-# RBAC has no delete; the budget goes with the resource), so it lets every eviction through.
-NO_BUDGET = "100%"
-
-
-def _needed(min_available: int | str, replicas: int) -> int:
-    """Healthy pods a minAvailable keeps, as the disruption controller counts them: a
-    percentage of the replicas, rounded up."""
-    if isinstance(min_available, str):
-        return math.ceil(int(min_available.rstrip("%")) * replicas / 100)
-    return int(min_available)
-
-
-def max_unavailable(budget: Body, replicas: int) -> int | str:
-    """The budget as the evictions it allows with `replicas` desired workers, never fewer
-    than one: a budget that allows none blocks every node drain for good.
-
-    maxUnavailable (1 or more; a percentage rounds up, so at least one pod) is taken as it is.
-    minAvailable M is what it means while the replicas exceed it, R - M; at or below it (2 of
-    2, 100%, or any count once the autoscaler goes down to it) it would allow no eviction at
-    all, so it allows one: a drain goes on one pod at a time, each waiting for a replacement
-    to be ready. The operator rewrites the budget whenever the replicas change."""
-    if "maxUnavailable" in budget:
-        return budget["maxUnavailable"]  # type: ignore[no-any-return]
-    return max(1, replicas - _needed(budget["minAvailable"], replicas))
-
-
-def evictions(allowed: int | str, replicas: int) -> int:
-    """A maxUnavailable as the disruption controller counts it for `replicas` expected pods:
-    a percentage rounds up."""
-    if isinstance(allowed, str):
-        return math.ceil(int(allowed.rstrip("%")) * replicas / 100)
-    return int(allowed)
-
-
-def render_disruption_budget(
-    body: Body, replicas: int, *, released: bool = False, unavailable: int = 0
-) -> dict[str, Any] | None:
-    """The worker pods' PodDisruptionBudget for `replicas` desired workers, or None when the
-    resource asks for none; `released`: the budget that replaces one the resource no longer
-    asks for (it allows every eviction); `unavailable`: the worker pods not ready now.
-
-    The disruption controller allows maxUnavailable minus the pods not ready, so a budget
-    of 1 with one pod Pending (evicted by a drain, its replacement unschedulable) allows
-    none, and the drain would wait for ever. While the pods not ready use up what the budget
-    allows, it is written to allow every eviction (NO_BUDGET), and restored once they are
-    ready; otherwise it allows max_unavailable, always one or more. Unhealthy pods may always
-    be evicted (unhealthyPodEvictionPolicy AlwaysAllow), so a crash-looping worker, which
-    protects nothing, never holds a node. The autoscaler's own scale-downs are not
-    evictions: no budget slows them."""
-    budget: Body = (body["spec"].get("worker") or {}).get("disruptionBudget") or {}
-    if released:
-        allowed: int | str = NO_BUDGET
-    elif budget:
-        allowed = max_unavailable(budget, replicas)
-        if unavailable > 0 and unavailable >= evictions(allowed, replicas):
-            allowed = NO_BUDGET
-    else:
-        return None
-    meta = body["metadata"]
-    name = meta["name"]
-    return {
-        "apiVersion": DISRUPTION_BUDGET_API,
-        "kind": "PodDisruptionBudget",
-        "metadata": {
-            "name": deployment_name(name),
-            "namespace": meta["namespace"],
-            "labels": labels(name),
-            "ownerReferences": [owner_reference(body)],
-        },
-        "spec": {
-            "maxUnavailable": allowed,
-            "selector": {"matchLabels": selector_labels(name)},
-            "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }

@@ -14,26 +14,26 @@ from typing import Any
 import pytest
 import yaml
 
+from outbox.controller.consent import (
+    CONSENT_ANNOTATION,
+    SECRET_FIELDS,
+    consents,
+    not_shared,
+    secret_uses,
+)
 from outbox.controller.decision import Limits, Observed, decide
+from outbox.controller.images import check_image_pattern, image_allowed, parse_image
 from outbox.controller.policy import (
     BY_CONSENT,
-    CONSENT_ANNOTATION,
     DENIED_ENV_NAMES,
     DENIED_ENV_PREFIXES,
     DENIED_ENV_SUFFIX,
     DENIED_KAFKA_CONFIG,
     OPERATOR_ANNOTATION_PREFIXES,
     OPERATOR_LABELS,
-    SECRET_FIELDS,
     UNRESTRICTED,
     WORKER_CHECKS,
-    check_image_pattern,
     check_pod_policy,
-    consents,
-    image_allowed,
-    not_shared,
-    parse_image,
-    secret_uses,
     violations,
 )
 from outbox.controller.problem import Problem

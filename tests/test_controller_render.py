@@ -449,7 +449,7 @@ def test_workers_ask_for_resources_by_default_and_the_admins_defaults_fill_what_
 
 
 def budget(value: dict[str, Any] | None, replicas: int) -> dict[str, Any] | None:
-    from outbox.controller.render import render_disruption_budget
+    from outbox.controller.budget import render_disruption_budget
 
     worker = {} if value is None else {"disruptionBudget": value}
     return render_disruption_budget(resource(worker=worker), replicas)
@@ -486,7 +486,7 @@ def test_the_budget_always_allows_an_eviction(
 
 
 def test_no_budget_unless_asked_and_a_released_one_allows_every_eviction() -> None:
-    from outbox.controller.render import render_disruption_budget
+    from outbox.controller.budget import render_disruption_budget
 
     assert budget(None, 3) is None
     released = render_disruption_budget(resource(), 3, released=True)
@@ -527,8 +527,7 @@ def _pod(ready: bool, phase: str = "Running", going: bool = False) -> dict[str, 
 def test_the_budget_lets_a_drain_through_while_pods_not_ready_use_it_up(
     value: dict[str, Any], replicas: int, pods: list[dict[str, Any]] | None, allowed: int | str
 ) -> None:
-    from outbox.controller.budget import unavailable
-    from outbox.controller.render import render_disruption_budget
+    from outbox.controller.budget import render_disruption_budget, unavailable
 
     body = resource(worker={"disruptionBudget": value})
     missing = unavailable(pods)

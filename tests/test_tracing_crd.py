@@ -14,15 +14,10 @@ import pytest
 import yaml
 from chart.chart import CRD_SOURCE, crd_schema, custom_resource_errors
 
+from outbox.controller.defaults import TRACING_ENDPOINT, TRACING_FIELDS, TRACING_PARENTS
 from outbox.controller.policy import UNRESTRICTED, violations
 from outbox.controller.render import render_deployment
-from outbox.controller.settings import (
-    TRACING_ENDPOINT,
-    TRACING_FIELDS,
-    TRACING_PARENTS,
-    ControllerSettings,
-    load_settings,
-)
+from outbox.controller.settings import ControllerSettings, load_settings
 from outbox.errors import SettingError
 
 COLLECTOR = "http://otel-collector.monitoring:4318"

@@ -158,7 +158,7 @@ def test_a_malformed_secret_in_the_variable_ends_the_worker_with_exit_2():
 def test_the_crd_takes_the_secrets_from_a_secret_reference_with_its_consent():
     from test_controller_render import env_of, render, resource
 
-    from outbox.controller.policy import secret_uses
+    from outbox.controller.consent import secret_uses
 
     ref = {"name": "webhook-signing", "key": "secrets"}
     body = resource(

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from outbox.controller.consent import admit, secret_uses
 from outbox.controller.database import TableReading, parse_dsn
 from outbox.controller.decision import Limits, Observed
 from outbox.controller.kube import secret_key
-from outbox.controller.policy import admit, secret_uses
 from outbox.controller.problem import Problem
 from outbox.controller.reconcile.context import Context, step
 from outbox.controller.resource import deployment_name, selector_string

@@ -9,7 +9,7 @@ import helm_python as helm
 import pytest
 
 from chart import chart as c
-from outbox.controller.policy import allowed_images
+from outbox.controller.images import allowed_images
 from outbox.controller.settings import ControllerSettings, load_settings
 
 DIGEST = "sha256:" + "e" * 64

@@ -16,16 +16,16 @@ import yaml
 
 from chart import chart as c
 from chart.test_worker_defaults import VALUES, operator_settings
-from outbox.controller.render import render_deployment
-from outbox.controller.settings import (
+from outbox.controller.defaults import (
     CLOUDEVENTS_SOURCE,
     CLOUDEVENTS_SOURCE_MAX_LENGTH,
     PUBLISHER_DEFAULT_FIELDS,
     PUBLISHER_FORMATS,
     PUBLISHER_TYPES,
     QUANTITY,
-    load_settings,
 )
+from outbox.controller.render import render_deployment
+from outbox.controller.settings import load_settings
 from outbox.errors import SettingError
 
 SPEC = yaml.safe_load(c.CRD_SOURCE.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"][

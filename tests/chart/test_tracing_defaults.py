@@ -71,7 +71,7 @@ def test_helm_refuses_a_bad_default(tracing: dict[str, Any], field: str) -> None
 
 
 def test_the_charts_endpoint_pattern_is_the_operators() -> None:
-    from outbox.controller.settings import TRACING_ENDPOINT
+    from outbox.controller.defaults import TRACING_ENDPOINT
 
     schema = json.loads((c.CHART / "values.schema.json").read_text())
     tracing = schema["properties"]["workerDefaults"]["properties"]["tracing"]

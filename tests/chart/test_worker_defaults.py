@@ -13,13 +13,9 @@ import pytest
 import yaml
 
 from chart import chart as c
+from outbox.controller.defaults import WORKER_DEFAULT_FIELDS
 from outbox.controller.render import render_deployment
-from outbox.controller.settings import (
-    DEFAULT_WORKER_RESOURCES,
-    WORKER_DEFAULT_FIELDS,
-    ControllerSettings,
-    load_settings,
-)
+from outbox.controller.settings import DEFAULT_WORKER_RESOURCES, ControllerSettings, load_settings
 
 VALUES = yaml.safe_load((c.CHART / "values.yaml").read_text())
 

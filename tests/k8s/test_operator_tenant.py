@@ -23,7 +23,7 @@ import pytest
 import yaml
 from chart.test_rbac_enforced import Installed
 
-from outbox.controller.policy import CONSENT_ANNOTATION
+from outbox.controller.consent import CONSENT_ANNOTATION
 from outbox.demo.sink import Sink
 from outbox.models import Event
 from outbox.producer import enqueue_many

@@ -1,0 +1,124 @@
+"""Secrets by consent: every Secret a resource names, and whether it agrees to be used.
+
+A Secret is used for a dispatcher only when its annotation `outbox.dev/dispatchers` names
+the dispatcher (or is `*`); `admit` checks the pod policy first (`policy`), then reads each
+Secret the spec names from the resource's own namespace and checks its consent."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from outbox.controller.images import ANY
+from outbox.controller.policy import POLICY_VIOLATION, check_pod_policy, shown
+from outbox.controller.problem import Problem
+
+if TYPE_CHECKING:
+    from outbox.controller.kube import Kube, Secret
+    from outbox.controller.settings import ControllerSettings
+
+SECRET_NOT_SHARED = "SecretNotShared"
+# On a Secret: the dispatchers (of the Secret's namespace) that may use it, separated by
+# commas, or `*` for all of them.
+CONSENT_ANNOTATION = "outbox.dev/dispatchers"
+# A Secret's name: a DNS subdomain, so never a path into another namespace.
+SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+# Where the spec names Secrets, from spec (`[]` walks a list). imagePullSecrets is the pod
+# field the day-two pod settings add: a Secret of registry credentials is a Secret too.
+SECRET_FIELDS = (
+    "database.dsnSecretRef.name",
+    "publisher.http.headersSecretRef.name",
+    "publisher.http.signingSecretRef.name",
+    "publisher.nats.userSecretRef.name",
+    "publisher.nats.passwordSecretRef.name",
+    "publisher.nats.tokenSecretRef.name",
+    "publisher.nats.credsSecretRef.name",
+    "publisher.nats.tlsSecretName",
+    "publisher.kafka.configSecretRef.name",
+    "worker.imagePullSecrets[].name",
+)
+DSN_FIELD = "spec.database.dsnSecretRef"
+
+
+@dataclass(frozen=True)
+class SecretUse:
+    field: str  # where the spec names it: spec.publisher.http.headersSecretRef
+    name: str
+
+
+def _walk(node: Any, parts: list[str], at: str) -> Iterator[tuple[str, Any]]:
+    if not parts:
+        yield at, node
+        return
+    head, rest = parts[0], parts[1:]
+    many = head.endswith("[]")
+    head = head.removesuffix("[]")
+    if not isinstance(node, Mapping) or head not in node:
+        return
+    child = node[head]
+    if many:
+        for index, item in enumerate(child or ()):
+            yield from _walk(item, rest, f"{at}.{head}[{index}]")
+    else:
+        yield from _walk(child, rest, f"{at}.{head}")
+
+
+def secret_uses(spec: Mapping[str, Any]) -> list[SecretUse]:
+    """Every Secret the spec names, and where (the reference, not its `.name`)."""
+    uses = []
+    for path in SECRET_FIELDS:
+        for at, name in _walk(spec, path.split("."), "spec"):
+            uses.append(SecretUse(at.removesuffix(".name"), str(name)))
+    return uses
+
+
+def consents(annotations: Mapping[str, str] | None, dispatcher: str) -> bool:
+    """Does a Secret with these annotations agree to be used by `dispatcher`?"""
+    listed = (annotations or {}).get(CONSENT_ANNOTATION, "")
+    names = {name.strip() for name in listed.split(",")}
+    return ANY in names or dispatcher in names
+
+
+def not_shared(namespace: str, secret: str, dispatcher: str, fields: list[str]) -> Problem:
+    # The Secret by name and where the spec names it, never anything it holds.
+    return Problem(
+        SECRET_NOT_SHARED,
+        f"Secret `{namespace}/{secret}` ({', '.join(fields)}) is not shared with dispatcher "
+        f"`{dispatcher}`, so no workers run: whoever owns the Secret shares it with "
+        f"`kubectl annotate secret {secret} {CONSENT_ANNOTATION}={dispatcher}` (names separated "
+        f"by commas; {ANY} shares it with every dispatcher of the namespace)",
+        stops_workers=True,
+    )
+
+
+async def admit(
+    kube: Kube,
+    settings: ControllerSettings,
+    namespace: str,
+    dispatcher: str,
+    spec: Mapping[str, Any],
+) -> dict[str, Secret]:
+    """Check the spec against the pod policy, then read the Secrets it names (only the
+    resource's namespace: a name cannot leave it) and check each consents; raises the
+    Problem. Returns the Secrets read, by name. Without --secret-consent only the DSN's
+    Secret is read, as the operator needs its value."""
+    check_pod_policy(spec, settings, dispatcher)
+    uses = secret_uses(spec)
+    named = [use for use in uses if not SECRET_NAME.match(use.name)]
+    if named:
+        listed = "; ".join(f"{u.field}.name: `{shown(u.name)}` is not a Secret name" for u in named)
+        raise Problem(POLICY_VIOLATION, listed, stops_workers=True)
+    if not settings.secret_consent:
+        uses = [use for use in uses if use.field == DSN_FIELD]
+    fields: dict[str, list[str]] = {}
+    for use in uses:
+        fields.setdefault(use.name, []).append(use.field)
+    secrets = {}
+    for name, where in fields.items():
+        secret = await kube.secret(namespace, name)
+        if settings.secret_consent and not consents(secret.annotations, dispatcher):
+            raise not_shared(namespace, name, dispatcher, where)
+        secrets[name] = secret
+    return secrets
