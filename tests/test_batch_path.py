@@ -11,8 +11,8 @@ from helpers import seed
 
 from outbox.lease import claim, finalize_applied
 from outbox.models import Message, Outcome
+from outbox.session import utc_by_name
 from outbox.worker.ledger import Ledger
-from outbox.worker.replica import utc_by_name
 
 
 async def _claim(aconn, table, batch: int) -> list[Message]:

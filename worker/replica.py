@@ -30,6 +30,7 @@ from outbox.dsn import connect_options, connect_timeout, with_pg_environment
 from outbox.errors import SettingError
 from outbox.redact import describe_dsn, redact_dsn, redact_url
 from outbox.schema import check_table
+from outbox.session import utc_by_name
 from outbox.worker import tracing
 from outbox.worker.claimer import Claimer
 from outbox.worker.destination_gate import DestinationGate
@@ -65,23 +66,6 @@ POOL_CLOSE_TIMEOUT = 0.5
 DRAIN_MIN_WAIT = 10.0
 
 Pool = AsyncConnectionPool[psycopg.AsyncConnection[tuple[object, ...]]]
-
-# Other names of UTC (initdb takes the system's zone, often "Etc/UTC"). psycopg makes the
-# timestamps of a session in "UTC" datetime.timezone.utc ones and those of any other zone
-# ZoneInfo ones, converted through the zone one by one: a tenth of a claim's row decoding,
-# and isoformat() of such a datetime costs several times more. A session of the pool whose
-# zone is one of these is set to "UTC": the same instants and offsets, the same text.
-UTC_ALIASES = frozenset({
-    "Etc/UTC", "Etc/UCT", "Etc/Universal", "Etc/Zulu", "UCT", "Universal", "Zulu",
-    "Etc/GMT", "Etc/GMT0", "Etc/GMT+0", "Etc/GMT-0", "Etc/Greenwich", "GMT", "GMT0", "GMT+0",
-    "GMT-0", "Greenwich",
-})  # fmt: skip
-
-
-async def utc_by_name(conn: psycopg.AsyncConnection[Any]) -> None:
-    """The pool's `configure`: a session in another name of UTC is set to "UTC"."""
-    if conn.info.parameter_status("TimeZone") in UTC_ALIASES:
-        await conn.execute("SET TimeZone = 'UTC'")
 
 
 class Replica:
