@@ -29,6 +29,8 @@ import kubernetes.config
 import pytest
 import yaml
 
+from outbox.waiting import first_of
+
 from .emulator import Emulator
 from .loops import close_unwound
 from .rbac import ADMIN, Authorizer, Identity
@@ -37,14 +39,6 @@ KUBECTL = "/usr/bin/kubectl"
 # The token the harness itself (kubectl, the kubelet, `api_client()`) presents.
 ADMIN_TOKEN = "emulator-admin-token"
 T = TypeVar("T")
-
-
-async def _first_of(*waits: Coroutine[Any, Any, Any]) -> None:
-    tasks = [asyncio.ensure_future(w) for w in waits]
-    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -163,12 +157,12 @@ class LocalCluster:
                     self.url = f"{scheme}://127.0.0.1:{port}"
                     self._started.set()
                     self._listening.set()
-                    await _first_of(self._stop.wait(), self._down.wait())
+                    await first_of(self._stop.wait(), self._down.wait())
                     self._listening.clear()
                 finally:
                     await runner.cleanup()
                 self._closed.set()
-                await _first_of(self._stop.wait(), self._up.wait())
+                await first_of(self._stop.wait(), self._up.wait())
                 for event in (self._down, self._up, self._closed):
                     event.clear()
 
