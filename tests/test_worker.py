@@ -238,7 +238,7 @@ async def test_lost_lease_is_logged_and_counted_and_never_overwrites(conn, dsn, 
     assert f"message {message_id} lease_version 1" in line
 
 
-async def test_heartbeat_keeps_a_slow_publish_from_losing_its_lease(conn, dsn, table):
+async def test_the_lease_keeper_keeps_a_slow_publish_from_losing_its_lease(conn, dsn, table):
     [message_id] = seed(conn, 1)
     release = asyncio.Event()
 

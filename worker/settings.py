@@ -47,7 +47,7 @@ from outbox.worker.publishers.registry import (
 
 # What a setting may be; beyond these a value fails at every claim (the database cannot hold
 # it) or makes the worker hold more than it can. A lease under a second expires before it
-# can be renewed (the heartbeat renews at a third of it, after database round trips).
+# can be renewed (the lease keeper renews at a third of it, after database round trips).
 MAX_BATCH = 10_000
 MAX_CONCURRENCY = 10_000
 MAX_ATTEMPTS = 2**31 - 1  # the `attempts` column is an integer
