@@ -282,7 +282,7 @@ class DestinationGate(Service):
                 rows = await fetch_async(conn, dest.listing(self.settings.table))
         except DatabaseErrors as exc:
             # The claimer and the finalizer report the database's absence; keep the view.
-            log.debug("could not read destination health: %s", exc)
+            log.debug("could not read the destinations' breakers: %s", exc)
         else:
             self._read(rows)
 

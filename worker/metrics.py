@@ -84,8 +84,8 @@ class Metrics:
         )
         self.held_back = Counter(
             "outbox_destination_held_back_messages",
-            "Messages given back unsent, attempt refunded, because their destination was open "
-            "or paused",
+            "Messages given back unsent, attempt refunded, because their destination's breaker "
+            "was open or the destination paused",
             ["destination"],
             registry=r,
         )

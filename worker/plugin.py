@@ -30,7 +30,7 @@ side of either. The three failure classes:
 - `PermanentError(reason)`: retrying cannot help; the message goes dead with the reason;
 - `Defer(delay, reason)`: not yet, for a business reason; the attempt is refunded.
 
-Destination health: a retryable failure met by many different messages is the destination's,
+The destination gate: a retryable failure met by many different messages is the destination's,
 and its breaker (shared by every replica) holds its messages back, attempts refunded, until
 a probe gets through. A publisher names where its messages go: a `destination` attribute
 (one for all, e.g. a queue URL without credentials), or a `destination_of(message)` method

@@ -10,7 +10,7 @@ lease expires and the attempt limit eventually sends it to dead.
 What else the worker may use of a publisher is declared on `PublisherBase`, with what it
 means when a publisher says nothing (as harlequin's adapter declares its optional
 capabilities): the destination its messages go to, one for all or one per message, whose
-health the worker tracks; the server it talks to and the names it renders per message, for
+breaker the worker keeps; the server it talks to and the names it renders per message, for
 publish spans. The built-in publishers subclass it. A plugin written to the structural
 protocols (`Publisher`, `BatchPublisher`, docs/publishers/plugins.md) is declared once, when
 the worker takes it (`declared`), from the members that protocol documents.

@@ -229,7 +229,7 @@ class HttpPublisher(PublisherBase):
         self.url = url
         # A routed URL renders per message; its host cannot vary (routes.py).
         self._router = Router(url) if placeholders(url) else None
-        # Health is the origin's: every path of one server shares its breaker.
+        # The breaker is the origin's: every path of one server shares it.
         self.destination = str(URL(url if self._router is None else sample(url)).origin())
         # The span's `server.address` and `server.port` (the origin's: never its user-info).
         self.server = server_of(

@@ -11,7 +11,7 @@ segment empty, `.` or `..` (a dot-segment, which clients and proxies resolve, pe
 or not) makes the message permanent instead, as does a URL longer than MAX_URL_LENGTH.
 
 The host cannot vary, so every URL a template renders has the template's origin: one
-destination for health, as with a NATS subject template.
+destination with one breaker, as with a NATS subject template.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ class NatsPublisher(PublisherBase):
         self._auth = auth or {}
         self._reconnect_wait = reconnect_wait
         self._shown = ", ".join(redact_url(url) for url in self.servers)
-        self.destination = f"nats {self._shown}"  # the cluster: health is shared by its servers
+        self.destination = f"nats {self._shown}"  # the cluster: its servers share one breaker
         # The first server: the span's `server.address` and `server.port`.
         self.server = server_of(self.servers[0], default_port=4222) if self.servers else None
         self._nc: Client | None = None
