@@ -1,5 +1,5 @@
 """Which database errors pass by themselves and which need a person: one classification for
-every component (the worker's claim, heartbeat, listener and finalizer, the TUI, the operator).
+every component (the worker's claimer, lease keeper, listener and finalizer, the TUI, the operator).
 
 - `is_transient(exc)`: the same operation, tried again later, may succeed without anyone
   restarting anything: the connection broke or was refused, a timeout, the server is

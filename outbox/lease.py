@@ -250,7 +250,7 @@ def _bigint_array(values: Iterable[int]) -> str:
 async def extend(
     conn: AsyncConn, table: Table, messages: Sequence[Message], *, lease: timedelta
 ) -> set[int]:
-    """Heartbeat: renew the leases still held; returns the ids whose lease was renewed."""
+    """The lease keeper's extend: renew the leases still held; the ids renewed."""
     if not messages:
         return set()
     params = {

@@ -346,7 +346,7 @@ RETURNING o.id, o.lease_version, o.status"""
             defer_expired=with_error(sql.SQL("'maximum defer age exceeded; last ' || f.error")),
             failed=with_error(sql.SQL("f.error")),
         ),
-        # Heartbeat: push the expiry of leases still held; a lost lease is left alone.
+        # The lease keeper's extend: push the expiry of leases still held; a lost one is left.
         extend=sql.SQL(
             """UPDATE {t} AS o
    SET lease_until = now() + %(lease)s::interval

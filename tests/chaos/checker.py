@@ -22,7 +22,7 @@ from outbox.queries import REAPED_ERROR
 # Kinds of row change, told apart by what changed (see docs/protocol.md, "States").
 CLAIM = "claim"  # pending -> processing, version + 1, attempts + 1
 TAKEOVER = "takeover"  # processing (expired) -> processing, version + 1, attempts + 1
-HEARTBEAT = "heartbeat"  # processing -> processing, same version: lease_until pushed
+EXTEND = "extend"  # processing -> processing, same version: the lease keeper pushed lease_until
 DONE = "done"  # finalize: processing -> done
 RETRY = "retry"  # finalize: processing -> pending, attempt kept
 RELEASE = "release"  # finalize: processing -> pending, attempt refunded (shutdown)
@@ -58,7 +58,7 @@ def kind(t: Transition) -> str:
     if t.old_status == "processing":
         if t.new_status == "processing":
             same = t.new_attempts == t.old_attempts and t.new_owner == t.old_owner
-            return HEARTBEAT if same else ILLEGAL
+            return EXTEND if same else ILLEGAL
         if t.new_status == "done":
             return DONE
         if t.new_status == "dead":
@@ -161,7 +161,7 @@ def check_transitions(history: History) -> list[str]:
                     problems.append(f"{where}: reaped a lease that had not expired")
                 if t.old_attempts < limit:
                     problems.append(f"{where}: reaped with attempts left ({t.old_attempts})")
-            elif step in FINALIZES or step == HEARTBEAT:
+            elif step in FINALIZES or step == EXTEND:
                 # The fence: only the holder of this lease_version may change the row.
                 if t.actor != t.old_owner:
                     problems.append(
@@ -225,7 +225,7 @@ def leases(history: History) -> dict[int, list[Lease]]:
             ended, error = "open", None
             for later in changes[i + 1 :]:
                 step = kind(later)
-                if later.old_version == t.new_version and step != HEARTBEAT:
+                if later.old_version == t.new_version and step != EXTEND:
                     ended, error = step, later.new_error
                     break
             found[message_id].append(

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from chaos.checker import CLOCK_SLACK, HEARTBEAT, LEASES, RETRY, TAKEOVER, kind
+from chaos.checker import CLOCK_SLACK, EXTEND, LEASES, RETRY, TAKEOVER, kind
 from chaos.cluster import LEASE, Run, assert_clean
 from chaos.downstream import Call
 from chaos.history import Transition
@@ -469,7 +469,7 @@ def test_clock_skew_changes_nothing(new_run, dsn, scale):
     skews = {3600.0, -3600.0, 86400.0}
 
     def script(call: Call) -> Reply:
-        # Some publishes hold their lease long enough to need the heartbeat.
+        # Some publishes hold their lease long enough to need the lease keeper.
         return Reply(200, delay=0.9) if _roll(call) < 0.2 else Reply()
 
     run = new_run("clock-skew", dsn, script=script, publish_timeout=timeout)
@@ -488,7 +488,7 @@ def test_clock_skew_changes_nothing(new_run, dsn, scale):
     history = run.history()
     for t in history.transitions:
         step = kind(t)
-        if step in LEASES or step == HEARTBEAT:
+        if step in LEASES or step == EXTEND:
             # The lease is the database's now() + lease, whatever the worker's clock says.
             assert abs(t.new_lease_until - t.tx_now - LEASE_SECONDS) < 1e-3, t
     # Takeovers are of killed workers. A live one stalled past its lease by a loaded machine
@@ -496,7 +496,7 @@ def test_clock_skew_changes_nothing(new_run, dsn, scale):
     # one lease of each other: a stall or two; a skewed clock would lose leases all along.
     stray = [t for t in history.transitions if kind(t) == TAKEOVER and t.old_owner not in victims]
     assert len(_stalls(stray)) <= 2, stray
-    assert any(kind(t) == HEARTBEAT for t in history.transitions)
+    assert any(kind(t) == EXTEND for t in history.transitions)
     # The skew was real: each worker logged times shifted by its skew.
     for owner, skew in skew_of.items():
         first = json.loads(run.logs[owner].read_text().splitlines()[0])
