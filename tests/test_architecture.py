@@ -281,3 +281,16 @@ def test_the_sql_finder_finds_sql_and_leaves_prose():
     assert SQL_TEXT.search("DELETE FROM t")
     assert not SQL_TEXT.search("select a destination, then update the list")
     assert not SQL_TEXT.search("SELECTED")
+
+
+def test_every_package_of_the_tree_is_in_the_built_distribution() -> None:
+    """A subpackage the packages list forgets works in the editable install and the tests,
+    and is missing from the wheel and the image."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    found = set()
+    for name, folder in setuptools["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((name, *parts)))
+    assert found <= listed, sorted(found - listed)
