@@ -666,13 +666,13 @@ def measure(
         exit_code = stop_process(operator.process)
         text = operator.log()
         final = emulator.get("/_bench/stats")
+        lost_at = logged_at(text, LOST_LEASE)
         result["lease"] = {
-            "lost": LOST_LEASE in text,
+            "lost": lost_at is not None,
             "exited_by_itself_after_seconds": None if exited_at is None else round(exited_at, 1),
+            "lost_after_seconds": None if lost_at is None else round(lost_at - applying_wall, 1),
             "exit_code": exit_code if code_at_stop is not None else None,
-            **renewals(
-                final, applying_wall, None if exited_at is None else applying_wall + exited_at
-            ),
+            **renewals(final, applying_wall, lost_at),
         }
         result["log"] = summarize_log(text)
         span = after.at - before.at
@@ -756,19 +756,29 @@ def figures(
     }
 
 
-def renewals(stats: dict[str, Any], since: float, exited: float | None) -> dict[str, Any]:
+def logged_at(text: str, needle: str) -> float | None:
+    """When the operator's text log first says `needle` (seconds since the epoch)."""
+    for line in text.splitlines():
+        if needle in line:  # 2026-01-01 10:00:00,123 ERROR   outbox.controller: ...
+            return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    return None
+
+
+def renewals(stats: dict[str, Any], since: float, lost: float | None) -> dict[str, Any]:
     """The Lease as the API server saw it: the longest time between two successful renewals
     from `since` on (a leader gives up after its renew deadline, 10 s), and the slowest Lease
-    request the emulator handled; with `exited`, how long before its exit the last one was."""
-    times = [t for t in stats["renewals"] if t >= since - 5 and (exited is None or t <= exited)]
+    request the emulator handled; with `lost` (when the operator logged the loss), how long
+    before it the last renewal was, and the last gaps before it."""
+    times = [t for t in stats["renewals"] if t >= since - 5 and (lost is None or t <= lost)]
     gaps = [b - a for a, b in itertools.pairwise(times)]
     slowest = [stats["slowest"].get(k, 0.0) for k in ("get leases", "update leases")]
     return {
         "renewals_seen": len(times),
         "longest_renewal_gap_seconds": round(max(gaps), 1) if gaps else None,
-        "last_renewal_before_exit_seconds": (
-            round(exited - times[-1], 1) if exited is not None and times else None
+        "last_renewal_before_loss_seconds": (
+            round(lost - times[-1], 1) if lost is not None and times else None
         ),
+        "last_gaps_seconds": [round(g, 1) for g in gaps[-6:]] if lost is not None else None,
         "slowest_lease_request_ms": round(1000 * max(slowest), 1),
     }
 
@@ -1010,8 +1020,8 @@ def _rows(run: dict[str, Any]) -> dict[str, str]:
     )
     lost = "no"
     if lease["lost"]:
-        at = lease["exited_by_itself_after_seconds"]
-        lost = f"**yes**, exited {at} s after the apply" if at is not None else "**yes**"
+        at = lease.get("lost_after_seconds", lease["exited_by_itself_after_seconds"])
+        lost = f"**yes**, {at} s after the create began" if at is not None else "**yes**"
     return {
         "first status for all (s)": first,
         "status freshness p50 / p99 / max (s)": (
@@ -1040,8 +1050,9 @@ def _rows(run: dict[str, Any]) -> dict[str, str]:
             lease.get("longest_renewal_gap_seconds")
         )
         + (
-            f"; last one {lease['last_renewal_before_exit_seconds']} s before the exit"
-            if lease.get("last_renewal_before_exit_seconds") is not None
+            f"; the last {lease['last_renewal_before_loss_seconds']} s before the loss "
+            f"(gaps before it: {', '.join(f'{g:g}' for g in lease.get('last_gaps_seconds') or [])})"
+            if lease.get("last_renewal_before_loss_seconds") is not None
             else ""
         ),
         "Lease: slowest Lease request in the emulator (ms)": _v(
