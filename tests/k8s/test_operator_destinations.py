@@ -259,7 +259,13 @@ def test_a_breaker_nobody_sends_to_any_more_does_not_hold_the_workers(
     with serving(dsn, DESTINATION):
         apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest(scaling=scaling))
         wait_for("the scale-up for the backlog", lambda: scaled_up(cluster) == 3)
-        assert condition(cluster, "orders", "Scaling")["reason"] in ("Backlog", "MaxReplicas")
+        # The pass that scaled writes its status after the Deployment: wait for it.
+        wait_for(
+            "Scaling for the backlog",
+            lambda: (
+                condition(cluster, "orders", "Scaling").get("reason") in ("Backlog", "MaxReplicas")
+            ),
+        )
         reachable = wait_for(
             "DestinationReachable",
             lambda: (c := condition(cluster, "orders", "DestinationReachable")).get("status") and c,
