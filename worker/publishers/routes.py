@@ -21,7 +21,7 @@ import urllib.parse
 from outbox.models import Message
 from outbox.redact import redact_url
 from outbox.worker.publishers.base import PermanentError
-from outbox.worker.publishers.template import PLACEHOLDERS, Template
+from outbox.worker.publishers.template import PLACEHOLDERS, Renderings, Template
 
 __all__ = ["PLACEHOLDERS", "Router", "check_template", "placeholders", "sample", "segment"]
 # Longer URLs are refused by many servers and proxies (414); the message is dead instead.
@@ -79,23 +79,11 @@ class Router:
     def __init__(self, template: str) -> None:
         self.template = template
         self._template = url_template(template)
-        self._by_id = self._template.by_id
         self._sample_segments = urllib.parse.urlsplit(self._template.sample()).path.split("/")
-        self._urls: dict[tuple[str, str, str], str] = {}
+        self._urls = Renderings(self._template, self._render, ROUTE_CACHE_SIZE)
 
     def url(self, message: Message) -> str:
-        key = (
-            message.event_type,
-            message.aggregate_type,
-            message.aggregate_id if self._by_id else "",
-        )
-        url = self._urls.get(key)
-        if url is None:
-            url = self._render(message)  # may raise: not cached
-            if len(self._urls) >= ROUTE_CACHE_SIZE:
-                self._urls.clear()
-            self._urls[key] = url
-        return url
+        return self._urls.of(message)
 
     def _render(self, message: Message) -> str:
         url = self._template.render(message)

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import string
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from outbox.models import Message
+
+T = TypeVar("T")
 
 PLACEHOLDERS = ("event_type", "aggregate_type", "aggregate_id")
 
@@ -61,3 +64,33 @@ class Template:
             aggregate_type=escape(message.aggregate_type),
             aggregate_id=escape(message.aggregate_id),
         )
+
+
+class Renderings(Generic[T]):
+    """What a publisher makes of a template per message (a URL, a subject, a topic and its
+    headers), kept per aggregate type, event type and, when the template uses it, aggregate
+    id: the messages of a batch mostly share theirs. A rendering that raises is not kept; at
+    `size` kept, the cache starts over. `kept` is public for a hot loop that reads it itself."""
+
+    def __init__(self, template: Template, make: Callable[[Message], T], size: int) -> None:
+        self.by_id = template.by_id
+        self.kept: dict[tuple[str, str, str], T] = {}
+        self._make = make
+        self._size = size
+
+    def key(self, message: Message) -> tuple[str, str, str]:
+        return (
+            message.aggregate_type,
+            message.event_type,
+            message.aggregate_id if self.by_id else "",
+        )
+
+    def of(self, message: Message) -> T:
+        key = self.key(message)
+        found = self.kept.get(key)
+        if found is None:
+            found = self._make(message)  # may raise: nothing is kept then
+            if len(self.kept) >= self._size:
+                self.kept.clear()
+            self.kept[key] = found
+        return found

@@ -48,7 +48,7 @@ from outbox.worker.publishers.kafka.topics import (
     topic_template,
 )
 from outbox.worker.publishers.registry import Option, PublisherContext
-from outbox.worker.publishers.template import Template
+from outbox.worker.publishers.template import Renderings, Template
 
 # A message refused because librdkafka's own queue is full (BufferError from produce()).
 QUEUE_FULL = (
@@ -157,8 +157,7 @@ class KafkaPublisher(PublisherBase):
         # Rendering a topic is three regex substitutions; messages of one aggregate type and
         # event type share theirs (and the aggregate id, when the template uses it).
         self._template = Template(self.topic, topic_name)
-        self._by_id = self._template.by_id
-        self._routes: dict[tuple[str, str, str], _Routing] = {}
+        self._routes = Renderings(self._template, self._route, TOPIC_CACHE_SIZE)
 
     def check_config(self) -> None:
         """Raise SettingError if librdkafka refuses the whole configuration.
@@ -229,35 +228,16 @@ class KafkaPublisher(PublisherBase):
 
     def destination_name(self, message: Message) -> str:
         """The topic a message goes to (its span's `messaging.destination.name`)."""
-        route = self._routes.get(
-            (
-                message.aggregate_type,
-                message.event_type,
-                message.aggregate_id if self._by_id else "",
-            )
-        )
-        return (route or self._routing(message))[0]
+        return self._routes.of(message)[0]
 
-    def _routing(self, message: Message) -> _Routing:
+    def _route(self, message: Message) -> _Routing:
         """The topic, and the event type and aggregate type headers, of a message (the
         headers as produce() takes them, made once per route)."""
-        key = (
-            message.aggregate_type,
-            message.event_type,
-            message.aggregate_id if self._by_id else "",
+        return (
+            render_topic(self._template, message),  # may raise: then nothing is kept
+            ("outbox-event-type", message.event_type.encode()),
+            ("outbox-aggregate-type", message.aggregate_type.encode()),
         )
-        routing = self._routes.get(key)
-        if routing is None:
-            if len(self._routes) >= TOPIC_CACHE_SIZE:
-                self._routes.clear()
-            topic = render_topic(self._template, message)  # may raise: uncached
-            routing = (
-                topic,
-                ("outbox-event-type", message.event_type.encode()),
-                ("outbox-aggregate-type", message.aggregate_type.encode()),
-            )
-            self._routes[key] = routing
-        return routing
 
     async def publish_batch(self, messages: Sequence[Message]) -> list[Exception | None]:
         """Produce every message, then wait for their delivery reports: a result per message,
@@ -300,8 +280,8 @@ class KafkaPublisher(PublisherBase):
         out fatal (then the batch ends before that message, unless `last_chance`). A
         message refused at once gets its failure in `results` right away."""
         batch = _Batch(messages, results, start, session.loop)
-        produce, report, routing = session.producer.produce, batch.report, self._routing
-        routes, by_id, attempt_headers = self._routes, self._by_id, _ATTEMPT_HEADERS
+        produce, report, routing = session.producer.produce, batch.report, self._routes.of
+        routes, by_id, attempt_headers = self._routes.kept, self._routes.by_id, _ATTEMPT_HEADERS
         last_kind: tuple[str, str] | None = None
         route: _Routing = ("", ("", b""), ("", b""))  # replaced first: no kind is None
         produced, index, plain = 0, start, self.format == ENVELOPE

@@ -7,6 +7,7 @@ import itertools
 import logging
 import ssl
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from nats.aio.client import Client
@@ -52,7 +53,7 @@ from outbox.worker.publishers.nats.subjects import (
     subject_token,
 )
 from outbox.worker.publishers.registry import Option, PublisherContext
-from outbox.worker.publishers.template import Template
+from outbox.worker.publishers.template import Renderings, Template
 
 log = logging.getLogger("outbox.worker")
 
@@ -165,23 +166,11 @@ class NatsPublisher(PublisherBase):
         self._acks_denied: str | None = None
         # Rendering a subject is three regex substitutions; messages of one aggregate type and
         # event type share theirs (and the aggregate id, when the template uses it).
-        self._template = Template(self.subject_template, subject_token)
-        self._by_id = self._template.by_id
-        self._subjects: dict[tuple[str, str, str], str] = {}
+        template = Template(self.subject_template, subject_token)
+        self._subjects = Renderings(template, partial(render_subject, template), SUBJECT_CACHE_SIZE)
 
     def subject(self, message: Message) -> str:
-        key = (
-            message.aggregate_type,
-            message.event_type,
-            message.aggregate_id if self._by_id else "",
-        )
-        subject = self._subjects.get(key)
-        if subject is None:
-            if len(self._subjects) >= SUBJECT_CACHE_SIZE:
-                self._subjects.clear()
-            # May raise: nothing is kept then.
-            subject = self._subjects[key] = render_subject(self._template, message)
-        return subject
+        return self._subjects.of(message)
 
     def destination_name(self, message: Message) -> str:
         return self.subject(message)
