@@ -501,6 +501,41 @@ def _spawn_limited(dsn: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
         )  # fmt: skip
 
 
+def _tail(log: Path) -> str:
+    return log.read_text()[-2000:]
+
+
+async def _drain_limited(
+    conn: psycopg.Connection,
+    dsn: str,
+    log: Path,
+    sink,
+    delivered: list[int],
+    dead: int,
+    *args: str,
+) -> int:
+    """Runs a limited HTTP worker until `delivered` are done and `dead` rows dead (it must
+    live that long and stop cleanly on SIGTERM); the worker's resident peak, in bytes."""
+    proc = _spawn_limited(dsn, log, "--publisher", "http", "--http-url", sink.url, *args)
+    try:
+        await wait_until(
+            lambda: (
+                statuses(conn) == {"done": len(delivered), "dead": dead} or proc.poll() is not None
+            ),
+            timeout=120,
+            what="the innocent rows delivered, the others dead",
+        )
+        assert proc.poll() is None, _tail(log)
+        peak = _peak_kib(proc.pid) * 1024
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    assert code == 0, _tail(log)
+    assert sorted(sink.delivered_ids()) == sorted(delivered)
+    return peak
+
+
 @pytest.mark.slow
 async def test_a_worker_under_a_memory_limit_sends_50_mb_rows_to_dead_and_delivers_the_rest(
     conn, dsn, tmp_path, sink
@@ -514,25 +549,8 @@ async def test_a_worker_under_a_memory_limit_sends_50_mb_rows_to_dead_and_delive
         small += seed(conn, 5)
         big.append(_insert_blob(conn, BIG))
     small += seed(conn, 5)
-    log = tmp_path / "worker.log"
-    proc = _spawn_limited(dsn, log, "--publisher", "http", "--http-url", sink.url,
-                          "--max-payload-bytes", "8MiB", "--batch", "100")  # fmt: skip
-    try:
-        await wait_until(
-            lambda: (
-                statuses(conn) == {"done": len(small), "dead": len(big)} or proc.poll() is not None
-            ),
-            timeout=120,
-            what="small rows delivered, large ones dead",
-        )
-        assert proc.poll() is None, log.read_text()[-2000:]
-        peak = _peak_kib(proc.pid) * 1024
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=60)
-    assert code == 0, log.read_text()[-2000:]
-    assert sorted(sink.delivered_ids()) == small
+    peak = await _drain_limited(conn, dsn, tmp_path / "worker.log", sink, small, len(big),
+                                "--max-payload-bytes", "8MiB", "--batch", "100")  # fmt: skip
     assert peak < 2 * 8 * MIB + 150 * MIB, f"resident peak {peak / MIB:.0f} MiB"
     reasons = {r[0] for r in conn.execute("SELECT last_error FROM outbox WHERE status = 'dead'")}
     assert reasons == {f"payload of 50 MB ({BIG + 12} bytes) exceeds --max-payload-bytes 8MiB"}
@@ -601,24 +619,7 @@ async def test_a_worker_under_a_memory_limit_lives_through_headers_it_could_not_
         hostile[_insert_row(conn, column, value, aggregate=f"h-{n}")] = reason
         innocent += seed(conn, 2)
     log = tmp_path / "worker.log"
-    proc = _spawn_limited(dsn, log, "--publisher", "http", "--http-url", sink.url,
-                          "--batch", "100")  # fmt: skip
-    try:
-        await wait_until(
-            lambda: (
-                statuses(conn) == {"done": len(innocent), "dead": len(hostile)}
-                or proc.poll() is not None
-            ),
-            timeout=120,
-            what="innocent rows delivered, hostile ones dead",
-        )
-        assert proc.poll() is None, log.read_text()[-2000:]
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=60)
-    assert code == 0, log.read_text()[-2000:]
-    assert sorted(sink.delivered_ids()) == innocent
+    await _drain_limited(conn, dsn, log, sink, innocent, len(hostile), "--batch", "100")
     assert {message_id: _fate(conn, message_id) for message_id in hostile} == {
         message_id: ("dead", 0, 0, reason, [reason]) for message_id, reason in hostile.items()
     }
@@ -644,25 +645,8 @@ async def test_a_worker_under_a_memory_limit_sends_50_mb_headers_and_event_types
             column, value, reason = HOSTILE[kind]
             big[_insert_row(conn, column, value, aggregate=f"big-{i}")] = reason
     small += seed(conn, 5)
-    log = tmp_path / "worker.log"
-    proc = _spawn_limited(dsn, log, "--publisher", "http", "--http-url", sink.url,
-                          "--batch", "100")  # fmt: skip
-    try:
-        await wait_until(
-            lambda: (
-                statuses(conn) == {"done": len(small), "dead": len(big)} or proc.poll() is not None
-            ),
-            timeout=120,
-            what="small rows delivered, large ones dead",
-        )
-        assert proc.poll() is None, log.read_text()[-2000:]
-        peak = _peak_kib(proc.pid) * 1024
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=60)
-    assert code == 0, log.read_text()[-2000:]
-    assert sorted(sink.delivered_ids()) == small
+    peak = await _drain_limited(conn, dsn, tmp_path / "worker.log", sink, small, len(big),
+                                "--batch", "100")  # fmt: skip
     assert peak < 150 * MIB, f"resident peak {peak / MIB:.0f} MiB"  # nothing large came in
     assert {message_id: _fate(conn, message_id) for message_id in big} == {
         message_id: ("dead", 0, 0, reason, [reason]) for message_id, reason in big.items()
