@@ -1029,6 +1029,8 @@ def _rows(run: dict[str, Any]) -> dict[str, str]:
             f"{_v(fresh['max_seconds'])} ({fresh['samples']} samples"
             + (f", {fresh['missed']} never shown" if fresh["missed"] else "")
             + ")"
+            if run["window_seconds"]
+            else "no steady window: the operator had exited"
         ),
         "oldest status.backlog in the fleet, worst (s)": _v(run["oldest_status_age_seconds"]),
         "new DB sessions/s": _v(run["sessions_per_second"]),
@@ -1137,6 +1139,12 @@ def render(report: dict[str, Any]) -> str:
         "Machine busy: all of the machine's CPU time from /proc/stat, so that the other work "
         "on the shared cores shows beside the operator's and the emulator's.",
         *_invocations(report),
+        *(f"- {note}" for note in report.get("notes", [])),
+        *(
+            f"- Replaced by a later run of the same cell (kept in fleet.json): {run['code']} at "
+            f"{run['dispatchers']} dispatchers, {run['databases']} database(s): {headline(run)}."
+            for run in report.get("replaced_runs", [])
+        ),
         "- One run per cell, baseline and current alternating which goes first; the figures "
         "are a shared machine's: compare within a table, not across runs of other days.",
         "",
@@ -1146,6 +1154,10 @@ def render(report: dict[str, Any]) -> str:
         "≤ 0.25 core, ≤ 400 MB resident, never a lost Lease.",
         "",
     ]
+    if report.get("findings"):
+        lines += ["## What the figures say", ""]
+        lines += [f"- {finding}" for finding in report["findings"]]
+        lines.append("")
     cells: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for run in report["runs"]:
         cells.setdefault((run["databases"], run["dispatchers"]), []).append(run)
@@ -1253,6 +1265,11 @@ def merge(earlier: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
     replaced = {cell(run) for run in later["runs"]}
     runs = [run for run in earlier["runs"] if cell(run) not in replaced] + later["runs"]
     merged = {**earlier, "runs": runs}
+    # A cell measured again keeps its earlier run on record: a rerun must not hide a result.
+    merged["replaced_runs"] = [
+        *earlier.get("replaced_runs", []),
+        *(run for run in earlier["runs"] if cell(run) in replaced),
+    ]
     merged["invocations"] = [
         *earlier.get("invocations", [_invocation(earlier)]),
         _invocation(later),
