@@ -59,7 +59,9 @@ CONTENDERS = ("worker", "floor", "pgqueuer")
 SECONDS = {10: 40, 100: 30, 1000: 20}
 _TICKS = os.sysconf("SC_CLK_TCK")
 AGGREGATES = 1000  # messages spread over this many aggregates (ordered mode: one head each)
-PRODUCER_CONNECTIONS = 4
+# Enough that the producer keeps its rate while commits are slow: at 1,000/s a commit that
+# waits 10 ms for its WAL flush on a busy machine holds ten connections.
+PRODUCER_CONNECTIONS = 12
 WARM_UP_SECONDS = 1.0  # the first second of each run is sent and left out (at least 20)
 BATCH, CONCURRENCY = 100, 32  # the worker's defaults, which the floor is given too
 PAYLOAD = {"note": "x" * 160}  # ~200 bytes of JSON with `n`, as the other benchmarks send
@@ -601,13 +603,7 @@ def _receiver_note(latency: dict[str, Any]) -> str:
 
 def _run_notes(runs: list[dict[str, Any]]) -> list[str]:
     notes = []
-    short = [
-        r
-        for r in runs
-        if r["achieved_rate"] < 0.97 * r["rate"]
-        or r["missing"]
-        or r["producer_late"] > 0.01 * r["samples"]
-    ]
+    short = [r for r in runs if r["achieved_rate"] < 0.97 * r["rate"] or r["missing"]]
     for r in short:
         notes.append(
             f"- {NAMES[r['contender']]}, {r['processes']} process(es), {r['mode']}, "
