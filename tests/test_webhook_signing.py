@@ -249,3 +249,20 @@ async def test_a_real_worker_signs_and_never_logs_its_secrets(conn, dsn, tmp_pat
     assert "http-signing-secret=***" in text
     key = OLD.removeprefix("whsec_")
     assert key not in text and repr(signing_secret(OLD))[2:20] not in text
+
+
+@pytest.mark.parametrize(
+    ("wire_format", "warned"),
+    [("cloudevents-binary", True), ("cloudevents-structured", False), ("envelope", False)],
+)
+def test_signing_binary_cloudevents_warns_that_their_attributes_are_not_signed(
+    caplog, wire_format, warned
+):
+    """A signed binary-mode CloudEvent carries its type and subject in ce- headers that no
+    signature covers: the worker says so at start (the receiving helpers refuse them)."""
+    with caplog.at_level("WARNING", logger="outbox.worker"):
+        HttpPublisher("http://api.test/hook", owner="test", wire_format=wire_format,
+                      signing_keys=[signing_secret(OLD)])  # fmt: skip
+    said = [r.getMessage() for r in caplog.records if "ce- headers" in r.getMessage()]
+    assert bool(said) == warned, said
+    assert all(OLD not in line for line in said)

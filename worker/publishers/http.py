@@ -26,6 +26,7 @@ any reason (user-info, query values) are redacted before they are logged or stor
 
 from __future__ import annotations
 
+import logging
 import re
 import urllib.parse
 from collections.abc import Sequence
@@ -48,13 +49,21 @@ from outbox.worker.publishers.base import (
     server_of,
 )
 from outbox.worker.publishers.envelope import envelope
-from outbox.worker.publishers.formats import ENVELOPE, HTTP, NOT_IN_URI, CloudEvents, encode
+from outbox.worker.publishers.formats import (
+    BINARY,
+    ENVELOPE,
+    HTTP,
+    NOT_IN_URI,
+    CloudEvents,
+    encode,
+)
 from outbox.worker.publishers.formats import wire_format as check_format
 from outbox.worker.publishers.headers import http_headers
 from outbox.worker.publishers.registry import Option, PublisherContext
 from outbox.worker.publishers.routes import Router, check_template, placeholders, sample
 from outbox.worker.publishers.signing import Signer
 
+log = logging.getLogger("outbox.worker")
 RETRYABLE_STATUSES = frozenset({408, 425, 429})
 _BODY_SNIPPET = 300
 # Most bytes read of any response: a 2xx body read to its end keeps the connection reusable;
@@ -240,6 +249,15 @@ class HttpPublisher(PublisherBase):
         self.format = check_format(wire_format)
         self._cloudevents = CloudEvents(source)
         self._signer = Signer(signing_keys) if signing_keys else None
+        if self._signer is not None and self.format == BINARY:
+            # Allowed (a receiver may key on the signed webhook-id alone), but the project's
+            # receiving helpers refuse to hand over attributes no signature covers.
+            log.warning(
+                "--format cloudevents-binary with --http-signing-secret: the signature covers "
+                "the id, the timestamp and the body, not the ce- headers (type, subject, "
+                "source); receivers that act on them cannot trust them: send "
+                "cloudevents-structured to have them signed"
+            )
         self._row_headers = http_headers(self._headers)
         # The envelope, unsigned, to one URL, from rows without headers: the path as it was.
         self._plain = wire_format == ENVELOPE and self._signer is None and self._router is None
