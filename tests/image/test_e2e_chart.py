@@ -26,7 +26,8 @@ from chart import chart as c
 from chart.test_rbac_enforced import Installed
 from helpers import seed, statuses
 from k8s.cluster import ADMIN_TOKEN, LocalCluster
-from k8s.kubelet import Kubelet, _expand, _rewrite_port
+from k8s.expansion import expand
+from k8s.kubelet import Kubelet, _rewrite_port
 from k8s.test_operator import (
     CRD,
     NS,
@@ -66,7 +67,9 @@ class ContainerKubelet(Kubelet):
         self._pod_specs[id(spec["containers"][0])] = spec
         return await super()._start_pod(session, deployment, hash_, name)
 
-    def _command(self, container: Any, env: dict[str, str], ports: dict[int, int]) -> list[str]:
+    def _command(
+        self, container: Any, declared: dict[str, str], env: dict[str, str], ports: dict[int, int]
+    ) -> list[str]:
         pod = self._pod_specs.get(id(container), {})
         security = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
         flags = ["--network", "host", "--cap-drop", "ALL"]
@@ -84,7 +87,8 @@ class ContainerKubelet(Kubelet):
         name = f"outbox-e2e-{uuid.uuid4().hex[:10]}"
         self.containers.append(name)
         command = [*container.get("command", []), *container.get("args", [])]
-        command = [_rewrite_port(_expand(str(part), env), ports) for part in command]
+        # As a kubelet does: $(VAR) from the container's own variables only.
+        command = [_rewrite_port(expand(str(part), declared), ports) for part in command]
         return [*images.podman_run("--name", name, *flags, container["image"]), *command]
 
 

@@ -455,7 +455,7 @@ class Kubelet:
                 assert placeholder is not None
                 command = [placeholder, "86400"]
             else:
-                command = self._command(container, declared, env["PATH"], ports)
+                command = self._command(container, declared, env, ports)
             # Service names become their local proxies (no cluster DNS here).
             env = {k: await self._services_in(session, v) for k, v in env.items()}
             command = [await self._services_in(session, part) for part in command]
@@ -865,10 +865,11 @@ class Kubelet:
         return data
 
     def _command(
-        self, container: JSON, declared: dict[str, str], search: str, ports: dict[int, int]
+        self, container: JSON, declared: dict[str, str], env: dict[str, str], ports: dict[int, int]
     ) -> list[str]:
         """The command and args, `$(VAR)` expanded from the container's own variables
-        (`declared`), the executable found in `search` (a PATH)."""
+        (`declared`), the executable found in the process environment's (`env`) PATH."""
+        search = env["PATH"]
         command = [*container.get("command", self.default_command), *container.get("args", [])]
         if not command:
             raise ConfigError("no command: the local kubelet does not run images")
