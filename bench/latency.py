@@ -439,7 +439,8 @@ def run_latency(bench: Bench, plan: Plan, log: Callable[[str], None]) -> dict[st
          **percentiles(latencies), "histogram": histogram(latencies),
          "contender_cpu_us": cpu(key, "contender_cpu_us"),
          "database_cpu_us": cpu(key, "database_cpu_us"),
-         "transactions_per_message": cpu(key, "transactions_per_message")}
+         "transactions_per_message": cpu(key, "transactions_per_message"),
+         "others_cores": cpu(key, "others_cores")}
         for key, latencies in pooled.items()
     ]  # fmt: skip
     settings = {
@@ -517,8 +518,9 @@ def render(latency: dict[str, Any]) -> list[str]:
         _receiver_note(latency),
         "",
         "| rate/s | processes | mode | contender | samples | p50 ms | p90 ms | p99 ms "
-        "| p99.9 ms | max ms | CPU µs/msg | PostgreSQL CPU µs/msg | transactions/msg |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| p99.9 ms | max ms | CPU µs/msg | PostgreSQL CPU µs/msg | transactions/msg "
+        "| other work, cores |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in cells:
         lines.append(
@@ -526,7 +528,7 @@ def render(latency: dict[str, Any]) -> list[str]:
             f"{NAMES[cell['contender']]} | {cell['samples']:,} | "
             + " | ".join(_ms(cell[k]) for k in ("p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms"))
             + f" | {cell['contender_cpu_us']:,.0f} | {cell['database_cpu_us']:,.0f}"
-            f" | {cell['transactions_per_message']:.2f} |"
+            f" | {cell['transactions_per_message']:.2f} | {cell['others_cores']:.2f} |"
         )
     lines += [
         "",
@@ -534,7 +536,9 @@ def render(latency: dict[str, Any]) -> list[str]:
         "and all of PostgreSQL's (the producer's backends too) over the run, idle waits "
         "included, per message sent: what each asks of the cores everything shares. "
         "Transactions: the contender's own in the run's database (claims, finalizes, lease "
-        "renewals, whatever else it reads or writes; the producer's left out), per message.",
+        "renewals, whatever else it reads or writes; the producer's left out), per message. "
+        "Other work: the cores the machine's other processes kept busy during the run, on "
+        "average; a cell beside which they took much is a loaded machine's.",
         "",
         "### The worker beside the floor (worker ÷ floor, same cell, same run)",
         "",
@@ -640,6 +644,8 @@ def plot(latency: dict[str, Any], path: Path) -> None:
         squeeze=False, sharex=True,
     )  # fmt: skip
     colours = {"worker": "tab:green", "floor": "tab:blue", "pgqueuer": "tab:orange"}
+    longest = max((c["max_ms"] or 0.0 for c in latency["cells"]), default=0.0)
+    right = min(edges[-1], max(500.0, 1.5 * longest))
     for cell in latency["cells"]:
         ax = axes[processes.index(cell["processes"])][rates.index(cell["rate"])]
         total = max(cell["samples"], 1)
@@ -656,9 +662,9 @@ def plot(latency: dict[str, Any], path: Path) -> None:
             ax = axes[row][col]
             ax.set_xscale("log")
             ax.set_yscale("log")
-            ax.set_xlim(0.5, 500)
+            ax.set_xlim(0.5, right)
             ax.set_ylim(1e-5, 1)
-            ax.set_title(f"{rate:,} msg/s, {n} process(es)", fontsize=10)
+            ax.set_title(f"{rate:,} msg/s, {n} process{'es' if n > 1 else ''}", fontsize=10)
             if row == len(processes) - 1:
                 ax.set_xlabel("commit → first byte at the receiver (ms)")
             if col == 0:

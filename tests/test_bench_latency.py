@@ -55,7 +55,7 @@ def _section(load: float) -> dict:
             "rate": 1000, "processes": 2, "mode": "unordered", "contender": contender,
             **latency.percentiles(values), "histogram": latency.histogram(values),
             "contender_cpu_us": 100.0 * scale, "database_cpu_us": 300.0,
-            "transactions_per_message": 0.5,
+            "transactions_per_message": 0.5, "others_cores": 0.1,
         }  # fmt: skip
 
     cells = [figures("worker", 4.0), figures("floor", 2.0), figures("pgqueuer", 3.0)]
@@ -83,9 +83,9 @@ def test_report_sets_the_worker_beside_the_floor_and_says_when_the_machine_was_l
 ):
     quiet = "\n".join(latency.render(_section(load=0.4)))
     assert "| 1,000 | 2 | unordered | outbox-worker | 20,000 | 4.0 |" in quiet
-    assert "| 4.0 | 4.0 | 400 | 300 | 0.50 |" in quiet  # CPU: the worker's, PostgreSQL's
+    assert "| 4.0 | 4.0 | 400 | 300 | 0.50 | 0.10 |" in quiet  # CPU: worker, PostgreSQL
     assert "| 1,000 | 2 | unordered | 2.0x | 2.0x | 2.0x | 2.0x | 2.0x |" in quiet
-    assert "loaded machine" not in quiet and "CLOCK_REALTIME" in quiet
+    assert "Taken on a loaded machine" not in quiet and "CLOCK_REALTIME" in quiet
     assert "not the bottleneck" in quiet and "5,000 requests/s" in quiet
     assert "**Taken on a loaded machine**" in "\n".join(latency.render(_section(load=3.1)))
     latency.plot(_section(load=0.4), tmp_path / "latency.png")
