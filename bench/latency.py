@@ -14,6 +14,9 @@ What runs, per cell (rate x processes x mode):
 - the receiver (bench.latency_receiver, a process of its own, aiohttp's low-level server on
   uvloop): notes `time.time_ns()` when a request's first byte comes in. One machine, one
   clock (CLOCK_REALTIME) for both notes: the difference is the latency.
+- the modes: unordered; ordered (one event per transaction, the aggregates taking turns);
+  ordered-pairs (two events of one aggregate per transaction: the second is claimable only
+  once the first is finalized, which no NOTIFY announces).
 - the contenders, each in as many processes as the cell says, one after the other:
   `outbox-worker --publisher http` with its defaults; the floor (bench.latency_floor: one
   loop on one connection doing LISTEN, the project's claim up to the same batch, concurrent
@@ -47,11 +50,16 @@ import psycopg
 from bench.cpu import cpu_seconds, own_cpu_seconds, tree_cpu_seconds
 from bench.env import ROOT, Bench, python_module
 from outbox.demo.embedded import free_port
-from outbox.producer import enqueue
+from outbox.models import Event
+from outbox.producer import enqueue, enqueue_many
 
 RATES = (10, 100, 1000)  # messages/s
 PROCESSES = (1, 2)
-MODES = ("unordered", "ordered")
+MODES = ("unordered", "ordered", "ordered-pairs")
+# ordered-pairs: ordered mode, each transaction commits two events of one aggregate (an order
+# placed and paid together): the second becomes its aggregate's head only once the first is
+# finalized, and no NOTIFY says so.
+PER_TRANSACTION = {"unordered": 1, "ordered": 1, "ordered-pairs": 2}
 CONTENDERS = ("worker", "floor", "pgqueuer")
 # Seconds of steady traffic per run, by rate: enough samples for the tail at each (at 10/s
 # p99.9 is out of reach in any sensible time: the report says where a percentile has fewer
@@ -92,7 +100,7 @@ class Plan:
             for processes in self.processes:
                 for mode in self.modes:
                     names = [
-                        c for c in self.contenders if not (c == "pgqueuer" and mode == "ordered")
+                        c for c in self.contenders if not (c == "pgqueuer" and mode != "unordered")
                     ]
                     if cell % 2:
                         names.reverse()
@@ -191,18 +199,29 @@ class Produced:
     late: int = 0  # messages that found every producer connection busy at their time
 
 
-Insert = Callable[[psycopg.AsyncConnection[Any], int], Any]  # -> awaitable of the row's id
+# One transaction n: -> awaitable of the ids of the rows it committed.
+Insert = Callable[[psycopg.AsyncConnection[Any], int], Any]
 
 
-async def _enqueue_outbox(conn: psycopg.AsyncConnection[Any], n: int) -> int:
+async def _enqueue_outbox(conn: psycopg.AsyncConnection[Any], n: int) -> list[int]:
     message_id = await enqueue(
         conn, aggregate_type="order", aggregate_id=f"order-{n % AGGREGATES}",
         event_type="OrderPlaced", payload={"n": n, **PAYLOAD}, trace_context=False,
     )  # fmt: skip
-    return int(message_id)
+    return [int(message_id)]
 
 
-async def _enqueue_pgqueuer(conn: psycopg.AsyncConnection[Any], n: int) -> int:
+async def _enqueue_pair(conn: psycopg.AsyncConnection[Any], n: int) -> list[int]:
+    aggregate = f"order-{n % AGGREGATES}"
+    events = [
+        Event(aggregate_type="order", aggregate_id=aggregate, event_type=event_type,
+              payload={"n": n, **PAYLOAD})
+        for event_type in ("OrderPlaced", "OrderPaid")
+    ]  # fmt: skip
+    return [int(i) for i in await enqueue_many(conn, events, trace_context=False)]
+
+
+async def _enqueue_pgqueuer(conn: psycopg.AsyncConnection[Any], n: int) -> list[int]:
     body = json.dumps({"n": n, **PAYLOAD}).encode()
     cur = await conn.execute(
         "INSERT INTO pgqueuer (priority, entrypoint, payload, status) "
@@ -211,11 +230,14 @@ async def _enqueue_pgqueuer(conn: psycopg.AsyncConnection[Any], n: int) -> int:
     )
     row = await cur.fetchone()
     assert row is not None
-    return int(row[0])
+    return [int(row[0])]
 
 
-async def produce(dsn: str, rate: float, count: int, insert: Insert) -> Produced:
-    """`count` messages at `rate`, message n at start + n / rate, each on a free connection."""
+async def produce(
+    dsn: str, rate: float, count: int, insert: Insert, per_transaction: int = 1
+) -> Produced:
+    """`count` messages at `rate`, `per_transaction` to a transaction: transaction n at
+    start + n * per_transaction / rate, each on a free connection."""
     produced = Produced()
     conns = [
         await psycopg.AsyncConnection.connect(dsn, autocommit=True)
@@ -227,18 +249,20 @@ async def produce(dsn: str, rate: float, count: int, insert: Insert) -> Produced
 
     async def one(conn: psycopg.AsyncConnection[Any], n: int) -> None:
         sent = time.time_ns()
-        key = str(await insert(conn, n))
-        produced.committed_ns[key] = time.time_ns()
-        produced.sent_ns[key] = sent
-        produced.order.append(key)
+        ids = await insert(conn, n)
+        committed = time.time_ns()
+        for key in map(str, ids):
+            produced.committed_ns[key] = committed
+            produced.sent_ns[key] = sent
+            produced.order.append(key)
         idle.put_nowait(conn)
 
     loop = asyncio.get_running_loop()
     tasks = []
     start = loop.time() + 0.05
     try:
-        for n in range(count):
-            delay = start + n / rate - loop.time()
+        for n in range(count // per_transaction):
+            delay = start + n * per_transaction / rate - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             if idle.empty():
@@ -255,7 +279,7 @@ async def produce(dsn: str, rate: float, count: int, insert: Insert) -> Produced
 
 
 def _start(contender: str, dsn: str, url: str, processes: int, mode: str) -> list[Any]:
-    ordered = mode == "ordered"
+    ordered = mode != "unordered"
     if contender == "worker":
         args = ["--dsn", dsn, "--publisher", "http", "--http-url", url, "--log-level", "WARNING"]
         args += ["--ordering", "aggregate"] if ordered else []
@@ -337,7 +361,9 @@ def run_one(
     """One run: its figures, and its latencies (ms) past the warm-up."""
     warm_up = max(20, int(rate * WARM_UP_SECONDS))
     count = warm_up + int(rate * seconds)
-    ordering = "aggregate" if mode == "ordered" else None
+    ordering = None if mode == "unordered" else "aggregate"
+    per_transaction = PER_TRANSACTION[mode]
+    count -= count % per_transaction
     pgqueuer = contender == "pgqueuer"
     with bench.database(outbox=not pgqueuer, ordering=ordering) as dsn:
         if pgqueuer:
@@ -351,8 +377,14 @@ def run_one(
             transactions_before = _transactions(dsn)
             cpu_before, started = receiver.cpu(), time.monotonic()
             spent_before = _spent(bench, procs, receiver)
-            insert = _enqueue_pgqueuer if pgqueuer else _enqueue_outbox
-            produced = asyncio.run(produce(dsn, rate, count, insert))
+            insert = (
+                _enqueue_pgqueuer
+                if pgqueuer
+                else _enqueue_pair
+                if per_transaction == 2
+                else _enqueue_outbox
+            )
+            produced = asyncio.run(produce(dsn, rate, count, insert, per_transaction))
             deadline = time.monotonic() + 60
             while receiver.count() < count and time.monotonic() < deadline:
                 if any(p.poll() is not None for p in procs):
@@ -369,7 +401,7 @@ def run_one(
             _stop(procs)
         # Read once the contender's sessions have ended: a session reports its counts to
         # the statistics as it ends, and at most every second before.
-        transactions = _transactions(dsn) - transactions_before - count
+        transactions = _transactions(dsn) - transactions_before - count // per_transaction
     arrivals: dict[str, list[int]] = got["arrivals"]
     measured = produced.order[warm_up:]
     latencies = [
@@ -505,7 +537,7 @@ def render(latency: dict[str, Any]) -> list[str]:
         "producer and the receiver:",
         "",
         f"- **outbox-worker**: `outbox-worker --publisher http` with its defaults (batch "
-        f"{plan['batch']}, concurrency {plan['concurrency']}); ordered mode adds "
+        f"{plan['batch']}, concurrency {plan['concurrency']}); the ordered modes add "
         "`--ordering aggregate` on a table migrated for it.",
         "- **floor**: `bench/latency_floor.py`, the same protocol without the worker's "
         "machinery: one asyncio loop on one connection doing LISTEN, the project's claim "
@@ -514,6 +546,12 @@ def render(latency: dict[str, Any]) -> list[str]:
         "claim again.",
         "- **pgqueuer**: its QueueManager with its defaults (batch 10), the entrypoint "
         "POSTing the job; unordered only (pgqueuer has no per-aggregate order).",
+        "",
+        "Modes: **unordered**; **ordered**, one event per transaction, the aggregates "
+        "taking turns (an aggregate's previous event is long delivered when its next comes); "
+        "**ordered-pairs**, two events of one aggregate in each transaction (an order placed "
+        "and paid together), so the second becomes its aggregate's head only once the first "
+        "is finalized, and no NOTIFY announces that. Both are timed from their commit.",
         "",
         _receiver_note(latency),
         "",
@@ -650,7 +688,7 @@ def plot(latency: dict[str, Any], path: Path) -> None:
         ax = axes[processes.index(cell["processes"])][rates.index(cell["rate"])]
         total = max(cell["samples"], 1)
         shares = [c / total for c in cell["histogram"]]
-        style = "-" if cell["mode"] == "unordered" else "--"
+        style = {"unordered": "-", "ordered": "--"}.get(cell["mode"], ":")
         ax.stairs(
             shares, edges, color=colours[cell["contender"]], linestyle=style,
             label=f"{cell['contender']} ({cell['mode']})",

@@ -75,8 +75,9 @@ def test_bench_smoke_run_writes_a_complete_report(tmp_path):
     # Commit to receiver: the worker, the floor and pgqueuer, every message delivered.
     cells = report["latency"]["cells"]
     assert {(c["contender"], c["mode"]) for c in cells} == {
-        ("worker", "unordered"), ("worker", "ordered"), ("floor", "unordered"),
-        ("floor", "ordered"), ("pgqueuer", "unordered"),
+        ("worker", "unordered"), ("worker", "ordered"), ("worker", "ordered-pairs"),
+        ("floor", "unordered"), ("floor", "ordered"), ("floor", "ordered-pairs"),
+        ("pgqueuer", "unordered"),
     }  # fmt: skip
     assert all(c["samples"] > 0 and c["p50_ms"] > 0 for c in cells)
     assert all(r["missing"] == 0 for r in report["latency"]["runs"])
