@@ -424,8 +424,8 @@ def run_one(
         # spent per message over the run: what each contender asks of the shared cores.
         "contender_cpu_us": spent[0] * 1e6 / count,
         "database_cpu_us": spent[1] * 1e6 / count,
-        # The contender's own transactions (claims, finalizes, renewals, its other reads and
-        # writes; the producer's left out) per message: its round trips to the database.
+        # The database's transactions less the producer's, per message: the contender's
+        # statements, and the transactions in which its listening sessions read NOTIFYs.
         "transactions_per_message": transactions / count,
         # Cores other work kept busy during the run, on average: whether the machine was
         # this benchmark's alone.
@@ -525,7 +525,8 @@ def render(latency: dict[str, Any]) -> list[str]:
         "## Latency: a producer's commit to the first byte at the receiver",
         "",
         *([loaded, ""] if loaded else []),
-        f"A producer commits one row per transaction (the project's `enqueue`, autocommit, "
+        "A producer commits one row per transaction (two in ordered-pairs; the project's "
+        "`enqueue` and `enqueue_many`, autocommit, "
         f"up to {plan['producer_connections']} connections so a slow commit never holds the "
         f"next back) at a steady rate, {plan['aggregates']:,} aggregates; each run sends its "
         f"rate for {seconds}, after a first second left out. The figure is the receiver's "
@@ -573,10 +574,13 @@ def render(latency: dict[str, Any]) -> list[str]:
         "- : fewer than ten samples beyond that percentile. CPU: the contender's processes "
         "and all of PostgreSQL's (the producer's backends too) over the run, idle waits "
         "included, per message sent: what each asks of the cores everything shares. "
-        "Transactions: the contender's own in the run's database (claims, finalizes, lease "
-        "renewals, whatever else it reads or writes; the producer's left out), per message. "
-        "Other work: the cores the machine's other processes kept busy during the run, on "
-        "average; a cell beside which they took much is a loaded machine's.",
+        "Transactions: those of the run's database less the producer's, per message: the "
+        "contender's statements (claims, finalizes, lease renewals, the rest), and one for "
+        "each NOTIFY a listening session reads while idle (PostgreSQL reads its queue in a "
+        "transaction of its own). Other work: the cores busy during the run with anything "
+        "but this benchmark's processes, on average: other processes, and kernel threads "
+        "(which the WAL's flushes and the loopback traffic keep busy too: about a third of a "
+        "core at 1,000/s); a cell beside which they took much more is a loaded machine's.",
         "",
         "### The worker beside the floor (worker ÷ floor, same cell, same run)",
         "",
