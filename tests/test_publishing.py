@@ -43,7 +43,7 @@ class Batches:
 
 def _publishing(publisher: object, **overrides: object) -> tuple[Ledger, Publishing]:
     # The breaker off: failures here are the messages' own.
-    s = settings("", batch=4, concurrency=2, breaker_failures=0, **overrides)
+    s = settings("", **{"batch": 4, "concurrency": 2, "breaker_failures": 0, **overrides})
     ledger = Ledger(s.batch, s.concurrency)
     metrics = Metrics()
     # No database: the destination gate reads and writes it only when something fails.
@@ -131,6 +131,40 @@ async def test_a_per_message_publisher_runs_up_to_concurrency_at_once():
     outcomes = await _outcomes(ledger, 5)
     assert most == 2
     assert outcomes[3] is OutcomeKind.DEAD and outcomes[5] is OutcomeKind.DONE
+
+
+async def test_publishes_in_flight_are_no_free_hands_for_messages_claimed_after_them():
+    """Two publishes hang, two more messages come in: with room for four at once, the two new
+    ones start beside the hanging ones instead of waiting for them to end."""
+    running: set[int] = set()
+    two_running, four_running, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    class Hanging:
+        name = "hanging"
+
+        async def publish(self, message: Message) -> None:
+            running.add(message.id)
+            if len(running) == 2:
+                two_running.set()
+            if len(running) == 4:
+                four_running.set()
+            await release.wait()
+
+    ledger, publishing = _publishing(Hanging(), concurrency=4)
+    ledger.hold(_messages(1, 2), now=0.0, claim_seconds=0.0)
+    publishing.start()
+    await two_running.wait()
+    ledger.hold(_messages(3, 2), now=0.0, claim_seconds=0.0)
+    publishing.start()
+    for _ in range(100):  # the new tasks' first steps, however many the loop needs
+        if four_running.is_set():
+            break
+        await asyncio.sleep(0)
+    assert running == {1, 2, 3, 4}
+    assert len(publishing.tasks) == 4
+    release.set()
+    outcomes = await _outcomes(ledger, 4)
+    assert set(outcomes.values()) == {OutcomeKind.DONE}
 
 
 class Hostile:

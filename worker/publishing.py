@@ -111,11 +111,15 @@ class Publishing(Service):
             self._run, self._most = self._publish_one_by_one, settings.concurrency
 
     def start(self) -> None:
-        """Enough tasks for what is waiting. A few long-lived tasks rather than one per
-        message: creating tasks was a tenth of the worker's CPU with a fast publisher."""
+        """Enough tasks for what is waiting beside what is publishing. A few long-lived
+        tasks rather than one per message: creating tasks was a tenth of the worker's CPU
+        with a fast publisher."""
+        ledger = self.ledger
+        # A task busy with a publish is no free hand for what is waiting: count both.
+        wanted = min(self._most, ledger.publishing + len(ledger.waiting))
         # A finished task may still be in the set until its done-callback runs.
         alive = sum(1 for task in self.tasks if not task.done())
-        for _ in range(min(self._most, len(self.ledger.waiting)) - alive):
+        for _ in range(wanted - alive):
             task = asyncio.create_task(self._run())
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
