@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import row, seed, statuses, wait_until
+from helpers import RUNNING, row, seed, serve_ordering, statuses, wait_until
 from workers import dispatching, settings
 
 from outbox import enqueue
@@ -282,6 +282,71 @@ async def test_notify_wakes_an_idle_worker_without_waiting_for_the_poll(conn, ds
         assert _claims(d) > claims_before
 
 
+class _Deaf:
+    """A listener that says it listens and never hears a NOTIFY: the claimer then waits the
+    whole poll interval between idle claims."""
+
+    listening = True
+
+    async def run(self) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_ordered_the_next_head_is_claimed_without_a_notify_or_the_poll(conn, dsn):
+    """A finalize makes an aggregate's next message its head, and no NOTIFY says so: the
+    finalizer wakes the claimer. With no NOTIFY heard and the poll an hour away, an
+    aggregate's three messages are still delivered, one after the other."""
+    serve_ordering(conn)
+    ids = seed(conn, 3, aggregates=1)
+    delivered: list[int] = []
+    publisher = Scripted(lambda m: delivered.append(m.id))
+    d = Replica(settings(dsn, ordering="aggregate", poll_interval=timedelta(hours=1)), publisher)
+    d.listener = _Deaf()  # type: ignore[assignment]
+    stop = asyncio.Event()
+    task = asyncio.create_task(d.run(stop), name="ordered replica")
+    RUNNING.add(task)
+    try:
+        await wait_until(lambda: _count(conn, "status = 'done'") == 3, what="all three done")
+    finally:
+        RUNNING.discard(task)
+        stop.set()
+        await asyncio.wait_for(task, timeout=60)
+    assert delivered == ids
+
+
+async def test_each_notify_wakes_one_claim_and_no_empty_claim_follows_a_short_one(conn, dsn):
+    """Messages committed one at a time: each NOTIFY wakes one claim, which takes the message.
+    A claim right after a short claim (no NOTIFY since) would find nothing: none is sent."""
+    d = Replica(settings(dsn, poll_interval=timedelta(hours=1)), NullPublisher())
+    claim, sent = d.claimer._claim, 0
+
+    async def counted(want: int) -> tuple[list[Message], bool]:
+        nonlocal sent
+        sent += 1
+        return await claim(want)
+
+    d.claimer._claim = counted  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    task = asyncio.create_task(d.run(stop), name="replica")
+    RUNNING.add(task)
+    try:
+        # Idle: listening, the listener's first wake-up claimed, no claim in flight.
+        await wait_until(
+            lambda: d.listening and not d.claimer.wakeup.is_set() and sent == _claims(d) > 0,
+            what="an idle listening worker",
+        )
+        claims, empty = sent, _empty_claims(d)
+        for n in range(10):
+            enqueue(conn, aggregate_type="a", aggregate_id=str(n), event_type="E", payload={})
+            await wait_until(lambda: _count(conn, "status = 'done'") == n + 1)  # noqa: B023
+        assert sent - claims == 10
+        assert _empty_claims(d) - empty == 0
+    finally:
+        RUNNING.discard(task)
+        stop.set()
+        await asyncio.wait_for(task, timeout=60)
+
+
 async def test_an_idle_worker_has_its_claim_and_finalize_connections_open_before_work(conn, dsn):
     """The first burst does not wait for a connection to be made: the claimer's and the
     finalizer's are both open (beside the listener's) before anything arrives."""
@@ -311,6 +376,17 @@ async def test_a_stop_ends_an_idle_wait_at_once(dsn):
         if not task.done():
             task.cancel()
     assert task.exception() is None
+
+
+def _empty_claims(d) -> int:
+    [family] = d.metrics.claim_batch.collect()
+    return int(
+        next(
+            s.value
+            for s in family.samples
+            if s.name.endswith("_bucket") and float(s.labels["le"]) == 0
+        )
+    )
 
 
 def _claims(d) -> int:
@@ -460,11 +536,11 @@ async def test_a_claim_that_took_all_there_was_starts_publishing_before_claiming
     async with dispatching(settings(dsn, batch=10, concurrency=4), publisher) as d:
         claim = d.claimer._claim
 
-        async def recorded(want: int) -> list[Message]:
+        async def recorded(want: int) -> tuple[list[Message], bool]:
             events.append("claim sent")
-            messages = await claim(want)
+            messages, full = await claim(want)
             events.append(f"claimed {len(messages)}")
-            return messages
+            return messages, full
 
         d.claimer._claim = recorded  # type: ignore[method-assign]
         await wait_until(lambda: "claimed 0" in events, what="an idle claim")
@@ -521,7 +597,7 @@ async def _waiting_at_each_claim(conn, dsn: str, batches: int, batch: int, behav
     waiting: list[int] = []
     claim = dispatcher.claimer._claim
 
-    async def watched(want: int) -> list[Message]:
+    async def watched(want: int) -> tuple[list[Message], bool]:
         waiting.append(len(dispatcher.ledger.waiting))
         return await claim(want)
 

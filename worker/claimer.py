@@ -1,8 +1,10 @@
 """The claimer: leases messages into the ledger whenever there is room.
 
 It claims up to a batch at a time (as much as the ledger has room for), claims again at
-once after a claim that found messages, and otherwise waits for a NOTIFY (the listener
-sets `wakeup`), for the poll timer (retries coming due, expired leases), or for room.
+once after a full claim, and otherwise waits for a NOTIFY (the listener sets `wakeup`; in
+ordered mode the finalizer too, when a finalize may have made new heads), for the poll
+timer (retries coming due, expired leases), or for room. Each NOTIFY wakes one claim at
+most: a claim after a short one, with no NOTIFY since, would find nothing.
 """
 
 from __future__ import annotations
@@ -79,7 +81,9 @@ class Claimer(Service):
                 want = min(want, limit)
             self.wakeup.clear()  # a NOTIFY during the claim must still wake the next wait
             started = time.monotonic()
-            messages = await self.retry.until_done("claim", partial(self._claim, want), stop=stop)
+            messages, full = await self.retry.until_done(
+                "claim", partial(self._claim, want), stop=stop
+            )
             self.metrics.ready = True  # whichever operation failed before, claiming works
             if limit == 1 and messages:
                 self.gate.probe_claimed(messages[0])
@@ -89,14 +93,19 @@ class Claimer(Service):
                 self.metrics.in_flight.set(len(ledger.held))
                 self.on_claimed()
                 empty_claims = 0
-                if len(messages) < want:
-                    # All there was: the next claim is not urgent, these messages are. Let
-                    # their publishing start before the claim is sent.
-                    await asyncio.sleep(0)
-                # Claim again without waiting: after a full batch, more is probably there;
-                # after a short one, a NOTIFY during the claim may have announced more.
-                continue
-            empty_claims += 1
+                if full:
+                    continue  # more is probably there: claim again without waiting
+                # All there was: the next claim is not urgent, these messages are. Let
+                # their publishing start before another claim is sent.
+                await asyncio.sleep(0)
+                if not self.listening():
+                    continue  # nothing would say that more came
+                # Listening, whatever was committed since the claim's snapshot has a
+                # NOTIFY coming (one heard during the claim has set `wakeup` already), and
+                # in ordered mode the finalizer says when new heads may be ready: a claim
+                # now would mostly find nothing.
+            else:
+                empty_claims += 1
             # Listening, new rows announce themselves: poll only for retries coming due and
             # expired leases. Not listening, back off from a short wait up to the interval.
             idle = s.poll_interval.total_seconds()
@@ -108,7 +117,9 @@ class Claimer(Service):
             if self.wakeup.is_set():
                 empty_claims = 0
 
-    async def _claim(self, want: int) -> list[Message]:
+    async def _claim(self, want: int) -> tuple[list[Message], bool]:
+        """The messages claimed, and whether the claim was full: `want` of them, or cut
+        short by the byte budget (plenty more may be ready)."""
         s = self.settings
         budget = self.ledger.bytes_to_claim()
         async with self.connection() as conn:
@@ -125,11 +136,14 @@ class Claimer(Service):
                 max_payload_bytes=s.max_payload_bytes,
                 claim_bytes=budget,
             )
-        if s.ordered:
-            # A claim the byte budget cut short found plenty of heads: it counts as full.
+        full = len(messages) >= want
+        if messages and not full:
+            # Cut short by the byte budget: one more message of the average size would
+            # not have fitted.
             taken = sum(len(m.payload_json) for m in messages)
-            cut = bool(messages) and taken + taken / len(messages) > budget
-            self._ordered_claims.observe(want if cut else len(messages), want)
+            full = taken + taken / len(messages) > budget
+        if s.ordered:
+            self._ordered_claims.observe(want if full else len(messages), want)
         self.metrics.claim_batch.observe(len(messages))
         if messages and log.isEnabledFor(logging.DEBUG):  # the history a chaos test checks
             log.debug(
@@ -137,4 +151,4 @@ class Claimer(Service):
                 extra={"event": "claimed", "owner": s.owner, "ids": [m.id for m in messages],
                        "versions": [m.lease_version for m in messages]},
             )  # fmt: skip
-        return messages
+        return messages, full

@@ -4,6 +4,10 @@ All outcomes waiting go in one statement (up to a chunk); while publishes are st
 running it first lets them gather for FINALIZE_LINGER. A database that is away is waited
 for (the same outcomes do later); a statement the database refuses for good leaves its rows
 to their leases, as a publisher bug does.
+
+In ordered mode a finalize is what makes an aggregate's next message its head, and no
+NOTIFY announces that: the finalizer wakes the claimer itself, and writes at once rather
+than linger (the linger would hold back the next head).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import psycopg
 
 from outbox import dberrors, lease
 from outbox.models import Outcome, OutcomeKind
-from outbox.worker.service import Service
+from outbox.worker.service import Service, Shared
 
 log = logging.getLogger("outbox.worker")
 
@@ -38,6 +42,11 @@ def _not_transient(exc: BaseException) -> bool:
 
 
 class Finalizer(Service):
+    def __init__(self, shared: Shared, *, wakeup: asyncio.Event) -> None:
+        super().__init__(shared)
+        self.wakeup = wakeup  # the claimer's: set when a finalize may have made new heads
+        self.linger = 0.0 if self.settings.ordered else FINALIZE_LINGER
+
     async def run(self) -> None:
         """Write outcomes until cancelled."""
         ledger = self.ledger
@@ -46,8 +55,12 @@ class Finalizer(Service):
                 ledger.outcomes_waiting.clear()
                 await ledger.outcomes_waiting.wait()
                 continue
-            if len(ledger.outcomes) < FINALIZE_CHUNK and (ledger.publishing or ledger.waiting):
-                await asyncio.sleep(FINALIZE_LINGER)  # more are on their way
+            if (
+                self.linger
+                and len(ledger.outcomes) < FINALIZE_CHUNK
+                and (ledger.publishing or ledger.waiting)
+            ):
+                await asyncio.sleep(self.linger)  # more are on their way
             outcomes = ledger.take_outcomes(FINALIZE_CHUNK)
             try:
                 applied = await self.retry.until_done(
@@ -90,6 +103,9 @@ class Finalizer(Service):
                     counts["dead" if ended == "dead" else outcome.kind] += 1
                 ledger.drop(outcome.message_id, outcome.lease_version)
         ledger.freed()
+        if applied and self.settings.ordered:
+            # The next message of each aggregate ended here may be its head now.
+            self.wakeup.set()
         for label, count in counts.items():
             self.metrics.messages.labels(label).inc(count)
         self.metrics.in_flight.set(len(ledger.held))

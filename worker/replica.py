@@ -4,7 +4,8 @@ around one ledger of held messages.
 - the claimer (claimer.py) leases messages whenever the ledger has room, woken by NOTIFY
   (listener.py) or the poll timer;
 - publishing (publishing.py) turns held messages into outcomes through the publisher;
-- the finalizer (finalizer.py) writes the outcomes, each row fenced on its lease_version;
+- the finalizer (finalizer.py) writes the outcomes, each row fenced on its lease_version
+  (in ordered mode it wakes the claimer too: a finalize makes the next heads);
 - the lease keeper (lease_keeper.py) extends the leases of what is held.
 
 The services share only the ledger (ledger.py) and wait for the database in one way
@@ -107,7 +108,7 @@ class Replica:
             shared, wakeup=wakeup, listening=lambda: self.listener.listening,
             on_claimed=self.publishing.start, gate=self.gate,
         )  # fmt: skip
-        self.finalizer = Finalizer(shared)
+        self.finalizer = Finalizer(shared, wakeup=wakeup)
         self.lease_keeper = LeaseKeeper(shared)
 
     @property
