@@ -546,6 +546,8 @@ async def test_a_claim_that_took_all_there_was_starts_publishing_before_claiming
         await wait_until(lambda: "claimed 0" in events, what="an idle claim")
         [message_id] = seed(conn, 1)
         await wait_until(lambda: _count(conn, "status = 'done'") == 1)
+        # The next claim: a NOTIFY heard during the claim, or the poll.
+        await wait_until(lambda: "claim sent" in events[events.index("claimed 1") :])
     found = events.index("claimed 1")
     # Its publish comes before the next claim is sent, not after.
     assert events[found : found + 3] == ["claimed 1", f"publish {message_id}", "claim sent"]
