@@ -112,6 +112,7 @@ def _latency_plan(args: argparse.Namespace) -> latency.Plan:
         contenders=listed(args.latency_contenders, str, base.contenders),
         seconds=args.latency_seconds if args.latency_seconds is not None else base.seconds,
         repeat=1 if args.smoke else args.latency_repeat,
+        repeat_processes=listed(args.latency_repeat_processes, int, ()) or None,
     )
 
 
@@ -187,6 +188,11 @@ def main() -> None:
         "--latency-seconds", type=float, help="seconds of traffic per run (by rate: 40, 30, 20)"
     )
     group.add_argument("--latency-repeat", type=int, default=1, help="rounds, samples pooled (1)")
+    group.add_argument(
+        "--latency-repeat-processes",
+        metavar="LIST",
+        help="process counts whose cells run every round, the others once (all)",
+    )
     args = parser.parse_args()
     report = run(args)
     out = Path(args.out)

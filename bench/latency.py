@@ -86,6 +86,9 @@ class Plan:
     contenders: tuple[str, ...] = CONTENDERS
     seconds: float | None = None  # every run this long; None: SECONDS by rate
     repeat: int = 1
+    # Process counts whose cells run every round; the others run in the first only (None:
+    # every cell every round).
+    repeat_processes: tuple[int, ...] | None = None
 
     def duration(self, rate: int) -> float:
         return self.seconds if self.seconds is not None else SECONDS.get(rate, 20)
@@ -107,6 +110,16 @@ class Plan:
                     order += [(rate, processes, mode, name) for name in names]
                     cell += 1
         return order
+
+    def round(self, n: int) -> list[tuple[int, int, str, str]]:
+        """The runs of round `n`: the first round runs every cell, the others those of
+        `repeat_processes`; every other round in reverse order."""
+        order = [
+            run
+            for run in self.runs()
+            if n == 0 or self.repeat_processes is None or run[1] in self.repeat_processes
+        ]
+        return order if n % 2 == 0 else order[::-1]
 
 
 SMOKE = Plan(rates=(100,), processes=(1,), seconds=2.0)
@@ -443,9 +456,8 @@ def run_latency(bench: Bench, plan: Plan, log: Callable[[str], None]) -> dict[st
         capacity = receiver.capacity()
         runs: list[dict[str, Any]] = []
         pooled: dict[tuple[int, int, str, str], list[float]] = {}
-        order = plan.runs()
         for n in range(plan.repeat):
-            for rate, processes, mode, contender in order if n % 2 == 0 else order[::-1]:
+            for rate, processes, mode, contender in plan.round(n):
                 seconds = plan.duration(rate)
                 log(
                     f"latency: {contender}, {processes} process(es), {mode}, {rate}/s for "
@@ -478,7 +490,8 @@ def run_latency(bench: Bench, plan: Plan, log: Callable[[str], None]) -> dict[st
     settings = {
         "rates": plan.rates, "processes": plan.processes, "modes": plan.modes,
         "contenders": plan.contenders, "seconds": {r: plan.duration(r) for r in plan.rates},
-        "repeat": plan.repeat, "batch": BATCH, "concurrency": CONCURRENCY,
+        "repeat": plan.repeat, "repeat_processes": plan.repeat_processes,
+        "batch": BATCH, "concurrency": CONCURRENCY,
         "aggregates": AGGREGATES, "producer_connections": PRODUCER_CONNECTIONS,
     }  # fmt: skip
     return {
@@ -532,7 +545,7 @@ def render(latency: dict[str, Any]) -> list[str]:
         f"rate for {seconds}, after a first second left out. The figure is the receiver's "
         "`time.time_ns()` at a request's first byte minus the producer's right after its "
         "commit returned: one machine, one clock (CLOCK_REALTIME). "
-        f"{plan['repeat']} round(s), samples pooled.",
+        f"{_rounds(plan)}, samples pooled.",
         "",
         "Contenders, one after another on the same PostgreSQL and the same two cores as the "
         "producer and the receiver:",
@@ -600,8 +613,66 @@ def render(latency: dict[str, Any]) -> list[str]:
             )
             + " |"
         )
-    lines += ["", *_run_notes(runs)]
+    lines += ["", *_goals(runs), "", *_run_notes(runs)]
     return lines
+
+
+def _rounds(plan: dict[str, Any]) -> str:
+    repeated = plan.get("repeat_processes")
+    if plan["repeat"] == 1 or not repeated:
+        return f"{plan['repeat']} round(s)"
+    names = " and ".join(str(n) for n in repeated)
+    return f"{plan['repeat']} rounds of the cells of {names} process(es), one of the others"
+
+
+# The issue's goals for the worker, run by run: its p99 at most GOAL_P99_MS, or within
+# FLOOR_RATIO of the floor's when the floor's own is above that; its p50 within FLOOR_RATIO
+# of the floor's; its p99 below pgqueuer's.
+GOAL_P99_MS = 10.0
+FLOOR_RATIO = 1.5
+
+
+def _goals(runs: list[dict[str, Any]]) -> list[str]:
+    """Each cell's worker, floor and pgqueuer of the same round side by side, and which of
+    the goals the worker met in that round ("-": too few samples for the percentile)."""
+    by_run = {(r["round"], r["rate"], r["processes"], r["mode"], r["contender"]): r for r in runs}
+    lines = [
+        "### The goals, round by round (the worker's p99 ≤ 10 ms or ≤ 1.5x the floor's, "
+        "p50 ≤ 1.5x the floor's, p99 below pgqueuer's)",
+        "",
+        "| rate/s | processes | mode | round | worker p50 / p99 ms | floor p50 / p99 ms "
+        "| pgqueuer p99 ms | p99 goal | p50 goal | ahead of pgqueuer |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    keys = sorted({k[:4] for k in by_run}, key=lambda k: (k[1], k[2], MODES.index(k[3]), k[0]))
+    for n, rate, processes, mode in keys:
+        worker = by_run.get((n, rate, processes, mode, "worker"))
+        floor = by_run.get((n, rate, processes, mode, "floor"))
+        if worker is None or floor is None:
+            continue
+        peer = by_run.get((n, rate, processes, mode, "pgqueuer"))
+        w50, w99, f50, f99 = (
+            worker["p50_ms"], worker["p99_ms"], floor["p50_ms"], floor["p99_ms"]
+        )  # fmt: skip
+        p99_goal = (
+            None if w99 is None or f99 is None
+            else w99 <= max(GOAL_P99_MS, FLOOR_RATIO * f99)
+        )  # fmt: skip
+        p50_goal = None if w50 is None or f50 is None else w50 <= FLOOR_RATIO * f50
+        ahead = (
+            None if peer is None or w99 is None or peer["p99_ms"] is None
+            else w99 < peer["p99_ms"]
+        )  # fmt: skip
+        lines.append(
+            f"| {rate:,} | {processes} | {mode} | {n + 1} | {_ms(w50)} / {_ms(w99)} "
+            f"| {_ms(f50)} / {_ms(f99)} | {_ms(peer['p99_ms']) if peer else '-'} "
+            f"| {_met(p99_goal)} | {_met(p50_goal)} | {_met(ahead)} |"
+        )
+    return lines
+
+
+def _met(goal: bool | None) -> str:
+    return "-" if goal is None else "yes" if goal else "**no**"
 
 
 def _load_note(latency: dict[str, Any]) -> str | None:

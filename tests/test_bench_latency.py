@@ -48,6 +48,31 @@ def test_runs_go_cell_by_cell_pgqueuer_unordered_only_order_alternating():
     assert latency.Plan(seconds=2.5).duration(10) == 2.5
 
 
+def test_later_rounds_repeat_only_the_cells_of_the_process_counts_asked_for():
+    plan = latency.Plan(rates=(100,), processes=(1, 2), modes=("unordered",), repeat=3,
+                        repeat_processes=(2,))  # fmt: skip
+    first, second = plan.round(0), plan.round(1)
+    assert first == plan.runs() and {r[1] for r in first} == {1, 2}
+    assert second == [r for r in plan.runs() if r[1] == 2][::-1]
+    assert latency.Plan(repeat=2).round(1) == latency.Plan().runs()[::-1]
+
+
+def test_the_goals_are_judged_round_by_round_against_the_same_rounds_floor_and_peer():
+    def run(n: int, contender: str, p50: float, p99: float) -> dict:
+        values = [p50] * 900 + [p99] * 100
+        return {"round": n, "rate": 1000, "processes": 2, "mode": "unordered",
+                "contender": contender, **latency.percentiles(values)}  # fmt: skip
+
+    runs = [
+        run(0, "worker", 4.0, 9.0), run(0, "floor", 3.0, 12.0), run(0, "pgqueuer", 5.0, 16.0),
+        run(1, "worker", 5.0, 19.0), run(1, "floor", 3.0, 12.0), run(1, "pgqueuer", 5.0, 16.0),
+    ]  # fmt: skip
+    table = "\n".join(latency._goals(runs))
+    assert "| unordered | 1 | 4.0 / 9.0 | 3.0 / 12.0 | 16.0 | yes | yes | yes |" in table
+    # 19 ms: above 10 ms and above 1.5 x 12 ms; 5.0 > 1.5 x 3.0; behind pgqueuer's 16 ms.
+    assert "| 2 | 5.0 / 19.0 | 3.0 / 12.0 | 16.0 | **no** | **no** | **no** |" in table
+
+
 def _section(load: float) -> dict:
     def figures(contender: str, scale: float) -> dict:
         values = [scale] * 20_000
@@ -62,6 +87,7 @@ def _section(load: float) -> dict:
     run = {
         "load_1min": load, "others_cores": 0.1, "achieved_rate": 1000.0, "missing": 0,
         "producer_late": 0, "duplicates": 0, "receiver_cpu_share": 0.2, "rate": 1000,
+        "round": 0, "processes": 2, "mode": "unordered", "contender": "worker",
         "samples": 2000,
         "commit": latency.percentiles([1.0] * 200),
         "receiver_own": latency.percentiles([0.1] * 200),
