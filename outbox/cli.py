@@ -1,5 +1,5 @@
-"""`outbox`: migrate the table, read its state, purge old rows, repair dead messages, pause
-and resume destinations, run the demo."""
+"""`outbox`: migrate the table, read its state, purge old rows, repair dead messages, replay
+and reconcile, pause and resume destinations, run the demo."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from outbox import dberrors, extras, inbox_cli, pausing
+from outbox import dberrors, extras, inbox_cli, pausing, replay_cli
 from outbox.cliutil import (
     ArgumentParser,
     add_dsn_and_table,
@@ -162,6 +162,12 @@ def _parser() -> ArgumentParser:
             help="who, for the record (env OUTBOX_ACTOR; default the OS user, else the "
             "database user)",
         )
+
+    def with_dsn_table_timeouts(sub: argparse.ArgumentParser) -> None:
+        add_dsn_and_table(sub)
+        _add_timeouts(sub)
+
+    replay_cli.add_commands(command, with_dsn_table_timeouts)
 
     d = command("demo", "run the whole system on an embedded PostgreSQL and report")
     d.add_argument("--events", help=f"events to enqueue, 1 to {DEMO_MAX_EVENTS} (default 3000)")
@@ -379,6 +385,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             if args.reason is not None:
                 args.reason = _checked("--reason", pausing.check_reason, args.reason)
             args.actor = resolve(args, "--actor", _actor, default_actor())
+        if args.command in ("replay", "reconcile"):
+            replay_cli.prepare(args)
         timeouts = {
             "lock_timeout": resolve(args, "--lock-timeout", _TIMEOUT, DEFAULT_LOCK_TIMEOUT),
             "statement_timeout": resolve(
@@ -444,7 +452,7 @@ def _actor(text: str) -> str:
 def _missing(table: Table, exc: psycopg.errors.UndefinedTable) -> str:
     """The table is missing, or (a table of an older schema) one of its siblings is."""
     primary = exc.diag.message_primary or ""
-    for sibling in ("destinations", "actions"):
+    for sibling in ("destinations", "actions", "replays"):
         if f'{table.derived_name(sibling)}"' in primary:
             return f"table {table} is at an older schema ({primary})"
     return f"table {table} does not exist"
@@ -490,6 +498,8 @@ def _run(
             print_destinations(table, states)
     elif args.command == "inbox":
         inbox_cli.run(args, conn)
+    elif args.command in ("replay", "reconcile"):
+        replay_cli.run(args, conn, table)
     elif args.command in ("pause", "resume"):
         result = pausing.change_by_hand(
             conn,

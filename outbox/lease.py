@@ -105,10 +105,10 @@ def _claimed(rows: list[Row]) -> _Claimed:
         try:
             headers = _parsed_headers(text)
         except (ValueError, RecursionError) as exc:
-            message = Message._make((*row[:_HEADERS], None))
+            message = Message._make((*row[:_HEADERS], None, *row[_HEADERS + 1 :]))
             unreadable.append(Outcome.dead(message, f"headers cannot be read: {exc}"))
             continue
-        messages.append(_new_tuple(Message, (*row[:_HEADERS], headers)))
+        messages.append(_new_tuple(Message, (*row[:_HEADERS], headers, *row[_HEADERS + 1 :])))
     return _Claimed(messages, unreadable)
 
 

@@ -35,6 +35,11 @@ class OutcomeKind(StrEnum):
     RELEASED = "released"  # given back unstarted (shutdown); available now, attempt refunded
 
 
+# The header every publisher adds to a replayed message: the replay's number (outbox.replay).
+# Informational: a receiver acts on the body's `replay` field, which a signature covers.
+REPLAY_HEADER = "Outbox-Replay"
+
+
 class Message(NamedTuple):
     """A claimed row: what a publisher sends, plus the lease that fences its finalize.
 
@@ -54,6 +59,10 @@ class Message(NamedTuple):
     when it added nothing. Publishers forward it after the project's own headers. A claimed
     message's are string names and values only, within MAX_HEADER_COUNT and
     MAX_HEADERS_BYTES (outbox.limits): the claim sends a row with any other to dead."""
+    replay: int | None = None
+    """The number of the replay that sent this message again (outbox.replay), None for a
+    first delivery: publishers send it as the `Outbox-Replay` header and, where the format
+    has a body of its own, as a field of it. The message keeps its id."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ def with_error(error: sql.Composable) -> sql.Composed:
 # by then they are known to be a small object of strings.
 _CLAIMED_COLUMNS = sql.SQL(
     "o.id, o.lease_version, o.attempts, o.aggregate_type, o.aggregate_id, o.event_type, "
-    "coalesce(sized.small_body, o.payload::text), o.created_at, sized.headers_text"
+    "coalesce(sized.small_body, o.payload::text), o.created_at, sized.headers_text, o.replay"
 )
 
 # What each claim statement's `picked` holds of a locked row: what `sized` measures.
@@ -43,10 +43,19 @@ _PICKED_COLUMNS = sql.SQL(", ").join(map(sql.Identifier, _PICKED))
 _PICKED_OF_C = sql.SQL(", ").join(sql.Identifier("c", name) for name in _PICKED)
 
 # Ordered mode: a row is claimable only if no earlier row of its aggregate is unfinished
-# (pending, processing or dead). One probe of the `aggregate` partial index.
+# (pending, processing or dead). One probe of the `aggregate` partial index. A replayed row
+# (outbox.replay) also waits until no later row of its aggregate is in flight: it is earlier
+# than what was sent while it was done, so it must not overtake a later message already
+# leased; once it is pending, the aggregate's later rows wait behind it as they would behind
+# any earlier row.
 _HEAD_OF_AGGREGATE = sql.SQL(
     " AND NOT EXISTS (SELECT 1 FROM {t} AS prev WHERE prev.aggregate_id = c.aggregate_id"
     " AND prev.id < c.id AND prev.status <> 'done')"
+)
+_REPLAY_WAITS = sql.SQL(
+    " AND (c.replay IS NULL OR NOT EXISTS (SELECT 1 FROM {t} AS later"
+    " WHERE later.aggregate_id = c.aggregate_id AND later.id > c.id"
+    " AND later.status = 'processing'))"
 )
 
 
@@ -235,7 +244,13 @@ class Queries:
 
 
 def _claim(t: sql.Composable, ordered: bool) -> sql.Composed:
-    head = _HEAD_OF_AGGREGATE.format(t=t) if ordered else sql.SQL("")
+    head = (
+        sql.SQL("{head}{replay}").format(
+            head=_HEAD_OF_AGGREGATE.format(t=t), replay=_REPLAY_WAITS.format(t=t)
+        )
+        if ordered
+        else sql.SQL("")
+    )
     return sql.SQL(
         """{marker}
 WITH {reap}, expired AS (
@@ -284,14 +299,21 @@ WITH RECURSIVE {reap}, heads(aggregate_id, id) AS (
          ORDER BY aggregate_id, id LIMIT 1) AS n
 ), picked AS (
     SELECT {columns} FROM {t} AS c JOIN heads AS h ON c.id = h.id
-     WHERE (c.status = 'pending' AND c.available_at <= now())
+     WHERE ((c.status = 'pending' AND c.available_at <= now())
         OR (c.status = 'processing' AND c.lease_until < now()
-            AND c.attempts < %(max_attempts)s::int)
+            AND c.attempts < %(max_attempts)s::int)){replay}
      ORDER BY c.available_at, c.id
      LIMIT %(batch)s::int
        FOR UPDATE OF c SKIP LOCKED
 ), {take}"""
-    ).format(t=t, reap=_reap(t), take=_take_lease(t), marker=_CLAIM, columns=_PICKED_OF_C)
+    ).format(
+        t=t,
+        reap=_reap(t),
+        take=_take_lease(t),
+        marker=_CLAIM,
+        columns=_PICKED_OF_C,
+        replay=_REPLAY_WAITS.format(t=t),
+    )
 
 
 @cache

@@ -18,7 +18,7 @@ from outbox import destinations
 from outbox.runner import Query, Row, fetch, fetch_async, first_row
 from outbox.table import Table, text_constant
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 _VERSION_COMMENT = re.compile(r"^outbox-dispatcher schema v(\d+)$")
 
 # The columns every component relies on: a contract. Extra columns are allowed.
@@ -66,6 +66,7 @@ assert tuple(COLUMN_SHAPES) == REQUIRED_COLUMNS
 ADDED_COLUMNS: dict[str, tuple[str, bool, bool]] = {
     "errors": ("jsonb", False, False),  # v3
     "headers": ("jsonb", False, False),  # v4
+    "replay": ("integer", False, False),  # v6
 }
 
 
@@ -186,6 +187,17 @@ def _v5(table: Table) -> list[sql.Composed]:
     `served_by`, stamped by each worker), so that a destination no worker serves any more
     (its URL changed, its dispatcher is gone) is told apart from one that is down."""
     return destinations.serving_statements(table)
+
+
+def _v6(table: Table) -> list[sql.Composed]:
+    """Replays (outbox.replay): `replay`, the number of the last replay that sent the row
+    again (NULL for a row never replayed), which travels as the `Outbox-Replay` header; and
+    the per-table counter that numbers replays 1, 2, ... A column without a default is a
+    catalog change only: no rewrite, no long lock."""
+    return [
+        sql.SQL("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS replay integer").format(t=table.ident),
+        sql.SQL("CREATE SEQUENCE IF NOT EXISTS {s} AS integer").format(s=table.sibling("replays")),
+    ]
 
 
 # How workers may order their claims: a table serves "aggregate" only with its ordering index.
@@ -316,7 +328,7 @@ def _serve_ordering(
 # by running the later steps. v1 once built ordered mode's index too: that index is now an
 # option a table at any version takes or leaves (ordering_statements), and a table built with
 # it keeps it until told otherwise.
-MIGRATIONS: list[Callable[[Table], list[sql.Composed]]] = [_v1, _v2, _v3, _v4, _v5]
+MIGRATIONS: list[Callable[[Table], list[sql.Composed]]] = [_v1, _v2, _v3, _v4, _v5, _v6]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 

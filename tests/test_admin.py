@@ -335,8 +335,8 @@ def test_a_v1_table_upgrades_in_place_to_v2(empty_dsn):
                      "status) VALUES ('a', '1', 'E', '{}', 'dead')")  # fmt: skip
         assert conn.execute("SELECT to_regclass('app.events_actions')").fetchone() == (None,)
 
-        assert migrate(conn, table) == (1, SCHEMA_VERSION) == (1, 5)
-        assert _comment(conn) == "outbox-dispatcher schema v5"
+        assert migrate(conn, table) == (1, SCHEMA_VERSION) == (1, 6)
+        assert _comment(conn) == "outbox-dispatcher schema v6"
         assert conn.execute("SELECT count(*) FROM app.events").fetchone() == (1,)  # kept
         seen = fetch(conn, repair.select_targets(table))
         result = fetch(conn, repair.repair(table, "requeue", seen, actor="dave"))
@@ -346,11 +346,16 @@ def test_a_v1_table_upgrades_in_place_to_v2(empty_dsn):
             "SELECT indexdef FROM pg_indexes WHERE indexname = 'events_actions_messages'"
         ).fetchone()
         assert index is not None and "gin (message_ids)" in index[0]
-        assert migrate(conn, table) == (5, 5)
+        assert migrate(conn, table) == (6, 6)
         # v3: the error history column, empty on the row that was there before; v4: the
         # headers column, empty too, and the destinations table beside it; v5: who serves
-        # each destination.
-        assert conn.execute("SELECT errors, headers FROM app.events").fetchone() == (None, None)
+        # each destination; v6: the replay column, empty, and the replays' counter.
+        assert conn.execute("SELECT errors, headers, replay FROM app.events").fetchone() == (
+            None,
+            None,
+            None,
+        )
+        assert conn.execute("SELECT nextval('app.events_replays')").fetchone() == (1,)
         assert conn.execute(
             "SELECT count(*), count(served_at) FROM app.events_destinations"
         ).fetchone() == (0, 0)

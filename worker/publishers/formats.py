@@ -58,6 +58,8 @@ STRUCTURED_CONTENT_TYPE = "application/cloudevents+json; charset=utf-8"
 # Extension attribute names: lower-case letters and digits only (the spec's rule).
 AGGREGATE_TYPE_ATTRIBUTE = "aggregatetype"
 ATTEMPT_ATTRIBUTE = "attempt"
+# A replay's number (outbox.replay), an integer extension attribute on replays only.
+REPLAY_ATTRIBUTE = "replay"
 HTTP_PREFIX = "ce-"  # HTTP and NATS headers
 KAFKA_PREFIX = "ce_"
 
@@ -146,7 +148,8 @@ class CloudEvents:
             f'{subject}"time":"{timestamp(message.created_at)}",'
             f'"datacontenttype":"{DATACONTENTTYPE}",'
             f'"{AGGREGATE_TYPE_ATTRIBUTE}":{encode_basestring(message.aggregate_type)},'
-            f'"{ATTEMPT_ATTRIBUTE}":{message.attempts:d},"data":{message.payload_json}}}'
+            f'"{ATTEMPT_ATTRIBUTE}":{message.attempts:d},{_replay_member(message)}'
+            f'"data":{message.payload_json}}}'
         )
 
     def _binary(self, message: Message) -> dict[str, str]:
@@ -163,6 +166,8 @@ class CloudEvents:
         }
         if message.aggregate_id:
             headers["ce-subject"] = percent_encoded(message.aggregate_id)
+        if message.replay is not None:
+            headers["ce-" + REPLAY_ATTRIBUTE] = str(message.replay)
         return headers
 
     def http_binary(self, message: Message) -> dict[str, str]:
@@ -192,7 +197,14 @@ class CloudEvents:
         ]
         if message.aggregate_id:
             headers.append(("ce_subject", message.aggregate_id.encode()))
+        if message.replay is not None:
+            headers.append(("ce_" + REPLAY_ATTRIBUTE, str(message.replay).encode()))
         return headers
+
+
+def _replay_member(message: Message) -> str:
+    """The structured event's `replay` member, on a replay only (empty otherwise)."""
+    return "" if message.replay is None else f'"{REPLAY_ATTRIBUTE}":{message.replay:d},'
 
 
 V = TypeVar("V", str, bytes)

@@ -38,7 +38,7 @@ import aiohttp
 from yarl import URL
 
 from outbox.errors import SettingError
-from outbox.models import Message
+from outbox.models import REPLAY_HEADER, Message
 from outbox.redact import redact_text, redact_url
 from outbox.signing_keys import signing_key
 from outbox.text import printable
@@ -288,6 +288,8 @@ class HttpPublisher(PublisherBase):
             "Outbox-Event-Type": _header_safe("event_type", message.event_type),
             "Outbox-Attempt": str(message.attempts),
         }
+        if message.replay is not None:  # informational: the signed body carries it too
+            headers[REPLAY_HEADER] = str(message.replay)
         url: str | URL
         if self._plain and not message.headers:
             url, body = self.url, envelope(message).encode()

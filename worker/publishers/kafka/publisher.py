@@ -10,7 +10,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outbox.errors import SettingError
-from outbox.models import Message
+from outbox.models import REPLAY_HEADER, Message
 from outbox.redact import is_secret_name, mask_values, redact_mapping
 from outbox.worker.publishers.base import (
     PermanentError,
@@ -310,6 +310,8 @@ class KafkaPublisher(PublisherBase):
                         if attempts < len(attempt_headers)
                         else ("outbox-attempt", str(attempts).encode()),
                     ]
+                    if message.replay is not None:
+                        headers.append((REPLAY_HEADER, str(message.replay).encode()))
                     value: str | bytes
                     if plain and not message.headers:
                         value = envelope(message)

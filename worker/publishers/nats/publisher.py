@@ -13,7 +13,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from outbox.models import Message
+from outbox.models import REPLAY_HEADER, Message
 from outbox.redact import is_secret_name, redact_text, redact_url
 from outbox.worker.publishers.base import (
     PermanentError,
@@ -335,6 +335,8 @@ class NatsPublisher(PublisherBase):
                 "Outbox-Aggregate-Type": message.aggregate_type,
                 "Outbox-Aggregate-Id": message.aggregate_id,
             }
+            if message.replay is not None:
+                headers[REPLAY_HEADER] = str(message.replay)
             try:
                 if plain and not message.headers:
                     body = envelope(message).encode()
