@@ -45,7 +45,7 @@ from outbox.schema import SchemaError
 from outbox.table import Table, text_constant
 
 DEFAULT_INBOX_TABLE = "outbox_inbox"  # `outbox inbox …`'s and `record`'s default table
-INBOX_VERSION = 1
+INBOX_VERSION = 2  # v2: `replay`, the last replay applied (record's `replay`)
 _VERSION_COMMENT = re.compile(r"^outbox-dispatcher inbox v(\d+)$")
 # Longest consumer name and message id accepted, in bytes: far more than any id a sender
 # makes (an outbox id is at most 19 digits, a UUID 36 characters), well under what a btree
@@ -79,6 +79,8 @@ def migration_statements(table: Table) -> list[sql.Composed]:
     consumer    text        NOT NULL,
     message_id  text        NOT NULL,
     received_at timestamptz NOT NULL DEFAULT now(),
+    -- The last replay of the message applied (docs/replay.md); NULL: none.
+    replay      integer,
     -- One row per message a consumer applied: the conflict target of every delivery.
     -- Never partition this table: the key must be unique across the whole of it.
     PRIMARY KEY (consumer, message_id)
@@ -88,9 +90,22 @@ def migration_statements(table: Table) -> list[sql.Composed]:
         sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (received_at)").format(
             i=table.index_name("received"), t=t
         ),
-        sql.SQL("COMMENT ON TABLE {t} IS {c}").format(
-            t=t, c=sql.Literal(f"outbox-dispatcher inbox v{INBOX_VERSION}")
-        ),
+        _version_comment(table),
+    ]
+
+
+def _version_comment(table: Table) -> sql.Composed:
+    return sql.SQL("COMMENT ON TABLE {t} IS {c}").format(
+        t=table.ident, c=sql.Literal(f"outbox-dispatcher inbox v{INBOX_VERSION}")
+    )
+
+
+def upgrade_statements(table: Table) -> list[sql.Composed]:
+    """What brings a v1 inbox table to v2: a nullable column, a catalog change only (no
+    rewrite, no long lock)."""
+    return [
+        sql.SQL("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS replay integer").format(t=table.ident),
+        _version_comment(table),
     ]
 
 
@@ -113,7 +128,8 @@ def _parse_state(row: Row | None) -> tuple[bool, str]:
 
 
 def migrate(conn: psycopg.Connection[Any], table: str | Table = DEFAULT_INBOX_TABLE) -> bool:
-    """Create the inbox table if it does not exist; True if it was created.
+    """Create the inbox table if it does not exist, or bring an older one to INBOX_VERSION;
+    True if it was created.
 
     Safe to run concurrently and repeatedly (every receiver replica may run it at start-up).
     Refuses a table of that name that is not an inbox table (an outbox table, say).
@@ -123,14 +139,18 @@ def migrate(conn: psycopg.Connection[Any], table: str | Table = DEFAULT_INBOX_TA
         conn.execute(_MIGRATE_LOCK)
         exists, comment = fetch(conn, _state(t))
         if exists:
-            _check_comment(t, comment)
+            if _check_comment(t, comment, upgradable=True) < INBOX_VERSION:
+                for statement in upgrade_statements(t):
+                    conn.execute(statement)
             return False
         for statement in migration_statements(t):
             conn.execute(statement)
         return True
 
 
-def _check_comment(table: Table, comment: str) -> None:
+def _check_comment(table: Table, comment: str, *, upgradable: bool = False) -> int:
+    """The inbox table's version; SchemaError if it is no inbox table, newer than this code,
+    or (unless `upgradable`) older."""
     match = _VERSION_COMMENT.match(comment)
     if match is None:
         what = "an outbox table" if comment.startswith("outbox-dispatcher schema") else "a table"
@@ -138,11 +158,18 @@ def _check_comment(table: Table, comment: str) -> None:
             f"{table} is {what}, not an inbox table (made by `outbox inbox migrate`); "
             "choose another --table"
         )
-    if int(match.group(1)) > INBOX_VERSION:
+    version = int(match.group(1))
+    if version > INBOX_VERSION:
         raise SchemaError(
-            f"inbox table {table} is at v{match.group(1)}, newer than this outbox-dispatcher "
+            f"inbox table {table} is at v{version}, newer than this outbox-dispatcher "
             f"supports (v{INBOX_VERSION}); upgrade outbox-dispatcher"
         )
+    if version < INBOX_VERSION and not upgradable:
+        raise SchemaError(
+            f"inbox table {table} is at v{version}, this outbox-dispatcher needs "
+            f"v{INBOX_VERSION}; run `outbox inbox migrate --table {table.argument}`"
+        )
+    return version
 
 
 @overload
@@ -177,6 +204,16 @@ _RECORD = sql.SQL(
     "INSERT INTO {t} (consumer, message_id) VALUES (%(consumer)s, %(message_id)s) "
     "ON CONFLICT (consumer, message_id) DO NOTHING RETURNING true"
 )
+# A replay the application chose to apply again: first if the key is new, or if it records
+# an earlier replay (or none); the same replay delivered twice is a duplicate like any other.
+# The key is the message id as before: `outbox reconcile` reads it. On a conflict the row is
+# locked (DO UPDATE), so two deliveries of one replay still apply once.
+_RECORD_REPLAY = sql.SQL(
+    "INSERT INTO {t} AS i (consumer, message_id, replay) "
+    "VALUES (%(consumer)s, %(message_id)s, %(replay)s) "
+    "ON CONFLICT (consumer, message_id) DO UPDATE SET replay = excluded.replay, "
+    "received_at = now() WHERE i.replay IS NULL OR i.replay < excluded.replay RETURNING true"
+)
 
 
 def check_key(what: str, value: str) -> str:
@@ -193,17 +230,23 @@ def check_key(what: str, value: str) -> str:
 
 
 def record_query(
-    *, consumer: str, message_id: str, table: str | Table = DEFAULT_INBOX_TABLE
+    *,
+    consumer: str,
+    message_id: str,
+    table: str | Table = DEFAULT_INBOX_TABLE,
+    replay: int | None = None,
 ) -> Query[bool]:
-    """`record`'s statement: True when this delivery inserted the key (it is the first)."""
-    return Query(
-        _RECORD.format(t=_table(table).ident),
-        {
-            "consumer": check_key("consumer", consumer),
-            "message_id": check_key("message id", message_id),
-        },
-        bool,
-    )
+    """`record`'s statement: True when this delivery is the first (of the message, or of
+    replay `replay` of it)."""
+    params: dict[str, Any] = {
+        "consumer": check_key("consumer", consumer),
+        "message_id": check_key("message id", message_id),
+    }
+    if replay is None:
+        return Query(_RECORD.format(t=_table(table).ident), params, bool)
+    if isinstance(replay, bool) or not isinstance(replay, int) or replay < 1:
+        raise ValueError(f"replay must be a replay's number (1, 2, ...), got {replay!r}")
+    return Query(_RECORD_REPLAY.format(t=_table(table).ident), {**params, "replay": replay}, bool)
 
 
 def _in_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
@@ -224,6 +267,7 @@ def record(
     consumer: str,
     message_id: str,
     table: str | Table = ...,
+    replay: int | None = ...,
 ) -> bool: ...
 @overload
 def record(
@@ -232,6 +276,7 @@ def record(
     consumer: str,
     message_id: str,
     table: str | Table = ...,
+    replay: int | None = ...,
 ) -> Awaitable[bool]: ...
 def record(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
@@ -239,15 +284,21 @@ def record(
     consumer: str,
     message_id: str,
     table: str | Table = DEFAULT_INBOX_TABLE,
+    replay: int | None = None,
 ) -> bool | Awaitable[bool]:
     """Record `message_id` for `consumer` in the caller's transaction; True if this delivery
     is the first (apply the effect), False if the id was already recorded (a duplicate:
     skip it). With an async connection it returns an awaitable.
 
+    `replay`, the number of the replay that sent the message again (from a field the
+    sender's signature covers, never from a header: docs/replay.md), applies a replay again:
+    True once per replay. Without it a replay is absorbed as a duplicate.
+
     Nothing here commits: the record becomes durable exactly when the effect does.
     """
     _in_transaction(conn)
-    return run(conn, record_query(consumer=consumer, message_id=message_id, table=table))
+    query = record_query(consumer=consumer, message_id=message_id, table=table, replay=replay)
+    return run(conn, query)
 
 
 # -- retention ---------------------------------------------------------------------------
@@ -369,4 +420,5 @@ __all__ = [
     "record_query",
     "redelivery_window",
     "render_migration",
+    "upgrade_statements",
 ]

@@ -30,7 +30,7 @@ from aiohttp import web
 
 from outbox import inbox
 from outbox.receiver.core import DEFAULT_TRIES, AsyncConnect
-from outbox.receiver.http import DEFAULT_MAX_BODY, Handler, HttpInbox, lower_headers
+from outbox.receiver.http import ABSORB, DEFAULT_MAX_BODY, Handler, HttpInbox, lower_headers
 from outbox.table import Table
 
 _CHUNK = 64 * 1024
@@ -45,6 +45,7 @@ def inbox_handler(
     secrets: Sequence[str] = (),
     max_body: int = DEFAULT_MAX_BODY,
     tries: int = DEFAULT_TRIES,
+    replays: str = ABSORB,
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     """An aiohttp handler (for `router.add_post`) that applies each message once."""
     receiver = HttpInbox(
@@ -55,6 +56,7 @@ def inbox_handler(
         secrets=secrets,
         max_body=max_body,
         tries=tries,
+        replays=replays,
     )
 
     async def receive(request: web.Request) -> web.Response:

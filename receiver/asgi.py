@@ -27,7 +27,14 @@ from typing import Any
 
 from outbox import inbox
 from outbox.receiver.core import DEFAULT_TRIES, AsyncConnect
-from outbox.receiver.http import DEFAULT_MAX_BODY, Handler, HttpInbox, Reply, lower_headers
+from outbox.receiver.http import (
+    ABSORB,
+    DEFAULT_MAX_BODY,
+    Handler,
+    HttpInbox,
+    Reply,
+    lower_headers,
+)
 from outbox.table import Table
 
 Scope = MutableMapping[str, Any]
@@ -49,6 +56,7 @@ class InboxEndpoint:
         secrets: Sequence[str] = (),
         max_body: int = DEFAULT_MAX_BODY,
         tries: int = DEFAULT_TRIES,
+        replays: str = ABSORB,
     ) -> None:
         self.inbox = HttpInbox(
             handler,
@@ -58,6 +66,7 @@ class InboxEndpoint:
             secrets=secrets,
             max_body=max_body,
             tries=tries,
+            replays=replays,
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

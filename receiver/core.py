@@ -80,16 +80,25 @@ async def apply_async(
     table: str | Table = inbox.DEFAULT_INBOX_TABLE,
     keep: Callable[[T], bool] | None = None,
     tries: int = DEFAULT_TRIES,
+    replay: int | None = None,
 ) -> Applied[T]:
     """Run `handler(conn)` in one transaction with the inbox record, unless the id was
     recorded before. `keep(value)` False rolls the transaction back (record and effect),
     e.g. for a handler that answers an HTTP error: the sender will try again, and must find
-    no record. Exceptions from the handler roll back and propagate."""
+    no record. Exceptions from the handler roll back and propagate. `replay` (a replay's
+    number, read where the signature covers it) applies that replay once more
+    (outbox.inbox.record)."""
     for attempt in range(tries):
         try:
             async with connect() as conn:
                 return await _apply_once_async(
-                    conn, handler, consumer=consumer, message_id=message_id, table=table, keep=keep
+                    conn,
+                    handler,
+                    consumer=consumer,
+                    message_id=message_id,
+                    table=table,
+                    keep=keep,
+                    replay=replay,
                 )
         except RETRYABLE as exc:
             if attempt + 1 == tries:
@@ -107,11 +116,14 @@ async def _apply_once_async(
     message_id: str,
     table: str | Table,
     keep: Callable[[T], bool] | None,
+    replay: int | None,
 ) -> Applied[T]:
     value: T | None = None
     try:
         async with conn.transaction():
-            first = await inbox.record(conn, consumer=consumer, message_id=message_id, table=table)
+            first = await inbox.record(
+                conn, consumer=consumer, message_id=message_id, table=table, replay=replay
+            )
             if not first:
                 return Applied(first=False, committed=True)
             value = await handler(conn)
@@ -130,12 +142,16 @@ def apply(
     message_id: str,
     table: str | Table = inbox.DEFAULT_INBOX_TABLE,
     tries: int = DEFAULT_TRIES,
+    replay: int | None = None,
 ) -> Applied[T]:
     """`apply_async` for a sync connection (a Kafka consumer's loop)."""
     for attempt in range(tries):
         try:
             with conn.transaction():
-                if not inbox.record(conn, consumer=consumer, message_id=message_id, table=table):
+                first = inbox.record(
+                    conn, consumer=consumer, message_id=message_id, table=table, replay=replay
+                )
+                if not first:
                     return Applied(first=False, committed=True)
                 value = handler(conn)
             return Applied(first=True, committed=True, value=value)

@@ -53,6 +53,10 @@ CLOUDEVENTS_JSON = "application/cloudevents+json"
 # The answer's header telling a first delivery from a duplicate (for people and tests; a
 # sender needs only the 2xx).
 INBOX_HEADER = "Outbox-Inbox"
+# What a receiver does with a replay (outbox replay): absorb it as the duplicate it is (the
+# default, and all a receiver could do before replays), or apply it once more.
+ABSORB, APPLY = "absorb", "apply"
+REPLAYS = (ABSORB, APPLY)
 # A structured CloudEvent's members that are its data, not attributes.
 _DATA = frozenset({"data", "data_base64"})
 
@@ -87,6 +91,11 @@ class Delivery:
     verified: bool = False
     """The request's Standard Webhooks signature was checked: `message_id` and `body` are
     what the sender signed (and `attributes()` reads only them)."""
+    replay: int | None = None
+    """The number of the replay that sent the message again, from the body's `replay` field
+    (the envelope's, or a structured CloudEvent's attribute: signed when `verified`); None
+    for a first delivery, and in formats whose body has no place for it (CloudEvents binary
+    mode). The `Outbox-Replay` header is never read: no signature covers it."""
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -151,6 +160,25 @@ def _unquoted(value: str) -> str:
     if len(value) >= 2 and value[0] == value[-1] == '"':
         return value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
     return value
+
+
+def replay_number(headers: Mapping[str, str], body: bytes, message_id: str) -> int | None:
+    """The body's `replay` field when the body is a JSON object of this message (its `id` is
+    `message_id`: the envelope, or a structured CloudEvent), else None. CloudEvents binary
+    mode's body is the payload alone: it has no place for it (its `ce-replay` header is
+    as unsigned as `Outbox-Replay`)."""
+    if any(name.startswith("ce-") for name in headers):
+        return None
+    try:
+        event = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or str(event.get("id")) != message_id:
+        return None
+    number = event.get("replay")
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        return None
+    return number
 
 
 def message_id(headers: Mapping[str, str], body: bytes, *, signed: bool = False) -> str:
@@ -262,7 +290,11 @@ class HttpInbox:
         secrets: Sequence[str] = (),
         max_body: int = DEFAULT_MAX_BODY,
         tries: int = DEFAULT_TRIES,
+        replays: str = ABSORB,
     ) -> None:
+        if replays not in REPLAYS:
+            raise ValueError(f"replays must be one of {', '.join(REPLAYS)}, got {replays!r}")
+        self.replays = replays
         self.handler = handler
         self.connect = connect
         self.consumer = inbox.check_key("consumer", consumer)
@@ -282,9 +314,9 @@ class HttpInbox:
             verified = self.signatures is not None
             if self.signatures is not None:
                 self.signatures.verify(headers, body)
-            delivery = Delivery(
-                message_id(headers, body, signed=verified), headers, body, verified=verified
-            )
+            found = message_id(headers, body, signed=verified)
+            replay = replay_number(headers, body, found) if self.replays == APPLY else None
+            delivery = Delivery(found, headers, body, verified=verified, replay=replay)
         except Refused as refused:
             return _refusal(refused)
 
@@ -300,6 +332,7 @@ class HttpInbox:
                 table=self.table,
                 keep=lambda reply: reply.success,
                 tries=self.tries,
+                replay=delivery.replay,
             )
         except Refused as refused:  # the handler's own 4xx (Unsigned, say): rolled back
             log.warning("delivery %s refused: %s", delivery.message_id, refused.reason)
@@ -342,6 +375,8 @@ def lower_headers(pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
 
 
 __all__ = [
+    "ABSORB",
+    "APPLY",
     "CLOUDEVENTS_JSON",
     "DEFAULT_MAX_BODY",
     "INBOX_HEADER",
@@ -354,4 +389,5 @@ __all__ = [
     "Unsigned",
     "lower_headers",
     "message_id",
+    "replay_number",
 ]

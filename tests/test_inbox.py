@@ -68,6 +68,7 @@ def test_migrate_creates_the_table_once_and_check_accepts_it(conn):
         ("consumer", "text", True),
         ("message_id", "text", True),
         ("received_at", "timestamp with time zone", True),
+        ("replay", "integer", False),
     ]
     pk = conn.execute(
         "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
@@ -388,14 +389,14 @@ def test_inbox_migrate_print_shows_the_sql_without_a_database():
     assert result.returncode == 0, result.stderr
     assert 'CREATE TABLE IF NOT EXISTS "app"."received"' in result.stdout
     assert "PRIMARY KEY (consumer, message_id)" in result.stdout
-    assert 'COMMENT ON TABLE "app"."received" IS \'outbox-dispatcher inbox v1\'' in result.stdout
+    assert 'COMMENT ON TABLE "app"."received" IS \'outbox-dispatcher inbox v2\'' in result.stdout
 
 
 def test_inbox_commands_migrate_and_purge(dsn, conn):
     made = outbox_cli("inbox", "migrate", "--dsn", dsn)
-    assert (made.returncode, made.stdout) == (0, "outbox_inbox: created (inbox v1)\n"), made.stderr
+    assert (made.returncode, made.stdout) == (0, "outbox_inbox: created (inbox v2)\n"), made.stderr
     again = outbox_cli("inbox", "migrate", "--dsn", dsn)
-    assert again.stdout == "outbox_inbox: already there (inbox v1)\n"
+    assert again.stdout == "outbox_inbox: already there (inbox v2)\n"
     _received(conn, "c", range(0, 5), "20 days")
     _received(conn, "c", range(5, 7), "2 days")
     dry = outbox_cli("inbox", "purge", "--dry-run", "--dsn", dsn)
@@ -411,7 +412,7 @@ def test_inbox_commands_migrate_and_purge(dsn, conn):
 def test_inbox_table_from_its_own_variable_not_the_outbox_one(dsn, conn):
     env = {"OUTBOX_TABLE": "outbox", "OUTBOX_INBOX_TABLE": "app.seen", "OUTBOX_DSN": dsn}
     made = outbox_cli("inbox", "migrate", env=env)
-    assert made.stdout == "app.seen: created (inbox v1)\n", made.stderr
+    assert made.stdout == "app.seen: created (inbox v2)\n", made.stderr
     assert conn.execute("SELECT to_regclass('app.seen') IS NOT NULL").fetchone() == (True,)
 
 
