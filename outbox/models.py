@@ -63,6 +63,10 @@ class Message(NamedTuple):
     """The number of the replay that sent this message again (outbox.replay), None for a
     first delivery: publishers send it as the `Outbox-Replay` header and, where the format
     has a body of its own, as a field of it. The message keeps its id."""
+    age_at_claim: float = 0.0
+    """Seconds from the row's created_at to the claim that leased it, both on the
+    database's clock (the claim's now()): the worker adds the time it held the message, so
+    its age at publish never depends on the worker's own wall clock."""
 
 
 @dataclass(frozen=True, slots=True)

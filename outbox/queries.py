@@ -31,10 +31,12 @@ def with_error(error: sql.Composable) -> sql.Composed:
 # What a claim returns of each row taken (a small payload as the text measured: see `sized`).
 # Headers come as the text measured (a row taken has them within the limit, or none), parsed
 # row by row (outbox.lease): one row's headers can never fail the decoding of the others, and
-# by then they are known to be a small object of strings.
+# by then they are known to be a small object of strings. The last column is the row's age
+# at the claim on the database's clock, for the worker's age-at-publish histogram.
 _CLAIMED_COLUMNS = sql.SQL(
     "o.id, o.lease_version, o.attempts, o.aggregate_type, o.aggregate_id, o.event_type, "
-    "coalesce(sized.small_body, o.payload::text), o.created_at, sized.headers_text, o.replay"
+    "coalesce(sized.small_body, o.payload::text), o.created_at, sized.headers_text, o.replay, "
+    "extract(epoch FROM now() - o.created_at)::float8"
 )
 
 # What each claim statement's `picked` holds of a locked row: what `sized` measures.

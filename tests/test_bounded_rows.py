@@ -408,7 +408,7 @@ def test_a_claimed_row_whose_headers_cannot_be_read_fails_alone():
     now = datetime.now(UTC)
 
     def row_of(message_id: int, headers: str | None) -> tuple[object, ...]:
-        return (message_id, 1, 1, "doc", "a", "E", "{}", now, headers)
+        return (message_id, 1, 1, "doc", "a", "E", "{}", now, headers, None, 0.0)
 
     claimed = lease._claimed([
         row_of(3, '{"tenant": "t"}'),

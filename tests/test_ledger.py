@@ -132,3 +132,18 @@ def test_a_stop_releases_every_unstarted_message():
     assert [o.message_id for o in released] == [2, 3, 4, 5]
     assert {o.kind for o in released} == {OutcomeKind.RELEASED}
     assert started.id in ledger.held  # still publishing: its outcome comes later
+
+
+def test_a_messages_age_is_its_age_at_the_claim_plus_the_time_held_since_the_claim_was_sent():
+    """The claim's now() is between the claim being sent and its answer: the age counts from
+    the sending (a claim that found the database away counts from the attempt that worked)."""
+    ledger = Ledger(batch=10, concurrency=4)
+    ages = (2.0, 0.25)
+    messages = [m._replace(age_at_claim=a) for m, a in zip(_messages(1, 2), ages, strict=True)]
+    ledger.hold(messages, now=10.0, claim_seconds=0.5)
+    assert ledger.age(messages[0], now=12.0) == 2.0 + 2.5
+    assert list(ledger.ages(messages, now=10.0)) == [2.5, 0.75]
+    # Dropped with the message, one by one or a batch at once: nothing is kept for it.
+    ledger.drop(1, 1)
+    ledger.drop_all([Outcome.done(messages[1])])
+    assert ledger.created_at == {} and ledger.held == {}

@@ -674,6 +674,36 @@ async def test_outcomes_of_a_waiting_publisher_gather_into_few_finalize_statemen
     assert max(sizes) > 20, sizes
 
 
+@pytest.mark.parametrize("path", ["one-by-one", "batches"])
+async def test_the_age_at_publish_counts_from_created_at_on_the_databases_clock(conn, dsn, path):
+    """A message committed 5 s ago by the database's clock (its created_at moved back) is
+    published about 5 s old; the others a moment after their commit."""
+    ids = seed(conn, 3)
+    conn.execute("UPDATE outbox SET created_at = now() - interval '5 s' WHERE id = %s", (ids[0],))
+    publisher: Any = NullPublisher() if path == "one-by-one" else Batched()
+    async with dispatching(settings(dsn), publisher) as d:
+        await wait_until(lambda: _count(conn, "status = 'done'") == 3)
+        [family] = d.metrics.age_at_publish.collect()
+    buckets = {float(s.labels["le"]): s.value for s in family.samples if s.name.endswith("_bucket")}
+    assert buckets[5.0] == 2  # the two fresh ones: well under 5 s
+    assert buckets[10.0] == 3  # the old one: 5 s and a moment, not its worker-side age
+    [total] = [s.value for s in family.samples if s.name.endswith("_sum")]
+    assert 5.0 < total < 10.0
+
+
+class Batched:
+    """A batch publisher that delivers every message."""
+
+    name = "batched"
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def publish_batch(self, messages: Any) -> list[None]:
+        return [None] * len(messages)
+
+
 def test_the_publish_histogram_exposes_what_a_prometheus_histogram_would():
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
 

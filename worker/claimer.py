@@ -46,6 +46,7 @@ class Claimer(Service):
         self.on_claimed = on_claimed  # publishing starts on what came in
         self.gate = gate  # while the publisher's one destination is down, claims are gated
         self._ordered_claims = lease.OrderedClaims()
+        self._sent = 0.0  # monotonic time the last claim was sent
 
     async def run(self, stop: asyncio.Event) -> None:
         """Claim until `stop` is set."""
@@ -80,7 +81,6 @@ class Claimer(Service):
             if limit is not None:
                 want = min(want, limit)
             self.wakeup.clear()  # a NOTIFY during the claim must still wake the next wait
-            started = time.monotonic()
             messages, full = await self.retry.until_done(
                 "claim", partial(self._claim, want), stop=stop
             )
@@ -89,7 +89,7 @@ class Claimer(Service):
                 self.gate.probe_claimed(messages[0])
             if messages:
                 now = time.monotonic()
-                ledger.hold(messages, now, claim_seconds=now - started)
+                ledger.hold(messages, now, claim_seconds=now - self._sent)
                 self.metrics.in_flight.set(len(ledger.held))
                 self.on_claimed()
                 empty_claims = 0
@@ -123,6 +123,9 @@ class Claimer(Service):
         s = self.settings
         budget = self.ledger.bytes_to_claim()
         async with self.connection() as conn:
+            # When the claim that succeeded was sent (not the first attempt's, should the
+            # database have been away): the messages' ages at publish count from it.
+            self._sent = time.monotonic()
             messages = await lease.claim(
                 conn,
                 s.table,

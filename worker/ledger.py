@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from itertools import repeat
-from operator import attrgetter
+from operator import attrgetter, sub
 
 from outbox.limits import CLAIM_BYTES
 from outbox.models import Message, Outcome
 
 # Field readers for map(): the per-batch steps below loop in C, not once per message in Python.
-_id, _lease_version, _payload = (
+_id, _lease_version, _payload, _age_at_claim = (
     attrgetter("id"),
     attrgetter("lease_version"),
     attrgetter("payload_json"),
+    attrgetter("age_at_claim"),
 )
 _outcome_id, _outcome_version = attrgetter("message_id"), attrgetter("lease_version")
 
@@ -42,6 +43,10 @@ class Ledger:
         self.held_bytes = 0
         self.payload_average = 0.0
         self.renewed_at: dict[int, float] = {}  # monotonic time of claim or last renewal
+        # When each held message was created, as a monotonic time: its age at the claim (the
+        # database's now(), at the claim's start) before the claim was sent. Its age at
+        # publish follows from it.
+        self.created_at: dict[int, float] = {}
         self.waiting: collections.deque[Message] = collections.deque()
         self.publishing = 0
         # A deque and an event cost less per message than an asyncio.Queue.
@@ -113,6 +118,9 @@ class Ledger:
         ids = list(map(_id, messages))
         self.held.update(zip(ids, messages, strict=True))
         self.renewed_at.update(zip(ids, repeat(now)))
+        sent = now - claim_seconds
+        created = map(sub, repeat(sent), map(_age_at_claim, messages))
+        self.created_at.update(zip(ids, created, strict=True))
         claimed = sum(map(len, map(_payload, messages)))
         self.held_bytes += claimed
         if messages:
@@ -152,6 +160,14 @@ class Ledger:
             # Room for a worthwhile claim now, whatever the finalizer does: wake the
             # claimer, so the next batch comes in before publishing runs dry.
             self.room.set()
+
+    def age(self, message: Message, now: float) -> float:
+        """Seconds since the held `message` was created, on the database's clock."""
+        return now - self.created_at[message.id]
+
+    def ages(self, messages: Iterable[Message], now: float) -> Iterator[float]:
+        """`age` of each held message (a batch's: computed by map() in C)."""
+        return map(sub, repeat(now), map(self.created_at.__getitem__, map(_id, messages)))
 
     def ran_dry(self, now: float) -> None:
         """A publishing task finished its last publish and found nothing waiting: how long
@@ -196,6 +212,7 @@ class Ledger:
         if held is not None and held.lease_version == lease_version:
             del self.held[message_id]
             self.renewed_at.pop(message_id, None)
+            self.created_at.pop(message_id, None)
             self.held_bytes -= len(held.payload_json)
 
     def drop_all(self, outcomes: Iterable[Outcome]) -> None:
@@ -213,6 +230,7 @@ class Ledger:
             # map() in C (a deque of no length consumes what returns nothing to keep).
             popped = list(map(held.pop, ids, repeat(None)))  # None for an id seen twice
             collections.deque(map(renewed_at.pop, ids, repeat(None)), maxlen=0)
+            collections.deque(map(self.created_at.pop, ids, repeat(None)), maxlen=0)
             self.held_bytes -= sum(map(len, map(_payload, filter(None, popped))))
             return
         for outcome in outcomes:

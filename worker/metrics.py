@@ -6,7 +6,7 @@ import bisect
 import itertools
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from aiohttp import web
 from prometheus_client import (
@@ -24,6 +24,11 @@ from prometheus_client.utils import floatToGoString
 log = logging.getLogger("outbox.worker")
 
 OUTCOMES = ("done", "retried", "deferred", "released", "dead", "error")
+# A message's age at publish: a millisecond on an idle worker, up to a minute of backlog
+# (longer waits are the oldest-age alerts' to report).
+AGE_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+)  # fmt: skip
 
 
 class Metrics:
@@ -49,6 +54,13 @@ class Metrics:
             "outbox_publish_duration_seconds",
             "Time spent in one publish, whatever its outcome",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.age_at_publish = LoopHistogram(
+            "outbox_message_age_at_publish_seconds",
+            "Age of a message as its publish starts: from its created_at, on the database's "
+            "clock (its age at the claim, the claim's now(), and the time held since)",
+            buckets=AGE_BUCKETS,
             registry=r,
         )
         self.claim_batch = Histogram(
@@ -118,6 +130,15 @@ class LoopHistogram(Collector):
         publish time) at the cost of one."""
         self._counts[bisect.bisect_left(self._bounds, amount)] += count
         self._sum += amount * count
+
+    def observe_all(self, amounts: Iterable[float]) -> None:
+        """One observation of each amount (a batch's messages, each its own)."""
+        counts, bounds, where = self._counts, self._bounds, bisect.bisect_left
+        total = 0.0
+        for amount in amounts:
+            counts[where(bounds, amount)] += 1
+            total += amount
+        self._sum += total
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(self._name, self._documentation)

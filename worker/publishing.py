@@ -148,14 +148,16 @@ class Publishing(Service):
         limiter, destination_of = self.limiter, self.publisher.destination_of
         publish, in_flight = self._publish, self.in_flight
         assert publish is not None
-        clock = time.perf_counter
-        while (message := ledger.take_one(time.monotonic())) is not None:
+        clock, monotonic, age = time.perf_counter, time.monotonic, ledger.age
+        observe_age = metrics.age_at_publish.observe
+        while (message := ledger.take_one(monotonic())) is not None:
             if not gate.all_clear and (hold := await gate.before(message)) is not None:
                 ledger.published()
                 ledger.put_outcome(Outcome.release(message, hold))  # unsent, attempt refunded
                 continue
             if limiter is not None:
                 await limiter.acquire(destination_of(message))
+            observe_age(age(message, monotonic()))
             started = clock()
             error: BaseException | None = None
             try:
@@ -235,6 +237,7 @@ class Publishing(Service):
                 messages = allowed
             if not messages:
                 continue
+            self.metrics.age_at_publish.observe_all(ledger.ages(messages, time.monotonic()))
             started = time.perf_counter()
             results: Sequence[BaseException | None]
             try:
