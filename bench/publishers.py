@@ -14,7 +14,8 @@ from typing import Any
 
 from outbox.durations import parse_duration
 from outbox.models import Message
-from outbox.worker.publishers.registry import Option, PublisherContext
+from outbox.publisher_options import Option
+from outbox.worker.publishers.registry import PublisherContext
 
 
 class SlowPublisher:

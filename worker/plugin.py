@@ -51,6 +51,7 @@ here are the stable surface; the modules they come from may move.
 
 from outbox.errors import SettingError
 from outbox.models import Message
+from outbox.publisher_options import ENTRY_POINT_GROUP, Option
 from outbox.worker.publishers.base import (
     BatchPublisher,
     Defer,
@@ -60,12 +61,7 @@ from outbox.worker.publishers.base import (
     RetryableError,
 )
 from outbox.worker.publishers.envelope import envelope
-from outbox.worker.publishers.registry import (
-    ENTRY_POINT_GROUP,
-    Option,
-    PublisherContext,
-    PublisherFactory,
-)
+from outbox.worker.publishers.registry import PublisherContext, PublisherFactory
 
 __all__ = [
     "ENTRY_POINT_GROUP",

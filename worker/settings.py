@@ -35,15 +35,11 @@ from outbox.limits import (
     bytes_between,
     format_bytes,
 )
+from outbox.publisher_options import Option
 from outbox.schema import ORDERINGS
 from outbox.table import Table
 from outbox.worker.publishers.formats import DEFAULT_FORMAT, cloudevents_source, wire_format
-from outbox.worker.publishers.registry import (
-    Option,
-    PublisherFactory,
-    builtin_names,
-    load_publisher,
-)
+from outbox.worker.publishers.registry import PublisherFactory, builtin_names, load_publisher
 
 # What a setting may be; beyond these a value fails at every claim (the database cannot hold
 # it) or makes the worker hold more than it can. A lease under a second expires before it

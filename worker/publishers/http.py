@@ -39,6 +39,7 @@ from yarl import URL
 
 from outbox.errors import SettingError
 from outbox.models import REPLAY_HEADER, Message
+from outbox.publisher_options import Carried, Field, Option
 from outbox.redact import redact_text, redact_url
 from outbox.signing_keys import signing_key
 from outbox.text import printable
@@ -59,7 +60,7 @@ from outbox.worker.publishers.formats import (
 )
 from outbox.worker.publishers.formats import wire_format as check_format
 from outbox.worker.publishers.headers import http_headers
-from outbox.worker.publishers.registry import Option, PublisherContext
+from outbox.worker.publishers.registry import PublisherContext
 from outbox.worker.publishers.routes import Router, check_template, placeholders, sample
 from outbox.worker.publishers.signing import Signer
 
@@ -191,6 +192,7 @@ class HttpPublisher(PublisherBase):
             "{aggregate_id} in its path or query, each value encoded as one segment",
             convert=_url,
             required=True,
+            fields=(Field("url"),),
         ),
         Option(
             "--http-header",
@@ -198,6 +200,7 @@ class HttpPublisher(PublisherBase):
             convert=_header,
             repeatable=True,
             secret=True,
+            fields=(Field("headersSecretRef", Carried.SECRET_KEY),),
         ),
         Option(
             "--http-signing-secret",
@@ -207,6 +210,7 @@ class HttpPublisher(PublisherBase):
             convert=signing_key,
             repeatable=True,
             secret=True,
+            fields=(Field("signingSecretRef", Carried.SECRET_KEY),),
         ),
     )
 

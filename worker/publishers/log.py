@@ -6,9 +6,10 @@ import sys
 from typing import Any, TextIO
 
 from outbox.models import Message
+from outbox.publisher_options import Option
 from outbox.worker.publishers.base import PublisherBase
 from outbox.worker.publishers.envelope import envelope
-from outbox.worker.publishers.registry import Option, PublisherContext
+from outbox.worker.publishers.registry import PublisherContext
 
 
 class LogPublisher(PublisherBase):

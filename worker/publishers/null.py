@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from outbox.models import Message
+from outbox.publisher_options import Option
 from outbox.worker.publishers.base import PublisherBase
-from outbox.worker.publishers.registry import Option, PublisherContext
+from outbox.worker.publishers.registry import PublisherContext
 
 
 class NullPublisher(PublisherBase):

@@ -32,38 +32,11 @@ from typing import Any, ClassVar, Protocol
 
 from outbox.errors import SettingError
 from outbox.extras import MissingExtra, require
-from outbox.redact import masked_option, shown_option
+from outbox.publisher_options import ENTRY_POINT_GROUP, Option
 from outbox.worker.publishers.base import BatchPublisher, Publisher
 
-ENTRY_POINT_GROUP = "outbox.publishers"
 # `package.module:Class` (or `:Outer.Inner`), absolute: a relative or empty module is refused.
 _PLUGIN_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-
-
-@dataclass(frozen=True)
-class Option:
-    """One publisher setting: `--flag`, or the `OUTBOX_FLAG` variable."""
-
-    flag: str
-    help: str
-    convert: Callable[[str], Any] = str
-    default: Any = None
-    required: bool = False
-    repeatable: bool = False  # flag given several times; in the variable, one value per line
-    secret: bool = False  # masked wherever a value is echoed: errors, --help, start-up line
-
-    @property
-    def dest(self) -> str:
-        return self.flag.lstrip("-").replace("-", "_")
-
-    def shown(self, value: Any) -> str:
-        """The value as it may appear in a message: masked when secret, else redacted."""
-        return shown_option(value, secret=self.secret)
-
-    def masked(self, text: str, raw: str | None) -> str:
-        """`text` (a message about the raw value given) safe to show: that value masked if
-        secret, and whatever else looks secret (see outbox.redact.redact_text) in any case."""
-        return masked_option(text, raw, secret=self.secret)
 
 
 def shown_values(options: tuple[Option, ...], values: Mapping[str, Any]) -> str:

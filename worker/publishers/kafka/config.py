@@ -8,6 +8,7 @@ import re
 
 from confluent_kafka import KafkaException, Producer
 
+from outbox.publisher_options import Keys
 from outbox.redact import is_secret_name, mask_userinfo, mask_values
 from outbox.worker.publishers.kafka.errors import (
     _error_of,
@@ -30,6 +31,25 @@ _BOOTSTRAP_SERVER = re.compile(
 BOOTSTRAP_EXPECTED = (
     "expected host:port[,host:port...] (host a name, an IPv4 or a [bracketed] IPv6 address; "
     "port 1-65535; optionally PROTOCOL:// first)"
+)
+
+# What spec.publisher.kafka.config of a resource may hold (the operator checks it; the
+# resource's author is not the Kafka Secret's owner). Its keys are librdkafka's property
+# names: with one KEY=VALUE a line in the worker's variable, another key could add a
+# property the author did not write as one. The properties that load code or run a command
+# in the worker process, whose environment holds the DSN, are refused whatever the admin
+# allows, by the CRD too (one list: tests/test_controller_policy.py compares); a Kafka
+# Secret's owner, who consents to it, may still set them through configSecretRef.
+RESOURCE_CONFIG_KEYS = Keys(
+    re.compile(r"^[a-z0-9][a-z0-9._]*\Z"),
+    "a librdkafka property name (a-z, 0-9, dots and underscores)",
+    {
+        "plugin.library.paths": "librdkafka loads the libraries it names",
+        "sasl.kerberos.kinit.cmd": "librdkafka runs it through a shell",
+        "ssl.engine.location": "OpenSSL loads the engine library it names",
+        "ssl.engine.id": "OpenSSL loads the engine it names",
+        "ssl.providers": "OpenSSL loads the providers it names",
+    },
 )
 
 # Set by this publisher (or by another flag); a passthrough value would break its guarantees.

@@ -11,6 +11,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outbox.errors import SettingError
 from outbox.models import REPLAY_HEADER, Message
+from outbox.publisher_options import Carried, Field, Option
 from outbox.redact import is_secret_name, mask_values, redact_mapping
 from outbox.worker.publishers.base import (
     PermanentError,
@@ -24,6 +25,7 @@ from outbox.worker.publishers.formats import wire_format as check_format
 from outbox.worker.publishers.headers import kafka_headers
 from outbox.worker.publishers.kafka.config import (
     COMPRESSIONS,
+    RESOURCE_CONFIG_KEYS,
     _protocol,
     bootstrap_server_list,
     compression,
@@ -47,7 +49,7 @@ from outbox.worker.publishers.kafka.topics import (
     topic_name,
     topic_template,
 )
-from outbox.worker.publishers.registry import Option, PublisherContext
+from outbox.worker.publishers.registry import PublisherContext
 from outbox.worker.publishers.template import Renderings, Template
 
 # A message refused because librdkafka's own queue is full (BufferError from produce()).
@@ -75,6 +77,7 @@ class KafkaPublisher(PublisherBase):
             "host:port[,host:port...] of Kafka brokers (credentials go in --kafka-config)",
             convert=bootstrap_server_list,
             required=True,
+            fields=(Field("bootstrapServers"),),
         ),
         Option(
             "--kafka-topic",
@@ -82,12 +85,14 @@ class KafkaPublisher(PublisherBase):
             "(default {aggregate_type})",
             convert=topic_template,
             default="{aggregate_type}",
+            fields=(Field("topic"),),
         ),
         Option(
             "--kafka-compression",
             f"{', '.join(COMPRESSIONS)} (default none)",
             convert=compression,
             default="none",
+            fields=(Field("compression"),),
         ),
         Option(
             "--kafka-config",
@@ -96,6 +101,10 @@ class KafkaPublisher(PublisherBase):
             convert=config_entry,
             repeatable=True,
             secret=True,
+            fields=(
+                Field("config", Carried.PAIRS, RESOURCE_CONFIG_KEYS),
+                Field("configSecretRef", Carried.SECRET_KEY),
+            ),
         ),
     )
 

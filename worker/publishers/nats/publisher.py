@@ -14,6 +14,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from outbox.models import REPLAY_HEADER, Message
+from outbox.publisher_options import Carried, Field, Option
 from outbox.redact import is_secret_name, redact_text, redact_url
 from outbox.worker.publishers.base import (
     PermanentError,
@@ -52,7 +53,7 @@ from outbox.worker.publishers.nats.subjects import (
     subject_template,
     subject_token,
 )
-from outbox.worker.publishers.registry import Option, PublisherContext
+from outbox.worker.publishers.registry import PublisherContext
 from outbox.worker.publishers.template import Renderings, Template
 
 log = logging.getLogger("outbox.worker")
@@ -71,6 +72,7 @@ class NatsPublisher(PublisherBase):
             f"(default {DEFAULT_URL})",
             convert=server_urls,
             repeatable=True,
+            fields=(Field("urls", Carried.LINES),),
         ),
         Option(
             "--nats-subject",
@@ -78,11 +80,34 @@ class NatsPublisher(PublisherBase):
             f"(default {DEFAULT_SUBJECT})",
             convert=subject_template,
             default=DEFAULT_SUBJECT,
+            fields=(Field("subject"),),
         ),
-        Option("--nats-creds", "NATS credentials file (JWT + nkey seed)", convert=creds_file),
-        Option("--nats-user", "NATS user name; never logged", secret=True),
-        Option("--nats-password", "NATS password; never logged", secret=True),
-        Option("--nats-token", "NATS authentication token; never logged", secret=True),
+        Option(
+            "--nats-creds",
+            "NATS credentials file (JWT + nkey seed)",
+            convert=creds_file,
+            fields=(Field("credsSecretRef", Carried.SECRET_FILE),),
+        ),
+        Option(
+            "--nats-user",
+            "NATS user name; never logged",
+            secret=True,
+            fields=(Field("userSecretRef", Carried.SECRET_KEY),),
+        ),
+        Option(
+            "--nats-password",
+            "NATS password; never logged",
+            secret=True,
+            fields=(Field("passwordSecretRef", Carried.SECRET_KEY),),
+        ),
+        Option(
+            "--nats-token",
+            "NATS authentication token; never logged",
+            secret=True,
+            fields=(Field("tokenSecretRef", Carried.SECRET_KEY),),
+        ),
+        # A resource names one TLS Secret, mounted whole (--nats-tls-dir): these are for
+        # workers run by hand.
         Option(
             "--nats-tls-ca", "CA certificate(s) to verify the server, PEM", convert=readable_file
         ),
@@ -93,12 +118,14 @@ class NatsPublisher(PublisherBase):
             "directory as a Kubernetes TLS Secret mounts: tls.crt and tls.key (mutual TLS) and "
             "ca.crt, each used when present; not with --nats-tls-cert/--nats-tls-key",
             convert=readable_dir,
+            fields=(Field("tlsSecretName", Carried.SECRET_DIR),),
         ),
         Option(
             "--nats-no-stream",
             "no stream for the subject, or permission denied: dead (default) or retry",
             convert=no_stream_policy,
             default=DEFAULT_NO_STREAM,
+            fields=(Field("noStream"),),
         ),
     )
 
