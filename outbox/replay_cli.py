@@ -229,7 +229,8 @@ def _inbox_connection(dsn: str) -> psycopg.Connection[Any]:
 
 
 def _now(conn: psycopg.Connection[Any]) -> datetime:
-    now = fetch(conn, Query(sql.SQL("SELECT now()"), None, first_row(lambda r: r and r[0])))
+    statement = sql.SQL("SELECT now()").format()
+    now = fetch(conn, Query(statement, None, first_row(lambda r: r and r[0])))
     assert isinstance(now, datetime)
     return now
 
