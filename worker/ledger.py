@@ -161,12 +161,9 @@ class Ledger:
             # claimer, so the next batch comes in before publishing runs dry.
             self.room.set()
 
-    def age(self, message: Message, now: float) -> float:
-        """Seconds since the held `message` was created, on the database's clock."""
-        return now - self.created_at[message.id]
-
     def ages(self, messages: Iterable[Message], now: float) -> Iterator[float]:
-        """`age` of each held message (a batch's: computed by map() in C)."""
+        """Seconds since each held message was created, on the database's clock (computed
+        by map() in C: a batch's at once)."""
         return map(sub, repeat(now), map(self.created_at.__getitem__, map(_id, messages)))
 
     def ran_dry(self, now: float) -> None:

@@ -148,8 +148,9 @@ class Publishing(Service):
         limiter, destination_of = self.limiter, self.publisher.destination_of
         publish, in_flight = self._publish, self.in_flight
         assert publish is not None
-        clock, monotonic, age = time.perf_counter, time.monotonic, ledger.age
-        observe_age = metrics.age_at_publish.observe
+        clock, monotonic = time.perf_counter, time.monotonic
+        # ledger.age inlined: once per message, a method call is a third of its cost.
+        observe_age, created_at = metrics.age_at_publish.observe, ledger.created_at
         while (message := ledger.take_one(monotonic())) is not None:
             if not gate.all_clear and (hold := await gate.before(message)) is not None:
                 ledger.published()
@@ -157,7 +158,7 @@ class Publishing(Service):
                 continue
             if limiter is not None:
                 await limiter.acquire(destination_of(message))
-            observe_age(age(message, monotonic()))
+            observe_age(monotonic() - created_at[message.id])
             started = clock()
             error: BaseException | None = None
             try:
