@@ -29,6 +29,13 @@ from outbox.durations import duration_between, format_duration, parse_duration
 from outbox.errors import SettingError
 from outbox.filters import DeadFilter
 from outbox.maintenance import MAX_PURGE_BATCH, PURGE_BATCH, PURGE_BATCH_ENV, purge_done
+from outbox.partitions import (
+    DEFAULT_PARTITION_SIZE,
+    DEFAULT_PARTITIONS_AHEAD,
+    PARTITION_SIZE_RANGE,
+    PARTITIONS_AHEAD_RANGE,
+    Layout,
+)
 from outbox.redact import describe_dsn
 from outbox.repair import Action, default_actor, repair, select_targets
 from outbox.runner import fetch
@@ -84,6 +91,17 @@ def _parser() -> ArgumentParser:
         help=f"{' or '.join(ORDERINGS)}, as the workers will run: aggregate builds ordered "
         "mode's index (also env OUTBOX_ORDERING=aggregate), none drops it; unset, a new table "
         "gets none and an existing one stays as it is",
+    )
+    m.add_argument(
+        "--partition-size",
+        help="ids a partition holds: creates the table partitioned by range of id "
+        f"(docs/partitioning.md; default none: a plain table; {DEFAULT_PARTITION_SIZE} is a "
+        "good start)",
+    )
+    m.add_argument(
+        "--partitions-ahead",
+        help="partitions kept made ahead of the highest id, with --partition-size "
+        f"(default {DEFAULT_PARTITIONS_AHEAD})",
     )
     m.add_argument("--print", action="store_true", help="print the SQL instead of running it")
 
@@ -359,8 +377,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             # From the environment it only builds: a variable meant for other workers must
             # not drop an ordered table's index. Dropping takes the flag.
             args.ordering = None if args.ordering is None and ordering == "none" else ordering
+            args.layout = _layout(args)
             if args.print:
-                print(render_migration(table, args.ordering), end="")
+                print(render_migration(table, args.ordering, args.layout), end="")
                 return
         dsn = _dsn(args)
         purge_options = (
@@ -434,6 +453,19 @@ def main(argv: Sequence[str] | None = None) -> None:
             fail(PROG, f"{type(exc).__name__}: {dberrors.describe(exc)}", 1)
 
 
+def _layout(args: argparse.Namespace) -> Layout | None:
+    """The partitioned layout `migrate` was asked for, or None."""
+    size = resolve(args, "--partition-size", int_between(*PARTITION_SIZE_RANGE), None)
+    ahead = resolve(
+        args, "--partitions-ahead", int_between(*PARTITIONS_AHEAD_RANGE), DEFAULT_PARTITIONS_AHEAD
+    )
+    if size is None:
+        if args.partitions_ahead is not None:
+            fail(PROG, "--partitions-ahead: needs --partition-size (the partitions' size)")
+        return None
+    return Layout(size, ahead)
+
+
 def _checked(name: str, check: Callable[[str], str], value: str) -> str:
     try:
         return check(value)
@@ -470,7 +502,7 @@ def _run(
     purge_options: dict[str, Any],
 ) -> None:
     if args.command == "migrate":
-        before, after = migrate(conn, table, args.ordering)
+        before, after = migrate(conn, table, args.ordering, layout=args.layout)
         done = (
             f"already at schema v{after}"
             if before == after

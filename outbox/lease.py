@@ -18,6 +18,7 @@ import psycopg
 
 from outbox.limits import CLAIM_BYTES, WORKER_MAX_PAYLOAD_BYTES
 from outbox.models import Message, Outcome, OutcomeKind
+from outbox.partitions import ClaimWindow, Layout
 from outbox.queries import queries
 from outbox.runner import Query, Row, fetch_async
 from outbox.table import Table
@@ -41,6 +42,7 @@ async def claim(
     prepare: bool | None = None,
     max_payload_bytes: int = WORKER_MAX_PAYLOAD_BYTES,
     claim_bytes: int = CLAIM_BYTES,
+    window: ClaimWindow | None = None,
 ) -> list[Message]:
     """Lease up to `batch` messages, oldest first; reaps expired last attempts to dead.
 
@@ -56,8 +58,20 @@ async def claim(
     payload between them, or one message when the first alone is more; the rest stay ready
     for the next claim. A row that cannot be read all the same fails alone: it goes dead with
     the reason and the others are returned.
+
+    On a partitioned table, `window` (outbox.partitions) says which few partitions to look
+    in; each claim moves it on.
     """
-    q = queries(table)
+    if window is None or window.layout is None:
+        window = None
+        q = queries(table)
+    else:
+        if window.stale():
+            await window.read(conn, table, batch)
+        elif ordered and window.unfinished_behind:
+            await window.catch_up(conn, table)
+        bounds = window.bounds()
+        q = queries(table, (bounds.low, bounds.high), bounds.unfinished_low)
     statement = (q.claim_heads if by_aggregate else q.claim_ordered) if ordered else q.claim
     params = {
         "batch": batch,
@@ -68,9 +82,13 @@ async def claim(
         "claim_bytes": claim_bytes,
     }
     claimed = await fetch_async(conn, Query(statement, params, _claimed, prepare, binary=True))
+    if window is not None:
+        taken = [*map(_row_id, claimed.messages), *map(_message_id, claimed.unreadable)]
+        window.claimed(taken, batch)
     if claimed.unreadable:
         # Leased already: ended by a finalize fenced on the lease just taken, like any other.
-        await finalize(conn, table, claimed.unreadable)
+        layout = None if window is None else window.layout
+        await finalize(conn, table, claimed.unreadable, layout=layout)
     return claimed.messages
 
 
@@ -186,15 +204,18 @@ async def finalize_applied(
     outcomes: Sequence[Outcome],
     *,
     max_defer_age: timedelta = timedelta(days=1),
+    layout: Layout | None = None,
 ) -> Applied:
     """Apply outcomes, each fenced on its own lease_version.
 
     Returns the (id, lease_version) of every outcome applied, with the status its row ended
     in. One missing lost its lease: another claim took the row (or reaped it) meanwhile.
+    `layout`, a partitioned table's, has the statement address only the partitions that
+    hold the outcomes' rows.
     """
     if not outcomes:
         return {}
-    q = queries(table)
+    q = queries(table, None if layout is None else layout.span(map(_message_id, outcomes)))
     ids = _bigint_array(map(_message_id, outcomes))
     versions = _bigint_array(map(_lease_version, outcomes))
     if all_done(outcomes):
@@ -231,9 +252,12 @@ async def finalize(
     outcomes: Sequence[Outcome],
     *,
     max_defer_age: timedelta = timedelta(days=1),
+    layout: Layout | None = None,
 ) -> set[int]:
     """`finalize_applied`, answering only which ids were applied."""
-    applied = await finalize_applied(conn, table, outcomes, max_defer_age=max_defer_age)
+    applied = await finalize_applied(
+        conn, table, outcomes, max_defer_age=max_defer_age, layout=layout
+    )
     return {message_id for message_id, _ in applied}
 
 
@@ -248,23 +272,31 @@ def _bigint_array(values: Iterable[int]) -> str:
 
 
 async def extend(
-    conn: AsyncConn, table: Table, messages: Sequence[Message], *, lease: timedelta
+    conn: AsyncConn,
+    table: Table,
+    messages: Sequence[Message],
+    *,
+    lease: timedelta,
+    layout: Layout | None = None,
 ) -> set[int]:
     """The lease keeper's extend: renew the leases still held; the ids renewed."""
     if not messages:
         return set()
+    within = None if layout is None else layout.span(m.id for m in messages)
     params = {
         "ids": [m.id for m in messages],
         "versions": [m.lease_version for m in messages],
         "lease": lease,
     }
-    return await fetch_async(conn, Query(queries(table).extend, params, _renewed))
+    return await fetch_async(conn, Query(queries(table, within).extend, params, _renewed))
 
 
 def _renewed(rows: list[Row]) -> set[int]:
     return {int(row[0]) for row in rows}
 
 
-async def release(conn: AsyncConn, table: Table, messages: Sequence[Message]) -> set[int]:
+async def release(
+    conn: AsyncConn, table: Table, messages: Sequence[Message], *, layout: Layout | None = None
+) -> set[int]:
     """Give messages back (shutdown): pending, available now, the attempt refunded."""
-    return await finalize(conn, table, [Outcome.release(m) for m in messages])
+    return await finalize(conn, table, [Outcome.release(m) for m in messages], layout=layout)

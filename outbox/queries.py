@@ -8,7 +8,7 @@ partial indexes in order and the batched statements join `unnest` arrays to the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 from psycopg import sql
 
@@ -52,13 +52,27 @@ _PICKED_OF_C = sql.SQL(", ").join(sql.Identifier("c", name) for name in _PICKED)
 # any earlier row.
 _HEAD_OF_AGGREGATE = sql.SQL(
     " AND NOT EXISTS (SELECT 1 FROM {t} AS prev WHERE prev.aggregate_id = c.aggregate_id"
-    " AND prev.id < c.id AND prev.status <> 'done')"
+    " AND prev.id < c.id AND prev.status <> 'done'{within})"
 )
 _REPLAY_WAITS = sql.SQL(
     " AND (c.replay IS NULL OR NOT EXISTS (SELECT 1 FROM {t} AS later"
     " WHERE later.aggregate_id = c.aggregate_id AND later.id > c.id"
-    " AND later.status = 'processing'))"
+    " AND later.status = 'processing'{within}))"
 )
+
+
+# On a partitioned table (outbox.partitions) each statement names the id range its rows can
+# be in, as constants: PostgreSQL then plans, locks and opens those partitions only.
+Within = tuple[int, int] | None  # [low, high), or None: the whole table
+
+
+def _within(within: Within, alias: str | None = None) -> sql.Composable:
+    if within is None:
+        return sql.SQL("")
+    column = sql.Identifier(alias, "id") if alias else sql.Identifier("id")
+    return sql.SQL(" AND {c} >= {low} AND {c} < {high}").format(
+        c=column, low=sql.Literal(within[0]), high=sql.Literal(within[1])
+    )
 
 
 # What a batch of successes returns: the applied (id, lease_version) pairs only when some
@@ -77,15 +91,21 @@ _REAP_CTE = sql.SQL(
                    lease_owner = NULL, lease_until = NULL
      WHERE id IN (SELECT id FROM {t}
                    WHERE status = 'processing' AND lease_until < now()
-                     AND attempts >= %(max_attempts)s::int
-                     FOR UPDATE SKIP LOCKED)
+                     AND attempts >= %(max_attempts)s::int{within}
+                     FOR UPDATE SKIP LOCKED){within_o}
 )"""
 )
 
 
-def _reap(t: sql.Composable) -> sql.Composed:
+def _reap(t: sql.Composable, within: Within) -> sql.Composed:
     reaped_error = sql.Literal(REAPED_ERROR)
-    return _REAP_CTE.format(t=t, reaped_error=reaped_error, errors=with_error(reaped_error))
+    return _REAP_CTE.format(
+        t=t,
+        reaped_error=reaped_error,
+        errors=with_error(reaped_error),
+        within=_within(within),
+        within_o=_within(within, "o"),
+    )
 
 
 # How every claim statement begins, and nothing else does: how `outbox.dashboard` tells a
@@ -167,7 +187,7 @@ _SIZED_CTE = sql.SQL(
     UPDATE {t} AS o SET status = 'dead', last_error = sized.reason, errors = {errors},
                    lease_owner = NULL, lease_until = NULL
       FROM sized
-     WHERE o.id = sized.id AND sized.verdict = 'dead'
+     WHERE o.id = sized.id AND sized.verdict = 'dead'{within_o}
 )"""
 )
 
@@ -177,7 +197,7 @@ _TAKE_LEASE = sql.SQL(
    SET status = 'processing', lease_owner = %(owner)s, lease_until = now() + %(lease)s::interval,
        lease_version = o.lease_version + 1, attempts = o.attempts + 1
   FROM sized
- WHERE o.id = sized.id AND sized.verdict = 'take'
+ WHERE o.id = sized.id AND sized.verdict = 'take'{within_o}
 RETURNING {columns}"""
 )
 
@@ -206,13 +226,15 @@ def _size_shown(size: str) -> sql.Composed:
     ).format(size=sql.SQL(size))
 
 
-def _take_lease(t: sql.Composable) -> sql.Composed:
+def _take_lease(t: sql.Composable, within: Within) -> sql.Composed:
     """The measure of `picked` (_PICKED), the death of rows past a limit, and the lease of
-    the others."""
+    the others (all of them `within`)."""
     # The shortest text of MAX_HEADER_COUNT + 1 entries: `{"": "", ...}`.
     count_from = 2 + (MAX_HEADER_COUNT + 1) * len('"": ""') + MAX_HEADER_COUNT * len(", ")
+    within_o = _within(within, "o")
     sized = _SIZED_CTE.format(
         t=t,
+        within_o=within_o,
         errors=with_error(sql.SQL("sized.reason")),
         limit=_LIMIT_SHOWN,
         size_shown=_size_shown("size"),
@@ -230,7 +252,7 @@ def _take_lease(t: sql.Composable) -> sql.Composed:
         max_header_count=sql.Literal(MAX_HEADER_COUNT),
     )
     return sql.SQL("{sized}\n{take}").format(
-        sized=sized, take=_TAKE_LEASE.format(t=t, columns=_CLAIMED_COLUMNS)
+        sized=sized, take=_TAKE_LEASE.format(t=t, columns=_CLAIMED_COLUMNS, within_o=within_o)
     )
 
 
@@ -245,10 +267,14 @@ class Queries:
     listen: sql.Composed
 
 
-def _claim(t: sql.Composable, ordered: bool) -> sql.Composed:
+def _claim(t: sql.Composable, ordered: bool, within: Within, unfinished: Within) -> sql.Composed:
+    """Ordered mode's checks look for other unfinished messages `unfinished` (from the
+    oldest partition holding one): they may sit in an earlier partition than the window the
+    claim takes rows from."""
     head = (
         sql.SQL("{head}{replay}").format(
-            head=_HEAD_OF_AGGREGATE.format(t=t), replay=_REPLAY_WAITS.format(t=t)
+            head=_HEAD_OF_AGGREGATE.format(t=t, within=_within(unfinished, "prev")),
+            replay=_REPLAY_WAITS.format(t=t, within=_within(unfinished, "later")),
         )
         if ordered
         else sql.SQL("")
@@ -258,13 +284,13 @@ def _claim(t: sql.Composable, ordered: bool) -> sql.Composed:
 WITH {reap}, expired AS (
     SELECT {columns} FROM {t} AS c
      WHERE c.status = 'processing' AND c.lease_until < now()
-       AND c.attempts < %(max_attempts)s::int{head}
+       AND c.attempts < %(max_attempts)s::int{c_within}{head}
      ORDER BY c.lease_until
      LIMIT %(batch)s::int
        FOR UPDATE OF c SKIP LOCKED
 ), ready AS (
     SELECT {columns} FROM {t} AS c
-     WHERE c.status = 'pending' AND c.available_at <= now(){head}
+     WHERE c.status = 'pending' AND c.available_at <= now(){c_within}{head}
      ORDER BY c.available_at, c.id
      LIMIT %(batch)s::int
        FOR UPDATE OF c SKIP LOCKED
@@ -274,15 +300,16 @@ WITH {reap}, expired AS (
     ).format(
         t=t,
         head=head,
-        reap=_reap(t),
-        take=_take_lease(t),
+        c_within=_within(within, "c"),
+        reap=_reap(t, within),
+        take=_take_lease(t, within),
         marker=_CLAIM,
         columns=_PICKED_OF_C,
         picked=_PICKED_COLUMNS,
     )
 
 
-def _claim_heads(t: sql.Composable) -> sql.Composed:
+def _claim_heads(t: sql.Composable, unfinished: Within) -> sql.Composed:
     """Ordered claim that visits each aggregate once instead of each waiting row.
 
     A skip scan of the `aggregate` index lists the first unfinished row of every aggregate
@@ -293,14 +320,15 @@ def _claim_heads(t: sql.Composable) -> sql.Composed:
     return sql.SQL(
         """{marker}
 WITH RECURSIVE {reap}, heads(aggregate_id, id) AS (
-    (SELECT aggregate_id, id FROM {t} WHERE status <> 'done' ORDER BY aggregate_id, id LIMIT 1)
+    (SELECT aggregate_id, id FROM {t} WHERE status <> 'done'{within}
+      ORDER BY aggregate_id, id LIMIT 1)
     UNION ALL
     SELECT n.aggregate_id, n.id FROM heads AS h CROSS JOIN LATERAL (
         SELECT aggregate_id, id FROM {t}
-         WHERE status <> 'done' AND aggregate_id > h.aggregate_id
+         WHERE status <> 'done' AND aggregate_id > h.aggregate_id{within}
          ORDER BY aggregate_id, id LIMIT 1) AS n
 ), picked AS (
-    SELECT {columns} FROM {t} AS c JOIN heads AS h ON c.id = h.id
+    SELECT {columns} FROM {t} AS c JOIN heads AS h ON c.id = h.id{c_within}
      WHERE ((c.status = 'pending' AND c.available_at <= now())
         OR (c.status = 'processing' AND c.lease_until < now()
             AND c.attempts < %(max_attempts)s::int)){replay}
@@ -310,22 +338,31 @@ WITH RECURSIVE {reap}, heads(aggregate_id, id) AS (
 ), {take}"""
     ).format(
         t=t,
-        reap=_reap(t),
-        take=_take_lease(t),
+        within=_within(unfinished),
+        c_within=_within(unfinished, "c"),
+        reap=_reap(t, unfinished),
+        take=_take_lease(t, unfinished),
         marker=_CLAIM,
         columns=_PICKED_OF_C,
-        replay=_REPLAY_WAITS.format(t=t),
+        replay=_REPLAY_WAITS.format(t=t, within=_within(unfinished, "later")),
     )
 
 
-@cache
-def queries(table: Table) -> Queries:
+@lru_cache(maxsize=256)
+def queries(table: Table, within: Within = None, unfinished_low: int | None = None) -> Queries:
+    """The statements for `table`, or for its rows `within` an id range (a partitioned
+    table's: outbox.partitions); ordered mode's checks then look from `unfinished_low`."""
     t = table.ident
-    fence = sql.SQL("o.id = f.id AND o.status = 'processing' AND o.lease_version = f.version")
+    fence = sql.SQL(
+        "o.id = f.id AND o.status = 'processing' AND o.lease_version = f.version{within}"
+    ).format(within=_within(within, "o"))
+    unfinished = within
+    if within is not None and unfinished_low is not None:
+        unfinished = (min(unfinished_low, within[0]), within[1])
     return Queries(
-        claim=_claim(t, ordered=False),
-        claim_ordered=_claim(t, ordered=True),
-        claim_heads=_claim_heads(t),
+        claim=_claim(t, False, within, unfinished),
+        claim_ordered=_claim(t, True, within, unfinished),
+        claim_heads=_claim_heads(t, unfinished),
         # The common case, kept lean: a batch of successes.
         finalize_done=sql.SQL(
             """WITH applied AS (

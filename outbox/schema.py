@@ -14,11 +14,11 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
-from outbox import destinations
+from outbox import destinations, partitions
 from outbox.runner import Query, Row, fetch, fetch_async, first_row
 from outbox.table import Table, text_constant
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 _VERSION_COMMENT = re.compile(r"^outbox-dispatcher schema v(\d+)$")
 
 # The columns every component relies on: a contract. Extra columns are allowed.
@@ -74,14 +74,9 @@ class SchemaError(RuntimeError):
     """The table is missing, has the wrong shape, or is newer than this code."""
 
 
-def _v1(table: Table) -> list[sql.Composed]:
-    t = table.ident
-    return [
-        *table.create_schema(),
-        sql.SQL(
-            """CREATE TABLE IF NOT EXISTS {t} (
-    id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    aggregate_type text        NOT NULL,
+# Every column but the id, as v1 creates them (a partitioned table's parent has the same).
+_COLUMNS_AFTER_ID = sql.SQL(
+    """    aggregate_type text        NOT NULL,
     aggregate_id   text        NOT NULL,
     event_type     text        NOT NULL,
     payload        jsonb       NOT NULL,
@@ -95,9 +90,20 @@ def _v1(table: Table) -> list[sql.Composed]:
     lease_until    timestamptz,
     lease_version  bigint      NOT NULL DEFAULT 0,
     last_error     text,
-    done_at        timestamptz
+    done_at        timestamptz"""
+)
+
+
+def _v1(table: Table) -> list[sql.Composed]:
+    t = table.ident
+    return [
+        *table.create_schema(),
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {t} (
+    id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+{columns}
 )"""
-        ).format(t=t),
+        ).format(t=t, columns=_COLUMNS_AFTER_ID),
         # The claim walks this index in order: ready rows first, oldest availability first.
         sql.SQL(
             "CREATE INDEX IF NOT EXISTS {i} ON {t} (available_at, id) WHERE status = 'pending'"
@@ -198,6 +204,12 @@ def _v6(table: Table) -> list[sql.Composed]:
         sql.SQL("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS replay integer").format(t=table.ident),
         sql.SQL("CREATE SEQUENCE IF NOT EXISTS {s} AS integer").format(s=table.sibling("replays")),
     ]
+
+
+def _v7(table: Table) -> list[sql.Composed]:
+    """The record of a partitioned layout (outbox.partitions): one row holding the partition
+    size and how many partitions are kept ahead, none for a plain table."""
+    return partitions.layout_statements(table)
 
 
 # How workers may order their claims: a table serves "aggregate" only with its ordering index.
@@ -328,7 +340,7 @@ def _serve_ordering(
 # by running the later steps. v1 once built ordered mode's index too: that index is now an
 # option a table at any version takes or leaves (ordering_statements), and a table built with
 # it keeps it until told otherwise.
-MIGRATIONS: list[Callable[[Table], list[sql.Composed]]] = [_v1, _v2, _v3, _v4, _v5, _v6]
+MIGRATIONS: list[Callable[[Table], list[sql.Composed]]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -347,11 +359,27 @@ def migration_statements(
     return [*statements, *ordering_statements(table, ordering)]
 
 
-def render_migration(table: Table, ordering: str | None = None) -> str:
-    """The full migration as SQL text, for `outbox migrate --print` and for review."""
-    return "".join(
-        f"{stmt.as_string(None)};\n\n" for stmt in migration_statements(table, ordering=ordering)
-    )
+def render_migration(
+    table: Table, ordering: str | None = None, layout: partitions.Layout | None = None
+) -> str:
+    """The full migration of a new table as SQL text, for `outbox migrate --print` and for
+    review; with `layout`, partitioned, with its first partitions."""
+    statements = migration_statements(table, ordering=ordering)
+    if layout is not None:
+        parent = partitions.partitioned_parent(table, _COLUMNS_AFTER_ID)
+        ahead = [
+            statement
+            for index, low, high in partitions.missing_ahead([], 0, layout)
+            for statement in partitions.make_partition(table, index, low, high)
+        ]
+        statements = [
+            *table.create_schema(),
+            *parent,
+            *statements,
+            partitions.record_layout(table, layout),
+            *ahead,
+        ]
+    return "".join(f"{stmt.as_string(None)};\n\n" for stmt in statements)
 
 
 def _state(table: Table) -> Query[tuple[bool, int | None]]:
@@ -415,7 +443,11 @@ def shape_problems(rows: list[tuple[object, ...]]) -> str | None:
 
 
 def migrate(
-    conn: psycopg.Connection[tuple[object, ...]], table: Table, ordering: str | None = None
+    conn: psycopg.Connection[tuple[object, ...]],
+    table: Table,
+    ordering: str | None = None,
+    *,
+    layout: partitions.Layout | None = None,
 ) -> tuple[int, int]:
     """Bring the table to SCHEMA_VERSION; returns (version before, version after).
 
@@ -423,6 +455,10 @@ def migrate(
     table as it is (a new table then serves unordered workers only). Safe to run
     concurrently and repeatedly. Refuses a table newer than this code and a table of the
     right name but the wrong shape.
+
+    `layout` creates a new table partitioned by range of id (outbox.partitions) with its
+    partitions ahead, or, for a table partitioned already, records a new number ahead and
+    makes what is missing. A plain table is not converted (it is refused, saying so).
     """
     with conn.transaction():
         conn.execute(
@@ -435,6 +471,17 @@ def migrate(
                 raise SchemaError(f"table {table} exists but is not an outbox table ({problems})")
             version = 0  # adopt a hand-made table of the right shape: every step is idempotent
         current = version or 0
+        if layout is not None:
+            if not exists:
+                for statement in table.create_schema():
+                    conn.execute(statement)
+                for statement in partitions.partitioned_parent(table, _COLUMNS_AFTER_ID):
+                    conn.execute(statement)
+            elif fetch(conn, partitions.read_partitions(table)) is None:
+                raise SchemaError(
+                    f"table {table} exists and is not partitioned; converting a plain table "
+                    "is not supported yet: create a new one with --partition-size"
+                )
         if current > SCHEMA_VERSION:
             raise SchemaError(
                 f"table {table} is at schema v{current}, newer than this outbox-dispatcher "
@@ -444,15 +491,25 @@ def migrate(
             conn.execute(statement)
         if ordering is not None:
             _serve_ordering(conn, table, ordering)
+        if layout is not None:
+            recorded = fetch(conn, partitions.read_layout(table))
+            if recorded is not None and recorded.partition_size != layout.partition_size:
+                raise SchemaError(
+                    f"table {table} has partitions of {recorded.partition_size} ids; "
+                    f"--partition-size {layout.partition_size} cannot change that"
+                )
+            conn.execute(partitions.record_layout(table, layout))
+            partitions.make_ahead(conn, table, layout)
         return current, SCHEMA_VERSION
 
 
 async def check_table(
     conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table, *, ordered: bool = False
-) -> None:
+) -> partitions.Layout | None:
     """Raise SchemaError unless the table exists at a version this code can use, and, when
     `ordered`, has the index ordered mode's every claim probes (without it each claim would
-    read every unfinished row)."""
+    read every unfinished row). A partitioned table must be one its statements can address
+    partition by partition; its layout is returned (None for a plain table)."""
     exists, version = await fetch_async(conn, _state(table))
     if not exists:
         raise SchemaError(
@@ -474,6 +531,10 @@ async def check_table(
     misshapen = _misshapen(rows)
     if misshapen:
         raise SchemaError(f"table {table} has wrong columns: {'; '.join(misshapen)}")
+    try:
+        layout = await partitions.check(conn, table)
+    except ValueError as exc:
+        raise SchemaError(f"table {table} cannot be served: {exc}") from None
     if ordered:
         state = await fetch_async(conn, _ordering_index(table))
         if state != _USABLE:
@@ -483,3 +544,4 @@ async def check_table(
                 f"--ordering aggregate needs; run `outbox migrate --table {table.argument} "
                 "--ordering aggregate`"
             )
+    return layout

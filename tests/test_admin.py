@@ -335,8 +335,8 @@ def test_a_v1_table_upgrades_in_place_to_v2(empty_dsn):
                      "status) VALUES ('a', '1', 'E', '{}', 'dead')")  # fmt: skip
         assert conn.execute("SELECT to_regclass('app.events_actions')").fetchone() == (None,)
 
-        assert migrate(conn, table) == (1, SCHEMA_VERSION) == (1, 6)
-        assert _comment(conn) == "outbox-dispatcher schema v6"
+        assert migrate(conn, table) == (1, SCHEMA_VERSION) == (1, 7)
+        assert _comment(conn) == "outbox-dispatcher schema v7"
         assert conn.execute("SELECT count(*) FROM app.events").fetchone() == (1,)  # kept
         seen = fetch(conn, repair.select_targets(table))
         result = fetch(conn, repair.repair(table, "requeue", seen, actor="dave"))
@@ -346,10 +346,11 @@ def test_a_v1_table_upgrades_in_place_to_v2(empty_dsn):
             "SELECT indexdef FROM pg_indexes WHERE indexname = 'events_actions_messages'"
         ).fetchone()
         assert index is not None and "gin (message_ids)" in index[0]
-        assert migrate(conn, table) == (6, 6)
+        assert migrate(conn, table) == (7, 7)
         # v3: the error history column, empty on the row that was there before; v4: the
         # headers column, empty too, and the destinations table beside it; v5: who serves
-        # each destination; v6: the replay column, empty, and the replays' counter.
+        # each destination; v6: the replay column, empty, and the replays' counter; v7: the
+        # layout table, empty (a plain table).
         assert conn.execute("SELECT errors, headers, replay FROM app.events").fetchone() == (
             None,
             None,

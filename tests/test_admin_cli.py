@@ -130,6 +130,6 @@ def test_migrate_reports_v1_to_v3_on_a_v1_table(empty_dsn):
             conn.execute(statement)
     result = outbox("migrate", "--dsn", empty_dsn)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "outbox: migrated from v1 to v6, for --ordering none\n"
+    assert result.stdout == "outbox: migrated from v1 to v7, for --ordering none\n"
     again = outbox("migrate", "--dsn", empty_dsn)
-    assert again.stdout == "outbox: already at schema v6, for --ordering none\n"
+    assert again.stdout == "outbox: already at schema v7, for --ordering none\n"

@@ -125,7 +125,7 @@ def comment(conn: psycopg.Connection, regclass: str) -> str | None:
 def test_migrate_creates_the_contract_table_and_is_idempotent(empty_dsn):
     first = outbox("migrate", "--dsn", empty_dsn)
     assert first.returncode == 0, first.stderr
-    assert first.stdout == "outbox: migrated from v0 to v6, for --ordering none\n"
+    assert first.stdout == "outbox: migrated from v0 to v7, for --ordering none\n"
     assert first.stderr == ""
 
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
@@ -142,7 +142,7 @@ def test_migrate_creates_the_contract_table_and_is_idempotent(empty_dsn):
             f"outbox_{suffix}" for suffix in INDEX_SUFFIXES
         }
         assert notify_triggers(conn, "outbox") == [("outbox_notify", "outbox_notify")]
-        assert comment(conn, "outbox") == "outbox-dispatcher schema v6"
+        assert comment(conn, "outbox") == "outbox-dispatcher schema v7"
         # The status CHECK constraint is part of the contract too.
         with pytest.raises(psycopg.errors.CheckViolation):
             conn.execute(
@@ -152,22 +152,22 @@ def test_migrate_creates_the_contract_table_and_is_idempotent(empty_dsn):
 
     again = outbox("migrate", "--dsn", empty_dsn)
     assert again.returncode == 0, again.stderr
-    assert again.stdout == "outbox: already at schema v6, for --ordering none\n"
+    assert again.stdout == "outbox: already at schema v7, for --ordering none\n"
 
 
 def test_migrate_reads_dsn_and_table_from_the_environment(empty_dsn):
     result = outbox("migrate", env={"OUTBOX_DSN": empty_dsn, "OUTBOX_TABLE": "from_env"})
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "from_env: migrated from v0 to v6, for --ordering none\n"
+    assert result.stdout == "from_env: migrated from v0 to v7, for --ordering none\n"
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert comment(conn, "from_env") == "outbox-dispatcher schema v6"
+        assert comment(conn, "from_env") == "outbox-dispatcher schema v7"
         assert conn.execute("SELECT to_regclass('outbox')").fetchone() == (None,)
 
 
 def test_migrate_a_schema_qualified_table(empty_dsn):
     result = outbox("migrate", "--dsn", empty_dsn, "--table", "app.events")
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "app.events: migrated from v0 to v6, for --ordering none\n"
+    assert result.stdout == "app.events: migrated from v0 to v7, for --ordering none\n"
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert [c[0] for c in columns(conn, "app.events")] == [
             *REQUIRED_COLUMNS,
@@ -194,7 +194,7 @@ def test_migrate_a_schema_qualified_table(empty_dsn):
         assert [n.channel for n in received] == ["outbox:app.events"]
 
     again = outbox("migrate", "--dsn", empty_dsn, "--table", "app.events")
-    assert again.stdout == "app.events: already at schema v6, for --ordering none\n"
+    assert again.stdout == "app.events: already at schema v7, for --ordering none\n"
     stats = outbox("stats", "--json", "--exact", "--dsn", empty_dsn, "--table", "app.events")
     assert stats.returncode == 0, stats.stderr
     assert json.loads(stats.stdout)["pending"] == 1
@@ -243,20 +243,20 @@ def test_migrate_print_shows_quoted_sql_and_touches_no_database(empty_dsn):
     assert "COMMENT ON TABLE \"x\" IS 'outbox-dispatcher schema v1'" in sql_text
     # v2: the audit log of operator actions, named after the table.
     assert 'CREATE TABLE IF NOT EXISTS "x_actions" (' in sql_text
-    assert "COMMENT ON TABLE \"x\" IS 'outbox-dispatcher schema v6'" in sql_text
+    assert "COMMENT ON TABLE \"x\" IS 'outbox-dispatcher schema v7'" in sql_text
 
     # The printed SQL is the migration: applied by hand, `outbox migrate` finds v6.
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute(sql_text.encode())
-        assert comment(conn, "x") == "outbox-dispatcher schema v6"
+        assert comment(conn, "x") == "outbox-dispatcher schema v7"
     again = outbox("migrate", "--dsn", empty_dsn, "--table", "x")
-    assert again.stdout == "x: already at schema v6, for --ordering none\n"
+    assert again.stdout == "x: already at schema v7, for --ordering none\n"
 
 
 def test_migrate_builds_and_drops_the_ordering_index_on_request_and_else_keeps_it(empty_dsn):
     built = outbox("migrate", "--dsn", empty_dsn, "--ordering", "aggregate")
     assert built.returncode == 0, built.stderr
-    assert built.stdout == "outbox: migrated from v0 to v6, for --ordering none or aggregate\n"
+    assert built.stdout == "outbox: migrated from v0 to v7, for --ordering none or aggregate\n"
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert "outbox_aggregate" in indexes(conn, "outbox")
         definition = conn.execute(
@@ -266,20 +266,20 @@ def test_migrate_builds_and_drops_the_ordering_index_on_request_and_else_keeps_i
         assert "(aggregate_id, id) WHERE (status <> 'done'::text)" in definition[0]
     # Unset, an existing table stays as it is: an ordered deployment's upgrade keeps its index.
     kept = outbox("migrate", "--dsn", empty_dsn)
-    assert kept.stdout == "outbox: already at schema v6, for --ordering none or aggregate\n"
+    assert kept.stdout == "outbox: already at schema v7, for --ordering none or aggregate\n"
     # The variable the workers read builds, but never drops: one meant for other workers
     # must not take an ordered table's index away. Dropping takes the flag.
     kept = outbox("migrate", env={"OUTBOX_DSN": empty_dsn, "OUTBOX_ORDERING": "none"})
-    assert kept.stdout == "outbox: already at schema v6, for --ordering none or aggregate\n"
+    assert kept.stdout == "outbox: already at schema v7, for --ordering none or aggregate\n"
     dropped = outbox("migrate", "--dsn", empty_dsn, "--ordering", "none")
     assert dropped.returncode == 0, dropped.stderr
-    assert dropped.stdout == "outbox: already at schema v6, for --ordering none\n"
+    assert dropped.stdout == "outbox: already at schema v7, for --ordering none\n"
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert indexes(conn, "outbox") == {"outbox_pkey"} | {
             f"outbox_{suffix}" for suffix in INDEX_SUFFIXES
         }
     rebuilt = outbox("migrate", env={"OUTBOX_DSN": empty_dsn, "OUTBOX_ORDERING": "aggregate"})
-    assert rebuilt.stdout == "outbox: already at schema v6, for --ordering none or aggregate\n"
+    assert rebuilt.stdout == "outbox: already at schema v7, for --ordering none or aggregate\n"
 
 
 def _open_writer(dsn: str) -> psycopg.Connection:
@@ -341,7 +341,7 @@ def test_migrate_rebuilds_an_invalid_ordering_index_and_waits_for_one_being_buil
         holder.rollback()
         holder.close()
     result = outbox("migrate", "--dsn", empty_dsn, "--ordering", "aggregate")
-    assert result.stdout == "outbox: already at schema v6, for --ordering none or aggregate\n"
+    assert result.stdout == "outbox: already at schema v7, for --ordering none or aggregate\n"
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert conn.execute(
             "SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_aggregate'::regclass"
@@ -455,7 +455,7 @@ def test_migrate_adopts_a_hand_made_table_with_an_identity_and_extra_columns(emp
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE outbox ({columns_sql}, tenant text)")  # extra: fine
     result = outbox("migrate", "--dsn", empty_dsn)
-    assert result.stdout == "outbox: migrated from v0 to v6, for --ordering none\n", result.stderr
+    assert result.stdout == "outbox: migrated from v0 to v7, for --ordering none\n", result.stderr
 
 
 @pytest.mark.parametrize(
@@ -526,9 +526,9 @@ def test_migrate_adopts_a_hand_made_table_of_the_right_shape(empty_dsn):
         )
     result = outbox("migrate", "--dsn", empty_dsn)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "outbox: migrated from v0 to v6, for --ordering none\n"
+    assert result.stdout == "outbox: migrated from v0 to v7, for --ordering none\n"
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert comment(conn, "outbox") == "outbox-dispatcher schema v6"
+        assert comment(conn, "outbox") == "outbox-dispatcher schema v7"
         assert {f"outbox_{s}" for s in INDEX_SUFFIXES} <= indexes(conn, "outbox")
         assert notify_triggers(conn, "outbox") == [("outbox_notify", "outbox_notify")]
         # The extra column and the existing row are kept.

@@ -138,6 +138,7 @@ class Claimer(Service):
                 prepare=s.prepared_statements or None,
                 max_payload_bytes=s.max_payload_bytes,
                 claim_bytes=budget,
+                window=self.window,
             )
         full = len(messages) >= want
         if messages and not full:

@@ -74,7 +74,11 @@ class Finalizer(Service):
     async def _finalize(self, outcomes: list[Outcome]) -> lease.Applied:
         async with self.connection() as conn:
             return await lease.finalize_applied(
-                conn, self.settings.table, outcomes, max_defer_age=self.settings.max_defer_age
+                conn,
+                self.settings.table,
+                outcomes,
+                max_defer_age=self.settings.max_defer_age,
+                layout=self.window.layout,
             )
 
     def _applied(self, outcomes: list[Outcome], applied: lease.Applied) -> None:

@@ -45,5 +45,9 @@ class LeaseKeeper(Service):
     async def _extend(self, messages: list[Message]) -> set[int]:
         async with self.connection() as conn:
             return await lease.extend(
-                conn, self.settings.table, messages, lease=self.settings.lease
+                conn,
+                self.settings.table,
+                messages,
+                lease=self.settings.lease,
+                layout=self.window.layout,
             )

@@ -100,6 +100,7 @@ class Replica:
         retry = self.retry = DatabaseRetry(self.metrics, s.dsn, self._check_pool)
         wakeup = asyncio.Event()
         shared = Shared(s, self.ledger, self.pool.connection, retry, self.metrics)
+        self.window = shared.window
         self.listener = Listener(s, retry, wakeup)
         self.gate = DestinationGate(shared, self.publisher)
         limiter = RateLimiter(s, self.pool.connection) if s.rate_limit is not None else None
@@ -192,7 +193,7 @@ class Replica:
         async with await psycopg.AsyncConnection.connect(
             s.dsn, autocommit=True, application_name=s.owner, **connect_options(s.dsn)
         ) as conn:
-            await check_table(conn, s.table, ordered=s.ordered)
+            self.window.layout = await check_table(conn, s.table, ordered=s.ordered)
 
     def _log_start(self) -> None:
         s = self.settings

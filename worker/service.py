@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from outbox.partitions import ClaimWindow
 from outbox.worker.ledger import Ledger
 from outbox.worker.metrics import Metrics
 from outbox.worker.retry import DatabaseRetry
@@ -19,6 +20,8 @@ class Shared:
     connection: Callable[[], Any]  # the pool's: `async with connection() as conn`
     retry: DatabaseRetry  # the one way to wait for the database
     metrics: Metrics
+    # Where claims look in a partitioned table; its layout is learnt when the table is checked.
+    window: ClaimWindow = field(default_factory=ClaimWindow)
 
 
 class Service:
@@ -30,3 +33,4 @@ class Service:
         self.connection = shared.connection
         self.retry = shared.retry
         self.metrics = shared.metrics
+        self.window = shared.window

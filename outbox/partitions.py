@@ -1,0 +1,450 @@
+"""The partitioned layout: an outbox table partitioned by range of `id`, and how its hot
+statements address only the partitions that can hold the rows they want.
+
+Partition k holds the ids [k * size, (k + 1) * size): which partition an id lives in is
+arithmetic, so a statement can name its id range as constants and PostgreSQL prunes every
+other partition while planning it. A statement over the parent without such a range plans,
+locks and opens every partition (hundreds, most of them empty ahead or done history).
+
+The partition size is recorded in `<table>_layout` (schema v6), one row, read back by the
+workers, the checks and maintenance: a table of its own rather than the table's comment,
+which holds the schema version, so that it is typed and checked by constraints.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+
+import psycopg
+from psycopg import sql
+
+from outbox.runner import Query, Row, fetch, fetch_async, first_row
+from outbox.table import Table
+
+# A partition holds a million ids by default: at 1,000 messages a second, a partition every
+# 17 minutes, so a retention of hours retires a few dozen at a time and the claim's window
+# (below) is one or two partitions.
+DEFAULT_PARTITION_SIZE = 1_000_000
+# Partitions made ahead of the highest id: 16 million ids at the default size, four and a half
+# hours at 1,000 messages a second: far more than a burst at any producer's top rate takes
+# between two maintenance runs (the operator's purge timer, the workers' own check).
+DEFAULT_PARTITIONS_AHEAD = 16
+PARTITION_SIZE_RANGE = (100, 10**12)
+PARTITIONS_AHEAD_RANGE = (1, 10_000)
+
+_BOUND = re.compile(r"^FOR VALUES FROM \('?(-?\d+)'?\) TO \('?(-?\d+)'?\)$")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the statements need to know of a partitioned table."""
+
+    partition_size: int
+    partitions_ahead: int
+
+    def partition_of(self, message_id: int) -> int:
+        return message_id // self.partition_size
+
+    def span(self, ids: Iterable[int]) -> tuple[int, int]:
+        """The id range, whole partitions, that holds every one of `ids` (not empty)."""
+        values = list(ids)
+        size = self.partition_size
+        return min(values) // size * size, (max(values) // size + 1) * size
+
+
+def layout_table(table: Table) -> sql.Composable:
+    return table.sibling("layout")
+
+
+def layout_statements(table: Table) -> list[sql.Composed]:
+    """Schema v6: the table that records a partitioned layout (one row, or none for a plain
+    table)."""
+    return [
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {l} (
+    single           boolean PRIMARY KEY DEFAULT true CHECK (single),
+    partition_size   bigint  NOT NULL CHECK (partition_size > 0),
+    partitions_ahead integer NOT NULL CHECK (partitions_ahead > 0)
+)"""
+        ).format(l=layout_table(table))
+    ]
+
+
+def read_layout(table: Table) -> Query[Layout | None]:
+    statement = sql.SQL(
+        "SELECT partition_size, partitions_ahead FROM {l} WHERE to_regclass({t}) IS NOT NULL"
+    ).format(l=layout_table(table), t=table.regclass_literal)
+    return Query(statement, None, first_row(_parse_layout))
+
+
+def _parse_layout(row: Row | None) -> Layout | None:
+    return None if row is None else Layout(int(row[0]), int(row[1]))
+
+
+def record_layout(table: Table, layout: Layout) -> sql.Composed:
+    return sql.SQL(
+        "INSERT INTO {l} (partition_size, partitions_ahead) VALUES ({size}, {ahead}) "
+        "ON CONFLICT (single) DO UPDATE SET partitions_ahead = excluded.partitions_ahead"
+    ).format(
+        l=layout_table(table),
+        size=sql.Literal(layout.partition_size),
+        ahead=sql.Literal(layout.partitions_ahead),
+    )
+
+
+def partitioned_parent(table: Table, columns: sql.Composable) -> list[sql.Composed]:
+    """The parent of a new partitioned table. Its id comes from a sequence it owns, not an
+    identity: identity on a partitioned table needs PostgreSQL 17, and the layout serves 15."""
+    sequence = table.sibling("id_seq")
+    sequence_name = text_name(table, "id_seq")
+    return [
+        sql.SQL("CREATE SEQUENCE IF NOT EXISTS {s} AS bigint").format(s=sequence),
+        sql.SQL(
+            """CREATE TABLE IF NOT EXISTS {t} (
+    id             bigint      NOT NULL DEFAULT nextval({seq}::regclass),
+{columns},
+    PRIMARY KEY (id)
+) PARTITION BY RANGE (id)"""
+        ).format(t=table.ident, seq=sequence_name, columns=columns),
+        sql.SQL("ALTER SEQUENCE {s} OWNED BY {t}.id").format(s=sequence, t=table.ident),
+    ]
+
+
+def text_name(table: Table, suffix: str) -> sql.Composable:
+    """A sibling's qualified name as a string constant (for `::regclass`)."""
+    sibling = Table(table.schema, table.derived_name(suffix))
+    return sibling.regclass_literal
+
+
+def partition_table(table: Table, index: int) -> Table:
+    return Table(table.schema, table.derived_name(f"p{index}"))
+
+
+# -- reading the partitions ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    low: int  # first id
+    high: int  # past the last id
+
+
+def read_partitions(table: Table) -> Query[list[Partition] | None]:
+    """The leaf partitions in id order, or None for a table that is not partitioned."""
+    statement = sql.SQL(
+        """SELECT c.relkind = 'p',
+       (SELECT array_agg(ARRAY[p.relname::text, pg_get_expr(p.relpartbound, p.oid)]
+                         ORDER BY p.relname)
+          FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid
+         WHERE i.inhparent = c.oid)
+  FROM pg_class c WHERE c.oid = {t}::regclass"""
+    ).format(t=table.regclass_literal)
+    return Query(statement, None, first_row(_parse_partitions))
+
+
+def _parse_partitions(row: Row | None) -> list[Partition] | None:
+    if row is None or not row[0]:
+        return None
+    found = []
+    for name, bound in row[1] or ():
+        match = _BOUND.match(str(bound))
+        if match is None:
+            raise ValueError(f"partition {name} is not a range of ids ({bound})")
+        found.append(Partition(str(name), int(match.group(1)), int(match.group(2))))
+    return sorted(found, key=lambda p: p.low)
+
+
+def _highest_id(table: Table) -> Query[int]:
+    # The sequence's last value, not max(id): it is never behind an insert in flight.
+    statement = sql.SQL(
+        "SELECT coalesce((SELECT max(id) FROM {t}), 0), "
+        "coalesce(pg_sequence_last_value(pg_get_serial_sequence({t_text}, 'id')), 0)"
+    ).format(t=table.ident, t_text=table.regclass_literal)
+    return Query(
+        statement, None, first_row(lambda row: max(int(row[0]), int(row[1])) if row else 0)
+    )
+
+
+def missing_ahead(
+    existing: list[Partition], highest_id: int, layout: Layout
+) -> list[tuple[int, int, int]]:
+    """(index, low, high) of each partition to make so that `partitions_ahead` whole
+    partitions lie past the one holding `highest_id`."""
+    size = layout.partition_size
+    first = existing[-1].high // size if existing else 0
+    last = highest_id // size + layout.partitions_ahead
+    return [(k, k * size, (k + 1) * size) for k in range(first, last + 1)]
+
+
+def make_partition(table: Table, index: int, low: int, high: int) -> list[sql.Composed]:
+    """A partition made on its own, then attached: ATTACH takes the parent's SHARE UPDATE
+    EXCLUSIVE lock (producers and workers go on), where CREATE TABLE ... PARTITION OF takes
+    its ACCESS EXCLUSIVE one. The CHECK spares ATTACH its scan (the table is empty anyway);
+    ATTACH builds the parent's indexes on it."""
+    leaf = partition_table(table, index)
+    return [
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {leaf} (LIKE {t} INCLUDING DEFAULTS INCLUDING CONSTRAINTS,"
+            " CONSTRAINT {check} CHECK (id >= {low} AND id < {high}))"
+        ).format(
+            leaf=leaf.ident,
+            t=table.ident,
+            check=sql.Identifier(f"{leaf.name}_range"[:63]),
+            low=sql.Literal(low),
+            high=sql.Literal(high),
+        ),
+        sql.SQL(
+            "ALTER TABLE {t} ATTACH PARTITION {leaf} FOR VALUES FROM ({low}) TO ({high})"
+        ).format(t=table.ident, leaf=leaf.ident, low=sql.Literal(low), high=sql.Literal(high)),
+    ]
+
+
+def make_ahead(conn: psycopg.Connection[tuple[object, ...]], table: Table, layout: Layout) -> int:
+    """Make the partitions missing ahead of the highest id; how many were made."""
+    existing = fetch(conn, read_partitions(table)) or []
+    missing = missing_ahead(existing, fetch(conn, _highest_id(table)), layout)
+    for index, low, high in missing:
+        for statement in make_partition(table, index, low, high):
+            conn.execute(statement)
+    return len(missing)
+
+
+def _partitioning(table: Table) -> Query[Row | None]:
+    """How a partitioned table is partitioned: (strategy, key columns, has a DEFAULT
+    partition, partitions, the parent's indexes some partition lacks); no row for a table
+    that is not partitioned."""
+    statement = sql.SQL(
+        """SELECT pt.partstrat::text,
+       ARRAY(SELECT coalesce(a.attname::text, 'an expression')
+               FROM unnest(pt.partattrs::int2[]) AS k(attnum)
+               LEFT JOIN pg_attribute a ON a.attrelid = pt.partrelid AND a.attnum = k.attnum),
+       pt.partdefid <> 0,
+       n.partitions,
+       ARRAY(SELECT c.relname::text FROM pg_index pi JOIN pg_class c ON c.oid = pi.indexrelid
+              WHERE pi.indrelid = pt.partrelid
+                AND (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = pi.indexrelid)
+                    < n.partitions
+              ORDER BY c.relname)
+  FROM pg_partitioned_table pt,
+       LATERAL (SELECT count(*) AS partitions FROM pg_inherits WHERE inhparent = pt.partrelid) n
+ WHERE pt.partrelid = {t}::regclass"""
+    ).format(t=table.regclass_literal)
+    return Query(statement, None, first_row(lambda row: row))
+
+
+def partitioning_problem(row: Row | None, layout: Layout | None, table: Table) -> str | None:
+    """Why a partitioned table cannot be served well, or None (also for a plain table)."""
+    if row is None:
+        return None
+    strategy, key, has_default, count, lacking = row
+    if strategy != "r" or list(key) != ["id"]:
+        how = {"r": "range", "l": "list", "h": "hash"}.get(str(strategy), str(strategy))
+        return (
+            f"it is partitioned by {how} of {', '.join(key)}; the claim and retention need "
+            "a range of id"
+        )
+    if has_default:
+        return (
+            "it has a DEFAULT partition, which blocks DETACH ... CONCURRENTLY and hides a "
+            "missed maintenance until it fails; move its rows to ranged partitions and drop it"
+        )
+    if lacking:
+        return (
+            f"index {', '.join(lacking)} is missing on some of its {count} partitions; "
+            "create it on each partition and ATTACH it"
+        )
+    if layout is None:
+        return (
+            "its partition size is not recorded; run `outbox migrate --table "
+            f"{table.argument} --partition-size N` with its partitions' size"
+        )
+    return None
+
+
+async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table) -> Layout | None:
+    """The table's layout (None: plain); ValueError naming why a partitioned table cannot be
+    served."""
+    row = await fetch_async(conn, _partitioning(table))
+    layout = await fetch_async(conn, read_layout(table)) if row is not None else None
+    problem = partitioning_problem(row, layout, table)
+    if problem:
+        raise ValueError(problem)
+    return layout
+
+
+# -- the claim's window ----------------------------------------------------------------------
+
+# How long a worker trusts the window it read: a row that became ready below it (a retry come
+# due, a requeue) or an expired lease waits at most this long for the next reading.
+WINDOW_TTL = 1.0
+# How long readings may start from the oldest unfinished row they last found rather than
+# from the lowest partition (see ClaimWindow).
+FLOOR_TTL = 30.0
+# Partitions a reading statement looks in at a time.
+READING_PARTITIONS = 4
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Constant id ranges a claim statement is composed with (each a distinct statement,
+    prepared once per connection like the plain one)."""
+
+    low: int  # the window: where ready rows are looked for
+    high: int
+    # Ordered mode: where an unfinished earlier message of an aggregate may be (the oldest
+    # partition holding a pending, processing or dead row, up to the window's end).
+    unfinished_low: int
+
+
+def _ids(within: tuple[int, int]) -> sql.Composable:
+    return sql.SQL(" AND id >= {low} AND id < {high}").format(
+        low=sql.Literal(within[0]), high=sql.Literal(within[1])
+    )
+
+
+def _extent(table: Table) -> Query[tuple[int | None, int]]:
+    """The first id of the lowest partition and the last id the sequence gave: from the
+    catalog and the sequence, opening no partition."""
+    statement = sql.SQL(
+        """SELECT (SELECT min(substring(pg_get_expr(p.relpartbound, p.oid) FROM {first})::bigint)
+          FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid
+         WHERE i.inhparent = {t}::regclass),
+       pg_sequence_last_value(pg_get_serial_sequence({t}, 'id'))"""
+    ).format(t=table.regclass_literal, first=sql.Literal(r"FROM \('?(-?[0-9]+)"))
+    return Query(statement, None, first_row(_parse_extent))
+
+
+def _parse_extent(row: Row | None) -> tuple[int | None, int]:
+    assert row is not None
+    return (None if row[0] is None else int(row[0])), int(row[1] or 0)
+
+
+@lru_cache(maxsize=64)
+def _window_reading(table: Table, within: tuple[int, int]) -> Query[Row]:
+    """Where, `within` the live ids, the oldest ready row (or expired lease) and the oldest
+    unfinished row are. Each a probe of a partial index per partition in the range: read
+    after a short claim and once a WINDOW_TTL, never per claim."""
+    statement = sql.SQL(
+        """SELECT least(
+           (SELECT min(id) FROM {t} WHERE status = 'pending' AND available_at <= now(){ids}),
+           (SELECT min(id) FROM {t} WHERE status = 'processing' AND lease_until < now(){ids})),
+       {unfinished}"""
+    ).format(t=table.ident, ids=_ids(within), unfinished=_unfinished(table, within))
+    return Query(statement, None, first_row(lambda row: row or (None, None)))
+
+
+def _unfinished(table: Table, within: tuple[int, int]) -> sql.Composable:
+    return sql.SQL(
+        "least((SELECT min(id) FROM {t} WHERE status IN ('pending', 'processing'){ids}), "
+        "(SELECT min(id) FROM {t} WHERE status = 'dead'{ids}))"
+    ).format(t=table.ident, ids=_ids(within))
+
+
+@lru_cache(maxsize=64)
+def _oldest_unfinished(table: Table, within: tuple[int, int]) -> Query[int | None]:
+    statement = sql.SQL("SELECT {unfinished}").format(unfinished=_unfinished(table, within))
+    return Query(statement, None, first_row(lambda row: None if row is None else row[0]))
+
+
+class ClaimWindow:
+    """A worker's view of where its claims look: the few partitions from the oldest ready
+    row on, wide enough for two batches.
+
+    Moved forward by the claims themselves (a full claim's oldest id is where the next one
+    starts), read again from the table after a short claim and at least every WINDOW_TTL. A
+    short claim on a window just read may have found nothing claimable in it while rows wait
+    further on (ordered mode: heads behind a blocked aggregate's rows), so the next claim
+    looks from there up to the highest id, once.
+
+    A reading looks from the oldest unfinished row the last one found (unfinished rows only
+    end: a requeued dead row was unfinished already) up to the sequence's last id, and from
+    the lowest partition every FLOOR_TTL, for a row committed long after its id was taken.
+
+    A worker makes one before it knows its table; `layout` is set when the table is checked
+    (None: a plain table, which claims have no window on).
+    """
+
+    def __init__(self, layout: Layout | None = None) -> None:
+        self.layout = layout
+        self._bounds: Bounds | None = None
+        self._width = 0
+        self._read_at = 0.0
+        self._fresh = False  # no claim since the window was read
+        self._widen = False
+        self._floor: int | None = None  # where readings start
+        self._floor_at = 0.0
+        self.unfinished_behind = False  # the window moved on: the head check's start may too
+
+    def stale(self) -> bool:
+        return self._bounds is None or time.monotonic() - self._read_at > WINDOW_TTL
+
+    async def read(
+        self, conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table, batch: int
+    ) -> None:
+        assert self.layout is not None, "a plain table has no window"
+        size = self.layout.partition_size
+        lowest, last_id = await fetch_async(conn, _extent(table))
+        now = time.monotonic()
+        if self._floor is None or now - self._floor_at > FLOOR_TTL:
+            self._floor, self._floor_at = lowest or 0, now
+        top = (last_id // size + 1) * size
+        # Partition by partition, a few at a time, from the floor up to the first ready row:
+        # a statement over them all would plan every partition (a reading over 30 of them
+        # cost more than the claims of a 30,000-row drain).
+        ready = unfinished = None
+        chunk = READING_PARTITIONS * size
+        for low in range(min(self._floor, top) // size * size, top, chunk):
+            within = (low, min(low + chunk, top))
+            ready, found = await fetch_async(conn, _window_reading(table, within))
+            unfinished = found if unfinished is None else unfinished
+            if ready is not None:
+                break
+        self._width = max(2, -(-2 * batch // size)) * size
+        start = ready if ready is not None else last_id
+        low = int(start) // size * size
+        high = max(low + self._width, top) if self._widen else low + self._width
+        unfinished_low = int(unfinished) // size * size if unfinished is not None else low
+        self._floor = min(unfinished_low, low)
+        self._bounds = Bounds(low, high, self._floor)
+        self._read_at = now
+        self._fresh, self._widen, self.unfinished_behind = True, False, False
+
+    async def catch_up(
+        self, conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table
+    ) -> None:
+        """Ordered mode, after the window moved: the head check starts from the oldest
+        unfinished row again, so it probes no partition finished meanwhile."""
+        b = self._bounds
+        assert b is not None and self.layout is not None
+        self.unfinished_behind = False
+        if b.unfinished_low >= b.low:
+            return
+        found = await fetch_async(conn, _oldest_unfinished(table, (b.unfinished_low, b.low)))
+        size = self.layout.partition_size
+        unfinished_low = b.low if found is None else int(found) // size * size
+        self._floor = unfinished_low
+        self._bounds = Bounds(b.low, b.high, unfinished_low)
+
+    def bounds(self) -> Bounds:
+        assert self._bounds is not None, "read the window first"
+        return self._bounds
+
+    def claimed(self, ids: list[int], wanted: int) -> None:
+        """After a claim: a full one moves the window to its oldest id; a short one means the
+        window has run dry (or rows wait outside it), so the next claim reads it again."""
+        fresh, self._fresh = self._fresh, False
+        if len(ids) < wanted or self._bounds is None or self.layout is None:
+            self._widen = fresh and self._bounds is not None
+            self._bounds = None
+            return
+        size = self.layout.partition_size
+        low = min(ids) // size * size
+        b = self._bounds
+        if low > b.low:
+            self._bounds = Bounds(low, max(b.high, low + self._width), b.unfinished_low)
+            self.unfinished_behind = b.unfinished_low < low

@@ -1,0 +1,249 @@
+"""The partitioned layout: made by `outbox migrate --partition-size`, checked before use, and
+claimed, finalized and extended partition by partition, in both orderings."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from helpers import explain_prepared, seed, statuses, wait_until
+from test_worker import Scripted
+from workers import dispatching, settings
+
+from outbox import lease
+from outbox.models import Outcome
+from outbox.partitions import ClaimWindow, Layout, read_partitions
+from outbox.queries import queries
+from outbox.runner import fetch
+from outbox.schema import _COLUMNS_AFTER_ID, SchemaError, check_table, migrate
+from outbox.table import Table
+from outbox.worker.publishers.base import RetryableError
+
+TABLE = Table.parse("outbox")
+SIZE = 100
+
+
+@pytest.fixture
+def pconn(empty_dsn: str) -> Any:
+    """A fresh database holding `outbox` partitioned in partitions of SIZE ids, 3 ahead."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, layout=Layout(SIZE, 3))
+        yield conn
+
+
+def _leaves(conn: Any) -> list[tuple[int, int]]:
+    return [(p.low, p.high) for p in fetch(conn, read_partitions(TABLE)) or []]
+
+
+def test_migrate_makes_a_range_partitioned_table_with_partitions_ahead(pconn):
+    assert _leaves(pconn) == [(0, 100), (100, 200), (200, 300), (300, 400)]
+    strategy, default = pconn.execute(
+        "SELECT partstrat, partdefid FROM pg_partitioned_table WHERE partrelid = 'outbox'::regclass"
+    ).fetchone()
+    assert (strategy, default) == ("r", 0)  # by range, and no DEFAULT partition
+    assert pconn.execute("SELECT * FROM outbox_layout").fetchone() == (True, SIZE, 3)
+    # Rows fill the partitions; migrating again keeps 3 whole partitions past the highest id.
+    seed(pconn, 250)
+    migrate(pconn, TABLE, layout=Layout(SIZE, 3))
+    assert _leaves(pconn)[-1] == (500, 600)
+    assert migrate(pconn, TABLE, layout=Layout(SIZE, 3)) == (7, 7)  # idempotent
+    assert len(_leaves(pconn)) == 6
+
+
+def test_migrate_refuses_another_partition_size_and_a_plain_table(pconn, dsn):
+    with pytest.raises(SchemaError, match="partitions of 100 ids"):
+        migrate(pconn, TABLE, layout=Layout(200, 3))
+    with (
+        psycopg.connect(dsn, autocommit=True) as plain,
+        pytest.raises(SchemaError, match="not partitioned"),
+    ):
+        migrate(plain, TABLE, layout=Layout(SIZE, 3))
+
+
+def test_cli_migrate_with_partitions_and_its_usage_errors(empty_dsn):
+    def outbox(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "outbox", "migrate", "--dsn", empty_dsn, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    alone = outbox("--partitions-ahead", "5")
+    assert alone.returncode == 2 and "--partitions-ahead: needs --partition-size" in alone.stderr
+    small = outbox("--partition-size", "5")
+    assert small.returncode == 2 and "--partition-size" in small.stderr
+    made = outbox("--partition-size", "1000", "--partitions-ahead", "200")
+    assert made.returncode == 0, made.stderr
+    with psycopg.connect(empty_dsn) as conn:
+        assert len(_leaves(conn)) == 201
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        ("CREATE TABLE outbox_rest PARTITION OF outbox DEFAULT", "DEFAULT partition"),
+        ("DELETE FROM outbox_layout", "partition size is not recorded"),
+        (
+            "CREATE TABLE outbox_bare (LIKE outbox INCLUDING DEFAULTS INCLUDING CONSTRAINTS);"
+            "DROP INDEX outbox_dead;"
+            "ALTER TABLE outbox ATTACH PARTITION outbox_bare FOR VALUES FROM (400) TO (500);"
+            "CREATE INDEX outbox_dead ON ONLY outbox (id) WHERE status = 'dead'",
+            "index outbox_dead is missing",
+        ),
+    ],
+    ids=["default", "unrecorded", "index"],
+)
+async def test_the_check_refuses_a_partitioned_table_it_cannot_serve(
+    pconn, empty_dsn, damage, reason
+):
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        assert await check_table(aconn, TABLE) == Layout(SIZE, 3)
+        for statement in damage.split(";"):
+            pconn.execute(statement)
+        with pytest.raises(SchemaError, match=reason):
+            await check_table(aconn, TABLE)
+
+
+async def test_the_check_refuses_a_table_partitioned_by_something_else(empty_dsn):
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE SEQUENCE outbox_id_seq")
+        columns = _COLUMNS_AFTER_ID.as_string(conn)
+        conn.execute(
+            "CREATE TABLE outbox (id bigint NOT NULL DEFAULT nextval('outbox_id_seq'), "
+            + columns
+            + ") PARTITION BY HASH (aggregate_id)"
+        )
+        migrate(conn, TABLE)  # adopted: its columns are right
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        with pytest.raises(SchemaError, match="partitioned by hash of aggregate_id"):
+            await check_table(aconn, TABLE)
+
+
+def _claim_args() -> dict[str, str]:
+    return {
+        "max_attempts": "12",
+        "batch": "50",
+        "owner": "w",
+        "lease": "60 seconds",
+        "max_payload_bytes": "2097152",
+        "claim_bytes": "16777216",
+    }
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+@pytest.mark.parametrize("statement", ["claim", "claim_ordered", "finalize", "extend"])
+def test_statements_touch_only_the_partitions_of_their_window(pconn, statement, generic):
+    """The hot statements name their id range as constants: their plans hold the window's
+    partitions only, custom or generic, however many partitions are made ahead."""
+    migrate(pconn, TABLE, "aggregate", layout=Layout(SIZE, 40))
+    seed(pconn, 450, aggregates=20)
+    pconn.execute("ANALYZE outbox")
+    q = queries(TABLE, (200, 400), 100)
+    args = {
+        **_claim_args(),
+        "ids": "{201,202}",
+        "versions": "{1,1}",
+        "statuses": "{done,dead}",
+        "delays": "{0,0}",
+        "errors": "{NULL,x}",
+        "refunds": "{f,f}",
+        "deferreds": "{f,f}",
+        "max_defer_age": "1 day",
+        "n": "2",
+    }
+    plan = explain_prepared(pconn, getattr(q, statement), args, generic=generic)
+    touched = {int(n) for n in re.findall(r"outbox_p(\d+)", plan)}
+    # The window is partitions 2 and 3; ordered mode's head check also looks in partition 1.
+    allowed = {1, 2, 3} if statement == "claim_ordered" else {2, 3}
+    assert touched and touched <= allowed, plan
+    assert "outbox_p40" not in plan and "outbox_p0 " not in plan, plan
+
+
+async def _drain(aconn: Any, *, ordered: bool, batch: int) -> list[list[int]]:
+    """Claim and finalize until nothing is left; the ids of each claim."""
+    window = ClaimWindow(Layout(SIZE, 3))
+    claims = []
+    while True:
+        got = await lease.claim(
+            aconn,
+            TABLE,
+            owner="w",
+            batch=batch,
+            lease=timedelta(minutes=1),
+            max_attempts=5,
+            ordered=ordered,
+            window=window,
+        )
+        if not got:
+            return claims
+        claims.append([m.id for m in got])
+        assert window.layout is not None
+        done = await lease.finalize(
+            aconn, TABLE, [Outcome.done(m) for m in got], layout=window.layout
+        )
+        assert done == {m.id for m in got}
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+async def test_claims_drain_every_partition_and_move_their_window_on(pconn, empty_dsn, ordered):
+    if ordered:
+        migrate(pconn, TABLE, "aggregate")
+    seed(pconn, 350, aggregates=7)
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        claims = await _drain(aconn, ordered=ordered, batch=40)
+    taken = [i for claim in claims for i in claim]
+    assert sorted(taken) == list(range(1, 351))  # every row, once
+    assert statuses(pconn) == {"done": 350}
+
+
+async def test_ordered_mode_keeps_an_aggregates_order_across_a_partition_boundary(pconn, empty_dsn):
+    """An aggregate's first message is in partition 0 and still in flight; its next ones sit
+    in partition 1, which the window has moved to: they wait for it."""
+    migrate(pconn, TABLE, "aggregate")
+    seed(pconn, 99, aggregates=99)  # ids 1-99: one message each of agg-0 .. agg-98
+    seed(pconn, 60, aggregates=1)  # ids 100-159: agg-0's next messages, in partition 1
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        window = ClaimWindow(Layout(SIZE, 3))
+
+        async def claim(batch: int) -> list[Any]:
+            return await lease.claim(
+                aconn, TABLE, owner="w", batch=batch, lease=timedelta(minutes=1),
+                max_attempts=5, ordered=True, window=window,
+            )  # fmt: skip
+
+        first = await claim(99)  # every head: agg-0's id 1 among them, held
+        assert [m.id for m in first] == list(range(1, 100))
+        assert window.bounds().low == 0
+        held_head = next(m for m in first if m.id == 1)
+        others = [Outcome.done(m) for m in first if m.id != 1]
+        await lease.finalize(aconn, TABLE, others, layout=window.layout)
+        # Partition 0 is all done but id 1; partition 1 holds only agg-0's later messages.
+        assert await claim(50) == []
+        await lease.finalize(aconn, TABLE, [Outcome.done(held_head)], layout=window.layout)
+        after = await claim(50)
+        assert [m.id for m in after] == [100]  # the next head, in the next partition
+
+
+async def test_a_worker_drains_a_partitioned_table_through_fencing_and_retries(pconn, empty_dsn):
+    """A real replica: claims, retries with backoff, dead letters and extends on the
+    partitioned table, every statement through its window."""
+    migrate(pconn, TABLE, layout=Layout(SIZE, 5))
+    seed(pconn, 420, aggregates=10)
+    failed: set[int] = set()
+
+    async def publish(message: Any) -> None:
+        if message.id % 50 == 0 and message.id not in failed:
+            failed.add(message.id)
+            raise RetryableError("first attempt fails")  # retried later, in its partition
+
+    s = settings(empty_dsn, batch=40, lease=timedelta(seconds=3))
+    async with dispatching(s, Scripted(publish)) as replica:
+        await wait_until(lambda: statuses(pconn) == {"done": 420}, what="all done")
+        assert replica.window.layout == Layout(SIZE, 5)
+    assert len(failed) == 8
