@@ -1,10 +1,23 @@
 """The operator's door to the outbox databases: one small interface, `Database`.
 
 A pass asks it two things: read a table (`read`: is it usable, its backlog, which table it
-is) and purge done rows (`purge`). `Connections` answers with a connection per call, closed
-after; a pool kept per database would answer the same two calls, and only `Context`'s
-`database` would change (the statements are in `outbox.operator_reads` and
-`outbox.maintenance`).
+is) and purge done rows (`purge`). `Pools` answers both from kept connections:
+
+- one small pool per database, keyed by the DSN as resolved and the version of the Secret it
+  came from (`Target`): a rotated Secret gets a new pool, and the old one closes when its
+  last dispatcher has moved on or gone (`release`). Every dispatcher on that database shares
+  it. Bounded: at most `POOL_MAX_CONNECTIONS` connections per database, none kept while
+  unused (`min_size` 0; idle ones close after `POOL_MAX_IDLE_SECONDS`), so a fleet on D
+  databases holds at most 4 x D sessions whatever its size;
+- every pass's database work has its own deadline (`PASS_TIMEOUT_SECONDS`) and waits only
+  for its own database's pool: an unreachable database never delays a pass on another;
+- the table's check (it exists, is migrated, has the ordered index) and its identity are
+  read once and kept, keyed by what they depend on (the table, ordered mode, the Target).
+  They are read again after an error, after the pool opened a new connection (a server
+  restart, which changes the identity, makes the pool reconnect), and at least every
+  `RECHECK_SECONDS`; the other passes read only the bounded backlog query.
+
+`read_table` is the one-shot form (a connection for one read, closed after).
 
 Every failure becomes a `Problem` with a precise reason; messages never carry anything secret
 of the DSN: one that does not parse is named by where it came from and what is wrong, never
@@ -15,24 +28,41 @@ outbox.redact (the DSN redacted, its secret values masked wherever a driver quot
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from outbox import dberrors, operator_reads
 from outbox.controller.problem import Problem
 from outbox.dsn import DsnError, check_dsn
-from outbox.maintenance import purge_done
-from outbox.operator_reads import TableIdentity
+from outbox.maintenance import purge_done_async
+from outbox.operator_reads import TableIdentity, table_identity
 from outbox.redact import redact_dsn, redact_text
-from outbox.schema import SchemaError
-from outbox.stats import QueueStats
+from outbox.schema import SchemaError, check_table
+from outbox.stats import QueueStats, queue_stats_async
 from outbox.table import Table
+
+log = logging.getLogger("outbox.controller")
 
 CONNECT_TIMEOUT_SECONDS = 5
 APPLICATION_NAME = "outbox-controller"
+POOL_MAX_CONNECTIONS = 4  # per database: the operator's sessions are bounded by databases
+POOL_MAX_IDLE_SECONDS = 300.0  # a connection unused this long closes
+PASS_TIMEOUT_SECONDS = 10.0  # one pass's database work, waiting for a connection included
+RECHECK_SECONDS = 300.0  # the table's check is read again at least this often
+Dispatcher = tuple[str, str]  # (namespace, name): who uses a pool
+CONNECTION: dict[str, Any] = {
+    "autocommit": True,
+    "connect_timeout": CONNECT_TIMEOUT_SECONDS,
+    "application_name": APPLICATION_NAME,
+}
 
 
 @dataclass(frozen=True)
@@ -43,27 +73,180 @@ class TableReading:
     identity: TableIdentity
 
 
+@dataclass(frozen=True)
+class Target:
+    """The database a dispatcher reaches: its DSN as resolved, and the resourceVersion of
+    the Secret it came from (a rotated Secret is another target, with a pool of its own)."""
+
+    dsn: str = field(repr=False)
+    version: str
+
+
 class Database(Protocol):
     """What a pass asks of the outbox databases (see the module)."""
 
-    async def read(self, dsn: str, table: Table, *, ordered: bool) -> TableReading:
+    async def read(
+        self, dispatcher: Dispatcher, target: Target, table: Table, *, ordered: bool
+    ) -> TableReading:
         """The table checked, its backlog and identity; a Problem when it cannot be."""
         ...
 
-    async def purge(self, dsn: str, table: Table, older_than: timedelta) -> int:
+    async def purge(
+        self, dispatcher: Dispatcher, target: Target, table: Table, older_than: timedelta
+    ) -> int:
         """Done rows older than `older_than` deleted; how many went; a Problem on failure."""
         ...
 
+    def release(self, dispatcher: Dispatcher) -> None:
+        """The dispatcher is gone: a pool it was the last user of closes."""
+        ...
 
-class Connections:
-    """`Database` with a connection per call, closed after."""
+    async def close(self) -> None:
+        """Close every pool."""
+        ...
 
-    async def read(self, dsn: str, table: Table, *, ordered: bool) -> TableReading:
-        stats, identity = await read_table(dsn, table, ordered=ordered)
+
+@dataclass
+class _Checked:
+    identity: TableIdentity
+    opened: int  # the pool's connections opened when it was read
+    at: float  # monotonic
+
+
+class _Pool:
+    """One database's pool, who uses it, and the table checks read through it."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.users: set[Dispatcher] = set()
+        self.opened = 0  # connections the pool has opened: a new one may reach a new server
+        self.checked: dict[tuple[Table, bool], _Checked] = {}
+        self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            target.dsn,
+            kwargs=CONNECTION,
+            min_size=0,
+            max_size=POOL_MAX_CONNECTIONS,
+            max_idle=POOL_MAX_IDLE_SECONDS,
+            timeout=CONNECT_TIMEOUT_SECONDS,  # to get a connection; then a Problem
+            # A connection the server dropped (a restart) is replaced before it is used.
+            check=AsyncConnectionPool.check_connection,
+            configure=self._opened,
+            num_workers=1,
+            open=False,
+        )
+
+    async def _opened(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.opened += 1
+
+    def check(self, table: Table, ordered: bool) -> TableIdentity | None:
+        """The table's kept check, if it still holds (see the module)."""
+        found = self.checked.get((table, ordered))
+        if found is None or found.opened != self.opened:
+            return None
+        if time.monotonic() - found.at >= RECHECK_SECONDS:
+            return None
+        return found.identity
+
+
+@asynccontextmanager
+async def _answers(target: Target, *, deadline: float | None) -> AsyncIterator[None]:
+    """The database work inside, within `deadline` seconds; every failure a Problem."""
+    try:
+        async with asyncio.timeout(deadline):
+            yield
+    except SchemaError as exc:
+        missing = "does not exist" in str(exc)
+        reason = "TableMissing" if missing else "TableInvalid"
+        raise Problem(reason, str(exc), database=True) from None
+    except PoolTimeout:
+        raise await _no_connection(target) from None
+    except psycopg.Error as exc:
+        raise _database_problem(exc, target.dsn) from None
+    except TimeoutError:
+        message = f"{redact_dsn(target.dsn)} did not answer within {deadline:g} s"
+        raise Problem("DatabaseUnreachable", message, database=True) from None
+
+
+async def _no_connection(target: Target) -> Problem:
+    """Why the pool has no connection to give: the pool retries in the background and keeps
+    the driver's error to itself, so one connection is tried here to name it."""
+    try:
+        conn = await psycopg.AsyncConnection.connect(target.dsn, **CONNECTION)
+    except psycopg.Error as exc:
+        return _database_problem(exc, target.dsn)
+    await conn.close()
+    message = (
+        f"no connection to {redact_dsn(target.dsn)} free within {CONNECT_TIMEOUT_SECONDS} s "
+        f"(at most {POOL_MAX_CONNECTIONS} per database)"
+    )
+    return Problem("DatabaseUnreachable", message, database=True)
+
+
+class Pools:
+    """`Database` from kept connections: one pool per `Target` (see the module)."""
+
+    def __init__(self) -> None:
+        self._pools: dict[Target, _Pool] = {}
+        self._uses: dict[Dispatcher, Target] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    async def _pool(self, dispatcher: Dispatcher, target: Target) -> _Pool:
+        if self._uses.get(dispatcher) != target:
+            self.release(dispatcher)  # its Secret rotated: the old pool may go
+            self._uses[dispatcher] = target
+        found = self._pools.get(target)
+        if found is None:
+            found = self._pools[target] = _Pool(target)
+            await found.pool.open(wait=False)
+        found.users.add(dispatcher)
+        return found
+
+    async def read(
+        self, dispatcher: Dispatcher, target: Target, table: Table, *, ordered: bool
+    ) -> TableReading:
+        pool = await self._pool(dispatcher, target)
+        try:
+            deadline = _answers(target, deadline=PASS_TIMEOUT_SECONDS)
+            async with deadline, pool.pool.connection() as conn:
+                identity = pool.check(table, ordered)
+                if identity is None:
+                    opened = pool.opened
+                    await check_table(conn, table, ordered=ordered)
+                    identity = await table_identity(conn, table)
+                    pool.checked[table, ordered] = _Checked(identity, opened, time.monotonic())
+                stats = await queue_stats_async(conn, table, ordered=ordered)
+        except Problem:
+            pool.checked.pop((table, ordered), None)  # checked again after any error
+            raise
         return TableReading(stats, identity)
 
-    async def purge(self, dsn: str, table: Table, older_than: timedelta) -> int:
-        return await purge(dsn, table, older_than)
+    async def purge(
+        self, dispatcher: Dispatcher, target: Target, table: Table, older_than: timedelta
+    ) -> int:
+        pool = await self._pool(dispatcher, target)
+        # No deadline but the wait for a connection: each batch is short and commits, and a
+        # long purge holds one of the pool's connections, never the others' passes.
+        async with _answers(target, deadline=None), pool.pool.connection() as conn:
+            return await purge_done_async(conn, table, older_than=older_than)
+
+    def release(self, dispatcher: Dispatcher) -> None:
+        target = self._uses.pop(dispatcher, None)
+        pool = self._pools.get(target) if target is not None else None
+        if pool is None:
+            return
+        pool.users.discard(dispatcher)
+        if not pool.users:
+            del self._pools[pool.target]
+            closing = asyncio.create_task(pool.pool.close(), name="closing a database pool")
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        pools, self._pools = list(self._pools.values()), {}
+        self._uses.clear()
+        await asyncio.gather(
+            *(pool.pool.close() for pool in pools), *self._closing, return_exceptions=True
+        )
 
 
 def parse_dsn(dsn: str, source: str) -> str:
@@ -101,51 +284,23 @@ async def read_table(
     dsn: str, table: Table, *, ordered: bool = False
 ) -> tuple[QueueStats, TableIdentity]:
     """Check the table is a usable outbox table, read its backlog and which table it is, in
-    one connection.
+    one connection, closed after.
 
     `ordered` (spec.ordering aggregate) adds the claimable heads the scaling policy sizes on.
     """
-    try:
-        async with await psycopg.AsyncConnection.connect(
-            dsn,
-            autocommit=True,
-            connect_timeout=CONNECT_TIMEOUT_SECONDS,
-            application_name=APPLICATION_NAME,
-        ) as conn:
-            try:
-                return await operator_reads.read_table(conn, table, ordered=ordered)
-            except SchemaError as exc:
-                missing = "does not exist" in str(exc)
-                reason = "TableMissing" if missing else "TableInvalid"
-                raise Problem(reason, str(exc), database=True) from None
-    except psycopg.Error as exc:
-        raise _database_problem(exc, dsn) from None
-
-
-def _purge(dsn: str, table: Table, older_than: timedelta) -> int:
-    with psycopg.connect(
-        dsn,
-        autocommit=True,
-        connect_timeout=CONNECT_TIMEOUT_SECONDS,
-        application_name=APPLICATION_NAME,
-    ) as conn:
-        return purge_done(conn, table, older_than=older_than)
-
-
-async def purge(dsn: str, table: Table, older_than: timedelta) -> int:
-    """Delete done rows older than `older_than` (bounded batches); how many went."""
-    try:
-        return await asyncio.to_thread(_purge, dsn, table, older_than)
-    except psycopg.Error as exc:
-        raise _database_problem(exc, dsn) from None
+    async with (
+        _answers(Target(dsn, ""), deadline=None),
+        await psycopg.AsyncConnection.connect(dsn, **CONNECTION) as conn,
+    ):
+        return await operator_reads.read_table(conn, table, ordered=ordered)
 
 
 __all__ = [
-    "Connections",
     "Database",
+    "Pools",
     "TableIdentity",
     "TableReading",
+    "Target",
     "parse_dsn",
-    "purge",
     "read_table",
 ]

@@ -58,6 +58,7 @@ class Supervisor:
             found[1].cancel()
             self.context.metrics.forget(*key)
             self.context.tables.forget(*key)  # its table is free for another resource
+            self.context.database.release(key)  # its database's pool closes if it was the last
             log.info("%s/%s: deleted; its Deployment goes with it", *key)
 
     def _ended(self, task: asyncio.Task[None]) -> None:
@@ -74,6 +75,7 @@ class Supervisor:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.context.database.close()
 
 
 def build_registry(

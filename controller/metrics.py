@@ -82,6 +82,12 @@ class Metrics:
             [*RESOURCE, "direction"],
             registry=r,
         )
+        self.passes = Counter(
+            "outbox_controller_passes",
+            "Reconcile passes run (each reads the table and the cluster once)",
+            RESOURCE,
+            registry=r,
+        )
         self.reconcile_errors = Counter(
             "outbox_controller_reconcile_errors",
             "Reconciles that could not serve a resource, by reason",
@@ -126,6 +132,8 @@ class Metrics:
         ):
             _remove(gauge, namespace, name)
         self._forget_destinations(namespace, name, self._destinations.pop((namespace, name), set()))
+        with contextlib.suppress(KeyError):
+            self.passes.remove(namespace, name)
 
 
 def _remove(gauge: Gauge, *labels: str) -> None:

@@ -34,14 +34,37 @@ def purge_done(
             {"age": older_than},
         ).fetchone()
         return int(row[0]) if row else 0
-    delete = sql.SQL(
-        "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE status = 'done' "
-        "AND done_at < now() - %(age)s LIMIT %(batch)s)"
-    ).format(t=t)
+    delete = _delete_done(table)
     total = 0
     while True:
         with conn.transaction():
             deleted = conn.execute(delete, {"age": older_than, "batch": batch}).rowcount
         total += deleted
         if deleted < batch:
+            return total
+
+
+def _delete_done(table: Table) -> sql.Composed:
+    """One batch of done rows past the age (`purge_done`, `purge_done_async`)."""
+    return sql.SQL(
+        "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE status = 'done' "
+        "AND done_at < now() - %(age)s LIMIT %(batch)s)"
+    ).format(t=table.ident)
+
+
+async def purge_done_async(
+    conn: psycopg.AsyncConnection[Any],
+    table: Table,
+    *,
+    older_than: timedelta,
+    batch: int = PURGE_BATCH,
+) -> int:
+    """`purge_done` on an async connection (the operator's pooled ones); how many went."""
+    delete = _delete_done(table)
+    total = 0
+    while True:
+        async with conn.transaction():
+            cursor = await conn.execute(delete, {"age": older_than, "batch": batch})
+        total += cursor.rowcount
+        if cursor.rowcount < batch:
             return total

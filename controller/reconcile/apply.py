@@ -5,7 +5,10 @@ drift, put back), or resized; the workers' NetworkPolicy and PodDisruptionBudget
 as rendered; done rows past the retention are purged when a purge is due. While an input is
 unusable only the size moves (paused or pinned), on the last good template. What the step
 changed is an `Applied`, and what the loop keeps of it for the next pass goes back in it
-(`server_made`, `purged_at`).
+(`server_made`, `purged_at`, `budget`).
+
+The budget is read (a GET) only when what it should be changed, or once every
+`BUDGET_RECHECK`: an idle resource's pass then writes and reads nothing of it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from outbox.controller.budget import keep_disruption_budget
+from outbox.controller.budget import keep_disruption_budget, render_disruption_budget, unavailable
+from outbox.controller.database import Target
 from outbox.controller.decision import Decision
 from outbox.controller.drift import template_drift
 from outbox.controller.network import differs as network_differs
@@ -31,6 +35,17 @@ log = logging.getLogger("outbox.controller")
 
 # Purge at most this often, however long the retention (each purge is a few index scans).
 MAX_PURGE_INTERVAL = timedelta(minutes=10)
+# The budget as rendered is checked against the cluster at least this often while it stays
+# the same (someone may have deleted or edited it).
+BUDGET_RECHECK = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class BudgetKept:
+    """The budget this loop last found or made as rendered, and when."""
+
+    rendered: Mapping[str, Any] | None
+    at: datetime
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,7 @@ class Applied:
     # this pass: the loop hands them to the next.
     server_made: frozenset[str] = frozenset()
     purged_at: datetime | None = None  # when the last purge ran, this pass's or before
+    budget: BudgetKept | None = None
 
 
 async def apply(
@@ -54,6 +70,7 @@ async def apply(
     *,
     server_made: frozenset[str],
     purged_at: datetime | None,
+    budget: BudgetKept | None = None,
 ) -> Applied:
     """Apply `decision` (see the module); `server_made` and `purged_at` as the last pass
     left them."""
@@ -66,8 +83,7 @@ async def apply(
         )
         if context.settings.worker_network_policy:
             await _network_policy(context, reading)
-        with step(f"writing PodDisruptionBudget {spec.namespace}/{spec.name}-worker"):
-            await keep_disruption_budget(context.kube, spec.body, decision.replicas, reading.pods)
+        budget = await _budget(context, reading, decision.replicas, budget)
     elif deployment is not None and decision.replicas != reading.replicas:
         # Paused or pinned while the inputs are broken: resize, keep the last good template.
         name = deployment_name(spec.name)
@@ -79,7 +95,23 @@ async def apply(
         if purged is not None:
             purged_at = reading.now
     scaled = deployment is not None and decision.replicas != reading.replicas
-    return Applied(deployment, scaled, purged, drift, server_made, purged_at)
+    return Applied(deployment, scaled, purged, drift, server_made, purged_at, budget)
+
+
+async def _budget(
+    context: Context, reading: Reading, replicas: int, kept: BudgetKept | None
+) -> BudgetKept:
+    """The workers' PodDisruptionBudget kept as rendered (controller/budget.py); read only
+    when the rendering changed since `kept` or `kept` is older than BUDGET_RECHECK."""
+    spec = reading.spec
+    missing = unavailable(reading.pods)
+    rendered = render_disruption_budget(spec.body, replicas, unavailable=missing)
+    fresh = kept is not None and reading.now - kept.at < BUDGET_RECHECK
+    if fresh and kept is not None and kept.rendered == rendered:
+        return kept
+    with step(f"writing PodDisruptionBudget {spec.namespace}/{spec.name}-worker"):
+        await keep_disruption_budget(context.kube, spec.body, replicas, reading.pods)
+    return BudgetKept(rendered, reading.now)
 
 
 async def _deployment(
@@ -176,7 +208,10 @@ async def _purge(context: Context, reading: Reading) -> int | None:
     spec = reading.spec
     assert spec.table is not None and spec.retention is not None
     try:
-        return await context.database.purge(reading.dsn, spec.table, spec.retention)
+        target = Target(reading.dsn, reading.secret_version)
+        return await context.database.purge(
+            (spec.namespace, spec.name), target, spec.table, spec.retention
+        )
     except Problem as exc:
         log.warning("%s/%s: purge failed: %s", spec.namespace, spec.name, exc.message)
         return None

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from kubernetes.aio.client.exceptions import ApiException
 
-from outbox.controller.database import Connections, Database
+from outbox.controller.database import Database, Pools
 from outbox.controller.kube import Kube
 from outbox.controller.metrics import Metrics
 from outbox.controller.settings import ControllerSettings
@@ -18,13 +18,13 @@ from outbox.controller.tables import Tables
 @dataclass
 class Context:
     """What every loop shares: the settings, the writer, the metrics, which resource serves
-    which table, and the door to the databases (one place to keep connections in)."""
+    which table, and the door to the databases (a pool kept per database)."""
 
     settings: ControllerSettings
     kube: Kube
     metrics: Metrics
     tables: Tables = field(default_factory=Tables)
-    database: Database = field(default_factory=Connections)
+    database: Database = field(default_factory=Pools)
 
 
 class StepFailed(Exception):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,7 +23,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from outbox.controller.decision import SizingPolicy, decide
 from outbox.controller.kube import UNREACHABLE, api_reason
 from outbox.controller.leader import LeadershipLost
-from outbox.controller.reconcile.apply import apply
+from outbox.controller.reconcile.apply import BudgetKept, apply
 from outbox.controller.reconcile.context import Context, StepFailed
 from outbox.controller.reconcile.read import Reading, read
 from outbox.controller.reconcile.report import API_ERROR, report, report_api_error
@@ -34,6 +35,17 @@ log = logging.getLogger("outbox.controller")
 
 API_RETRY_SECONDS = 5.0
 DEFAULT_POLL_SECONDS = ScalingSettings().poll_interval_seconds
+JITTER = 0.1  # each wait is the interval +- this fraction, so phases never line up again
+
+
+def spread(interval: float, passes: int) -> float:
+    """The wait after a resource's `passes`-th pass. Resources created together (an
+    install, an operator start) would poll in step, every pass of the fleet in the same
+    instant: the first wait is anywhere in one interval, which spreads them evenly over it,
+    and the waits after it vary a little so that they do not fall in step again."""
+    if passes == 1:
+        return random.uniform(0.0, interval)
+    return interval * random.uniform(1.0 - JITTER, 1.0 + JITTER)
 
 
 @dataclass
@@ -44,9 +56,11 @@ class Memory:
     policy_settings: ScalingSettings | None = None
     previous: QueueStats | None = None  # the last reading's stats, for the rates
     status: Mapping[str, Any] | None = None  # as this replica last wrote it
+    status_written_at: datetime | None = None  # when (report.due)
     reconciled_generation: int | None = None
     server_made: frozenset[str] = frozenset()  # template changes the server makes itself
     purged_at: datetime | None = None
+    budget: BudgetKept | None = None  # the PodDisruptionBudget as last found or made
     pods_forbidden: bool = False  # said once: RBAC does not let the operator list pods
 
 
@@ -78,6 +92,7 @@ class DispatcherLoop:
     async def run(self) -> None:
         """Reconcile until cancelled; only a lost leadership ends it otherwise."""
         interval = DEFAULT_POLL_SECONDS
+        passes = 0
         while True:
             self.wake.clear()
             spec: DispatcherSpec | None = None
@@ -109,8 +124,10 @@ class DispatcherLoop:
                 self.context.metrics.reconcile_errors.labels(
                     self.namespace, self.name, "InternalError"
                 ).inc()
+            passes += 1
+            self.context.metrics.passes.labels(self.namespace, self.name).inc()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=interval)
+                await asyncio.wait_for(self.wake.wait(), timeout=spread(interval, passes))
 
     def _status_before(self, spec: DispatcherSpec) -> Mapping[str, Any]:
         # What this replica wrote last is newer than a body whose watch event is on its way.
@@ -128,10 +145,20 @@ class DispatcherLoop:
         self._say_pods_forbidden(reading)
         decision = decide(reading.observed, reading.limits, lambda: self.policy(spec.scaling))
         applied = await apply(
-            context, reading, decision, server_made=memory.server_made, purged_at=memory.purged_at
+            context,
+            reading,
+            decision,
+            server_made=memory.server_made,
+            purged_at=memory.purged_at,
+            budget=memory.budget,
         )
         memory.server_made, memory.purged_at = applied.server_made, applied.purged_at
-        memory.status = await report(context, reading, decision, applied, memory.previous)
+        memory.budget = applied.budget
+        memory.status, written = await report(
+            context, reading, decision, applied, memory.previous, memory.status_written_at
+        )
+        if written:
+            memory.status_written_at = reading.now
         memory.reconciled_generation = spec.generation
         if reading.stats is not None:
             memory.previous = reading.stats

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from outbox.controller.consent import admit, secret_uses
-from outbox.controller.database import TableReading, parse_dsn
+from outbox.controller.database import TableReading, Target, parse_dsn
 from outbox.controller.decision import Limits, Observed
 from outbox.controller.kube import secret_key
 from outbox.controller.problem import Problem
@@ -114,7 +114,10 @@ async def _inputs(context: Context, spec: DispatcherSpec) -> _Inputs:
                 raise
             raise Problem("InvalidSigningSecret", f"{where} is not UTF-8 text") from None
         parse_signing_secret(signing_text, where)
-    table = await context.database.read(dsn, spec.table, ordered=spec.ordered)
+    target = Target(dsn, version)
+    table = await context.database.read(
+        (namespace, spec.name), target, spec.table, ordered=spec.ordered
+    )
     return _Inputs(dsn, table, version, versions)
 
 
@@ -138,6 +141,14 @@ def _table_conflict(
         "or that one is deleted",
         stops_workers=True,
     )
+
+
+def _all_ready(deployment: Mapping[str, Any]) -> bool:
+    """Every pod of the Deployment is ready (none at all included): no pod has a state to
+    report (status.workers_condition skips ready containers), so its pods are not listed."""
+    status = deployment.get("status") or {}
+    pods = int(status.get("replicas") or 0)
+    return pods == int(status.get("readyReplicas") or 0) == int(status.get("updatedReplicas") or 0)
 
 
 def _owned_by(deployment: Mapping[str, Any], uid: object) -> bool:
@@ -176,8 +187,8 @@ async def read(context: Context, spec: DispatcherSpec, status_before: Mapping[st
             "resource; delete or rename it",
         )
         deployment = None
-    pods = None
-    if deployment is not None:
+    pods: list[dict[str, Any]] | None = []
+    if deployment is not None and not _all_ready(deployment):
         with step(f"listing the worker pods of {namespace}/{name}"):
             pods = await context.kube.pods(namespace, selector_string(spec.name))
     return Reading(

@@ -1,12 +1,20 @@
 """The report step: metrics, Events and the status of what one pass saw, decided and did.
 
-Their content is `status`'s pure functions; this step composes them and writes them.
+Their content is `status`'s pure functions; this step composes them and writes them. The
+status is written only when it changed (`due`): a pass that finds the same table, the same
+decision and the same cluster writes nothing (a fleet of idle dispatchers sends no writes, and
+kopf gets no watch event back for each). What it shows changes in two kinds: its state
+(conditions' status and reason, replica counts, observed generation, purge and scale times)
+is written by the pass that sees it change; its figures alone (`status.backlog`'s counts,
+ages and rates, the conditions' messages that quote them) at most every
+`FIGURES_EVERY_SECONDS`, always as one pass read them whole (never a count that was not true
+at `backlog.sampledAt`). `sampledAt` alone changing is no change.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +32,8 @@ from outbox.stats import QueueStats
 
 log = logging.getLogger("outbox.controller")
 
+# The default poll interval: a resource polled faster writes its changing counts this often.
+FIGURES_EVERY_SECONDS = 5.0
 API_ERROR = "ApiError"  # Ready's reason while the API server refuses what a pass does
 DRIFT_CORRECTED = "DriftCorrected"  # the Event when a hand-changed template is put back
 
@@ -93,22 +103,53 @@ async def post(context: Context, spec: DispatcherSpec, event: st.Event) -> None:
         await context.kube.event(spec.body, event.type, event.reason, event.message)
 
 
+def _state(status: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    """What of `status` is written at once when it changes: all but the figures."""
+    state = {key: status.get(key) for key in keys if key != "backlog"}
+    state["conditions"] = [
+        {k: v for k, v in c.items() if k != "message"} for c in status.get("conditions") or ()
+    ]
+    return state
+
+
+def _figures(status: Mapping[str, Any]) -> Any:
+    backlog = {k: v for k, v in (status.get("backlog") or {}).items() if k != "sampledAt"}
+    messages = [(c.get("type"), c.get("message")) for c in status.get("conditions") or ()]
+    return backlog, messages
+
+
+def due(
+    before: Mapping[str, Any], written: Mapping[str, Any], last: datetime | None, now: datetime
+) -> bool:
+    """Whether this pass writes `written` over `before` (see the module); `last` is when
+    this replica last wrote it."""
+    if _state(written, written) != _state(before, written):
+        return True
+    if _figures(written) == _figures(before):
+        return False
+    return last is None or (now - last).total_seconds() >= FIGURES_EVERY_SECONDS
+
+
 async def report(
     context: Context,
     reading: Reading,
     decision: Decision,
     applied: Applied,
     previous: QueueStats | None,
-) -> dict[str, Any]:
-    """Measure, post and write the status; the status as it stands after."""
+    last_written: datetime | None,
+) -> tuple[dict[str, Any], bool]:
+    """Measure, post and write the status if it is `due`; the status as it stands after, and
+    whether it was written."""
     spec = reading.spec
     written = status(reading, decision, applied, previous)
     measure(context, reading, decision, applied)
     for event in events(reading, decision, applied, written):
         await post(context, spec, event)
+    if not due(reading.status_before, written, last_written, reading.now):
+        return dict(reading.status_before), False
     with step("writing the status"):
         await context.kube.patch_status(spec.namespace, spec.name, written)
-    return {**reading.status_before, **written}
+    return {**reading.status_before, **written}, True
 
 
 async def report_api_error(

@@ -339,7 +339,10 @@ class ScalingPolicy:
             n, reason, message = 1, "Backlog", "work waiting or in flight"
         if n == 0 and self._idle_since is not None and work.at - self._idle_since < window:
             n = min(replicas, 1)
-            reason, message = "IdleStabilizing", f"idle for {work.at - self._idle_since:.0f}s"
+            # No running count of seconds: a message that changes every pass would make every
+            # pass write the status (the operator writes it only when it changed).
+            reason = "IdleStabilizing"
+            message = f"nothing claimable or in flight; zero once it stays so for {window:.0f}s"
         elif n == 0:
             reason, message = "Idle", f"nothing claimable or in flight for {window:.0f}s"
         return Decision(n, reason, message)

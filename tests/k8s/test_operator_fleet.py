@@ -1,0 +1,151 @@
+"""A fleet on one operator: what its passes cost, counted (not timed), and its Lease.
+
+Several dispatchers on one database, each on its own idle table, polled every second: once
+each has its steady status, further passes write no status at all (the emulator counts the
+PATCHes) and open no new database sessions past one pool's bound (PostgreSQL counts them in
+`pg_stat_database.sessions`), however many passes they make. And an operator kept busy by
+many of them still renews its Lease every retry period.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from outbox.controller.database import POOL_MAX_CONNECTIONS
+from outbox.models import Event
+from outbox.producer import enqueue_many
+from outbox.table import Table
+
+from .cluster import LocalCluster
+from .test_lease_thread import RENEW_DEADLINE, Renewals
+from .test_operator import (
+    FAST_LEADER,
+    Operator,
+    apply,
+    dispatcher_manifest,
+    get,
+    own_table,
+    secret_manifest,
+    wait_for,
+)
+
+DISPATCHERS = 6
+PASSES = 5  # more passes each than the pool has connections: K x N sessions would show
+
+
+def _idle(name: str, dsn: str) -> dict[str, Any]:
+    return dispatcher_manifest(
+        name,
+        database=own_table(dsn, name),
+        scaling={
+            "minReplicas": 0,
+            "maxReplicas": 2,
+            "pollIntervalSeconds": 1,
+            "scaleDownStabilizationSeconds": 3,
+        },
+    )
+
+
+def _status_patches(cluster: LocalCluster) -> int:
+    def count(emulator: Any) -> int:
+        return sum(
+            1
+            for request in emulator
+            if str(request.method).upper().endswith("PATCH")
+            and "/outboxdispatchers/" in request.url.path
+            and request.url.path.endswith("/status")
+        )
+
+    return cluster.on_loop(count)
+
+
+def _sessions(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _passes(operator: Operator, names: list[str]) -> list[float]:
+    found = [operator.metric("outbox_controller_passes_total", dispatcher=n) for n in names]
+    return [value or 0.0 for value in found]
+
+
+def test_an_idle_fleet_writes_no_status_and_opens_no_session_per_pass(
+    cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
+) -> None:
+    names = [f"idle-{i}" for i in range(DISPATCHERS)]
+    apply(cluster, secret_manifest("orders-db", dsn=dsn), *(_idle(n, dsn) for n in names))
+    operator = operators()
+
+    def steady() -> bool:
+        # A second reading adds the rates, and Idle follows the window: after those writes,
+        # nothing changes on an idle table.
+        statuses = [(get(cluster, "outboxdispatchers", n) or {}).get("status") for n in names]
+        return all(
+            s
+            and "arrivalRate" in (s.get("backlog") or {})
+            and any(c["reason"] == "Idle" for c in s["conditions"])
+            for s in statuses
+        )
+
+    wait_for("every dispatcher's steady status", steady)
+    patches, sessions = _status_patches(cluster), _sessions(dsn)
+    start = _passes(operator, names)
+    wait_for(
+        f"{PASSES} more passes of every dispatcher",
+        lambda: all(b - a >= PASSES for a, b in zip(start, _passes(operator, names), strict=True)),
+    )
+
+    assert _status_patches(cluster) - patches == 0
+    # Every pass read its table (the sessions would be K x N = 30 with a connection each).
+    opened = _sessions(dsn) - sessions - 1  # the count's own session
+    assert 0 <= opened <= POOL_MAX_CONNECTIONS, opened
+    # The status still shows the table: a new row is written at the next pass that sees it.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue_many(conn, [Event("order", "1", "created", {})], table=Table.parse("idle-0"))
+    wait_for(
+        "the new row in status.backlog",
+        lambda: (
+            (get(cluster, "outboxdispatchers", "idle-0") or {})["status"]["backlog"]["pending"] == 1
+        ),
+    )
+
+
+LOADED = 40  # dispatchers polled every second: the operator's loop and the API server busy
+
+
+@pytest.mark.slow
+def test_a_loaded_operator_renews_its_lease_every_period(
+    cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
+) -> None:
+    names = [f"busy-{i}" for i in range(LOADED)]
+    apply(cluster, secret_manifest("orders-db", dsn=dsn), *(_idle(n, dsn) for n in names))
+    operator = operators(leader=FAST_LEADER)
+    wait_for(
+        "every dispatcher's first status",
+        lambda: all((get(cluster, "outboxdispatchers", n) or {}).get("status") for n in names),
+    )
+    renewals = Renewals(cluster, "outbox-controller")
+    start = _passes(operator, names)
+    try:
+        wait_for(
+            f"{PASSES} more passes of every dispatcher",
+            lambda: all(
+                b - a >= PASSES for a, b in zip(start, _passes(operator, names), strict=True)
+            ),
+        )
+    finally:
+        seen = renewals.stop()
+    assert operator.leading()
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(seen)]
+    # Every retry period a renewal, under load as when idle (test_lease_thread.py).
+    assert len(seen) >= 2, seen
+    assert max(gaps) < RENEW_DEADLINE / 2, gaps
