@@ -38,10 +38,10 @@ DISPATCHERS = 6
 PASSES = 5  # more passes each than the pool has connections: K x N sessions would show
 
 
-def _idle(name: str, dsn: str) -> dict[str, Any]:
+def _idle(name: str, dsn: str, table: str | None = None) -> dict[str, Any]:
     return dispatcher_manifest(
         name,
-        database=own_table(dsn, name),
+        database=own_table(dsn, table or name),
         scaling={
             "minReplicas": 0,
             "maxReplicas": 2,
@@ -149,3 +149,53 @@ def test_a_loaded_operator_renews_its_lease_every_period(
     # Every retry period a renewal, under load as when idle (test_lease_thread.py).
     assert len(seen) >= 2, seen
     assert max(gaps) < RENEW_DEADLINE / 2, gaps
+
+
+def _in(namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    return {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}}
+
+
+def _status(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any] | None:
+    found = cluster.objects("outbox.dev/v1alpha1", "outboxdispatchers", namespace, name)
+    return found[0].get("status") if found else None
+
+
+def _holder(cluster: LocalCluster, lease: str) -> str | None:
+    found = cluster.objects("coordination.k8s.io/v1", "leases", "default", lease)
+    return found[0]["spec"].get("holderIdentity") if found else None
+
+
+def test_two_operators_on_two_namespaces_each_serve_their_own_with_their_own_lease(
+    cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
+) -> None:
+    """Past one operator (docs/operator.md, "Running a fleet"): one operator per group of
+    namespaces, each with its Lease; neither sees nor touches the other's resources."""
+    teams = {"team-a": "op-a", "team-b": "op-b"}
+    for namespace in teams:
+        apply(cluster, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    started = {}
+    for namespace, identity in teams.items():
+        lease = ("--leader-election-id", f"outbox-{identity}")
+        started[namespace] = operators("--namespace", namespace, *lease, name=identity)
+    for namespace in teams:
+        table = namespace.replace("-", "_")
+        apply(
+            cluster,
+            _in(namespace, secret_manifest("orders-db", dsn=dsn)),
+            _in(namespace, _idle("orders", dsn, table)),
+        )
+    for namespace, identity in teams.items():
+        wait_for(f"{namespace}/orders' status", lambda n=namespace: _status(cluster, n, "orders"))
+        assert _holder(cluster, f"outbox-{identity}") == identity
+    for namespace, identity in teams.items():
+        log = started[namespace].log()
+        assert f"{namespace}/orders: serving" in log
+        others = [other for other in teams if other != namespace]
+        assert not any(f"{other}/" in log for other in others), log
+        # Only its own resources' passes are counted by it.
+        assert started[namespace].metric("outbox_controller_passes_total", namespace=namespace)
+        for other in others:
+            assert (
+                started[namespace].metric("outbox_controller_passes_total", namespace=other) is None
+            )
+        assert started[namespace].leading(), identity
