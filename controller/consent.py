@@ -11,9 +11,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from outbox.controller.defaults import PUBLISHER_TYPES
 from outbox.controller.images import ANY
 from outbox.controller.policy import POLICY_VIOLATION, check_pod_policy, shown
 from outbox.controller.problem import Problem
+from outbox.controller.spec import described
+from outbox.publisher_options import PLUGIN
 
 if TYPE_CHECKING:
     from outbox.controller.kube import Kube, Secret
@@ -25,20 +28,14 @@ SECRET_NOT_SHARED = "SecretNotShared"
 CONSENT_ANNOTATION = "outbox.dev/dispatchers"
 # A Secret's name: a DNS subdomain, so never a path into another namespace.
 SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-# Where the spec names Secrets, from spec (`[]` walks a list). imagePullSecrets is the pod
-# field the day-two pod settings add: a Secret of registry credentials is a Secret too.
-SECRET_FIELDS = (
-    "database.dsnSecretRef.name",
-    "publisher.http.headersSecretRef.name",
-    "publisher.http.signingSecretRef.name",
-    "publisher.nats.userSecretRef.name",
-    "publisher.nats.passwordSecretRef.name",
-    "publisher.nats.tokenSecretRef.name",
-    "publisher.nats.credsSecretRef.name",
-    "publisher.nats.tlsSecretName",
-    "publisher.kafka.configSecretRef.name",
-    "worker.imagePullSecrets[].name",
-)
+# Where the spec names Secrets, from spec (`[]` walks a list, `{}` a map's values), besides
+# its publisher's block. imagePullSecrets is the pod field the day-two pod settings add: a
+# Secret of registry credentials is a Secret too.
+DSN_SECRET_FIELD = "database.dsnSecretRef.name"
+WORKER_SECRET_FIELDS = ("worker.imagePullSecrets[].name",)
+# A plugin's Secrets: every entry of its generic block's secretRefs, whatever the plugin's
+# options (an entry it has no option for is refused later, and named here first).
+PLUGIN_SECRET_FIELD = f"publisher.{PLUGIN}.secretRefs{{}}.name"
 DSN_FIELD = "spec.database.dsnSecretRef"
 
 
@@ -53,22 +50,45 @@ def _walk(node: Any, parts: list[str], at: str) -> Iterator[tuple[str, Any]]:
         yield at, node
         return
     head, rest = parts[0], parts[1:]
-    many = head.endswith("[]")
-    head = head.removesuffix("[]")
+    listed, mapped = head.endswith("[]"), head.endswith("{}")
+    head = head.removesuffix("[]").removesuffix("{}")
     if not isinstance(node, Mapping) or head not in node:
         return
     child = node[head]
-    if many:
+    if listed:
         for index, item in enumerate(child or ()):
             yield from _walk(item, rest, f"{at}.{head}[{index}]")
+    elif mapped:
+        for key, item in sorted((child or {}).items()):
+            yield from _walk(item, rest, f"{at}.{head}.{key}")
     else:
         yield from _walk(child, rest, f"{at}.{head}")
 
 
+def publisher_secret_fields(publisher: Mapping[str, Any]) -> tuple[str, ...]:
+    """Where the publisher's block names Secrets, from spec: the fields its description
+    carries from a Secret, or a plugin's secretRefs."""
+    if publisher.get("type") == PLUGIN:
+        return (PLUGIN_SECRET_FIELD,)
+    description, kind, _ = described(publisher)
+    return tuple(
+        f"publisher.{kind}.{f.secret_name_path}"
+        for _, f in description.bindings(kind)
+        if f.secret_name_path is not None
+    )
+
+
+def secret_fields() -> tuple[str, ...]:
+    """Every place a resource may name a Secret, whatever its publisher (the CRD's types)."""
+    publishers = (publisher_secret_fields({"type": kind}) for kind in PUBLISHER_TYPES)
+    return (DSN_SECRET_FIELD, *(f for fields in publishers for f in fields), *WORKER_SECRET_FIELDS)
+
+
 def secret_uses(spec: Mapping[str, Any]) -> list[SecretUse]:
     """Every Secret the spec names, and where (the reference, not its `.name`)."""
+    paths = (DSN_SECRET_FIELD, *publisher_secret_fields(spec["publisher"]), *WORKER_SECRET_FIELDS)
     uses = []
-    for path in SECRET_FIELDS:
+    for path in paths:
         for at, name in _walk(spec, path.split("."), "spec"):
             uses.append(SecretUse(at.removesuffix(".name"), str(name)))
     return uses

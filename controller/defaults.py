@@ -40,9 +40,10 @@ CLOUDEVENTS_SOURCE = re.compile(r"^[\x21-\x7e]+$")
 CLOUDEVENTS_SOURCE_MAX_LENGTH = 1024
 PUBLISHER_DEFAULT_FIELDS = ("format", "cloudEventsSource")
 # spec.publisher.type's enum and a resource quantity's pattern, as the CRD has them (the same
-# test compares): what --worker-publishers may name, and what --worker-defaults' resources
+# test compares): the built-in publishers, which have a block of their own, and `plugin`,
+# the generic block any other publisher is set by; and what --worker-defaults' resources
 # may ask for (the API server refused a bad quantity only when each Deployment was written).
-PUBLISHER_TYPES = ("null", "log", "http", "nats", "kafka")
+PUBLISHER_TYPES = ("null", "log", "http", "nats", "kafka", "plugin")
 QUANTITY = re.compile(
     r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )

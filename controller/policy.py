@@ -14,8 +14,9 @@ static (env names and `valueFrom`, Secret names) before the operator ever sees i
 
 A new pod field of `spec.worker` gets a check in `WORKER_CHECKS` (or a place in
 `UNRESTRICTED` when it widens nothing, or in `BY_CONSENT` when what it reaches is a Secret),
-and a new Secret reference a path in `consent.SECRET_FIELDS`; tests/test_controller_policy.py fails
-until the CRD and these tables agree.
+and a new Secret reference outside the publisher's block a path in `consent`; a publisher's
+own Secrets and map fields are read from its description (outbox.publisher_options).
+tests/test_controller_policy.py fails until the CRD and these tables agree.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 from outbox.controller.images import ANY, allowed_images, image_allowed, parse_image
 from outbox.controller.problem import Problem
 from outbox.controller.resource import labels, selector_labels
+from outbox.controller.spec import described
+from outbox.publisher_options import Carried
 
 if TYPE_CHECKING:  # settings.py validates its lists with this module's parsers
     from outbox.controller.settings import ControllerSettings
@@ -109,24 +112,14 @@ DENIED_ENV_NAMES: dict[str, str] = {
 # client: every request to a destination would go through the author's proxy.
 DENIED_ENV_SUFFIX = "_PROXY"  # compared in upper case, as the CRD's upperAscii()
 DENIED_ENV_SUFFIX_WHY = "HTTP clients read it (a proxy every request goes through)"
-# spec.publisher.kafka.config reaches the worker as OUTBOX_KAFKA_CONFIG, one KEY=VALUE a line
-# (read with str.splitlines, for which \r, \v, \f, \x1c-\x1e, \x85, U+2028 and U+2029 end a
-# line too): a key outside librdkafka's property names, or a value with a line break, would
-# add a property the author did not write as one. The CRD takes values of printable ASCII
-# only (a pattern); it cannot check map keys cheaply (see key_valid), so the policy does.
-KAFKA_CONFIG_KEY = re.compile(r"^[a-z0-9][a-z0-9._]*\Z")
-KAFKA_CONFIG_VALUE = re.compile(r"^[\x20-\x7e]*\Z")
-# librdkafka's properties (CONFIGURATION.md) that load code or run a command in the worker
-# process, whose environment holds the DSN: refused whatever the admin allows, by the CRD
-# too (one list: tests/test_controller_policy.py compares). A Kafka Secret's owner, who
-# consents to it, may still set them through configSecretRef.
-DENIED_KAFKA_CONFIG: dict[str, str] = {
-    "plugin.library.paths": "librdkafka loads the libraries it names",
-    "sasl.kerberos.kinit.cmd": "librdkafka runs it through a shell",
-    "ssl.engine.location": "OpenSSL loads the engine library it names",
-    "ssl.engine.id": "OpenSSL loads the engine it names",
-    "ssl.providers": "OpenSSL loads the providers it names",
-}
+# A map field of a publisher's block (Carried.PAIRS, e.g. spec.publisher.kafka.config)
+# reaches the worker as one KEY=VALUE a line (read with str.splitlines, for which \r, \v, \f,
+# \x1c-\x1e, \x85, U+2028 and U+2029 end a line too): a key outside the publisher's own
+# pattern (its description's `Keys`), or a value with a line break, would add a pair the
+# author did not write as one. The CRD takes values of printable ASCII only (a pattern); it
+# cannot check map keys cheaply (see key_valid), so the policy does, with the keys the
+# publisher refuses whatever the admin allows.
+PAIRS_VALUE = re.compile(r"^[\x20-\x7e]*\Z")
 SHOWN_CHARS = 80  # of a value the author wrote, quoted back in a message
 
 # -- the pod policy -------------------------------------------------------------------------------
@@ -400,21 +393,26 @@ UNRESTRICTED = frozenset(
         "tracing",
     }
 )
-# spec.worker's fields that name Secrets: each must consent (consent.SECRET_FIELDS), as for every
+# spec.worker's fields that name Secrets: each must consent (consent.secret_fields), as for every
 # Secret a resource names; a registry credential is a Secret like any other.
 BY_CONSENT = frozenset({"imagePullSecrets"})
 
 
-def _kafka_config(config: Mapping[str, Any]) -> Iterator[Violation]:
+def _pairs(publisher: Mapping[str, Any]) -> Iterator[Violation]:
     # Values are never quoted back: an author may have put a secret in one.
-    for key in sorted(config):
-        at = f"spec.publisher.kafka.config.{shown(key)}"
-        if not KAFKA_CONFIG_KEY.match(key):
-            yield at, "is not a librdkafka property name (a-z, 0-9, dots and underscores)"
-        elif key in DENIED_KAFKA_CONFIG:
-            yield at, f"may not be set: {DENIED_KAFKA_CONFIG[key]}"
-        if not KAFKA_CONFIG_VALUE.match(str(config[key])):
-            yield at, "its value must be one line of printable ASCII"
+    description, kind, block = described(publisher)
+    for _, field in description.bindings(kind):
+        pairs = block.get(field.path) if field.carried is Carried.PAIRS else None
+        if not pairs or field.keys is None:
+            continue
+        for key in sorted(pairs):
+            at = f"spec.publisher.{kind}.{field.path}.{shown(key)}"
+            if not field.keys.pattern.match(key):
+                yield at, f"is not {field.keys.wording}"
+            elif key in field.keys.refused:
+                yield at, f"may not be set: {field.keys.refused[key]}"
+            if not PAIRS_VALUE.match(str(pairs[key])):
+                yield at, "its value must be one line of printable ASCII"
 
 
 def violations(
@@ -422,7 +420,7 @@ def violations(
 ) -> list[Violation]:
     """Every field of spec.worker outside the policy, as (`spec.worker.<field>`, why), for
     the dispatcher named `dispatcher` (whose own pods a podAntiAffinity may select), and the
-    Kafka properties no resource may set."""
+    keys of the publisher's map fields that no resource may set (its description's)."""
     worker: Mapping[str, Any] = spec.get("worker") or {}
     found: list[Violation] = []
     for field, check in WORKER_CHECKS.items():
@@ -430,8 +428,7 @@ def violations(
             found.extend(
                 (f"spec.worker.{at}", why) for at, why in check(worker[field], settings, dispatcher)
             )
-    kafka: Mapping[str, Any] = (spec.get("publisher") or {}).get("kafka") or {}
-    found.extend(_kafka_config(kafka.get("config") or {}))
+    found.extend(_pairs(spec["publisher"]))
     return found
 
 

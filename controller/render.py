@@ -22,6 +22,8 @@ from outbox.controller.resource import (
     selector_labels,
 )
 from outbox.controller.settings import DEFAULT_WORKER_RESOURCES
+from outbox.controller.spec import described, publisher_name
+from outbox.publisher_options import Carried, Field, Option
 
 TEMPLATE_HASH = "outbox.dev/template-hash"
 # The DSN Secret's resourceVersion on the pods: env from a Secret is read at start only, so a
@@ -37,8 +39,8 @@ METRICS_PORT_NAME = "metrics"  # /metrics, /healthz, /readyz; the NetworkPolicy 
 UID = 65532  # the image's non-root user
 # After its shutdown grace the worker still writes its outcomes; leave it time for that.
 FINALIZE_MARGIN_SECONDS = 15
-NATS_CREDS_DIR = "/etc/outbox/nats-creds"
-NATS_TLS_DIR = "/etc/outbox/nats-tls"
+# Where the Secrets a publisher's options take as files are mounted, a directory each.
+SECRETS_DIR = "/etc/outbox"
 
 Body = Mapping[str, Any]
 
@@ -96,77 +98,71 @@ def publish_timeout(spec: Body) -> str | None:
     return str(timeout) if timeout is not None else None
 
 
+def _at(block: Body, path: str) -> Any:
+    """The value at a dotted path of a block, None when absent."""
+    node: Any = block
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _mount(option: Option) -> str:
+    return f"{SECRETS_DIR}/{option.key}"
+
+
+def _carried(option: Option, field: Field, value: Any) -> dict[str, Any]:
+    """The worker's variable for `option`, from the value of `field` (see Carried)."""
+    name = option.variable
+    match field.carried:
+        case Carried.VALUE:
+            return _value(name, value)
+        case Carried.LINES:  # a repeatable option takes one value a line in its variable
+            return _value(name, "\n".join(str(item) for item in value))
+        case Carried.PAIRS:
+            return _value(name, "\n".join(f"{k}={v}" for k, v in sorted(value.items())))
+        case Carried.SECRET_KEY:
+            return _secret(name, value)
+        case Carried.SECRET_FILE:
+            return _value(name, f"{_mount(option)}/{option.key}")
+        case Carried.SECRET_DIR:  # the worker uses what the Secret holds of its keys
+            return _value(name, _mount(option))
+
+
+def _given(publisher: Body) -> list[tuple[Option, Field, Any]]:
+    """Each option the resource's publisher block sets, with the field and its value."""
+    description, kind, block = described(publisher)
+    found = ((option, f, _at(block, f.path)) for option, f in description.bindings(kind))
+    return [(option, f, value) for option, f, value in found if value is not None]
+
+
 def _publisher_env(publisher: Body) -> list[dict[str, Any]]:
-    kind = publisher["type"]
-    env = [_value("OUTBOX_PUBLISHER", kind)]
+    env = [_value("OUTBOX_PUBLISHER", publisher_name(publisher))]
     # What goes on the wire; absent, the worker's defaults (envelope, /outbox/<table>).
     if "format" in publisher:
         env.append(_value("OUTBOX_FORMAT", publisher["format"]))
     if "cloudEventsSource" in publisher:
         env.append(_value("OUTBOX_CLOUDEVENTS_SOURCE", publisher["cloudEventsSource"]))
-    block: Body = publisher.get(kind) or {}
-    if kind == "http":
-        env.append(_value("OUTBOX_HTTP_URL", block["url"]))
-        if "headersSecretRef" in block:
-            env.append(_secret("OUTBOX_HTTP_HEADER", block["headersSecretRef"]))
-        if "signingSecretRef" in block:
-            env.append(_secret("OUTBOX_HTTP_SIGNING_SECRET", block["signingSecretRef"]))
-    elif kind == "nats":
-        # Repeatable worker options take one value a line in their variable.
-        env.append(_value("OUTBOX_NATS_URL", "\n".join(block["urls"])))
-        if "subject" in block:
-            env.append(_value("OUTBOX_NATS_SUBJECT", block["subject"]))
-        env.append(_value("OUTBOX_NATS_NO_STREAM", block.get("noStream", "dead")))
-        for field, variable in (
-            ("userSecretRef", "OUTBOX_NATS_USER"),
-            ("passwordSecretRef", "OUTBOX_NATS_PASSWORD"),
-            ("tokenSecretRef", "OUTBOX_NATS_TOKEN"),
-        ):
-            if field in block:
-                env.append(_secret(variable, block[field]))
-        if "credsSecretRef" in block:
-            env.append(_value("OUTBOX_NATS_CREDS", f"{NATS_CREDS_DIR}/creds"))
-        if "tlsSecretName" in block:  # the worker uses what the Secret holds of its keys
-            env.append(_value("OUTBOX_NATS_TLS_DIR", NATS_TLS_DIR))
-    elif kind == "kafka":
-        env.append(_value("OUTBOX_KAFKA_BOOTSTRAP_SERVERS", block["bootstrapServers"]))
-        if "topic" in block:
-            env.append(_value("OUTBOX_KAFKA_TOPIC", block["topic"]))
-        env.append(_value("OUTBOX_KAFKA_COMPRESSION", block.get("compression", "none")))
-        if "config" in block:
-            lines = (f"{key}={value}" for key, value in sorted(block["config"].items()))
-            env.append(_value("OUTBOX_KAFKA_CONFIG", "\n".join(lines)))
-        if "configSecretRef" in block:
-            env.append(_secret("OUTBOX_KAFKA_CONFIG", block["configSecretRef"]))
+    env.extend(_carried(option, f, value) for option, f, value in _given(publisher))
     return env
 
 
 def _volumes(publisher: Body) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, mounts): a writable /tmp on the read-only root, and any publisher files."""
+    """(volumes, mounts): a writable /tmp on the read-only root, and the Secrets the
+    publisher's options take as files (each mounted read-only under SECRETS_DIR)."""
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
-    nats: Body = publisher.get("nats") or {}
-    if "credsSecretRef" in nats:
-        ref = nats["credsSecretRef"]
-        volumes.append(
-            {
-                "name": "nats-creds",
-                "secret": {
-                    "secretName": ref["name"],
-                    "items": [{"key": ref["key"], "path": "creds"}],
-                    "defaultMode": 0o440,
-                },
-            }
-        )
-        mounts.append({"name": "nats-creds", "mountPath": NATS_CREDS_DIR, "readOnly": True})
-    if "tlsSecretName" in nats:
-        volumes.append(
-            {
-                "name": "nats-tls",
-                "secret": {"secretName": nats["tlsSecretName"], "defaultMode": 0o440},
-            }
-        )
-        mounts.append({"name": "nats-tls", "mountPath": NATS_TLS_DIR, "readOnly": True})
+    for option, f, value in _given(publisher):
+        if f.carried is Carried.SECRET_FILE:
+            items = [{"key": value["key"], "path": option.key}]
+            secret = {"secretName": value["name"], "items": items, "defaultMode": 0o440}
+        elif f.carried is Carried.SECRET_DIR:
+            secret = {"secretName": value, "defaultMode": 0o440}
+        else:
+            continue
+        volumes.append({"name": option.key, "secret": secret})
+        mounts.append({"name": option.key, "mountPath": _mount(option), "readOnly": True})
     return volumes, mounts
 
 
@@ -180,7 +176,7 @@ BREAKER_ENV = (
 
 
 def _destination_env(publisher: Body) -> list[dict[str, Any]]:
-    """Destination health: the rate limit and the breaker (the CRD checks their syntax and
+    """The destination gate: the rate limit and the breaker (the CRD checks their syntax and
     ranges against the worker's)."""
     env = []
     if "rateLimit" in publisher:

@@ -19,7 +19,6 @@ from outbox.cliutil import ArgumentParser, env_name, listen_address, on_off, por
 from outbox.controller.defaults import (
     NAME,
     PUBLISHER_DEFAULT_FIELDS,
-    PUBLISHER_TYPES,
     WORKER_DEFAULT_FIELDS,
     publisher_defaults,
     worker_defaults,
@@ -27,9 +26,8 @@ from outbox.controller.defaults import (
 from outbox.controller.images import check_image_pattern
 from outbox.durations import format_duration, parse_duration
 from outbox.errors import SettingError
+from outbox.publisher_options import ENTRY_POINT_GROUP
 
-# The group the worker finds its publishers in (the worker's registry reads the same one).
-PUBLISHER_GROUP = "outbox.publishers"
 DEFAULT_WORKER_IMAGE = "outbox-dispatcher:0.1.0"
 # What a worker pod asks the scheduler for when neither the resource nor the admin's
 # --worker-defaults says: one worker idles near 60 MiB and a few millicores, and a busy one
@@ -40,7 +38,7 @@ DEFAULT_WORKER_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "100m", "memo
 
 def installed_publishers() -> tuple[str, ...]:
     """Publishers registered beside the operator: the worker image is the operator's image."""
-    return tuple(sorted(ep.name for ep in entry_points(group=PUBLISHER_GROUP)))
+    return tuple(sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)))
 
 
 @dataclass(frozen=True)
@@ -82,7 +80,8 @@ class ControllerSettings:
     object: format, cloudEventsSource (default: none, so the worker's own: envelope,
     /outbox/<table>)."""
     worker_publishers: tuple[str, ...] = field(default_factory=installed_publishers)
-    """Publishers the worker image has; a resource asking for another is refused in status."""
+    """Publishers the worker image has (built-in or plugins, each installed beside the
+    operator too); a resource asking for another is refused in status."""
     secret_consent: bool = True
     """Secrets by consent: a resource may use a Secret only when the Secret's annotation
     outbox.dev/dispatchers names it (or is `*`); off for clusters whose every writer of
@@ -275,11 +274,16 @@ def _peers(text: str) -> tuple[Mapping[str, Any], ...]:
 
 
 def _publisher_names(text: str) -> tuple[str, ...]:
+    # Built-in publishers and plugins alike, each installed here too: the operator renders a
+    # publisher's workers from its description, which it loads.
     names = _names(text)
+    known = installed_publishers()
     for name in names:
-        if name not in PUBLISHER_TYPES:
-            known = ", ".join(PUBLISHER_TYPES)
-            raise ValueError(f"{name!r} is no publisher a resource can name (one of {known})")
+        if name not in known:
+            raise ValueError(
+                f"{name!r} is no publisher installed beside the operator "
+                f"(installed: {', '.join(known)})"
+            )
     return names
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from outbox.controller.problem import Problem
 from outbox.durations import parse_duration
 from outbox.errors import SettingError
+from outbox.publisher_options import PLUGIN, Description, installed
 from outbox.table import Table
 
 # The range of each field of `spec.scaling`: the CRD's minimum and maximum (a test compares),
@@ -120,6 +121,68 @@ def parse_retention(text: str | None) -> timedelta | None:
     return retention
 
 
+PUBLISHER_UNAVAILABLE = "PublisherUnavailable"
+INVALID_PUBLISHER_OPTIONS = "InvalidPublisherOptions"
+
+
+def publisher_name(publisher: Mapping[str, Any]) -> str:
+    """The worker's publisher a resource's `spec.publisher` names: its type, or the plugin's
+    name for `type: plugin`."""
+    kind = str(publisher["type"])
+    return str((publisher.get(PLUGIN) or {}).get("name", "")) if kind == PLUGIN else kind
+
+
+def described(publisher: Mapping[str, Any]) -> tuple[Description, str, Mapping[str, Any]]:
+    """The description of the publisher `spec.publisher` names (its class, as installed
+    beside the operator: the workers' image is the operator's), the name of its block in the
+    resource (its type), and that block; PublisherUnavailable when it cannot be loaded."""
+    kind = str(publisher["type"])
+    block: Mapping[str, Any] = publisher.get(kind) or {}
+    try:
+        return installed(publisher_name(publisher)), kind, block
+    except SettingError as exc:
+        raise Problem(PUBLISHER_UNAVAILABLE, str(exc)) from None
+
+
+def plugin_block_errors(description: Description, block: Mapping[str, Any]) -> list[str]:
+    """What of `spec.publisher.plugin` the plugin's description refuses, a line each: an
+    option it does not have, a secret given as a plain value (anyone who may read the
+    resource would read it: a secret comes from a Secret), an option given twice, a required
+    one missing."""
+    where = f"spec.publisher.{PLUGIN}"
+    options: Mapping[str, Any] = block.get("options") or {}
+    refs: Mapping[str, Any] = block.get("secretRefs") or {}
+    errors = []
+    for part, given in (("options", options), ("secretRefs", refs)):
+        for key in sorted(given):
+            option = description.option(key)
+            if option is None:
+                errors.append(f"{where}.{part}.{key}: {description.name} has no option --{key}")
+            elif part == "options" and option.secret:
+                errors.append(
+                    f"{where}.options.{key}: --{key} is a secret: give it in secretRefs "
+                    "(a Secret key), never in the resource"
+                )
+            elif part == "options" and key in refs:
+                errors.append(f"{where}: give options.{key} or secretRefs.{key}, not both")
+    for option in description.options:
+        if option.required and option.key not in options and option.key not in refs:
+            errors.append(f"{where}: {description.name} requires --{option.key}")
+    return errors
+
+
+def check_publisher(publisher: Mapping[str, Any]) -> None:
+    """A Problem unless the installed publisher takes the resource's publisher block: for a
+    plugin, its generic block read against its description (the CRD checks the built-ins'
+    blocks, whose fields it knows)."""
+    description, kind, block = described(publisher)
+    if kind != PLUGIN:
+        return
+    errors = plugin_block_errors(description, block)
+    if errors:
+        raise Problem(INVALID_PUBLISHER_OPTIONS, "; ".join(errors))
+
+
 @dataclass(frozen=True)
 class SecretKeyRef:
     """A key of a Secret of the resource's namespace."""
@@ -139,7 +202,7 @@ class DispatcherSpec:
     generation: int
     created: str  # metadata.creationTimestamp: the older resource keeps a shared table
     deleting: bool  # metadata.deletionTimestamp is set
-    publisher_type: str
+    publisher_type: str  # the worker's publisher: the type, or a plugin's name
     dsn_secret: SecretKeyRef
     signing_secret: SecretKeyRef | None  # spec.publisher.http.signingSecretRef
     table: Table | None  # None: it does not parse (in `problems`)
@@ -183,6 +246,10 @@ class DispatcherSpec:
             retention = parse_retention(spec.get("retention"))
         except Problem as exc:
             problems.append(exc)
+        try:
+            check_publisher(spec["publisher"])
+        except Problem as exc:
+            problems.append(exc)
         pinned = spec.get("replicas")
         uid = meta.get("uid")
         return cls(
@@ -193,7 +260,7 @@ class DispatcherSpec:
             generation=int(meta.get("generation") or 0),
             created=str(meta.get("creationTimestamp") or ""),
             deleting=bool(meta.get("deletionTimestamp")),
-            publisher_type=str(spec["publisher"]["type"]),
+            publisher_type=publisher_name(spec["publisher"]),
             dsn_secret=SecretKeyRef(str(ref["name"]), str(ref.get("key", "dsn"))),
             signing_secret=None
             if signing is None

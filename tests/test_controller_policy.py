@@ -16,9 +16,9 @@ import yaml
 
 from outbox.controller.consent import (
     CONSENT_ANNOTATION,
-    SECRET_FIELDS,
     consents,
     not_shared,
+    secret_fields,
     secret_uses,
 )
 from outbox.controller.decision import Limits, Observed, decide
@@ -28,7 +28,6 @@ from outbox.controller.policy import (
     DENIED_ENV_NAMES,
     DENIED_ENV_PREFIXES,
     DENIED_ENV_SUFFIX,
-    DENIED_KAFKA_CONFIG,
     OPERATOR_ANNOTATION_PREFIXES,
     OPERATOR_LABELS,
     UNRESTRICTED,
@@ -39,6 +38,7 @@ from outbox.controller.policy import (
 from outbox.controller.problem import Problem
 from outbox.controller.settings import ControllerSettings, load_settings
 from outbox.errors import SettingError
+from outbox.publisher_options import Carried, installed
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD = yaml.safe_load((ROOT / "crds" / "outboxdispatchers.yaml").read_text())
@@ -49,6 +49,13 @@ DIGEST = "sha256:" + "c" * 64
 OWN = "registry.example/platform/outbox-dispatcher"
 # The operator as the chart installs it: the workers run its own image.
 DEFAULTS = ControllerSettings(worker_image=f"{OWN}:0.1.0")
+# The Kafka properties no resource may set: the kafka publisher's description says so.
+[DENIED_KAFKA_CONFIG] = [
+    f.keys.refused
+    for _, f in installed("kafka").bindings("kafka")
+    if f.carried is Carried.PAIRS and f.keys is not None
+]
+SECRET_FIELDS = secret_fields()
 
 
 def spec(**worker: Any) -> dict[str, Any]:
@@ -536,6 +543,8 @@ def _walk(schema: dict[str, Any], path: str = "") -> dict[str, dict[str, Any]]:
         found.update(_walk(sub, f"{path}.{name}" if path else name))
     if "items" in schema:
         found.update(_walk(schema["items"], f"{path}[]"))
+    if isinstance(schema.get("additionalProperties"), dict):  # a map's values, as consent walks
+        found.update(_walk(schema["additionalProperties"], f"{path}{{}}"))
     return found
 
 
@@ -562,7 +571,7 @@ def test_every_secret_the_crd_can_name_is_checked_for_consent() -> None:
         if path.startswith("spec.")
         and path.rsplit(".", 1)[-1].rstrip("[]").endswith(("SecretRef", "SecretName", "Secrets"))
     }
-    covered = {f.removesuffix(".name").removesuffix("[]") for f in SECRET_FIELDS}
+    covered = {f.removesuffix(".name").removesuffix("[]").removesuffix("{}") for f in SECRET_FIELDS}
     assert named <= covered, named - covered
     for path in SECRET_FIELDS:
         if not path.startswith("worker.imagePullSecrets"):  # the day-two pod settings' field
@@ -576,7 +585,7 @@ def test_every_secret_the_crd_can_name_is_checked_for_consent() -> None:
 
 
 def test_secret_uses_names_every_reference_and_where() -> None:
-    full = {
+    nats = {
         "database": {"dsnSecretRef": {"name": "db"}},
         "publisher": {
             "type": "nats",
@@ -587,22 +596,36 @@ def test_secret_uses_names_every_reference_and_where() -> None:
                 "credsSecretRef": {"name": "creds", "key": "c"},
                 "tlsSecretName": "tls",
             },
-            "http": {"headersSecretRef": {"name": "headers", "key": "h"}},
-            "kafka": {"configSecretRef": {"name": "kafka", "key": "k"}},
         },
         "worker": {"imagePullSecrets": [{"name": "regcred"}, {"name": "other"}]},
     }
-    assert [(u.field, u.name) for u in secret_uses(full)] == [
+    assert [(u.field, u.name) for u in secret_uses(nats)] == [
         ("spec.database.dsnSecretRef", "db"),
-        ("spec.publisher.http.headersSecretRef", "headers"),
+        ("spec.publisher.nats.credsSecretRef", "creds"),
         ("spec.publisher.nats.userSecretRef", "nats"),
         ("spec.publisher.nats.passwordSecretRef", "nats"),
         ("spec.publisher.nats.tokenSecretRef", "token"),
-        ("spec.publisher.nats.credsSecretRef", "creds"),
         ("spec.publisher.nats.tlsSecretName", "tls"),
-        ("spec.publisher.kafka.configSecretRef", "kafka"),
         ("spec.worker.imagePullSecrets[0]", "regcred"),
         ("spec.worker.imagePullSecrets[1]", "other"),
+    ]
+    db = nats["database"]
+    http = {"type": "http", "http": {"headersSecretRef": {"name": "headers", "key": "h"},
+                                     "signingSecretRef": {"name": "keys", "key": "k"}}}  # fmt: skip
+    assert [(u.field, u.name) for u in secret_uses({"database": db, "publisher": http})][1:] == [
+        ("spec.publisher.http.headersSecretRef", "headers"),
+        ("spec.publisher.http.signingSecretRef", "keys"),
+    ]
+    kafka = {"type": "kafka", "kafka": {"configSecretRef": {"name": "kafka", "key": "k"}}}
+    assert [(u.field, u.name) for u in secret_uses({"database": db, "publisher": kafka})][1:] == [
+        ("spec.publisher.kafka.configSecretRef", "kafka"),
+    ]
+    # A plugin's: every entry of its secretRefs, by the option's name.
+    refs = {"b-token": {"name": "b", "key": "t"}, "a-key": {"name": "a", "key": "k"}}
+    plugin = {"type": "plugin", "plugin": {"name": "any", "secretRefs": refs}}
+    assert [(u.field, u.name) for u in secret_uses({"database": db, "publisher": plugin})][1:] == [
+        ("spec.publisher.plugin.secretRefs.a-key", "a"),
+        ("spec.publisher.plugin.secretRefs.b-token", "b"),
     ]
 
 

@@ -53,6 +53,8 @@ def manifest_with(path: str, value: Any) -> dict[str, Any]:
         manifest["spec"]["publisher"] = {"type": "kafka", "kafka": {"bootstrapServers": "k:9092"}}
     elif parts[:2] == ["publisher", "http"]:
         manifest["spec"]["publisher"] = {"type": "http", "http": {"url": "http://sink"}}
+    elif parts[:2] == ["publisher", "plugin"]:
+        manifest["spec"]["publisher"] = {"type": "plugin", "plugin": {"name": "sqs"}}
     target = manifest["spec"]
     for part in parts[:-1]:
         target = target.setdefault(part, {})
@@ -93,9 +95,52 @@ def test_the_same_manifests_with_good_values_are_accepted(cluster: LocalCluster)
         ("spec.publisher.kafka.configSecretRef.key", "sasl"),
         ("spec.publisher.http.timeout", "5s"),
         ("spec.publisher.http.headersSecretRef.name", "headers"),
+        ("spec.publisher.plugin.name", "sqs"),
+        ("spec.publisher.plugin.timeout", "5s"),
         ("spec.scaling.maxReplicas", 1000),
         ("spec.worker.metricsPort", 9100),
         ("spec.retention", "7d"),
     ]:
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest_with(path, value)))
         cluster.kubectl("delete", "obd", "wrong")
+
+
+PLUGIN_BLOCK = {
+    "name": "sqs",
+    "options": {"sqs-queue-url": "https://sqs.example/q", "sqs-tag": "a\nb"},
+    "secretRefs": {"sqs-token": {"name": "sqs", "key": "token"}},
+}
+
+
+@pytest.mark.parametrize(
+    ("publisher", "refused"),
+    [
+        (None, ""),  # the control: a plugin's generic block as its author writes it
+        ({"type": "plugin"}, "publisher.plugin is required when type is plugin"),
+        ({"type": "http", "http": {"url": "http://sink"}, "plugin": PLUGIN_BLOCK},
+         "publisher.plugin is required when type is plugin and not allowed otherwise"),
+        ({"type": "plugin", "plugin": {**PLUGIN_BLOCK, "name": "kafka"}},
+         "a built-in publisher is set by its own block"),
+        ({"type": "plugin", "plugin": {**PLUGIN_BLOCK, "secretRefs": {"sqs-token": {"name": "s"}}}},
+         "spec.publisher.plugin.secretRefs.sqs-token.key"),
+        ({"type": "plugin", "plugin": {**PLUGIN_BLOCK, "options": {"sqs-depth": 3}}},
+         "spec.publisher.plugin.options.sqs-depth"),
+    ],
+)  # fmt: skip
+def test_the_generic_plugin_block_is_validated_by_the_api_server(
+    cluster: LocalCluster, publisher: dict[str, Any] | None, refused: str
+) -> None:
+    """A plugin needs no CRD change: its block's shape is the CRD's (the operator checks its
+    options against the plugin's description), and the API server refuses a malformed one."""
+    manifest = dispatcher_manifest("wrong")
+    manifest["spec"]["publisher"] = publisher or {"type": "plugin", "plugin": PLUGIN_BLOCK}
+    result = cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest), check=False)
+    if not refused:
+        assert result.returncode == 0, result.stderr
+        [stored] = cluster.objects("outbox.dev/v1alpha1", "outboxdispatchers", NS)
+        assert stored["spec"]["publisher"]["plugin"]["secretRefs"] == PLUGIN_BLOCK["secretRefs"]
+        cluster.kubectl("delete", "obd", "wrong")
+        return
+    assert result.returncode != 0
+    assert refused in result.stderr
+    assert cluster.objects("outbox.dev/v1alpha1", "outboxdispatchers", NS) == []
