@@ -29,6 +29,12 @@ from outbox.durations import duration_between, format_duration, parse_duration
 from outbox.errors import SettingError
 from outbox.filters import DeadFilter
 from outbox.maintenance import MAX_PURGE_BATCH, PURGE_BATCH, PURGE_BATCH_ENV, purge_done
+from outbox.partition_maintenance import (
+    DEFAULT_RETENTION,
+    NotPartitioned,
+    maintain,
+    partition_states,
+)
 from outbox.partitions import (
     DEFAULT_PARTITION_SIZE,
     DEFAULT_PARTITIONS_AHEAD,
@@ -104,6 +110,23 @@ def _parser() -> ArgumentParser:
         f"(default {DEFAULT_PARTITIONS_AHEAD})",
     )
     m.add_argument("--print", action="store_true", help="print the SQL instead of running it")
+
+    pt = command("partitions", "a partitioned table's partitions: ids, rows, retirable or why not")
+    add_dsn_and_table(pt)
+    _add_timeouts(pt)
+    pt.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+
+    mt = command(
+        "maintain",
+        "a partitioned table: make partitions ahead, drop those done for the retention, analyze",
+    )
+    add_dsn_and_table(mt)
+    _add_timeouts(mt)
+    mt.add_argument(
+        "--retention",
+        help="how long a partition stays after its last row is done, e.g. 7d, 12h, 0s "
+        f"(default {format_duration(DEFAULT_RETENTION)})",
+    )
 
     s = command("stats", "counts per status, oldest ages, expired leases, attempts")
     add_dsn_and_table(s)
@@ -381,6 +404,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             if args.print:
                 print(render_migration(table, args.ordering, args.layout), end="")
                 return
+        if args.command == "maintain":
+            args.retention = resolve(args, "--retention", parse_duration, DEFAULT_RETENTION)
         dsn = _dsn(args)
         purge_options = (
             {
@@ -522,6 +547,8 @@ def _run(
         print(f"{table}: {verb} {count} done rows")
     elif args.command in ("requeue", "skip"):
         _repair(args, conn, table)
+    elif args.command in ("partitions", "maintain"):
+        _partitions(args, conn, table)
     elif args.command == "destinations":
         states = fetch(conn, destination_states(table))
         if args.json:
@@ -545,6 +572,39 @@ def _run(
         if not result.changed:
             fail(PROG, result.summary(), NOTHING_CHANGED)
         print(f"{table}: {result.summary()}")
+
+
+def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Table) -> None:
+    """`outbox partitions` and `outbox maintain`."""
+    try:
+        if args.command == "maintain":
+            done = maintain(conn, table, retention=args.retention)
+            print(
+                f"{table}: made {done.made} partitions ahead, retired {len(done.retired)} "
+                f"({done.rows_retired} rows), {len(done.kept)} finished but within the "
+                f"retention of {format_duration(args.retention)}; analyzed"
+            )
+            return
+        states = partition_states(conn, table)
+    except NotPartitioned as exc:
+        fail(PROG, f"{exc}; see docs/partitioning.md", 1)
+    if args.json:
+        print(json.dumps({"table": str(table), "partitions": [p.to_dict() for p in states]}))
+        return
+    print(f"{'partition':<24} {'ids':<23} {'pending':>8} {'processing':>10} {'dead':>6} "
+          f"{'done (est.)':>11}  {'oldest created_at':<20} retirable")  # fmt: skip
+    for p in states:
+        oldest = p.oldest_created_at.strftime("%Y-%m-%d %H:%M:%S") if p.oldest_created_at else "-"
+        retirable = (
+            f"yes, nothing unfinished since {p.done_since:%Y-%m-%d %H:%M:%S}"
+            if p.retirable and p.done_since
+            else "yes"
+            if p.retirable
+            else f"no: {p.why_not}"
+        )
+        ids, done_rows = f"{p.low}-{p.high - 1}", f"~{p.done_estimate}"
+        print(f"{p.name:<24} {ids:<23} {p.pending:>8} {p.processing:>10} {p.dead:>6} "
+              f"{done_rows:>11}  {oldest:<20} {retirable}")  # fmt: skip
 
 
 def _repair(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Table) -> None:
