@@ -1,4 +1,4 @@
-"""Destination health beside today's behaviour, in one run: a downed HTTP API and the rate limit.
+"""The destination gate beside today's behaviour, in one run: a downed HTTP API and the rate limit.
 
 python -m bench.destinations                    # the full run (about 20 minutes on 2 cores)
 python -m bench.destinations --smoke --out DIR  # tiny sizes: checks the harness only
@@ -629,7 +629,7 @@ def _after_first(row: dict[str, Any]) -> str:
 def render(report: dict[str, Any], command: str) -> str:
     sizes, env = report["sizes"], report["environment"]
     lines = [
-        "# Destination health beside today's behaviour",
+        "# The destination gate beside today's behaviour",
         "",
         f"`{command}` at {env['commit']}, {env['started']}; PostgreSQL {env['postgresql']} "
         f"(embedded, stock settings), {env['cores']} cores, Python {env['python']}, "

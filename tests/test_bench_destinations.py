@@ -1,4 +1,4 @@
-"""The destination health benchmark (`python -m bench.destinations`) at smoke size: both sides
+"""The destination gate benchmark (`python -m bench.destinations`) at smoke size: both sides
 of each outage ran against a real downed API with real worker processes, the rate limit ran
 with several workers, and the report is complete.
 

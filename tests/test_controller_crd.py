@@ -152,7 +152,7 @@ def test_the_docs_field_tables_are_generated_from_the_crd() -> None:
             assert f"| `{path}` |" in doc, path
 
 
-# -- destination health: the same syntax and ranges as the worker's settings -----------------
+# -- the destination gate: the same syntax and ranges as the worker's settings ---------------
 
 
 def _errors(publisher: dict[str, Any]) -> list[str]:

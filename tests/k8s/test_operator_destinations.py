@@ -47,7 +47,7 @@ ERROR = "HTTP 503 Service Unavailable from http://app:hunter2-secret@api.shop.te
 
 @contextmanager
 def serving(dsn: str, destination: str) -> Iterator[None]:
-    """The dispatcher's workers, as far as destination health goes: they stamp the
+    """The dispatcher's workers, as far as the destination gate goes: they stamp the
     destination they are configured for, as often as a worker does (or more)."""
     stop = threading.Event()
 
