@@ -5,7 +5,8 @@ Applications need only the producer API::
     from outbox import enqueue, enqueue_many, Event, PayloadTooLarge
 
 `InvalidHeaders` and `HeadersTooLarge` are the refusals of `headers=`, `NameTooLong` of a
-name (event_type, aggregate_type, aggregate_id) past its limit.
+name (event_type, aggregate_type, aggregate_id) past its limit; `OutOfPartitions` says a
+partitioned table has no partition made for the next id yet (docs/partitioning.md).
 """
 
 from outbox.models import Event, Message, Outcome, OutcomeKind, Status
@@ -13,6 +14,7 @@ from outbox.producer import (
     HeadersTooLarge,
     InvalidHeaders,
     NameTooLong,
+    OutOfPartitions,
     PayloadTooLarge,
     enqueue,
     enqueue_many,
@@ -28,6 +30,7 @@ __all__ = [
     "InvalidHeaders",
     "Message",
     "NameTooLong",
+    "OutOfPartitions",
     "Outcome",
     "OutcomeKind",
     "PayloadTooLarge",

@@ -50,7 +50,9 @@ a minute, with no per-call cost either way.
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 import sys
 import time
 import weakref
@@ -75,6 +77,51 @@ from outbox.runner import Query, Row, fetch, fetch_async, first_row, run
 from outbox.table import DEFAULT_TABLE_NAME, Table, text_constant
 
 T = TypeVar("T")
+
+
+class OutOfPartitions(psycopg.errors.CheckViolation):
+    """A partitioned table (docs/partitioning.md) has no partition for the next id: the
+    producers outran the partitions made ahead. Nothing was written (the transaction is
+    aborted, as after any failed statement)."""
+
+
+_NO_PARTITION = re.compile(r"^no partition of relation")
+_FAILING_ID = re.compile(r"\(id\) = \((\d+)\)")
+
+
+def _out_of_partitions(exc: psycopg.errors.CheckViolation, table: Table) -> Exception:
+    """PostgreSQL's refusal of a row no partition takes, saying what to do; any other
+    check violation as it is."""
+    if not _NO_PARTITION.match(exc.diag.message_primary or ""):
+        return exc
+    found = _FAILING_ID.search(exc.diag.message_detail or "")
+    at = f" for id {found.group(1)}" if found else ""
+    return OutOfPartitions(
+        f"table {table} has no partition{at}: the producers outran the partitions made "
+        f"ahead; run `outbox maintain --table {table.argument}` now, and raise "
+        "--partitions-ahead (`outbox migrate --partition-size N --partitions-ahead M`) or "
+        "run maintenance more often (docs/partitioning.md)"
+    )
+
+
+def _guarded(write: Callable[[], T | Awaitable[T]], table: Table) -> T | Awaitable[T]:
+    """`write()`, with a partitioned table's refusal of an id past its partitions made
+    clear, on a sync connection or an async one."""
+    try:
+        result = write()
+    except psycopg.errors.CheckViolation as exc:
+        raise _out_of_partitions(exc, table) from exc
+    if not inspect.isawaitable(result):
+        return result
+    pending = result
+
+    async def awaited() -> T:
+        try:
+            return await pending
+        except psycopg.errors.CheckViolation as exc:
+            raise _out_of_partitions(exc, table) from exc
+
+    return awaited()
 
 
 class PayloadTooLarge(ValueError):
@@ -449,13 +496,16 @@ def enqueue_many(
     Raises PayloadTooLarge, writing nothing, when any payload's JSON text is longer than
     `max_payload_bytes` (default: the process's limit, 1 MiB unless set), InvalidHeaders
     when any event's headers are not string names and values within MAX_HEADER_COUNT and
-    MAX_HEADERS_BYTES, and NameTooLong when a name is past MAX_NAME_BYTES.
+    MAX_HEADERS_BYTES, and NameTooLong when a name is past MAX_NAME_BYTES; OutOfPartitions
+    when a partitioned table has no partition for the ids yet.
     `trace_context=False` keeps the active span's context out of the headers."""
     batch = list(events)
     _check_names(batch)
     payloads = _payloads(conn, batch, max_payload_bytes)
     headers = _headers(conn, batch, trace_context) if batch else None
-    return _write(conn, table, batch, payloads, lock_aggregate and bool(batch), headers, _ids)
+    t = table if isinstance(table, Table) else Table.parse(table)
+    lock = lock_aggregate and bool(batch)
+    return _guarded(lambda: _write(conn, t, batch, payloads, lock, headers, _ids), t)
 
 
 @overload
@@ -506,12 +556,16 @@ def enqueue(
     Raises PayloadTooLarge, writing nothing, when the payload's JSON text is longer than
     `max_payload_bytes` (default: the process's limit, 1 MiB unless set), InvalidHeaders
     when the headers are not string names and values within MAX_HEADER_COUNT and
-    MAX_HEADERS_BYTES, and NameTooLong when a name is past MAX_NAME_BYTES."""
+    MAX_HEADERS_BYTES, and NameTooLong when a name is past MAX_NAME_BYTES; OutOfPartitions
+    when a partitioned table has no partition for the id yet."""
     event = Event(aggregate_type, aggregate_id, event_type, payload, headers)
     _check_names([event])
     payloads = _payloads(conn, [event], max_payload_bytes)
     written = _headers(conn, [event], trace_context)
-    return _write(conn, table, [event], payloads, lock_aggregate, written, _first_id)
+    t = table if isinstance(table, Table) else Table.parse(table)
+    return _guarded(
+        lambda: _write(conn, t, [event], payloads, lock_aggregate, written, _first_id), t
+    )
 
 
 def _first_id(rows: list[Row]) -> int:

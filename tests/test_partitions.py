@@ -15,7 +15,7 @@ from helpers import explain_prepared, seed, statuses, wait_until
 from test_worker import Scripted
 from workers import dispatching, settings
 
-from outbox import lease
+from outbox import Event, OutOfPartitions, enqueue, enqueue_many, lease
 from outbox.models import Outcome
 from outbox.partitions import ClaimWindow, Layout, read_partitions
 from outbox.queries import queries
@@ -247,3 +247,22 @@ async def test_a_worker_drains_a_partitioned_table_through_fencing_and_retries(p
         await wait_until(lambda: statuses(pconn) == {"done": 420}, what="all done")
         assert replica.window.layout == Layout(SIZE, 5)
     assert len(failed) == 8
+
+
+async def test_enqueue_past_the_partitions_made_ahead_says_which_table_and_what_to_do(
+    pconn, empty_dsn
+):
+    seed(pconn, 399)  # ids 1-399 fill every partition made (up to id 399)
+    with pytest.raises(OutOfPartitions, match=r"table outbox has no partition for id 400") as e:
+        enqueue(pconn, aggregate_type="a", aggregate_id="1", event_type="E", payload={})
+    assert "outbox maintain --table outbox" in str(e.value)
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        with pytest.raises(OutOfPartitions, match="--partitions-ahead"):
+            await enqueue_many(aconn, [Event("a", "1", "E", {})])
+    # Any other check violation stays PostgreSQL's own.
+    with pytest.raises(psycopg.errors.CheckViolation) as other:
+        pconn.execute("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, "
+                      "status) VALUES ('a', '1', 'E', '{}', 'lost')")  # fmt: skip
+    assert not isinstance(other.value, OutOfPartitions)
+    migrate(pconn, TABLE, layout=Layout(SIZE, 3))  # what `outbox maintain` does first
+    assert enqueue(pconn, aggregate_type="a", aggregate_id="1", event_type="E", payload={}) > 399
