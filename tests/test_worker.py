@@ -20,11 +20,14 @@ from outbox.demo.sink import Reply, Sink
 from outbox.lease import Applied, claim
 from outbox.models import Message, Outcome
 from outbox.worker.cli import GC_YOUNG_THRESHOLD, calm_collector
-from outbox.worker.finalizer import FINALIZE_LINGER
+from outbox.worker.finalizer import FINALIZE_LINGER, Finalizer
+from outbox.worker.ledger import Ledger
+from outbox.worker.metrics import Metrics
 from outbox.worker.publishers.base import Defer, PermanentError, RetryableError
 from outbox.worker.publishers.http import HttpPublisher
 from outbox.worker.publishers.null import NullPublisher
 from outbox.worker.replica import Replica
+from outbox.worker.service import Shared
 
 # A retried message must stay pending while the test looks at it: the test settings' 50 ms
 # backoff cap would bring it back at once. (Full jitter may still pick a tiny delay: one in
@@ -280,6 +283,25 @@ async def test_notify_wakes_an_idle_worker_without_waiting_for_the_poll(conn, ds
         assert await asyncio.to_thread(sink.wait_for, lambda s: message_id in s.delivered_ids(), 60)
         assert loop.time() - started < 60  # far sooner than the 5-minute poll
         assert _claims(d) > claims_before
+
+
+def test_ordered_finalizes_linger_behind_a_backlog_only_not_for_publishes_in_flight():
+    """In ordered mode the finalize makes the next heads: lingering for outcomes still being
+    published would hold those back. Behind a backlog (messages waiting to be published) a
+    linger costs nothing they would not wait anyway; unordered, both are worth it."""
+
+    def finalizer(ordering: str, publishing: int, waiting: int) -> Finalizer:
+        s = settings("", ordering=ordering)
+        ledger = Ledger(s.batch, s.concurrency)
+        ledger.publishing = publishing
+        ledger.waiting.extend([None] * waiting)  # type: ignore[list-item]
+        shared = Shared(s, ledger, connection=None, retry=None, metrics=Metrics())  # type: ignore[arg-type]
+        return Finalizer(shared, wakeup=asyncio.Event())
+
+    assert not finalizer("aggregate", publishing=3, waiting=0)._more_coming()
+    assert finalizer("aggregate", publishing=3, waiting=5)._more_coming()
+    assert finalizer("none", publishing=3, waiting=0)._more_coming()
+    assert not finalizer("none", publishing=0, waiting=0)._more_coming()
 
 
 class _Deaf:

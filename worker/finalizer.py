@@ -6,8 +6,8 @@ for (the same outcomes do later); a statement the database refuses for good leav
 to their leases, as a publisher bug does.
 
 In ordered mode a finalize is what makes an aggregate's next message its head, and no
-NOTIFY announces that: the finalizer wakes the claimer itself, and writes at once rather
-than linger (the linger would hold back the next head).
+NOTIFY announces that: the finalizer wakes the claimer itself, and lingers only behind a
+backlog (a linger for publishes in flight would hold back the next heads).
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ class Finalizer(Service):
     def __init__(self, shared: Shared, *, wakeup: asyncio.Event) -> None:
         super().__init__(shared)
         self.wakeup = wakeup  # the claimer's: set when a finalize may have made new heads
-        self.linger = 0.0 if self.settings.ordered else FINALIZE_LINGER
 
     async def run(self) -> None:
         """Write outcomes until cancelled."""
@@ -55,12 +54,8 @@ class Finalizer(Service):
                 ledger.outcomes_waiting.clear()
                 await ledger.outcomes_waiting.wait()
                 continue
-            if (
-                self.linger
-                and len(ledger.outcomes) < FINALIZE_CHUNK
-                and (ledger.publishing or ledger.waiting)
-            ):
-                await asyncio.sleep(self.linger)  # more are on their way
+            if len(ledger.outcomes) < FINALIZE_CHUNK and self._more_coming():
+                await asyncio.sleep(FINALIZE_LINGER)
             outcomes = ledger.take_outcomes(FINALIZE_CHUNK)
             try:
                 applied = await self.retry.until_done(
@@ -70,6 +65,15 @@ class Finalizer(Service):
                 self._refused(outcomes)
                 continue
             self._applied(outcomes, applied)
+
+    def _more_coming(self) -> bool:
+        """Whether outcomes are on their way, worth lingering for. In ordered mode only a
+        backlog held counts (its messages wait longer than the linger anyway): a publish in
+        flight alone is no reason to hold back the heads the next finalize makes."""
+        ledger = self.ledger
+        if self.settings.ordered:
+            return bool(ledger.waiting)
+        return bool(ledger.publishing or ledger.waiting)
 
     async def _finalize(self, outcomes: list[Outcome]) -> lease.Applied:
         async with self.connection() as conn:
