@@ -23,7 +23,7 @@ import psycopg
 from psycopg import sql
 
 from outbox.runner import Query, Row, fetch, fetch_async, first_row
-from outbox.table import Table
+from outbox.table import Table, text_constant
 
 # A partition holds a million ids by default: at 1,000 messages a second, a partition every
 # 17 minutes, so a retention of hours retires a few dozen at a time and the claim's window
@@ -275,6 +275,46 @@ async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table)
     if problem:
         raise ValueError(problem)
     return layout
+
+
+async def keep_ahead(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table, layout: Layout
+) -> tuple[int, int]:
+    """A worker's upkeep: make the partitions missing ahead, if no other session is at it
+    (an advisory lock: one replica at a time, the others skip); (partitions made, ids
+    left ahead). Raises psycopg.errors.InsufficientPrivilege for a role that may not
+    create tables."""
+    lock = sql.SQL("hashtextextended({name}, 0)").format(
+        name=text_constant(f"outbox-dispatcher partitions {table}")
+    )
+    made = 0
+    got = await fetch_async(
+        conn, Query(sql.SQL("SELECT pg_try_advisory_lock({l})").format(l=lock), None, _first)
+    )
+    if got:
+        try:
+            existing = await fetch_async(conn, read_partitions(table)) or []
+            missing = missing_ahead(existing, await fetch_async(conn, _highest_id(table)), layout)
+            for index, low, high in missing:
+                async with conn.transaction():
+                    for statement in make_partition(table, index, low, high):
+                        await conn.execute(statement)
+            made = len(missing)
+        finally:
+            await conn.execute(sql.SQL("SELECT pg_advisory_unlock({l})").format(l=lock))
+    return made, await ids_ahead(conn, table)
+
+
+async def ids_ahead(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table) -> int:
+    """Ids the partitions made take past the highest one given: how far producers are
+    from an insert no partition takes."""
+    existing = await fetch_async(conn, read_partitions(table)) or []
+    top = existing[-1].high if existing else 0
+    return max(top - 1 - await fetch_async(conn, _highest_id(table)), 0)
+
+
+def _first(rows: list[Row]) -> object:
+    return rows[0][0] if rows else None
 
 
 # -- the claim's window ----------------------------------------------------------------------

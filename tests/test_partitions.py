@@ -266,3 +266,38 @@ async def test_enqueue_past_the_partitions_made_ahead_says_which_table_and_what_
     assert not isinstance(other.value, OutOfPartitions)
     migrate(pconn, TABLE, layout=Layout(SIZE, 3))  # what `outbox maintain` does first
     assert enqueue(pconn, aggregate_type="a", aggregate_id="1", event_type="E", payload={}) > 399
+
+
+async def test_workers_keep_partitions_ahead_and_report_the_ids_left(pconn, empty_dsn):
+    seed(pconn, 250)  # partitions up to id 399: 149 ids left ahead, 3 partitions wanted
+    s = settings(empty_dsn, batch=40)
+    async with dispatching(s, Scripted(lambda m: None)) as replica:
+        await wait_until(lambda: _leaves(pconn)[-1] == (500, 600), what="partitions made")
+        # Made on their own and attached: each has the parent's indexes.
+        indexes = pconn.execute(
+            "SELECT count(*) FROM pg_indexes WHERE tablename = 'outbox_p5'"
+        ).fetchone()
+        assert indexes == (5,)  # primary key, ready, leased, waiting, dead
+        ids_ahead = replica.metrics.partition_ids_ahead
+        await wait_until(lambda: ids_ahead._value.get() == 599 - 250, what="the metric")
+        assert replica.metrics.partition_ids_target._value.get() == 300
+
+
+async def test_a_worker_whose_role_may_not_create_tables_says_so_once(pconn, empty_dsn, caplog):
+    pconn.execute("CREATE ROLE outbox_dml LOGIN PASSWORD 'dml'")
+    pconn.execute(
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO outbox_dml"
+    )
+    pconn.execute("GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO outbox_dml")
+    pconn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    seed(pconn, 250)
+    params = psycopg.conninfo.conninfo_to_dict(empty_dsn)
+    dml = psycopg.conninfo.make_conninfo(**{**params, "user": "outbox_dml", "password": "dml"})
+    s = settings(dml, batch=40)
+    with caplog.at_level("WARNING", logger="outbox.worker"):
+        async with dispatching(s, Scripted(lambda m: None)) as replica:
+            ids_ahead = replica.metrics.partition_ids_ahead
+            await wait_until(lambda: ids_ahead._value.get() == 399 - 250, what="the metric")
+    told = [r for r in caplog.records if "may not create tables" in r.getMessage()]
+    assert len(told) == 1
+    assert _leaves(pconn)[-1] == (300, 400)  # left to `outbox maintain`

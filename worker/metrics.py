@@ -101,6 +101,17 @@ class Metrics:
             ["destination"],
             registry=r,
         )
+        # A partitioned table's (outbox.partitions); neither is set for a plain table.
+        self.partition_ids_ahead = Gauge(
+            "outbox_partition_ids_ahead",
+            "Ids the partitions made ahead still take before an insert finds no partition",
+            registry=r,
+        )
+        self.partition_ids_target = Gauge(
+            "outbox_partition_ids_ahead_target",
+            "Ids kept made ahead when maintenance keeps up (partition size x partitions ahead)",
+            registry=r,
+        )
         self.ready = False
 
 

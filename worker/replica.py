@@ -40,6 +40,7 @@ from outbox.worker.lease_keeper import LeaseKeeper
 from outbox.worker.ledger import Ledger
 from outbox.worker.listener import Listener
 from outbox.worker.metrics import Metrics
+from outbox.worker.partition_keeper import PartitionKeeper
 from outbox.worker.publishers.base import BatchPublisher, Publisher, PublisherBase, declared
 from outbox.worker.publishers.registry import load_publisher, shown_values
 from outbox.worker.publishing import Publishing
@@ -111,6 +112,7 @@ class Replica:
         )  # fmt: skip
         self.finalizer = Finalizer(shared, wakeup=wakeup)
         self.lease_keeper = LeaseKeeper(shared)
+        self.partition_keeper = PartitionKeeper(shared)
 
     @property
     def listening(self) -> bool:
@@ -133,6 +135,7 @@ class Replica:
                         ("lease keeper", self.lease_keeper.run()),
                         ("listener", self.listener.run()),
                         ("destination gate", self.gate.run()),
+                        ("partition keeper", self.partition_keeper.run()),
                     )
                 ]
                 try:

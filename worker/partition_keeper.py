@@ -1,0 +1,56 @@
+"""The partition keeper: on a partitioned table, keeps partitions made ahead of the highest
+id, so that a deployment without the operator never runs out of them (outbox.partitions).
+
+One replica at a time makes them (the others find the advisory lock taken and only read how
+many ids are left ahead, for the metric). A role that may not create tables is told once, and
+the partitions are left to `outbox maintain`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import psycopg
+
+from outbox import partitions
+from outbox.worker.service import Service
+
+log = logging.getLogger("outbox.worker")
+
+# How often partitions ahead are checked: a partition of the default size lasts minutes at
+# the fastest producers, and the default keeps 16 of them ahead.
+KEEP_INTERVAL = 30.0
+
+
+class PartitionKeeper(Service):
+    async def run(self) -> None:
+        """Keep partitions ahead until cancelled; on a plain table, only wait to be."""
+        layout = self.window.layout
+        if layout is None:
+            await asyncio.Event().wait()
+            return
+        self.metrics.partition_ids_target.set(layout.partition_size * layout.partitions_ahead)
+        may_create = True
+        while True:
+            try:
+                async with self.connection() as conn:
+                    if may_create:
+                        made, left = await partitions.keep_ahead(conn, self.settings.table, layout)
+                        if made:
+                            log.info("made %d partitions ahead of %s", made, self.settings.table)
+                    else:
+                        left = await partitions.ids_ahead(conn, self.settings.table)
+                self.metrics.partition_ids_ahead.set(left)
+            except psycopg.errors.InsufficientPrivilege:
+                may_create = False
+                log.warning(
+                    "this worker's role may not create tables: partitions ahead of %s are left "
+                    "to `outbox maintain` (or the operator)",
+                    self.settings.table,
+                )
+                continue
+            except psycopg.Error as exc:
+                self.metrics.db_errors.labels("keep partitions").inc()
+                log.warning("could not keep partitions ahead: %s", exc)
+            await asyncio.sleep(KEEP_INTERVAL)
