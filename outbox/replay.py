@@ -26,7 +26,7 @@ the same number (`outbox replay --resume N`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -405,12 +405,6 @@ def send_batch(
     return done
 
 
-def batches(progress: Progress) -> Iterator[None]:
-    """One item per batch still to send (a loop the caller may stop between batches)."""
-    while not progress.finished:
-        yield None
-
-
 # -- resuming ----------------------------------------------------------------------------
 
 
@@ -449,3 +443,56 @@ def resume_point(table: Table, number: int) -> Steps[Progress]:
 def with_ids(f: ReplayFilter, ranges: Sequence[tuple[int, int]]) -> ReplayFilter:
     """`f` narrowed to these inclusive id ranges."""
     return replace(f, ids=tuple(ranges))
+
+
+# -- for a screen: the window's done messages, and a replay in one call --------------------
+
+
+@dataclass(frozen=True)
+class DoneRow:
+    """A message of the window, as a list of them shows it."""
+
+    id: int
+    created_at: datetime
+    event_type: str
+    aggregate_type: str
+    aggregate_id: str
+    replay: int | None
+
+
+def _listing_query(table: Table, f: ReplayFilter, ids: IdRange, limit: int) -> Query[list[DoneRow]]:
+    where, params = _where(f)
+    statement = sql.SQL(
+        "SELECT id, created_at, event_type, aggregate_type, aggregate_id, replay FROM {t} "
+        "WHERE {where} ORDER BY id LIMIT %(limit)s"
+    ).format(t=table.ident, where=where)
+    return Query(
+        statement,
+        {**params, "first": ids.first, "past": ids.past, "limit": limit},
+        lambda rows: [DoneRow(*r) for r in rows],
+    )
+
+
+def listing(table: Table, f: ReplayFilter, *, limit: int = 200) -> Steps[list[DoneRow]]:
+    """The first `limit` messages `f` matches, oldest first."""
+    ids = yield from window(table, f.since, f.until)
+    if ids.empty:
+        return []
+    rows = yield from step(_listing_query(table, f, ids, limit))
+    return rows
+
+
+def replay_confirmed(
+    table: Table,
+    shown: Preview,
+    *,
+    batch: int = DEFAULT_BATCH,
+    actor: str | None = None,
+    reason: str | None = None,
+    via: str = "outbox replay",
+) -> Steps[Progress]:
+    """Send again what `shown` previewed (and a person confirmed), every batch in turn."""
+    progress = yield from start(table, shown)
+    while not progress.finished:
+        yield from send_batch(table, progress, batch=batch, actor=actor, reason=reason, via=via)
+    return progress

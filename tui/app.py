@@ -179,7 +179,9 @@ class OutboxApp(App[None]):
         self.refuse()
 
     def refuse(self) -> None:
-        self.tell("read-only: requeue, skip, pause and resume are disabled", severity="warning")
+        self.tell(
+            "read-only: requeue, skip, replay, pause and resume are disabled", severity="warning"
+        )
 
     def tell(
         self, message: str, *, title: str = "", severity: SeverityLevel = "information"

@@ -25,13 +25,14 @@ from typing import Any, Protocol, TypeVar, cast
 
 import psycopg
 
-from outbox import dashboard, dberrors, dead_letters, pausing, repair
+from outbox import dashboard, dberrors, dead_letters, pausing, repair, replay
 from outbox.dashboard import Blocked, BlockingHead, LeaseHolder, Session
 from outbox.dead_letters import DeadPage, ErrorGroup, MessageDetail
 from outbox.filters import DeadFilter, path_check
 from outbox.redact import address_label, dsn_label
 from outbox.repair import Action, ActionRecord, ActionResult, Seen
-from outbox.runner import Query, fetch_async
+from outbox.replay import DoneRow, Preview, Progress, ReplayFilter
+from outbox.runner import Query, fetch_async, perform_async
 from outbox.schema import SchemaError, check_table, serves_ordering
 from outbox.stats import DestinationState, QueueStats, destination_states, queue_stats_async
 from outbox.table import Table
@@ -118,6 +119,14 @@ class Source(Protocol):
         self, verb: pausing.Verb, destination: str, reason: str | None
     ) -> pausing.HandChange:
         """Pause (with `reason`) or resume a destination, recorded in the audit log."""
+        ...
+
+    async def done_messages(self, f: ReplayFilter) -> tuple[Preview, list[DoneRow]]:
+        """What a replay of `f` would send (outbox.replay), and its first messages."""
+        ...
+
+    async def replay(self, shown: Preview) -> Progress:
+        """Send again what `shown` previewed, recorded in the audit log."""
         ...
 
     async def close(self) -> None: ...
@@ -282,6 +291,21 @@ class PgSource:
 
     async def destinations(self) -> list[DestinationState]:
         return await self._fetch("destinations", destination_states(self.table))
+
+    async def done_messages(self, f: ReplayFilter) -> tuple[Preview, list[DoneRow]]:
+        async def work(conn: psycopg.AsyncConnection[Any]) -> tuple[Preview, list[DoneRow]]:
+            preview = await perform_async(conn, replay.preview(self.table, f))
+            return preview, await perform_async(conn, replay.listing(self.table, f))
+
+        return await self._run("done", work)
+
+    async def replay(self, shown: Preview) -> Progress:
+        if self.read_only:
+            raise ReadOnlyError("read-only: replay refused")
+        steps = replay.replay_confirmed(
+            self.table, shown, actor=repair.default_actor(), via=APPLICATION_NAME
+        )
+        return await self._run("action", lambda conn: perform_async(conn, steps))
 
     async def change_destination(
         self, verb: pausing.Verb, destination: str, reason: str | None
@@ -454,6 +478,14 @@ class EscapedSource:
     ) -> pausing.HandChange:
         raw = self._destinations.raw(destination)
         return shown(await self.inner.change_destination(verb, raw, reason))
+
+    async def done_messages(self, f: ReplayFilter) -> tuple[Preview, list[DoneRow]]:
+        # The filter is the operator's own text: only what the database returns is escaped.
+        preview, rows = await self.inner.done_messages(f)
+        return dataclasses.replace(shown(preview), filter=f), shown(rows)
+
+    async def replay(self, shown_preview: Preview) -> Progress:
+        return shown(await self.inner.replay(shown_preview))
 
     async def close(self) -> None:
         await self.inner.close()

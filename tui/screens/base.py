@@ -19,7 +19,7 @@ from outbox.tui.widgets import StatusLine, TopBar
 # Actions that change rows: hidden from the footer and help, and refused, in read-only mode.
 MUTATING = frozenset({
     "requeue", "requeue_all", "skip", "mark", "unmark_all", "pause_destination",
-    "resume_destination",
+    "resume_destination", "replay",
 })  # fmt: skip
 
 

@@ -5,6 +5,8 @@ its reason, its resume by `y`."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
@@ -20,7 +22,18 @@ from outbox.tui.format import count
 EXPLAIN = {
     "requeue": "Back to pending, available now, attempts reset to 0.",
     "skip": "Marked done on purpose: never delivered.",
+    "replay": "Sent again under their own ids, as a numbered replay (the Outbox-Replay header, "
+    "the body's replay field): back to pending, available now, attempts reset to 0.",
 }
+# What is left alone: a dead row that changed since it was shown; a replay stops at the
+# messages the preview counted.
+LEFT_ALONE = {
+    "requeue": "Only rows still dead exactly as shown change; any that changed meanwhile "
+    "are left alone and counted. The action is recorded with your name.",
+    "replay": "At most the messages counted here, none newer than the last shown; each batch "
+    "is recorded in the audit log with your name.",
+}
+LEFT_ALONE["skip"] = LEFT_ALONE["requeue"]
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -41,7 +54,13 @@ class ConfirmScreen(ModalScreen[bool]):
     ]
 
     def __init__(
-        self, action: Action, rows: int, what: str, notes: list[str], *, typed: bool = False
+        self,
+        action: Action | Literal["replay"],
+        rows: int,
+        what: str,
+        notes: list[str],
+        *,
+        typed: bool = False,
     ) -> None:
         super().__init__()
         self.action = action
@@ -52,7 +71,8 @@ class ConfirmScreen(ModalScreen[bool]):
 
     @property
     def question(self) -> str:
-        noun = "dead message" if self.rows == 1 else "dead messages"
+        noun = "message" if self.action == "replay" else "dead message"
+        noun += "" if self.rows == 1 else "s"
         return f"{self.action.capitalize()} {count(self.rows)} {noun}?"
 
     def compose(self) -> ComposeResult:
@@ -63,11 +83,7 @@ class ConfirmScreen(ModalScreen[bool]):
             yield Static(EXPLAIN[self.action], classes="note")
             for note in self.notes:
                 yield Static(Text(note), classes="note")
-            yield Static(
-                "Only rows still dead exactly as shown change; any that changed meanwhile "
-                "are left alone and counted. The action is recorded with your name.",
-                classes="note",
-            )
+            yield Static(LEFT_ALONE[self.action], classes="note")
             if self.typed:
                 yield Static(
                     Text(f"Type {self.rows} and press enter to {self.action} them all."),

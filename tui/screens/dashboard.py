@@ -14,6 +14,7 @@ from outbox.tui.screens.blocked import BlockedScreen
 from outbox.tui.screens.dead import DeadScreen
 from outbox.tui.screens.destinations import DestinationsScreen
 from outbox.tui.screens.history import HistoryScreen
+from outbox.tui.screens.replay import ReplayScreen
 from outbox.tui.screens.workers import WorkersScreen
 from outbox.tui.widgets import (
     AgesPanel,
@@ -40,6 +41,7 @@ class DashboardScreen(BaseScreen):
         Binding("w", "workers", "workers"),
         Binding("h", "history", "action log"),
         Binding("e", "destinations", "destinations"),
+        Binding("o", "done", "done (replay)"),
     ]
 
     def __init__(self) -> None:
@@ -100,3 +102,6 @@ class DashboardScreen(BaseScreen):
 
     def action_destinations(self) -> None:
         self.app.push_screen(DestinationsScreen())
+
+    def action_done(self) -> None:
+        self.app.push_screen(ReplayScreen())
