@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from helpers import RUNNING, seed, serve_ordering, wait_until
+from helpers import RUNNING, seed, serve_ordering, wait_until, wait_until_db
 from test_admin_cli import BASE_ENV, outbox
 from workers import settings
 
@@ -310,3 +310,48 @@ async def test_ordered_replays_go_in_original_order_before_the_aggregates_new_me
     for n in range(3):
         sent = [(m.id, m.replay) for m in recorder.sent if m.aggregate_id == f"agg-{n}"]
         assert sent == [*((i, 1) for i in old[n::3]), (new[n], None)]
+
+
+def test_limit_and_aggregate_narrow_the_replay(conn, dsn):
+    ids = _delivered(conn, 30)  # agg-0, agg-1, agg-2 in turn
+    args = ["replay", "--dsn", dsn, "--since", T0.isoformat(), "--until", "1s", "--yes"]
+    result = outbox(*args, "--aggregate-id", "agg-1", "--aggregate-type", "order", "--limit", "4")
+    assert result.stdout == "outbox: replay 1: sent 4 messages again in 1 batch (A 2, B 2)\n"
+    assert [i for r in _audit(conn) for i in r[1]] == ids[1::3][:4]
+    other = outbox(*args, "--aggregate-type", "invoice", "--dry-run")
+    assert other.stdout.startswith("outbox: no message matches")
+
+
+def test_a_replay_killed_mid_way_resumes_and_sends_each_message_once(conn, dsn):
+    """A real process, SIGKILLed between batches (or inside one): what it wrote is whole,
+    and --resume sends the rest, none twice."""
+    ids = _delivered(conn, 3000, every=timedelta(milliseconds=10))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "outbox", "replay", "--dsn", dsn, "--since", T0.isoformat(),
+         "--until", "1s", "--yes", "--batch", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=BASE_ENV,
+    )  # fmt: skip
+    try:
+        wait_until_db(conn, "(SELECT count(*) FROM outbox_actions) >= 20")
+    finally:
+        proc.kill()
+    assert proc.wait(timeout=30) == -9
+    sent_before = [i for r in _audit(conn) for i in r[1]]
+    assert 20 <= len(sent_before) < 3000
+    result = outbox("replay", "--dsn", dsn, "--resume", "1", "--yes", "--batch", "500")
+    assert result.returncode == 0, result.stderr
+    sent = [i for r in _audit(conn) for i in r[1]]
+    assert sorted(sent) == ids and len(sent) == len(set(sent))
+    assert conn.execute("SELECT count(*) FROM outbox WHERE replay = 1").fetchone() == (3000,)
+
+
+def test_reconcile_usage_errors_are_one_line_and_exit_2(dsn):
+    window = ["--since", "1h", "--until", "0s", "--inbox-table", "outbox_inbox"]
+    for args, reason in (
+        ([*window], "--inbox-dsn"),
+        ([*window, "--inbox-dsn", dsn, "--yes"], "--yes confirms --replay"),
+        ([*window, "--inbox-dsn", dsn, "--replay"], "--yes is required without a terminal"),
+    ):
+        result = outbox("reconcile", "--dsn", dsn, *args)
+        assert result.returncode == 2 and reason in result.stderr, result.stderr
+        assert result.stderr.count("\n") == 1
