@@ -351,6 +351,7 @@ class Progress:
     past_id: int
     left: int | None  # rows it may still send, None: no bound
     confirmed: int | None = None  # rows the person confirmed, all batches together
+    reason: str | None = None  # why, as recorded (a resumed replay keeps it)
     sent: int = 0
     by_type: dict[str, int] = field(default_factory=dict)
 
@@ -437,6 +438,7 @@ def resume_point(table: Table, number: int) -> Steps[Progress]:
         past_id=int(recorded["past_id"]),
         left=None if confirmed is None else max(0, int(confirmed) - int(sent or 0)),
         confirmed=confirmed,
+        reason=recorded.get("reason"),
     )
 
 

@@ -93,7 +93,9 @@ def add_commands(
         help=f"its inbox table, optionally SCHEMA.NAME (e.g. {DEFAULT_INBOX_TABLE})",
     )
     c.add_argument(
-        "--consumer", metavar="NAME", help="the consumer whose keys to read (default: all)"
+        "--consumer",
+        metavar="NAME",
+        help="the consumer whose keys to read (default: the inbox's only consumer)",
     )
     _add_window(c)
     c.add_argument(
@@ -308,7 +310,11 @@ def _send(
             perform(
                 conn,
                 replay.send_batch(
-                    table, progress, batch=args.batch, actor=actor, reason=args.reason
+                    table,
+                    progress,
+                    batch=args.batch,
+                    actor=actor,
+                    reason=args.reason or progress.reason,
                 ),
             )
             batches += 1

@@ -194,7 +194,7 @@ def test_a_stopped_replay_resumes_where_its_last_batch_ended(conn, dsn, table):
     f = ReplayFilter(since=T0, until=T0 + timedelta(hours=1))
     shown = perform(conn, preview(table, f))
     progress = perform(conn, start(table, shown))
-    perform(conn, send_batch(table, progress, batch=15, actor="alice"))  # then it was stopped
+    perform(conn, send_batch(table, progress, batch=15, actor="alice", reason="bug"))  # stopped
     # Meanwhile one of the first 15 was delivered again: a resume must not send it a third time.
     conn.execute("UPDATE outbox SET status = 'done' WHERE id = %s", (ids[0],))
     result = outbox("replay", "--dsn", dsn, "--resume", str(progress.number), "--yes")
@@ -203,6 +203,7 @@ def test_a_stopped_replay_resumes_where_its_last_batch_ended(conn, dsn, table):
     assert "replay 1: sent 25 messages again" in result.stdout
     sent = [i for r in _audit(conn) for i in r[1]]
     assert sorted(sent) == ids and len(set(sent)) == 40
+    assert {r[2]["reason"] for r in _audit(conn)} == {"bug"}  # the resumed batches' too
     assert conn.execute("SELECT status FROM outbox WHERE id = %s", (ids[0],)).fetchone() == (
         "done",
     )
