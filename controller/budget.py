@@ -21,6 +21,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from outbox.controller.kube import Kube
 from outbox.controller.resource import deployment_name, labels, owner_reference, selector_labels
+from outbox.controller.spec import DispatcherSpec
 
 log = logging.getLogger("outbox.controller")
 
@@ -64,7 +65,7 @@ def evictions(allowed: int | str, replicas: int) -> int:
 
 
 def render_disruption_budget(
-    body: Mapping[str, Any], replicas: int, *, released: bool = False, unavailable: int = 0
+    spec: DispatcherSpec, replicas: int, *, released: bool = False, unavailable: int = 0
 ) -> dict[str, Any] | None:
     """The worker pods' PodDisruptionBudget for `replicas` desired workers, or None when the
     resource asks for none; `released`: the budget that replaces one the resource no longer
@@ -78,7 +79,7 @@ def render_disruption_budget(
     be evicted (unhealthyPodEvictionPolicy AlwaysAllow), so a crash-looping worker, which
     protects nothing, never holds a node. The autoscaler's own scale-downs are not
     evictions: no budget slows them."""
-    budget: Mapping[str, Any] = (body["spec"].get("worker") or {}).get("disruptionBudget") or {}
+    budget: Mapping[str, Any] = spec.worker.get("disruptionBudget") or {}
     if released:
         allowed: int | str = NO_BUDGET
     elif budget:
@@ -87,16 +88,15 @@ def render_disruption_budget(
             allowed = NO_BUDGET
     else:
         return None
-    meta = body["metadata"]
-    name = meta["name"]
+    name = spec.name
     return {
         "apiVersion": DISRUPTION_BUDGET_API,
         "kind": "PodDisruptionBudget",
         "metadata": {
             "name": deployment_name(name),
-            "namespace": meta["namespace"],
+            "namespace": spec.namespace,
             "labels": labels(name),
-            "ownerReferences": [owner_reference(body)],
+            "ownerReferences": [owner_reference(name, spec.uid)],
         },
         "spec": {
             "maxUnavailable": allowed,
@@ -142,38 +142,37 @@ def unavailable(pods: Sequence[Mapping[str, Any]] | None) -> int:
 
 async def keep_disruption_budget(
     kube: Kube,
-    body: Mapping[str, Any],
+    spec: DispatcherSpec,
     replicas: int,
     pods: Sequence[Mapping[str, Any]] | None = None,
 ) -> None:
     """Write the budget for `replicas` desired workers when it differs from the one there;
     `pods` the worker pods as listed this pass (None: not readable)."""
-    meta = body["metadata"]
-    name = deployment_name(meta["name"])
+    name = deployment_name(spec.name)
     missing = unavailable(pods)
-    rendered = render_disruption_budget(body, replicas, unavailable=missing)
+    rendered = render_disruption_budget(spec, replicas, unavailable=missing)
     try:
-        current = await kube.disruption_budget(meta["namespace"], name)
+        current = await kube.disruption_budget(spec.namespace, name)
     except ApiException as exc:
         # An operator whose RBAC predates budgets serves every resource that asks for none.
         if exc.status == 403 and rendered is None:
             return
         raise
-    if current is not None and not _owned(current, meta.get("uid")):
+    if current is not None and not _owned(current, spec.uid):
         log.warning(
             "%s/%s: PodDisruptionBudget %s is not this resource's; left alone",
-            meta["namespace"], meta["name"], name,
+            spec.namespace, spec.name, name,
         )  # fmt: skip
         return
     if rendered is None:
         if current is None:
             return
-        rendered = render_disruption_budget(body, replicas, released=True)
+        rendered = render_disruption_budget(spec, replicas, released=True)
         assert rendered is not None
     if current is None or differs(current, rendered):
         log.info(
             "%s/%s: %s PodDisruptionBudget %s (maxUnavailable %s)",
-            meta["namespace"], meta["name"], "creating" if current is None else "writing",
+            spec.namespace, spec.name, "creating" if current is None else "writing",
             name, rendered["spec"]["maxUnavailable"],
         )  # fmt: skip
         await kube.apply_disruption_budget(rendered, current)

@@ -17,6 +17,7 @@ from typing import Any
 
 from outbox.controller.render import METRICS_PORT_NAME
 from outbox.controller.resource import deployment_name, labels, owner_reference, selector_labels
+from outbox.controller.spec import DispatcherSpec
 
 Body = Mapping[str, Any]
 
@@ -25,11 +26,12 @@ def network_policy_name(resource_name: str) -> str:
     return deployment_name(resource_name)  # the Deployment's name: one pair per resource
 
 
-def render_network_policy(body: Body, metrics_from: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The worker pods' NetworkPolicy for resource `body`; `metrics_from` empty: any source
-    may reach the metrics port (and still nothing else)."""
-    meta = body["metadata"]
-    name = meta["name"]
+def render_network_policy(
+    spec: DispatcherSpec, metrics_from: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The worker pods' NetworkPolicy for the resource `spec`; `metrics_from` empty: any
+    source may reach the metrics port (and still nothing else)."""
+    name = spec.name
     rule: dict[str, Any] = {"ports": [{"port": METRICS_PORT_NAME, "protocol": "TCP"}]}
     if metrics_from:
         rule["from"] = [dict(peer) for peer in metrics_from]
@@ -38,9 +40,9 @@ def render_network_policy(body: Body, metrics_from: Sequence[Mapping[str, Any]])
         "kind": "NetworkPolicy",
         "metadata": {
             "name": network_policy_name(name),
-            "namespace": meta["namespace"],
+            "namespace": spec.namespace,
             "labels": labels(name),
-            "ownerReferences": [owner_reference(body)],
+            "ownerReferences": [owner_reference(name, spec.uid)],
         },
         "spec": {
             "podSelector": {"matchLabels": selector_labels(name)},

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from outbox.controller.resource import (
@@ -22,7 +23,7 @@ from outbox.controller.resource import (
     selector_labels,
 )
 from outbox.controller.settings import DEFAULT_WORKER_RESOURCES
-from outbox.controller.spec import described, publisher_name
+from outbox.controller.spec import DispatcherSpec, PublisherSpec
 from outbox.publisher_options import Carried, Field, Option
 
 TEMPLATE_HASH = "outbox.dev/template-hash"
@@ -90,14 +91,6 @@ def _secret(name: str, ref: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref["key"]}}}
 
 
-def publish_timeout(spec: Body) -> str | None:
-    """The publisher block's timeout (null and log have none: the worker's default)."""
-    publisher = spec["publisher"]
-    block = publisher.get(publisher["type"]) or {}
-    timeout = block.get("timeout")
-    return str(timeout) if timeout is not None else None
-
-
 def _at(block: Body, path: str) -> Any:
     """The value at a dotted path of a block, None when absent."""
     node: Any = block
@@ -130,25 +123,29 @@ def _carried(option: Option, field: Field, value: Any) -> dict[str, Any]:
             return _value(name, _mount(option))
 
 
-def _given(publisher: Body) -> list[tuple[Option, Field, Any]]:
+def _given(publisher: PublisherSpec) -> list[tuple[Option, Field, Any]]:
     """Each option the resource's publisher block sets, with the field and its value."""
-    description, kind, block = described(publisher)
-    found = ((option, f, _at(block, f.path)) for option, f in description.bindings(kind))
+    bindings = publisher.description().bindings(publisher.kind)
+    found = ((option, f, _at(publisher.block, f.path)) for option, f in bindings)
     return [(option, f, value) for option, f, value in found if value is not None]
 
 
-def _publisher_env(publisher: Body) -> list[dict[str, Any]]:
-    env = [_value("OUTBOX_PUBLISHER", publisher_name(publisher))]
-    # What goes on the wire; absent, the worker's defaults (envelope, /outbox/<table>).
-    if "format" in publisher:
-        env.append(_value("OUTBOX_FORMAT", publisher["format"]))
-    if "cloudEventsSource" in publisher:
-        env.append(_value("OUTBOX_CLOUDEVENTS_SOURCE", publisher["cloudEventsSource"]))
-    env.extend(_carried(option, f, value) for option, f, value in _given(publisher))
-    return env
+def _optional(name: str, value: object) -> list[dict[str, Any]]:
+    """The variable when the spec gives a value; absent, the worker's own default."""
+    return [] if value is None else [_value(name, value)]
 
 
-def _volumes(publisher: Body) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _publisher_env(publisher: PublisherSpec) -> list[dict[str, Any]]:
+    return [
+        _value("OUTBOX_PUBLISHER", publisher.name),
+        # What goes on the wire; absent, the worker's defaults (envelope, /outbox/<table>).
+        *_optional("OUTBOX_FORMAT", publisher.format),
+        *_optional("OUTBOX_CLOUDEVENTS_SOURCE", publisher.cloudevents_source),
+        *(_carried(option, f, value) for option, f, value in _given(publisher)),
+    ]
+
+
+def _volumes(publisher: PublisherSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, mounts): a writable /tmp on the read-only root, and the Secrets the
     publisher's options take as files (each mounted read-only under SECRETS_DIR)."""
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
@@ -175,15 +172,14 @@ BREAKER_ENV = (
 )
 
 
-def _destination_env(publisher: Body) -> list[dict[str, Any]]:
+def _destination_env(publisher: PublisherSpec) -> list[dict[str, Any]]:
     """The destination gate: the rate limit and the breaker (the CRD checks their syntax and
     ranges against the worker's)."""
-    env = []
-    if "rateLimit" in publisher:
-        env.append(_value("OUTBOX_RATE_LIMIT", publisher["rateLimit"]))
-    breaker: Body = publisher.get("breaker") or {}
-    env.extend(_value(variable, breaker[key]) for key, variable in BREAKER_ENV if key in breaker)
-    return env
+    breaker = publisher.breaker
+    return [
+        *_optional("OUTBOX_RATE_LIMIT", publisher.rate_limit),
+        *(_value(variable, breaker[key]) for key, variable in BREAKER_ENV if key in breaker),
+    ]
 
 
 # OpenTelemetry's sampler for spec.worker.tracing.samplingRatio: the ratio decides for a
@@ -217,26 +213,22 @@ def tracing_env(tracing: Body, name: str, namespace: str) -> list[dict[str, Any]
     return env
 
 
-def worker_env(
-    spec: Body, worker: Body | None = None, name: str = "", namespace: str = ""
-) -> list[dict[str, Any]]:
+def worker_env(spec: DispatcherSpec, worker: Body) -> list[dict[str, Any]]:
     """The worker's settings as OUTBOX_* variables, the tracing block's OTEL_* variables,
     then the spec's extra variables (which come last, so that one of them wins). `worker` is
-    spec.worker with the admin's defaults (worker_block), `name` and `namespace` the
-    resource's. The values as the worker is to read them: pod_template makes them literal."""
-    if worker is None:
-        worker = spec.get("worker") or {}
-    database = spec["database"]
+    spec.worker with the admin's defaults (worker_block). The values as the worker is to
+    read them: pod_template makes them literal."""
+    dsn = spec.dsn_secret
     env = [
-        _secret("OUTBOX_DSN", {"key": "dsn", **database["dsnSecretRef"]}),
-        _value("OUTBOX_TABLE", database.get("table", "outbox")),
-        *_publisher_env(spec["publisher"]),
-        *_destination_env(spec["publisher"]),
-        _value("OUTBOX_LEASE", spec["lease"]),
-        _value("OUTBOX_BATCH", spec["batchSize"]),
-        _value("OUTBOX_CONCURRENCY", spec["concurrency"]),
-        _value("OUTBOX_MAX_ATTEMPTS", spec["maxAttempts"]),
-        _value("OUTBOX_ORDERING", spec["ordering"]),
+        _secret("OUTBOX_DSN", {"name": dsn.name, "key": dsn.key}),
+        _value("OUTBOX_TABLE", spec.table_name),
+        *_publisher_env(spec.publisher),
+        *_destination_env(spec.publisher),
+        *_optional("OUTBOX_LEASE", spec.lease),
+        *_optional("OUTBOX_BATCH", spec.batch_size),
+        *_optional("OUTBOX_CONCURRENCY", spec.concurrency),
+        *_optional("OUTBOX_MAX_ATTEMPTS", spec.max_attempts),
+        *_optional("OUTBOX_ORDERING", spec.ordering),
         _value("OUTBOX_METRICS_PORT", worker["metricsPort"]),
         _value("OUTBOX_SHUTDOWN_GRACE", f"{worker['shutdownGraceSeconds']}s"),
         _value("OUTBOX_LOG_FORMAT", "json"),
@@ -244,10 +236,8 @@ def worker_env(
         # lease_owner names the pod, for people reading the table.
         {"name": "OUTBOX_OWNER", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
-    timeout = publish_timeout(spec)
-    if timeout is not None:
-        env.append(_value("OUTBOX_PUBLISH_TIMEOUT", timeout))
-    env.extend(tracing_env(worker.get("tracing") or {}, name, namespace))
+    env.extend(_optional("OUTBOX_PUBLISH_TIMEOUT", spec.publisher.timeout))
+    env.extend(tracing_env(worker.get("tracing") or {}, spec.name, spec.namespace))
     # Names and plain values only: the pod policy refuses valueFrom, and an entry that
     # escaped it would still reach no Secret.
     env.extend(_value(item["name"], item.get("value", "")) for item in worker.get("env") or ())
@@ -277,23 +267,13 @@ POD_FIELDS = (
 DEFAULTS: Mapping[str, Any] = {"resources": DEFAULT_WORKER_RESOURCES}
 
 
-def worker_block(spec: Body, defaults: Body = DEFAULTS) -> dict[str, Any]:
+def worker_block(spec: DispatcherSpec, defaults: Body = DEFAULTS) -> dict[str, Any]:
     """spec.worker with the admin's defaults (--worker-defaults) for the fields it omits."""
-    worker = dict(spec.get("worker") or {})
+    worker = dict(spec.worker)
     for field, value in defaults.items():
         if field not in worker:
             worker[field] = json.loads(json.dumps(value))  # a copy the pod may own
     return worker
-
-
-def publisher_block(spec: Body, defaults: Body) -> dict[str, Any]:
-    """spec.publisher with the admin's defaults (--publisher-defaults: the wire format and
-    the CloudEvents source) for the fields it omits; the resource's own value wins."""
-    publisher = dict(spec["publisher"])
-    for field, value in defaults.items():
-        if field not in publisher:
-            publisher[field] = value
-    return publisher
 
 
 def _spread(constraints: list[Mapping[str, Any]], name: str) -> list[dict[str, Any]]:
@@ -315,17 +295,16 @@ def secrets_hash(versions: Mapping[str, str]) -> str:
 
 
 def pod_template(
-    name: str,
-    namespace: str,
-    spec: Body,
+    spec: DispatcherSpec,
     worker: Body,
     default_image: str,
     rollout: Mapping[str, str],
 ) -> dict[str, Any]:
-    """The worker pods of resource `name`: `spec` and its `worker` block with every default
+    """The worker pods of the resource `spec`: its `worker` block with every default
     applied, `rollout` the annotations whose change rolls the pods (Secret versions)."""
+    name = spec.name
     port = int(worker["metricsPort"])
-    volumes, mounts = _volumes(spec["publisher"])
+    volumes, mounts = _volumes(spec.publisher)
     container: dict[str, Any] = {
         "name": WORKER_CONTAINER,
         "image": worker.get("image") or default_image,
@@ -334,7 +313,7 @@ def pod_template(
         # A worker that refuses its settings says why on stderr and exits: that last line
         # becomes the container's termination message, which the operator reports.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "env": worker_env(spec, worker, name, namespace),
+        "env": worker_env(spec, worker),
         "ports": [{"name": METRICS_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
         # Ready = reaches the database and claims; alive = the process answers.
         "readinessProbe": _probe("/readyz", period=5, failures=2),
@@ -392,7 +371,7 @@ def template_hash(template: Mapping[str, Any]) -> str:
 
 
 def render_deployment(
-    body: Body,
+    spec: DispatcherSpec,
     *,
     replicas: int,
     default_image: str,
@@ -401,30 +380,27 @@ def render_deployment(
     secret_versions: Mapping[str, str] | None = None,
     publisher_defaults: Body | None = None,
 ) -> dict[str, Any]:
-    """The worker Deployment for `body` (defaults applied, as the API server stores it);
-    `secret_version` is the DSN Secret's resourceVersion, `secret_versions` every Secret's
-    the spec names (the DSN's included) by name, `defaults` the admin's --worker-defaults,
-    `publisher_defaults` the admin's --publisher-defaults."""
-    meta = body["metadata"]
-    name = meta["name"]
-    spec: Body = body["spec"]
+    """The worker Deployment for the resource `spec` (parsed from the resource as the API
+    server stores it, defaults applied); `secret_version` is the DSN Secret's
+    resourceVersion, `secret_versions` every Secret's the spec names (the DSN's included) by
+    name, `defaults` the admin's --worker-defaults, `publisher_defaults` the admin's
+    --publisher-defaults."""
+    name = spec.name
     if publisher_defaults:
-        spec = {**spec, "publisher": publisher_block(spec, publisher_defaults)}
+        spec = replace(spec, publisher=spec.publisher.with_defaults(publisher_defaults))
     rollout = {SECRET_VERSION: secret_version} if secret_version else {}
     if secret_versions:
         rollout[SECRETS_HASH] = secrets_hash(secret_versions)
-    template = pod_template(
-        name, meta.get("namespace", ""), spec, worker_block(spec, defaults), default_image, rollout
-    )
+    template = pod_template(spec, worker_block(spec, defaults), default_image, rollout)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
             "name": deployment_name(name),
-            "namespace": meta["namespace"],
+            "namespace": spec.namespace,
             "labels": labels(name),
             "annotations": {TEMPLATE_HASH: template_hash(template)},
-            "ownerReferences": [owner_reference(body)],
+            "ownerReferences": [owner_reference(spec.name, spec.uid)],
         },
         "spec": {
             "replicas": replicas,

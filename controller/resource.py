@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 GROUP = "outbox.dev"
@@ -41,14 +40,16 @@ def selector_string(resource_name: str) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(resource_name).items()))
 
 
-def owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Makes the Deployment the resource's: deleting the resource deletes it (and its pods)."""
-    meta = body["metadata"]
+def owner_reference(name: str, uid: str | None) -> dict[str, Any]:
+    """Makes the Deployment the resource's: deleting the resource deletes it (and its pods).
+    A stored resource always has its uid."""
+    if uid is None:
+        raise ValueError(f"resource {name} has no uid: it is not one the API server stored")
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "name": meta["name"],
-        "uid": meta["uid"],
+        "name": name,
+        "uid": uid,
         "controller": True,
         "blockOwnerDeletion": True,
     }

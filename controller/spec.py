@@ -9,14 +9,15 @@ as a `Problem` in `problems`, which the read step reports at the point of the pa
 it always has (after the pod policy and the Secrets' consent), so that what a resource
 reads in status does not depend on how the spec was parsed.
 
-The renderers (`render.py`, `network.py`, `budget.py`) and the pod policy (`policy.py`)
-are pure functions of the resource's body as written, which `body` keeps.
+The renderers (`render.py`, `network.py`, `budget.py`) read this spec alone; the pod
+policy (`policy.py`) and the Secrets' consent (`consent.py`) check the resource's spec as
+written (`raw`), field by field, as the API server stores it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
 from typing import Any
 
@@ -136,12 +137,8 @@ def described(publisher: Mapping[str, Any]) -> tuple[Description, str, Mapping[s
     """The description of the publisher `spec.publisher` names (its class, as installed
     beside the operator: the workers' image is the operator's), the name of its block in the
     resource (its type), and that block; PublisherUnavailable when it cannot be loaded."""
-    kind = str(publisher["type"])
-    block: Mapping[str, Any] = publisher.get(kind) or {}
-    try:
-        return installed(publisher_name(publisher)), kind, block
-    except SettingError as exc:
-        raise Problem(PUBLISHER_UNAVAILABLE, str(exc)) from None
+    parsed = PublisherSpec.parse(publisher)
+    return parsed.description(), parsed.kind, parsed.block
 
 
 def plugin_block_errors(description: Description, block: Mapping[str, Any]) -> list[str]:
@@ -184,6 +181,58 @@ def check_publisher(publisher: Mapping[str, Any]) -> None:
 
 
 @dataclass(frozen=True)
+class PublisherSpec:
+    """`spec.publisher`, read once: the worker's publisher and what the renderers set of it.
+    None is an absent field: the worker's default (or the admin's, `with_defaults`)."""
+
+    name: str  # the worker's publisher: the type, or a plugin's name
+    kind: str  # spec.publisher.type, the block that sets its options
+    block: Mapping[str, Any]  # that block as written; its fields are the description's
+    format: str | None = None
+    cloudevents_source: str | None = None
+    rate_limit: str | None = None
+    breaker: Mapping[str, Any] = field(default_factory=dict)  # failures, window, probeDelayMax
+
+    @property
+    def timeout(self) -> str | None:
+        """The block's publish timeout (null and log have none)."""
+        timeout = self.block.get("timeout")
+        return None if timeout is None else str(timeout)
+
+    @classmethod
+    def parse(cls, publisher: Mapping[str, Any]) -> PublisherSpec:
+        kind = str(publisher["type"])
+        optional = {key: publisher.get(key) for key in ("format", "cloudEventsSource", "rateLimit")}
+        shown = {key: None if value is None else str(value) for key, value in optional.items()}
+        return cls(
+            name=publisher_name(publisher),
+            kind=kind,
+            block=publisher.get(kind) or {},
+            format=shown["format"],
+            cloudevents_source=shown["cloudEventsSource"],
+            rate_limit=shown["rateLimit"],
+            breaker=publisher.get("breaker") or {},
+        )
+
+    def description(self) -> Description:
+        """The installed publisher's description; PublisherUnavailable when it cannot be
+        loaded."""
+        try:
+            return installed(self.name)
+        except SettingError as exc:
+            raise Problem(PUBLISHER_UNAVAILABLE, str(exc)) from None
+
+    def with_defaults(self, defaults: Mapping[str, Any]) -> PublisherSpec:
+        """With the admin's --publisher-defaults (the wire format and the CloudEvents source)
+        for the fields the resource omits; the resource's own value wins."""
+        return replace(
+            self,
+            format=self.format or defaults.get("format"),
+            cloudevents_source=self.cloudevents_source or defaults.get("cloudEventsSource"),
+        )
+
+
+@dataclass(frozen=True)
 class SecretKeyRef:
     """A key of a Secret of the resource's namespace."""
 
@@ -206,11 +255,21 @@ class DispatcherSpec:
     dsn_secret: SecretKeyRef
     signing_secret: SecretKeyRef | None  # spec.publisher.http.signingSecretRef
     table: Table | None  # None: it does not parse (in `problems`)
+    table_name: str  # spec.database.table as written
+    publisher: PublisherSpec
     ordered: bool  # spec.ordering aggregate
     retention: timedelta | None  # None: absent, or unusable (in `problems`)
     paused: bool
     pinned: int | None  # spec.replicas
     scaling: ScalingSettings
+    # The worker's settings the spec gives (None: absent, the worker's default; the API
+    # server fills in the CRD's defaults) and spec.worker, the pod's fields as written.
+    lease: str | None = None
+    batch_size: int | None = None
+    concurrency: int | None = None
+    max_attempts: int | None = None
+    ordering: str | None = None
+    worker: Mapping[str, Any] = field(default_factory=dict)
     problems: tuple[Problem, ...] = ()  # what the schema admits and the operator cannot use
 
     @property
@@ -238,8 +297,9 @@ class DispatcherSpec:
         signing = (spec["publisher"].get("http") or {}).get("signingSecretRef")
         problems: list[Problem] = []
         table = retention = None
+        table_name = str(database.get("table", "outbox"))
         try:
-            table = parse_table(database.get("table", "outbox"))
+            table = parse_table(table_name)
         except Problem as exc:
             problems.append(exc)
         try:
@@ -266,10 +326,26 @@ class DispatcherSpec:
             if signing is None
             else SecretKeyRef(str(signing["name"]), str(signing["key"])),
             table=table,
+            table_name=table_name,
+            publisher=PublisherSpec.parse(spec["publisher"]),
             ordered=spec.get("ordering") == "aggregate",
             retention=retention,
             paused=bool(spec.get("paused")),
             pinned=None if pinned is None else int(pinned),
             scaling=ScalingSettings.from_spec(spec.get("scaling")),
+            lease=_text(spec.get("lease")),
+            batch_size=_number(spec.get("batchSize")),
+            concurrency=_number(spec.get("concurrency")),
+            max_attempts=_number(spec.get("maxAttempts")),
+            ordering=_text(spec.get("ordering")),
+            worker=spec.get("worker") or {},
             problems=tuple(problems),
         )
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _number(value: Any) -> int | None:
+    return None if value is None else int(value)

@@ -24,6 +24,7 @@ from wire import Receiver
 from workers import dispatching, settings
 
 from outbox import Event, enqueue_many
+from outbox.controller.spec import DispatcherSpec
 from outbox.models import Message
 from outbox.worker.cli import make_publisher
 from outbox.worker.metrics import Metrics
@@ -290,7 +291,9 @@ def test_the_crd_format_reaches_the_worker(publisher, spec, mode):
     assert _crd_errors(body) == []
     assert _worker_error(body) is None
     crd_schema().default(body)  # as an API server stores it
-    container = render_deployment(body, replicas=1, default_image="x")["spec"]["template"]
+    container = render_deployment(DispatcherSpec.parse(body), replicas=1, default_image="x")[
+        "spec"
+    ]["template"]
     env = {e["name"]: e.get("value") for e in container["spec"]["containers"][0]["env"]}
     assert (env["OUTBOX_FORMAT"], env["OUTBOX_CLOUDEVENTS_SOURCE"]) == (mode, "urn:shop:orders")
 

@@ -12,6 +12,8 @@ import celpy
 import pytest
 import yaml
 
+from outbox.controller.spec import DispatcherSpec
+
 ROOT = Path(__file__).resolve().parent.parent
 CRD = yaml.safe_load((ROOT / "crds" / "outboxdispatchers.yaml").read_text())
 VERSION = CRD["spec"]["versions"][0]
@@ -256,7 +258,9 @@ def _worker_error(body: dict[str, Any], secrets: Path | None = None) -> str | No
 
     body = copy.deepcopy(body)
     crd_schema().default(body)  # the defaults an API server stores, as the operator reads them
-    deployment = render_deployment(body, replicas=1, default_image="outbox-dispatcher:test")
+    deployment = render_deployment(
+        DispatcherSpec.parse(body), replicas=1, default_image="outbox-dispatcher:test"
+    )
     env = {"OUTBOX_DSN": "postgresql://app@db/orders", "OUTBOX_OWNER": "orders-worker-1"}
     for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]:
         if "value" in item:  # as the kubelet reads it
@@ -466,12 +470,16 @@ def test_the_longest_name_fits_every_label_and_one_more_is_refused() -> None:
     assert f"at most {MAX_NAME_LENGTH} characters" in error
     body = _body({}, name=longest)
     crd_schema().default(body)
-    deployment = render_deployment(body, replicas=1, default_image="outbox-dispatcher:test")
+    deployment = render_deployment(
+        DispatcherSpec.parse(body), replicas=1, default_image="outbox-dispatcher:test"
+    )
     assert object_errors(deployment) == []
     assert _label_errors(deployment) == []
     # One character more would not make a valid Deployment: the label is the limit.
     body["metadata"]["name"] += "o"
-    too_long = render_deployment(body, replicas=1, default_image="outbox-dispatcher:test")
+    too_long = render_deployment(
+        DispatcherSpec.parse(body), replicas=1, default_image="outbox-dispatcher:test"
+    )
     assert any("63" in e for e in _label_errors(too_long))
 
 

@@ -18,6 +18,7 @@ from outbox.controller.render import (
     render_deployment,
 )
 from outbox.controller.resource import selector_string
+from outbox.controller.spec import DispatcherSpec
 from outbox.durations import parse_duration
 
 CRD = Path(__file__).parent.parent / "crds" / "outboxdispatchers.yaml"
@@ -62,7 +63,9 @@ def env_of(deployment: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(body: dict[str, Any], replicas: int = 2) -> dict[str, Any]:
-    return render_deployment(body, replicas=replicas, default_image="outbox-dispatcher:test")
+    return render_deployment(
+        DispatcherSpec.parse(body), replicas=replicas, default_image="outbox-dispatcher:test"
+    )
 
 
 def test_the_deployment_is_a_valid_apps_v1_object() -> None:
@@ -304,9 +307,15 @@ def test_the_worker_understands_every_variable_the_operator_sets(
 
 def test_a_changed_dsn_secret_rolls_the_workers() -> None:
     body = resource()
-    first = render_deployment(body, replicas=1, default_image="i", secret_version="41")
-    again = render_deployment(body, replicas=3, default_image="i", secret_version="41")
-    rotated = render_deployment(body, replicas=1, default_image="i", secret_version="97")
+    first = render_deployment(
+        DispatcherSpec.parse(body), replicas=1, default_image="i", secret_version="41"
+    )
+    again = render_deployment(
+        DispatcherSpec.parse(body), replicas=3, default_image="i", secret_version="41"
+    )
+    rotated = render_deployment(
+        DispatcherSpec.parse(body), replicas=1, default_image="i", secret_version="97"
+    )
     hashes = [d["metadata"]["annotations"][TEMPLATE_HASH] for d in (first, again, rotated)]
     assert hashes[0] == hashes[1] != hashes[2]
     assert rotated["spec"]["template"]["metadata"]["annotations"][SECRET_VERSION] == "97"
@@ -319,7 +328,11 @@ def test_any_changed_secret_rolls_the_workers_whatever_the_order() -> None:
 
     def rendered(versions: dict[str, str]) -> dict[str, Any]:
         return render_deployment(
-            body, replicas=1, default_image="i", secret_version="41", secret_versions=versions
+            DispatcherSpec.parse(body),
+            replicas=1,
+            default_image="i",
+            secret_version="41",
+            secret_versions=versions,
         )
 
     first = rendered({"orders-db": "41", "signing": "7", "headers": "9"})
@@ -337,7 +350,9 @@ def test_any_changed_secret_rolls_the_workers_whatever_the_order() -> None:
     assert len(seen) == 4
     assert "41" not in template(first)[1] and len(template(first)[1]) == 16
     # No Secret named (rendered without versions): no annotation, the template as before.
-    plain = render_deployment(body, replicas=1, default_image="i", secret_version="41")
+    plain = render_deployment(
+        DispatcherSpec.parse(body), replicas=1, default_image="i", secret_version="41"
+    )
     assert SECRETS_HASH not in plain["spec"]["template"]["metadata"]["annotations"]
 
 
@@ -433,9 +448,9 @@ def test_workers_ask_for_resources_by_default_and_the_admins_defaults_fill_what_
         "priorityClassName": "low",
     }
     body = resource(worker={"nodeSelector": {"pool": "mine"}})
-    pod = render_deployment(body, replicas=1, default_image="i:1", defaults=admin)["spec"][
-        "template"
-    ]["spec"]
+    pod = render_deployment(
+        DispatcherSpec.parse(body), replicas=1, default_image="i:1", defaults=admin
+    )["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"] == admin["resources"]
     assert pod["imagePullSecrets"] == [{"name": "cluster-regcred"}]
     assert pod["priorityClassName"] == "low"
@@ -453,7 +468,7 @@ def budget(value: dict[str, Any] | None, replicas: int) -> dict[str, Any] | None
     from outbox.controller.budget import render_disruption_budget
 
     worker = {} if value is None else {"disruptionBudget": value}
-    return render_disruption_budget(resource(worker=worker), replicas)
+    return render_disruption_budget(DispatcherSpec.parse(resource(worker=worker)), replicas)
 
 
 @pytest.mark.parametrize(
@@ -490,7 +505,7 @@ def test_no_budget_unless_asked_and_a_released_one_allows_every_eviction() -> No
     from outbox.controller.budget import render_disruption_budget
 
     assert budget(None, 3) is None
-    released = render_disruption_budget(resource(), 3, released=True)
+    released = render_disruption_budget(DispatcherSpec.parse(resource()), 3, released=True)
     assert released is not None and released["spec"]["maxUnavailable"] == "100%"
 
 
@@ -532,7 +547,7 @@ def test_the_budget_lets_a_drain_through_while_pods_not_ready_use_it_up(
 
     body = resource(worker={"disruptionBudget": value})
     missing = unavailable(pods)
-    pdb = render_disruption_budget(body, replicas, unavailable=missing)
+    pdb = render_disruption_budget(DispatcherSpec.parse(body), replicas, unavailable=missing)
     assert pdb is not None and pdb["spec"]["maxUnavailable"] == allowed, (missing, pdb)
     kubernetes_validate.validate(pdb, "1.30", strict=True)
 
@@ -743,7 +758,7 @@ def test_a_reference_the_author_writes_reaches_the_worker_as_written(route: str)
 def test_the_admins_defaults_reach_the_worker_as_written_too() -> None:
     defaults = {"resources": {}, "tracing": {"endpoint": f"http://c:4318/{REF}"}}
     deployment = render_deployment(
-        resource(**_http()),
+        DispatcherSpec.parse(resource(**_http())),
         replicas=1,
         default_image="i",
         defaults=defaults,

@@ -63,7 +63,9 @@ def env_of(deployment: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(body: dict[str, Any]) -> dict[str, Any]:
-    return render_deployment(body, replicas=1, default_image="outbox-dispatcher:test")
+    return render_deployment(
+        DispatcherSpec.parse(body), replicas=1, default_image="outbox-dispatcher:test"
+    )
 
 
 def test_the_plugin_is_described_by_its_options_alone(owlpost: None) -> None:

@@ -18,6 +18,7 @@ from outbox.controller.defaults import TRACING_ENDPOINT, TRACING_FIELDS, TRACING
 from outbox.controller.policy import UNRESTRICTED, violations
 from outbox.controller.render import render_deployment
 from outbox.controller.settings import ControllerSettings, load_settings
+from outbox.controller.spec import DispatcherSpec
 from outbox.errors import SettingError
 
 COLLECTOR = "http://otel-collector.monitoring:4318"
@@ -47,7 +48,9 @@ def body(worker: dict[str, Any] | None = None, name: str = "orders") -> dict[str
 
 def env_list(resource: dict[str, Any], defaults: Any = None) -> list[dict[str, Any]]:
     extra = {} if defaults is None else {"defaults": defaults}
-    deployment = render_deployment(resource, replicas=1, default_image="i:1", **extra)
+    deployment = render_deployment(
+        DispatcherSpec.parse(resource), replicas=1, default_image="i:1", **extra
+    )
     return deployment["spec"]["template"]["spec"]["containers"][0]["env"]  # type: ignore[no-any-return]
 
 
@@ -107,7 +110,9 @@ def test_a_variable_of_spec_worker_env_comes_after_and_so_wins() -> None:
 
 def test_a_changed_tracing_block_rolls_the_workers() -> None:
     def template_hash(tracing: dict[str, Any]) -> str:
-        deployment = render_deployment(body({"tracing": tracing}), replicas=1, default_image="i:1")
+        deployment = render_deployment(
+            DispatcherSpec.parse(body({"tracing": tracing})), replicas=1, default_image="i:1"
+        )
         return str(deployment["metadata"]["annotations"]["outbox.dev/template-hash"])
 
     assert template_hash({"endpoint": COLLECTOR}) != template_hash(

@@ -105,12 +105,12 @@ async def _budget(
     when the rendering changed since `kept` or `kept` is older than BUDGET_RECHECK."""
     spec = reading.spec
     missing = unavailable(reading.pods)
-    rendered = render_disruption_budget(spec.body, replicas, unavailable=missing)
+    rendered = render_disruption_budget(spec, replicas, unavailable=missing)
     fresh = kept is not None and reading.now - kept.at < BUDGET_RECHECK
     if fresh and kept is not None and kept.rendered == rendered:
         return kept
     with step(f"writing PodDisruptionBudget {spec.namespace}/{spec.name}-worker"):
-        await keep_disruption_budget(context.kube, spec.body, replicas, reading.pods)
+        await keep_disruption_budget(context.kube, spec, replicas, reading.pods)
     return BudgetKept(rendered, reading.now)
 
 
@@ -123,7 +123,7 @@ async def _deployment(
     kube, settings, spec = context.kube, context.settings, reading.spec
     deployment = reading.deployment
     rendered = render_deployment(
-        spec.body,
+        spec,
         replicas=replicas,
         default_image=settings.worker_image,
         secret_version=reading.secret_version,
@@ -182,7 +182,7 @@ def _server_made(
 async def _network_policy(context: Context, reading: Reading) -> None:
     """The worker pods' NetworkPolicy (outbox.controller.network), kept as rendered."""
     kube, spec = context.kube, reading.spec
-    rendered = render_network_policy(spec.body, context.settings.worker_metrics_from)
+    rendered = render_network_policy(spec, context.settings.worker_metrics_from)
     name = rendered["metadata"]["name"]
     with step(f"writing NetworkPolicy {spec.namespace}/{name}"):
         current = await kube.network_policy(spec.namespace, name)

@@ -26,6 +26,7 @@ from outbox.controller.defaults import (
 )
 from outbox.controller.render import render_deployment
 from outbox.controller.settings import load_settings
+from outbox.controller.spec import DispatcherSpec
 from outbox.errors import SettingError
 
 SPEC = yaml.safe_load(c.CRD_SOURCE.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
@@ -74,7 +75,10 @@ def dispatcher(publisher: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def worker_env(body: dict[str, Any], publisher_defaults: Any) -> dict[str, str]:
     deployment = render_deployment(
-        body, replicas=1, default_image="i:1", publisher_defaults=publisher_defaults
+        DispatcherSpec.parse(body),
+        replicas=1,
+        default_image="i:1",
+        publisher_defaults=publisher_defaults,
     )
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     return {e["name"]: e["value"] for e in container["env"] if "value" in e}
@@ -104,8 +108,10 @@ def test_without_defaults_the_worker_keeps_its_own_and_the_template_is_unchanged
     env = worker_env(body, {})
     assert "OUTBOX_FORMAT" not in env and "OUTBOX_CLOUDEVENTS_SOURCE" not in env
     # Upgrading the operator rolls no worker: the same template as before the option.
-    assert render_deployment(body, replicas=1, default_image="i:1") == render_deployment(
-        body, replicas=1, default_image="i:1", publisher_defaults={}
+    assert render_deployment(
+        DispatcherSpec.parse(body), replicas=1, default_image="i:1"
+    ) == render_deployment(
+        DispatcherSpec.parse(body), replicas=1, default_image="i:1", publisher_defaults={}
     )
     assert "publisher" in body["spec"] and "format" not in body["spec"]["publisher"]
 

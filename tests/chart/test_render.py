@@ -15,6 +15,7 @@ from monitoring import monitoring as m
 
 from chart import chart as c
 from outbox.controller.resource import labels as worker_labels
+from outbox.controller.spec import DispatcherSpec
 
 FULLNAME = f"{c.RELEASE}-outbox-dispatcher"
 
@@ -420,8 +421,11 @@ def test_the_operator_gives_the_workers_a_network_policy_from_the_same_peers() -
     settings = load_settings(container["args"], {"POD_NAMESPACE": c.NAMESPACE})
     assert settings.worker_network_policy is True
     assert list(settings.worker_metrics_from) == MONITORING
-    body = {"metadata": {"name": "orders", "namespace": "shop", "uid": "u-1"}}
-    policy = render_network_policy(body, settings.worker_metrics_from)
+    body = {
+        "metadata": {"name": "orders", "namespace": "shop", "uid": "u-1"},
+        "spec": {"database": {"dsnSecretRef": {"name": "db"}}, "publisher": {"type": "log"}},
+    }
+    policy = render_network_policy(DispatcherSpec.parse(body), settings.worker_metrics_from)
     assert policy["spec"] == {
         "podSelector": {"matchLabels": {k: v for k, v in worker_labels("orders").items()
                                         if k != "app.kubernetes.io/managed-by"}},

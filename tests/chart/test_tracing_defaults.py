@@ -13,13 +13,17 @@ import pytest
 from chart import chart as c
 from chart.test_worker_defaults import dispatcher, operator_settings
 from outbox.controller.render import render_deployment
+from outbox.controller.spec import DispatcherSpec
 
 COLLECTOR = "http://otel-collector.monitoring:4318"
 
 
 def worker_env(settings: Any, worker: dict[str, Any] | None = None) -> dict[str, str]:
     deployment = render_deployment(
-        dispatcher(worker), replicas=1, default_image="i:1", defaults=settings.worker_defaults
+        DispatcherSpec.parse(dispatcher(worker)),
+        replicas=1,
+        default_image="i:1",
+        defaults=settings.worker_defaults,
     )
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     return {e["name"]: e["value"] for e in container["env"] if "value" in e}

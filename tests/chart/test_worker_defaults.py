@@ -16,6 +16,7 @@ from chart import chart as c
 from outbox.controller.defaults import WORKER_DEFAULT_FIELDS
 from outbox.controller.render import render_deployment
 from outbox.controller.settings import DEFAULT_WORKER_RESOURCES, ControllerSettings, load_settings
+from outbox.controller.spec import DispatcherSpec
 
 VALUES = yaml.safe_load((c.CHART / "values.yaml").read_text())
 
@@ -66,7 +67,10 @@ def test_every_default_reaches_the_worker_pods_of_a_resource_that_omits_it() -> 
     # What the admin may default, a resource author may write: the CRD admits each value.
     assert c.custom_resource_errors(dispatcher(copy.deepcopy(ADMIN))) == []
     deployment = render_deployment(
-        dispatcher(), replicas=1, default_image="i:1", defaults=settings.worker_defaults
+        DispatcherSpec.parse(dispatcher()),
+        replicas=1,
+        default_image="i:1",
+        defaults=settings.worker_defaults,
     )
     pod = deployment["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"] == ADMIN["resources"]
@@ -78,7 +82,7 @@ def test_every_default_reaches_the_worker_pods_of_a_resource_that_omits_it() -> 
     assert c.object_errors(deployment) == []
     # The resource's own field wins.
     own = render_deployment(
-        dispatcher({"nodeSelector": {"pool": "mine"}}),
+        DispatcherSpec.parse(dispatcher({"nodeSelector": {"pool": "mine"}})),
         replicas=1,
         default_image="i:1",
         defaults=settings.worker_defaults,
@@ -90,7 +94,9 @@ def test_empty_defaults_are_left_out() -> None:
     # Helm merges maps: null removes the default requests (an empty map would keep them).
     settings = operator_settings({"workerDefaults": {"resources": None, "priorityClassName": ""}})
     assert settings.worker_defaults == {}
-    pod = render_deployment(dispatcher(), replicas=1, default_image="i:1", defaults={})
+    pod = render_deployment(
+        DispatcherSpec.parse(dispatcher()), replicas=1, default_image="i:1", defaults={}
+    )
     assert "resources" not in pod["spec"]["template"]["spec"]["containers"][0]
 
 
