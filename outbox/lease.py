@@ -8,7 +8,7 @@ lock or transaction is held while a message is published. Each runs as a `Query`
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from itertools import repeat
 from operator import attrgetter, itemgetter
@@ -19,7 +19,7 @@ import psycopg
 from outbox.limits import CLAIM_BYTES, WORKER_MAX_PAYLOAD_BYTES
 from outbox.models import Message, Outcome, OutcomeKind
 from outbox.partitions import ClaimWindow, Layout
-from outbox.queries import queries
+from outbox.queries import Queries, queries
 from outbox.runner import Query, Row, fetch_async
 from outbox.table import Table
 from outbox.text import storable
@@ -62,34 +62,70 @@ async def claim(
     On a partitioned table, `window` (outbox.partitions) says which few partitions to look
     in; each claim moves it on.
     """
+
+    def statement(q: Queries, rows: int, budget: int) -> Query[_Claimed]:
+        chosen = (q.claim_heads if by_aggregate else q.claim_ordered) if ordered else q.claim
+        params = {
+            "batch": rows,
+            "owner": owner,
+            "lease": lease,
+            "max_attempts": max_attempts,
+            "max_payload_bytes": max_payload_bytes,
+            "claim_bytes": budget,
+        }
+        return Query(chosen, params, _claimed, prepare, binary=True)
+
     if window is None or window.layout is None:
-        window = None
-        q = queries(table)
+        claimed = await fetch_async(conn, statement(queries(table), batch, claim_bytes))
+        layout = None
     else:
+        claimed = await _claim_in_window(
+            conn, table, window, ordered=ordered, batch=batch, budget=claim_bytes,
+            statement=statement,
+        )  # fmt: skip
+        layout = window.layout
+    if claimed.unreadable:
+        # Leased already: ended by a finalize fenced on the lease just taken, like any other.
+        await finalize(conn, table, claimed.unreadable, layout=layout)
+    return claimed.messages
+
+
+async def _claim_in_window(
+    conn: AsyncConn,
+    table: Table,
+    window: ClaimWindow,
+    *,
+    ordered: bool,
+    batch: int,
+    budget: int,
+    statement: Callable[[Queries, int, int], Query[_Claimed]],
+) -> _Claimed:
+    """A claim in the window's partitions; if it comes back short, the window has run dry
+    (or ready rows wait outside it): read it again and claim the rest at once, so that a
+    short claim still means "all there was", as on a plain table (a claimer waits for a
+    NOTIFY after one)."""
+    messages: list[Message] = []
+    unreadable: list[Outcome] = []
+    for attempt in range(2):
         if window.stale():
             await window.read(conn, table, batch)
         elif ordered and window.unfinished_behind:
             await window.catch_up(conn, table)
         bounds = window.bounds()
         q = queries(table, (bounds.low, bounds.high), bounds.unfinished_low)
-    statement = (q.claim_heads if by_aggregate else q.claim_ordered) if ordered else q.claim
-    params = {
-        "batch": batch,
-        "owner": owner,
-        "lease": lease,
-        "max_attempts": max_attempts,
-        "max_payload_bytes": max_payload_bytes,
-        "claim_bytes": claim_bytes,
-    }
-    claimed = await fetch_async(conn, Query(statement, params, _claimed, prepare, binary=True))
-    if window is not None:
-        taken = [*map(_row_id, claimed.messages), *map(_message_id, claimed.unreadable)]
-        window.claimed(taken, batch)
-    if claimed.unreadable:
-        # Leased already: ended by a finalize fenced on the lease just taken, like any other.
-        layout = None if window is None else window.layout
-        await finalize(conn, table, claimed.unreadable, layout=layout)
-    return claimed.messages
+        wanted = batch - len(messages) - len(unreadable)
+        left = budget - sum(len(m.payload_json) for m in messages)
+        got = await fetch_async(conn, statement(q, wanted, left))
+        ids = [*map(_row_id, got.messages), *map(_message_id, got.unreadable)]
+        window.claimed(ids, wanted)
+        messages.extend(got.messages)
+        unreadable.extend(got.unreadable)
+        taken = sum(len(m.payload_json) for m in got.messages)
+        cut_by_budget = bool(got.messages) and taken + taken / len(got.messages) > left
+        if attempt or len(ids) >= wanted or cut_by_budget:
+            break
+    messages.sort(key=_row_id)
+    return _Claimed(messages, unreadable)
 
 
 _new_tuple = tuple.__new__

@@ -320,8 +320,11 @@ def _first(rows: list[Row]) -> object:
 # -- the claim's window ----------------------------------------------------------------------
 
 # How long a worker trusts the window it read: a row that became ready below it (a retry come
-# due, a requeue) or an expired lease waits at most this long for the next reading.
-WINDOW_TTL = 1.0
+# due, a requeue) or an expired lease waits at most this long for the next reading (or for a
+# short claim, which reads it at once). A reading costs a few statements over the partitions
+# from the oldest unfinished row: in a 30,000-row drain, readings once a second cost a tenth
+# of the drain; a retry's backoff and a lease are seconds to minutes anyway.
+WINDOW_TTL = 5.0
 # How long readings may start from the oldest unfinished row they last found rather than
 # from the lowest partition (see ClaimWindow).
 FLOOR_TTL = 30.0
@@ -347,15 +350,26 @@ def _ids(within: tuple[int, int]) -> sql.Composable:
     )
 
 
-def _extent(table: Table) -> Query[tuple[int | None, int]]:
-    """The first id of the lowest partition and the last id the sequence gave: from the
-    catalog and the sequence, opening no partition."""
-    statement = sql.SQL(
-        """SELECT (SELECT min(substring(pg_get_expr(p.relpartbound, p.oid) FROM {first})::bigint)
+def _extent(table: Table, *, lowest: bool) -> Query[tuple[int | None, int]]:
+    """The first id of the lowest partition (if asked: it reads every partition's bound in
+    the catalog) and the last id the sequence gave; opening no partition."""
+    lowest_id = (
+        sql.SQL(
+            """(SELECT min(substring(pg_get_expr(p.relpartbound, p.oid) FROM {first})::bigint)
           FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid
-         WHERE i.inhparent = {t}::regclass),
-       pg_sequence_last_value(pg_get_serial_sequence({t}, 'id'))"""
-    ).format(t=table.regclass_literal, first=sql.Literal(r"FROM \('?(-?[0-9]+)"))
+         WHERE i.inhparent = {t}::regclass)"""
+        )
+        if lowest
+        else sql.SQL("NULL::bigint")
+    )
+    statement = sql.SQL(
+        "SELECT {lowest_id}, pg_sequence_last_value(pg_get_serial_sequence({t}, 'id'))"
+    ).format(
+        lowest_id=lowest_id.format(
+            t=table.regclass_literal, first=sql.Literal(r"FROM \('?(-?[0-9]+)")
+        ),
+        t=table.regclass_literal,
+    )
     return Query(statement, None, first_row(_parse_extent))
 
 
@@ -428,9 +442,10 @@ class ClaimWindow:
     ) -> None:
         assert self.layout is not None, "a plain table has no window"
         size = self.layout.partition_size
-        lowest, last_id = await fetch_async(conn, _extent(table))
         now = time.monotonic()
-        if self._floor is None or now - self._floor_at > FLOOR_TTL:
+        refloor = self._floor is None or now - self._floor_at > FLOOR_TTL
+        lowest, last_id = await fetch_async(conn, _extent(table, lowest=refloor))
+        if refloor or self._floor is None:
             self._floor, self._floor_at = lowest or 0, now
         top = (last_id // size + 1) * size
         # Partition by partition, a few at a time, from the floor up to the first ready row:
