@@ -44,8 +44,11 @@ exception `publish_batch` raises instead of returning stands for every message o
 exits 2 with its one-line message. An `Option` with `secret=True` is never echoed: its value
 is masked in usage errors, in `--help` and in the worker's start-up line.
 
-Register a plugin under the `outbox.publishers` entry-point group (`ENTRY_POINT_GROUP`), or
-name it `package.module:Class`. docs/publishers/plugins.md has a complete example. The names
+The `name` and `options` are the publisher's one description (outbox.publisher_options):
+the worker's flags, and all the operator needs to render, check and document a plugin set by
+a resource's generic block (`publisher.plugin`). Register a plugin under the
+`outbox.publishers` entry-point group (`ENTRY_POINT_GROUP`), or name it
+`package.module:Class`. docs/publishers/plugins.md has a complete example. The names
 here are the stable surface; the modules they come from may move.
 """
 
