@@ -2,7 +2,9 @@
 
 A Secret is used for a dispatcher only when its annotation `outbox.dev/dispatchers` names
 the dispatcher (or is `*`); `admit` checks the pod policy first (`policy`), then reads each
-Secret the spec names from the resource's own namespace and checks its consent."""
+Secret the spec names from the resource's own namespace and checks its consent. Where a
+publisher's block names Secrets is its description's (outbox.publisher_options): the fields
+it carries from a Secret, or every entry of a plugin's `secretRefs`."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ WORKER_SECRET_FIELDS = ("worker.imagePullSecrets[].name",)
 # A plugin's Secrets: every entry of its generic block's secretRefs, whatever the plugin's
 # options (an entry it has no option for is refused later, and named here first).
 PLUGIN_SECRET_FIELD = f"publisher.{PLUGIN}.secretRefs{{}}.name"
-DSN_FIELD = "spec.database.dsnSecretRef"
+DSN_FIELD = "spec." + DSN_SECRET_FIELD.removesuffix(".name")  # where a SecretUse says it is
 
 
 @dataclass(frozen=True)
