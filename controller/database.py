@@ -9,13 +9,16 @@ is) and purge done rows (`purge`). `Pools` answers both from kept connections:
   it. Bounded: at most `POOL_MAX_CONNECTIONS` connections per database, none kept while
   unused (`min_size` 0; idle ones close after `POOL_MAX_IDLE_SECONDS`), so a fleet on D
   databases holds at most 4 x D sessions whatever its size;
-- every pass's database work has its own deadline (`PASS_TIMEOUT_SECONDS`) and waits only
-  for its own database's pool: an unreachable database never delays a pass on another;
+- a pass waits only for its own database's pool (`WAIT_SECONDS`) and its statements have
+  their own deadline (`PASS_TIMEOUT_SECONDS`): an unreachable database never delays a pass
+  on another. A pool whose connections are all in use while the database answers is
+  `DatabaseBusy` (the pass writes nothing and runs again soon), not a database problem;
 - the table's check (it exists, is migrated, has the ordered index) and its identity are
   read once and kept, keyed by what they depend on (the table, ordered mode, the Target).
-  They are read again after an error, after the pool opened a new connection (a server
-  restart, which changes the identity, makes the pool reconnect), and at least every
-  `RECHECK_SECONDS`; the other passes read only the bounded backlog query.
+  They are read again after an error, after a server restart (each new connection reads
+  the server's start time: a new one starts a new era, as the identity changes with it),
+  and at least every `RECHECK_SECONDS`; the other passes read only the bounded backlog
+  query.
 
 `read_table` is the one-shot form (a connection for one read, closed after).
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -43,7 +47,7 @@ from outbox import dberrors, operator_reads
 from outbox.controller.problem import Problem
 from outbox.dsn import DsnError, check_dsn
 from outbox.maintenance import purge_done_async
-from outbox.operator_reads import TableIdentity, table_identity
+from outbox.operator_reads import TableIdentity, server_started, table_identity
 from outbox.redact import redact_dsn, redact_text
 from outbox.schema import SchemaError, check_table
 from outbox.stats import QueueStats, queue_stats_async
@@ -55,7 +59,8 @@ CONNECT_TIMEOUT_SECONDS = 5
 APPLICATION_NAME = "outbox-controller"
 POOL_MAX_CONNECTIONS = 4  # per database: the operator's sessions are bounded by databases
 POOL_MAX_IDLE_SECONDS = 300.0  # a connection unused this long closes
-PASS_TIMEOUT_SECONDS = 10.0  # one pass's database work, waiting for a connection included
+PASS_TIMEOUT_SECONDS = 10.0  # one pass's statements, once it has a connection
+WAIT_SECONDS = 10.0  # the longest a pass waits for its turn on its database's pool
 RECHECK_SECONDS = 300.0  # the table's check is read again at least this often
 Dispatcher = tuple[str, str]  # (namespace, name): who uses a pool
 CONNECTION: dict[str, Any] = {
@@ -109,8 +114,14 @@ class Database(Protocol):
 @dataclass
 class _Checked:
     identity: TableIdentity
-    opened: int  # the pool's connections opened when it was read
+    era: int  # the pool's era when it was read
     at: float  # monotonic
+
+
+class DatabaseBusy(Exception):
+    """The pass found every connection of its database's pool in use for `WAIT_SECONDS`
+    while the database answers: no new fact about the table, so the pass writes nothing
+    and runs again soon."""
 
 
 class _Pool:
@@ -119,7 +130,11 @@ class _Pool:
     def __init__(self, target: Target) -> None:
         self.target = target
         self.users: set[Dispatcher] = set()
-        self.opened = 0  # connections the pool has opened: a new one may reach a new server
+        # When the server started, as the newest connection found it; a new value (a
+        # restart) starts a new `era`, and every table's check is read again.
+        self.server: str | None = None
+        self.era = 0
+        self.served_at = -math.inf  # monotonic: when a connection was last handed out
         self.checked: dict[tuple[Table, bool], _Checked] = {}
         self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             target.dsn,
@@ -127,7 +142,7 @@ class _Pool:
             min_size=0,
             max_size=POOL_MAX_CONNECTIONS,
             max_idle=POOL_MAX_IDLE_SECONDS,
-            timeout=CONNECT_TIMEOUT_SECONDS,  # to get a connection; then a Problem
+            timeout=WAIT_SECONDS,  # to get a connection; then DatabaseBusy or a Problem
             # A connection the server dropped (a restart) is replaced before it is used.
             check=AsyncConnectionPool.check_connection,
             configure=self._opened,
@@ -136,12 +151,16 @@ class _Pool:
         )
 
     async def _opened(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        self.opened += 1
+        started = await server_started(conn)
+        # A role denied the start time cannot tell a restart: every new connection may be one.
+        if self.server is not None and (started != self.server or started == "unknown"):
+            self.era += 1
+        self.server = started
 
     def check(self, table: Table, ordered: bool) -> TableIdentity | None:
         """The table's kept check, if it still holds (see the module)."""
         found = self.checked.get((table, ordered))
-        if found is None or found.opened != self.opened:
+        if found is None or found.era != self.era:
             return None
         if time.monotonic() - found.at >= RECHECK_SECONDS:
             return None
@@ -149,21 +168,27 @@ class _Pool:
 
 
 @asynccontextmanager
-async def _answers(target: Target, *, deadline: float | None) -> AsyncIterator[None]:
-    """The database work inside, within `deadline` seconds; every failure a Problem."""
+async def _answers(target: Target, pool: _Pool | None = None) -> AsyncIterator[None]:
+    """Every failure of the database work inside as a Problem (a TimeoutError: the work
+    took longer than PASS_TIMEOUT_SECONDS); DatabaseBusy when `pool` gave no connection in
+    time while it gave others lately."""
     try:
-        async with asyncio.timeout(deadline):
-            yield
+        yield
     except SchemaError as exc:
         missing = "does not exist" in str(exc)
         reason = "TableMissing" if missing else "TableInvalid"
         raise Problem(reason, str(exc), database=True) from None
     except PoolTimeout:
+        if pool is not None and time.monotonic() - pool.served_at < 2 * WAIT_SECONDS:
+            raise DatabaseBusy(
+                f"every connection to {redact_dsn(target.dsn)} was in use for {WAIT_SECONDS:g} "
+                f"s (at most {POOL_MAX_CONNECTIONS} per database)"
+            ) from None
         raise await _no_connection(target) from None
     except psycopg.Error as exc:
         raise _database_problem(exc, target.dsn) from None
     except TimeoutError:
-        message = f"{redact_dsn(target.dsn)} did not answer within {deadline:g} s"
+        message = f"{redact_dsn(target.dsn)} did not answer within {PASS_TIMEOUT_SECONDS:g} s"
         raise Problem("DatabaseUnreachable", message, database=True) from None
 
 
@@ -175,10 +200,7 @@ async def _no_connection(target: Target) -> Problem:
     except psycopg.Error as exc:
         return _database_problem(exc, target.dsn)
     await conn.close()
-    message = (
-        f"no connection to {redact_dsn(target.dsn)} free within {CONNECT_TIMEOUT_SECONDS} s "
-        f"(at most {POOL_MAX_CONNECTIONS} per database)"
-    )
+    message = f"no connection to {redact_dsn(target.dsn)} within {WAIT_SECONDS:g} s"
     return Problem("DatabaseUnreachable", message, database=True)
 
 
@@ -206,15 +228,16 @@ class Pools:
     ) -> TableReading:
         pool = await self._pool(dispatcher, target)
         try:
-            deadline = _answers(target, deadline=PASS_TIMEOUT_SECONDS)
-            async with deadline, pool.pool.connection() as conn:
-                identity = pool.check(table, ordered)
-                if identity is None:
-                    opened = pool.opened
-                    await check_table(conn, table, ordered=ordered)
-                    identity = await table_identity(conn, table)
-                    pool.checked[table, ordered] = _Checked(identity, opened, time.monotonic())
-                stats = await queue_stats_async(conn, table, ordered=ordered)
+            async with _answers(target, pool), pool.pool.connection() as conn:
+                pool.served_at = time.monotonic()
+                async with asyncio.timeout(PASS_TIMEOUT_SECONDS):
+                    identity = pool.check(table, ordered)
+                    if identity is None:
+                        era = pool.era
+                        await check_table(conn, table, ordered=ordered)
+                        identity = await table_identity(conn, table)
+                        pool.checked[table, ordered] = _Checked(identity, era, time.monotonic())
+                    stats = await queue_stats_async(conn, table, ordered=ordered)
         except Problem:
             pool.checked.pop((table, ordered), None)  # checked again after any error
             raise
@@ -226,7 +249,8 @@ class Pools:
         pool = await self._pool(dispatcher, target)
         # No deadline but the wait for a connection: each batch is short and commits, and a
         # long purge holds one of the pool's connections, never the others' passes.
-        async with _answers(target, deadline=None), pool.pool.connection() as conn:
+        async with _answers(target, pool), pool.pool.connection() as conn:
+            pool.served_at = time.monotonic()
             return await purge_done_async(conn, table, older_than=older_than)
 
     def release(self, dispatcher: Dispatcher) -> None:
@@ -289,7 +313,7 @@ async def read_table(
     `ordered` (spec.ordering aggregate) adds the claimable heads the scaling policy sizes on.
     """
     async with (
-        _answers(Target(dsn, ""), deadline=None),
+        _answers(Target(dsn, "")),
         await psycopg.AsyncConnection.connect(dsn, **CONNECTION) as conn,
     ):
         return await operator_reads.read_table(conn, table, ordered=ordered)
@@ -297,6 +321,7 @@ async def read_table(
 
 __all__ = [
     "Database",
+    "DatabaseBusy",
     "Pools",
     "TableIdentity",
     "TableReading",

@@ -55,10 +55,22 @@ _IDENTITY = sql.SQL(
 )
 
 
+async def _started(conn: AsyncConnection) -> sql.Composable:
+    allowed = await (await conn.execute(_MAY_READ_START)).fetchone()
+    return _STARTED if allowed is not None and allowed[0] else _UNKNOWN
+
+
+async def server_started(conn: AsyncConnection) -> str:
+    """When the server the connection reached started, as `TableIdentity` names it
+    ("unknown" for a role denied `pg_postmaster_start_time()`): a new value means a restart,
+    after which every table's identity is another."""
+    row = await (await conn.execute(sql.SQL("SELECT {}").format(await _started(conn)))).fetchone()
+    return str(row[0]) if row is not None else "unknown"
+
+
 async def table_identity(conn: AsyncConnection, table: Table) -> TableIdentity:
     """The table's identity; SchemaError when it does not exist."""
-    allowed = await (await conn.execute(_MAY_READ_START)).fetchone()
-    started = _STARTED if allowed is not None and allowed[0] else _UNKNOWN
+    started = await _started(conn)
     cursor = await conn.execute(_IDENTITY.format(started=started, t=table.regclass_literal))
     row = await cursor.fetchone()
     if row is None:  # checked just before, so only a concurrent drop: the next pass says so

@@ -20,6 +20,7 @@ from typing import Any
 
 from kubernetes.aio.client.exceptions import ApiException
 
+from outbox.controller.database import DatabaseBusy
 from outbox.controller.decision import SizingPolicy, decide
 from outbox.controller.kube import UNREACHABLE, api_reason
 from outbox.controller.leader import LeadershipLost
@@ -34,6 +35,7 @@ from outbox.stats import QueueStats
 log = logging.getLogger("outbox.controller")
 
 API_RETRY_SECONDS = 5.0
+BUSY_RETRY_SECONDS = 1.0  # after DatabaseBusy: its turn comes soon, the pool is working
 DEFAULT_POLL_SECONDS = ScalingSettings().poll_interval_seconds
 JITTER = 0.1  # each wait is the interval +- this fraction, so phases never line up again
 
@@ -118,6 +120,13 @@ class DispatcherLoop:
                 reason = str(exc) or type(exc).__name__
                 log.warning("%s/%s: cannot reach the API: %s", self.namespace, self.name, reason)
                 interval = min(interval, API_RETRY_SECONDS)
+            except DatabaseBusy as exc:
+                # No new fact: the status stays as the last pass wrote it.
+                log.info("%s/%s: %s; trying again", self.namespace, self.name, exc)
+                self.context.metrics.reconcile_errors.labels(
+                    self.namespace, self.name, "DatabaseBusy"
+                ).inc()
+                interval = min(interval, BUSY_RETRY_SECONDS)
             except Exception:
                 # A bug: say so with its traceback, keep serving the other resources.
                 log.exception("%s/%s: reconcile failed", self.namespace, self.name)
