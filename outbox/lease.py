@@ -117,7 +117,7 @@ async def _claim_in_window(
         left = budget - sum(len(m.payload_json) for m in messages)
         got = await fetch_async(conn, statement(q, wanted, left))
         ids = [*map(_row_id, got.messages), *map(_message_id, got.unreadable)]
-        window.claimed(ids, wanted)
+        window.claimed(ids, wanted, ordered=ordered)
         messages.extend(got.messages)
         unreadable.extend(got.unreadable)
         taken = sum(len(m.payload_json) for m in got.messages)

@@ -406,13 +406,14 @@ def _oldest_unfinished(table: Table, within: tuple[int, int]) -> Query[int | Non
 
 
 class ClaimWindow:
-    """A worker's view of where its claims look: the few partitions from the oldest ready
-    row on, wide enough for two batches.
+    """A worker's view of where its claims look: the partition of the oldest ready row (or
+    as many from there as a batch needs).
 
-    Moved forward by the claims themselves (a full claim's oldest id is where the next one
-    starts), read again from the table after a short claim and at least every WINDOW_TTL. A
-    short claim on a window just read may have found nothing claimable in it while rows wait
-    further on (ordered mode: heads behind a blocked aggregate's rows), so the next claim
+    Moved forward by the claims themselves: a full claim's oldest id is where the next one
+    starts, a short one sends the next to the following partitions (up to the ids the last
+    reading saw, then it reads again), and it is read again at least every WINDOW_TTL. A
+    short claim on a window just read at the top may have found nothing claimable while rows
+    wait below (ordered mode: heads behind a blocked aggregate's rows), so the next claim
     looks from there up to the highest id, once.
 
     A reading looks from the oldest unfinished row the last one found (unfinished rows only
@@ -432,6 +433,7 @@ class ClaimWindow:
         self._widen = False
         self._floor: int | None = None  # where readings start
         self._floor_at = 0.0
+        self._top = 0  # past the last id given at the last reading, rounded to a partition
         self.unfinished_behind = False  # the window moved on: the head check's start may too
 
     def stale(self) -> bool:
@@ -459,7 +461,11 @@ class ClaimWindow:
             unfinished = found if unfinished is None else unfinished
             if ready is not None:
                 break
-        self._width = max(2, -(-2 * batch // size)) * size
+        # One partition when a batch fits in one: a statement over a single partition plans
+        # and runs as on a plain table (over several, each row's probe goes through an Append
+        # that prunes per row).
+        self._width = max(1, -(-batch // size)) * size
+        self._top = top
         start = ready if ready is not None else last_id
         low = int(start) // size * size
         high = max(low + self._width, top) if self._widen else low + self._width
@@ -489,17 +495,32 @@ class ClaimWindow:
         assert self._bounds is not None, "read the window first"
         return self._bounds
 
-    def claimed(self, ids: list[int], wanted: int) -> None:
+    def claimed(self, ids: list[int], wanted: int, *, ordered: bool = False) -> None:
         """After a claim: a full one moves the window to its oldest id; a short one means the
-        window has run dry (or rows wait outside it), so the next claim reads it again."""
+        window has run dry (or rows wait outside it): the next claim looks in the next
+        partitions, or, past the ids the last reading saw, reads the window again. In
+        ordered mode a short claim reads it again: the rows left behind are an aggregate's
+        next messages, claimable as soon as their predecessors are done."""
         fresh, self._fresh = self._fresh, False
-        if len(ids) < wanted or self._bounds is None or self.layout is None:
-            self._widen = fresh and self._bounds is not None
+        b = self._bounds
+        if b is None or self.layout is None:
+            return
+        if len(ids) < wanted:
+            if b.high < self._top and not ordered:
+                low = b.high
+                self._bounds = Bounds(low, low + self._width, b.unfinished_low)
+                self.unfinished_behind = b.unfinished_low < low
+                return
+            self._widen = fresh
             self._bounds = None
             return
         size = self.layout.partition_size
-        low = min(ids) // size * size
-        b = self._bounds
-        if low > b.low:
-            self._bounds = Bounds(low, max(b.high, low + self._width), b.unfinished_low)
+        low = max(min(ids) // size * size, b.low)
+        # The next claim reaches into the following partition when this one's last rows may
+        # not fill it: one statement over two partitions, not a short claim and another.
+        high = low + self._width
+        if max(ids) + wanted >= high:
+            high += size
+        if (low, high) != (b.low, b.high):
+            self._bounds = Bounds(low, high, b.unfinished_low)
             self.unfinished_behind = b.unfinished_low < low
