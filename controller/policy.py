@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from outbox.controller.images import ANY, allowed_images, image_allowed, parse_image
 from outbox.controller.problem import Problem
 from outbox.controller.resource import labels, selector_labels
-from outbox.controller.spec import described
+from outbox.controller.spec import PublisherSpec
 from outbox.publisher_options import Carried
 
 if TYPE_CHECKING:  # settings.py validates its lists with this module's parsers
@@ -400,13 +400,13 @@ BY_CONSENT = frozenset({"imagePullSecrets"})
 
 def _pairs(publisher: Mapping[str, Any]) -> Iterator[Violation]:
     # Values are never quoted back: an author may have put a secret in one.
-    description, kind, block = described(publisher)
-    for _, field in description.bindings(kind):
-        pairs = block.get(field.path) if field.carried is Carried.PAIRS else None
+    parsed = PublisherSpec.parse(publisher)
+    for _, field in parsed.description().bindings(parsed.kind):
+        pairs = parsed.given(field.path) if field.carried is Carried.PAIRS else None
         if not pairs or field.keys is None:
             continue
         for key in sorted(pairs):
-            at = f"spec.publisher.{kind}.{field.path}.{shown(key)}"
+            at = f"spec.publisher.{parsed.kind}.{field.path}.{shown(key)}"
             if not field.keys.pattern.match(key):
                 yield at, f"is not {field.keys.wording}"
             elif key in field.keys.refused:

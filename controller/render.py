@@ -91,16 +91,6 @@ def _secret(name: str, ref: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref["name"], "key": ref["key"]}}}
 
 
-def _at(block: Body, path: str) -> Any:
-    """The value at a dotted path of a block, None when absent."""
-    node: Any = block
-    for part in path.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 def _mount(option: Option) -> str:
     return f"{SECRETS_DIR}/{option.key}"
 
@@ -126,7 +116,7 @@ def _carried(option: Option, field: Field, value: Any) -> dict[str, Any]:
 def _given(publisher: PublisherSpec) -> list[tuple[Option, Field, Any]]:
     """Each option the resource's publisher block sets, with the field and its value."""
     bindings = publisher.description().bindings(publisher.kind)
-    found = ((option, f, _at(publisher.block, f.path)) for option, f in bindings)
+    found = ((option, f, publisher.given(f.path)) for option, f in bindings)
     return [(option, f, value) for option, f, value in found if value is not None]
 
 

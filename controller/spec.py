@@ -214,6 +214,16 @@ class PublisherSpec:
             breaker=publisher.get("breaker") or {},
         )
 
+    def given(self, path: str) -> Any:
+        """The value of the block's field at a dotted path (`secretRefs.sqs-token`), None
+        when absent."""
+        node: Any = self.block
+        for part in path.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return None
+            node = node[part]
+        return node
+
     def description(self) -> Description:
         """The installed publisher's description; PublisherUnavailable when it cannot be
         loaded."""
