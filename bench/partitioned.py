@@ -105,9 +105,10 @@ def render(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {mode} | {i} | {r['plain']:,.0f} | {r['partitioned']:,.0f} | {r['ratio']:.2f} |"
             )
-    lines += ["", "| mode | median ratio |", "|---|---|"]
+    lines += ["", "| mode | median ratio | goal (0.9) |", "|---|---|---|"]
     for mode, result in report["modes"].items():
-        lines.append(f"| {mode} | **{result['median_ratio']:.2f}** |")
+        ratio = result["median_ratio"]
+        lines.append(f"| {mode} | **{ratio:.2f}** | {'met' if ratio >= 0.9 else 'not met'} |")
     before, after = report["load_before"], report["load_after"]
     lines += [
         "",

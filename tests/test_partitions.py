@@ -3,6 +3,7 @@ claimed, finalized and extended partition by partition, in both orderings."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from workers import dispatching, settings
 
 from outbox import Event, OutOfPartitions, enqueue, enqueue_many, lease
 from outbox.models import Outcome
+from outbox.operator_reads import read_table
 from outbox.partitions import ClaimWindow, Layout, read_partitions
 from outbox.queries import queries
 from outbox.runner import fetch
@@ -301,3 +303,27 @@ async def test_a_worker_whose_role_may_not_create_tables_says_so_once(pconn, emp
     told = [r for r in caplog.records if "may not create tables" in r.getMessage()]
     assert len(told) == 1
     assert _leaves(pconn)[-1] == (300, 400)  # left to `outbox maintain`
+
+
+async def test_stats_requeue_and_the_operators_read_work_on_a_partitioned_table(pconn, empty_dsn):
+    """What people and the operator use, unchanged on the partitioned table."""
+    seed(pconn, 250, aggregates=5)
+    pconn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id < 200")
+    pconn.execute("UPDATE outbox SET status = 'dead', last_error = 'x' WHERE id IN (120, 230)")
+
+    def outbox(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "outbox", *args, "--dsn", empty_dsn],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    stats = outbox("stats", "--json")
+    assert stats.returncode == 0, stats.stderr
+    counts = json.loads(stats.stdout)
+    assert (counts["pending"], counts["dead"]) == (50, 2), counts
+    requeued = outbox("requeue", "--id", "120,230")
+    assert requeued.returncode == 0, requeued.stderr
+    assert statuses(pconn) == {"done": 198, "pending": 52}
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        backlog, _ = await read_table(aconn, TABLE)
+    assert backlog.pending == 52
