@@ -316,8 +316,16 @@ def _batch_query(
 SELECT (SELECT count(*) FROM changed), (SELECT max(id) FROM picked),
        (SELECT coalesce(jsonb_object_agg(event_type, n), '{{}}')
           FROM (SELECT event_type, count(*) AS n FROM changed GROUP BY event_type) AS g),
-       (SELECT count(*) FROM recorded)"""
-    ).format(t=table.ident, where=where, a=table.sibling("actions"), action=sql.Literal(ACTION))
+       (SELECT count(*) FROM recorded),
+       -- Idle workers wake as they do for an insert (delivered at commit), not at their poll.
+       (SELECT count(pg_notify({channel}, '')) FROM (SELECT 1 FROM changed LIMIT 1) AS woken)"""
+    ).format(
+        t=table.ident,
+        where=where,
+        a=table.sibling("actions"),
+        action=sql.Literal(ACTION),
+        channel=sql.Literal(table.channel),
+    )
     recorded = {
         "via": via,
         "replay": number,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -240,3 +240,18 @@ def test_replay_number_reads_the_body_of_this_message_only():
     for bad in (True, "2", 0, -1, 1.5):
         assert replay_number({}, json.dumps({"id": 5, "replay": bad}).encode(), "5") is None
     assert replay_number({}, b"not json", "5") is None
+
+
+async def test_a_replay_wakes_idle_workers_at_once(conn, dsn):
+    """A replay notifies the table's channel as an insert does: a worker that would poll
+    only hourly sends it again without waiting for its poll."""
+    ids = _enqueue(conn, 2)
+    async with Receiver() as receiving:
+        publisher = HttpPublisher(receiving.url, owner="t")
+        async with dispatching(settings(dsn, poll_interval=timedelta(hours=1)), publisher):
+            await receiving.wait_for(2)
+            await _until_done(conn, ids)
+            _replay(conn)
+            replayed = await receiving.wait_for(4)
+            await _until_done(conn, ids)
+    assert [r.headers.get(REPLAY_HEADER) for r in replayed[2:]] == ["1", "1"]
