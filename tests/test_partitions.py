@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 from datetime import timedelta
@@ -12,9 +13,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import explain_prepared, seed, statuses, wait_until
+from helpers import explain_prepared, seed, statuses, wait_until, wait_until_db
 from test_worker import Scripted
-from workers import dispatching, settings
+from workers import dispatching, settings, spawn_worker, stop_worker
 
 from outbox import Event, OutOfPartitions, enqueue, enqueue_many, lease
 from outbox.models import Outcome
@@ -327,3 +328,22 @@ async def test_stats_requeue_and_the_operators_read_work_on_a_partitioned_table(
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
         backlog, _ = await read_table(aconn, TABLE)
     assert backlog.pending == 52
+
+
+@pytest.mark.parametrize("ordering", ["none", "aggregate"])
+def test_two_worker_processes_one_killed_drain_a_partitioned_table(pconn, empty_dsn, ordering):
+    """Real processes: one is SIGKILLed mid-drain; its leases expire and the other takes its
+    rows over, each window and head check across partitions. Nothing is lost."""
+    migrate(pconn, TABLE, ordering, layout=Layout(SIZE, 25))
+    seed(pconn, 2000, aggregates=40)
+    flags = ("--publisher", "null", "--batch", "50", "--lease", "2s", "--ordering", ordering)
+    doomed = spawn_worker(empty_dsn, *flags, owner="doomed")
+    survivor = spawn_worker(empty_dsn, *flags, owner="survivor")
+    try:
+        wait_until_db(pconn, "(SELECT count(*) >= 300 FROM outbox WHERE status = 'done')", 60)
+        stop_worker(doomed, signal.SIGKILL)
+        wait_until_db(pconn, "NOT EXISTS (SELECT FROM outbox WHERE status <> 'done')", 90)
+    finally:
+        stop_worker(doomed, signal.SIGKILL)
+        assert stop_worker(survivor) == 0
+    assert statuses(pconn) == {"done": 2000}
