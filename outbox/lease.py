@@ -90,6 +90,22 @@ async def claim(
     return claimed.messages
 
 
+def _queries_within(
+    table: Table,
+    layout: Layout | None,
+    within: tuple[int, int],
+    unfinished_low: int | None = None,
+) -> Queries:
+    """A partitioned table's statements for rows `within` an id range: on the partition
+    itself when the range is one partition (and, for ordered mode's checks, nothing
+    unfinished lies below it), else on the parent with the range as constants."""
+    assert layout is not None
+    leaf = layout.leaf_of(table, within)
+    if leaf is not None and (unfinished_low is None or unfinished_low >= within[0]):
+        return queries(leaf)
+    return queries(table, within, unfinished_low)
+
+
 async def _claim_in_window(
     conn: AsyncConn,
     table: Table,
@@ -112,7 +128,7 @@ async def _claim_in_window(
         elif ordered and window.unfinished_behind:
             await window.catch_up(conn, table)
         bounds = window.bounds()
-        q = queries(table, (bounds.low, bounds.high), bounds.unfinished_low)
+        q = _queries_within(table, window.layout, (bounds.low, bounds.high), bounds.unfinished_low)
         wanted = batch - len(messages) - len(unreadable)
         left = budget - sum(len(m.payload_json) for m in messages)
         got = await fetch_async(conn, statement(q, wanted, left))
@@ -251,7 +267,11 @@ async def finalize_applied(
     """
     if not outcomes:
         return {}
-    q = queries(table, None if layout is None else layout.span(map(_message_id, outcomes)))
+    q = (
+        queries(table)
+        if layout is None
+        else _queries_within(table, layout, layout.span(map(_message_id, outcomes)))
+    )
     ids = _bigint_array(map(_message_id, outcomes))
     versions = _bigint_array(map(_lease_version, outcomes))
     if all_done(outcomes):
@@ -318,13 +338,17 @@ async def extend(
     """The lease keeper's extend: renew the leases still held; the ids renewed."""
     if not messages:
         return set()
-    within = None if layout is None else layout.span(m.id for m in messages)
+    q = (
+        queries(table)
+        if layout is None
+        else _queries_within(table, layout, layout.span(m.id for m in messages))
+    )
     params = {
         "ids": [m.id for m in messages],
         "versions": [m.lease_version for m in messages],
         "lease": lease,
     }
-    return await fetch_async(conn, Query(queries(table, within).extend, params, _renewed))
+    return await fetch_async(conn, Query(q.extend, params, _renewed))
 
 
 def _renewed(rows: list[Row]) -> set[int]:

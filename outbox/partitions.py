@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import psycopg
@@ -45,9 +45,22 @@ class Layout:
 
     partition_size: int
     partitions_ahead: int
+    # Every partition is `<table>_p<k>` holding ids k x size to (k + 1) x size - 1, as
+    # `outbox migrate` and maintenance make them: a statement whose rows are all in one
+    # partition may then name that partition itself (see `leaf_of`). Read by the check.
+    named_leaves: bool = field(default=False, compare=False)
 
     def partition_of(self, message_id: int) -> int:
         return message_id // self.partition_size
+
+    def leaf_of(self, table: Table, within: tuple[int, int]) -> Table | None:
+        """The partition itself when `within` is exactly one partition (and they are all
+        named as ours): a statement on it plans and runs as on a plain table, with none of
+        the partitioned parent's planning or its Append pruned row by row."""
+        low, high = within
+        if not self.named_leaves or high - low != self.partition_size:
+            return None
+        return partition_table(table, low // self.partition_size)
 
     def span(self, ids: Iterable[int]) -> tuple[int, int]:
         """The id range, whole partitions, that holds every one of `ids` (not empty)."""
@@ -274,7 +287,17 @@ async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table)
     problem = partitioning_problem(row, layout, table)
     if problem:
         raise ValueError(problem)
-    return layout
+    if layout is None:
+        return None
+    leaves = await fetch_async(conn, read_partitions(table)) or []
+    size = layout.partition_size
+    named = all(
+        p.name == table.derived_name(f"p{p.low // size}")
+        and p.low % size == 0
+        and p.high - p.low == size
+        for p in leaves
+    )
+    return replace(layout, named_leaves=named)
 
 
 async def keep_ahead(
