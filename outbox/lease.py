@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from itertools import repeat
 from operator import attrgetter, itemgetter
@@ -131,7 +132,14 @@ async def _claim_in_window(
         q = _queries_within(table, window.layout, (bounds.low, bounds.high), bounds.unfinished_low)
         wanted = batch - len(messages) - len(unreadable)
         left = budget - sum(len(m.payload_json) for m in messages)
-        got = await fetch_async(conn, statement(q, wanted, left))
+        try:
+            got = await fetch_async(conn, statement(q, wanted, left))
+        except psycopg.errors.UndefinedTable:
+            # A partition named otherwise was attached since the start: from now on every
+            # statement goes through the parent (the retry of this claim, and the others').
+            if window.layout is not None and window.layout.named_leaves:
+                window.layout = replace(window.layout, named_leaves=False)
+            raise
         ids = [*map(_row_id, got.messages), *map(_message_id, got.unreadable)]
         window.claimed(ids, wanted, ordered=ordered)
         messages.extend(got.messages)

@@ -347,3 +347,31 @@ def test_two_worker_processes_one_killed_drain_a_partitioned_table(pconn, empty_
         stop_worker(doomed, signal.SIGKILL)
         assert stop_worker(survivor) == 0
     assert statuses(pconn) == {"done": 2000}
+
+
+async def test_a_partition_attached_under_another_name_sends_claims_through_the_parent(
+    pconn, empty_dsn
+):
+    seed(pconn, 120)
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        layout = await check_table(aconn, TABLE)
+        assert layout is not None and layout.named_leaves
+        # By hand: partition 1's rows now live in a table of another name.
+        pconn.execute("ALTER TABLE outbox DETACH PARTITION outbox_p1")
+        pconn.execute("ALTER TABLE outbox_p1 RENAME TO outbox_old_1")
+        pconn.execute(
+            "ALTER TABLE outbox ATTACH PARTITION outbox_old_1 FOR VALUES FROM (100) TO (200)"
+        )
+        pconn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id < 100")
+        window = ClaimWindow(layout)
+
+        async def claim() -> list[Any]:
+            return await lease.claim(
+                aconn, TABLE, owner="w", batch=50, lease=timedelta(minutes=1), max_attempts=5,
+                window=window,
+            )  # fmt: skip
+
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            await claim()
+        assert window.layout is not None and not window.layout.named_leaves
+        assert [m.id for m in await claim()] == list(range(100, 121))
