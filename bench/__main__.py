@@ -201,9 +201,13 @@ def main() -> None:
         (out / f"{args.only}.json").write_text(json.dumps(report, indent=2))
         section = render_throughput if args.only == "throughput" else render_latency
         text = render_section(report, section(report))
-        (out / f"{args.only}.md").write_text(text)
+        written = out / f"{args.only}.md"
         if args.only == "latency":
+            # The findings below the figures are written by hand: a new run keeps them.
+            kept = written.read_text().partition(latency.FINDINGS)[2] if written.exists() else ""
+            text += latency.FINDINGS + kept if kept else ""
             latency.plot(report["latency"], out / "latency.png")
+        written.write_text(text)
         print(text)
         return
     (out / "report.json").write_text(json.dumps(report, indent=2))

@@ -507,6 +507,9 @@ def run_latency(bench: Bench, plan: Plan, log: Callable[[str], None]) -> dict[st
 
 # -- the report ---------------------------------------------------------------------------
 
+# The heading of the findings written by hand below the figures (a new run keeps them).
+FINDINGS = "\n## Where the tail came from, and what changed\n"
+
 NAMES = {
     "worker": "outbox-worker",
     "floor": "floor (the protocol, one loop)",

@@ -122,7 +122,10 @@ def test_report_sets_the_worker_beside_the_floor_and_says_when_the_machine_was_l
 @pytest.mark.timeout(300)
 def test_one_quick_cell_runs_end_to_end(tmp_path):
     """Every contender, every mode, one process at 100/s for one second: every message
-    reaches the receiver once, and the section's three files are written."""
+    reaches the receiver once, and the section's three files are written; the findings
+    written by hand below the figures are kept."""
+    findings = "A finding written by hand.\n"
+    (tmp_path / "latency.md").write_text("old figures\n" + latency.FINDINGS + findings)
     result = subprocess.run(
         [sys.executable, "-m", "bench", "--only", "latency", "--smoke", "--latency-seconds",
          "1", "--out", str(tmp_path)],
@@ -144,4 +147,5 @@ def test_one_quick_cell_runs_end_to_end(tmp_path):
     assert section["receiver_capacity_rps"] > 0
     text = (tmp_path / "latency.md").read_text()
     assert "The worker beside the floor" in text and "pgqueuer" in text
+    assert "old figures" not in text and text.endswith(latency.FINDINGS + findings)
     assert (tmp_path / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
