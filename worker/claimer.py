@@ -81,6 +81,7 @@ class Claimer(Service):
             if limit is not None:
                 want = min(want, limit)
             self.wakeup.clear()  # a NOTIFY during the claim must still wake the next wait
+            started = time.monotonic()
             messages, full = await self.retry.until_done(
                 "claim", partial(self._claim, want), stop=stop
             )
@@ -89,7 +90,7 @@ class Claimer(Service):
                 self.gate.probe_claimed(messages[0])
             if messages:
                 now = time.monotonic()
-                ledger.hold(messages, now, claim_seconds=now - self._sent)
+                ledger.hold(messages, now, claim_seconds=now - started, sent=self._sent)
                 self.metrics.in_flight.set(len(ledger.held))
                 self.on_claimed()
                 empty_claims = 0

@@ -111,14 +111,19 @@ class Ledger:
             waited = max(waited, now - self.renewed_at.get(oldest, self.held_at))
         return waited < self.claim_seconds
 
-    def hold(self, messages: list[Message], now: float, claim_seconds: float) -> None:
-        """Claimed messages join the ledger, waiting to be published."""
+    def hold(
+        self, messages: list[Message], now: float, claim_seconds: float, sent: float | None = None
+    ) -> None:
+        """Claimed messages join the ledger, waiting to be published. `claim_seconds`: how
+        long the claim took, waits for a connection included; `sent`: when the claim that
+        returned them was sent (by default `now - claim_seconds`), their ages count from it."""
         self.claim_seconds = claim_seconds
         self.held_at = now
         ids = list(map(_id, messages))
         self.held.update(zip(ids, messages, strict=True))
         self.renewed_at.update(zip(ids, repeat(now)))
-        sent = now - claim_seconds
+        if sent is None:
+            sent = now - claim_seconds
         created = map(sub, repeat(sent), map(_age_at_claim, messages))
         self.created_at.update(zip(ids, created, strict=True))
         claimed = sum(map(len, map(_payload, messages)))
