@@ -103,7 +103,7 @@ def _queries_within(
     assert layout is not None
     leaf = layout.leaf_of(table, within)
     if leaf is not None and (unfinished_low is None or unfinished_low >= within[0]):
-        return queries(leaf)
+        return queries(leaf, in_parent=(table, within[0]))
     return queries(table, within, unfinished_low)
 
 

@@ -8,7 +8,7 @@ import re
 import signal
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -20,9 +20,10 @@ from workers import dispatching, settings, spawn_worker, stop_worker
 from outbox import Event, OutOfPartitions, enqueue, enqueue_many, lease
 from outbox.models import Outcome
 from outbox.operator_reads import read_table
-from outbox.partitions import ClaimWindow, Layout, read_partitions
+from outbox.partitions import Bounds, ClaimWindow, Layout, read_partitions
 from outbox.queries import queries
-from outbox.runner import fetch
+from outbox.replay import ReplayFilter, preview, send_batch, start
+from outbox.runner import fetch, perform
 from outbox.schema import _COLUMNS_AFTER_ID, SchemaError, check_table, migrate
 from outbox.table import Table
 from outbox.worker.publishers.base import RetryableError
@@ -161,11 +162,23 @@ def test_statements_touch_only_the_partitions_of_their_window(pconn, statement, 
         "n": "2",
     }
     plan = explain_prepared(pconn, getattr(q, statement), args, generic=generic)
-    touched = {int(n) for n in re.findall(r"outbox_p(\d+)", plan)}
+    lines = plan.splitlines()
+
+    def partitions(of: list[str]) -> set[int]:
+        return {int(n) for line in of for n in re.findall(r"outbox_p(\d+)", line)}
+
+    # A replayed row's check (alias `later`) looks for a later message in flight anywhere
+    # above the window's start; it runs for replayed rows only.
+    touched = partitions([line for line in lines if " later" not in line])
+    replay_check = partitions([line for line in lines if " later" in line])
     # The window is partitions 2 and 3; ordered mode's head check also looks in partition 1.
     allowed = {1, 2, 3} if statement == "claim_ordered" else {2, 3}
     assert touched and touched <= allowed, plan
-    assert "outbox_p40" not in plan and "outbox_p0 " not in plan, plan
+    if statement == "claim_ordered":
+        last = _leaves(pconn)[-1][0] // SIZE
+        assert min(replay_check) == 2 and last in replay_check, plan
+    else:
+        assert not replay_check, plan
 
 
 async def _drain(aconn: Any, *, ordered: bool, batch: int) -> list[list[int]]:
@@ -375,3 +388,46 @@ async def test_a_partition_attached_under_another_name_sends_claims_through_the_
             await claim()
         assert window.layout is not None and not window.layout.named_leaves
         assert [m.id for m in await claim()] == list(range(100, 121))
+
+
+async def _replay_aggregate(pconn: Any, aggregate_id: str) -> int:
+    """`outbox replay --aggregate-id` of every done row of the aggregate; how many."""
+    now = datetime.now(UTC)
+    f = ReplayFilter(now - timedelta(hours=1), now + timedelta(hours=1), aggregate_id=aggregate_id)
+    progress = perform(pconn, start(TABLE, perform(pconn, preview(TABLE, f))))
+    while not progress.finished:
+        perform(pconn, send_batch(TABLE, progress))
+    return progress.sent
+
+
+@pytest.mark.parametrize("by_aggregate", [False, True], ids=["rows", "heads"])
+async def test_a_replayed_row_waits_for_a_later_message_in_flight_in_another_partition(
+    pconn, empty_dsn, by_aggregate
+):
+    """Aggregate A's id 650 (partition 6) is in flight when its id 50 (partition 0) is
+    replayed: a claim whose window is partition 0 alone (named as the leaf itself) must not
+    take 50 until 650 is finalized."""
+    migrate(pconn, TABLE, "aggregate", layout=Layout(SIZE, 8))
+    seed(pconn, 660, aggregates=660)
+    pconn.execute("UPDATE outbox SET aggregate_id = 'A' WHERE id IN (50, 650)")
+    pconn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id <> 650")
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        layout = await check_table(aconn, TABLE)
+        assert layout is not None and layout.named_leaves
+
+        async def claim(window: ClaimWindow) -> list[Any]:
+            return await lease.claim(
+                aconn, TABLE, owner="w", batch=50, lease=timedelta(minutes=1), max_attempts=5,
+                ordered=True, by_aggregate=by_aggregate, window=window,
+            )  # fmt: skip
+
+        [in_flight] = await claim(ClaimWindow(layout))
+        assert in_flight.id == 650
+        assert await _replay_aggregate(pconn, "A") == 1  # id 50, pending again
+        window = ClaimWindow(layout)
+        await window.read(aconn, TABLE, 50)
+        assert window.bounds() == Bounds(0, SIZE, 0)  # partition 0 alone: the leaf is named
+        assert await claim(window) == []
+        await lease.finalize(aconn, TABLE, [Outcome.done(in_flight)], layout=layout)
+        [again] = await claim(window)
+        assert (again.id, again.replay) == (50, 1)
