@@ -41,6 +41,12 @@ class Query:
     def needs_operator(self) -> bool:
         return all(s.startswith("outbox_controller_") for s in self.selectors)
 
+    @property
+    def needs_partitioned_table(self) -> bool:
+        """Its quantity is a ratio of what partition maintenance keeps made ahead: on a plain
+        table both sides are 0 and the ratio is no number (promtool's cases cover it)."""
+        return any(s.startswith("outbox_partition_ids") for s in self.selectors)
+
     def opened(self) -> str:
         """The expression with every threshold opened up (`> 300` becomes `>= -Inf`): what
         is left is the quantity the alert compares, over the same joins and labels."""

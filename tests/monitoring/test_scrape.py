@@ -253,6 +253,8 @@ def test_every_alert_expression_returns_a_series_with_its_threshold_opened(
     scraped: Prometheus, query: m.Query
 ) -> None:
     _pending_on_the_operator(query)
+    if query.needs_partitioned_table:
+        pytest.skip("the scraped worker serves a plain table: nothing is made ahead")
     result = scraped.query(query.opened())
     assert result, query.opened()
     if "dispatcher" in query.expr:
