@@ -124,11 +124,7 @@ async def _claim_in_window(
     messages: list[Message] = []
     unreadable: list[Outcome] = []
     for attempt in range(2):
-        if window.stale():
-            await window.read(conn, table, batch)
-        elif ordered and window.unfinished_behind:
-            await window.catch_up(conn, table)
-        bounds = window.bounds()
+        bounds = await window.bounds_for_claim(conn, table, batch, ordered=ordered)
         q = _queries_within(table, window.layout, (bounds.low, bounds.high), bounds.unfinished_low)
         wanted = batch - len(messages) - len(unreadable)
         left = budget - sum(len(m.payload_json) for m in messages)

@@ -353,6 +353,8 @@ WINDOW_TTL = 5.0
 FLOOR_TTL = 30.0
 # Partitions a reading statement looks in at a time.
 READING_PARTITIONS = 4
+# The payload of a replay's NOTIFY (an insert's is empty): workers forget their claim window.
+REPLAY_NOTICE = "replay"
 
 
 @dataclass(frozen=True)
@@ -443,6 +445,11 @@ class ClaimWindow:
     end: a requeued dead row was unfinished already) up to the sequence's last id, and from
     the lowest partition every FLOOR_TTL, for a row committed long after its id was taken.
 
+    A replay sends done rows of any partition back to pending, below the floor: each of its
+    batches notifies the table's channel with `REPLAY_NOTICE`, and a worker hearing it calls
+    `forget`, so that its next claim reads again from the lowest partition (where the
+    replayed rows now count as unfinished, for the head check).
+
     A worker makes one before it knows its table; `layout` is set when the table is checked
     (None: a plain table, which claims have no window on).
     """
@@ -458,6 +465,32 @@ class ClaimWindow:
         self._floor_at = 0.0
         self._top = 0  # past the last id given at the last reading, rounded to a partition
         self.unfinished_behind = False  # the window moved on: the head check's start may too
+        self._forgotten = 0  # how many times `forget` was called: a reading under way is void
+
+    def forget(self) -> None:
+        """Drop the bounds and the floor: the next claim reads from the lowest partition. A
+        reading under way when this is called is thrown away, not kept."""
+        self._bounds, self._floor = None, None
+        self._forgotten += 1
+
+    async def bounds_for_claim(
+        self,
+        conn: psycopg.AsyncConnection[tuple[object, ...]],
+        table: Table,
+        batch: int,
+        *,
+        ordered: bool,
+    ) -> Bounds:
+        """The bounds the next claim is composed with: read again when stale (or forgotten
+        meanwhile), the head check's start caught up in ordered mode."""
+        while True:
+            forgotten = self._forgotten
+            if self.stale():
+                await self.read(conn, table, batch)
+            elif ordered and self.unfinished_behind:
+                await self.catch_up(conn, table)
+            if forgotten == self._forgotten and self._bounds is not None:
+                return self._bounds
 
     def stale(self) -> bool:
         return self._bounds is None or time.monotonic() - self._read_at > WINDOW_TTL
@@ -467,23 +500,27 @@ class ClaimWindow:
     ) -> None:
         assert self.layout is not None, "a plain table has no window"
         size = self.layout.partition_size
+        forgotten = self._forgotten
         now = time.monotonic()
         refloor = self._floor is None or now - self._floor_at > FLOOR_TTL
         lowest, last_id = await fetch_async(conn, _extent(table, lowest=refloor))
-        if refloor or self._floor is None:
-            self._floor, self._floor_at = lowest or 0, now
+        floor = self._floor if not refloor and self._floor is not None else lowest or 0
         top = (last_id // size + 1) * size
         # Partition by partition, a few at a time, from the floor up to the first ready row:
         # a statement over them all would plan every partition (a reading over 30 of them
         # cost more than the claims of a 30,000-row drain).
         ready = unfinished = None
         chunk = READING_PARTITIONS * size
-        for low in range(min(self._floor, top) // size * size, top, chunk):
+        for low in range(min(floor, top) // size * size, top, chunk):
             within = (low, min(low + chunk, top))
             ready, found = await fetch_async(conn, _window_reading(table, within))
             unfinished = found if unfinished is None else unfinished
             if ready is not None:
                 break
+        if forgotten != self._forgotten:
+            return  # forgotten while it read: read again from the lowest partition
+        if refloor:
+            self._floor_at = now
         # One partition when a batch fits in one: a statement over a single partition plans
         # and runs as on a plain table (over several, each row's probe goes through an Append
         # that prunes per row).
@@ -508,7 +545,10 @@ class ClaimWindow:
         self.unfinished_behind = False
         if b.unfinished_low >= b.low:
             return
+        forgotten = self._forgotten
         found = await fetch_async(conn, _oldest_unfinished(table, (b.unfinished_low, b.low)))
+        if forgotten != self._forgotten:
+            return
         size = self.layout.partition_size
         unfinished_low = b.low if found is None else int(found) // size * size
         self._floor = unfinished_low

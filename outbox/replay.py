@@ -34,6 +34,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from outbox.partitions import REPLAY_NOTICE
 from outbox.runner import Query, Row, Steps, first_row, step
 from outbox.table import Table
 
@@ -317,14 +318,18 @@ SELECT (SELECT count(*) FROM changed), (SELECT max(id) FROM picked),
        (SELECT coalesce(jsonb_object_agg(event_type, n), '{{}}')
           FROM (SELECT event_type, count(*) AS n FROM changed GROUP BY event_type) AS g),
        (SELECT count(*) FROM recorded),
-       -- Idle workers wake as they do for an insert (delivered at commit), not at their poll.
-       (SELECT count(pg_notify({channel}, '')) FROM (SELECT 1 FROM changed LIMIT 1) AS woken)"""
+       -- Idle workers wake as they do for an insert (delivered at commit), not at their poll,
+       -- and, told it is a replay, forget their claim windows (outbox.partitions.ClaimWindow):
+       -- the rows may lie below where their claims and head checks look.
+       (SELECT count(pg_notify({channel}, {notice}))
+          FROM (SELECT 1 FROM changed LIMIT 1) AS woken)"""
     ).format(
         t=table.ident,
         where=where,
         a=table.sibling("actions"),
         action=sql.Literal(ACTION),
         channel=sql.Literal(table.channel),
+        notice=sql.Literal(REPLAY_NOTICE),
     )
     recorded = {
         "via": via,

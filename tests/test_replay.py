@@ -360,7 +360,7 @@ def test_reconcile_usage_errors_are_one_line_and_exit_2(dsn):
 
 async def test_a_replay_on_a_partitioned_table_reaches_back_to_old_partitions(empty_dsn):
     """Rows replayed in the oldest partitions, while a real replica serves a partitioned
-    table whose claims look in a window of partitions: each is sent again."""
+    table whose claims look in a window of partitions: each is sent again, at once."""
     from outbox.partitions import Layout
     from outbox.schema import migrate
     from outbox.table import Table
@@ -381,10 +381,59 @@ async def test_a_replay_on_a_partitioned_table_reaches_back_to_old_partitions(em
             while not progress.finished:
                 perform(pconn, send_batch(table, progress, batch=50))
             assert progress.sent == 150
-            # Below the replica's claim window: found when the window's floor is next read
-            # (outbox.partitions.FLOOR_TTL), not at once as on a plain table.
+            # Below the replica's claim window: the replay's NOTIFY has it read the window
+            # again from the lowest partition, long before its next floor reading would
+            # (outbox.partitions.FLOOR_TTL, 30 s).
             await wait_until(
-                lambda: pconn.execute(done).fetchone() == (420,), timeout=120, what="sent again"
+                lambda: pconn.execute(done).fetchone() == (420,), timeout=20, what="sent again"
             )
     again = sorted(m.id for m in recorder.sent if m.replay == 1)
     assert again == old
+
+
+async def test_ordered_a_replay_below_a_workers_floor_goes_before_its_aggregates_next(empty_dsn):
+    """A real replica, ordered, on a partitioned table: aggregate A's id 50 (partition 0) is
+    done, its id 640 in flight elsewhere, its id 650 waiting behind it; the replica's claims
+    look from partition 6 up (its floor). 50 is replayed: the replay's NOTIFY has the replica
+    read its window again from the lowest partition, so once 640 is done, 650 waits behind
+    50 (its earlier message, pending again) instead of going out first."""
+    from outbox import lease
+    from outbox.partitions import ClaimWindow, Layout
+    from outbox.schema import check_table, migrate
+    from outbox.table import Table
+
+    table = Table.parse("outbox")
+    recorder = _Recorder()
+    with psycopg.connect(empty_dsn, autocommit=True) as pconn:
+        migrate(pconn, table, "aggregate", layout=Layout(100, 8))
+        seed(pconn, 660, aggregates=660)
+        pconn.execute("UPDATE outbox SET aggregate_id = 'A' WHERE id IN (50, 640, 650)")
+        pconn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id < 640")
+        pconn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id > 650")
+        async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+            layout = await check_table(aconn, table)
+            [held] = await lease.claim(
+                aconn, table, owner="elsewhere", batch=1, lease=timedelta(minutes=5),
+                max_attempts=5, ordered=True, window=ClaimWindow(layout),
+            )  # fmt: skip
+            assert held.id == 640
+            s = settings(empty_dsn, ordering="aggregate", batch=10)
+            async with dispatching(s, recorder) as replica:
+                window = replica.window
+
+                def floor() -> int | None:
+                    return None if window.stale() else window.bounds().unfinished_low
+
+                await wait_until(lambda: floor() == 600, what="the replica's floor at 600")
+                now = datetime.now(UTC)
+                f = ReplayFilter(now - timedelta(hours=1), now + timedelta(hours=1),
+                                 aggregate_id="A")  # fmt: skip
+                progress = perform(pconn, start(table, perform(pconn, preview(table, f))))
+                perform(pconn, send_batch(table, progress))
+                assert progress.sent == 1  # id 50: 640 is in flight, 650 pending
+                # Told by the NOTIFY, not by its next floor reading (FLOOR_TTL, 30 s, later).
+                await wait_until(lambda: floor() == 0, timeout=10, what="the window read again")
+                await lease.finalize(aconn, table, [Outcome.done(held)], layout=layout)
+                await wait_until(lambda: len(recorder.sent) == 11, what="50 and 641-650 sent")
+    sent = [(m.id, m.replay) for m in recorder.sent if m.aggregate_id == "A"]
+    assert sent == [(50, 1), (650, None)]

@@ -1,7 +1,10 @@
 """The listener: wakes the claimer on NOTIFY, on a connection of its own.
 
-It reconnects by itself; while it is away the claimer polls, so nothing is missed, only
-noticed later.
+A replay's NOTIFY (outbox.partitions.REPLAY_NOTICE) first has the claim window forgotten:
+replayed rows may lie below it, and the next claim must read from the lowest partition so
+that its head check sees them. So does every (re)connection, for a replay committed while it
+was away. It reconnects by itself; while it is away the claimer polls, so nothing is missed,
+only noticed later (a replay below the window at the next floor reading, FLOOR_TTL).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 import psycopg
 
 from outbox.dsn import connect_options
+from outbox.partitions import REPLAY_NOTICE, ClaimWindow
 from outbox.queries import queries
 from outbox.worker.retry import DatabaseErrors, DatabaseRetry
 from outbox.worker.settings import WorkerSettings
@@ -18,11 +22,16 @@ from outbox.worker.settings import WorkerSettings
 
 class Listener:
     def __init__(
-        self, settings: WorkerSettings, retry: DatabaseRetry, wakeup: asyncio.Event
+        self,
+        settings: WorkerSettings,
+        retry: DatabaseRetry,
+        wakeup: asyncio.Event,
+        window: ClaimWindow,
     ) -> None:
         self.settings = settings
         self.retry = retry
         self.wakeup = wakeup
+        self.window = window  # the claimer's, forgotten on a replay
         self.listening = False  # a LISTEN connection is up
 
     async def run(self) -> None:
@@ -41,9 +50,13 @@ class Listener:
             ) as conn:
                 await conn.execute(queries(s.table).listen)
                 self.listening = True
-                self.wakeup.set()  # anything may have arrived while we were not listening
+                # Anything may have arrived while we were not listening, a replay too.
+                self.window.forget()
+                self.wakeup.set()
                 try:
-                    async for _ in conn.notifies():
+                    async for notice in conn.notifies():
+                        if notice.payload == REPLAY_NOTICE:
+                            self.window.forget()
                         self.wakeup.set()
                 except DatabaseErrors as exc:
                     # The connection was up: this failure starts a new streak.

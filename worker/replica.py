@@ -102,7 +102,7 @@ class Replica:
         wakeup = asyncio.Event()
         shared = Shared(s, self.ledger, self.pool.connection, retry, self.metrics)
         self.window = shared.window
-        self.listener = Listener(s, retry, wakeup)
+        self.listener = Listener(s, retry, wakeup, self.window)
         self.gate = DestinationGate(shared, self.publisher)
         limiter = RateLimiter(s, self.pool.connection) if s.rate_limit is not None else None
         self.publishing = Publishing(shared, self.publisher, self.gate, limiter)
