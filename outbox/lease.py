@@ -13,7 +13,7 @@ from dataclasses import replace
 from datetime import timedelta
 from itertools import repeat
 from operator import attrgetter, itemgetter
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import psycopg
 
@@ -28,6 +28,7 @@ from outbox.text import storable
 MAX_ERROR_LENGTH = 2000
 
 AsyncConn = psycopg.AsyncConnection[tuple[object, ...]]
+T = TypeVar("T")
 
 
 async def claim(
@@ -271,12 +272,8 @@ async def finalize_applied(
     """
     if not outcomes:
         return {}
-    q = (
-        queries(table)
-        if layout is None
-        else _queries_within(table, layout, layout.span(map(_message_id, outcomes)))
-    )
-    ids = _bigint_array(map(_message_id, outcomes))
+    held = list(map(_message_id, outcomes))
+    ids = _bigint_array(held)
     versions = _bigint_array(map(_lease_version, outcomes))
     if all_done(outcomes):
         params: dict[str, object] = {"ids": ids, "versions": versions, "n": len(outcomes)}
@@ -288,7 +285,9 @@ async def finalize_applied(
             pairs = zip(applied_ids or (), applied_versions or (), strict=True)
             return {(int(i), int(v)): "done" for i, v in pairs}
 
-        return await fetch_async(conn, Query(q.finalize_done, params, done))
+        return await _held_rows(
+            conn, table, layout, held, lambda q: Query(q.finalize_done, params, done)
+        )
     params = {
         "ids": ids,
         "versions": versions,
@@ -299,7 +298,33 @@ async def finalize_applied(
         "deferreds": [o.deferred for o in outcomes],
         "max_defer_age": max_defer_age,
     }
-    return await fetch_async(conn, Query(q.finalize, params, _applied))
+    return await _held_rows(
+        conn, table, layout, held, lambda q: Query(q.finalize, params, _applied)
+    )
+
+
+async def _held_rows(
+    conn: AsyncConn,
+    table: Table,
+    layout: Layout | None,
+    ids: list[int],
+    statement: Callable[[Queries], Query[T]],
+) -> T:
+    """A statement on rows held (finalize, extend): on a partitioned table, on the
+    partitions holding `ids`. When it names a partition that is not there (attached under
+    another name since the start), once more through the parent with the range as constants:
+    the statement failed before touching a row, and these rows must not be left to their
+    lease's end (the claim, when it meets the same partition, has its window stop naming
+    partitions: `_claim_in_window`)."""
+    if layout is None:
+        return await fetch_async(conn, statement(queries(table)))
+    within = layout.span(ids)
+    try:
+        return await fetch_async(conn, statement(_queries_within(table, layout, within)))
+    except psycopg.errors.UndefinedTable:
+        if layout.leaf_of(table, within) is None:
+            raise
+        return await fetch_async(conn, statement(queries(table, within)))
 
 
 def _applied(rows: list[Row]) -> Applied:
@@ -342,17 +367,9 @@ async def extend(
     """The lease keeper's extend: renew the leases still held; the ids renewed."""
     if not messages:
         return set()
-    q = (
-        queries(table)
-        if layout is None
-        else _queries_within(table, layout, layout.span(m.id for m in messages))
-    )
-    params = {
-        "ids": [m.id for m in messages],
-        "versions": [m.lease_version for m in messages],
-        "lease": lease,
-    }
-    return await fetch_async(conn, Query(q.extend, params, _renewed))
+    held = [m.id for m in messages]
+    params = {"ids": held, "versions": [m.lease_version for m in messages], "lease": lease}
+    return await _held_rows(conn, table, layout, held, lambda q: Query(q.extend, params, _renewed))
 
 
 def _renewed(rows: list[Row]) -> set[int]:

@@ -431,3 +431,33 @@ async def test_a_replayed_row_waits_for_a_later_message_in_flight_in_another_par
         await lease.finalize(aconn, TABLE, [Outcome.done(in_flight)], layout=layout)
         [again] = await claim(window)
         assert (again.id, again.replay) == (50, 1)
+
+
+async def test_finalize_and_extend_of_rows_in_a_partition_attached_under_another_name(
+    pconn, empty_dsn
+):
+    """Rows held in partition 1 when it is re-attached under another name: the lease's
+    extension and the finalize (each naming partition 1 itself) go through the parent
+    instead, and apply."""
+    seed(pconn, 120)
+    pconn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id < 100")
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        layout = await check_table(aconn, TABLE)
+        assert layout is not None and layout.named_leaves
+        held = await lease.claim(
+            aconn, TABLE, owner="w", batch=50, lease=timedelta(minutes=1), max_attempts=5,
+            window=ClaimWindow(layout),
+        )  # fmt: skip
+        assert [m.id for m in held] == list(range(100, 121))
+        pconn.execute("ALTER TABLE outbox DETACH PARTITION outbox_p1")
+        pconn.execute("ALTER TABLE outbox_p1 RENAME TO outbox_old_1")
+        pconn.execute(
+            "ALTER TABLE outbox ATTACH PARTITION outbox_old_1 FOR VALUES FROM (100) TO (200)"
+        )
+        renewed = await lease.extend(aconn, TABLE, held, lease=timedelta(minutes=2), layout=layout)
+        assert renewed == {m.id for m in held}
+        outcomes = [Outcome.done(m) for m in held[:-1]]
+        outcomes.append(Outcome.dead(held[-1], "permanent"))
+        applied = await lease.finalize(aconn, TABLE, outcomes, layout=layout)
+        assert applied == {m.id for m in held}
+    assert statuses(pconn) == {"done": 119, "dead": 1}
