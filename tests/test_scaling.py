@@ -284,6 +284,16 @@ def test_scales_down_only_after_the_window_but_releases_a_burst_at_once():
     assert queue.replicas >= 1  # 200/s still needs a worker
 
 
+def test_no_stabilization_window_follows_the_rate_at_once():
+    policy = ScalingPolicy({"maxReplicas": 50, "scaleDownStabilizationSeconds": 0})
+    queue = Queue(policy, mu=200, replicas=1)
+    queue.run(600, rate=1000)
+    busy = queue.replicas
+    assert busy >= 5
+    queue.run(30, rate=200)
+    assert 1 <= queue.replicas < busy
+
+
 def test_burst_capacity_is_released_once_the_burst_drained():
     policy = ScalingPolicy({"maxReplicas": 50})
     queue = Queue(policy, mu=200, replicas=1)

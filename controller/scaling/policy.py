@@ -286,7 +286,7 @@ class ScalingPolicy:
         self._rates.append((work.at, rate))
         while self._rates and self._rates[0][0] <= work.at - window:
             self._rates.popleft()
-        held_rate = max(r for _, r in self._rates)
+        held_rate = max((r for _, r in self._rates), default=rate)  # a window of 0: now only
         rate_need = exceeding(rate, mu)
         held = exceeding(held_rate, mu)
         if not self.drain_rate.measured:
