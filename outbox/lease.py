@@ -20,7 +20,7 @@ import psycopg
 from outbox.limits import CLAIM_BYTES, WORKER_MAX_PAYLOAD_BYTES
 from outbox.models import Message, Outcome, OutcomeKind
 from outbox.partitions import ClaimWindow, Layout
-from outbox.queries import Queries, queries
+from outbox.queries import Queries, queries, replays_waiting
 from outbox.runner import Query, Row, fetch_async
 from outbox.table import Table
 from outbox.text import storable
@@ -104,7 +104,7 @@ def _queries_within(
     assert layout is not None
     leaf = layout.leaf_of(table, within)
     if leaf is not None and (unfinished_low is None or unfinished_low >= within[0]):
-        return queries(leaf, in_parent=(table, within[0]))
+        return queries(leaf)
     return queries(table, within, unfinished_low)
 
 
@@ -146,7 +146,29 @@ async def _claim_in_window(
         if attempt or len(ids) >= wanted or cut_by_budget:
             break
     messages.sort(key=_row_id)
+    if ordered:
+        messages = await _hold_back_replays(conn, table, window.layout, messages)
     return _Claimed(messages, unreadable)
+
+
+async def _hold_back_replays(
+    conn: AsyncConn, table: Table, layout: Layout | None, messages: list[Message]
+) -> list[Message]:
+    """Ordered mode on a partitioned table: the claim checked within its window that no later
+    message of a replayed row's aggregate is in flight; this checks the rest of the table
+    (`replays_waiting`) and gives back, pending again with the attempt refunded, the replayed
+    rows that must wait. Nothing runs unless the claim took replayed rows."""
+    replayed = [m for m in messages if m.replay is not None]
+    if not replayed or layout is None:
+        return messages
+    low = layout.span(m.id for m in replayed)[0]
+    params = {"ids": [m.id for m in replayed], "aggregates": [m.aggregate_id for m in replayed]}
+    waiting = await fetch_async(conn, Query(replays_waiting(table, low), params, _renewed))
+    if not waiting:
+        return messages
+    back = [m for m in replayed if m.id in waiting]
+    await finalize(conn, table, [Outcome.release(m) for m in back], layout=layout)
+    return [m for m in messages if m.id not in waiting]
 
 
 _new_tuple = tuple.__new__

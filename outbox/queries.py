@@ -49,10 +49,8 @@ _PICKED_OF_C = sql.SQL(", ").join(sql.Identifier("c", name) for name in _PICKED)
 # (outbox.replay) also waits until no later row of its aggregate is in flight: it is earlier
 # than what was sent while it was done, so it must not overtake a later message already
 # leased; once it is pending, the aggregate's later rows wait behind it as they would behind
-# any earlier row. A later message may be anywhere above it, in any partition (the next
-# message of the aggregate was sent while the replayed one was done): on a partitioned table
-# this check looks from the lowest id the claim can take up through the whole parent, never
-# one partition or a window's end. It runs for replayed rows only, so its cost stays small.
+# any earlier row. On a partitioned table a claim checks this within its window; the rest of
+# the table is checked after a claim that took replayed rows (`replays_waiting`).
 _HEAD_OF_AGGREGATE = sql.SQL(
     " AND NOT EXISTS (SELECT 1 FROM {t} AS prev WHERE prev.aggregate_id = c.aggregate_id"
     " AND prev.id < c.id AND prev.status <> 'done'{within})"
@@ -60,17 +58,8 @@ _HEAD_OF_AGGREGATE = sql.SQL(
 _REPLAY_WAITS = sql.SQL(
     " AND (c.replay IS NULL OR NOT EXISTS (SELECT 1 FROM {t} AS later"
     " WHERE later.aggregate_id = c.aggregate_id AND later.id > c.id"
-    " AND later.status = 'processing'{from_id}))"
+    " AND later.status = 'processing'{within}))"
 )
-
-
-def _replay_waits(everywhere: sql.Composable, low: int | None) -> sql.Composed:
-    """`_REPLAY_WAITS` over `everywhere` (the whole table: a partitioned table's parent),
-    from id `low` (no row the claim takes is below it) with no upper bound."""
-    from_id = (
-        sql.SQL("") if low is None else sql.SQL(" AND later.id >= {}").format(sql.Literal(low))
-    )
-    return _REPLAY_WAITS.format(t=everywhere, from_id=from_id)
 
 
 # On a partitioned table (outbox.partitions) each statement names the id range its rows can
@@ -279,16 +268,14 @@ class Queries:
     listen: sql.Composed
 
 
-def _claim(
-    t: sql.Composable, ordered: bool, within: Within, unfinished: Within, replay: sql.Composable
-) -> sql.Composed:
+def _claim(t: sql.Composable, ordered: bool, within: Within, unfinished: Within) -> sql.Composed:
     """Ordered mode's checks look for other unfinished messages `unfinished` (from the
     oldest partition holding one): they may sit in an earlier partition than the window the
-    claim takes rows from. `replay` is the replayed rows' check (`_replay_waits`)."""
+    claim takes rows from."""
     head = (
         sql.SQL("{head}{replay}").format(
             head=_HEAD_OF_AGGREGATE.format(t=t, within=_within(unfinished, "prev")),
-            replay=replay,
+            replay=_REPLAY_WAITS.format(t=t, within=_within(unfinished, "later")),
         )
         if ordered
         else sql.SQL("")
@@ -323,7 +310,7 @@ WITH {reap}, expired AS (
     )
 
 
-def _claim_heads(t: sql.Composable, unfinished: Within, replay: sql.Composable) -> sql.Composed:
+def _claim_heads(t: sql.Composable, unfinished: Within) -> sql.Composed:
     """Ordered claim that visits each aggregate once instead of each waiting row.
 
     A skip scan of the `aggregate` index lists the first unfinished row of every aggregate
@@ -358,26 +345,14 @@ WITH RECURSIVE {reap}, heads(aggregate_id, id) AS (
         take=_take_lease(t, unfinished),
         marker=_CLAIM,
         columns=_PICKED_OF_C,
-        replay=replay,
+        replay=_REPLAY_WAITS.format(t=t, within=_within(unfinished, "later")),
     )
 
 
-# A partition's statements name their partitioned table too, and the partition's first id:
-# where a replayed row's check looks (`_replay_waits`).
-InParent = tuple[Table, int] | None
-
-
 @lru_cache(maxsize=256)
-def queries(
-    table: Table,
-    within: Within = None,
-    unfinished_low: int | None = None,
-    in_parent: InParent = None,
-) -> Queries:
+def queries(table: Table, within: Within = None, unfinished_low: int | None = None) -> Queries:
     """The statements for `table`, or for its rows `within` an id range (a partitioned
-    table's: outbox.partitions); ordered mode's checks then look from `unfinished_low`.
-    `in_parent`, when `table` is one partition of a partitioned table: that table and the
-    partition's first id."""
+    table's: outbox.partitions); ordered mode's checks then look from `unfinished_low`."""
     t = table.ident
     fence = sql.SQL(
         "o.id = f.id AND o.status = 'processing' AND o.lease_version = f.version{within}"
@@ -385,16 +360,10 @@ def queries(
     unfinished = within
     if within is not None and unfinished_low is not None:
         unfinished = (min(unfinished_low, within[0]), within[1])
-    if in_parent is not None:
-        parent, first_id = in_parent
-        window_replay = heads_replay = _replay_waits(parent.ident, first_id)
-    else:
-        window_replay = _replay_waits(t, None if within is None else within[0])
-        heads_replay = _replay_waits(t, None if unfinished is None else unfinished[0])
     return Queries(
-        claim=_claim(t, False, within, unfinished, window_replay),
-        claim_ordered=_claim(t, True, within, unfinished, window_replay),
-        claim_heads=_claim_heads(t, unfinished, heads_replay),
+        claim=_claim(t, False, within, unfinished),
+        claim_ordered=_claim(t, True, within, unfinished),
+        claim_heads=_claim_heads(t, unfinished),
         # The common case, kept lean: a batch of successes.
         finalize_done=sql.SQL(
             """WITH applied AS (
@@ -489,3 +458,18 @@ def repair(table: Table, action: str) -> sql.Composed:
 SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM changed),
        (SELECT id FROM recorded)"""
     ).format(t=table.ident, set=_REPAIRS[action], a=table.sibling("actions"))
+
+
+@lru_cache(maxsize=64)
+def replays_waiting(table: Table, low: int) -> sql.Composed:
+    """Of replayed rows just claimed (`ids`, `aggregates`), those a later message of whose
+    aggregate is in flight: they must wait (`_REPLAY_WAITS`). A partitioned table's claim
+    checks that only within its window, where a claim statement must stay cheap to plan; the
+    later message may be in any partition above, so this looks through the parent from `low`
+    with no upper bound. It runs only after a claim took replayed rows."""
+    return sql.SQL(
+        """SELECT r.id FROM unnest(%(ids)s::bigint[], %(aggregates)s::text[]) AS r(id, aggregate_id)
+ WHERE EXISTS (SELECT 1 FROM {t} AS later
+                WHERE later.aggregate_id = r.aggregate_id AND later.id > r.id
+                  AND later.status = 'processing' AND later.id >= {low})"""
+    ).format(t=table.ident, low=sql.Literal(low))
