@@ -755,6 +755,34 @@ def test_the_publish_histogram_exposes_what_a_prometheus_histogram_would():
     assert 'outbox_publish_duration_seconds_bucket{le="0.001"} 3.0' in lines(metrics.registry)
 
 
+def test_ages_observed_at_once_count_as_observed_one_by_one():
+    """observe_all (a batch's ages, sorted and bisected) puts each amount in the bucket
+    observe puts it in, amounts on a bound and beyond the last one included."""
+    from outbox.worker.metrics import AGE_BUCKETS, Metrics
+
+    ages = [0.0, 0.001, 0.0011, 0.0024, 0.5, 1.0, 59.9, 60.0, 61.0, 3600.0, 0.001]
+    one_by_one, at_once = Metrics(), Metrics()
+    for age in ages:
+        one_by_one.age_at_publish.observe(age)
+    at_once.age_at_publish.observe_all(ages[:4])
+    at_once.age_at_publish.observe_all([])
+    at_once.age_at_publish.observe_all(ages[4:])
+    [expected] = one_by_one.age_at_publish.collect()
+    [got] = at_once.age_at_publish.collect()
+    counted = [(s.name, s.labels, s.value) for s in got.samples if not s.name.endswith("_sum")]
+    assert counted == [
+        (s.name, s.labels, s.value) for s in expected.samples if not s.name.endswith("_sum")
+    ]
+    [got_sum, expected_sum] = (
+        next(s.value for s in family.samples if s.name.endswith("_sum"))
+        for family in (got, expected)
+    )
+    assert got_sum == pytest.approx(expected_sum)  # summed in another order
+    buckets = {s.labels["le"]: s.value for s in got.samples if s.name.endswith("_bucket")}
+    assert buckets["0.001"] == 3 and buckets["60.0"] == 9 and buckets["+Inf"] == len(ages)
+    assert len(buckets) == len(AGE_BUCKETS) + 1
+
+
 def test_the_worker_runs_the_cyclic_collector_less_often_and_still_collects_cycles() -> None:
     before = gc.get_threshold()
     try:

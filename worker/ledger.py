@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from itertools import repeat
 from operator import attrgetter, sub
 
@@ -166,10 +166,10 @@ class Ledger:
             # claimer, so the next batch comes in before publishing runs dry.
             self.room.set()
 
-    def ages(self, messages: Iterable[Message], now: float) -> Iterator[float]:
+    def ages(self, messages: Iterable[Message], now: float) -> list[float]:
         """Seconds since each held message was created, on the database's clock (computed
         by map() in C: a batch's at once)."""
-        return map(sub, repeat(now), map(self.created_at.__getitem__, map(_id, messages)))
+        return list(map(sub, repeat(now), map(self.created_at.__getitem__, map(_id, messages))))
 
     def ran_dry(self, now: float) -> None:
         """A publishing task finished its last publish and found nothing waiting: how long

@@ -6,7 +6,7 @@ import bisect
 import itertools
 import logging
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 from aiohttp import web
 from prometheus_client import (
@@ -142,14 +142,20 @@ class LoopHistogram(Collector):
         self._counts[bisect.bisect_left(self._bounds, amount)] += count
         self._sum += amount * count
 
-    def observe_all(self, amounts: Iterable[float]) -> None:
-        """One observation of each amount (a batch's messages, each its own)."""
-        counts, bounds, where = self._counts, self._bounds, bisect.bisect_left
-        total = 0.0
-        for amount in amounts:
-            counts[where(bounds, amount)] += 1
-            total += amount
-        self._sum += total
+    def observe_all(self, amounts: Collection[float]) -> None:
+        """One observation of each amount (a batch's messages, each its own). Sorted once
+        in C, the amounts up to each bound are found by bisection: no step per amount in
+        Python, which cost more than the observation of one amount at a time."""
+        ordered = sorted(amounts)
+        counts, total = self._counts, len(ordered)
+        counted = 0
+        for index, bound in enumerate(self._bounds):
+            upto = bisect.bisect_right(ordered, bound)  # le: bound >= amount
+            counts[index] += upto - counted
+            counted = upto
+            if counted == total:
+                break
+        self._sum += sum(ordered)
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(self._name, self._documentation)
