@@ -2,12 +2,13 @@
 `DispatcherSpec`, with the CRD's defaults, in the manner of CloudNativePG's `api/v1` types.
 
 Everything a pass decides on is read here once: the table, the retention, the poll interval
-and the bounds (`ScalingSettings`), paused and pinned, the Secrets the database and the
-signing keys come from. A value the schema admits but the operator cannot use (a table name
-that does not parse, a retention of zero from an older CRD) is not raised here: it is kept
-as a `Problem` in `problems`, which the read step reports at the point of the pass where
-it always has (after the pod policy and the Secrets' consent), so that what a resource
-reads in status does not depend on how the spec was parsed.
+and the bounds (`ScalingSettings`), paused and pinned, the Secret keys the database and the
+publisher's options come from, and the status stored with the body (the report step builds
+the new status from this spec alone). A value the schema admits but the operator cannot use
+(a table name that does not parse, a retention of zero from an older CRD) is not raised
+here: it is kept as a `Problem` in `problems`, which the read step reports at the point of
+the pass where it always has (after the pod policy and the Secrets' consent), so that what
+a resource reads in status does not depend on how the spec was parsed.
 
 The renderers (`render.py`, `network.py`, `budget.py`) read this spec alone; the pod
 policy (`policy.py`) and the Secrets' consent (`consent.py`) check the resource's spec as
@@ -24,7 +25,14 @@ from typing import Any
 from outbox.controller.problem import Problem
 from outbox.durations import parse_duration
 from outbox.errors import SettingError
-from outbox.publisher_options import PLUGIN, Description, installed
+from outbox.publisher_options import (
+    INVALID_PUBLISHER_OPTIONS,
+    PLUGIN,
+    Carried,
+    Description,
+    Option,
+    installed,
+)
 from outbox.table import Table
 
 # The range of each field of `spec.scaling`: the CRD's minimum and maximum (a test compares),
@@ -123,7 +131,6 @@ def parse_retention(text: str | None) -> timedelta | None:
 
 
 PUBLISHER_UNAVAILABLE = "PublisherUnavailable"
-INVALID_PUBLISHER_OPTIONS = "InvalidPublisherOptions"
 
 
 def publisher_name(publisher: Mapping[str, Any]) -> str:
@@ -224,6 +231,17 @@ class PublisherSpec:
             node = node[part]
         return node
 
+    def secret_keys(self) -> list[tuple[Option, SecretKeyRef]]:
+        """Each option the block sets from a Secret key (its value the worker's variable),
+        with that key, in the description's order; PublisherUnavailable as `description`."""
+        bindings = self.description().bindings(self.kind)
+        found = ((option, f, self.given(f.path)) for option, f in bindings)
+        return [
+            (option, SecretKeyRef(str(ref["name"]), str(ref["key"])))
+            for option, f, ref in found
+            if f.carried is Carried.SECRET_KEY and ref is not None
+        ]
+
     def description(self) -> Description:
         """The installed publisher's description; PublisherUnavailable when it cannot be
         loaded."""
@@ -263,7 +281,6 @@ class DispatcherSpec:
     deleting: bool  # metadata.deletionTimestamp is set
     publisher_type: str  # the worker's publisher: the type, or a plugin's name
     dsn_secret: SecretKeyRef
-    signing_secret: SecretKeyRef | None  # spec.publisher.http.signingSecretRef
     table: Table | None  # None: it does not parse (in `problems`)
     table_name: str  # spec.database.table as written
     publisher: PublisherSpec
@@ -280,6 +297,7 @@ class DispatcherSpec:
     max_attempts: int | None = None
     ordering: str | None = None
     worker: Mapping[str, Any] = field(default_factory=dict)
+    status: Mapping[str, Any] = field(default_factory=dict)  # as stored with this body
     problems: tuple[Problem, ...] = ()  # what the schema admits and the operator cannot use
 
     @property
@@ -287,9 +305,9 @@ class DispatcherSpec:
         return float(self.scaling.poll_interval_seconds)
 
     @property
-    def status(self) -> Mapping[str, Any]:
-        status: Mapping[str, Any] = self.body.get("status") or {}
-        return status
+    def reference(self) -> Mapping[str, Any]:
+        """The resource as an Event names it (`involvedObject`): its name, namespace, uid."""
+        return {"metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid}}
 
     @property
     def raw(self) -> Mapping[str, Any]:
@@ -304,7 +322,6 @@ class DispatcherSpec:
         meta, spec = body["metadata"], body["spec"]
         database = spec["database"]
         ref = database["dsnSecretRef"]
-        signing = (spec["publisher"].get("http") or {}).get("signingSecretRef")
         problems: list[Problem] = []
         table = retention = None
         table_name = str(database.get("table", "outbox"))
@@ -332,9 +349,6 @@ class DispatcherSpec:
             deleting=bool(meta.get("deletionTimestamp")),
             publisher_type=publisher_name(spec["publisher"]),
             dsn_secret=SecretKeyRef(str(ref["name"]), str(ref.get("key", "dsn"))),
-            signing_secret=None
-            if signing is None
-            else SecretKeyRef(str(signing["name"]), str(signing["key"])),
             table=table,
             table_name=table_name,
             publisher=PublisherSpec.parse(spec["publisher"]),
@@ -349,6 +363,7 @@ class DispatcherSpec:
             max_attempts=_number(spec.get("maxAttempts")),
             ordering=_text(spec.get("ordering")),
             worker=spec.get("worker") or {},
+            status=body.get("status") or {},
             problems=tuple(problems),
         )
 

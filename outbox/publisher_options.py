@@ -36,6 +36,9 @@ from outbox.redact import masked_option, shown_option
 ENTRY_POINT_GROUP = "outbox.publishers"
 # The resource's block for a publisher that has none of its own.
 PLUGIN = "plugin"
+# The operator's reason (Ready=False) for a publisher block or a Secret's value for one of
+# its options that the publisher refuses, unless the option names its own (`refused_as`).
+INVALID_PUBLISHER_OPTIONS = "InvalidPublisherOptions"
 
 
 class Carried(Enum):
@@ -99,6 +102,9 @@ class Option:
     repeatable: bool = False  # flag given several times; in the variable, one value per line
     secret: bool = False  # masked wherever a value is echoed: errors, --help, start-up line
     fields: tuple[Field, ...] = ()
+    # The operator's reason when a Secret key's value for this option is one the worker
+    # would refuse at start (`from_secret`).
+    refused_as: str = INVALID_PUBLISHER_OPTIONS
 
     @property
     def dest(self) -> str:
@@ -121,6 +127,30 @@ class Option:
         """`text` (a message about the raw value given) safe to show: that value masked if
         secret, and whatever else looks secret (see outbox.redact.redact_text) in any case."""
         return masked_option(text, raw, secret=self.secret)
+
+    def from_secret(self, text: str) -> list[Any]:
+        """The values a Secret key's text gives this option, read as the worker reads its
+        variable: one value a line for a repeatable option (blank lines skipped), else the
+        whole text, each through `convert`. A ValueError of one line that never quotes the
+        value (it came from a Secret, whatever the option says) names the line of a
+        repeatable option, and says so when the text gives no value at all: the worker would
+        start without the option (unsigned, unauthenticated), which the resource did not ask
+        for by naming a Secret."""
+        if self.repeatable:
+            lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+        else:
+            lines = [(0, text)] if text else []
+        if not lines:
+            raise ValueError(f"no value for {self.flag}")
+        values = []
+        for number, line in lines:
+            try:
+                values.append(self.convert(line))
+            except Exception as exc:  # a plugin's converter may raise anything: one line
+                shown = str(exc) if isinstance(exc, ValueError | SettingError) else repr(exc)
+                where = f"line {number}: " if self.repeatable else ""
+                raise ValueError(masked_option(where + shown, line, secret=True)) from None
+        return values
 
 
 @dataclass(frozen=True)

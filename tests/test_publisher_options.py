@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from outbox.controller.defaults import PUBLISHER_TYPES
-from outbox.publisher_options import PLUGIN, Carried, installed
+from outbox.publisher_options import INVALID_PUBLISHER_OPTIONS, PLUGIN, Carried, Option, installed
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD = yaml.safe_load((ROOT / "crds" / "outboxdispatchers.yaml").read_text())
@@ -88,3 +88,45 @@ def test_a_publishers_table_is_printed_by_name_and_an_unknown_one_is_one_line() 
         timeout=60,
     )
     assert (unknown.returncode, unknown.stderr) == (2, "error: no publisher 'sqs' is installed\n")
+
+
+# -- a Secret's value for an option, read by the option's own description -------------------
+
+GOOD_KEY = "whsec_" + "A" * 32  # 24 bytes of base64
+
+
+def _refused(option: Option, text: str) -> str:
+    with pytest.raises(ValueError) as caught:
+        option.from_secret(text)
+    return str(caught.value)
+
+
+def test_a_secrets_value_is_read_as_the_worker_reads_the_options_variable() -> None:
+    signing = installed("http").option("http-signing-secret")
+    assert signing is not None and signing.refused_as == "InvalidSigningSecret"
+    # One value a line, blank lines skipped (a trailing newline, a gap while rotating).
+    assert len(signing.from_secret(f"{GOOD_KEY}\n\n{GOOD_KEY}\n")) == 2
+    refused = _refused(signing, f"{GOOD_KEY}\nsk_live_0123456789abcdefHunter2\n")
+    assert refused == "line 2: a signing secret starts with 'whsec_' followed by base64"
+    # A Secret named for the option that gives it nothing would start the worker unsigned.
+    assert _refused(signing, "\n") == "no value for --http-signing-secret"
+
+
+def test_any_other_option_is_refused_under_the_generic_reason_never_quoting_the_value() -> None:
+    header = installed("http").option("http-header")
+    assert header is not None and header.refused_as == INVALID_PUBLISHER_OPTIONS
+    assert header.from_secret("Authorization: Bearer t0ken\n") == [
+        ("Authorization", "Bearer t0ken")
+    ]
+    assert _refused(header, "Authorization: Bearer t0ken\nBearer t0ken") == (
+        "line 2: expected 'Name: value'"
+    )
+
+    # A plugin's converter may raise anything and quote what it was given: masked all the same.
+    def strict(text: str) -> str:
+        raise KeyError(f"unknown region {text}")
+
+    region = Option("--sqs-region", "region", convert=strict)
+    refused = _refused(region, "eu-hidden-1")
+    assert "KeyError" in refused and "eu-hidden-1" not in refused
+    assert not refused.startswith("line")  # one value: the whole text, no line to name

@@ -267,3 +267,12 @@ def test_a_reference_in_a_plugin_option_reaches_the_worker_as_written(owlpost: N
     assert (env["OUTBOX_OWLPOST_ROOST"], env["OUTBOX_OWLPOST_TAG"]) == (f"/var/{REF}", REF)
     assert [name for name, value in env.items() if "hunter2" in value] == ["OUTBOX_DSN"]
     assert "hunter2" not in str(argv)
+
+
+def test_the_operator_reads_a_plugins_secret_values_by_its_options(owlpost: None) -> None:
+    publisher = DispatcherSpec.parse(dispatcher()).publisher
+    [(option, ref)] = publisher.secret_keys()
+    assert (option.flag, ref.name, ref.key) == ("--owlpost-seal", SEAL["name"], SEAL["key"])
+    assert option.from_secret("wax") == ["wax"]
+    with pytest.raises(ValueError, match=r"^no value for --owlpost-seal$"):
+        option.from_secret("")

@@ -2,9 +2,10 @@
 
 `read` checks the resource's inputs in a fixed order (the publisher the image has, the
 cluster admin's pod policy and every Secret's consent, what the spec could not parse, the
-DSN, the signing secret, the table and its backlog, one table for one resource) and reads
-its Deployment and worker pods. What it found is a `Reading`: a failed input is its
-`problem`, never an exception, so that the decide step sees every pass alike.
+DSN, the publisher's options set from Secret keys, the table and its backlog, one table for
+one resource) and reads its Deployment and worker pods. What it found is a `Reading`: a
+failed input is its `problem`, never an exception, so that the decide step sees every pass
+alike.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ from typing import Any
 from outbox.controller.consent import admit, secret_uses
 from outbox.controller.database import TableReading, Target, parse_dsn
 from outbox.controller.decision import Limits, Observed
-from outbox.controller.kube import secret_key
+from outbox.controller.kube import Secret, secret_key
 from outbox.controller.problem import Problem
 from outbox.controller.reconcile.context import Context, step
 from outbox.controller.resource import deployment_name, selector_string
 from outbox.controller.spec import DispatcherSpec
 from outbox.operator_reads import TableIdentity
-from outbox.signing_keys import signing_keys
 from outbox.stats import QueueStats
 
 
@@ -78,14 +78,29 @@ def _check_publisher(context: Context, spec: DispatcherSpec) -> None:
         )
 
 
-def parse_signing_secret(text: str, source: str) -> None:
-    """A Problem unless `text` holds Standard Webhooks signing secrets the worker starts with
-    (outbox.signing_keys: one `whsec_<base64>` a line, blank lines skipped): named by
-    `source` and the line, quoting none of the value."""
-    try:
-        signing_keys(text)
-    except ValueError as exc:
-        raise Problem("InvalidSigningSecret", f"{source}: {exc}") from None
+async def _check_secret_options(
+    context: Context, spec: DispatcherSpec, secrets: Mapping[str, Secret]
+) -> None:
+    """Each publisher option the resource sets from a Secret key, its value read by the
+    option's own description as the worker reads its variable (`Option.from_secret`, the
+    option's converter: a built-in's or an installed plugin's alike). A value a new worker
+    would refuse at start (exit 2) is a Problem under the option's reason
+    (`InvalidSigningSecret` for the HTTP signing keys), naming the key and the line, never
+    the value."""
+    namespace = spec.namespace
+    for option, ref in spec.publisher.secret_keys():
+        where = secret_key(namespace, ref.name, ref.key)
+        secret = secrets.get(ref.name) or await context.kube.secret(namespace, ref.name)
+        try:
+            text = secret.value(ref.key)
+        except Problem as exc:  # not UTF-8: the Secret's value's problem, named so
+            if exc.reason != "InvalidDsn":
+                raise
+            raise Problem(option.refused_as, f"{where} is not UTF-8 text") from None
+        try:
+            option.from_secret(text)
+        except ValueError as exc:
+            raise Problem(option.refused_as, f"{where}: {exc}") from None
 
 
 async def _inputs(context: Context, spec: DispatcherSpec) -> _Inputs:
@@ -103,17 +118,7 @@ async def _inputs(context: Context, spec: DispatcherSpec) -> _Inputs:
     uses = (use.name for use in secret_uses(spec.raw))
     versions = await kube.secret_versions(namespace, uses, secrets)
     dsn = parse_dsn(text, secret_key(namespace, ref.name, ref.key))
-    signing = spec.signing_secret
-    if signing is not None:  # checked as the worker does: a new worker would exit 2
-        where = secret_key(namespace, signing.name, signing.key)
-        secret = secrets.get(signing.name) or await kube.secret(namespace, signing.name)
-        try:
-            signing_text = secret.value(signing.key)
-        except Problem as exc:  # not UTF-8: the Secret's value's problem, named so
-            if exc.reason != "InvalidDsn":
-                raise
-            raise Problem("InvalidSigningSecret", f"{where} is not UTF-8 text") from None
-        parse_signing_secret(signing_text, where)
+    await _check_secret_options(context, spec, secrets)
     target = Target(dsn, version)
     table = await context.database.read(
         (namespace, spec.name), target, spec.table, ordered=spec.ordered

@@ -75,3 +75,40 @@ def test_a_signing_secret_the_worker_would_refuse_is_reported_not_echoed(
     shown = str(k8s.objects("v1", "events", NS)) + operator.log() + str(bad) + str(good)
     for secret in (BAD, GOOD, GOOD.removeprefix("whsec_")):
         assert secret not in shown
+
+
+def test_any_option_set_from_a_secret_is_read_by_its_own_description(
+    k8s: LocalCluster, operator: Operator
+) -> None:
+    # The HTTP headers' Secret: a line the worker's --http-header would refuse (no colon),
+    # under the generic reason; the line named, the value (a credential) never.
+    token = "Bearer 0123456789abcdefHunter2"
+    headers = dispatcher_manifest(
+        "headers",
+        database={"dsnSecretRef": {"name": "db", "key": "dsn"}, "table": "outbox"},
+        publisher={
+            "type": "http",
+            "http": {
+                "url": "http://sink.example/in",
+                "headersSecretRef": {"name": "bad-headers", "key": "headers"},
+            },
+        },
+    )
+    apply(
+        k8s,
+        secret_manifest("db", dsn="host=127.0.0.1 port=1 dbname=x user=x connect_timeout=1"),
+        secret_manifest("bad-headers", headers=f"X-Tenant: shop\nAuthorization {token}\n"),
+        headers,
+    )
+    ready = wait_for(
+        "InvalidPublisherOptions",
+        lambda: (
+            (c := condition(k8s, "headers", "Ready")).get("reason") == "InvalidPublisherOptions"
+            and c
+        ),
+    )
+    assert ready["message"] == (
+        f"key `headers` of Secret `{NS}/bad-headers`: line 2: expected 'Name: value'"
+    )
+    shown = str(k8s.objects("v1", "events", NS)) + operator.log() + str(ready)
+    assert token not in shown and "Hunter2" not in shown

@@ -211,6 +211,7 @@ class HttpPublisher(PublisherBase):
             repeatable=True,
             secret=True,
             fields=(Field("signingSecretRef", Carried.SECRET_KEY),),
+            refused_as="InvalidSigningSecret",  # a contract name (docs/operator.md)
         ),
     )
 
