@@ -139,8 +139,8 @@ def scaling_condition(decision: Decision, running: int | None) -> Condition:
     return Condition(SCALING, moving, decision.reason, decision.message)
 
 
-def paused_condition(spec: Mapping[str, Any]) -> Condition:
-    if spec.get("paused"):
+def paused_condition(paused: bool) -> Condition:
+    if paused:
         return Condition(PAUSED, True, "PausedBySpec", "spec.paused is true: scaled to zero")
     return Condition(PAUSED, False, "NotPaused", "the workers run as sized")
 
@@ -315,20 +315,22 @@ def destination_condition(stats: QueueStats) -> Condition:
 
 
 def conditions(
-    spec: Mapping[str, Any],
     decision: Decision,
     deployment: Mapping[str, Any] | None,
     stats: QueueStats | None,
     problem: Problem | None,
     pods: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    paused: bool,
 ) -> list[Condition]:
     """Every condition one pass reports, from what it read, decided and applied
     (`deployment` as it stands after the pass, None when there is none of ours; `pods` its
-    worker pods, None when they could not be read)."""
+    worker pods, None when they could not be read; `paused` the typed spec's, as the
+    resource is parsed once: controller/spec.py)."""
     dstatus: Mapping[str, Any] = (deployment or {}).get("status") or {}
     ready = int(dstatus.get("readyReplicas") or 0)
     found = [
-        paused_condition(spec),
+        paused_condition(paused),
         scaling_condition(decision, int(dstatus.get("replicas") or 0) if deployment else None),
     ]
     # Pods that could not be read (RBAC): WorkersReady from the ready count alone.
@@ -343,7 +345,6 @@ def conditions(
             # so too (and its change posts the Warning Event), not "starting" for ever. One
             # bad pod among enough ready ones shows in WorkersReady only.
             return [*found, CONNECTED, Condition(READY, False, workers.reason, workers.message)]
-        paused = bool(spec.get("paused"))
         return [*found, CONNECTED, ready_condition(ready, decision.replicas, paused=paused)]
     found.extend(problem_conditions(problem))
     if stats is not None:

@@ -97,14 +97,15 @@ def test_a_pinned_count_adds_no_workers_while_the_inputs_fail_their_check() -> N
 
 
 def test_a_paused_resource_is_ready_with_reason_paused_not_scaled_to_zero() -> None:
-    spec = {"paused": True}
     decision = _limits(paused=True).fixed()
     assert decision is not None
-    found = st.conditions(spec, decision, None, snap(0, max_id=0), None)
+    found = st.conditions(decision, None, snap(0, max_id=0), None, paused=True)
     ready = next(c for c in found if c.type == st.READY)
     assert (ready.status, ready.reason) == (True, "Paused")
     assert "spec.paused" in ready.message
-    idle = st.conditions({}, replace(decision, reason="Idle"), None, snap(0, max_id=0), None)
+    idle = st.conditions(
+        replace(decision, reason="Idle"), None, snap(0, max_id=0), None, paused=False
+    )
     assert next(c for c in idle if c.type == st.READY).reason == "ScaledToZero"
 
 

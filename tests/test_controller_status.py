@@ -114,7 +114,6 @@ def test_counts_at_the_limit_say_they_are_lower_bounds() -> None:
 
 # -- the report step: conditions, status and Events of one pass -----------------------------
 
-SPEC = {"paused": False, "scaling": {"minReplicas": 0, "maxReplicas": 4}}
 DEPLOYMENT = {"spec": {"replicas": 3}, "status": {"replicas": 3, "readyReplicas": 2}}
 
 
@@ -124,7 +123,7 @@ def by_type(found: list[st.Condition]) -> dict[str, st.Condition]:
 
 def test_a_served_resource_reports_ready_from_its_pods_and_a_reachable_database() -> None:
     decision = Decision(3, "Backlog", "3 workers for the backlog")
-    found = by_type(st.conditions(SPEC, decision, DEPLOYMENT, stats(), None))
+    found = by_type(st.conditions(decision, DEPLOYMENT, stats(), None, paused=False))
     assert (found[st.READY].status, found[st.READY].reason) == (False, "WorkersStarting")
     assert found[st.DATABASE_REACHABLE].reason == "Connected"
     assert found[st.SCALING].status is False and found[st.PAUSED].status is False
@@ -133,21 +132,21 @@ def test_a_served_resource_reports_ready_from_its_pods_and_a_reachable_database(
 def test_a_problem_says_what_was_checked_of_the_database() -> None:
     held = Decision(3, "HoldingSize", "size held")
     not_ours = Problem("DeploymentNotOwned", "not ours")
-    found = by_type(st.conditions(SPEC, held, None, stats(), not_ours))
+    found = by_type(st.conditions(held, None, stats(), not_ours, paused=False))
     assert found[st.READY].reason == "DeploymentNotOwned"
     assert found[st.DATABASE_REACHABLE].status is True  # read: the problem lies elsewhere
     secret = Problem("SecretNotFound", "no secret")
-    found = by_type(st.conditions(SPEC, held, DEPLOYMENT, None, secret))
+    found = by_type(st.conditions(held, DEPLOYMENT, None, secret, paused=False))
     assert found[st.DATABASE_REACHABLE].status is None
     assert found[st.DATABASE_REACHABLE].message == "not checked: no secret"
     down = Problem("DatabaseUnreachable", "cannot connect", database=True)
-    found = by_type(st.conditions(SPEC, held, DEPLOYMENT, None, down))
+    found = by_type(st.conditions(held, DEPLOYMENT, None, down, paused=False))
     assert found[st.DATABASE_REACHABLE].reason == "DatabaseUnreachable"
 
 
 def test_the_status_holds_the_counts_the_selector_and_the_rates() -> None:
     decision = Decision(3, "Backlog", "3 workers for the backlog")
-    found = st.conditions(SPEC, decision, DEPLOYMENT, stats(max_id=130), None)
+    found = st.conditions(decision, DEPLOYMENT, stats(max_id=130), None, paused=False)
     status = st.resource_status(
         name="orders",
         generation=4,
@@ -276,10 +275,10 @@ def test_many_destinations_down_are_named_up_to_a_few() -> None:
 def test_destination_reachable_is_reported_only_from_a_reading() -> None:
     decision = Decision(3, "Backlog", "3 workers for the backlog")
     gone = stats(destinations=(destination("http://api.test:80", "open"),))
-    found = by_type(st.conditions(SPEC, decision, DEPLOYMENT, gone, None))
+    found = by_type(st.conditions(decision, DEPLOYMENT, gone, None, paused=False))
     assert found[st.DESTINATION_REACHABLE].reason == "CircuitOpen"
     down = Problem("DatabaseUnreachable", "cannot connect", database=True)
-    found = by_type(st.conditions(SPEC, decision, DEPLOYMENT, None, down))
+    found = by_type(st.conditions(decision, DEPLOYMENT, None, down, paused=False))
     assert st.DESTINATION_REACHABLE not in found  # the last reading's condition stays
 
 
@@ -418,7 +417,7 @@ def test_pods_that_cannot_run_make_ready_false_with_their_reason_and_a_warning()
         lastState={"terminated": CRASHED},
     )
     deployment = {"spec": {"replicas": 1}, "status": {"replicas": 1}}
-    found = by_type(st.conditions(SPEC, decision, deployment, stats(), None, [looping]))
+    found = by_type(st.conditions(decision, deployment, stats(), None, [looping], paused=False))
     assert (found[st.READY].status, found[st.READY].reason) == (False, "WorkersCrashing")
     assert found[st.WORKERS_READY].reason == "WorkersCrashing"
     starting = [st.Condition(st.READY, False, "WorkersStarting", "0/1 workers ready")]
@@ -428,7 +427,7 @@ def test_pods_that_cannot_run_make_ready_false_with_their_reason_and_a_warning()
     assert (event.type, event.reason) == ("Warning", "WorkersCrashing")
     assert "out of range" in event.message
     # Pods that could not be read: WorkersReady and Ready from the counts, as before.
-    unread = by_type(st.conditions(SPEC, decision, deployment, stats(), None, None))
+    unread = by_type(st.conditions(decision, deployment, stats(), None, None, paused=False))
     assert unread[st.WORKERS_READY].reason == "WorkersStarting"
     assert unread[st.READY].reason == "WorkersStarting"
 
@@ -443,7 +442,7 @@ def test_one_transient_restart_is_not_a_crash() -> None:
     assert (workers.status, workers.reason) == (False, "WorkersStarting")
     decision = Decision(1, "Backlog", "1 worker")
     deployment = {"spec": {"replicas": 1}, "status": {"replicas": 1}}
-    found = by_type(st.conditions(SPEC, decision, deployment, stats(), None, [once]))
+    found = by_type(st.conditions(decision, deployment, stats(), None, [once], paused=False))
     assert (found[st.READY].status, found[st.READY].reason) == (False, "WorkersStarting")
     starting = [st.Condition(st.READY, False, "WorkersStarting", "0/1 workers ready")]
     before = st.merge_conditions(None, starting, generation=1, now=T0)
@@ -472,14 +471,14 @@ def test_one_bad_pod_among_enough_ready_ones_leaves_ready_true() -> None:
     )
     good = [pod("orders-worker-a", ready=True), pod("orders-worker-b", ready=True)]
     enough = {"spec": {"replicas": 2}, "status": {"replicas": 3, "readyReplicas": 2}}
-    found = by_type(st.conditions(SPEC, decision, enough, stats(), None, [*good, looping]))
+    found = by_type(st.conditions(decision, enough, stats(), None, [*good, looping], paused=False))
     assert (found[st.READY].status, found[st.READY].reason) == (True, "WorkersReady")
     workers = found[st.WORKERS_READY]
     assert (workers.status, workers.reason) == (False, "WorkersCrashing")
     assert workers.message.startswith("pod orders-worker-c: restarted 5 times")
     # Too few ready: Ready degrades, with the pods' reason.
     short = {"spec": {"replicas": 2}, "status": {"replicas": 2, "readyReplicas": 1}}
-    found = by_type(st.conditions(SPEC, decision, short, stats(), None, [good[0], looping]))
+    found = by_type(st.conditions(decision, short, stats(), None, [good[0], looping], paused=False))
     assert (found[st.READY].status, found[st.READY].reason) == (False, "WorkersCrashing")
 
 

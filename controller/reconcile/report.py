@@ -44,7 +44,12 @@ def status(
     """The status this pass writes; `previous` is the last pass's stats (for the rates)."""
     spec, before = reading.spec, reading.status_before
     found = st.conditions(
-        spec.raw, decision, applied.deployment, reading.stats, reading.problem, reading.pods
+        decision,
+        applied.deployment,
+        reading.stats,
+        reading.problem,
+        reading.pods,
+        paused=spec.paused,
     )
     written = st.resource_status(
         name=spec.name,
@@ -100,7 +105,7 @@ async def post(context: Context, spec: DispatcherSpec, event: st.Event) -> None:
     level = logging.WARNING if event.type == "Warning" else logging.INFO
     log.log(level, "%s/%s: %s: %s", spec.namespace, spec.name, event.reason, event.message)
     with step(f"posting a {event.reason} Event"):
-        await context.kube.event(spec.body, event.type, event.reason, event.message)
+        await context.kube.event(spec.reference, event.type, event.reason, event.message)
 
 
 def _state(status: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
@@ -168,7 +173,7 @@ async def report_api_error(
         for event in st.change_events(before.get("conditions"), conditions):
             level = logging.WARNING if event.type == "Warning" else logging.INFO
             log.log(level, "%s/%s: %s: %s", spec.namespace, spec.name, event.reason, event.message)
-            await context.kube.event(spec.body, event.type, event.reason, event.message)
+            await context.kube.event(spec.reference, event.type, event.reason, event.message)
         await context.kube.patch_status(spec.namespace, spec.name, {"conditions": conditions})
     except ApiException as exc:
         log.warning(
