@@ -12,6 +12,10 @@ import pytest
 from outbox.controller import status as st
 from outbox.controller.decision import Decision
 from outbox.controller.problem import Problem
+from outbox.controller.reconcile import report
+from outbox.controller.reconcile.apply import Applied
+from outbox.controller.reconcile.read import Reading
+from outbox.controller.spec import DispatcherSpec
 from outbox.stats import DestinationState, QueueStats, Rates
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -691,3 +695,23 @@ async def test_no_resource_runs_workers_until_every_one_listed_at_start_is_read(
     assert tables.pending("shop", "copy") == set()
     await asyncio.wait_for(tables.settled("shop", "copy", listing), timeout=5)
     assert tables.first("shop", "copy", newer, restarted) == ("shop", "orders")
+
+
+def test_the_report_step_reads_the_resource_through_its_typed_spec_alone() -> None:
+    body = {
+        "metadata": {"name": "orders", "namespace": "shop", "uid": "u-1", "generation": 3},
+        "spec": {
+            "database": {"dsnSecretRef": {"name": "orders-db"}},
+            "publisher": {"type": "log"},
+            "paused": True,
+        },
+        "status": {"purgedTotal": 4},
+    }
+    spec = DispatcherSpec.parse(body)
+    assert spec.status == {"purgedTotal": 4}
+    assert spec.reference == {"metadata": {"name": "orders", "namespace": "shop", "uid": "u-1"}}
+    reading = Reading(spec, T0, spec.status, "", stats(), None, None)
+    written = report.status(reading, Decision(0, "Paused", "paused"), Applied(None, False, 2), None)
+    found = {c["type"]: c for c in written["conditions"]}
+    assert (found[st.PAUSED]["status"], found[st.READY]["reason"]) == ("True", "Paused")
+    assert (written["observedGeneration"], written["purgedTotal"]) == (3, 6)
