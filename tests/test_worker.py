@@ -713,6 +713,16 @@ async def test_the_age_at_publish_counts_from_created_at_on_the_databases_clock(
     assert 5.0 < total < 10.0
 
 
+async def test_a_plain_tables_claims_read_no_claim_window(conn, dsn):
+    """On a plain table the claim window costs nothing: the worker drains it with the
+    plain statements and never reads partitions for a window."""
+    seed(conn, 5)
+    async with dispatching(settings(dsn), NullPublisher()) as d:
+        await wait_until(lambda: _count(conn, "status = 'done'") == 5)
+        assert d.window.layout is None
+        assert d.window.stale()  # never read since it was made
+
+
 class Batched:
     """A batch publisher that delivers every message."""
 
