@@ -12,8 +12,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from outbox.durations import parse_duration
 from outbox.models import Message
+from outbox.plumbing.durations import parse_duration
 from outbox.publisher_options import Option
 from outbox.worker.publishers.registry import PublisherContext
 

@@ -4,7 +4,7 @@ Two PostgreSQL servers (the outbox's and the receiver's, as in production), each
 with that many done rows and an inbox that recorded all of them but 37. Each run is its own
 process, whose peak resident memory (ru_maxrss) is read when it ends:
 
-- `outbox reconcile --json` (chunks of `outbox.reconcile.CHUNK` ids on each side);
+- `outbox reconcile --json` (chunks of `outbox.operations.reconcile.CHUNK` ids on each side);
 - the peer: the obvious comparison, every done id and every inbox key read into a Python set
   and subtracted (run at the smaller sizes only: its memory grows with the ids).
 

@@ -25,8 +25,8 @@ from typing import Any
 import psycopg
 
 from bench.env import Bench, seed_outbox
-from outbox.maintenance import purge_done
-from outbox.partition_maintenance import maintain
+from outbox.operations.maintenance import purge_done
+from outbox.operations.partition_maintenance import maintain
 from outbox.partitions import Layout
 from outbox.schema import migrate
 from outbox.table import Table

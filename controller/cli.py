@@ -20,15 +20,15 @@ import kopf
 from kubernetes.aio.client import ApiClient, Configuration
 from kubernetes.aio.config import ConfigException, load_incluster_config, load_kube_config
 
-from outbox import logs
-from outbox.cliutil import fail
 from outbox.controller.handlers import Supervisor, build_kopf_settings, build_registry
 from outbox.controller.kube import Kube
 from outbox.controller.leader import LeaseThread
 from outbox.controller.metrics import HealthServer, Metrics
 from outbox.controller.reconcile import Context
 from outbox.controller.settings import ControllerSettings, load_settings
-from outbox.errors import SettingError
+from outbox.plumbing import logs
+from outbox.plumbing.cliutil import fail
+from outbox.plumbing.errors import SettingError
 
 log = logging.getLogger("outbox.controller")
 PROG = "outbox-controller"

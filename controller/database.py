@@ -25,7 +25,7 @@ is) and purge done rows (`purge`). `Pools` answers both from kept connections:
 Every failure becomes a `Problem` with a precise reason; messages never carry anything secret
 of the DSN: one that does not parse is named by where it came from and what is wrong, never
 by any piece of it (it may be any Secret's value), and every other message is shown through
-outbox.redact (the DSN redacted, its secret values masked wherever a driver quotes them).
+outbox.plumbing.redact (the DSN redacted, its secret values masked wherever a driver quotes them).
 """
 
 from __future__ import annotations
@@ -43,12 +43,13 @@ from typing import Any, Protocol
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from outbox import dberrors, operator_reads
+from outbox import operator_reads
 from outbox.controller.problem import Problem
-from outbox.dsn import DsnError, check_dsn
-from outbox.maintenance import purge_done_async
+from outbox.operations.maintenance import purge_done_async
 from outbox.operator_reads import TableIdentity, server_started, table_identity
-from outbox.redact import redact_dsn, redact_text
+from outbox.plumbing import dberrors
+from outbox.plumbing.dsn import DsnError, check_dsn
+from outbox.plumbing.redact import redact_dsn, redact_text
 from outbox.schema import SchemaError, check_table
 from outbox.stats import QueueStats, queue_stats_async
 from outbox.table import Table
@@ -285,8 +286,8 @@ def parse_dsn(dsn: str, source: str) -> str:
 
 
 def _database_problem(exc: psycopg.Error, dsn: str) -> Problem:
-    """The one classification every component uses (outbox.dberrors), as a condition reason:
-    refused for good (a person must fix the Secret or the database), unreachable for now,
+    """The one classification every component uses (outbox.plumbing.dberrors), as a condition
+    reason: refused for good (a person must fix the Secret or the database), unreachable for now,
     or a statement that failed."""
     message = dberrors.describe(exc).strip()
     # A driver message may quote the DSN or one of its values: shown through redact_text.

@@ -35,7 +35,7 @@ from typing import Protocol
 
 from outbox.controller.problem import Problem
 from outbox.controller.spec import ScalingSettings
-from outbox.redact import redact_text
+from outbox.plumbing.redact import redact_text
 from outbox.stats import DestinationState, QueueStats
 
 
@@ -191,7 +191,7 @@ def describe_reading(stats: QueueStats | None) -> str:
 
 def describe_unreachable(destinations: tuple[DestinationState, ...]) -> str:
     """`https://api.example.com:443 is open`, `2 destinations are open or paused` (a
-    plugin's destination key may be anything: shown through outbox.redact)."""
+    plugin's destination key may be anything: shown through outbox.plumbing.redact)."""
     if len(destinations) == 1:
         return redact_text(f"{destinations[0].destination} is {destinations[0].state}")
     states = " or ".join(sorted({d.state for d in destinations}))

@@ -15,7 +15,6 @@ from typing import Any
 import yaml
 from kubernetes.config import ConfigException, list_kube_config_contexts
 
-from outbox.cliutil import ArgumentParser, env_name, listen_address, on_off, port, resolve
 from outbox.controller.defaults import (
     NAME,
     PUBLISHER_DEFAULT_FIELDS,
@@ -24,8 +23,9 @@ from outbox.controller.defaults import (
     worker_defaults,
 )
 from outbox.controller.images import check_image_pattern
-from outbox.durations import format_duration, parse_duration
-from outbox.errors import SettingError
+from outbox.plumbing.cliutil import ArgumentParser, env_name, listen_address, on_off, port, resolve
+from outbox.plumbing.durations import format_duration, parse_duration
+from outbox.plumbing.errors import SettingError
 from outbox.publisher_options import ENTRY_POINT_GROUP
 
 DEFAULT_WORKER_IMAGE = "outbox-dispatcher:0.1.0"

@@ -23,8 +23,8 @@ from datetime import timedelta
 from typing import Any
 
 from outbox.controller.problem import Problem
-from outbox.durations import parse_duration
-from outbox.errors import SettingError
+from outbox.plumbing.durations import parse_duration
+from outbox.plumbing.errors import SettingError
 from outbox.publisher_options import (
     INVALID_PUBLISHER_OPTIONS,
     PLUGIN,

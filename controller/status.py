@@ -20,7 +20,7 @@ from outbox import destinations as dest
 from outbox.controller.decision import Decision
 from outbox.controller.problem import Problem
 from outbox.controller.resource import selector_string
-from outbox.redact import redact_text
+from outbox.plumbing.redact import redact_text
 from outbox.stats import DestinationState, QueueStats, Rates, rates
 
 READY = "Ready"
@@ -230,8 +230,8 @@ def workers_condition(
     """WorkersReady, from the worker pods' own states (kubelet's waiting reasons and the last
     termination): False with `WorkersCrashing`, `ImagePullFailed` or `WorkersMisconfigured`
     and the container's own last line when a pod cannot run, whatever the ready count; else
-    from the ready count. The message is shown through outbox.redact: a container's line may
-    quote anything."""
+    from the ready count. The message is shown through outbox.plumbing.redact: a container's line
+    may quote anything."""
     troubles = [t for t in map(_pod_trouble, pods) if t is not None]
     if troubles:
         first = min(troubles, key=lambda t: (POD_REASON_ORDER.index(t.reason), t.pod))
@@ -286,7 +286,7 @@ def _unreachable_text(d: DestinationState) -> str:
 def destination_condition(stats: QueueStats) -> Condition:
     """DestinationReachable: False while any destination a worker serves is open
     (`CircuitOpen`, which wins) or paused (`Paused`), naming each with its last error; the
-    message goes through outbox.redact, since errors and plugin destination keys may quote
+    message goes through outbox.plumbing.redact, since errors and plugin destination keys may quote
     anything. An idle destination (no worker serves it any more: its URL changed) counts for
     nothing, whatever its row says; the message names such rows, so nobody wonders."""
     down = stats.unreachable

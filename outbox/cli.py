@@ -13,28 +13,19 @@ from typing import Any
 
 import psycopg
 
-from outbox import dberrors, extras, inbox_cli, pausing, replay_cli
-from outbox.cliutil import (
-    ArgumentParser,
-    add_dsn_and_table,
-    choice,
-    fail,
-    int_between,
-    resolve,
-)
-from outbox.dead_letters import MAX_ID
+from outbox import extras
+from outbox.commands import inbox as inbox_cli
+from outbox.commands import replay as replay_cli
 from outbox.destinations import CLOSED, IDLE, OPEN, PAUSED
-from outbox.dsn import check_dsn, connect_options, with_pg_environment
-from outbox.durations import duration_between, format_duration, parse_duration
-from outbox.errors import SettingError
-from outbox.filters import DeadFilter
-from outbox.maintenance import MAX_PURGE_BATCH, PURGE_BATCH, PURGE_BATCH_ENV, purge_done
-from outbox.partition_maintenance import (
+from outbox.operations import pausing
+from outbox.operations.maintenance import MAX_PURGE_BATCH, PURGE_BATCH, PURGE_BATCH_ENV, purge_done
+from outbox.operations.partition_maintenance import (
     DEFAULT_RETENTION,
     NotPartitioned,
     maintain,
     partition_states,
 )
+from outbox.operations.repair import Action, default_actor, repair, select_targets
 from outbox.partitions import (
     DEFAULT_PARTITION_SIZE,
     DEFAULT_PARTITIONS_AHEAD,
@@ -42,14 +33,27 @@ from outbox.partitions import (
     PARTITIONS_AHEAD_RANGE,
     Layout,
 )
-from outbox.redact import describe_dsn
-from outbox.repair import Action, default_actor, repair, select_targets
+from outbox.plumbing import dberrors
+from outbox.plumbing.cliutil import (
+    ArgumentParser,
+    add_dsn_and_table,
+    choice,
+    fail,
+    int_between,
+    resolve,
+)
+from outbox.plumbing.dsn import check_dsn, connect_options, with_pg_environment
+from outbox.plumbing.durations import duration_between, format_duration, parse_duration
+from outbox.plumbing.errors import SettingError
+from outbox.plumbing.redact import describe_dsn
+from outbox.plumbing.text import age, first_control, printable
 from outbox.runner import fetch
 from outbox.schema import ORDERINGS, SchemaError, migrate, orderings, render_migration
 from outbox.session import session_settings
 from outbox.stats import DestinationState, QueueStats, destination_states, queue_stats
 from outbox.table import Table
-from outbox.text import age, first_control, printable
+from outbox.views.dead_letters import MAX_ID
+from outbox.views.filters import DeadFilter
 
 PROG = "outbox"
 # How long a command waits for a lock another session holds (a `LOCK TABLE`, a migration, a

@@ -22,7 +22,7 @@ States (docs/protocol.md draws them):
 
 A person may also close an open breaker (`outbox resume`, the TUI; `resumed`): one who knows
 the destination is back need not wait for the next probe. Like a pause it is recorded with
-who and why (outbox.pausing); if the destination still fails, the breaker opens again.
+who and why (outbox.operations.pausing); if the destination still fails, the breaker opens again.
 
 A row outlives the workers that wrote it: after a URL changes, the old origin's row stays as
 it was, open perhaps, and no worker will ever probe it again. So each worker stamps the
@@ -48,9 +48,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from outbox.plumbing.text import storable
 from outbox.runner import Query, Row, Steps, first_row, no_rows, perform, perform_async, step
 from outbox.table import Table
-from outbox.text import storable
 
 CLOSED, OPEN, PAUSED = "closed", "open", "paused"
 STATES = (CLOSED, OPEN, PAUSED)

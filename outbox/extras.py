@@ -13,7 +13,7 @@ import importlib.metadata
 import re
 from collections.abc import Callable
 
-from outbox.cliutil import fail
+from outbox.plumbing.cliutil import fail
 
 PACKAGE = "outbox-dispatcher"
 _REQUIREMENT = re.compile(r"\s*([A-Za-z0-9._-]+)\s*(?:\[([^\]]*)\])?[^;]*(?:;\s*(.*))?$")

@@ -39,7 +39,7 @@ from typing import Any, overload
 import psycopg
 from psycopg import sql
 
-from outbox.maintenance import PURGE_BATCH
+from outbox.operations.maintenance import PURGE_BATCH
 from outbox.runner import Query, Row, fetch, first_row, run
 from outbox.schema import SchemaError
 from outbox.table import Table, text_constant

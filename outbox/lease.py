@@ -20,10 +20,10 @@ import psycopg
 from outbox.limits import CLAIM_BYTES, WORKER_MAX_PAYLOAD_BYTES
 from outbox.models import Message, Outcome, OutcomeKind
 from outbox.partitions import ClaimWindow, Layout
+from outbox.plumbing.text import storable
 from outbox.queries import Queries, queries, replays_waiting
 from outbox.runner import Query, Row, fetch_async
 from outbox.table import Table
-from outbox.text import storable
 
 MAX_ERROR_LENGTH = 2000
 

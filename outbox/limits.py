@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from outbox.ranges import within
+from outbox.plumbing.ranges import within
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 

@@ -35,8 +35,9 @@ class OutcomeKind(StrEnum):
     RELEASED = "released"  # given back unstarted (shutdown); available now, attempt refunded
 
 
-# The header every publisher adds to a replayed message: the replay's number (outbox.replay).
-# Informational: a receiver acts on the body's `replay` field, which a signature covers.
+# The header every publisher adds to a replayed message: the replay's number
+# (outbox.operations.replay). Informational: a receiver acts on the body's `replay` field,
+# which a signature covers.
 REPLAY_HEADER = "Outbox-Replay"
 
 
@@ -60,7 +61,7 @@ class Message(NamedTuple):
     message's are string names and values only, within MAX_HEADER_COUNT and
     MAX_HEADERS_BYTES (outbox.limits): the claim sends a row with any other to dead."""
     replay: int | None = None
-    """The number of the replay that sent this message again (outbox.replay), None for a
+    """The number of the replay that sent this message again (outbox.operations.replay), None for a
     first delivery: publishers send it as the `Outbox-Replay` header and, where the format
     has a body of its own, as a field of it. The message keeps its id."""
     age_at_claim: float = 0.0

@@ -2,7 +2,7 @@
 
 The operator (`outbox.controller`) keeps its connections; the statements live here, with
 every other statement of the protocol. `read_table` is one pass's read (the table's check,
-its backlog, which table it is); its retention is `outbox.maintenance.purge_done`.
+its backlog, which table it is); its retention is `outbox.operations.maintenance.purge_done`.
 """
 
 from __future__ import annotations

@@ -27,9 +27,9 @@ from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
 
-from outbox.cliutil import env_name
-from outbox.errors import SettingError
-from outbox.redact import masked_option, shown_option
+from outbox.plumbing.cliutil import env_name
+from outbox.plumbing.errors import SettingError
+from outbox.plumbing.redact import masked_option, shown_option
 
 # Publishers are found by name in this entry-point group, the built-in ones too
 # (pyproject.toml); a plugin registers its class there.
@@ -125,7 +125,8 @@ class Option:
 
     def masked(self, text: str, raw: str | None) -> str:
         """`text` (a message about the raw value given) safe to show: that value masked if
-        secret, and whatever else looks secret (see outbox.redact.redact_text) in any case."""
+        secret, and whatever else looks secret (see outbox.plumbing.redact.redact_text) in any
+        case."""
         return masked_option(text, raw, secret=self.secret)
 
     def from_secret(self, text: str) -> list[Any]:

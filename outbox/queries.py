@@ -46,8 +46,8 @@ _PICKED_OF_C = sql.SQL(", ").join(sql.Identifier("c", name) for name in _PICKED)
 
 # Ordered mode: a row is claimable only if no earlier row of its aggregate is unfinished
 # (pending, processing or dead). One probe of the `aggregate` partial index. A replayed row
-# (outbox.replay) also waits until no later row of its aggregate is in flight: it is earlier
-# than what was sent while it was done, so it must not overtake a later message already
+# (outbox.operations.replay) also waits until no later row of its aggregate is in flight: it is
+# earlier than what was sent while it was done, so it must not overtake a later message already
 # leased; once it is pending, the aggregate's later rows wait behind it as they would behind
 # any earlier row. On a partitioned table a claim checks this within its window; the rest of
 # the table is checked after a claim that took replayed rows (`replays_waiting`).
@@ -109,7 +109,7 @@ def _reap(t: sql.Composable, within: Within) -> sql.Composed:
     )
 
 
-# How every claim statement begins, and nothing else does: how `outbox.dashboard` tells a
+# How every claim statement begins, and nothing else does: how `outbox.views.dashboard` tells a
 # worker's last claim in pg_stat_activity (which keeps only a statement's first kilobyte).
 CLAIM_MARKER = "/* outbox claim */"
 _CLAIM = sql.SQL(CLAIM_MARKER)
@@ -421,7 +421,7 @@ RETURNING o.id"""
     )
 
 
-# -- an operator's repairs (outbox.repair) ---------------------------------------------------
+# -- an operator's repairs (outbox.operations.repair) ----------------------------------------------
 
 _REPAIRS = {
     # Back to the queue as if new: claimable now, every attempt available again. The last

@@ -44,7 +44,7 @@ class Query(Generic[T]):
     # Rows in binary: integers and timestamps decode faster than from text.
     binary: bool = False
     # json and jsonb columns come as their text, not decoded: for values that are shown
-    # (outbox.jsontext lays them out), which may be nested deeper than Python decodes.
+    # (outbox.plumbing.jsontext lays them out), which may be nested deeper than Python decodes.
     json_as_text: bool = False
 
 

@@ -196,7 +196,7 @@ def _v5(table: Table) -> list[sql.Composed]:
 
 
 def _v6(table: Table) -> list[sql.Composed]:
-    """Replays (outbox.replay): `replay`, the number of the last replay that sent the row
+    """Replays (outbox.operations.replay): `replay`, the number of the last replay that sent the row
     again (NULL for a row never replayed), which travels as the `Outbox-Replay` header; and
     the per-table counter that numbers replays 1, 2, ... A column without a default is a
     catalog change only: no rewrite, no long lock."""

@@ -57,7 +57,7 @@ import psycopg
 from psycopg import sql
 
 from outbox import destinations as dest
-from outbox.redact import redact_text
+from outbox.plumbing.redact import redact_text
 from outbox.runner import Query, Row, Steps, perform, perform_async, step
 from outbox.table import Table
 
@@ -100,7 +100,7 @@ class DestinationState:
     since: datetime | None  # when it entered that state
     for_seconds: float | None  # how long it has been in it
     failures: int  # in the window (closed), or since it opened
-    last_error: str | None  # redacted (outbox.redact)
+    last_error: str | None  # redacted (outbox.plumbing.redact)
     last_failure: datetime | None
     next_probe_at: datetime | None  # open only: when a replica may take the next probe
     next_probe_in: float | None  # seconds until then; 0 or less: due

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from outbox.errors import SettingError
+from outbox.plumbing.errors import SettingError
 
 _MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1
 DEFAULT_TABLE_NAME = "outbox"  # every command's and the producer API's default table

@@ -1,4 +1,4 @@
-"""Dead letters for people (outbox.dead_letters, filters, error_groups, dashboard, repair):
+"""Dead letters for people (outbox.views.dead_letters, filters, error_groups, dashboard, repair):
 listing, filters, error groups, fenced requeue/skip, the audit log, and the v1 -> v2
 migration that adds it."""
 
@@ -11,13 +11,14 @@ import psycopg
 import pytest
 from helpers import row, seed, statuses
 
-from outbox import dashboard, dead_letters, repair
-from outbox.filters import DeadFilter, FilterError, parse_filter
-from outbox.repair import Seen
+from outbox.operations import repair
+from outbox.operations.repair import Seen
 from outbox.runner import fetch, fetch_async
 from outbox.schema import SCHEMA_VERSION, migrate, migration_statements
 from outbox.table import Table
 from outbox.tui.session import configure_session
+from outbox.views import dashboard, dead_letters
+from outbox.views.filters import DeadFilter, FilterError, parse_filter
 
 
 def _dead(conn, ids: list[int], error: str | None = "boom", attempts: int = 12) -> None:

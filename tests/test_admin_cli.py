@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from helpers import row, seed, statuses
 
-from outbox import repair
+from outbox.operations import repair
 from outbox.runner import fetch
 from outbox.schema import MIGRATIONS, migration_statements
 from outbox.table import Table

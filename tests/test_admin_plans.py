@@ -10,9 +10,10 @@ import psycopg
 import pytest
 from helpers import explain_prepared, seed, serve_ordering
 
-from outbox import dashboard, dead_letters, repair
-from outbox.filters import parse_filter
+from outbox.operations import repair
 from outbox.runner import Query
+from outbox.views import dashboard, dead_letters
+from outbox.views.filters import parse_filter
 
 DONE_ROWS = 20_000
 DEAD_ROWS = 400

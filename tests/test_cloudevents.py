@@ -183,7 +183,7 @@ def test_format_and_source_reach_every_publisher_from_flags_and_variables(cluste
     ],
 )
 def test_bad_format_settings_are_refused(argv, error):
-    from outbox.errors import SettingError
+    from outbox.plumbing.errors import SettingError
 
     with pytest.raises(SettingError, match="^" + error.replace("(", r"\(")):
         load_settings(argv, {})

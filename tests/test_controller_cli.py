@@ -17,7 +17,7 @@ from kubernetes.aio.client import ApiClient, Configuration
 
 from outbox.controller.leader import LeaderElector
 from outbox.controller.settings import load_settings
-from outbox.errors import SettingError
+from outbox.plumbing.errors import SettingError
 
 
 def _kubeconfig(path: Path, namespace: str | None, *, current: str = "dev") -> Path:

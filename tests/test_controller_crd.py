@@ -251,7 +251,7 @@ def _worker_error(body: dict[str, Any], secrets: Path | None = None) -> str | No
     from k8s.expansion import expand
 
     from outbox.controller.render import render_deployment
-    from outbox.errors import SettingError
+    from outbox.plumbing.errors import SettingError
     from outbox.worker.cli import make_publisher
     from outbox.worker.metrics import Metrics
     from outbox.worker.settings import load_settings

@@ -37,7 +37,7 @@ from outbox.controller.policy import (
 )
 from outbox.controller.problem import Problem
 from outbox.controller.settings import ControllerSettings, load_settings
-from outbox.errors import SettingError
+from outbox.plumbing.errors import SettingError
 from outbox.publisher_options import Carried, installed
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ from outbox.controller.render import (
 )
 from outbox.controller.resource import selector_string
 from outbox.controller.spec import DispatcherSpec
-from outbox.durations import parse_duration
+from outbox.plumbing.durations import parse_duration
 
 CRD = Path(__file__).parent.parent / "crds" / "outboxdispatchers.yaml"
 
@@ -250,7 +250,7 @@ def test_publishers_without_options(kind: str) -> None:
 
 
 def _worker_variables() -> set[str]:
-    from outbox.cliutil import env_name
+    from outbox.plumbing.cliutil import env_name
     from outbox.worker.publishers.registry import builtin_names, load_publisher
     from outbox.worker.settings import build_parser
 

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from outbox.controller.settings import ControllerSettings, installed_publishers, load_settings
-from outbox.errors import SettingError
+from outbox.plumbing.errors import SettingError
 
 ENV = {"POD_NAMESPACE": "outbox-system", "POD_NAME": "outbox-controller-abc"}
 

@@ -9,13 +9,13 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from outbox.dberrors import (
+from outbox.demo.embedded import free_port
+from outbox.plumbing.dberrors import (
     describe,
     invalid_setting,
     is_permanent_connection_failure,
     is_transient,
 )
-from outbox.demo.embedded import free_port
 
 
 def _connect_error(dsn: str, **change: str) -> psycopg.Error:

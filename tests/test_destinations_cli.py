@@ -20,8 +20,8 @@ from helpers import seed, wait_until_db
 from workers import spawn_worker, stop_worker
 
 from outbox import destinations as dest
-from outbox import repair
 from outbox.cli import NOTHING_CHANGED
+from outbox.operations import repair
 from outbox.runner import fetch
 
 BASE_ENV = {k: v for k, v in os.environ.items() if not k.startswith(("OUTBOX_", "PG"))}

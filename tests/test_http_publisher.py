@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 
 from outbox.demo.embedded import free_port
-from outbox.errors import SettingError
 from outbox.models import Message
+from outbox.plumbing.errors import SettingError
 from outbox.worker.backoff import full_jitter, retry_delay
 from outbox.worker.cli import make_publisher
 from outbox.worker.metrics import Metrics

@@ -18,7 +18,7 @@ import pytest
 from helpers import wait_until_db
 
 from outbox import inbox
-from outbox.durations import format_duration
+from outbox.plumbing.durations import format_duration
 from outbox.schema import SchemaError
 from outbox.table import Table
 from outbox.worker.settings import WorkerSettings
@@ -435,7 +435,7 @@ def test_inbox_command_errors_are_one_line(dsn, args, code, says):
 def test_the_inbox_needs_psycopg_only_and_the_receiver_no_framework_until_asked():
     heavy = ("aiohttp", "nats", "confluent_kafka", "standardwebhooks", "psycopg_pool", "uvicorn")
     script = (
-        "import sys, outbox.inbox, outbox.inbox_cli, outbox.cli, outbox.receiver, "
+        "import sys, outbox.inbox, outbox.commands.inbox, outbox.cli, outbox.receiver, "
         "outbox.receiver.http\n"
         f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
     )

@@ -28,8 +28,8 @@ from kafka_mock import PRODUCE, MockCluster, mock_cluster
 from workers import dispatching, settings, spawn_worker, stop_worker
 
 from outbox import Event, enqueue_many
-from outbox.errors import SettingError
 from outbox.models import Message
+from outbox.plumbing.errors import SettingError
 from outbox.worker.publishers import kafka
 from outbox.worker.publishers.base import PermanentError, RetryableError
 from outbox.worker.publishers.envelope import envelope

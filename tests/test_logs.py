@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from outbox.logs import TextFormatter
+from outbox.plumbing.logs import TextFormatter
 
 EVIL = "\x1b]0;pwned\x07\x1b[2J\x1b[31mEVIL\nline2"
 SHOWN = r"\x1b]0;pwned\x07\x1b[2J\x1b[31mEVIL\nline2"

@@ -33,10 +33,10 @@ from workers import dispatching, settings, spawn_worker, stop_worker
 
 from outbox import Event, enqueue_many
 from outbox.demo.embedded import free_port
-from outbox.errors import SettingError
 from outbox.limits import MAX_NAME_BYTES
 from outbox.models import Message
-from outbox.redact import redact_url
+from outbox.plumbing.errors import SettingError
+from outbox.plumbing.redact import redact_url
 from outbox.worker.cli import make_publisher
 from outbox.worker.metrics import Metrics
 from outbox.worker.publishers.base import PermanentError, RetryableError

@@ -20,7 +20,7 @@ from helpers import wait_until
 from outbox.controller.metrics import HealthServer as OperatorHealth
 from outbox.controller.metrics import Metrics as OperatorMetrics
 from outbox.controller.settings import load_settings as operator_settings
-from outbox.errors import SettingError
+from outbox.plumbing.errors import SettingError
 from outbox.worker.metrics import HealthServer as WorkerHealth
 from outbox.worker.metrics import Metrics as WorkerMetrics
 from outbox.worker.settings import load_settings as worker_settings

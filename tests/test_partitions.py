@@ -19,10 +19,10 @@ from workers import dispatching, settings, spawn_worker, stop_worker
 
 from outbox import Event, OutOfPartitions, enqueue, enqueue_many, lease
 from outbox.models import Outcome
+from outbox.operations.replay import ReplayFilter, preview, send_batch, start
 from outbox.operator_reads import read_table
 from outbox.partitions import Bounds, ClaimWindow, Layout, read_partitions
 from outbox.queries import queries
-from outbox.replay import ReplayFilter, preview, send_batch, start
 from outbox.runner import fetch, perform
 from outbox.schema import _COLUMNS_AFTER_ID, SchemaError, check_table, migrate
 from outbox.table import Table

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from helpers import explain_prepared, seed, serve_ordering
 
-from outbox import pausing
+from outbox.operations import pausing
 from outbox.queries import queries
 from outbox.stats import _query as stats_query
 from outbox.stats import destination_states

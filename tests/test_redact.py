@@ -34,9 +34,9 @@ from hostile import (
 
 from outbox import cli as outbox_cli
 from outbox.demo.embedded import free_port
-from outbox.dsn import check_dsn
-from outbox.errors import SettingError
-from outbox.redact import (
+from outbox.plumbing.dsn import check_dsn
+from outbox.plumbing.errors import SettingError
+from outbox.plumbing.redact import (
     MASK,
     UNPARSEABLE_DSN,
     describe_dsn,

@@ -21,7 +21,14 @@ from workers import dispatching, settings
 from outbox import Event, enqueue_many
 from outbox.lease import claim, finalize
 from outbox.models import Message, Outcome
-from outbox.replay import CREATED_AT_SLACK, ReplayFilter, preview, send_batch, start, window
+from outbox.operations.replay import (
+    CREATED_AT_SLACK,
+    ReplayFilter,
+    preview,
+    send_batch,
+    start,
+    window,
+)
 from outbox.runner import perform
 from outbox.worker.replica import Replica
 

@@ -28,8 +28,9 @@ from test_admin_cli import outbox
 from test_receiver_http import SECRET, aiohttp_server
 from workers import dispatching, settings
 
-from outbox import Event, enqueue_many, inbox, reconcile
+from outbox import Event, enqueue_many, inbox
 from outbox.demo.embedded import EmbeddedPostgres
+from outbox.operations import reconcile
 from outbox.receiver.aiohttp import inbox_handler
 from outbox.receiver.http import Delivery
 from outbox.signing_keys import signing_key

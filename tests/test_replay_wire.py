@@ -25,7 +25,7 @@ from workers import dispatching, settings
 
 from outbox import Event, enqueue_many, inbox
 from outbox.models import REPLAY_HEADER, Message
-from outbox.replay import ReplayFilter, preview, send_batch, start
+from outbox.operations.replay import ReplayFilter, preview, send_batch, start
 from outbox.runner import perform
 from outbox.schema import SchemaError
 from outbox.signing_keys import signing_key

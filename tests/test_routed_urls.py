@@ -14,8 +14,8 @@ from wire import Receiver
 from workers import dispatching, settings
 
 from outbox import Event, enqueue_many
-from outbox.errors import SettingError
 from outbox.limits import MAX_NAME_BYTES
+from outbox.plumbing.errors import SettingError
 from outbox.worker.publishers.http import HttpPublisher
 from outbox.worker.settings import load_settings
 

@@ -6,10 +6,10 @@ from datetime import timedelta
 
 import pytest
 
-from outbox.dsn import check_dsn, connect_options, connect_timeout, with_pg_environment
-from outbox.durations import MAX_DURATION, parse_duration
-from outbox.errors import SettingError
-from outbox.redact import describe_dsn, redact_dsn, redact_text, redact_url
+from outbox.plumbing.dsn import check_dsn, connect_options, connect_timeout, with_pg_environment
+from outbox.plumbing.durations import MAX_DURATION, parse_duration
+from outbox.plumbing.errors import SettingError
+from outbox.plumbing.redact import describe_dsn, redact_dsn, redact_text, redact_url
 from outbox.table import Table
 from outbox.worker.plugin import Option, PublisherContext
 from outbox.worker.publishers.registry import shown_values

@@ -19,7 +19,7 @@ from outbox.controller.policy import UNRESTRICTED, violations
 from outbox.controller.render import render_deployment
 from outbox.controller.settings import ControllerSettings, load_settings
 from outbox.controller.spec import DispatcherSpec
-from outbox.errors import SettingError
+from outbox.plumbing.errors import SettingError
 
 COLLECTOR = "http://otel-collector.monitoring:4318"
 SCHEMA = yaml.safe_load(CRD_SOURCE.read_text())["spec"]["versions"][0]["schema"]

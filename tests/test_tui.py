@@ -19,7 +19,7 @@ from textual.pilot import Pilot
 from textual.worker import WorkerCancelled
 from tui_fakes import FakeSource
 
-from outbox import repair
+from outbox.operations import repair
 from outbox.runner import fetch
 from outbox.stats import queue_stats
 from outbox.table import Table

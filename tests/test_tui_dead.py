@@ -12,13 +12,13 @@ from textual.pilot import Pilot
 from textual.widgets import Input
 from tui_fakes import dead_messages
 
-from outbox.dead_letters import DeadPage
-from outbox.filters import DeadFilter
-from outbox.repair import Seen
+from outbox.operations.repair import Seen
 from outbox.tui.screens.confirm import ConfirmScreen
 from outbox.tui.screens.dead import DeadScreen
 from outbox.tui.screens.dead.listing import Listing, Page
 from outbox.tui.screens.dead.marks import Marks
+from outbox.views.dead_letters import DeadPage
+from outbox.views.filters import DeadFilter
 
 
 def test_marks_are_values_that_take_the_version_shown():

@@ -17,7 +17,7 @@ from textual import events
 from textual.widgets import Input
 
 from outbox import destinations as dest
-from outbox import repair
+from outbox.operations import repair
 from outbox.runner import fetch
 from outbox.table import Table
 from outbox.tui.screens.confirm import DestinationConfirmScreen

@@ -16,9 +16,6 @@ from test_tui import SIZE, _app, screen_text, settle, until
 from textual.widgets import DataTable, Input
 from tui_fakes import NOW, FakeSource, clock, dead_messages, stats
 
-from outbox import dead_letters
-from outbox.dashboard import LeaseHolder
-from outbox.filters import FilterError, parse_filter
 from outbox.runner import fetch
 from outbox.tui.app import OutboxApp
 from outbox.tui.config import Config
@@ -26,6 +23,9 @@ from outbox.tui.screens.confirm import ConfirmScreen
 from outbox.tui.screens.dead import DeadScreen
 from outbox.tui.screens.detail import DetailScreen
 from outbox.tui.screens.help import HelpScreen
+from outbox.views import dead_letters
+from outbox.views.dashboard import LeaseHolder
+from outbox.views.filters import FilterError, parse_filter
 
 
 def _fake_app(source: FakeSource | None = None, **config: Any) -> OutboxApp:

@@ -12,9 +12,9 @@ from helpers import seed
 from test_tui import SIZE, _app, screen_text, until
 from textual.containers import VerticalScroll
 
-from outbox.dead_letters import PAYLOAD_PREVIEW
-from outbox.jsontext import MAX_LAYOUT_DEPTH, layout, loads_bounded, nesting_depth
+from outbox.plumbing.jsontext import MAX_LAYOUT_DEPTH, layout, loads_bounded, nesting_depth
 from outbox.tui.screens.detail import DetailScreen
+from outbox.views.dead_letters import PAYLOAD_PREVIEW
 
 DEEP = 15_000
 

@@ -12,8 +12,8 @@ from test_tui import SIZE, _app, screen_text, settle, until
 from textual.widgets import Input
 from tui_fakes import GROUP_KEYS, FakeSource, clock
 
+from outbox.operations.repair import repair, select_targets
 from outbox.queries import queries
-from outbox.repair import repair, select_targets
 from outbox.runner import fetch
 from outbox.tui.app import OutboxApp
 from outbox.tui.config import Config

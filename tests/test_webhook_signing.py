@@ -17,7 +17,7 @@ from wire import Receiver
 from workers import dispatching, settings
 
 from outbox import Event, enqueue_many
-from outbox.errors import SettingError
+from outbox.plumbing.errors import SettingError
 from outbox.signing_keys import signing_key as signing_secret
 from outbox.worker.publishers.http import HttpPublisher
 from outbox.worker.publishers.registry import shown_values

@@ -9,14 +9,14 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from outbox.dashboard import Blocked, BlockingHead, LeaseHolder, Session
-from outbox.dead_letters import DeadMessage, DeadPage, ErrorGroup, MessageDetail
 from outbox.destinations import Destination
-from outbox.filters import DeadFilter
-from outbox.pausing import HandChange, Verb
-from outbox.repair import Action, ActionRecord, ActionResult, Seen
+from outbox.operations.pausing import HandChange, Verb
+from outbox.operations.repair import Action, ActionRecord, ActionResult, Seen
 from outbox.stats import DestinationState, QueueStats
 from outbox.tui.source import Overview
+from outbox.views.dashboard import Blocked, BlockingHead, LeaseHolder, Session
+from outbox.views.dead_letters import DeadMessage, DeadPage, ErrorGroup, MessageDetail
+from outbox.views.filters import DeadFilter
 
 NOW = datetime(2025, 3, 14, 12, 0, 0, tzinfo=UTC)
 

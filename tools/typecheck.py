@@ -30,6 +30,8 @@ def build_tree() -> None:
             for item in source.iterdir():
                 if item.suffix in (".py", ".typed"):
                     (root / item.name).symlink_to(item)
+                elif (item / "__init__.py").is_file():  # a layer's folder: outbox/views, ...
+                    (root / item.name).symlink_to(item, target_is_directory=True)
         else:
             (TREE / name.replace(".", "/")).symlink_to(source, target_is_directory=True)
 

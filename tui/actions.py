@@ -6,8 +6,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from outbox.pausing import HandChange, Verb
-from outbox.repair import Action, ActionResult, Seen
+from outbox.operations.pausing import HandChange, Verb
+from outbox.operations.repair import Action, ActionResult, Seen
 from outbox.stats import DestinationState
 
 
@@ -34,7 +34,8 @@ class ActionRequest:
 @dataclass
 class DestinationRequest:
     """Pause or resume a destination as the operator saw it; the app confirms (a pause asks
-    for its reason), then applies it under the destination's row lock (outbox.pausing)."""
+    for its reason), then applies it under the destination's row lock
+    (outbox.operations.pausing)."""
 
     action: Verb
     seen: DestinationState  # the row as shown: the dialog says what it is now

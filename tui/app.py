@@ -14,11 +14,11 @@ from textual.binding import Binding
 from textual.notifications import SeverityLevel
 from textual.timer import Timer
 
-from outbox import dberrors
-from outbox.cliutil import USAGE_ERROR, fail
 from outbox.destinations import OPEN, PAUSED
+from outbox.plumbing import dberrors
+from outbox.plumbing.cliutil import USAGE_ERROR, fail
+from outbox.plumbing.text import age, printable
 from outbox.stats import DestinationState
-from outbox.text import age, printable
 from outbox.tui import config as cfg
 from outbox.tui.actions import ActionRequest, DestinationRequest
 from outbox.tui.errors import DATABASE_ERRORS
@@ -300,7 +300,7 @@ def describe_destination(d: DestinationState) -> str:
 
 
 def describe_error(exc: BaseException) -> str:
-    """A database error in a few words, its reason kept (`outbox.dberrors.describe`).
+    """A database error in a few words, its reason kept (`outbox.plumbing.dberrors.describe`).
 
     The status line is narrow: a server's refusal (`FATAL: database "x" does not exist`)
     comes first, without the host and port libpq puts before it (the top bar shows those)."""

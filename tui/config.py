@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from outbox.cliutil import (
+from outbox.plumbing.cliutil import (
     ArgumentParser,
     add_dsn_and_table,
     fail,
@@ -15,9 +15,9 @@ from outbox.cliutil import (
     on_off,
     resolve,
 )
-from outbox.dsn import check_dsn
-from outbox.durations import duration_between, parse_duration
-from outbox.errors import SettingError
+from outbox.plumbing.dsn import check_dsn
+from outbox.plumbing.durations import duration_between, parse_duration
+from outbox.plumbing.errors import SettingError
 from outbox.schema import ORDERINGS
 from outbox.table import Table
 

@@ -1,6 +1,6 @@
 """Which exceptions the TUI survives as the database's trouble rather than its own bug.
 
-Whether such an error passes by itself is `outbox.dberrors.is_transient`, the one
+Whether such an error passes by itself is `outbox.plumbing.dberrors.is_transient`, the one
 classification every component uses: transient errors drop the connection and the next poll
 reconnects; the others are the statement's own fault (a filter's path the database refused).
 """

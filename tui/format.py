@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from outbox.text import age as age  # the one way to write an age, shared with `outbox`
-from outbox.text import printable
+from outbox.plumbing.text import age as age  # the one way to write an age, shared with `outbox`
+from outbox.plumbing.text import printable
 
 
 def count(n: int) -> str:

@@ -6,7 +6,7 @@ event loop.
 Tests and snapshots substitute a `Source` of fixed data.
 
 The app reads every source through `EscapedSource`: what any query returns reaches the
-screens with each of its strings escaped (`outbox.text.printable`), so no widget can put a
+screens with each of its strings escaped (`outbox.plumbing.text.printable`), so no widget can put a
 producer's ESC on the operator's terminal. The few strings that go back to the database as
 keys (a destination's name, an error group) are turned back into what the database holds.
 
@@ -25,19 +25,21 @@ from typing import Any, Protocol, TypeVar, cast
 
 import psycopg
 
-from outbox import dashboard, dberrors, dead_letters, pausing, repair, replay
-from outbox.dashboard import Blocked, BlockingHead, LeaseHolder, Session
-from outbox.dead_letters import DeadPage, ErrorGroup, MessageDetail
-from outbox.filters import DeadFilter, path_check
-from outbox.redact import address_label, dsn_label
-from outbox.repair import Action, ActionRecord, ActionResult, Seen
-from outbox.replay import DoneRow, Preview, Progress, ReplayFilter
+from outbox.operations import pausing, repair, replay
+from outbox.operations.repair import Action, ActionRecord, ActionResult, Seen
+from outbox.operations.replay import DoneRow, Preview, Progress, ReplayFilter
+from outbox.plumbing import dberrors
+from outbox.plumbing.redact import address_label, dsn_label
+from outbox.plumbing.text import first_line, printable
 from outbox.runner import Query, fetch_async, perform_async
 from outbox.schema import SchemaError, check_table, serves_ordering
 from outbox.stats import DestinationState, QueueStats, destination_states, queue_stats_async
 from outbox.table import Table
-from outbox.text import first_line, printable
 from outbox.tui.session import configure_session
+from outbox.views import dashboard, dead_letters
+from outbox.views.dashboard import Blocked, BlockingHead, LeaseHolder, Session
+from outbox.views.dead_letters import DeadPage, ErrorGroup, MessageDetail
+from outbox.views.filters import DeadFilter, path_check
 
 T = TypeVar("T")
 APPLICATION_NAME = "outbox-tui"
@@ -122,7 +124,7 @@ class Source(Protocol):
         ...
 
     async def done_messages(self, f: ReplayFilter) -> tuple[Preview, list[DoneRow]]:
-        """What a replay of `f` would send (outbox.replay), and its first messages."""
+        """What a replay of `f` would send (outbox.operations.replay), and its first messages."""
         ...
 
     async def replay(self, shown: Preview) -> Progress:
@@ -332,15 +334,15 @@ class PgSource:
             await conn.close()
 
 
-# Deeper than anything the TUI decodes (outbox.jsontext.MAX_DECODE_DEPTH): past it a value is
-# left out rather than walked further.
+# Deeper than anything the TUI decodes (outbox.plumbing.jsontext.MAX_DECODE_DEPTH): past it a value
+# is left out rather than walked further.
 _SHOWN_DEPTH = 200
 
 
 def shown(value: T) -> T:
     """`value` with every string in it, dictionary keys included, shown escaped
-    (`outbox.text.printable`): through dataclasses, lists, tuples and dicts. The one way the
-    screens receive what the database holds: a lease owner, an event type, a destination's
+    (`outbox.plumbing.text.printable`): through dataclasses, lists, tuples and dicts. The one way
+    the screens receive what the database holds: a lease owner, an event type, a destination's
     reason may hold ESC and a line break, written by a producer or another tool."""
     return cast(T, _shown(value, 0))
 

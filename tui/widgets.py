@@ -13,11 +13,11 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Sparkline, Static
 
-from outbox.dashboard import Blocked, LeaseHolder
+from outbox.plumbing.text import printable
 from outbox.stats import QueueStats
-from outbox.text import printable
 from outbox.tui import format as fmt
 from outbox.tui.rates import RateHistory
+from outbox.views.dashboard import Blocked, LeaseHolder
 
 
 def _grid() -> RichTable:

@@ -18,7 +18,7 @@ from functools import partial
 
 from outbox import lease
 from outbox.models import Message
-from outbox.waiting import first_of
+from outbox.plumbing.waiting import first_of
 from outbox.worker.destination_gate import DestinationGate
 from outbox.worker.retry import Stopped
 from outbox.worker.service import Service, Shared

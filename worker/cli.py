@@ -10,9 +10,9 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from outbox import logs
-from outbox.cliutil import USAGE_ERROR, fail
-from outbox.errors import SettingError
+from outbox.plumbing import logs
+from outbox.plumbing.cliutil import USAGE_ERROR, fail
+from outbox.plumbing.errors import SettingError
 from outbox.schema import SchemaError
 from outbox.worker.metrics import HealthServer, Metrics
 from outbox.worker.publishers.base import BatchPublisher, Publisher

@@ -41,8 +41,8 @@ from typing import Any
 
 from outbox import destinations as dest
 from outbox.models import Message
+from outbox.plumbing.waiting import first_of
 from outbox.runner import fetch_async
-from outbox.waiting import first_of
 from outbox.worker.publishers.base import PublisherBase
 from outbox.worker.retry import DatabaseErrors
 from outbox.worker.service import Service, Shared

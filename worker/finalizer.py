@@ -19,8 +19,9 @@ from functools import partial
 
 import psycopg
 
-from outbox import dberrors, lease
+from outbox import lease
 from outbox.models import Outcome, OutcomeKind
+from outbox.plumbing import dberrors
 from outbox.worker.service import Service, Shared
 
 log = logging.getLogger("outbox.worker")

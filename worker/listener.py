@@ -13,8 +13,8 @@ import asyncio
 
 import psycopg
 
-from outbox.dsn import connect_options
 from outbox.partitions import REPLAY_NOTICE, ClaimWindow
+from outbox.plumbing.dsn import connect_options
 from outbox.queries import queries
 from outbox.worker.retry import DatabaseErrors, DatabaseRetry
 from outbox.worker.settings import WorkerSettings

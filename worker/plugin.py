@@ -52,8 +52,8 @@ a resource's generic block (`publisher.plugin`). Register a plugin under the
 here are the stable surface; the modules they come from may move.
 """
 
-from outbox.errors import SettingError
 from outbox.models import Message
+from outbox.plumbing.errors import SettingError
 from outbox.publisher_options import ENTRY_POINT_GROUP, Option
 from outbox.worker.publishers.base import (
     BatchPublisher,

@@ -26,10 +26,10 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from outbox import dberrors
-from outbox.dsn import connect_options, connect_timeout, with_pg_environment
-from outbox.errors import SettingError
-from outbox.redact import describe_dsn, redact_dsn, redact_url
+from outbox.plumbing import dberrors
+from outbox.plumbing.dsn import connect_options, connect_timeout, with_pg_environment
+from outbox.plumbing.errors import SettingError
+from outbox.plumbing.redact import describe_dsn, redact_dsn, redact_url
 from outbox.schema import check_table
 from outbox.session import utc_by_name
 from outbox.worker import tracing

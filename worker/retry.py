@@ -3,8 +3,8 @@
 Every service meets the same database: when it is away (a restart, a failover, a network
 cut) the claimer, the finalizer, the lease keeper and the listener all wait for it in the
 same way, each with its own streak of failures. The errors are classified by
-`outbox.dberrors` (the one classification every component uses): one that may pass by itself
-is retried with a growing back-off, one that will not (a statement that cannot work until
+`outbox.plumbing.dberrors` (the one classification every component uses): one that may pass by
+itself is retried with a growing back-off, one that will not (a statement that cannot work until
 a person changes something) with the longest.
 """
 
@@ -18,10 +18,10 @@ from typing import TypeVar
 
 import psycopg
 
-from outbox import dberrors
-from outbox.dsn import with_pg_environment
-from outbox.redact import describe_dsn
-from outbox.waiting import first_of
+from outbox.plumbing import dberrors
+from outbox.plumbing.dsn import with_pg_environment
+from outbox.plumbing.redact import describe_dsn
+from outbox.plumbing.waiting import first_of
 from outbox.worker.metrics import Metrics
 
 log = logging.getLogger("outbox.worker")

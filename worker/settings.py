@@ -11,7 +11,16 @@ from dataclasses import MISSING, dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from outbox.cliutil import (
+from outbox.destinations import MAX_FAILING_IDS, Policy
+from outbox.limits import (
+    CLAIM_BYTES,
+    CLAIM_BYTES_RANGE,
+    MAX_PAYLOAD_RANGE,
+    WORKER_MAX_PAYLOAD_BYTES,
+    bytes_between,
+    format_bytes,
+)
+from outbox.plumbing.cliutil import (
     ArgumentParser,
     add_dsn_and_table,
     choice,
@@ -23,18 +32,14 @@ from outbox.cliutil import (
     port,
     resolve,
 )
-from outbox.destinations import MAX_FAILING_IDS, Policy
-from outbox.dsn import check_dsn
-from outbox.durations import MAX_DURATION, duration_between, format_duration, parse_duration
-from outbox.errors import SettingError
-from outbox.limits import (
-    CLAIM_BYTES,
-    CLAIM_BYTES_RANGE,
-    MAX_PAYLOAD_RANGE,
-    WORKER_MAX_PAYLOAD_BYTES,
-    bytes_between,
-    format_bytes,
+from outbox.plumbing.dsn import check_dsn
+from outbox.plumbing.durations import (
+    MAX_DURATION,
+    duration_between,
+    format_duration,
+    parse_duration,
 )
+from outbox.plumbing.errors import SettingError
 from outbox.publisher_options import Option
 from outbox.schema import ORDERINGS
 from outbox.table import Table

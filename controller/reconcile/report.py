@@ -27,7 +27,7 @@ from outbox.controller.reconcile.apply import Applied
 from outbox.controller.reconcile.context import Context, step
 from outbox.controller.reconcile.read import Reading
 from outbox.controller.spec import DispatcherSpec
-from outbox.durations import format_duration
+from outbox.plumbing.durations import format_duration
 from outbox.stats import QueueStats
 
 log = logging.getLogger("outbox.controller")

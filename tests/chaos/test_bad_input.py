@@ -31,10 +31,10 @@ from chaos.cluster import assert_clean
 from chaos.downstream import Call
 from outbox.demo.embedded import free_port
 from outbox.demo.sink import Reply, Sink
-from outbox.errors import SettingError
 from outbox.models import Event
+from outbox.operations.repair import repair, select_targets
+from outbox.plumbing.errors import SettingError
 from outbox.producer import enqueue
-from outbox.repair import repair, select_targets
 from outbox.runner import fetch
 from outbox.schema import migrate
 from outbox.table import Table
@@ -564,8 +564,8 @@ def test_invalid_publisher_urls_are_refused_at_start(url):
 
 
 def test_an_operator_requeue_races_the_workers(new_run, dsn, scale):
-    """Two operators requeue dead rows (outbox.repair, as the TUI does) while workers claim
-    them and fail some again: the requeue is fenced on what each operator saw."""
+    """Two operators requeue dead rows (outbox.operations.repair, as the TUI does) while workers
+    claim them and fail some again: the requeue is fenced on what each operator saw."""
     total = 60 * scale
 
     def script(call: Call) -> Reply:

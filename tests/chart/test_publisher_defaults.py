@@ -27,7 +27,7 @@ from outbox.controller.defaults import (
 from outbox.controller.render import render_deployment
 from outbox.controller.settings import load_settings
 from outbox.controller.spec import DispatcherSpec
-from outbox.errors import SettingError
+from outbox.plumbing.errors import SettingError
 
 SPEC = yaml.safe_load(c.CRD_SOURCE.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
     "properties"

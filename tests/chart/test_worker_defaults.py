@@ -126,7 +126,7 @@ def test_bad_defaults_are_refused_by_helm(values: dict[str, Any], says: str) -> 
      '{"resources": {"limits": "1Gi"}}'],
 )  # fmt: skip
 def test_the_operator_refuses_bad_defaults_naming_the_flag(text: str) -> None:
-    from outbox.errors import SettingError
+    from outbox.plumbing.errors import SettingError
 
     with pytest.raises(SettingError, match="--worker-defaults"):
         load_settings([f"--worker-defaults={text}"], {"POD_NAMESPACE": "ns"})

@@ -29,7 +29,7 @@ import kubernetes.config
 import pytest
 import yaml
 
-from outbox.waiting import first_of
+from outbox.plumbing.waiting import first_of
 
 from .emulator import Emulator
 from .loops import close_unwound

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from outbox import destinations as dest
-from outbox.pausing import change_by_hand
+from outbox.operations.pausing import change_by_hand
 from outbox.runner import fetch
 from outbox.table import Table
 

@@ -33,7 +33,7 @@ from yarl import URL
 from monitoring import monitoring as m
 from outbox.demo.embedded import free_port
 from outbox.demo.sink import Reply, Sink
-from outbox.pausing import change_by_hand
+from outbox.operations.pausing import change_by_hand
 from outbox.table import Table
 
 pytestmark = [

@@ -10,13 +10,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Static
 
-from outbox.dashboard import BlockingHead
 from outbox.tui import format as fmt
 from outbox.tui.actions import ActionRequest
 from outbox.tui.poller import Poller
 from outbox.tui.screens.base import BaseScreen
 from outbox.tui.screens.detail import DetailScreen, skip_notes
 from outbox.tui.widgets import RowTable, fit_columns
+from outbox.views.dashboard import BlockingHead
 
 
 class BlockedScreen(BaseScreen):

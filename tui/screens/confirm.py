@@ -15,8 +15,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
-from outbox.pausing import Verb, check_reason
-from outbox.repair import Action
+from outbox.operations.pausing import Verb, check_reason
+from outbox.operations.repair import Action
 from outbox.tui.format import count
 
 EXPLAIN = {

@@ -15,8 +15,8 @@ from textual.binding import Binding
 from textual.widgets import Static
 
 from outbox.destinations import CLOSED, IDLE, OPEN, PAUSED
+from outbox.plumbing.text import printable
 from outbox.stats import DestinationState
-from outbox.text import printable
 from outbox.tui import format as fmt
 from outbox.tui.actions import DestinationRequest
 from outbox.tui.poller import Poller

@@ -1,8 +1,8 @@
 """One message: every column, the payload laid out, the full last error, its place in its
 aggregate, and what people did to it (the audit log).
 
-The payload is shown as text, bounded: its first characters (outbox.dead_letters'
-PAYLOAD_PREVIEW), laid out by outbox.jsontext without decoding it, deep levels kept on one
+The payload is shown as text, bounded: its first characters (outbox.views.dead_letters'
+PAYLOAD_PREVIEW), laid out by outbox.plumbing.jsontext without decoding it, deep levels kept on one
 line. PostgreSQL takes values nested far deeper than Python decodes; none crashes this
 screen."""
 
@@ -22,15 +22,15 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Static
 
-from outbox.dead_letters import MessageDetail
-from outbox.jsontext import MAX_LAYOUT_DEPTH, layout, nesting_depth
-from outbox.repair import ActionRecord, Seen
-from outbox.text import printable
+from outbox.operations.repair import ActionRecord, Seen
+from outbox.plumbing.jsontext import MAX_LAYOUT_DEPTH, layout, nesting_depth
+from outbox.plumbing.text import printable
 from outbox.tui import format as fmt
 from outbox.tui.actions import ActionRequest
 from outbox.tui.poller import Poller
 from outbox.tui.screens.base import BaseScreen
 from outbox.tui.source import Source
+from outbox.views.dead_letters import MessageDetail
 
 WIDE = 140  # columns from which the payload goes beside the fields
 # Shown in the fields table; payload and last_error get their own sections.

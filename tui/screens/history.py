@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
-from outbox.repair import ActionRecord
+from outbox.operations.repair import ActionRecord
 from outbox.tui import format as fmt
 from outbox.tui.poller import Poller
 from outbox.tui.screens.base import BaseScreen

@@ -5,7 +5,7 @@ its offset) and a filter (`type:OrderPaid aggtype:order agg:o-1`) choose the mes
 `outbox replay` does; enter in any field (`/` goes there) shows what they match (the count,
 by type, the first and last ids) and the first of them. `R` replays them after the typed
 count, as the dead letters' bulk requeue asks for it, and each batch is recorded in the audit
-log (outbox.replay)."""
+log (outbox.operations.replay)."""
 
 from __future__ import annotations
 
@@ -18,15 +18,15 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import Input, Static
 
-from outbox.filters import FilterError, parse_filter
-from outbox.replay import DoneRow, Preview, ReplayFilter
-from outbox.replay_cli import parse_time
+from outbox.commands.replay import parse_time
+from outbox.operations.replay import DoneRow, Preview, ReplayFilter
 from outbox.tui import format as fmt
 from outbox.tui.errors import DATABASE_ERRORS
 from outbox.tui.screens.base import BaseScreen
 from outbox.tui.screens.confirm import ConfirmScreen
 from outbox.tui.source import ReadOnlyError
 from outbox.tui.widgets import RowTable
+from outbox.views.filters import FilterError, parse_filter
 
 FILTER_HELP = "type:OrderPaid aggtype:order agg:o-1 (enter to show)"
 

@@ -10,11 +10,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.widgets import Static
 
-from outbox.dashboard import Session
 from outbox.tui import format as fmt
 from outbox.tui.poller import Poller
 from outbox.tui.screens.base import BaseScreen
 from outbox.tui.widgets import RowTable
+from outbox.views.dashboard import Session
 
 
 class WorkersScreen(BaseScreen):

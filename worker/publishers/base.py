@@ -24,8 +24,8 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from outbox.models import Message
-from outbox.redact import redact_text
-from outbox.text import printable
+from outbox.plumbing.redact import redact_text
+from outbox.plumbing.text import printable
 
 
 def server_of(address: str, *, default_port: int | None = None) -> tuple[str, int | None] | None:

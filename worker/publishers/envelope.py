@@ -24,7 +24,7 @@ def envelope(message: Message) -> str:
     # per message, and a call costs more than the test.
     if created_at != last or created_at.tzinfo is not last.tzinfo or created_at.fold != last.fold:
         created = timestamp(created_at)
-    # A replay's number (outbox.replay) is in the body, where a signature covers it.
+    # A replay's number (outbox.operations.replay) is in the body, where a signature covers it.
     replayed = "" if replay is None else f'"replay":{replay:d},'
     # The payload is spliced in as the jsonb text PostgreSQL produced: never decoded here.
     # ints (the row's, never bools) and an ISO timestamp need no quoting beyond their own.

@@ -58,7 +58,7 @@ STRUCTURED_CONTENT_TYPE = "application/cloudevents+json; charset=utf-8"
 # Extension attribute names: lower-case letters and digits only (the spec's rule).
 AGGREGATE_TYPE_ATTRIBUTE = "aggregatetype"
 ATTEMPT_ATTRIBUTE = "attempt"
-# A replay's number (outbox.replay), an integer extension attribute on replays only.
+# A replay's number (outbox.operations.replay), an integer extension attribute on replays only.
 REPLAY_ATTRIBUTE = "replay"
 HTTP_PREFIX = "ce-"  # HTTP and NATS headers
 KAFKA_PREFIX = "ce_"

@@ -37,12 +37,12 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from outbox.errors import SettingError
 from outbox.models import REPLAY_HEADER, Message
+from outbox.plumbing.errors import SettingError
+from outbox.plumbing.redact import redact_text, redact_url
+from outbox.plumbing.text import printable
 from outbox.publisher_options import Carried, Field, Option
-from outbox.redact import redact_text, redact_url
 from outbox.signing_keys import signing_key
-from outbox.text import printable
 from outbox.worker.publishers.base import (
     PermanentError,
     PublisherBase,

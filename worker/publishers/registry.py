@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol
 
-from outbox.errors import SettingError
 from outbox.extras import MissingExtra, require
+from outbox.plumbing.errors import SettingError
 from outbox.publisher_options import ENTRY_POINT_GROUP, Option
 from outbox.worker.publishers.base import BatchPublisher, Publisher
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import urllib.parse
 
 from outbox.models import Message
-from outbox.redact import redact_url
+from outbox.plumbing.redact import redact_url
 from outbox.worker.publishers.base import PermanentError
 from outbox.worker.publishers.template import PLACEHOLDERS, Renderings, Template
 

@@ -11,8 +11,8 @@ from textual.message import Message
 from textual.reactive import var
 from textual.widgets import Input, Static
 
-from outbox.filters import DeadFilter, FilterError, parse_filter
-from outbox.text import printable
+from outbox.plumbing.text import printable
+from outbox.views.filters import DeadFilter, FilterError, parse_filter
 
 PLACEHOLDER = 'type:X agg:Y error:text {"k": "v"} $.path > 1  (enter applies, esc)'
 

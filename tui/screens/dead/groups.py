@@ -11,12 +11,12 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.reactive import var
 
-from outbox.dead_letters import ErrorGroup
-from outbox.filters import DeadFilter
 from outbox.tui import format as fmt
 from outbox.tui.screens.dead.listing import CELL_PADDING, SCROLLBAR
 from outbox.tui.screens.dead.rows import RowsView
 from outbox.tui.widgets import RowTable
+from outbox.views.dead_letters import ErrorGroup
+from outbox.views.filters import DeadFilter
 
 
 def group_columns(width: int) -> dict[str, int]:

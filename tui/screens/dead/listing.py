@@ -19,13 +19,13 @@ from textual.app import ComposeResult
 from textual.reactive import var
 from textual.widgets import Static
 
-from outbox.dead_letters import DeadMessage, DeadPage
-from outbox.filters import DeadFilter
 from outbox.tui import format as fmt
 from outbox.tui.screens.dead.marks import Marks
 from outbox.tui.screens.dead.rows import RowsView
 from outbox.tui.source import Source
 from outbox.tui.widgets import RowTable, fit_columns
+from outbox.views.dead_letters import DeadMessage, DeadPage
+from outbox.views.filters import DeadFilter
 
 CELL_PADDING = 2  # DataTable pads each cell by one column on either side
 SCROLLBAR = 2

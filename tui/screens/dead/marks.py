@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 
-from outbox.dead_letters import DeadMessage
-from outbox.repair import Seen
+from outbox.operations.repair import Seen
+from outbox.views.dead_letters import DeadMessage
 
 
 class Marks(Mapping[int, Seen]):

@@ -15,10 +15,8 @@ from textual.binding import Binding
 from textual.reactive import var
 from textual.widgets import ContentSwitcher
 
-from outbox.dead_letters import DeadMessage, DeadPage, ErrorGroup
-from outbox.filters import DeadFilter
-from outbox.repair import Action, ActionResult, Seen
-from outbox.text import first_line
+from outbox.operations.repair import Action, ActionResult, Seen
+from outbox.plumbing.text import first_line
 from outbox.tui import format as fmt
 from outbox.tui.actions import ActionRequest
 from outbox.tui.errors import DATABASE_ERRORS
@@ -31,6 +29,8 @@ from outbox.tui.screens.dead.marks import Marks
 from outbox.tui.screens.dead.rows import RowsView
 from outbox.tui.screens.dead.summary import Counts, DeadSummary, View
 from outbox.tui.screens.detail import DetailScreen, skip_notes
+from outbox.views.dead_letters import DeadMessage, DeadPage, ErrorGroup
+from outbox.views.filters import DeadFilter
 
 VIEW_IDS: dict[View, str] = {"list": "dead-list", "groups": "error-groups"}
 

@@ -10,11 +10,11 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from outbox.dead_letters import ErrorGroup
-from outbox.filters import DeadFilter
 from outbox.tui import format as fmt
 from outbox.tui.screens.dead.listing import Listing
 from outbox.tui.screens.dead.marks import Marks
+from outbox.views.dead_letters import ErrorGroup
+from outbox.views.filters import DeadFilter
 
 View = Literal["list", "groups"]
 

@@ -8,8 +8,8 @@ import re
 
 from confluent_kafka import KafkaException, Producer
 
+from outbox.plumbing.redact import is_secret_name, mask_userinfo, mask_values
 from outbox.publisher_options import Keys
-from outbox.redact import is_secret_name, mask_userinfo, mask_values
 from outbox.worker.publishers.kafka.errors import (
     _error_of,
     log,

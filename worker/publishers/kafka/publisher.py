@@ -9,10 +9,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from outbox.errors import SettingError
 from outbox.models import REPLAY_HEADER, Message
+from outbox.plumbing.errors import SettingError
+from outbox.plumbing.redact import is_secret_name, mask_values, redact_mapping
 from outbox.publisher_options import Carried, Field, Option
-from outbox.redact import is_secret_name, mask_values, redact_mapping
 from outbox.worker.publishers.base import (
     PermanentError,
     PublisherBase,

@@ -8,8 +8,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from outbox.errors import SettingError
-from outbox.redact import redact_url
+from outbox.plumbing.errors import SettingError
+from outbox.plumbing.redact import redact_url
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 SCHEMES = ("nats", "tls", "ws", "wss")

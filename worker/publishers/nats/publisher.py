@@ -14,8 +14,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from outbox.models import REPLAY_HEADER, Message
+from outbox.plumbing.redact import is_secret_name, redact_text, redact_url
 from outbox.publisher_options import Carried, Field, Option
-from outbox.redact import is_secret_name, redact_text, redact_url
 from outbox.worker.publishers.base import (
     PermanentError,
     PublisherBase,

@@ -1,0 +1,2 @@
+"""The `outbox` command's groups of subcommands beside `outbox.cli` (inbox; replay and
+reconcile)."""

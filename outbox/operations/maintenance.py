@@ -1,0 +1,70 @@
+"""Retention: delete done rows in bounded batches so no statement holds locks for long."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from outbox.table import Table
+
+PURGE_BATCH = 5000  # rows per DELETE: each one short, so no statement holds locks for long
+MAX_PURGE_BATCH = 1_000_000
+# Not OUTBOX_BATCH: that is the workers' claim batch wherever their settings are set.
+PURGE_BATCH_ENV = "OUTBOX_PURGE_BATCH"
+
+
+def purge_done(
+    conn: psycopg.Connection[Any],
+    table: Table,
+    *,
+    older_than: timedelta,
+    batch: int = PURGE_BATCH,
+    dry_run: bool = False,
+) -> int:
+    """Delete done rows finished more than `older_than` ago; returns how many (would) go."""
+    t = table.ident
+    if dry_run:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT count(*) FROM {t} WHERE status = 'done' AND done_at < now() - %(age)s"
+            ).format(t=t),
+            {"age": older_than},
+        ).fetchone()
+        return int(row[0]) if row else 0
+    delete = _delete_done(table)
+    total = 0
+    while True:
+        with conn.transaction():
+            deleted = conn.execute(delete, {"age": older_than, "batch": batch}).rowcount
+        total += deleted
+        if deleted < batch:
+            return total
+
+
+def _delete_done(table: Table) -> sql.Composed:
+    """One batch of done rows past the age (`purge_done`, `purge_done_async`)."""
+    return sql.SQL(
+        "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE status = 'done' "
+        "AND done_at < now() - %(age)s LIMIT %(batch)s)"
+    ).format(t=table.ident)
+
+
+async def purge_done_async(
+    conn: psycopg.AsyncConnection[Any],
+    table: Table,
+    *,
+    older_than: timedelta,
+    batch: int = PURGE_BATCH,
+) -> int:
+    """`purge_done` on an async connection (the operator's pooled ones); how many went."""
+    delete = _delete_done(table)
+    total = 0
+    while True:
+        async with conn.transaction():
+            cursor = await conn.execute(delete, {"age": older_than, "batch": batch})
+        total += cursor.rowcount
+        if cursor.rowcount < batch:
+            return total

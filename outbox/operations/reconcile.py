@@ -1,0 +1,390 @@
+"""`outbox reconcile`: the messages the outbox delivered in a window that a receiver's inbox
+never recorded, and the keys it recorded that the outbox never delivered there.
+
+The two tables live on two servers (the outbox's and the receiver's), so the comparison is a
+walk in id order, `CHUNK` ids at a time, never the whole window in memory:
+
+- **missing**: the window's done rows, by id (`outbox.operations.replay.window` bounds the id
+  range), each chunk's ids looked up in the inbox by its primary key (consumer, message_id), where a
+  message's key is its id as text;
+- **extra**: the inbox's keys that are ids in the window's id range, walked along that same
+  primary key (digit strings of one length sort as their numbers), each chunk looked up in
+  the outbox: a key whose row is not there or was not delivered in the window;
+- **foreign**: keys that are no id at all (another producer's), counted by the database
+  among those received since the window began.
+
+What is kept across chunks is bounded: counts, counts by type, and the first `MAX_RANGES`
+ranges of ids. The inbox is only read: its session is read-only (and a read-only role is
+enough, docs/replay.md). `replay_missing` walks the window again and sends the missing
+messages of each chunk again as one replay (outbox.operations.replay), audited per batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from outbox.operations import replay
+from outbox.plumbing.dsn import connect_options
+from outbox.runner import Query, Row, fetch, first_row, perform
+from outbox.session import session_settings
+from outbox.table import Table
+
+CHUNK = 10_000  # ids per lookup, on each side: what bounds the memory of a comparison
+MAX_RANGES = 1000  # ranges of ids kept for the report; the counts go on past them
+_ID_PATTERN = "^[1-9][0-9]{0,18}$"  # an outbox id as text: a bigint, no sign, no zeros ahead
+
+
+def connect_inbox(dsn: str) -> psycopg.Connection[Any]:
+    """A connection to the receiver's database that cannot write."""
+    conn = psycopg.connect(dsn, autocommit=True, **connect_options(dsn))
+    fetch(conn, session_settings({"default_transaction_read_only": "on"}))
+    return conn
+
+
+class Ranges:
+    """Ids seen in increasing order, as inclusive ranges; the first `keep` of them kept."""
+
+    def __init__(self, keep: int = MAX_RANGES) -> None:
+        self.kept: list[tuple[int, int]] = []
+        self.total = 0  # ranges, kept or not
+        self._keep = keep
+        self._last: int | None = None
+
+    def add(self, message_id: int) -> None:
+        last = self._last
+        if last is not None and message_id == last + 1:
+            if self.kept and self.kept[-1][1] == last:  # the open range is a kept one
+                self.kept[-1] = (self.kept[-1][0], message_id)
+        else:
+            self.total += 1
+            if len(self.kept) < self._keep:
+                self.kept.append((message_id, message_id))
+        self._last = message_id
+
+
+def _text(ranges: Sequence[tuple[int, int]]) -> str:
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+@dataclass
+class Found:
+    """A comparison's outcome."""
+
+    since: datetime
+    until: datetime
+    consumer: str
+    delivered: int = 0  # done rows of the window
+    missing: int = 0
+    missing_by_type: dict[str, int] = field(default_factory=dict)
+    missing_ranges: Ranges = field(default_factory=Ranges)
+    extra: int = 0
+    extra_ranges: Ranges = field(default_factory=Ranges)
+    foreign: int = 0
+
+    def lines(self, table: Table) -> list[str]:
+        window = f"{self.since.isoformat()} to {self.until.isoformat()}"
+        lines = [
+            f"{table}: {self.delivered} delivered from {window}; consumer {self.consumer}: "
+            f"{self.missing} missing, {self.extra} extra, {self.foreign} keys that are no id"
+        ]
+        if self.missing:
+            by_type = ", ".join(f"{t} {n}" for t, n in sorted(self.missing_by_type.items()))
+            lines.append(f"missing by type: {by_type}")
+            lines.append(
+                f"missing ids: {_text(self.missing_ranges.kept)}{_more(self.missing_ranges)}"
+            )
+        if self.extra:
+            lines.append(
+                f"extra keys (in the inbox, not delivered in the window): "
+                f"{_text(self.extra_ranges.kept)}{_more(self.extra_ranges)}"
+            )
+        return lines
+
+    def to_dict(self, replayed: Replayed | None = None) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "since": self.since.isoformat(),
+            "until": self.until.isoformat(),
+            "consumer": self.consumer,
+            "delivered": self.delivered,
+            "missing": {
+                "count": self.missing,
+                "by_type": self.missing_by_type,
+                "ranges": [list(r) for r in self.missing_ranges.kept],
+                "ranges_total": self.missing_ranges.total,
+            },
+            "extra": {
+                "count": self.extra,
+                "ranges": [list(r) for r in self.extra_ranges.kept],
+                "ranges_total": self.extra_ranges.total,
+            },
+            "not_ids": self.foreign,
+        }
+        if replayed is not None:
+            data["replayed"] = {"replay": replayed.number, "count": replayed.count}
+        return data
+
+
+def _more(ranges: Ranges) -> str:
+    hidden = ranges.total - len(ranges.kept)
+    return f" (and {hidden} more ranges)" if hidden > 0 else ""
+
+
+# -- the statements ----------------------------------------------------------------------
+
+
+def _delivered_chunk(
+    table: Table, ids: replay.IdRange, since: datetime, until: datetime, after: int
+) -> Query[list[Row]]:
+    """The next CHUNK done rows of the window after id `after`: (id, event_type)."""
+    statement = sql.SQL(
+        "SELECT id, event_type FROM {t} WHERE id > %(after)s AND id < %(past)s "
+        "AND created_at >= %(since)s AND created_at < %(until)s AND status = 'done' "
+        "ORDER BY id LIMIT %(chunk)s"
+    ).format(t=table.ident)
+    params = {"after": after, "past": ids.past, "since": since, "until": until, "chunk": CHUNK}
+    return Query(statement, params, list)
+
+
+def _recorded(inbox: Table, consumer: str, keys: list[str]) -> Query[set[str]]:
+    """Which of `keys` the consumer recorded: one probe of the primary key each."""
+    statement = sql.SQL(
+        "SELECT message_id FROM {t} WHERE consumer = %(consumer)s "
+        "AND message_id = ANY(%(keys)s::text[])"
+    ).format(t=inbox.ident)
+    return Query(statement, {"consumer": consumer, "keys": keys}, lambda rows: {r[0] for r in rows})
+
+
+def _keys_chunk(inbox: Table, consumer: str, low: str, high: str, after: str) -> Query[list[str]]:
+    """The consumer's next CHUNK keys in [low, high] after `after`, along its primary key."""
+    statement = sql.SQL(
+        "SELECT message_id FROM {t} WHERE consumer = %(consumer)s AND message_id >= %(low)s "
+        "AND message_id <= %(high)s AND message_id > %(after)s ORDER BY message_id "
+        "LIMIT %(chunk)s"
+    ).format(t=inbox.ident)
+    params = {"consumer": consumer, "low": low, "high": high, "after": after, "chunk": CHUNK}
+    return Query(statement, params, lambda rows: [r[0] for r in rows])
+
+
+def _delivered_among(
+    table: Table, ids: list[int], since: datetime, until: datetime
+) -> Query[dict[int, bool]]:
+    """Of `ids`, those created in the window: whether each is done (ids of rows created
+    outside the window are left out)."""
+    statement = sql.SQL(
+        "SELECT id, status = 'done' FROM {t} WHERE id = ANY(%(ids)s::bigint[]) "
+        "AND created_at >= %(since)s AND created_at < %(until)s"
+    ).format(t=table.ident)
+    return Query(
+        statement,
+        {"ids": ids, "since": since, "until": until},
+        lambda rows: {int(r[0]): bool(r[1]) for r in rows},
+    )
+
+
+def _existing(table: Table, ids: list[int]) -> Query[set[int]]:
+    statement = sql.SQL("SELECT id FROM {t} WHERE id = ANY(%(ids)s::bigint[])").format(
+        t=table.ident
+    )
+    return Query(statement, {"ids": ids}, lambda rows: {int(r[0]) for r in rows})
+
+
+def _not_ids(inbox: Table, consumer: str, since: datetime) -> Query[int]:
+    statement = sql.SQL(
+        "SELECT count(*) FROM {t} WHERE consumer = %(consumer)s AND received_at >= %(since)s "
+        "AND message_id !~ {pattern}"
+    ).format(t=inbox.ident, pattern=sql.Literal(_ID_PATTERN))
+    return Query(
+        statement,
+        {"consumer": consumer, "since": since},
+        first_row(lambda r: int(r[0]) if r else 0),
+    )
+
+
+def _consumers(inbox: Table) -> Query[list[str]]:
+    """The inbox's consumers (at most 3: enough to say there is more than one), by a skip
+    scan of the primary key."""
+    statement = sql.SQL(
+        """WITH RECURSIVE c(consumer) AS (
+    (SELECT consumer FROM {t} ORDER BY consumer LIMIT 1)
+    UNION ALL
+    SELECT (SELECT consumer FROM {t} WHERE consumer > c.consumer ORDER BY consumer LIMIT 1)
+      FROM c WHERE c.consumer IS NOT NULL
+)
+SELECT consumer FROM c WHERE consumer IS NOT NULL LIMIT 3"""
+    ).format(t=inbox.ident)
+    return Query(statement, None, lambda rows: [r[0] for r in rows])
+
+
+class AmbiguousConsumer(ValueError):
+    """The inbox holds several consumers and none was named."""
+
+
+def choose_consumer(inbox_conn: psycopg.Connection[Any], inbox: Table, consumer: str | None) -> str:
+    if consumer is not None:
+        return consumer
+    found = fetch(inbox_conn, _consumers(inbox))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise AmbiguousConsumer(f"inbox table {inbox} holds no key: name the --consumer")
+    raise AmbiguousConsumer(
+        f"inbox table {inbox} holds several consumers ({', '.join(found[:2])}, ...): name "
+        "one with --consumer"
+    )
+
+
+# -- the walks ---------------------------------------------------------------------------
+
+
+def _delivered_chunks(
+    conn: psycopg.Connection[Any],
+    table: Table,
+    ids: replay.IdRange,
+    since: datetime,
+    until: datetime,
+) -> Iterator[list[Row]]:
+    after = ids.first - 1
+    while True:
+        rows = fetch(conn, _delivered_chunk(table, ids, since, until, after))
+        if not rows:
+            return
+        yield rows
+        after = int(rows[-1][0])
+
+
+def _missing_rows(
+    conn: psycopg.Connection[Any],
+    table: Table,
+    inbox_conn: psycopg.Connection[Any],
+    inbox: Table,
+    consumer: str,
+    ids: replay.IdRange,
+    since: datetime,
+    until: datetime,
+) -> Iterator[tuple[int, list[Row]]]:
+    """(done rows in the chunk, the chunk's rows the inbox never recorded), chunk by chunk."""
+    for rows in _delivered_chunks(conn, table, ids, since, until):
+        recorded = fetch(inbox_conn, _recorded(inbox, consumer, [str(r[0]) for r in rows]))
+        yield len(rows), [r for r in rows if str(r[0]) not in recorded]
+
+
+def _id_keys(
+    inbox_conn: psycopg.Connection[Any], inbox: Table, consumer: str, ids: replay.IdRange
+) -> Iterator[list[int]]:
+    """The consumer's keys that are ids in [ids.first, ids.past), in increasing order, a
+    chunk at a time: one walk of the primary key per number of digits."""
+    if ids.empty:
+        return
+    first, last = max(ids.first, 1), ids.past - 1
+    for digits in range(len(str(first)), len(str(last)) + 1):
+        low, high = max(first, 10 ** (digits - 1)), min(last, 10**digits - 1)
+        low_text, high_text = str(low), str(high)
+        after = ""
+        while True:
+            keys = fetch(inbox_conn, _keys_chunk(inbox, consumer, low_text, high_text, after))
+            if not keys:
+                break
+            after = keys[-1]
+            numbers = sorted(
+                int(k)
+                for k in keys
+                if len(k) == digits and k.isascii() and k.isdigit() and low <= int(k) <= high
+            )
+            if numbers:
+                yield numbers
+            if len(keys) < CHUNK:
+                break
+
+
+def compare(
+    conn: psycopg.Connection[Any],
+    table: Table,
+    inbox_conn: psycopg.Connection[Any],
+    inbox: Table,
+    *,
+    consumer: str | None,
+    since: datetime,
+    until: datetime,
+) -> Found:
+    """Compare the window's delivered messages with the inbox's keys (see the module)."""
+    name = choose_consumer(inbox_conn, inbox, consumer)
+    found = Found(since, until, name)
+    ids = perform(conn, replay.window(table, since, until))
+    for delivered, missing in _missing_rows(
+        conn, table, inbox_conn, inbox, name, ids, since, until
+    ):
+        found.delivered += delivered
+        for message_id, event_type in missing:
+            found.missing += 1
+            found.missing_by_type[event_type] = found.missing_by_type.get(event_type, 0) + 1
+            found.missing_ranges.add(int(message_id))
+    for numbers in _id_keys(inbox_conn, inbox, name, ids):
+        in_window = fetch(conn, _delivered_among(table, numbers, since, until))
+        unknown = [n for n in numbers if n not in in_window]
+        present = fetch(conn, _existing(table, unknown)) if unknown else set()
+        for n in numbers:
+            # Extra: in the window but not done, or no row at all (purged, or never ours).
+            if (n in in_window and not in_window[n]) or (n not in in_window and n not in present):
+                found.extra += 1
+                found.extra_ranges.add(n)
+    found.foreign = fetch(inbox_conn, _not_ids(inbox, name, since))
+    return found
+
+
+@dataclass(frozen=True)
+class Replayed:
+    number: int
+    count: int
+
+
+def replay_missing(
+    conn: psycopg.Connection[Any],
+    table: Table,
+    inbox_conn: psycopg.Connection[Any],
+    inbox: Table,
+    found: Found,
+    *,
+    actor: str | None,
+    reason: str | None = None,
+) -> Replayed:
+    """Send again exactly what the inbox never recorded, as one replay: the window walked
+    again, each chunk's missing ids sent back in batches recorded in the audit log (via
+    `outbox reconcile`). At most `found.missing` messages (what the person confirmed)."""
+    since, until = found.since, found.until
+    ids = perform(conn, replay.window(table, since, until))
+    number = fetch(conn, replay.next_number(table))
+    left = found.missing
+    sent = 0
+    for _, missing in _missing_rows(
+        conn, table, inbox_conn, inbox, found.consumer, ids, since, until
+    ):
+        if not missing or left <= 0:
+            continue
+        ranges = Ranges(keep=len(missing))  # all of them: they are the filter
+        for row in missing:
+            ranges.add(int(row[0]))
+        chunk_filter = replay.ReplayFilter(since=since, until=until, ids=tuple(ranges.kept))
+        progress = replay.Progress(
+            number,
+            chunk_filter,
+            next_id=int(missing[0][0]),
+            past_id=int(missing[-1][0]) + 1,
+            left=left,
+            confirmed=found.missing,
+        )
+        while not progress.finished:
+            perform(
+                conn,
+                replay.send_batch(
+                    table, progress, actor=actor, reason=reason, via="outbox reconcile"
+                ),
+            )
+        sent += progress.sent
+        left -= progress.sent
+    return Replayed(number, sent)

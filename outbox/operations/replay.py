@@ -1,0 +1,513 @@
+"""Send delivered (or dead) messages again: `outbox replay`, the TUI's done screen, and
+`outbox reconcile --replay`.
+
+A replay is kept in the database as the same row sent again (schema v6): its status goes
+back to `pending` (available now, attempts reset, like a requeue) and its `replay` column
+takes the replay's number, a counter per table (`<table>_replays`: 1, 2, ...). So the
+message keeps its id wherever the id travels (the fence, the wire, the receiver's inbox key,
+`outbox reconcile`), the worker sends it like any row (the destination's rate limit and
+breaker apply), and its history stays: the errors it met, and the audit log's records, one per
+batch, whose `message_ids` name the rows that batch sent again (docs/replay.md says why not a
+new row).
+
+The window is on `created_at`, which has no index. Ids and `created_at` rise together (an id
+is drawn at insert, `created_at` is the producer's transaction start): `window` bounds the id
+range by a binary search of primary-key probes, widened by `CREATED_AT_SLACK` for
+transactions that stayed open between the two, and every statement then filters on
+`created_at` exactly inside that range. No index is added that every insert would pay for.
+
+A replay goes in batches of at most `MAX_BATCH` rows, each one statement: pick the next rows
+of the window by id, send them back to pending, and record the batch in the audit log, with
+the replay's number, its filter and the last id it reached. Nothing is held between batches.
+Stopped anywhere (Ctrl-C, a lost connection, SIGKILL), the batches done are done and
+recorded; `resume_point` reads the audit log and the replay goes on from the next id under
+the same number (`outbox replay --resume N`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from outbox.partitions import REPLAY_NOTICE
+from outbox.runner import Query, Row, Steps, first_row, step
+from outbox.table import Table
+
+STATUSES = ("done", "dead")  # what a replay may send again
+DEFAULT_BATCH = 1000  # rows per batch: one statement each, and one audit record
+MAX_BATCH = 10_000
+# How long a producer's transaction may have stayed open between its start (`created_at`)
+# and its insert (the id): the id range searched is widened by this much on each side.
+CREATED_AT_SLACK = timedelta(minutes=10)
+ACTION = "replay"  # the audit log's action
+
+
+@dataclass(frozen=True)
+class ReplayFilter:
+    """Which messages: created in [since, until), with `status`, and every set field."""
+
+    since: datetime
+    until: datetime
+    event_types: tuple[str, ...] = ()
+    aggregate_type: str | None = None
+    aggregate_id: str | None = None
+    status: str = "done"
+    ids: tuple[tuple[int, int], ...] | None = None
+    """Only ids within these inclusive ranges (`outbox reconcile --replay`: the missing ones)."""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status {self.status!r} is not one of {', '.join(STATUSES)}")
+        if self.until <= self.since:
+            raise ValueError("the window is empty: --until must be later than --since")
+
+    def to_json(self) -> dict[str, Any]:
+        """The filter as the audit log keeps it (and `--resume` reads it back)."""
+        data: dict[str, Any] = {
+            "since": self.since.isoformat(),
+            "until": self.until.isoformat(),
+            "status": self.status,
+        }
+        if self.event_types:
+            data["event_types"] = list(self.event_types)
+        if self.aggregate_type is not None:
+            data["aggregate_type"] = self.aggregate_type
+        if self.aggregate_id is not None:
+            data["aggregate_id"] = self.aggregate_id
+        if self.ids is not None:
+            data["id_ranges"] = [list(r) for r in self.ids]
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ReplayFilter:
+        return cls(
+            since=datetime.fromisoformat(data["since"]),
+            until=datetime.fromisoformat(data["until"]),
+            event_types=tuple(data.get("event_types", ())),
+            aggregate_type=data.get("aggregate_type"),
+            aggregate_id=data.get("aggregate_id"),
+            status=data.get("status", "done"),
+            ids=tuple((int(a), int(b)) for a, b in data["id_ranges"])
+            if "id_ranges" in data
+            else None,
+        )
+
+    def describe(self) -> str:
+        parts = [f"{self.status} created {self.since.isoformat()} to {self.until.isoformat()}"]
+        if self.event_types:
+            parts.append("type " + " or ".join(self.event_types))
+        if self.aggregate_type is not None:
+            parts.append(f"aggregate type {self.aggregate_type}")
+        if self.aggregate_id is not None:
+            parts.append(f"aggregate {self.aggregate_id}")
+        if self.ids is not None:
+            parts.append(f"{len(self.ids)} id ranges")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class IdRange:
+    """Ids [first, past) that can hold the window's rows; empty when first >= past."""
+
+    first: int
+    past: int
+
+    @property
+    def empty(self) -> bool:
+        return self.first >= self.past
+
+
+# -- finding the window ------------------------------------------------------------------
+
+
+def _bounds(table: Table) -> Query[tuple[int, int] | None]:
+    statement = sql.SQL("SELECT min(id), max(id) FROM {t}").format(t=table.ident)
+    return Query(statement, None, first_row(_min_max))
+
+
+def _min_max(row: Row | None) -> tuple[int, int] | None:
+    return None if row is None or row[0] is None else (int(row[0]), int(row[1]))
+
+
+def _probe(table: Table, at: int) -> Query[tuple[int, datetime] | None]:
+    """The first row at or after id `at` (one primary-key probe)."""
+    statement = sql.SQL(
+        "SELECT id, created_at FROM {t} WHERE id >= %(at)s ORDER BY id LIMIT 1"
+    ).format(t=table.ident)
+    return Query(statement, {"at": at}, first_row(_id_and_time))
+
+
+def _id_and_time(row: Row | None) -> tuple[int, datetime] | None:
+    return None if row is None else (int(row[0]), row[1])
+
+
+def _first_at(table: Table, lowest: int, highest: int, moment: datetime) -> Steps[int]:
+    """The smallest id x in [lowest, highest + 1] whose first row at or after it was created
+    at `moment` or later (highest + 1 when none): a binary search of probes, each skipping
+    the ids that do not exist."""
+    lo, hi = lowest, highest + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        found = yield from step(_probe(table, mid))
+        if found is None or found[1] >= moment:  # None: purged meanwhile, nothing after
+            hi = mid
+        else:
+            lo = found[0] + 1  # every id in [mid, found id] starts at the found row
+    return lo
+
+
+def window(table: Table, since: datetime, until: datetime) -> Steps[IdRange]:
+    """The ids that can hold rows created in [since, until), found without reading the rows
+    between (about 2 x log2(ids) probes)."""
+    bounds = yield from step(_bounds(table))
+    if bounds is None:
+        return IdRange(0, 0)
+    lowest, highest = bounds
+    first = yield from _first_at(table, lowest, highest, since - CREATED_AT_SLACK)
+    past = yield from _first_at(table, first, highest, until + CREATED_AT_SLACK)
+    return IdRange(first, past)
+
+
+# -- what a filter matches ---------------------------------------------------------------
+
+
+def _where(f: ReplayFilter) -> tuple[sql.Composable, dict[str, Any]]:
+    """The rows of the filter within ids [%(first)s, %(past)s)."""
+    clauses = [
+        sql.SQL("id >= %(first)s AND id < %(past)s"),
+        sql.SQL("created_at >= %(since)s AND created_at < %(until)s"),
+        sql.SQL("status = %(status)s"),
+    ]
+    params: dict[str, Any] = {"since": f.since, "until": f.until, "status": f.status}
+    if f.event_types:
+        clauses.append(sql.SQL("event_type = ANY(%(event_types)s::text[])"))
+        params["event_types"] = list(f.event_types)
+    if f.aggregate_type is not None:
+        clauses.append(sql.SQL("aggregate_type = %(aggregate_type)s"))
+        params["aggregate_type"] = f.aggregate_type
+    if f.aggregate_id is not None:
+        clauses.append(sql.SQL("aggregate_id = %(aggregate_id)s"))
+        params["aggregate_id"] = f.aggregate_id
+    if f.ids is not None:
+        clauses.append(
+            sql.SQL(
+                "EXISTS (SELECT 1 FROM unnest(%(range_firsts)s::bigint[], "
+                "%(range_lasts)s::bigint[]) AS r(a, b) WHERE id BETWEEN r.a AND r.b)"
+            )
+        )
+        params["range_firsts"] = [a for a, _ in f.ids]
+        params["range_lasts"] = [b for _, b in f.ids]
+    return sql.SQL(" AND ").join(clauses), params
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What a replay would send: `--dry-run`'s answer, and what the confirmation shows."""
+
+    filter: ReplayFilter
+    ids: IdRange
+    count: int
+    by_type: dict[str, int] = field(default_factory=dict)
+    first_id: int | None = None
+    last_id: int | None = None
+
+    def lines(self) -> list[str]:
+        if not self.count:
+            return [f"no message matches ({self.filter.describe()})"]
+        head = (
+            f"{self.count} message{'' if self.count == 1 else 's'} "
+            f"(ids {self.first_id} to {self.last_id}; {self.filter.describe()})"
+        )
+        width = max(len(t) for t in self.by_type)
+        return [head] + [f"  {name:<{width}}  {n}" for name, n in sorted(self.by_type.items())]
+
+
+def _preview_query(table: Table, f: ReplayFilter, ids: IdRange, limit: int | None) -> Query[Row]:
+    where, params = _where(f)
+    statement = sql.SQL(
+        "SELECT coalesce(jsonb_object_agg(event_type, n), '{{}}'), coalesce(sum(n), 0), "
+        "min(first_id), max(last_id) FROM (SELECT event_type, count(*) AS n, min(id) AS first_id, "
+        "max(id) AS last_id FROM (SELECT id, event_type FROM {t} WHERE {where} ORDER BY id "
+        "LIMIT %(limit)s) AS m GROUP BY event_type) AS g"
+    ).format(t=table.ident, where=where)
+    return Query(
+        statement,
+        {**params, "first": ids.first, "past": ids.past, "limit": limit},
+        first_row(lambda r: r or ({}, 0, None, None)),
+    )
+
+
+def preview(table: Table, f: ReplayFilter, *, limit: int | None = None) -> Steps[Preview]:
+    """Count what `f` matches (at most `limit`), by type, with the first and last ids: one
+    read of the window's id range, changing nothing."""
+    ids = yield from window(table, f.since, f.until)
+    if ids.empty:
+        return Preview(f, ids, 0)
+    by_type, count, first, last = yield from step(_preview_query(table, f, ids, limit))
+    return Preview(f, ids, int(count), dict(by_type), first, last)
+
+
+# -- sending again -----------------------------------------------------------------------
+
+
+def next_number(table: Table) -> Query[int]:
+    """A new replay's number: the table's counter, 1, 2, ..."""
+    statement = sql.SQL("SELECT nextval({s}::regclass)").format(
+        s=sql.Literal(table.sibling("replays").as_string(None))
+    )
+    return Query(statement, None, first_row(_integer))
+
+
+def _integer(row: Row | None) -> int:
+    assert row is not None
+    return int(row[0])
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch's outcome: rows sent again, and the last id the batch reached."""
+
+    count: int
+    through_id: int | None  # None: no row left in the window
+    by_type: dict[str, int]
+
+
+def _batch_query(
+    table: Table,
+    f: ReplayFilter,
+    *,
+    number: int,
+    after: int,
+    past: int,
+    size: int,
+    actor: str | None,
+    reason: str | None,
+    via: str,
+    confirmed: int | None,
+) -> Query[Batch]:
+    """Up to `size` rows of the filter from id `after` on (and before `past`), back to
+    pending under replay `number`, and the batch's audit record: one statement. A row that
+    stopped matching between the pick and the update (requeued, replayed by another) is left
+    as it is."""
+    where, params = _where(f)
+    statement = sql.SQL(
+        """WITH picked AS (
+    SELECT id FROM {t} WHERE {where} ORDER BY id LIMIT %(size)s
+), changed AS (
+    UPDATE {t} AS o
+       SET status = 'pending', available_at = now(), attempts = 0, replay = %(replay)s,
+           lease_owner = NULL, lease_until = NULL
+      FROM picked
+     WHERE o.id = picked.id AND o.status = %(status)s
+    RETURNING o.id, o.event_type
+), recorded AS (
+    INSERT INTO {a} (actor, action, message_ids, filter, requested, count)
+    SELECT coalesce(%(actor)s::text, current_user), {action},
+           array_agg(id ORDER BY id),
+           %(filter)s::jsonb || jsonb_build_object('through_id', (SELECT max(id) FROM picked)),
+           (SELECT count(*) FROM picked), count(*)
+      FROM changed HAVING count(*) > 0
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM changed), (SELECT max(id) FROM picked),
+       (SELECT coalesce(jsonb_object_agg(event_type, n), '{{}}')
+          FROM (SELECT event_type, count(*) AS n FROM changed GROUP BY event_type) AS g),
+       (SELECT count(*) FROM recorded),
+       -- Idle workers wake as they do for an insert (delivered at commit), not at their poll,
+       -- and, told it is a replay, forget their claim windows (outbox.partitions.ClaimWindow):
+       -- the rows may lie below where their claims and head checks look.
+       (SELECT count(pg_notify({channel}, {notice}))
+          FROM (SELECT 1 FROM changed LIMIT 1) AS woken)"""
+    ).format(
+        t=table.ident,
+        where=where,
+        a=table.sibling("actions"),
+        action=sql.Literal(ACTION),
+        channel=sql.Literal(table.channel),
+        notice=sql.Literal(REPLAY_NOTICE),
+    )
+    recorded = {
+        "via": via,
+        "replay": number,
+        "filter": f.to_json(),
+        "reason": reason,
+        "past_id": past,
+        "confirmed": confirmed,
+    }
+    return Query(
+        statement,
+        {
+            **params,
+            "first": after,
+            "past": past,
+            "size": size,
+            "replay": number,
+            "actor": actor,
+            "filter": Jsonb(recorded),
+        },
+        first_row(lambda r: Batch(int(r[0]), r[1], dict(r[2])) if r else Batch(0, None, {})),
+    )
+
+
+@dataclass
+class Progress:
+    """A replay under way: its number, where it stands, what it sent."""
+
+    number: int
+    filter: ReplayFilter
+    next_id: int
+    past_id: int
+    left: int | None  # rows it may still send, None: no bound
+    confirmed: int | None = None  # rows the person confirmed, all batches together
+    reason: str | None = None  # why, as recorded (a resumed replay keeps it)
+    sent: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.next_id >= self.past_id or (self.left is not None and self.left <= 0)
+
+
+def start(table: Table, shown: Preview) -> Steps[Progress]:
+    """A new replay of what `shown` previewed: its number drawn, bounded to the rows shown
+    (no id past its last one, no more than its count)."""
+    number = yield from step(next_number(table))
+    past = (shown.last_id + 1) if shown.last_id is not None else shown.ids.first
+    first = shown.first_id if shown.first_id is not None else shown.ids.first
+    return Progress(number, shown.filter, first, past, shown.count, confirmed=shown.count)
+
+
+def send_batch(
+    table: Table,
+    progress: Progress,
+    *,
+    batch: int = DEFAULT_BATCH,
+    actor: str | None = None,
+    reason: str | None = None,
+    via: str = "outbox replay",
+) -> Steps[Batch]:
+    """The next batch of a replay; `progress` moves past it."""
+    size = batch if progress.left is None else min(batch, progress.left)
+    done = yield from step(
+        _batch_query(
+            table,
+            progress.filter,
+            number=progress.number,
+            after=progress.next_id,
+            past=progress.past_id,
+            size=size,
+            actor=actor,
+            reason=reason,
+            via=via,
+            confirmed=progress.confirmed,
+        )
+    )
+    progress.sent += done.count
+    for name, n in done.by_type.items():
+        progress.by_type[name] = progress.by_type.get(name, 0) + n
+    if done.through_id is None:
+        progress.next_id = progress.past_id
+    else:
+        progress.next_id = done.through_id + 1
+        if progress.left is not None:
+            progress.left -= done.count
+    return done
+
+
+# -- resuming ----------------------------------------------------------------------------
+
+
+class NoSuchReplay(LookupError):
+    """`--resume N` names no replay that recorded a batch."""
+
+
+def _last_record(table: Table, number: int) -> Query[Row | None]:
+    statement = sql.SQL(
+        "SELECT filter, (SELECT sum(count) FROM {a} WHERE action = {action} "
+        "AND filter->>'replay' = %(n)s) FROM {a} WHERE action = {action} "
+        "AND filter->>'replay' = %(n)s ORDER BY id DESC LIMIT 1"
+    ).format(a=table.sibling("actions"), action=sql.Literal(ACTION))
+    return Query(statement, {"n": str(number)}, first_row(lambda r: r))
+
+
+def resume_point(table: Table, number: int) -> Steps[Progress]:
+    """Replay `number` as its last recorded batch left it, to go on from the next id with
+    the same filter and what is left of the count confirmed (NoSuchReplay if it recorded no
+    batch)."""
+    row = yield from step(_last_record(table, number))
+    if row is None:
+        raise NoSuchReplay(f"replay {number} recorded no batch in {table}'s audit log")
+    recorded, sent = row
+    confirmed = recorded.get("confirmed")
+    return Progress(
+        number,
+        ReplayFilter.from_json(recorded["filter"]),
+        next_id=int(recorded["through_id"]) + 1,
+        past_id=int(recorded["past_id"]),
+        left=None if confirmed is None else max(0, int(confirmed) - int(sent or 0)),
+        confirmed=confirmed,
+        reason=recorded.get("reason"),
+    )
+
+
+def with_ids(f: ReplayFilter, ranges: Sequence[tuple[int, int]]) -> ReplayFilter:
+    """`f` narrowed to these inclusive id ranges."""
+    return replace(f, ids=tuple(ranges))
+
+
+# -- for a screen: the window's done messages, and a replay in one call --------------------
+
+
+@dataclass(frozen=True)
+class DoneRow:
+    """A message of the window, as a list of them shows it."""
+
+    id: int
+    created_at: datetime
+    event_type: str
+    aggregate_type: str
+    aggregate_id: str
+    replay: int | None
+
+
+def _listing_query(table: Table, f: ReplayFilter, ids: IdRange, limit: int) -> Query[list[DoneRow]]:
+    where, params = _where(f)
+    statement = sql.SQL(
+        "SELECT id, created_at, event_type, aggregate_type, aggregate_id, replay FROM {t} "
+        "WHERE {where} ORDER BY id LIMIT %(limit)s"
+    ).format(t=table.ident, where=where)
+    return Query(
+        statement,
+        {**params, "first": ids.first, "past": ids.past, "limit": limit},
+        lambda rows: [DoneRow(*r) for r in rows],
+    )
+
+
+def listing(table: Table, f: ReplayFilter, *, limit: int = 200) -> Steps[list[DoneRow]]:
+    """The first `limit` messages `f` matches, oldest first."""
+    ids = yield from window(table, f.since, f.until)
+    if ids.empty:
+        return []
+    rows = yield from step(_listing_query(table, f, ids, limit))
+    return rows
+
+
+def replay_confirmed(
+    table: Table,
+    shown: Preview,
+    *,
+    batch: int = DEFAULT_BATCH,
+    actor: str | None = None,
+    reason: str | None = None,
+    via: str = "outbox replay",
+) -> Steps[Progress]:
+    """Send again what `shown` previewed (and a person confirmed), every batch in turn."""
+    progress = yield from start(table, shown)
+    while not progress.finished:
+        yield from send_batch(table, progress, batch=batch, actor=actor, reason=reason, via=via)
+    return progress
