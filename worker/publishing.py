@@ -44,8 +44,9 @@ log = logging.getLogger("outbox.worker")
 # Calls of a batch publisher in flight at once: one batch being acknowledged while the next
 # is sent.
 BATCHES_IN_FLIGHT = 2
-# Ages at publish a one-by-one publishing task keeps before observing them at once: a task
-# that never runs dry (a slow publisher, a steady backlog) still shows them within this many.
+# Ages at publish (and publish durations) a one-by-one publishing task keeps before observing
+# them at once: a task that never runs dry (a slow publisher, a steady backlog) still shows
+# them within this many.
 AGES_HELD = 64
 
 
@@ -146,21 +147,19 @@ class Publishing(Service):
         """Publish waiting messages one after the other until none is waiting."""
         task = asyncio.current_task()
         assert task is not None
-        ledger, metrics, gate = self.ledger, self.metrics, self.gate
+        ledger, gate = self.ledger, self.gate
         put_outcome, done, delivered = ledger.put_outcome, Outcome.done, gate.delivered
         limiter, destination_of = self.limiter, self.publisher.destination_of
         publish, in_flight = self._publish, self.in_flight
         assert publish is not None
         clock, monotonic = time.perf_counter, time.monotonic
-        # Each message's age as its publish starts, kept here and observed AGES_HELD at a
-        # time and as the loop ends: an observation per message in Python cost as much as
-        # the rest of the loop's own steps. ledger.ages inlined for the same reason.
+        # Each message's age as its publish starts and its publish's duration, kept here
+        # and observed AGES_HELD at a time and as the loop ends: an observation per message
+        # in Python cost as much as the rest of the loop's own steps. ledger.ages inlined
+        # for the same reason.
         ages: list[float] = []
-        age, observe_ages, created_at = (
-            ages.append,
-            metrics.age_at_publish.observe_all,
-            ledger.created_at,
-        )
+        durations: list[float] = []
+        age, took, created_at = ages.append, durations.append, ledger.created_at
         try:
             while (message := ledger.take_one(now := monotonic())) is not None:
                 if not gate.all_clear and (hold := await gate.before(message)) is not None:
@@ -174,8 +173,7 @@ class Publishing(Service):
                 # rest of the observation on some virtual machines.
                 age(now - created_at[message.id])
                 if len(ages) >= AGES_HELD:
-                    observe_ages(ages)
-                    ages.clear()
+                    self._observe(ages, durations)
                 started = clock()
                 error: BaseException | None = None
                 try:
@@ -190,15 +188,23 @@ class Publishing(Service):
                 except Exception as exc:
                     error = exc
                 finally:
-                    metrics.publish_seconds.observe(clock() - started)
+                    took(clock() - started)
                 ledger.published()
                 if error is None and delivered(message):
                     put_outcome(done(message))
                 else:
                     await self._settle(message, error)
         finally:
-            observe_ages(ages)
+            self._observe(ages, durations)
         ledger.ran_dry(time.monotonic())  # publishing freed room for the next claim
+
+    def _observe(self, ages: list[float], durations: list[float]) -> None:
+        """The ages at publish and publish durations a one-by-one task kept, observed at
+        once (and forgotten)."""
+        self.metrics.age_at_publish.observe_all(ages)
+        self.metrics.publish_seconds.observe_all(durations)
+        ages.clear()
+        durations.clear()
 
     async def _settle(self, message: Message, error: BaseException | None) -> None:
         """The outcome of a publish that failed, or of any publish while this replica
