@@ -121,7 +121,9 @@ async def test_paused_worker_loses_its_leases_and_is_fenced_when_it_resumes(conn
 
 async def test_ordered_mode_with_four_workers_delivers_one_aggregate_in_id_order(conn, dsn):
     serve_ordering(conn)
-    with Sink() as sink:
+    # A downstream slow enough (20 ms a message) that the drain is still under way when its
+    # worker is stopped.
+    with Sink(lambda body, nth: Reply(delay=0.02)) as sink:
         workers = [
             spawn_worker(
                 dsn,
@@ -137,6 +139,7 @@ async def test_ordered_mode_with_four_workers_delivers_one_aggregate_in_id_order
             )
             for i in range(4)
         ]
+        holder, stopped = -1, None
         try:
             # Seeded once all four listen, so the first one up cannot drain it alone.
             await wait_until(
@@ -144,10 +147,15 @@ async def test_ordered_mode_with_four_workers_delivers_one_aggregate_in_id_order
                 what="four listening workers",
             )
             ids = seed(conn, 30, aggregates=1)
+            # A finalize wakes its own claimer, so the worker holding the aggregate keeps it
+            # while it runs: stop it part-way, and another must take the aggregate over.
+            await wait_until(lambda: len(sink.delivered()) >= 10, timeout=60)
+            holder = int(sink.delivered()[0].worker.removeprefix("w-"))
+            stopped = stop_worker(workers[holder])
             await wait_until(lambda: _count(conn, "status = 'done'") == 30, timeout=60)
         finally:
-            codes = [stop_worker(w) for w in workers]
-    assert codes == [0, 0, 0, 0]
+            codes = [stop_worker(w) for i, w in enumerate(workers) if i != holder]
+    assert [stopped, *codes] == [0, 0, 0, 0]
     assert sink.delivered_ids() == ids  # arrival order at the downstream
     done_order = [r[0] for r in conn.execute("SELECT id FROM outbox ORDER BY done_at, id")]
     assert done_order == ids
