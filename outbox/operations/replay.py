@@ -37,6 +37,7 @@ from psycopg.types.json import Jsonb
 from outbox.partitions import REPLAY_NOTICE
 from outbox.runner import Query, Row, Steps, first_row, step
 from outbox.table import Table
+from outbox.views.filters import by_type_and_aggregate
 
 STATUSES = ("done", "dead")  # what a replay may send again
 DEFAULT_BATCH = 1000  # rows per batch: one statement each, and one audit record
@@ -178,21 +179,14 @@ def window(table: Table, since: datetime, until: datetime) -> Steps[IdRange]:
 
 def _where(f: ReplayFilter) -> tuple[sql.Composable, dict[str, Any]]:
     """The rows of the filter within ids [%(first)s, %(past)s)."""
-    clauses = [
+    chosen, params = by_type_and_aggregate(f.event_types, f.aggregate_type, f.aggregate_id)
+    clauses: list[sql.Composable] = [
         sql.SQL("id >= %(first)s AND id < %(past)s"),
         sql.SQL("created_at >= %(since)s AND created_at < %(until)s"),
         sql.SQL("status = %(status)s"),
+        *chosen,
     ]
-    params: dict[str, Any] = {"since": f.since, "until": f.until, "status": f.status}
-    if f.event_types:
-        clauses.append(sql.SQL("event_type = ANY(%(event_types)s::text[])"))
-        params["event_types"] = list(f.event_types)
-    if f.aggregate_type is not None:
-        clauses.append(sql.SQL("aggregate_type = %(aggregate_type)s"))
-        params["aggregate_type"] = f.aggregate_type
-    if f.aggregate_id is not None:
-        clauses.append(sql.SQL("aggregate_id = %(aggregate_id)s"))
-        params["aggregate_id"] = f.aggregate_id
+    params.update(since=f.since, until=f.until, status=f.status)
     if f.ids is not None:
         clauses.append(
             sql.SQL(

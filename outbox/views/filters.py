@@ -1,13 +1,15 @@
 """The filter language of dead letters (the TUI's `/`, also for scripts) and its SQL.
 
 `parse_filter` reads a line into a `DeadFilter`; `where` turns one into the WHERE clause of
-dead rows, always led by the `outbox_dead` partial index's predicate.
+dead rows, always led by the `outbox_dead` partial index's predicate. `by_type_and_aggregate`
+is the part every filter of messages shares (a replay's window too).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,20 +165,33 @@ def _like(text: str) -> str:
     return "%" + re.sub(r"([\\%_])", r"\\\1", text) + "%"
 
 
+def by_type_and_aggregate(
+    event_types: Sequence[str], aggregate_type: str | None, aggregate_id: str | None
+) -> tuple[list[sql.Composable], dict[str, Any]]:
+    """The clauses that choose messages by event type (any of `event_types`), aggregate type
+    and aggregate, each exact, for what is given; their parameters are named `f_*`, apart
+    from those of the statement around them."""
+    clauses: list[sql.Composable] = []
+    params: dict[str, Any] = {}
+    if event_types:
+        clauses.append(sql.SQL("event_type = ANY(%(f_event_types)s::text[])"))
+        params["f_event_types"] = list(event_types)
+    for column, value in (("aggregate_type", aggregate_type), ("aggregate_id", aggregate_id)):
+        if value is not None:
+            name = f"f_{column}"
+            clauses.append(
+                sql.SQL("{c} = {v}").format(c=sql.Identifier(column), v=sql.Placeholder(name))
+            )
+            params[name] = value
+    return clauses, params
+
+
 def where(f: DeadFilter) -> tuple[sql.Composable, dict[str, Any]]:
     """The WHERE clause for dead rows matching `f`; always led by the partial index's
     predicate so that the planner walks `outbox_dead`."""
-    clauses: list[sql.Composable] = [sql.SQL("status = 'dead'")]
-    params: dict[str, Any] = {}
-    if f.event_type is not None:
-        clauses.append(sql.SQL("event_type = %(f_event_type)s"))
-        params["f_event_type"] = f.event_type
-    if f.aggregate_type is not None:
-        clauses.append(sql.SQL("aggregate_type = %(f_aggregate_type)s"))
-        params["f_aggregate_type"] = f.aggregate_type
-    if f.aggregate_id is not None:
-        clauses.append(sql.SQL("aggregate_id = %(f_aggregate_id)s"))
-        params["f_aggregate_id"] = f.aggregate_id
+    event_types = () if f.event_type is None else (f.event_type,)
+    chosen, params = by_type_and_aggregate(event_types, f.aggregate_type, f.aggregate_id)
+    clauses: list[sql.Composable] = [sql.SQL("status = 'dead'"), *chosen]
     if f.error is not None:
         clauses.append(sql.SQL("last_error ILIKE %(f_error)s"))
         params["f_error"] = _like(f.error)
