@@ -45,7 +45,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from outbox import operator_reads
 from outbox.controller.problem import Problem
-from outbox.operations.maintenance import purge_done_async
+from outbox.operations.maintenance import retire_done_async
 from outbox.operator_reads import TableIdentity, server_started, table_identity
 from outbox.plumbing import dberrors
 from outbox.plumbing.dsn import DsnError, check_dsn
@@ -100,7 +100,8 @@ class Database(Protocol):
     async def purge(
         self, dispatcher: Dispatcher, target: Target, table: Table, older_than: timedelta
     ) -> int:
-        """Done rows older than `older_than` deleted; how many went; a Problem on failure."""
+        """Done rows older than `older_than` deleted (a partitioned table's finished
+        partitions dropped, `outbox maintain`'s way); how many went; a Problem on failure."""
         ...
 
     def release(self, dispatcher: Dispatcher) -> None:
@@ -248,11 +249,12 @@ class Pools:
         self, dispatcher: Dispatcher, target: Target, table: Table, older_than: timedelta
     ) -> int:
         pool = await self._pool(dispatcher, target)
-        # No deadline but the wait for a connection: each batch is short and commits, and a
-        # long purge holds one of the pool's connections, never the others' passes.
+        # No deadline but the wait for a connection: each batch is short and commits (a
+        # DETACH ... CONCURRENTLY waits for older snapshots, holding no lock producers need),
+        # and a long purge holds one of the pool's connections, never the others' passes.
         async with _answers(target, pool), pool.pool.connection() as conn:
             pool.served_at = time.monotonic()
-            return await purge_done_async(conn, table, older_than=older_than)
+            return await retire_done_async(conn, table, older_than=older_than)
 
     def release(self, dispatcher: Dispatcher) -> None:
         target = self._uses.pop(dispatcher, None)

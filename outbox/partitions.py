@@ -300,6 +300,14 @@ async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table)
     return replace(layout, named_leaves=named)
 
 
+def upkeep_lock(table: Table) -> sql.Composable:
+    """The advisory lock key of a table's partition upkeep: a worker making partitions ahead
+    and `outbox maintain` hold it, so that one of them at a time makes or retires them."""
+    return sql.SQL("hashtextextended({name}, 0)").format(
+        name=text_constant(f"outbox-dispatcher partitions {table}")
+    )
+
+
 async def keep_ahead(
     conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table, layout: Layout
 ) -> tuple[int, int]:
@@ -307,9 +315,7 @@ async def keep_ahead(
     (an advisory lock: one replica at a time, the others skip); (partitions made, ids
     left ahead). Raises psycopg.errors.InsufficientPrivilege for a role that may not
     create tables."""
-    lock = sql.SQL("hashtextextended({name}, 0)").format(
-        name=text_constant(f"outbox-dispatcher partitions {table}")
-    )
+    lock = upkeep_lock(table)
     made = 0
     got = await fetch_async(
         conn, Query(sql.SQL("SELECT pg_try_advisory_lock({l})").format(l=lock), None, _first)

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from helpers import seed
+from helpers import seed, wait_until_db
 
 from outbox.partitions import Layout, read_partitions
 from outbox.runner import fetch
@@ -99,3 +100,91 @@ def test_partitions_on_a_plain_table_and_a_bad_retention(dsn):
     assert "table outbox is not partitioned by `outbox migrate --partition-size`" in plain.stderr
     bad = outbox(dsn, "maintain", "--retention", "soon")
     assert bad.returncode == 2 and "--retention" in bad.stderr
+
+
+# A session waiting in DETACH ... CONCURRENTLY.
+_DETACHING = (
+    "(SELECT pid FROM pg_stat_activity WHERE query LIKE '%DETACH PARTITION%CONCURRENTLY' "
+    "AND wait_event_type = 'Lock')"
+)
+
+
+def _attached(conn: Any, name: str) -> bool:
+    return bool(
+        conn.execute(
+            "SELECT EXISTS (SELECT FROM pg_inherits WHERE inhrelid = to_regclass(%s))", (name,)
+        ).fetchone()[0]
+    )
+
+
+@pytest.mark.parametrize("crash", ["session ended mid-detach", "client killed before the drop"])
+def test_a_retirement_cut_short_is_finished_by_the_next_run(history, empty_dsn, crash):
+    # A transaction that read the table holds the DETACH ... CONCURRENTLY in its wait.
+    with psycopg.connect(empty_dsn) as reader:
+        reader.execute("SELECT count(*) FROM outbox")
+        run = subprocess.Popen(
+            [sys.executable, "-m", "outbox", "maintain", "--retention", "0s", "--dsn", empty_dsn],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        wait_until_db(history, f"{_DETACHING} IS NOT NULL", timeout=60)
+        pid = history.execute(f"SELECT {_DETACHING}").fetchone()[0]
+        if crash == "session ended mid-detach":
+            # The database session goes (a failover, a kill): the partition is left pending
+            # detach, which PostgreSQL refuses to finish on its own.
+            history.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            assert run.wait(timeout=60) != 0
+            pending = history.execute(
+                "SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = 'outbox_p0'::regclass"
+            ).fetchone()
+            assert pending == (True,)
+        else:
+            # The process goes: its session finishes the detach once the reader is done, and
+            # nobody is left to drop the partition.
+            run.kill()
+            run.wait(timeout=60)
+        reader.rollback()
+    if crash == "client killed before the drop":
+        wait_until_db(history, "to_regclass('outbox_p0') NOT IN (SELECT inhrelid FROM pg_inherits)")
+    assert history.execute("SELECT to_regclass('outbox_p0') IS NOT NULL").fetchone() == (True,)
+    again = outbox(empty_dsn, "maintain", "--retention", "0s")
+    assert again.returncode == 0, again.stderr
+    assert "retired 2 (199 rows)" in again.stdout  # partition 0 among them, finished
+    assert history.execute("SELECT to_regclass('outbox_p0')").fetchone() == (None,)
+    assert history.execute("SELECT count(*) FROM outbox WHERE id < 100").fetchone() == (0,)
+
+
+def test_a_partition_detached_then_found_unfinished_is_attached_back(history, empty_dsn):
+    # Detached by a run whose process died, and a row in it made pending again meanwhile.
+    outbox(empty_dsn, "maintain", "--retention", "1h")  # notes partitions 0 and 2 finished
+    history.execute("ALTER TABLE outbox DETACH PARTITION outbox_p2")
+    history.execute("UPDATE outbox_p2 SET status = 'pending', done_at = NULL WHERE id = 250")
+    result = outbox(empty_dsn, "maintain", "--retention", "0s")
+    assert result.returncode == 0, result.stderr
+    assert "retired 1 (99 rows)" in result.stdout  # partition 0 only
+    assert _attached(history, "outbox_p2")
+    assert history.execute("SELECT status FROM outbox WHERE id = 250").fetchone() == ("pending",)
+
+
+async def test_a_failed_run_leaves_the_connection_clean_for_the_pool(history, empty_dsn):
+    """The operator runs maintenance on pooled connections: one whose run failed goes back
+    outside any transaction, holding no advisory lock (a worker's upkeep would skip forever)."""
+    from psycopg.pq import TransactionStatus
+
+    from outbox.operations.maintenance import retire_done_async
+
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as conn:
+        await conn.execute("SET lock_timeout = '200ms'")
+        with psycopg.connect(empty_dsn) as holder:
+            holder.execute("LOCK TABLE outbox_p0 IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                await retire_done_async(conn, TABLE, older_than=timedelta(0))
+        assert conn.info.transaction_status == TransactionStatus.IDLE
+        locks = await conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+        )
+        assert await locks.fetchone() == (0,)
+        # The next run finishes the work.
+        assert await retire_done_async(conn, TABLE, older_than=timedelta(0)) == 199
+        assert conn.info.transaction_status == TransactionStatus.IDLE
+    assert "outbox_p0" not in _leaves(history)

@@ -1,4 +1,6 @@
-"""Retention: delete done rows in bounded batches so no statement holds locks for long."""
+"""Retention: delete done rows in bounded batches so no statement holds locks for long; on a
+partitioned table, retire finished partitions whole (outbox.operations.partition_maintenance).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from outbox.operations.partition_maintenance import maintain_async
+from outbox.partitions import read_layout
+from outbox.runner import fetch_async
 from outbox.table import Table
 
 PURGE_BATCH = 5000  # rows per DELETE: each one short, so no statement holds locks for long
@@ -68,3 +73,17 @@ async def purge_done_async(
         total += cursor.rowcount
         if cursor.rowcount < batch:
             return total
+
+
+async def retire_done_async(
+    conn: psycopg.AsyncConnection[Any], table: Table, *, older_than: timedelta
+) -> int:
+    """The operator's retention: done rows older than `older_than` gone, how many. A plain
+    table is purged in batches (`purge_done_async`); a partitioned one is maintained as
+    `outbox maintain --retention` does (partitions made ahead, finished ones detached
+    concurrently and dropped, the parent analyzed), and the rows counted are those of the
+    partitions dropped. `conn` is in autocommit and is left so, outside any transaction."""
+    if await fetch_async(conn, read_layout(table)) is None:
+        return await purge_done_async(conn, table, older_than=older_than)
+    done = await maintain_async(conn, table, retention=older_than)
+    return done.rows_retired

@@ -9,11 +9,23 @@ partition (a dead one until it is requeued or skipped). When a partition is firs
 nothing unfinished, maintenance notes the time in the partition's comment: every `done_at`
 in it is older than that, so it can go once the note is older than the retention, without
 reading a row.
+
+A run interrupted half-way is finished by the next: a partition left pending detach (the
+DETACH ... CONCURRENTLY cancelled or its session gone) is finalized, and one detached but
+not dropped (`<table>_p<k>` below the newest partition, attached to nothing) is dropped, or
+attached back if a row in it is unfinished.
+
+The run is written once as `Steps` (outbox.runner), so the CLI runs it on a sync connection
+(`maintain`) and the operator on its pooled async ones (`maintain_async`), both in
+autocommit: DETACH ... CONCURRENTLY cannot run inside a transaction block. One run at a
+time per table: it holds the advisory lock a worker holds while it makes partitions ahead
+(outbox.partitions.upkeep_lock), and releases it before it returns, whatever happened.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -21,8 +33,16 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from outbox.partitions import Layout, Partition, make_ahead, read_layout, read_partitions
-from outbox.runner import fetch
+from outbox.partitions import (
+    Layout,
+    Partition,
+    make_partition,
+    missing_ahead,
+    read_layout,
+    read_partitions,
+    upkeep_lock,
+)
+from outbox.runner import Query, Row, Steps, first_row, no_rows, perform, perform_async, step
 from outbox.table import Table
 
 _DONE_NOTE = "outbox-dispatcher: nothing unfinished since "
@@ -59,9 +79,18 @@ class PartitionState:
         return d
 
 
-def _layout(conn: Conn, table: Table) -> tuple[Layout, list[Partition]]:
-    leaves = fetch(conn, read_partitions(table))
-    layout = fetch(conn, read_layout(table)) if leaves is not None else None
+def _statement(statement: sql.Composed) -> Query[None]:
+    return Query(statement, None, no_rows)
+
+
+def _value(statement: sql.Composed, parse: Callable[[Any], Any] = lambda v: v) -> Query[Any]:
+    """A statement of one row of one column."""
+    return Query(statement, None, first_row(lambda row: parse(row[0] if row else None)))
+
+
+def _layout(table: Table) -> Steps[tuple[Layout, list[Partition]]]:
+    leaves = yield from step(read_partitions(table))
+    layout = (yield from step(read_layout(table))) if leaves is not None else None
     if leaves is None or layout is None:
         raise NotPartitioned(
             f"table {table} is not partitioned by `outbox migrate --partition-size`"
@@ -69,37 +98,36 @@ def _layout(conn: Conn, table: Table) -> tuple[Layout, list[Partition]]:
     return layout, leaves
 
 
-def _last_id(conn: Conn, table: Table) -> int:
-    row = conn.execute(
+def _last_id(table: Table) -> Query[int]:
+    # The sequence's last value: never behind an insert in flight, and no scan of the parent.
+    return _value(
         sql.SQL(
             "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence({t}, 'id')), 0)"
-        ).format(t=table.regclass_literal)
-    ).fetchone()
-    return int(row[0]) if row else 0
+        ).format(t=table.regclass_literal),
+        lambda v: int(v or 0),
+    )
 
 
 def _leaf(table: Table, name: str) -> sql.Composable:
     return Table(table.schema, name).ident
 
 
-def _state(conn: Conn, table: Table, leaf: Partition, current: int) -> PartitionState:
+def _state_query(table: Table, leaf: Partition) -> Query[Row]:
     """One partition, read directly (its partial indexes count what is unfinished)."""
-    row = conn.execute(
-        sql.SQL(
-            """SELECT count(*) FILTER (WHERE status = 'pending'),
+    statement = sql.SQL(
+        """SELECT count(*) FILTER (WHERE status = 'pending'),
        count(*) FILTER (WHERE status = 'processing'),
        (SELECT count(*) FROM {leaf} WHERE status = 'dead'),
        (SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = {name}::regclass),
        (SELECT created_at FROM {leaf} ORDER BY id LIMIT 1),
        obj_description({name}::regclass, 'pg_class')
   FROM {leaf} WHERE status IN ('pending', 'processing')"""
-        ).format(
-            leaf=_leaf(table, leaf.name),
-            name=Table(table.schema, leaf.name).regclass_literal,
-        )
-    ).fetchone()
-    assert row is not None
-    pending, processing, dead, tuples, oldest, comment = row
+    ).format(leaf=_leaf(table, leaf.name), name=Table(table.schema, leaf.name).regclass_literal)
+    return Query(statement, None, first_row(lambda row: row or ()))
+
+
+def _state(table: Table, leaf: Partition, current: int) -> Steps[PartitionState]:
+    pending, processing, dead, tuples, oldest, comment = yield from step(_state_query(table, leaf))
     note = _NOTE.match(str(comment or ""))
     done_since = datetime.fromisoformat(note.group(1)) if note else None
     unfinished = int(pending) + int(processing) + int(dead)
@@ -117,11 +145,18 @@ def _state(conn: Conn, table: Table, leaf: Partition, current: int) -> Partition
     )  # fmt: skip
 
 
+def _states(table: Table) -> Steps[list[PartitionState]]:
+    _, leaves = yield from _layout(table)
+    current = yield from step(_last_id(table))
+    states = []
+    for leaf in leaves:
+        states.append((yield from _state(table, leaf, current)))
+    return states
+
+
 def partition_states(conn: Conn, table: Table) -> list[PartitionState]:
     """Every partition, oldest first: `outbox partitions`."""
-    _, leaves = _layout(conn, table)
-    current = _last_id(conn, table)
-    return [_state(conn, table, leaf, current) for leaf in leaves]
+    return perform(conn, _states(table))
 
 
 @dataclass(frozen=True)
@@ -132,118 +167,204 @@ class Maintained:
     kept: list[PartitionState]  # finished, but not for the retention yet
 
 
+def _lock(table: Table, take: bool) -> Query[None]:
+    verb = "pg_advisory_lock" if take else "pg_advisory_unlock"
+    return _statement(
+        sql.SQL("SELECT {f}({key})").format(f=sql.Identifier(verb), key=upkeep_lock(table))
+    )
+
+
 def maintain(conn: Conn, table: Table, *, retention: timedelta) -> Maintained:
     """Make partitions ahead, retire those finished for `retention`, ANALYZE the parent.
 
     `conn` must be in autocommit: DETACH ... CONCURRENTLY runs outside a transaction."""
-    layout, leaves = _layout(conn, table)
-    half_detached = _finish_detaches(conn, table)
-    with conn.transaction():
-        made = make_ahead(conn, table, layout)
-    current = _last_id(conn, table)
+    perform(conn, step(_lock(table, True)))
+    try:
+        return perform(conn, _maintaining(table, retention))
+    finally:
+        perform(conn, step(_lock(table, False)))
+
+
+async def maintain_async(
+    conn: psycopg.AsyncConnection[Any], table: Table, *, retention: timedelta
+) -> Maintained:
+    """`maintain` on an async connection in autocommit (the operator's pooled ones)."""
+    await perform_async(conn, step(_lock(table, True)))
+    try:
+        return await perform_async(conn, _maintaining(table, retention))
+    finally:
+        await perform_async(conn, step(_lock(table, False)))
+
+
+def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
+    layout, leaves = yield from _layout(table)
+    # What an interrupted run left half-done first: pending detaches finished, then every
+    # partition detached and not dropped is dropped (or attached back).
+    half_detached = yield from _finish_detaches(table)
+    leftovers = yield from _detached_orphans(table, layout, leaves)
+    leaves = [leaf for leaf in leaves if leaf.name not in half_detached]
+    made = yield from _make_ahead(table, layout, leaves)
+    current = yield from step(_last_id(table))
+    now = _value(sql.SQL("SELECT clock_timestamp()").format())
     retired: list[str] = []
     rows = 0
     kept = []
-    for leaf in leaves:
-        if leaf.name in half_detached:
-            count = _drop_unless_unfinished(conn, table, leaf)
-            if count is not None:
-                retired.append(leaf.name)
-                rows += count
-            continue
-        state = _state(conn, table, leaf, current)
-        if not state.retirable:
-            if state.why_not and "made ahead" not in state.why_not:
-                _note(conn, table, leaf.name, None)  # unfinished again (a replay): forget
-            continue
-        if state.done_since is None:
-            _note(conn, table, leaf.name, _now(conn))
-            state = _state(conn, table, leaf, current)
-        if state.done_since is None or state.done_since > _now(conn) - retention:
-            kept.append(state)
-            continue
-        count = _retire(conn, table, leaf)
+    for leaf in [*leftovers, *leaves]:
+        if leaf in leftovers:
+            count = yield from _drop_unless_unfinished(table, leaf)
+        else:
+            state = yield from _state(table, leaf, current)
+            if not state.retirable:
+                if state.why_not and "made ahead" not in state.why_not:
+                    yield from _note(table, leaf.name, None)  # unfinished again (a replay)
+                continue
+            if state.done_since is None:
+                since: datetime = yield from step(now)
+                yield from _note(table, leaf.name, since)
+                state = yield from _state(table, leaf, current)
+            if state.done_since is None or state.done_since > (yield from step(now)) - retention:
+                kept.append(state)
+                continue
+            count = yield from _retire(table, leaf)
         if count is not None:
             retired.append(leaf.name)
             rows += count
     # Autovacuum never analyzes a partitioned parent: the planner's view of it comes from here.
-    conn.execute(sql.SQL("ANALYZE {t}").format(t=table.ident))
+    yield from step(_statement(sql.SQL("ANALYZE {t}").format(t=table.ident)))
     return Maintained(made, retired, rows, kept)
 
 
-def _now(conn: Conn) -> datetime:
-    row = conn.execute("SELECT clock_timestamp()").fetchone()
-    assert row is not None and isinstance(row[0], datetime)
-    return row[0]
+def _make_ahead(table: Table, layout: Layout, leaves: list[Partition]) -> Steps[int]:
+    """The partitions missing ahead of the highest id, each created on its own, then
+    attached (outbox.partitions.make_partition); how many were made."""
+    missing = missing_ahead(leaves, (yield from step(_last_id(table))), layout)
+    for index, low, high in missing:
+        for statement in make_partition(table, index, low, high):
+            yield from step(_statement(statement))
+    return len(missing)
 
 
-def _note(conn: Conn, table: Table, name: str, since: datetime | None) -> None:
+def _note(table: Table, name: str, since: datetime | None) -> Steps[None]:
     comment = None if since is None else _DONE_NOTE + since.isoformat()
-    current = conn.execute(
-        sql.SQL("SELECT obj_description({n}::regclass, 'pg_class')").format(
-            n=Table(table.schema, name).regclass_literal
-        )
-    ).fetchone()
-    if current is not None and current[0] == comment:
+    regclass = Table(table.schema, name).regclass_literal
+    current = yield from step(
+        _value(sql.SQL("SELECT obj_description({n}::regclass, 'pg_class')").format(n=regclass))
+    )
+    if current == comment:
         return
-    conn.execute(
-        sql.SQL("COMMENT ON TABLE {leaf} IS {c}").format(
-            leaf=_leaf(table, name), c=sql.Literal(comment)
+    yield from step(
+        _statement(
+            sql.SQL("COMMENT ON TABLE {leaf} IS {c}").format(
+                leaf=_leaf(table, name), c=sql.Literal(comment)
+            )
         )
     )
 
 
-def _retire(conn: Conn, table: Table, leaf: Partition) -> int | None:
+def _retire(table: Table, leaf: Partition) -> Steps[int | None]:
     """Detach without blocking the parent's users, check again, drop; the rows it held, or
     None if a row became unfinished meanwhile (attached back)."""
-    conn.execute(
-        sql.SQL("ALTER TABLE {t} DETACH PARTITION {leaf} CONCURRENTLY").format(
-            t=table.ident, leaf=_leaf(table, leaf.name)
+    yield from step(
+        _statement(
+            sql.SQL("ALTER TABLE {t} DETACH PARTITION {leaf} CONCURRENTLY").format(
+                t=table.ident, leaf=_leaf(table, leaf.name)
+            )
         )
     )
-    return _drop_unless_unfinished(conn, table, leaf)
+    return (yield from _drop_unless_unfinished(table, leaf))
 
 
-def _drop_unless_unfinished(conn: Conn, table: Table, leaf: Partition) -> int | None:
+def _drop_unless_unfinished(table: Table, leaf: Partition) -> Steps[int | None]:
     ident = _leaf(table, leaf.name)
     # Through the partial indexes, and the row count from the statistics when the partition
     # has them: counting a partition of a million rows would cost more than dropping it.
-    row = conn.execute(
-        sql.SQL(
-            """SELECT EXISTS (SELECT FROM {leaf} WHERE status IN ('pending', 'processing'))
+    unfinished, total = yield from step(
+        Query(
+            sql.SQL(
+                """SELECT EXISTS (SELECT FROM {leaf} WHERE status IN ('pending', 'processing'))
        OR EXISTS (SELECT FROM {leaf} WHERE status = 'dead'),
        (SELECT reltuples::bigint FROM pg_class WHERE oid = {name}::regclass)"""
-        ).format(leaf=ident, name=Table(table.schema, leaf.name).regclass_literal)
-    ).fetchone()
-    assert row is not None
-    unfinished, total = bool(row[0]), int(row[1])
-    if total < 0:  # never analyzed: count it
-        counted = conn.execute(sql.SQL("SELECT count(*) FROM {leaf}").format(leaf=ident)).fetchone()
-        total = int(counted[0]) if counted else 0
-    if unfinished:
-        conn.execute(
-            sql.SQL(
-                "ALTER TABLE {t} ATTACH PARTITION {leaf} FOR VALUES FROM ({l}) TO ({h})"
-            ).format(t=table.ident, leaf=ident, l=sql.Literal(leaf.low), h=sql.Literal(leaf.high))
+            ).format(leaf=ident, name=Table(table.schema, leaf.name).regclass_literal),
+            None,
+            first_row(lambda row: (bool(row[0]), int(row[1])) if row else (False, 0)),
         )
-        return None
-    conn.execute(sql.SQL("DROP TABLE {leaf}").format(leaf=ident))
-    return total
-
-
-def _finish_detaches(conn: Conn, table: Table) -> set[str]:
-    """A DETACH ... CONCURRENTLY interrupted (a cancel, a crash) leaves its partition
-    half-detached: finish it, so that the run retires it like any other."""
-    pending = conn.execute(
-        sql.SQL(
-            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-            "WHERE i.inhparent = {t}::regclass AND i.inhdetachpending"
-        ).format(t=table.regclass_literal)
-    ).fetchall()
-    for (name,) in pending:
-        conn.execute(
-            sql.SQL("ALTER TABLE {t} DETACH PARTITION {leaf} FINALIZE").format(
-                t=table.ident, leaf=_leaf(table, str(name))
+    )
+    if total < 0:  # never analyzed: count it
+        total = yield from step(
+            _value(sql.SQL("SELECT count(*) FROM {leaf}").format(leaf=ident), int)
+        )
+    if unfinished:
+        yield from step(
+            _statement(
+                sql.SQL(
+                    "ALTER TABLE {t} ATTACH PARTITION {leaf} FOR VALUES FROM ({l}) TO ({h})"
+                ).format(
+                    t=table.ident, leaf=ident, l=sql.Literal(leaf.low), h=sql.Literal(leaf.high)
+                )
             )
         )
-    return {str(name) for (name,) in pending}
+        return None
+    yield from step(_statement(sql.SQL("DROP TABLE {leaf}").format(leaf=ident)))
+    return int(total)
+
+
+def _finish_detaches(table: Table) -> Steps[set[str]]:
+    """A DETACH ... CONCURRENTLY interrupted (a cancel, a crash) leaves its partition
+    half-detached: finish it, so that the run retires it like any other."""
+    pending = yield from step(
+        Query(
+            sql.SQL(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                "WHERE i.inhparent = {t}::regclass AND i.inhdetachpending"
+            ).format(t=table.regclass_literal),
+            None,
+            lambda rows: {str(row[0]) for row in rows},
+        )
+    )
+    for name in sorted(pending):
+        yield from step(
+            _statement(
+                sql.SQL("ALTER TABLE {t} DETACH PARTITION {leaf} FINALIZE").format(
+                    t=table.ident, leaf=_leaf(table, name)
+                )
+            )
+        )
+    return set(pending)
+
+
+def _detached_orphans(
+    table: Table, layout: Layout, leaves: list[Partition]
+) -> Steps[list[Partition]]:
+    """Partitions a run detached and did not drop (its session ended between the two):
+    tables named as partition k (`<table>_p<k>`) below the newest partition, attached to
+    nothing, that carry maintenance's note (a run notes a partition before it detaches
+    it; a partition someone detached by hand to keep is not ours to drop unless it does)."""
+    if not leaves:
+        return []
+    candidates = yield from step(
+        Query(
+            sql.SQL(
+                "SELECT c.relname FROM pg_class c WHERE c.relkind = 'r' AND NOT c.relispartition "
+                "AND c.relnamespace = "
+                "(SELECT relnamespace FROM pg_class WHERE oid = {t}::regclass) "
+                "AND starts_with(c.relname, {prefix}) "
+                "AND starts_with(obj_description(c.oid, 'pg_class'), {note})"
+            ).format(
+                t=table.regclass_literal,
+                prefix=sql.Literal(table.derived_name("p")),
+                note=sql.Literal(_DONE_NOTE),
+            ),
+            None,
+            lambda rows: [str(row[0]) for row in rows],
+        )
+    )
+    size, top = layout.partition_size, leaves[-1].low
+    found = []
+    for name in candidates:
+        index = name.removeprefix(table.derived_name("p"))
+        if not index.isdigit() or table.derived_name(f"p{int(index)}") != name:
+            continue
+        low = int(index) * size
+        if low < top:
+            found.append(Partition(name, low, low + size))
+    return sorted(found, key=lambda p: p.low)
