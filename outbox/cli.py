@@ -18,6 +18,7 @@ from outbox.commands import inbox as inbox_cli
 from outbox.commands import replay as replay_cli
 from outbox.destinations import CLOSED, IDLE, OPEN, PAUSED
 from outbox.operations import pausing
+from outbox.operations.conversion import migrate_converting
 from outbox.operations.maintenance import MAX_PURGE_BATCH, PURGE_BATCH, PURGE_BATCH_ENV, purge_done
 from outbox.operations.partition_maintenance import (
     DEFAULT_RETENTION,
@@ -48,7 +49,7 @@ from outbox.plumbing.errors import SettingError
 from outbox.plumbing.redact import describe_dsn
 from outbox.plumbing.text import age, first_control, printable
 from outbox.runner import fetch
-from outbox.schema import ORDERINGS, SchemaError, migrate, orderings, render_migration
+from outbox.schema import ORDERINGS, SchemaError, orderings, render_migration
 from outbox.session import session_settings
 from outbox.stats import DestinationState, QueueStats, destination_states, queue_stats
 from outbox.table import Table
@@ -88,14 +89,16 @@ def _parser() -> ArgumentParser:
     parser = ArgumentParser(prog=PROG, description="The outbox table: schema, state, retention.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:
+    def command(name: str, help: str, *, connects: bool = True) -> argparse.ArgumentParser:
+        """A command; one that `connects` takes the DSN, the table and the timeouts."""
         sub = commands.add_parser(name, help=help, description=help)
         sub.error = parser.error  # type: ignore[method-assign]
+        if connects:
+            add_dsn_and_table(sub)
+            _add_timeouts(sub)
         return sub
 
     m = command("migrate", "create or upgrade the outbox table (idempotent)")
-    add_dsn_and_table(m)
-    _add_timeouts(m)
     m.add_argument(
         "--ordering",
         help=f"{' or '.join(ORDERINGS)}, as the workers will run: aggregate builds ordered "
@@ -116,16 +119,12 @@ def _parser() -> ArgumentParser:
     m.add_argument("--print", action="store_true", help="print the SQL instead of running it")
 
     pt = command("partitions", "a partitioned table's partitions: ids, rows, retirable or why not")
-    add_dsn_and_table(pt)
-    _add_timeouts(pt)
     pt.add_argument("--json", action="store_true", help="one JSON object, for scripts")
 
     mt = command(
         "maintain",
         "a partitioned table: make partitions ahead, drop those done for the retention, analyze",
     )
-    add_dsn_and_table(mt)
-    _add_timeouts(mt)
     mt.add_argument(
         "--retention",
         help="how long a partition stays after its last row is done, e.g. 7d, 12h, 0s "
@@ -133,14 +132,10 @@ def _parser() -> ArgumentParser:
     )
 
     s = command("stats", "counts per status, oldest ages, expired leases, attempts")
-    add_dsn_and_table(s)
-    _add_timeouts(s)
     s.add_argument("--json", action="store_true", help="one JSON object, for scripts")
     s.add_argument("--exact", action="store_true", help="count done rows (a full scan)")
 
     p = command("purge", "delete done rows older than a retention period, in batches")
-    add_dsn_and_table(p)
-    _add_timeouts(p)
     p.add_argument("--older-than", required=True, help="e.g. 7d, 12h")
     p.add_argument(
         "--batch", help=f"rows per DELETE (env {PURGE_BATCH_ENV}; default {PURGE_BATCH})"
@@ -148,8 +143,6 @@ def _parser() -> ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="count what would be deleted")
 
     r = command("requeue", "put dead messages back to pending: available now, attempts reset")
-    add_dsn_and_table(r)
-    _add_timeouts(r)
     which = r.add_mutually_exclusive_group(required=True)
     which.add_argument(
         "--id", action="append", metavar="ID", help="a dead message (repeat, or comma-separate)"
@@ -164,8 +157,6 @@ def _parser() -> ArgumentParser:
     r.add_argument("--dry-run", action="store_true", help="count what would be requeued")
 
     k = command("skip", "mark dead messages done on purpose (unblocks an ordered aggregate)")
-    add_dsn_and_table(k)
-    _add_timeouts(k)
     k.add_argument(
         "--id",
         action="append",
@@ -180,8 +171,6 @@ def _parser() -> ArgumentParser:
         "each destination's health: closed, open (the breaker), paused; idle when no worker "
         "serves it any more",
     )
-    add_dsn_and_table(ds)
-    _add_timeouts(ds)
     ds.add_argument("--json", action="store_true", help="one JSON object, for scripts")
 
     for name, help in (
@@ -189,8 +178,6 @@ def _parser() -> ArgumentParser:
         ("resume", "send to a paused destination again, or close an open breaker (recorded)"),
     ):
         h = command(name, help)
-        add_dsn_and_table(h)
-        _add_timeouts(h)
         h.add_argument(
             "destination", metavar="DESTINATION", help="its name, as `outbox destinations` lists it"
         )
@@ -208,18 +195,18 @@ def _parser() -> ArgumentParser:
             "database user)",
         )
 
-    def with_dsn_table_timeouts(sub: argparse.ArgumentParser) -> None:
-        add_dsn_and_table(sub)
-        _add_timeouts(sub)
+    replay_cli.add_commands(command)
 
-    replay_cli.add_commands(command, with_dsn_table_timeouts)
-
-    d = command("demo", "run the whole system on an embedded PostgreSQL and report")
+    d = command("demo", "run the whole system on an embedded PostgreSQL and report", connects=False)
     d.add_argument("--events", help=f"events to enqueue, 1 to {DEMO_MAX_EVENTS} (default 3000)")
     d.add_argument("--workers", help=f"worker processes, 1 to {DEMO_MAX_WORKERS} (default 4)")
     d.add_argument("--keep", action="store_true", help="leave the database running afterwards")
 
-    i = command("inbox", "the receiving end's inbox table: migrate, purge (docs/receiving.md)")
+    i = command(
+        "inbox",
+        "the receiving end's inbox table: migrate, purge (docs/receiving.md)",
+        connects=False,  # its own commands do, each
+    )
     inbox_cli.add_commands(i, _add_timeouts, parser.error)
     return parser
 
@@ -531,7 +518,9 @@ def _run(
     purge_options: dict[str, Any],
 ) -> None:
     if args.command == "migrate":
-        before, after = migrate(conn, table, args.ordering, layout=args.layout)
+        before, after, converted = migrate_converting(conn, table, args.ordering, args.layout)
+        if converted is not None:
+            print("\n".join(converted.describe()))
         done = (
             f"already at schema v{after}"
             if before == after

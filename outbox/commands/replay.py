@@ -35,14 +35,10 @@ _TIME_HELP = (
 )
 
 
-def add_commands(
-    command: Callable[[str, str], argparse.ArgumentParser],
-    add_common: Callable[[argparse.ArgumentParser], None],
-) -> None:
-    """`replay` and `reconcile`, made by `command(name, help)`; `add_common` adds the DSN,
-    the table and the timeouts every command takes."""
+def add_commands(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """`replay` and `reconcile`, made by `command(name, help)` with the DSN, the table and
+    the timeouts every command that connects takes."""
     r = command("replay", "send delivered (or dead) messages of a time window again")
-    add_common(r)
     _add_window(r)
     r.add_argument(
         "--event-type",
@@ -80,7 +76,6 @@ def add_commands(
         "compare the messages delivered in a window with a receiver's inbox: what it never "
         "recorded, and what it recorded that was not delivered",
     )
-    add_common(c)
     c.add_argument(
         "--inbox-dsn",
         required=True,
