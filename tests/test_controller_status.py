@@ -12,9 +12,9 @@ import pytest
 from outbox.controller import status as st
 from outbox.controller.decision import Decision
 from outbox.controller.problem import Problem
+from outbox.controller.reconcile import report
 from outbox.controller.reconcile.apply import Applied
 from outbox.controller.reconcile.read import Reading
-from outbox.controller.reconcile.report import status as report_status
 from outbox.controller.spec import DispatcherSpec
 from outbox.stats import DestinationState, QueueStats, Rates
 
@@ -712,7 +712,7 @@ def test_the_report_step_reads_the_resource_through_its_typed_spec_alone() -> No
     assert spec.reference == {"metadata": {"name": "orders", "namespace": "shop", "uid": "u-1"}}
     reading = Reading(spec, T0, spec.status, "", stats(), None, None)
     paused = Decision(0, "Paused", "paused")
-    written = report_status(reading, paused, Applied(None, False, purged=2), None)
+    written = report.status(reading, paused, Applied(None, False, purged=2), None)
     found = {c["type"]: c for c in written["conditions"]}
     assert (found[st.PAUSED]["status"], found[st.READY]["reason"]) == ("True", "Paused")
     assert (written["observedGeneration"], written["purgedTotal"]) == (3, 6)

@@ -14,13 +14,15 @@ the resource's reconcile loop; the workers dispatch the messages). Every
 
 Each step is a function of what the steps before it returned; `loop.Memory` is all a pass
 leaves the next. `context` holds what every loop shares.
+
+Here `read`, `apply` and `report` name the steps' modules (each holds its step's function
+of the same name), so `reconcile.report.status` is the report step's status, as it reads.
 """
 
-from outbox.controller.reconcile.apply import Applied, apply
+from outbox.controller.reconcile.apply import Applied
 from outbox.controller.reconcile.context import Context, StepFailed, step
 from outbox.controller.reconcile.loop import DispatcherLoop, Memory
-from outbox.controller.reconcile.read import Reading, read
-from outbox.controller.reconcile.report import report
+from outbox.controller.reconcile.read import Reading
 
 __all__ = [
     "Applied",
@@ -29,8 +31,5 @@ __all__ = [
     "Memory",
     "Reading",
     "StepFailed",
-    "apply",
-    "read",
-    "report",
     "step",
 ]
