@@ -396,6 +396,26 @@ def test_the_crd_refuses_the_nats_settings_the_worker_refuses(
     assert (crd == []) == (worker is None), (nats, crd, worker)
 
 
+@pytest.mark.parametrize(
+    ("kafka", "refused"),
+    [
+        ({"config": {"acks": "all"}}, False),
+        ({"configSecretRef": {"name": "kafka", "key": "k"}}, False),
+        ({"config": {"acks": "all"}, "configSecretRef": {"name": "kafka", "key": "k"}}, True),
+    ],
+)
+def test_kafka_properties_come_from_the_resource_or_a_secret_never_both(
+    kafka: dict[str, Any], refused: bool
+) -> None:
+    # Both render the worker's one OUTBOX_KAFKA_CONFIG: one would silently replace the other.
+    body = _body({**_KAFKA, "publisher.kafka": {"bootstrapServers": "k:9092", **kafka}})
+    said = (
+        'spec.publisher.kafka: Invalid value: "object": give kafka.config or '
+        "kafka.configSecretRef, not both"
+    )
+    assert _crd_errors(body) == ([said] if refused else [])
+
+
 def test_the_refusals_name_the_range() -> None:
     [error] = _crd_errors(_body({"lease": "0s"}))
     assert error.startswith("spec.lease: ") and "between 1s and 24h" in error
