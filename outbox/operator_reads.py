@@ -7,7 +7,7 @@ its backlog, which table it is); its retention is `outbox.operations.maintenance
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
 from psycopg import sql
@@ -39,6 +39,9 @@ class TableIdentity:
 
     key: str  # compared, never shown
     text: str  # for people: `table public.outbox of database orders`
+    # The table's oid, part of the key: a plain table converted to the partitioned layout is
+    # a new table under the same name (`still_the_table`).
+    oid: str = field(default="", compare=False)
 
 
 # Asked first, so a role denied the function makes no failing call (PostgreSQL would log an
@@ -79,7 +82,19 @@ async def table_identity(conn: AsyncConnection, table: Table) -> TableIdentity:
     return TableIdentity(
         f"{server}/{database_oid}/{table_oid}",
         f"table {schema}.{name} of database {database}",
+        table_oid,
     )
+
+
+async def still_the_table(conn: AsyncConnection, table: Table, identity: TableIdentity) -> bool:
+    """Whether the name still reaches the table `identity` was read of: a conversion to the
+    partitioned layout (`outbox migrate --partition-size` on a plain table) puts a new table
+    under the name, and the old one becomes its first partition. One catalog probe."""
+    cursor = await conn.execute(
+        sql.SQL("SELECT to_regclass({t})::oid::text").format(t=table.regclass_literal)
+    )
+    row = await cursor.fetchone()
+    return row is not None and row[0] == identity.oid
 
 
 async def read_table(

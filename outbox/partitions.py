@@ -49,6 +49,9 @@ class Layout:
     # `outbox migrate` and maintenance make them: a statement whose rows are all in one
     # partition may then name that partition itself (see `leaf_of`). Read by the check.
     named_leaves: bool = field(default=False, compare=False)
+    # A plain table converted in place (outbox.operations.conversion) is one partition,
+    # `<table>_p0`, holding every id below this (a multiple of the size); 0 when there is none.
+    converted_below: int = field(default=0, compare=False)
 
     def partition_of(self, message_id: int) -> int:
         return message_id // self.partition_size
@@ -60,6 +63,8 @@ class Layout:
         low, high = within
         if not self.named_leaves or high - low != self.partition_size:
             return None
+        if low < self.converted_below:
+            return None  # inside the converted table: the parent prunes to it
         return partition_table(table, low // self.partition_size)
 
     def span(self, ids: Iterable[int]) -> tuple[int, int]:
@@ -291,13 +296,24 @@ async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table)
         return None
     leaves = await fetch_async(conn, read_partitions(table)) or []
     size = layout.partition_size
+    first = leaves[0] if leaves else None
+    converted = (
+        first.high
+        if first is not None
+        and first.name == table.derived_name("p0")
+        and first.low == 0
+        and first.high % size == 0
+        and first.high > size
+        else 0
+    )
     named = all(
         p.name == table.derived_name(f"p{p.low // size}")
         and p.low % size == 0
         and p.high - p.low == size
         for p in leaves
+        if p.high > converted
     )
-    return replace(layout, named_leaves=named)
+    return replace(layout, named_leaves=named, converted_below=converted)
 
 
 def upkeep_lock(table: Table) -> sql.Composable:
@@ -361,6 +377,12 @@ FLOOR_TTL = 30.0
 READING_PARTITIONS = 4
 # The payload of a replay's NOTIFY (an insert's is empty): workers forget their claim window.
 REPLAY_NOTICE = "replay"
+# The payload of the NOTIFY a plain table's conversion to this layout sends as it commits
+# (outbox.operations.conversion): its workers learn the layout at once.
+LAYOUT_NOTICE = "layout"
+# How often a worker on a plain table looks whether it has been converted meanwhile, should it
+# have missed that NOTIFY: its claims through the parent work until then, only slower.
+LAYOUT_TTL = 30.0
 
 
 @dataclass(frozen=True)
@@ -472,12 +494,41 @@ class ClaimWindow:
         self._top = 0  # past the last id given at the last reading, rounded to a partition
         self.unfinished_behind = False  # the window moved on: the head check's start may too
         self._forgotten = 0  # how many times `forget` was called: a reading under way is void
+        self._layout_at = time.monotonic()  # when a plain table's layout was last looked at
+        self._relearn = False  # told to look again (a forget)
 
     def forget(self) -> None:
         """Drop the bounds and the floor: the next claim reads from the lowest partition. A
-        reading under way when this is called is thrown away, not kept."""
+        reading under way when this is called is thrown away, not kept. On a plain table,
+        the next claim looks first whether it has been partitioned since."""
         self._bounds, self._floor = None, None
         self._forgotten += 1
+        self._relearn = True
+
+    def layout_due(self) -> bool:
+        """A plain table's worker looks again whether the table has been converted to the
+        partitioned layout: when told (a forget: a NOTIFY `layout`, a reconnection) and
+        every LAYOUT_TTL."""
+        if self.layout is not None:
+            return False
+        return self._relearn or time.monotonic() - self._layout_at > LAYOUT_TTL
+
+    async def learn_layout(
+        self, conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table
+    ) -> Layout | None:
+        """Look whether the table is partitioned now; its layout, kept from now on (None: it
+        is still plain, or partitioned in a way the claims cannot address, which they then
+        go on reaching through the parent)."""
+        self._relearn, self._layout_at = False, time.monotonic()
+        try:
+            layout = await check(conn, table)
+        except ValueError:
+            return None
+        if layout is not None:
+            self.forget()
+            self._relearn = False
+            self.layout = layout
+        return layout
 
     async def bounds_for_claim(
         self,

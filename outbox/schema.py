@@ -121,7 +121,15 @@ def _v1(table: Table) -> list[sql.Composed]:
         sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (id) WHERE status = 'dead'").format(
             i=table.index_name("dead"), t=t
         ),
-        # One notification per inserting statement wakes idle workers; polling stays the fallback.
+        *notify_trigger_statements(table),
+    ]
+
+
+def notify_trigger_statements(table: Table) -> list[sql.Composed]:
+    """One notification per inserting statement wakes idle workers; polling stays the
+    fallback. On a partitioned table the trigger is the parent's (a statement trigger fires
+    on the table the statement names)."""
+    return [
         sql.SQL(
             """CREATE OR REPLACE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -135,7 +143,7 @@ $$"""
             "FOR EACH STATEMENT EXECUTE FUNCTION {f}({channel})"
         ).format(
             trg=sql.Identifier(f"{table.name}_notify"),
-            t=t,
+            t=table.ident,
             f=table.sibling("notify"),
             channel=sql.Literal(table.channel),
         ),
@@ -458,7 +466,8 @@ def migrate(
 
     `layout` creates a new table partitioned by range of id (outbox.partitions) with its
     partitions ahead, or, for a table partitioned already, records a new number ahead and
-    makes what is missing. A plain table is not converted (it is refused, saying so).
+    makes what is missing. A plain table is refused: converting it online takes several
+    transactions (outbox.operations.conversion).
     """
     with conn.transaction():
         conn.execute(
@@ -479,8 +488,8 @@ def migrate(
                     conn.execute(statement)
             elif fetch(conn, partitions.read_partitions(table)) is None:
                 raise SchemaError(
-                    f"table {table} exists and is not partitioned; converting a plain table "
-                    "is not supported yet: create a new one with --partition-size"
+                    f"table {table} exists and is not partitioned; `outbox migrate "
+                    "--partition-size` converts it (outbox.operations.conversion)"
                 )
         if current > SCHEMA_VERSION:
             raise SchemaError(

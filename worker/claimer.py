@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 from outbox import lease
 from outbox.models import Message
@@ -118,12 +119,25 @@ class Claimer(Service):
             if self.wakeup.is_set():
                 empty_claims = 0
 
+    async def _learn_layout(self, conn: Any) -> None:
+        """A plain table may have been converted to the partitioned layout since the start
+        (`outbox migrate --partition-size`): its claims then go on through the parent, and
+        from here on address its partitions."""
+        layout = await self.window.learn_layout(conn, self.settings.table)
+        if layout is not None:
+            log.info(
+                "table %s is partitioned now (partitions of %d ids): claims address its "
+                "partitions", self.settings.table, layout.partition_size,
+            )  # fmt: skip
+
     async def _claim(self, want: int) -> tuple[list[Message], bool]:
         """The messages claimed, and whether the claim was full: `want` of them, or cut
         short by the byte budget (plenty more may be ready)."""
         s = self.settings
         budget = self.ledger.bytes_to_claim()
         async with self.connection() as conn:
+            if self.window.layout_due():
+                await self._learn_layout(conn)
             # When the claim that succeeded was sent (not the first attempt's, should the
             # database have been away): the messages' ages at publish count from it.
             self._sent = time.monotonic()

@@ -2,9 +2,11 @@
 
 A replay's NOTIFY (outbox.partitions.REPLAY_NOTICE) first has the claim window forgotten:
 replayed rows may lie below it, and the next claim must read from the lowest partition so
-that its head check sees them. So does every (re)connection, for a replay committed while it
-was away. It reconnects by itself; while it is away the claimer polls, so nothing is missed,
-only noticed later (a replay below the window at the next floor reading, FLOOR_TTL).
+that its head check sees them. So does a plain table's conversion to the partitioned layout
+(LAYOUT_NOTICE: the next claim learns the layout), and every (re)connection, for a replay
+or a conversion committed while it was away. It reconnects by itself; while it is away the
+claimer polls, so nothing is missed, only noticed later (a replay below the window at the
+next floor reading, FLOOR_TTL; a conversion within LAYOUT_TTL).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import asyncio
 
 import psycopg
 
-from outbox.partitions import REPLAY_NOTICE, ClaimWindow
+from outbox.partitions import LAYOUT_NOTICE, REPLAY_NOTICE, ClaimWindow
 from outbox.plumbing.dsn import connect_options
 from outbox.queries import queries
 from outbox.worker.retry import DatabaseErrors, DatabaseRetry
@@ -55,7 +57,7 @@ class Listener:
                 self.wakeup.set()
                 try:
                     async for notice in conn.notifies():
-                        if notice.payload == REPLAY_NOTICE:
+                        if notice.payload in (REPLAY_NOTICE, LAYOUT_NOTICE):
                             self.window.forget()
                         self.wakeup.set()
                 except DatabaseErrors as exc:

@@ -21,15 +21,19 @@ log = logging.getLogger("outbox.worker")
 # How often partitions ahead are checked: a partition of the default size lasts minutes at
 # the fastest producers, and the default keeps 16 of them ahead.
 KEEP_INTERVAL = 30.0
+# How often, on a plain table, the keeper looks whether the claimer has learnt a layout (a
+# conversion): the conversion made partitions ahead, so seconds are soon enough.
+LAYOUT_WAIT = 5.0
 
 
 class PartitionKeeper(Service):
     async def run(self) -> None:
-        """Keep partitions ahead until cancelled; on a plain table, only wait to be."""
+        """Keep partitions ahead until cancelled; on a plain table, wait until the claimer
+        learns it has been converted to the partitioned layout."""
         layout = self.window.layout
-        if layout is None:
-            await asyncio.Event().wait()
-            return
+        while layout is None:
+            await asyncio.sleep(LAYOUT_WAIT)
+            layout = self.window.layout
         self.metrics.partition_ids_target.set(layout.partition_size * layout.partitions_ahead)
         may_create = True
         while True:

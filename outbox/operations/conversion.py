@@ -1,0 +1,555 @@
+"""Converting a plain outbox table to the partitioned layout online: `outbox migrate
+--partition-size N` on a plain table. The table itself becomes the first partition,
+`<table>_p0`, without being rewritten, and without being scanned under a lock that stops
+producers or workers.
+
+1. **bound**: a CHECK constraint `<table>_p0_range` (`id >= 0 AND id < B`) is added NOT
+   VALID, a catalog change under a moment of ACCESS EXCLUSIVE lock. B, the first partition's
+   upper bound, is a partition boundary `partitions_ahead` whole partitions past the highest
+   id: the room the layout keeps ahead anyway, here for what producers insert until the swap;
+2. **validate**: the constraint is validated, a scan of the table under SHARE UPDATE
+   EXCLUSIVE, which inserts, claims and finalizes go on through;
+3. **swap**, one short transaction whose ACCESS EXCLUSIVE lock is asked for with a short
+   `lock_timeout` and retried: the table and its indexes are renamed `<table>_p0...`; the
+   id's identity is dropped (PostgreSQL attaches no table with one) and its default becomes
+   `<table>_id_seq`, set past every id drawn, B or later; a partitioned parent takes the
+   table's name, its columns, defaults, constraints and indexes; the old table is attached
+   for the ids [0, B), without a scan (the validated CHECK implies the bound), and its
+   indexes are attached to the parent's, not rebuilt, which take their old names; the
+   NOTIFY trigger, the schema version's comment and the grants move to the parent (a role
+   that may insert may use the sequence; one that may read may read `<table>_layout`); the
+   layout is recorded, the partition for the next ids is made, and a NOTIFY `layout` tells
+   the running workers, which claim partition by partition from then on;
+4. the partitions ahead are made, each on its own (`outbox migrate` with the layout, as on
+   any partitioned table).
+
+Every step finds out from the catalog whether it is done, so the command run again after a
+crash at any point goes on from where it stopped. A constraint left by a run that stopped
+before the swap is replaced when the ids have come near its bound (producers would fail on
+it), and it can be dropped by hand to undo the conversion until the swap.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from outbox import partitions
+from outbox.partitions import Layout, make_partition, partition_table, record_layout
+from outbox.runner import fetch
+from outbox.schema import SchemaError, migrate, notify_trigger_statements
+from outbox.table import Table, text_constant
+
+Conn = psycopg.Connection[Any]
+
+# The swap asks for its ACCESS EXCLUSIVE lock for at most this long: while it waits, every
+# statement on the table queues behind it, so a producer stalls this long at worst for each
+# attempt that does not get the lock (a long transaction on the table holds it off).
+SWAP_LOCK_TIMEOUT = timedelta(milliseconds=500)
+# Attempts at each locking step before the command gives up (saying so, nothing half-done),
+# with a pause between them in which the queued statements run.
+SWAP_ATTEMPTS = 20
+SWAP_PAUSE = timedelta(seconds=1)
+# Runs of the bound-and-validate steps before giving up: producers that take the room left
+# under a bound before it is validated get a new bound, a few times.
+BOUND_RUNS = 3
+# The name of the conversion's NOTIFY payload, heard by the workers.
+LAYOUT_NOTICE = partitions.LAYOUT_NOTICE
+
+# What aclexplode() names a table's privileges (MAINTAIN: PostgreSQL 17).
+_PRIVILEGES = frozenset(
+    ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER", "MAINTAIN")
+)
+_BOUND = re.compile(r"id >= 0\)? AND \(?id < '?(\d+)'?")
+
+
+@dataclass
+class Converted:
+    """What a conversion did, for the command to say."""
+
+    table: Table
+    first_partition: str
+    first_high: int  # the first partition holds ids [0, first_high)
+    next_id: int  # the sequence's next id
+    validate_seconds: float = 0.0  # the scan, producers going on
+    bound_lock_seconds: float = 0.0  # ACCESS EXCLUSIVE held to add the constraint
+    swap_lock_seconds: float = 0.0  # ACCESS EXCLUSIVE held for the swap
+    swap_attempts: int = 0
+    scanned: bool = True  # False: ATTACH found the bound implied by the validated CHECK
+    indexes: list[str] = field(default_factory=list)  # attached to the parent's, by name
+    trigger_moved: bool = False
+    grants: int = 0
+    steps: list[str] = field(default_factory=list)  # what this run did, in order
+
+    def describe(self) -> list[str]:
+        """One line a step, for the command's output."""
+        lines = [f"{self.table}: converted to the partitioned layout:"]
+        if "bound" in self.steps:
+            lines.append(
+                f"  added CHECK {self.first_partition}_range (ids 0 to {self.first_high - 1}) "
+                f"NOT VALID, holding the exclusive lock {self.bound_lock_seconds * 1000:.0f} ms"
+            )
+        if "validate" in self.steps:
+            lines.append(
+                f"  validated it in {self.validate_seconds:.2f} s (writes went on meanwhile)"
+            )
+        scan = "without a scan" if not self.scanned else "with a scan"
+        lines.append(
+            f"  swapped in {self.swap_lock_seconds * 1000:.0f} ms under the exclusive lock "
+            f"(attempt {self.swap_attempts}): {self.table} is partitioned by range of id, "
+            f"{self.first_partition} is the old table, attached {scan} for ids 0 to "
+            f"{self.first_high - 1}; {len(self.indexes)} indexes attached, not rebuilt "
+            f"({', '.join(self.indexes)}); "
+            + ("NOTIFY trigger moved; " if self.trigger_moved else "")
+            + f"{self.grants} grants carried; new ids from {self.next_id}"
+        )
+        return lines
+
+
+def migrate_converting(
+    conn: Conn, table: Table, ordering: str | None, layout: Layout | None
+) -> tuple[int, int, Converted | None]:
+    """`outbox migrate`: `schema.migrate`, and with a layout, a plain table first migrated
+    as it is, converted, then given its partitions ahead like any partitioned table; (the
+    version before, after, what the conversion did if it ran)."""
+    if layout is None or not _plain(conn, table):
+        return (*migrate(conn, table, ordering, layout=layout), None)
+    before, _ = migrate(conn, table, ordering)
+    converted = convert(conn, table, layout)
+    _, after = migrate(conn, table, ordering, layout=layout)
+    return before, after, converted
+
+
+def _plain(conn: Conn, table: Table) -> bool:
+    row = conn.execute(
+        sql.SQL("SELECT relkind = 'r' FROM pg_class WHERE oid = to_regclass({t})").format(
+            t=table.regclass_literal
+        )
+    ).fetchone()
+    return row is not None and bool(row[0])
+
+
+def refusals(conn: Conn, table: Table) -> list[str]:
+    """What of the table the conversion could not carry to the partitioned one, one phrase
+    each: the table is refused before anything changes."""
+    t = table.regclass_literal
+    rows = conn.execute(
+        sql.SQL(
+            """SELECT 'trigger ' || tgname || ' (only the NOTIFY trigger moves to the partitioned '
+       || 'table)' FROM pg_trigger WHERE tgrelid = {t}::regclass AND NOT tgisinternal
+   AND tgname <> {notify}
+UNION ALL
+SELECT 'foreign key ' || conname || ' (a partition keeps it, the partitioned table would not)'
+  FROM pg_constraint WHERE contype = 'f' AND ({t}::regclass IN (conrelid, confrelid))
+UNION ALL
+SELECT 'unique index ' || c.relname || ' without id (a partitioned table cannot enforce it)'
+  FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+ WHERE i.indrelid = {t}::regclass AND i.indisunique AND NOT i.indisprimary
+   AND NOT EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = i.indrelid
+                      AND a.attname = 'id' AND a.attnum = ANY (i.indkey::int2[]))
+UNION ALL
+SELECT 'membership of publication ' || p.pubname || ' (it would follow the old table)'
+  FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid
+ WHERE r.prrelid = {t}::regclass
+UNION ALL
+SELECT 'table inheritance' FROM pg_inherits
+ WHERE {t}::regclass IN (inhrelid, inhparent) LIMIT 1"""
+        ).format(t=t, notify=sql.Literal(_notify_name(table)))
+    ).fetchall()
+    return [str(row[0]) for row in rows]
+
+
+def _notify_name(table: Table) -> str:
+    return f"{table.name}_notify"
+
+
+def convert(
+    conn: Conn,
+    table: Table,
+    layout: Layout,
+    *,
+    lock_timeout: timedelta = SWAP_LOCK_TIMEOUT,
+    attempts: int = SWAP_ATTEMPTS,
+    pause: timedelta = SWAP_PAUSE,
+    before_swap: Callable[[], None] | None = None,
+) -> Converted | None:
+    """Convert the plain table `table` (at the current schema version: `outbox migrate` it
+    first) to `layout`, online (see the module). `conn` must be in autocommit. SchemaError
+    when the table cannot be converted, or the exclusive lock was not had in `attempts`
+    tries: nothing is left half-done, and running it again goes on. `before_swap` is called
+    once the constraint is valid, just before the swap's first attempt. None when the table
+    is partitioned already (another run converted it)."""
+    if not conn.autocommit:
+        raise ValueError("convert needs an autocommit connection")
+    # One conversion of a table at a time (every replica may run `outbox migrate` at start):
+    # the others wait, then find it partitioned.
+    lock = sql.SQL("hashtextextended({n}, 0)").format(
+        n=text_constant(f"outbox-dispatcher convert {table}")
+    )
+    conn.execute(sql.SQL("SELECT pg_advisory_lock({l})").format(l=lock))
+    try:
+        if fetch(conn, partitions.read_partitions(table)) is not None:
+            return None
+        return _convert(conn, table, layout, lock_timeout, attempts, pause, before_swap)
+    finally:
+        conn.execute(sql.SQL("SELECT pg_advisory_unlock({l})").format(l=lock))
+
+
+def _convert(
+    conn: Conn,
+    table: Table,
+    layout: Layout,
+    lock_timeout: timedelta,
+    attempts: int,
+    pause: timedelta,
+    before_swap: Callable[[], None] | None,
+) -> Converted:
+    refused = refusals(conn, table)
+    if refused:
+        raise SchemaError(
+            f"table {table} cannot be converted to partitions: it has {'; '.join(refused)}; "
+            "drop it, convert, and make it again on the partitioned table"
+        )
+    first = partition_table(table, 0)
+    done = Converted(table, first.name, 0, 0)
+    for _ in range(BOUND_RUNS):
+        bound = _bound(conn, table)
+        last = _last_id(conn, table)
+        room = layout.partition_size * layout.partitions_ahead
+        if bound is None or bound[0] - last < room // 2:
+            high = last // layout.partition_size + 1 + layout.partitions_ahead
+            high *= layout.partition_size
+            done.bound_lock_seconds = _locked(
+                conn, table, _bound_statements(table, bound, high), lock_timeout, attempts, pause
+            )[0]
+            done.steps.append("bound")
+            continue
+        high, valid = bound
+        done.first_high = high
+        if not valid:
+            started = time.perf_counter()
+            conn.execute(
+                sql.SQL("ALTER TABLE {t} VALIDATE CONSTRAINT {c}").format(
+                    t=table.ident, c=sql.Identifier(_bound_name(table))
+                )
+            )
+            done.validate_seconds = time.perf_counter() - started
+            done.steps.append("validate")
+            continue
+        if before_swap is not None:
+            before_swap()
+        _swap(conn, table, layout, done, lock_timeout, attempts, pause)
+        return done
+    raise SchemaError(
+        f"table {table}: producers took the ids up to the first partition's bound before it "
+        f"could be validated, {BOUND_RUNS} times; run this again with a larger "
+        "--partitions-ahead (the room left for them), or when they are quieter"
+    )
+
+
+def _bound_name(table: Table) -> str:
+    return f"{partition_table(table, 0).name}_range"[:63]
+
+
+def _bound(conn: Conn, table: Table) -> tuple[int, bool] | None:
+    """The first partition's bound as a constraint on the plain table: (upper bound, valid)."""
+    row = conn.execute(
+        sql.SQL(
+            "SELECT pg_get_constraintdef(oid), convalidated FROM pg_constraint "
+            "WHERE conrelid = {t}::regclass AND conname = {c}"
+        ).format(t=table.regclass_literal, c=sql.Literal(_bound_name(table)))
+    ).fetchone()
+    if row is None:
+        return None
+    match = _BOUND.search(str(row[0]))
+    if match is None:
+        raise SchemaError(
+            f"table {table} has a constraint {_bound_name(table)} that is not the conversion's "
+            f"({row[0]}); drop or rename it, then run this again"
+        )
+    return int(match.group(1)), bool(row[1])
+
+
+def _bound_statements(table: Table, old: tuple[int, bool] | None, high: int) -> list[sql.Composed]:
+    name = sql.Identifier(_bound_name(table))
+    drop = [sql.SQL("ALTER TABLE {t} DROP CONSTRAINT {c}").format(t=table.ident, c=name)]
+    return [
+        *(drop if old is not None else []),
+        sql.SQL(
+            "ALTER TABLE {t} ADD CONSTRAINT {c} CHECK (id >= 0 AND id < {high}) NOT VALID"
+        ).format(t=table.ident, c=name, high=sql.Literal(high)),
+    ]
+
+
+def _last_id(conn: Conn, table: Table) -> int:
+    """The highest id given: the sequence's last value (ids drawn by transactions still
+    open count), or the highest row's if it is higher (one inserted with its own id)."""
+    row = conn.execute(
+        sql.SQL(
+            "SELECT greatest(coalesce(pg_sequence_last_value(pg_get_serial_sequence({t}, 'id')), "
+            "0), coalesce((SELECT max(id) FROM {ident}), 0))"
+        ).format(t=table.regclass_literal, ident=table.ident)
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _locked(
+    conn: Conn,
+    table: Table,
+    statements: list[sql.Composed] | Callable[[], None],
+    lock_timeout: timedelta,
+    attempts: int,
+    pause: timedelta,
+) -> tuple[float, int]:
+    """Run `statements` in one transaction under the table's ACCESS EXCLUSIVE lock, asked
+    for with `lock_timeout` and retried up to `attempts` times; (seconds the lock was held,
+    the attempt that had it)."""
+    timeout = f"{max(1, round(lock_timeout / timedelta(milliseconds=1)))}ms"
+    for attempt in range(1, attempts + 1):
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(timeout)))
+                conn.execute(
+                    sql.SQL("LOCK TABLE {t} IN ACCESS EXCLUSIVE MODE").format(t=table.ident)
+                )
+                held = time.perf_counter()
+                if callable(statements):
+                    statements()
+                else:
+                    for statement in statements:
+                        conn.execute(statement)
+            return time.perf_counter() - held, attempt
+        except psycopg.errors.LockNotAvailable:
+            if attempt < attempts:
+                time.sleep(pause.total_seconds())
+    raise SchemaError(
+        f"table {table}: could not take its exclusive lock within {timeout} in {attempts} "
+        "attempts (a long transaction on it?); nothing of this step was changed, run this "
+        "again (see pg_locks and pg_stat_activity)"
+    )
+
+
+def _swap(
+    conn: Conn,
+    table: Table,
+    layout: Layout,
+    done: Converted,
+    lock_timeout: timedelta,
+    attempts: int,
+    pause: timedelta,
+) -> None:
+    first = partition_table(table, 0)
+    high = done.first_high
+    notices: list[str] = []
+
+    def heard(diag: psycopg.errors.Diagnostic) -> None:
+        notices.append(diag.message_primary or "")
+
+    def statements() -> None:
+        notices.clear()
+        done.indexes, done.grants, done.trigger_moved = [], 0, False
+        t, p0 = table.ident, first.ident
+        identity, owner, comment = _table_facts(conn, table)
+        sequence = _sequence_of(conn, table)
+        done.next_id = max(high, _last_id(conn, table) + 1)
+        grants = _grants(conn, table)
+        indexes = _indexes(conn, table)
+        x = conn.execute
+        x(sql.SQL("ALTER TABLE {t} RENAME TO {p0}").format(t=t, p0=sql.Identifier(first.name)))
+        for name in indexes:
+            x(
+                sql.SQL("ALTER INDEX {i} RENAME TO {new}").format(
+                    i=Table(table.schema, name).ident,
+                    new=sql.Identifier(_partition_index_name(table, name)),
+                )
+            )
+        if identity:
+            x(sql.SQL("ALTER TABLE {p0} ALTER id DROP IDENTITY").format(p0=p0))
+            sequence = Table(table.schema, table.derived_name("id_seq"))
+            x(sql.SQL("CREATE SEQUENCE {s} AS bigint").format(s=sequence.ident))
+        assert sequence is not None
+        x(sql.SQL("SELECT setval({s}::regclass, {v})").format(
+            s=sequence.regclass_literal, v=sql.Literal(done.next_id - 1)))  # fmt: skip
+        x(
+            sql.SQL(
+                "CREATE TABLE {t} (LIKE {p0} INCLUDING DEFAULTS INCLUDING CONSTRAINTS "
+                "INCLUDING INDEXES INCLUDING COMMENTS INCLUDING STORAGE INCLUDING COMPRESSION "
+                "INCLUDING GENERATED INCLUDING STATISTICS) PARTITION BY RANGE (id)"
+            ).format(t=t, p0=p0)
+        )
+        x(sql.SQL("ALTER TABLE {t} DROP CONSTRAINT {c}").format(
+            t=t, c=sql.Identifier(_bound_name(table))))  # fmt: skip
+        default = sql.SQL("nextval({s}::regclass)").format(s=sequence.regclass_literal)
+        for target in (t, p0):
+            x(sql.SQL("ALTER TABLE {t} ALTER id SET DEFAULT {d}").format(t=target, d=default))
+        x(sql.SQL("ALTER TABLE {t} OWNER TO {o}").format(t=t, o=sql.Identifier(owner)))
+        x(sql.SQL("ALTER SEQUENCE {s} OWNER TO {o}").format(
+            s=sequence.ident, o=sql.Identifier(owner)))  # fmt: skip
+        x(sql.SQL("ALTER SEQUENCE {s} OWNED BY {t}.id").format(s=sequence.ident, t=t))
+        x(
+            sql.SQL("ALTER TABLE {t} ATTACH PARTITION {p0} FOR VALUES FROM (0) TO ({h})").format(
+                t=t, p0=p0, h=sql.Literal(high)
+            )
+        )
+        done.indexes = _name_parent_indexes(conn, table, indexes)
+        if _drop_notify_trigger(conn, table, first):
+            for statement in notify_trigger_statements(table):
+                x(statement)
+            done.trigger_moved = True
+        x(sql.SQL("COMMENT ON TABLE {t} IS {c}").format(t=t, c=sql.Literal(comment)))
+        x(sql.SQL("COMMENT ON TABLE {p0} IS NULL").format(p0=p0))
+        done.grants = _carry_grants(conn, table, sequence, grants)
+        x(record_layout(table, layout))
+        for statement in make_partition(table, high // layout.partition_size, high,
+                                        high + layout.partition_size):  # fmt: skip
+            x(statement)
+        x(sql.SQL("SELECT pg_notify({c}, {p})").format(
+            c=text_constant(table.channel), p=sql.Literal(LAYOUT_NOTICE)))  # fmt: skip
+
+    conn.add_notice_handler(heard)
+    try:
+        conn.execute("SET client_min_messages = debug1")
+        try:
+            done.swap_lock_seconds, done.swap_attempts = _locked(
+                conn, table, statements, lock_timeout, attempts, pause
+            )
+        finally:
+            conn.execute("RESET client_min_messages")
+    finally:
+        conn.remove_notice_handler(heard)
+    done.scanned = not any("is implied by existing constraints" in n for n in notices)
+    done.steps.append("swap")
+
+
+def _table_facts(conn: Conn, table: Table) -> tuple[bool, str, str | None]:
+    """(the id is an identity, the table's owner, its comment)."""
+    row = conn.execute(
+        sql.SQL(
+            "SELECT a.attidentity <> '', pg_get_userbyid(c.relowner), "
+            "obj_description(c.oid, 'pg_class') FROM pg_class c JOIN pg_attribute a "
+            "ON a.attrelid = c.oid AND a.attname = 'id' WHERE c.oid = {t}::regclass"
+        ).format(t=table.regclass_literal)
+    ).fetchone()
+    assert row is not None
+    return bool(row[0]), str(row[1]), row[2]
+
+
+def _sequence_of(conn: Conn, table: Table) -> Table | None:
+    """The sequence of a table whose id has a sequence default (not an identity)."""
+    row = conn.execute(
+        sql.SQL(
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE c.oid = pg_get_serial_sequence({t}, 'id')::regclass"
+        ).format(t=table.regclass_literal)
+    ).fetchone()
+    return None if row is None else Table(str(row[0]), str(row[1]))
+
+
+def _indexes(conn: Conn, table: Table) -> list[str]:
+    rows = conn.execute(
+        sql.SQL(
+            "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE i.indrelid = {t}::regclass ORDER BY c.relname"
+        ).format(t=table.regclass_literal)
+    ).fetchall()
+    return [str(row[0]) for row in rows]
+
+
+def _partition_index_name(table: Table, name: str) -> str:
+    """The old table's index `outbox_ready` becomes its partition's `outbox_p0_ready`."""
+    prefix = f"{table.name}_"
+    suffix = name[len(prefix) :] if name.startswith(prefix) else name
+    return partition_table(table, 0).derived_name(suffix)
+
+
+def _name_parent_indexes(conn: Conn, table: Table, names: list[str]) -> list[str]:
+    """The parent's indexes, made like the old table's, take the old names: each is found
+    by the partition index ATTACH attached to it. Through temporary names first, so that
+    no rename meets a name another index of the parent still holds."""
+    renamed = {_partition_index_name(table, name): name for name in names}
+    rows = conn.execute(
+        sql.SQL(
+            "SELECT child.relname, parent.relname FROM pg_inherits i "
+            "JOIN pg_class child ON child.oid = i.inhrelid "
+            "JOIN pg_class parent ON parent.oid = i.inhparent "
+            "WHERE i.inhrelid = ANY (SELECT indexrelid FROM pg_index "
+            "WHERE indrelid = {p0}::regclass) ORDER BY child.relname"
+        ).format(p0=partition_table(table, 0).regclass_literal)
+    ).fetchall()
+    pairs = [(renamed[str(child)], str(parent)) for child, parent in rows if str(child) in renamed]
+    for step, (_, parent) in enumerate(pairs):
+        conn.execute(
+            sql.SQL("ALTER INDEX {i} RENAME TO {tmp}").format(
+                i=Table(table.schema, parent).ident,
+                tmp=sql.Identifier(table.derived_name(f"converting_{step}")),
+            )
+        )
+    for step, (name, _) in enumerate(pairs):
+        conn.execute(
+            sql.SQL("ALTER INDEX {i} RENAME TO {name}").format(
+                i=Table(table.schema, table.derived_name(f"converting_{step}")).ident,
+                name=sql.Identifier(name),
+            )
+        )
+    return [name for name, _ in pairs]
+
+
+def _drop_notify_trigger(conn: Conn, table: Table, first: Table) -> bool:
+    """Drop the NOTIFY trigger from the old table; whether it had one."""
+    name = _notify_name(table)
+    row = conn.execute(
+        sql.SQL(
+            "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = {p0}::regclass AND tgname = {n})"
+        ).format(p0=first.regclass_literal, n=sql.Literal(name))
+    ).fetchone()
+    if row is None or not row[0]:
+        return False
+    conn.execute(
+        sql.SQL("DROP TRIGGER {trg} ON {p0}").format(trg=sql.Identifier(name), p0=first.ident)
+    )
+    return True
+
+
+def _grants(conn: Conn, table: Table) -> list[tuple[str | None, str, bool]]:
+    """(grantee, None for PUBLIC; privilege; with grant option) of the table, but its owner's."""
+    rows = conn.execute(
+        sql.SQL(
+            "SELECT CASE WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END, "
+            "a.privilege_type, a.is_grantable FROM pg_class c, aclexplode(c.relacl) a "
+            "WHERE c.oid = {t}::regclass AND a.grantee <> c.relowner ORDER BY 1, 2"
+        ).format(t=table.regclass_literal)
+    ).fetchall()
+    return [(None if r[0] is None else str(r[0]), str(r[1]), bool(r[2])) for r in rows]
+
+
+def _carry_grants(
+    conn: Conn, table: Table, sequence: Table, grants: list[tuple[str | None, str, bool]]
+) -> int:
+    """The old table's grants on the parent; the sequence to whoever may insert (its
+    default calls nextval, which an identity did not need), `<table>_layout` to whoever may
+    read (the workers' check reads it)."""
+    layout = partitions.layout_table(table)
+    for grantee, privilege, grantable in grants:
+        if privilege not in _PRIVILEGES:
+            raise SchemaError(f"table {table} has a grant of {privilege!r}, unknown here")
+        to = sql.SQL("PUBLIC") if grantee is None else sql.Identifier(grantee)
+        option = sql.SQL(" WITH GRANT OPTION") if grantable else sql.SQL("")
+        conn.execute(
+            sql.SQL("GRANT {p} ON {t} TO {to}{o}").format(
+                p=sql.SQL(privilege), t=table.ident, to=to, o=option
+            )
+        )
+        if privilege == "INSERT":
+            conn.execute(
+                sql.SQL("GRANT USAGE ON SEQUENCE {s} TO {to}").format(s=sequence.ident, to=to)
+            )
+        if privilege == "SELECT":
+            conn.execute(sql.SQL("GRANT SELECT ON {l} TO {to}").format(l=layout, to=to))
+    return len(grants)

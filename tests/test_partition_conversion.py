@@ -1,0 +1,297 @@
+"""`outbox migrate --partition-size` on a plain table: converted online, the old table the
+first partition (attached without a scan), resumable after a stop at any step, refused when
+it holds what the partitioned table could not carry; workers and the operator follow it."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from helpers import seed, statuses, wait_until
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from test_worker import Scripted
+from workers import dispatching, settings
+
+from outbox import enqueue
+from outbox.controller.database import Pools, Target
+from outbox.operations.conversion import convert, migrate_converting
+from outbox.partitions import Layout, read_partitions
+from outbox.runner import fetch
+from outbox.schema import SchemaError, check_table, migrate
+from outbox.table import Table
+
+TABLE = Table.parse("outbox")
+SIZE = 100
+QUICK = {"lock_timeout": timedelta(milliseconds=50), "pause": timedelta(milliseconds=10)}
+
+
+def outbox(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "outbox", *args, "--dsn", dsn],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _leaves(conn: Any) -> list[tuple[str, int, int]]:
+    return [(p.name, p.low, p.high) for p in fetch(conn, read_partitions(TABLE)) or []]
+
+
+def _shape(conn: Any) -> dict[str, Any]:
+    """What the schema makes of the parent, as the catalog holds it."""
+
+    def rows(query: str) -> list[tuple[Any, ...]]:
+        return sorted(conn.execute(query).fetchall())
+
+    return {
+        "kind": rows("SELECT relkind, obj_description(oid, 'pg_class') FROM pg_class "
+                     "WHERE oid = 'outbox'::regclass"),
+        "partitioning": rows("SELECT partstrat, partattrs::text, partdefid FROM "
+                             "pg_partitioned_table WHERE partrelid = 'outbox'::regclass"),
+        "columns": rows("SELECT attname, format_type(atttypid, atttypmod), attnotnull, "
+                        "attidentity, pg_get_expr(d.adbin, d.adrelid) FROM pg_attribute a "
+                        "LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+                        "WHERE attrelid = 'outbox'::regclass AND attnum > 0 AND NOT attisdropped"),
+        "sequence": rows("SELECT pg_get_serial_sequence('outbox', 'id')"),
+        "indexes": rows("SELECT c.relname, pg_get_indexdef(c.oid) FROM pg_index i JOIN "
+                        "pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = 'outbox'::regclass"),
+        "constraints": rows("SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+                            "WHERE conrelid = 'outbox'::regclass"),
+        "triggers": rows("SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger "
+                         "WHERE tgrelid = 'outbox'::regclass"),
+        "layout": rows("SELECT * FROM outbox_layout"),
+        "siblings": rows("SELECT relname, relkind FROM pg_class WHERE relname IN "
+                         "('outbox_layout', 'outbox_replays', 'outbox_actions', "
+                         "'outbox_destinations', 'outbox_id_seq')"),
+    }  # fmt: skip
+
+
+async def _checked(dsn: str) -> Layout | None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+        return await check_table(aconn, TABLE, ordered=True)
+
+
+async def test_a_converted_table_is_what_a_fresh_partitioned_one_is(dsn, empty_dsn):
+    """Parent, indexes (by name), constraints, triggers, sequence, layout and siblings the
+    same as `outbox migrate --partition-size` makes on a fresh database; the check passes
+    alike (every partition carries every index); the rows are where they were."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, "aggregate")
+        ids = seed(conn, 250, aggregates=5)
+        conn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id <= 100")
+        converted = outbox(dsn, "migrate", "--partition-size", str(SIZE), "--partitions-ahead",
+                           "3")  # fmt: skip
+        assert converted.returncode == 0, converted.stderr
+        assert "attached without a scan for ids 0 to 599" in converted.stdout, converted.stdout
+        assert "6 indexes attached, not rebuilt" in converted.stdout
+        assert "NOTIFY trigger moved" in converted.stdout
+        assert "new ids from 600" in converted.stdout
+        ours = _shape(conn)
+        assert _leaves(conn) == [("outbox_p0", 0, 600), ("outbox_p6", 600, 700),
+                                 ("outbox_p7", 700, 800), ("outbox_p8", 800, 900)]  # fmt: skip
+        assert conn.execute("SELECT array_agg(id ORDER BY id) FROM outbox_p0").fetchone() == (ids,)
+        assert statuses(conn) == {"done": 100, "pending": 150}
+        # The next id is the next partition's first; the partitions ahead follow it.
+        assert (
+            enqueue(conn, aggregate_type="a", aggregate_id="1", event_type="E", payload={}) == 600
+        )
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, "aggregate", layout=Layout(SIZE, 3))
+        fresh = _shape(conn)
+    for part in ours:
+        assert ours[part] == fresh[part], part
+    converted_layout, fresh_layout = await _checked(dsn), await _checked(empty_dsn)
+    assert converted_layout == fresh_layout == Layout(SIZE, 3)
+    assert converted_layout is not None and converted_layout.named_leaves
+    assert converted_layout.converted_below == 600
+    # Running it again finds the table partitioned: nothing more to convert.
+    again = outbox(dsn, "migrate", "--partition-size", str(SIZE), "--partitions-ahead", "3")
+    assert again.returncode == 0 and "converted" not in again.stdout, again.stdout
+
+
+def test_grants_carry_to_the_partitioned_table(dsn):
+    """A producer role that could insert still can (the id now comes from a sequence, which
+    it may use); a reader may read the layout the workers' check reads."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE ROLE outbox_producer LOGIN PASSWORD 'p'")
+        conn.execute("GRANT SELECT, INSERT ON outbox TO outbox_producer")
+        seed(conn, 10)
+        done = convert(conn, TABLE, Layout(SIZE, 2))
+        assert done is not None and done.grants == 2
+        producer = make_conninfo(dsn, user="outbox_producer", password="p")
+        with psycopg.connect(producer, autocommit=True) as p:
+            assert (
+                enqueue(p, aggregate_type="a", aggregate_id="1", event_type="E", payload={}) == 300
+            )
+            assert p.execute("SELECT partition_size FROM outbox_layout").fetchone() == (SIZE,)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                p.execute("UPDATE outbox SET attempts = 0")  # what it had not, it has not
+
+
+@pytest.mark.parametrize("stopped_after", ["bound", "validate", "swap"])
+def test_run_again_after_a_stop_it_goes_on(dsn, stopped_after):
+    """The state each step leaves when the command stops after it (a crash, a cancel):
+    running it again finishes the conversion."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        seed(conn, 150)
+        if stopped_after in ("bound", "validate"):
+            conn.execute(
+                "ALTER TABLE outbox ADD CONSTRAINT outbox_p0_range CHECK (id >= 0 AND id < 500) "
+                "NOT VALID"
+            )
+        if stopped_after == "validate":
+            conn.execute("ALTER TABLE outbox VALIDATE CONSTRAINT outbox_p0_range")
+        if stopped_after == "swap":  # converted, the partitions ahead not made yet
+            done = convert(conn, TABLE, Layout(SIZE, 3))
+            assert done is not None
+            assert _leaves(conn) == [("outbox_p0", 0, 500), ("outbox_p5", 500, 600)]
+        seed(conn, 10)  # producers went on
+        _, _, done = migrate_converting(conn, TABLE, None, Layout(SIZE, 3))
+        assert (done is None) == (stopped_after == "swap")
+        if done is not None:
+            assert done.steps == (["validate", "swap"] if stopped_after == "bound" else ["swap"])
+            assert not done.scanned
+        assert _leaves(conn)[0] == ("outbox_p0", 0, 500)
+        # Three partitions past the one holding the highest id: after the swap, ids from 500.
+        top = 800 if stopped_after == "swap" else 700
+        assert _leaves(conn)[-1] == (f"outbox_p{top // SIZE}", top, top + SIZE)
+        assert statuses(conn) == {"pending": 160}
+
+
+def test_a_bound_the_ids_came_near_is_replaced(dsn):
+    """A constraint left by a stopped run, its bound close to the ids now given: producers
+    would soon fail on it, so it is replaced by one with the layout's room again."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        seed(conn, 150)
+        conn.execute(
+            "ALTER TABLE outbox ADD CONSTRAINT outbox_p0_range CHECK (id >= 0 AND id < 200) "
+            "NOT VALID"
+        )
+        done = convert(conn, TABLE, Layout(SIZE, 3))
+        assert done is not None and done.steps == ["bound", "validate", "swap"]
+        assert _leaves(conn)[0] == ("outbox_p0", 0, 500)
+
+
+def test_a_swap_that_fails_half_way_leaves_the_plain_table_whole(dsn):
+    """The swap is one transaction: one of its statements failing (a table in the way of the
+    rename) changes nothing; the plain table serves on, and the next run completes it."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        seed(conn, 20)
+        conn.execute("CREATE TABLE outbox_p0 (x int)")
+        with pytest.raises(psycopg.errors.DuplicateTable):
+            convert(conn, TABLE, Layout(SIZE, 2))
+        assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'outbox'").fetchone() \
+            == ("r",)  # fmt: skip
+        assert enqueue(conn, aggregate_type="a", aggregate_id="1", event_type="E", payload={}) == 21
+        conn.execute("DROP TABLE outbox_p0")
+        done = convert(conn, TABLE, Layout(SIZE, 2))
+        assert done is not None and done.steps == ["swap"]  # the bound stayed valid
+        assert statuses(conn) == {"pending": 21}
+
+
+def test_a_long_transaction_holds_the_swap_off_and_nothing_changes(dsn):
+    """The swap asks for its lock with a short lock_timeout and retries; a transaction that
+    holds the table throughout makes it give up, saying so, with the table plain and whole.
+    The rows that transaction inserted are in the first partition once it is run again."""
+    with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as long:
+        seed(conn, 20)
+        enqueue(long, aggregate_type="a", aggregate_id="1", event_type="E", payload={})
+        with pytest.raises(SchemaError, match=r"could not take its exclusive lock .* 3 attempts"):
+            convert(conn, TABLE, Layout(SIZE, 2), attempts=3, **QUICK)
+        long.commit()
+        assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'outbox'").fetchone() \
+            == ("r",)  # fmt: skip
+        done = convert(conn, TABLE, Layout(SIZE, 2), attempts=3, **QUICK)
+        assert done is not None and done.swap_attempts == 1
+        assert conn.execute("SELECT count(*) FROM outbox_p0").fetchone() == (21,)
+
+
+@pytest.mark.parametrize(
+    "addition, named",
+    [
+        ("CREATE TRIGGER audit AFTER UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION "
+         "outbox_notify('x')", "trigger audit"),
+        ("CREATE UNIQUE INDEX outbox_once ON outbox (aggregate_id, event_type)",
+         "unique index outbox_once without id"),
+        ("CREATE TABLE receipts (message bigint REFERENCES outbox (id))", "foreign key"),
+        ("CREATE PUBLICATION outbox_out FOR TABLE outbox", "publication outbox_out"),
+    ],
+    ids=["trigger", "unique", "foreign-key", "publication"],
+)  # fmt: skip
+def test_what_the_partitioned_table_could_not_carry_is_refused_first(dsn, addition, named):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(addition)
+        result = outbox(dsn, "migrate", "--partition-size", str(SIZE))
+        assert result.returncode == 1
+        assert "cannot be converted to partitions" in result.stderr and named in result.stderr
+        assert result.stderr.count("\n") == 1, result.stderr
+        untouched = conn.execute(
+            "SELECT relkind, (SELECT count(*) FROM pg_constraint WHERE conname = "
+            "'outbox_p0_range') FROM pg_class WHERE relname = 'outbox'"
+        ).fetchone()
+        assert untouched == ("r", 0)
+
+
+async def test_a_running_worker_learns_the_layout_and_claims_partition_by_partition(dsn):
+    """A replica on the plain table hears the conversion's NOTIFY: its next claim reads the
+    layout, and from then on its claims have a window of partitions. What it held across the
+    swap is finalized through the partitioned table."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        seed(conn, 120)
+        release = asyncio.Event()
+
+        async def publish(message: Any) -> None:
+            if message.id <= 10:
+                await release.wait()  # held across the swap
+
+        s = settings(dsn, batch=20)
+        async with dispatching(s, Scripted(publish)) as replica:
+            await wait_until(lambda: statuses(conn).get("done") == 110, what="the rest done")
+            assert replica.window.layout is None
+            readings: list[int] = []  # the claim window's readings: partition-aware claims
+            read = replica.window.read
+
+            async def counted(aconn: Any, table: Table, batch: int) -> None:
+                readings.append(batch)
+                await read(aconn, table, batch)
+
+            replica.window.read = counted  # type: ignore[method-assign]
+            await asyncio.to_thread(convert, conn, TABLE, Layout(SIZE, 3))
+            await wait_until(lambda: replica.window.layout is not None, what="layout learnt")
+            assert replica.window.layout == Layout(SIZE, 3)
+            release.set()
+            ids = seed(conn, 30)
+            assert ids[0] == 500  # the first id past the converted table
+            await wait_until(lambda: statuses(conn) == {"done": 150}, what="all done")
+            assert readings  # its claims read a window of partitions
+        attempts = conn.execute("SELECT max(attempts) FROM outbox").fetchone()
+        assert attempts == (1,)  # nothing was taken twice
+
+
+async def test_the_operators_kept_check_follows_the_table_to_its_new_oid(dsn):
+    """The operator keeps a table's check and identity between passes; after the conversion
+    the name reaches another table (the old one is its first partition): the next pass
+    notices, checks it again and reports its new identity."""
+    pools = Pools()
+    target = Target(dsn, "1")
+    try:
+        before = await pools.read(("ns", "d"), target, TABLE, ordered=False)
+        again = await pools.read(("ns", "d"), target, TABLE, ordered=False)
+        assert again.identity == before.identity
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            seed(conn, 5)
+            convert(conn, TABLE, Layout(SIZE, 2))
+            oid = conn.execute("SELECT 'outbox'::regclass::oid::text").fetchone()
+        after = await pools.read(("ns", "d"), target, TABLE, ordered=False)
+        assert after.identity != before.identity and (after.identity.oid,) == oid
+        assert after.stats.pending == 5
+    finally:
+        await pools.close()
+    params = conninfo_to_dict(dsn)
+    assert after.identity.text == f"table public.outbox of database {params['dbname']}"
