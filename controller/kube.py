@@ -77,8 +77,9 @@ class Secret:
     data: Mapping[str, str] = field(repr=False)  # base64, as the API serves it
     version: str  # resourceVersion
 
-    def value(self, key: str) -> str:
-        """One key, decoded; a Problem names what is missing or unusable."""
+    def value(self, key: str, *, refused_as: str) -> str:
+        """One key, decoded; a Problem names what is missing, or a value that is not text
+        under `refused_as`, the reason of what the value is for (`InvalidDsn`, an option's)."""
         if key not in self.data:
             # Only the key asked for: the Secret's other keys are not the resource author's
             # to learn (they may even name what they hold).
@@ -89,7 +90,7 @@ class Secret:
             return base64.b64decode(self.data[key], validate=True).decode()
         except (binascii.Error, UnicodeDecodeError):
             raise Problem(
-                "InvalidDsn", f"{secret_key(self.namespace, self.name, key)} is not UTF-8 text"
+                refused_as, f"{secret_key(self.namespace, self.name, key)} is not UTF-8 text"
             ) from None
 
 

@@ -91,12 +91,7 @@ async def _check_secret_options(
     for option, ref in spec.publisher.secret_keys():
         where = secret_key(namespace, ref.name, ref.key)
         secret = secrets.get(ref.name) or await context.kube.secret(namespace, ref.name)
-        try:
-            text = secret.value(ref.key)
-        except Problem as exc:  # not UTF-8: the Secret's value's problem, named so
-            if exc.reason != "InvalidDsn":
-                raise
-            raise Problem(option.refused_as, f"{where} is not UTF-8 text") from None
+        text = secret.value(ref.key, refused_as=option.refused_as)
         try:
             option.from_secret(text)
         except ValueError as exc:
@@ -114,7 +109,8 @@ async def _inputs(context: Context, spec: DispatcherSpec) -> _Inputs:
         raise spec.problems[0]
     assert spec.table is not None  # it parsed: no problem
     ref = spec.dsn_secret
-    text, version = secrets[ref.name].value(ref.key), secrets[ref.name].version
+    dsn_secret = secrets[ref.name]
+    text, version = dsn_secret.value(ref.key, refused_as="InvalidDsn"), dsn_secret.version
     uses = (use.name for use in secret_uses(spec.raw))
     versions = await kube.secret_versions(namespace, uses, secrets)
     dsn = parse_dsn(text, secret_key(namespace, ref.name, ref.key))
