@@ -9,6 +9,7 @@ controllers do; SIGTERM stops cleanly and hands the Lease over.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import os
 import signal
@@ -20,11 +21,14 @@ import kopf
 from kubernetes.aio.client import ApiClient, Configuration
 from kubernetes.aio.config import ConfigException, load_incluster_config, load_kube_config
 
+from outbox.controller.database import Pools
 from outbox.controller.handlers import Supervisor, build_kopf_settings, build_registry
-from outbox.controller.kube import Kube
+from outbox.controller.informer import Deployments
+from outbox.controller.kube import Kube, Secret
 from outbox.controller.leader import LeaseThread
 from outbox.controller.metrics import HealthServer, Metrics
 from outbox.controller.reconcile import Context
+from outbox.controller.secret_cache import SecretCache
 from outbox.controller.settings import ControllerSettings, load_settings
 from outbox.plumbing import logs
 from outbox.plumbing.cliutil import fail
@@ -33,21 +37,18 @@ from outbox.plumbing.errors import SettingError
 log = logging.getLogger("outbox.controller")
 PROG = "outbox-controller"
 LOST_LEADERSHIP = 1
-# Requests the reconcile work keeps in flight at the API server at once (the client's
-# default is 100). Passes queue here, in the operator, rather than at the server, where the
-# Lease renewals (on connections of their own, leader.py) would wait behind them.
-API_REQUESTS_IN_FLIGHT = 16
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")
 
 
-async def cluster_configuration() -> Configuration:
-    """In-cluster credentials inside a pod, else the kubeconfig (KUBECONFIG or ~/.kube)."""
+async def cluster_configuration(requests_in_flight: int) -> Configuration:
+    """In-cluster credentials inside a pod, else the kubeconfig (KUBECONFIG or ~/.kube);
+    at most `requests_in_flight` requests at once (--api-requests-in-flight)."""
     configuration = Configuration()
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         await load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    configuration.connection_pool_maxsize = API_REQUESTS_IN_FLIGHT
+    configuration.connection_pool_maxsize = requests_in_flight
     # aiohttp's trust_env, which the client sets, also reads ~/.netrc on every request (a
     # fleet's passes spent a fifth of their time there); it is kept only for a proxy.
     configuration.client_session_kwargs = {
@@ -74,33 +75,45 @@ async def run(settings: ControllerSettings) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        configuration = await cluster_configuration()
+        configuration = await cluster_configuration(settings.api_requests_in_flight)
     except (ConfigException, OSError) as exc:
         await health.close()
         fail(PROG, f"no cluster credentials (in-cluster or KUBECONFIG): {exc}")
     api = ApiClient(configuration)
+    # The informer's watches hold their connections for minutes: a client of their own, one
+    # connection per watch, so that they never take one of the passes' requests in flight.
+    watching = copy.copy(configuration)
+    watching.connection_pool_maxsize = max(1, len(settings.namespaces))
+    watch_api = ApiClient(watching)
     elector = LeaseThread(configuration, settings)
     # Read at each scrape: a leader frozen past its renew deadline shows 0 as soon as it wakes.
     metrics.leader.set_function(lambda: 1.0 if elector.leading else 0.0)
     try:
         if not await elector.acquire(stop):
             return 0
-        return await _lead(settings, api, elector, metrics, health, stop)
+        return await _lead(settings, api, watch_api, elector, metrics, health, stop)
     finally:
         await elector.close()
         await api.close()  # type: ignore[no-untyped-call]
+        await watch_api.close()  # type: ignore[no-untyped-call]
         await health.close()
 
 
 async def _lead(
     settings: ControllerSettings,
     api: ApiClient,
+    watch_api: ApiClient,
     elector: LeaseThread,
     metrics: Metrics,
     health: HealthServer,
     stop: asyncio.Event,
 ) -> int:
-    supervisor = Supervisor(Context(settings, Kube(api, elector.check, elector.identity), metrics))
+    deployments = Deployments(watch_api, settings.namespaces)
+    secrets = SecretCache[Secret](settings.secret_recheck.total_seconds())
+    kube = Kube(api, elector.check, elector.identity, deployments=deployments, secrets=secrets)
+    database = Pools(settings.database_connections)
+    supervisor = Supervisor(Context(settings, kube, metrics, database=database))
+    informer = asyncio.create_task(deployments.run(), name="Deployments informer")
     kopf_stop = asyncio.Event()
     watching = asyncio.create_task(
         kopf.operator(
@@ -129,9 +142,9 @@ async def _lead(
     # kopf takes over SIGTERM while it runs: its normal return is a requested stop.
     kopf_stop.set()
     await supervisor.close()
-    for task in (holding, stopping, lost):
+    for task in (holding, stopping, lost, informer):
         task.cancel()
-    await asyncio.gather(watching, holding, stopping, lost, return_exceptions=True)
+    await asyncio.gather(watching, holding, stopping, lost, informer, return_exceptions=True)
     return code
 
 

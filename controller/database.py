@@ -6,9 +6,9 @@ is) and purge done rows (`purge`). `Pools` answers both from kept connections:
 - one small pool per database, keyed by the DSN as resolved and the version of the Secret it
   came from (`Target`): a rotated Secret gets a new pool, and the old one closes when its
   last dispatcher has moved on or gone (`release`). Every dispatcher on that database shares
-  it. Bounded: at most `POOL_MAX_CONNECTIONS` connections per database, none kept while
-  unused (`min_size` 0; idle ones close after `POOL_MAX_IDLE_SECONDS`), so a fleet on D
-  databases holds at most 4 x D sessions whatever its size;
+  it. Bounded: at most `--database-connections` (4) connections per database, none kept
+  while unused (`min_size` 0; idle ones close after `POOL_MAX_IDLE_SECONDS`), so a fleet on
+  D databases holds at most 4 x D sessions (by default) whatever its size;
 - a pass waits only for its own database's pool (`WAIT_SECONDS`) and its statements have
   their own deadline (`PASS_TIMEOUT_SECONDS`): an unreachable database never delays a pass
   on another. A pool whose connections are all in use while the database answers is
@@ -17,9 +17,8 @@ is) and purge done rows (`purge`). `Pools` answers both from kept connections:
   read once and kept, keyed by what they depend on (the table, ordered mode, the Target).
   They are read again after an error, after a server restart (each new connection reads
   the server's start time: a new one starts a new era, as the identity changes with it),
-  after the name comes to reach another table (a plain table converted to partitions: one
-  catalog probe a pass), and at least every `RECHECK_SECONDS`; the other passes read only
-  the bounded backlog query.
+  and at least every `RECHECK_SECONDS`; the other passes read only the bounded backlog
+  query.
 
 `read_table` is the one-shot form (a connection for one read, closed after).
 
@@ -46,13 +45,9 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from outbox import operator_reads
 from outbox.controller.problem import Problem
+from outbox.controller.settings import DATABASE_CONNECTIONS
 from outbox.operations.maintenance import retire_done_async
-from outbox.operator_reads import (
-    TableIdentity,
-    server_started,
-    still_the_table,
-    table_identity,
-)
+from outbox.operator_reads import TableIdentity, server_started, table_identity
 from outbox.plumbing import dberrors
 from outbox.plumbing.dsn import DsnError, check_dsn
 from outbox.plumbing.redact import redact_dsn, redact_text
@@ -64,7 +59,7 @@ log = logging.getLogger("outbox.controller")
 
 CONNECT_TIMEOUT_SECONDS = 5
 APPLICATION_NAME = "outbox-controller"
-POOL_MAX_CONNECTIONS = 4  # per database: the operator's sessions are bounded by databases
+POOL_MAX_CONNECTIONS = DATABASE_CONNECTIONS.default  # per database, unless set otherwise
 POOL_MAX_IDLE_SECONDS = 300.0  # a connection unused this long closes
 PASS_TIMEOUT_SECONDS = 10.0  # one pass's statements, once it has a connection
 WAIT_SECONDS = 10.0  # the longest a pass waits for its turn on its database's pool
@@ -135,7 +130,7 @@ class DatabaseBusy(Exception):
 class _Pool:
     """One database's pool, who uses it, and the table checks read through it."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, max_connections: int) -> None:
         self.target = target
         self.users: set[Dispatcher] = set()
         # When the server started, as the newest connection found it; a new value (a
@@ -148,7 +143,7 @@ class _Pool:
             target.dsn,
             kwargs=CONNECTION,
             min_size=0,
-            max_size=POOL_MAX_CONNECTIONS,
+            max_size=max_connections,
             max_idle=POOL_MAX_IDLE_SECONDS,
             timeout=WAIT_SECONDS,  # to get a connection; then DatabaseBusy or a Problem
             # A connection the server dropped (a restart) is replaced before it is used.
@@ -190,7 +185,7 @@ async def _answers(target: Target, pool: _Pool | None = None) -> AsyncIterator[N
         if pool is not None and time.monotonic() - pool.served_at < 2 * WAIT_SECONDS:
             raise DatabaseBusy(
                 f"every connection to {redact_dsn(target.dsn)} was in use for {WAIT_SECONDS:g} "
-                f"s (at most {POOL_MAX_CONNECTIONS} per database)"
+                f"s (at most {pool.pool.max_size} per database)"
             ) from None
         raise await _no_connection(target) from None
     except psycopg.Error as exc:
@@ -215,7 +210,8 @@ async def _no_connection(target: Target) -> Problem:
 class Pools:
     """`Database` from kept connections: one pool per `Target` (see the module)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_connections: int = POOL_MAX_CONNECTIONS) -> None:
+        self._max_connections = max_connections  # per database (--database-connections)
         self._pools: dict[Target, _Pool] = {}
         self._uses: dict[Dispatcher, Target] = {}
         self._closing: set[asyncio.Task[None]] = set()
@@ -226,7 +222,7 @@ class Pools:
             self._uses[dispatcher] = target
         found = self._pools.get(target)
         if found is None:
-            found = self._pools[target] = _Pool(target)
+            found = self._pools[target] = _Pool(target, self._max_connections)
             await found.pool.open(wait=False)
         found.users.add(dispatcher)
         return found
@@ -240,8 +236,6 @@ class Pools:
                 pool.served_at = time.monotonic()
                 async with asyncio.timeout(PASS_TIMEOUT_SECONDS):
                     identity = pool.check(table, ordered)
-                    if identity is not None and not await still_the_table(conn, table, identity):
-                        identity = None  # converted to partitions: a new table, checked anew
                     if identity is None:
                         era = pool.era
                         await check_table(conn, table, ordered=ordered)

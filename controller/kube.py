@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import aiohttp
 from kubernetes.aio.client import (
@@ -37,6 +37,10 @@ from kubernetes.aio.client.exceptions import ApiException
 from outbox.controller.problem import Problem
 from outbox.controller.resource import API_VERSION, GROUP, KIND, MANAGER, PLURAL, VERSION
 from outbox.controller.status import json_message, timestamp
+
+if TYPE_CHECKING:
+    from outbox.controller.informer import Deployments
+    from outbox.controller.secret_cache import SecretCache
 
 MERGE_PATCH = "application/merge-patch+json"
 # The API server out of reach: socket errors and timeouts, and aiohttp's own for a connection
@@ -110,7 +114,19 @@ async def _json(call: Awaitable[aiohttp.ClientResponse]) -> dict[str, Any] | Non
 
 
 class Kube:
-    def __init__(self, api: ApiClient, check: Callable[[], None], identity: str) -> None:
+    """Reads and writes; with `deployments` and `secrets`, the Deployments are read from the
+    informer (controller/informer.py) and the Secrets from their cache
+    (controller/secret_cache.py), and every write of a Deployment updates the informer."""
+
+    def __init__(
+        self,
+        api: ApiClient,
+        check: Callable[[], None],
+        identity: str,
+        *,
+        deployments: Deployments | None = None,
+        secrets: SecretCache[Secret] | None = None,
+    ) -> None:
         self._api = api
         self._apps = AppsV1Api(api)
         self._core = CoreV1Api(api)
@@ -119,6 +135,8 @@ class Kube:
         self._disruption = PolicyV1Api(api)
         self._check = check  # raises LeadershipLost when this replica may not write
         self._identity = identity
+        self._deployments = deployments
+        self._secrets = secrets
 
     def _dict(self, obj: Any) -> dict[str, Any]:
         data: dict[str, Any] = self._api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
@@ -145,7 +163,18 @@ class Kube:
         return {(str(i["metadata"]["namespace"]), str(i["metadata"]["name"])) for i in found}
 
     async def secret(self, namespace: str, name: str) -> Secret:
-        """A Secret of `namespace`; a Problem says it is missing or unreadable."""
+        """A Secret of `namespace`, as last read if that is recent (the cache); a Problem
+        says it is missing or unreadable."""
+        if self._secrets is None:
+            return await self._read_secret(namespace, name)
+        return await self._secrets.get((namespace, name), self._read_secret)
+
+    def forget_secrets(self, namespace: str, names: Iterable[str]) -> None:
+        """The next read of these Secrets asks the server."""
+        if self._secrets is not None:
+            self._secrets.forget(namespace, names)
+
+    async def _read_secret(self, namespace: str, name: str) -> Secret:
         try:
             secret = await _json(self._core.read_namespaced_secret_without_preload_content(
                 name, namespace
@@ -211,9 +240,34 @@ class Kube:
         await replace(meta["name"], meta["namespace"], model(kind, full), field_manager=MANAGER)
 
     async def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Deployment, from the informer when there is one (never to be mutated)."""
+        if self._deployments is None:
+            return await self._read_deployment(namespace, name)
+        return await self._deployments.get(namespace, name, self._read_deployment)
+
+    async def _read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._read(
             self._apps.read_namespaced_deployment_without_preload_content, namespace, name
         )
+
+    def _written(self, namespace: str, name: str, write: Awaitable[Any]) -> Awaitable[Any]:
+        """`write`, a conflict (409) telling the informer its view of the name is stale."""
+
+        async def written() -> Any:
+            try:
+                return await write
+            except ApiException as exc:
+                if exc.status == 409 and self._deployments is not None:
+                    self._deployments.refused(namespace, name)
+                raise
+
+        return written()
+
+    def _stored(self, obj: Any) -> dict[str, Any]:
+        stored = self._dict(obj)
+        if self._deployments is not None:
+            self._deployments.stored(stored)
+        return stored
 
     async def pods(self, namespace: str, selector: str) -> list[dict[str, Any]] | None:
         """The pods `selector` selects (their status says why a worker does not run); None
@@ -232,11 +286,15 @@ class Kube:
 
     async def create_deployment(self, body: Mapping[str, Any]) -> dict[str, Any]:
         self._check()
-        namespace = body["metadata"]["namespace"]
-        created = await self._apps.create_namespaced_deployment(
-            namespace, model(V1Deployment, body), field_manager=MANAGER
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        created = await self._written(
+            namespace,
+            name,
+            self._apps.create_namespaced_deployment(
+                namespace, model(V1Deployment, body), field_manager=MANAGER
+            ),
         )
-        return self._dict(created)
+        return self._stored(created)
 
     async def replace_deployment(
         self, body: Mapping[str, Any], resource_version: str
@@ -245,23 +303,35 @@ class Kube:
         self._check()
         meta = body["metadata"]
         full = {**body, "metadata": {**meta, "resourceVersion": resource_version}}
-        replaced = await self._apps.replace_namespaced_deployment(
-            meta["name"], meta["namespace"], model(V1Deployment, full), field_manager=MANAGER
+        replaced = await self._written(
+            meta["namespace"],
+            meta["name"],
+            self._apps.replace_namespaced_deployment(
+                meta["name"], meta["namespace"], model(V1Deployment, full), field_manager=MANAGER
+            ),
         )
-        return self._dict(replaced)
+        return self._stored(replaced)
 
     async def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
         """Resize through the `scale` subresource: the only write to a Deployment the operator
         needs besides create and replace, so RBAC grants `deployments/scale` patch and no
         patch of the Deployment itself."""
         self._check()
-        await self._apps.patch_namespaced_deployment_scale(
-            name,
+        scale = await self._written(
             namespace,
-            {"spec": {"replicas": replicas}},
-            field_manager=MANAGER,
-            _content_type=MERGE_PATCH,
+            name,
+            self._apps.patch_namespaced_deployment_scale(
+                name,
+                namespace,
+                {"spec": {"replicas": replicas}},
+                field_manager=MANAGER,
+                _content_type=MERGE_PATCH,
+            ),
         )
+        version = scale.metadata.resource_version if scale.metadata is not None else None
+        if self._deployments is not None and version:
+            # The scale's resourceVersion is the Deployment's after the resize.
+            self._deployments.resized(namespace, name, replicas, str(version))
 
     async def network_policy(self, namespace: str, name: str) -> dict[str, Any] | None:
         read = self._networking.read_namespaced_network_policy_without_preload_content

@@ -26,6 +26,7 @@ from outbox.controller.images import check_image_pattern
 from outbox.plumbing.cliutil import ArgumentParser, env_name, listen_address, on_off, port, resolve
 from outbox.plumbing.durations import format_duration, parse_duration
 from outbox.plumbing.errors import SettingError
+from outbox.plumbing.ranges import within
 from outbox.publisher_options import ENTRY_POINT_GROUP
 
 DEFAULT_WORKER_IMAGE = "outbox-dispatcher:0.1.0"
@@ -34,6 +35,38 @@ DEFAULT_WORKER_IMAGE = "outbox-dispatcher:0.1.0"
 # (a full claim in flight) stays under 128 MiB at the default claim size. Without requests
 # the pods are BestEffort: first evicted under pressure, and packed onto full nodes.
 DEFAULT_WORKER_RESOURCES: Mapping[str, Any] = {"requests": {"cpu": "100m", "memory": "128Mi"}}
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """A number setting's default and the range it may be set to (the one source of both)."""
+
+    default: int
+    low: int
+    high: int
+
+    def parse(self, text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a whole number") from None
+        if not self.low <= value <= self.high:
+            raise ValueError(f"{value} is out of range ({self.low} to {self.high})")
+        return value
+
+
+# A fleet's sizing (docs/operator.md, "Running a fleet"). Connections to one database, shared
+# by every dispatcher on it: a few suffice for hundreds of passes a second of one bounded
+# query each, and the fleet's sessions stay at most this many times its databases.
+DATABASE_CONNECTIONS = Bounded(default=4, low=1, high=64)
+# Requests the reconcile work keeps in flight at the API server at once (the client's default
+# is 100, its upper bound here). Passes queue in the operator rather than at the server,
+# where the Lease renewals (on connections of their own, leader.py) would wait behind them.
+API_REQUESTS_IN_FLIGHT = Bounded(default=16, low=1, high=100)
+# How long a Secret's last read is reused (controller/secret_cache.py): about the kubelet's
+# own Secret cache's life; at most an hour.
+SECRET_RECHECK = timedelta(seconds=60)
+SECRET_RECHECK_RANGE = (timedelta(seconds=1), timedelta(hours=1))
 
 
 def installed_publishers() -> tuple[str, ...]:
@@ -114,6 +147,15 @@ class ControllerSettings:
     worker_metrics_from: tuple[Mapping[str, Any], ...] = ()
     """Who may reach the worker pods' metrics port: NetworkPolicy peers, as a JSON list
     (namespaceSelector, podSelector, ipBlock); empty = any source."""
+    database_connections: int = DATABASE_CONNECTIONS.default
+    """Connections the operator keeps at most to each database (one pool per database,
+    shared by every dispatcher on it)."""
+    api_requests_in_flight: int = API_REQUESTS_IN_FLIGHT.default
+    """Requests the reconcile passes keep in flight at the API server at once; the others
+    wait in the operator."""
+    secret_recheck: timedelta = SECRET_RECHECK
+    """How long a Secret's last read serves the passes of healthy dispatchers before it is
+    read again (a dispatcher with a problem reads its Secrets on every pass)."""
     log_format: str = "auto"
     """`json`, `text`, or `auto` (text on a terminal, JSON otherwise)."""
     log_level: str = "INFO"
@@ -199,6 +241,26 @@ def build_parser() -> ArgumentParser:
         help="NetworkPolicy peers allowed to the workers' metrics port, as JSON, e.g. "
         '[{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": '
         '"monitoring"}}}] (default: any source)',
+    )
+    fleet = parser.add_argument_group("a fleet's sizing (docs/operator.md, Running a fleet)")
+    fleet.add_argument(
+        "--database-connections",
+        help="connections kept at most to each database, shared by its dispatchers "
+        f"(default {DATABASE_CONNECTIONS.default}; {DATABASE_CONNECTIONS.low} to "
+        f"{DATABASE_CONNECTIONS.high})",
+    )
+    fleet.add_argument(
+        "--api-requests-in-flight",
+        help="API requests the passes keep in flight at once "
+        f"(default {API_REQUESTS_IN_FLIGHT.default}; {API_REQUESTS_IN_FLIGHT.low} to "
+        f"{API_REQUESTS_IN_FLIGHT.high})",
+    )
+    fleet.add_argument(
+        "--secret-recheck",
+        help="how long a Secret's last read is reused before it is read again (default "
+        f"{format_duration(SECRET_RECHECK)}; "
+        + " to ".join(format_duration(d) for d in SECRET_RECHECK_RANGE)
+        + ")",
     )
     parser.add_argument("--log-format", help="auto (default), json or text")
     parser.add_argument("--log-level", help="DEBUG, INFO (default), WARNING, ERROR")
@@ -399,6 +461,19 @@ def load_settings(
             "--worker-network-policy", on_off, defaults.worker_network_policy
         ),
         worker_metrics_from=get("--worker-metrics-from", _peers, defaults.worker_metrics_from),
+        database_connections=get(
+            "--database-connections", DATABASE_CONNECTIONS.parse, defaults.database_connections
+        ),
+        api_requests_in_flight=get(
+            "--api-requests-in-flight",
+            API_REQUESTS_IN_FLIGHT.parse,
+            defaults.api_requests_in_flight,
+        ),
+        secret_recheck=get(
+            "--secret-recheck",
+            within(parse_duration, *SECRET_RECHECK_RANGE, format_duration),
+            defaults.secret_recheck,
+        ),
         log_format=get("--log-format", _log_format, defaults.log_format),
         log_level=get("--log-level", _log_level, defaults.log_level),
     )

@@ -26,7 +26,7 @@ from outbox.controller.kube import UNREACHABLE, api_reason
 from outbox.controller.leader import LeadershipLost
 from outbox.controller.reconcile.apply import BudgetKept, apply
 from outbox.controller.reconcile.context import Context, StepFailed
-from outbox.controller.reconcile.read import Reading, read
+from outbox.controller.reconcile.read import Reading, read, reread_secrets
 from outbox.controller.reconcile.report import API_ERROR, report, report_api_error
 from outbox.controller.scaling import ScalingPolicy
 from outbox.controller.spec import DispatcherSpec, ScalingSettings
@@ -150,6 +150,8 @@ class DispatcherLoop:
             # the Deployment now would hold the deletion up for ever.
             context.tables.read(spec.namespace, spec.name)  # none waits for it
             return
+        if memory.reconciled_generation not in (None, spec.generation):
+            reread_secrets(context, spec)  # a changed spec sees its Secrets as they are now
         reading = await read(context, spec, self._status_before(spec))
         self._say_pods_forbidden(reading)
         decision = decide(reading.observed, reading.limits, lambda: self.policy(spec.scaling))

@@ -98,9 +98,24 @@ async def _check_secret_options(
             raise Problem(option.refused_as, f"{where}: {exc}") from None
 
 
+def reread_secrets(context: Context, spec: DispatcherSpec) -> None:
+    """The resource's next pass reads every Secret it names from the server, not the cache
+    (controller/secret_cache.py): its inputs were unusable, or its spec changed."""
+    uses = secret_uses(spec.raw) if spec.raw.get("publisher") else ()
+    context.kube.forget_secrets(spec.namespace, {use.name for use in uses})
+
+
 async def _inputs(context: Context, spec: DispatcherSpec) -> _Inputs:
     """The DSN, the table's reading and the Secrets' versions, or a Problem saying which of
-    the resource's inputs is unusable."""
+    the resource's inputs is unusable (its Secrets are read anew by the next pass)."""
+    try:
+        return await _usable_inputs(context, spec)
+    except Problem:
+        reread_secrets(context, spec)
+        raise
+
+
+async def _usable_inputs(context: Context, spec: DispatcherSpec) -> _Inputs:
     _check_publisher(context, spec)
     # The cluster admin's pod policy and every Secret's consent, before anything is used.
     kube, namespace = context.kube, spec.namespace

@@ -297,7 +297,12 @@ def test_operator_monitors_keep_the_dispatchers_namespace_label() -> None:
 SERVED_RULES = [
     {"apiGroups": ["outbox.dev"], "resources": ["outboxdispatchers"], "verbs": ["list", "watch"]},
     {"apiGroups": ["outbox.dev"], "resources": ["outboxdispatchers/status"], "verbs": ["patch"]},
-    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "update"]},
+    # list and watch: the informer of the operator's own Deployments (controller/informer.py).
+    {
+        "apiGroups": ["apps"],
+        "resources": ["deployments"],
+        "verbs": ["get", "list", "watch", "create", "update"],
+    },
     # Resizing: the scale subresource only, never a patch of the whole Deployment.
     {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["patch"]},
     # The worker pods' NetworkPolicy (networkPolicy.workers, on by default).

@@ -1693,6 +1693,15 @@ class Emulator(kmock.KubernetesEmulator):
                 self._create(target, crd, {})
             self._changed.notify_all()
 
+    async def compact(self) -> None:
+        """etcd's compaction: no watch may start or resume from a resourceVersion older than
+        the newest (410 Gone); watches already open go on."""
+        async with self._lock:
+            for log in self._logs.values():
+                log.dropped += len(log.events)
+                log.events.clear()
+                log.floor = self._rv
+
     async def snapshot(
         self, api_version: str, plural: str, namespace: str | None = None, name: str | None = None
     ) -> list[JSON]:

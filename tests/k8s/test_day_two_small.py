@@ -98,7 +98,7 @@ def _done(dsn: str) -> int:
 def test_a_bad_dsn_in_the_secret_keeps_the_running_workers_and_starts_none(
     dsn: str, cluster: LocalCluster, kubelet: Kubelet, operators: Callable[..., Operator]
 ) -> None:
-    operators()
+    operators("--secret-recheck", "1s")  # the bad DSN is read at the next pass
     apply(
         cluster,
         secret_manifest("orders-db", dsn=dsn),

@@ -495,7 +495,7 @@ def scaled_up(k8s: LocalCluster) -> int:
 def test_database_errors_hold_the_size(
     cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
 ) -> None:
-    operators()
+    operators("--secret-recheck", "1s")  # the changed Secret is read at the next pass
     enqueue(dsn, 300)
     scaling = {
         "minReplicas": 0,
@@ -737,7 +737,7 @@ def test_postgres_restarted_under_the_operator(
 def test_a_changed_dsn_secret_rolls_the_workers(
     cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
 ) -> None:
-    operators()
+    operators("--secret-recheck", "1s")  # the rotated Secret is read at the next pass
     apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest())
     first = wait_for("the Deployment", lambda: deployment_of(cluster))
     # Any change of the Secret (here a key added) is a new resourceVersion: the pods restart.

@@ -2,14 +2,17 @@
 
 Several dispatchers on one database, each on its own idle table, polled every second: once
 each has its steady status, further passes write no status at all (the emulator counts the
-PATCHes) and open no new database sessions past one pool's bound (PostgreSQL counts them in
-`pg_stat_database.sessions`), however many passes they make. And an operator kept busy by
-many of them still renews its Lease every retry period.
+PATCHes), open no new database sessions past one pool's bound (PostgreSQL counts them in
+`pg_stat_database.sessions`), read no Deployment from the server (the informer serves them)
+and read their shared Secret at most as often as its recheck interval says, however many
+passes they make. And an operator kept busy by many of them still renews its Lease every
+retry period.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +39,7 @@ from .test_operator import (
 
 DISPATCHERS = 6
 PASSES = 5  # more passes each than the pool has connections: K x N sessions would show
+SECRET_RECHECK_SECONDS = 3  # shorter than the window: the recheck's reads are counted too
 
 
 def _idle(name: str, dsn: str, table: str | None = None) -> dict[str, Any]:
@@ -49,6 +53,22 @@ def _idle(name: str, dsn: str, table: str | None = None) -> dict[str, Any]:
             "scaleDownStabilizationSeconds": 3,
         },
     )
+
+
+def _gets(cluster: LocalCluster, plural: str) -> int:
+    """The operator's GETs of one object of `plural` (a list or a watch has no name after
+    the plural; kubectl's own requests are not the operator's)."""
+
+    def count(emulator: Any) -> int:
+        return sum(
+            1
+            for request in emulator
+            if str(request.method).upper().endswith("GET")
+            and f"/{plural}/" in request.url.path
+            and not request.headers.get("User-Agent", "").startswith("kubectl")
+        )
+
+    return cluster.on_loop(count)
 
 
 def _status_patches(cluster: LocalCluster) -> int:
@@ -83,7 +103,7 @@ def test_an_idle_fleet_writes_no_status_and_opens_no_session_per_pass(
 ) -> None:
     names = [f"idle-{i}" for i in range(DISPATCHERS)]
     apply(cluster, secret_manifest("orders-db", dsn=dsn), *(_idle(n, dsn) for n in names))
-    operator = operators()
+    operator = operators("--secret-recheck", f"{SECRET_RECHECK_SECONDS}s")
 
     def steady() -> bool:
         # A second reading adds the rates, and Idle follows the window: after those writes,
@@ -98,13 +118,21 @@ def test_an_idle_fleet_writes_no_status_and_opens_no_session_per_pass(
 
     wait_for("every dispatcher's steady status", steady)
     patches, sessions = _status_patches(cluster), _sessions(dsn)
+    deployments, secrets = _gets(cluster, "deployments"), _gets(cluster, "secrets")
     start = _passes(operator, names)
+    began = time.monotonic()
     wait_for(
         f"{PASSES} more passes of every dispatcher",
         lambda: all(b - a >= PASSES for a, b in zip(start, _passes(operator, names), strict=True)),
     )
+    window = time.monotonic() - began
 
     assert _status_patches(cluster) - patches == 0
+    # Every pass read its Deployment and its Secret: 2 x K x N = 60 GETs without the caches.
+    # The informer serves the Deployments; the one Secret is read again once per recheck
+    # interval, by one of the passes that need it at that moment.
+    assert _gets(cluster, "deployments") - deployments == 0
+    assert _gets(cluster, "secrets") - secrets <= window // SECRET_RECHECK_SECONDS + 1
     # Every pass read its table (the sessions would be K x N = 30 with a connection each).
     opened = _sessions(dsn) - sessions - 1  # the count's own session
     assert 0 <= opened <= POOL_MAX_CONNECTIONS, opened

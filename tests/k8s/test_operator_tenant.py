@@ -60,7 +60,11 @@ BILLING_TABLE = "billing_outbox"
 SPARE_TABLE = "spare_outbox"
 # The cluster admin's policy for this cluster: the operator's own repository and the orders
 # team's registry path.
-POLICY = {"policy": {"images": ["outbox-dispatcher", "registry.example/orders/*"]}}
+POLICY = {
+    "policy": {"images": ["outbox-dispatcher", "registry.example/orders/*"]},
+    # Consent given or taken back is seen at the next pass, not after the default minute.
+    "fleet": {"secretRecheck": "1s"},
+}
 ALLOWED_IMAGE = "registry.example/orders/outbox-dispatcher:1.4"
 EVERY_POD_OFF = {
     "podAntiAffinity": {

@@ -91,7 +91,7 @@ app.kubernetes.io/part-of: outbox-dispatcher
   verbs: [patch]
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, create, update]
+  verbs: [get, list, watch, create, update]
 - apiGroups: [apps]
   resources: [deployments/scale]
   verbs: [patch]

@@ -1,0 +1,55 @@
+"""The operator's Deployments come from its informer (controller/informer.py), not from a GET
+per pass: a change someone else makes reaches it through the watch, and a watch that can no
+longer resume (410 Gone after the server compacted its history) lists them again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .cluster import LocalCluster
+from .test_operator import (
+    Operator,
+    apply,
+    deployment_of,
+    dispatcher_manifest,
+    own_table,
+    secret_manifest,
+    wait_for,
+)
+from .test_operator_fleet import _gets
+
+
+def _replicas(cluster: LocalCluster) -> int | None:
+    found = deployment_of(cluster)
+    return int(found["spec"]["replicas"]) if found else None
+
+
+def _scaled_by_hand_and_put_back(cluster: LocalCluster) -> None:
+    cluster.kubectl("scale", "deployment", "orders-worker", "--replicas=3")
+    # The policy's one worker again: the pass saw the hand's 3 in its cache, from the watch.
+    wait_for("the hand-scaled Deployment put back", lambda: _replicas(cluster) == 1)
+
+
+def test_the_informer_follows_the_watch_and_lists_again_after_410(
+    cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
+) -> None:
+    operator = operators()
+    scaling = {"minReplicas": 1, "maxReplicas": 1, "pollIntervalSeconds": 1}
+    apply(
+        cluster,
+        secret_manifest("orders-db", dsn=dsn),
+        dispatcher_manifest(database=own_table(dsn, "orders"), scaling=scaling),
+    )
+    wait_for("the Deployment", lambda: _replicas(cluster) == 1)
+    _scaled_by_hand_and_put_back(cluster)
+
+    cluster.call(cluster.emulator.compact())
+    with cluster.outage():  # every watch cut; each resumes from where it was: too old now
+        pass
+    wait_for(
+        "the informer listing again",
+        lambda: "too old: listing them again" in operator.log(),
+    )
+    _scaled_by_hand_and_put_back(cluster)
+    # Never a GET of the Deployment: the list, the watch and our own writes' answers.
+    assert _gets(cluster, "deployments") == 0
