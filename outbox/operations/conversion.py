@@ -354,64 +354,80 @@ def _swap(
 
     def statements() -> None:
         notices.clear()
-        done.indexes, done.grants, done.trigger_moved = [], 0, False
         t, p0 = table.ident, first.ident
-        identity, owner, comment = _table_facts(conn, table)
-        sequence = _sequence_of(conn, table)
-        done.next_id = max(high, _last_id(conn, table) + 1)
-        grants = _grants(conn, table)
-        indexes = _indexes(conn, table)
-        x = conn.execute
-        x(sql.SQL("ALTER TABLE {t} RENAME TO {p0}").format(t=t, p0=sql.Identifier(first.name)))
+        # What the swap needs to know, read under the lock in one round trip (a pipeline:
+        # producers wait while the lock is held, so it is held for few round trips).
+        with conn.pipeline():
+            reads = [conn.execute(q) for q in _facts(table)]
+        ((identity, owner, comment, last, trigger),) = reads[0].fetchall()
+        sequence = _sequence(table, reads[1].fetchone())
+        indexes = [str(row[0]) for row in reads[2].fetchall()]
+        grants = [(row[0], str(row[1]), bool(row[2])) for row in reads[3].fetchall()]
+        done.next_id = max(high, int(last) + 1)
+        before: list[sql.Composable] = [
+            sql.SQL("ALTER TABLE {t} RENAME TO {p0}").format(t=t, p0=sql.Identifier(first.name))
+        ]
         for name in indexes:
-            x(
+            before.append(
                 sql.SQL("ALTER INDEX {i} RENAME TO {new}").format(
                     i=Table(table.schema, name).ident,
                     new=sql.Identifier(_partition_index_name(table, name)),
                 )
             )
         if identity:
-            x(sql.SQL("ALTER TABLE {p0} ALTER id DROP IDENTITY").format(p0=p0))
-            sequence = Table(table.schema, table.derived_name("id_seq"))
-            x(sql.SQL("CREATE SEQUENCE {s} AS bigint").format(s=sequence.ident))
-        assert sequence is not None
-        x(sql.SQL("SELECT setval({s}::regclass, {v})").format(
-            s=sequence.regclass_literal, v=sql.Literal(done.next_id - 1)))  # fmt: skip
-        x(
+            before.append(sql.SQL("ALTER TABLE {p0} ALTER id DROP IDENTITY").format(p0=p0))
+            before.append(sql.SQL("CREATE SEQUENCE {s} AS bigint").format(s=sequence.ident))
+        default = sql.SQL("nextval({s}::regclass)").format(s=sequence.regclass_literal)
+        before += [
+            sql.SQL("SELECT setval({s}::regclass, {v})").format(
+                s=sequence.regclass_literal, v=sql.Literal(done.next_id - 1)
+            ),
             sql.SQL(
                 "CREATE TABLE {t} (LIKE {p0} INCLUDING DEFAULTS INCLUDING CONSTRAINTS "
                 "INCLUDING INDEXES INCLUDING COMMENTS INCLUDING STORAGE INCLUDING COMPRESSION "
                 "INCLUDING GENERATED INCLUDING STATISTICS) PARTITION BY RANGE (id)"
-            ).format(t=t, p0=p0)
-        )
-        x(sql.SQL("ALTER TABLE {t} DROP CONSTRAINT {c}").format(
-            t=t, c=sql.Identifier(_bound_name(table))))  # fmt: skip
-        default = sql.SQL("nextval({s}::regclass)").format(s=sequence.regclass_literal)
-        for target in (t, p0):
-            x(sql.SQL("ALTER TABLE {t} ALTER id SET DEFAULT {d}").format(t=target, d=default))
-        x(sql.SQL("ALTER TABLE {t} OWNER TO {o}").format(t=t, o=sql.Identifier(owner)))
-        x(sql.SQL("ALTER SEQUENCE {s} OWNER TO {o}").format(
-            s=sequence.ident, o=sql.Identifier(owner)))  # fmt: skip
-        x(sql.SQL("ALTER SEQUENCE {s} OWNED BY {t}.id").format(s=sequence.ident, t=t))
-        x(
+            ).format(t=t, p0=p0),
+            sql.SQL("ALTER TABLE {t} DROP CONSTRAINT {c}").format(
+                t=t, c=sql.Identifier(_bound_name(table))
+            ),
+            *(
+                sql.SQL("ALTER TABLE {t} ALTER id SET DEFAULT {d}").format(t=target, d=default)
+                for target in (t, p0)
+            ),
+            sql.SQL("ALTER TABLE {t} OWNER TO {o}").format(t=t, o=sql.Identifier(owner)),
+            sql.SQL("ALTER SEQUENCE {s} OWNER TO {o}").format(
+                s=sequence.ident, o=sql.Identifier(owner)
+            ),
+            sql.SQL("ALTER SEQUENCE {s} OWNED BY {t}.id").format(s=sequence.ident, t=t),
             sql.SQL("ALTER TABLE {t} ATTACH PARTITION {p0} FOR VALUES FROM (0) TO ({h})").format(
                 t=t, p0=p0, h=sql.Literal(high)
+            ),
+        ]
+        _all(conn, before)
+        renames, done.indexes = _parent_index_names(conn, table, indexes)
+        after = [*renames]
+        done.trigger_moved = bool(trigger)
+        if trigger:
+            after.append(
+                sql.SQL("DROP TRIGGER {trg} ON {p0}").format(
+                    trg=sql.Identifier(_notify_name(table)), p0=p0
+                )
             )
-        )
-        done.indexes = _name_parent_indexes(conn, table, indexes)
-        if _drop_notify_trigger(conn, table, first):
-            for statement in notify_trigger_statements(table):
-                x(statement)
-            done.trigger_moved = True
-        x(sql.SQL("COMMENT ON TABLE {t} IS {c}").format(t=t, c=sql.Literal(comment)))
-        x(sql.SQL("COMMENT ON TABLE {p0} IS NULL").format(p0=p0))
-        done.grants = _carry_grants(conn, table, sequence, grants)
-        x(record_layout(table, layout))
-        for statement in make_partition(table, high // layout.partition_size, high,
-                                        high + layout.partition_size):  # fmt: skip
-            x(statement)
-        x(sql.SQL("SELECT pg_notify({c}, {p})").format(
-            c=text_constant(table.channel), p=sql.Literal(LAYOUT_NOTICE)))  # fmt: skip
+            after += notify_trigger_statements(table)
+        after += [
+            sql.SQL("COMMENT ON TABLE {t} IS {c}").format(t=t, c=sql.Literal(comment)),
+            sql.SQL("COMMENT ON TABLE {p0} IS NULL").format(p0=p0),
+            *_grant_statements(table, sequence, grants),
+            record_layout(table, layout),
+            *make_partition(
+                table, high // layout.partition_size, high, high + layout.partition_size
+            ),
+            sql.SQL("SELECT pg_notify({c}, {p})").format(
+                c=text_constant(table.channel), p=sql.Literal(LAYOUT_NOTICE)
+            ),
+        ]
+        _all(conn, after)
+        done.grants = len(grants)
 
     conn.add_notice_handler(heard)
     try:
@@ -428,38 +444,50 @@ def _swap(
     done.steps.append("swap")
 
 
-def _table_facts(conn: Conn, table: Table) -> tuple[bool, str, str | None]:
-    """(the id is an identity, the table's owner, its comment)."""
-    row = conn.execute(
+def _all(conn: Conn, statements: list[sql.Composable]) -> None:
+    """Statements sent together: one round trip, not one each."""
+    with conn.pipeline():
+        for statement in statements:
+            conn.execute(statement)
+
+
+def _facts(table: Table) -> list[sql.Composed]:
+    """What the swap reads of the plain table: (the id is an identity, its owner, its
+    comment, the highest id given, it has the NOTIFY trigger); the sequence of an id with a
+    sequence default (not an identity); its indexes; its grants but its owner's, as
+    (grantee or None for PUBLIC, privilege, with grant option)."""
+    t = table.regclass_literal
+    return [
         sql.SQL(
             "SELECT a.attidentity <> '', pg_get_userbyid(c.relowner), "
-            "obj_description(c.oid, 'pg_class') FROM pg_class c JOIN pg_attribute a "
-            "ON a.attrelid = c.oid AND a.attname = 'id' WHERE c.oid = {t}::regclass"
-        ).format(t=table.regclass_literal)
-    ).fetchone()
-    assert row is not None
-    return bool(row[0]), str(row[1]), row[2]
-
-
-def _sequence_of(conn: Conn, table: Table) -> Table | None:
-    """The sequence of a table whose id has a sequence default (not an identity)."""
-    row = conn.execute(
+            "obj_description(c.oid, 'pg_class'), greatest(coalesce(pg_sequence_last_value("
+            "pg_get_serial_sequence({t}, 'id')), 0), coalesce((SELECT max(id) FROM {ident}), 0)), "
+            "EXISTS (SELECT FROM pg_trigger WHERE tgrelid = c.oid AND tgname = {notify}) "
+            "FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'id' "
+            "WHERE c.oid = {t}::regclass"
+        ).format(t=t, ident=table.ident, notify=sql.Literal(_notify_name(table))),
         sql.SQL(
             "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n "
             "ON n.oid = c.relnamespace WHERE c.oid = pg_get_serial_sequence({t}, 'id')::regclass"
-        ).format(t=table.regclass_literal)
-    ).fetchone()
-    return None if row is None else Table(str(row[0]), str(row[1]))
-
-
-def _indexes(conn: Conn, table: Table) -> list[str]:
-    rows = conn.execute(
+        ).format(t=t),
         sql.SQL(
             "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
             "WHERE i.indrelid = {t}::regclass ORDER BY c.relname"
-        ).format(t=table.regclass_literal)
-    ).fetchall()
-    return [str(row[0]) for row in rows]
+        ).format(t=t),
+        sql.SQL(
+            "SELECT CASE WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END, "
+            "a.privilege_type, a.is_grantable FROM pg_class c, aclexplode(c.relacl) a "
+            "WHERE c.oid = {t}::regclass AND a.grantee <> c.relowner ORDER BY 1, 2"
+        ).format(t=t),
+    ]
+
+
+def _sequence(table: Table, found: tuple[Any, ...] | None) -> Table:
+    """The id's sequence after the swap: the one it has as a default, or, for an identity
+    (dropped with it), `<table>_id_seq` made anew."""
+    if found is not None:
+        return Table(str(found[0]), str(found[1]))
+    return Table(table.schema, table.derived_name("id_seq"))
 
 
 def _partition_index_name(table: Table, name: str) -> str:
@@ -469,10 +497,12 @@ def _partition_index_name(table: Table, name: str) -> str:
     return partition_table(table, 0).derived_name(suffix)
 
 
-def _name_parent_indexes(conn: Conn, table: Table, names: list[str]) -> list[str]:
-    """The parent's indexes, made like the old table's, take the old names: each is found
-    by the partition index ATTACH attached to it. Through temporary names first, so that
-    no rename meets a name another index of the parent still holds."""
+def _parent_index_names(
+    conn: Conn, table: Table, names: list[str]
+) -> tuple[list[sql.Composed], list[str]]:
+    """The renames that give the parent's indexes, made like the old table's, the old names
+    (each found by the partition index ATTACH attached to it), and those names. Through
+    temporary names first, so that no rename meets a name another index still holds."""
     renamed = {_partition_index_name(table, name): name for name in names}
     rows = conn.execute(
         sql.SQL(
@@ -484,72 +514,43 @@ def _name_parent_indexes(conn: Conn, table: Table, names: list[str]) -> list[str
         ).format(p0=partition_table(table, 0).regclass_literal)
     ).fetchall()
     pairs = [(renamed[str(child)], str(parent)) for child, parent in rows if str(child) in renamed]
-    for step, (_, parent) in enumerate(pairs):
-        conn.execute(
-            sql.SQL("ALTER INDEX {i} RENAME TO {tmp}").format(
-                i=Table(table.schema, parent).ident,
-                tmp=sql.Identifier(table.derived_name(f"converting_{step}")),
-            )
+    temporary = [table.derived_name(f"converting_{step}") for step in range(len(pairs))]
+    statements = [
+        sql.SQL("ALTER INDEX {i} RENAME TO {tmp}").format(
+            i=Table(table.schema, parent).ident, tmp=sql.Identifier(tmp)
         )
-    for step, (name, _) in enumerate(pairs):
-        conn.execute(
-            sql.SQL("ALTER INDEX {i} RENAME TO {name}").format(
-                i=Table(table.schema, table.derived_name(f"converting_{step}")).ident,
-                name=sql.Identifier(name),
-            )
+        for (_, parent), tmp in zip(pairs, temporary, strict=True)
+    ] + [
+        sql.SQL("ALTER INDEX {i} RENAME TO {name}").format(
+            i=Table(table.schema, tmp).ident, name=sql.Identifier(name)
         )
-    return [name for name, _ in pairs]
+        for (name, _), tmp in zip(pairs, temporary, strict=True)
+    ]
+    return statements, [name for name, _ in pairs]
 
 
-def _drop_notify_trigger(conn: Conn, table: Table, first: Table) -> bool:
-    """Drop the NOTIFY trigger from the old table; whether it had one."""
-    name = _notify_name(table)
-    row = conn.execute(
-        sql.SQL(
-            "SELECT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = {p0}::regclass AND tgname = {n})"
-        ).format(p0=first.regclass_literal, n=sql.Literal(name))
-    ).fetchone()
-    if row is None or not row[0]:
-        return False
-    conn.execute(
-        sql.SQL("DROP TRIGGER {trg} ON {p0}").format(trg=sql.Identifier(name), p0=first.ident)
-    )
-    return True
-
-
-def _grants(conn: Conn, table: Table) -> list[tuple[str | None, str, bool]]:
-    """(grantee, None for PUBLIC; privilege; with grant option) of the table, but its owner's."""
-    rows = conn.execute(
-        sql.SQL(
-            "SELECT CASE WHEN a.grantee = 0 THEN NULL ELSE pg_get_userbyid(a.grantee) END, "
-            "a.privilege_type, a.is_grantable FROM pg_class c, aclexplode(c.relacl) a "
-            "WHERE c.oid = {t}::regclass AND a.grantee <> c.relowner ORDER BY 1, 2"
-        ).format(t=table.regclass_literal)
-    ).fetchall()
-    return [(None if r[0] is None else str(r[0]), str(r[1]), bool(r[2])) for r in rows]
-
-
-def _carry_grants(
-    conn: Conn, table: Table, sequence: Table, grants: list[tuple[str | None, str, bool]]
-) -> int:
+def _grant_statements(
+    table: Table, sequence: Table, grants: list[tuple[str | None, str, bool]]
+) -> list[sql.Composed]:
     """The old table's grants on the parent; the sequence to whoever may insert (its
     default calls nextval, which an identity did not need), `<table>_layout` to whoever may
     read (the workers' check reads it)."""
     layout = partitions.layout_table(table)
+    statements = []
     for grantee, privilege, grantable in grants:
         if privilege not in _PRIVILEGES:
             raise SchemaError(f"table {table} has a grant of {privilege!r}, unknown here")
         to = sql.SQL("PUBLIC") if grantee is None else sql.Identifier(grantee)
         option = sql.SQL(" WITH GRANT OPTION") if grantable else sql.SQL("")
-        conn.execute(
+        statements.append(
             sql.SQL("GRANT {p} ON {t} TO {to}{o}").format(
                 p=sql.SQL(privilege), t=table.ident, to=to, o=option
             )
         )
         if privilege == "INSERT":
-            conn.execute(
+            statements.append(
                 sql.SQL("GRANT USAGE ON SEQUENCE {s} TO {to}").format(s=sequence.ident, to=to)
             )
         if privilege == "SELECT":
-            conn.execute(sql.SQL("GRANT SELECT ON {l} TO {to}").format(l=layout, to=to))
-    return len(grants)
+            statements.append(sql.SQL("GRANT SELECT ON {l} TO {to}").format(l=layout, to=to))
+    return statements
