@@ -175,6 +175,7 @@ async def test_a_failed_run_leaves_the_connection_clean_for_the_pool(history, em
 
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as conn:
         await conn.execute("SET lock_timeout = '200ms'")
+        await conn.execute("SET synchronous_commit = 'local'")  # maintenance sets it off
         with psycopg.connect(empty_dsn) as holder:
             holder.execute("LOCK TABLE outbox_p0 IN ACCESS EXCLUSIVE MODE")
             with pytest.raises(psycopg.errors.LockNotAvailable):
@@ -184,6 +185,8 @@ async def test_a_failed_run_leaves_the_connection_clean_for_the_pool(history, em
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
         )
         assert await locks.fetchone() == (0,)
+        setting = await conn.execute("SHOW synchronous_commit")  # as the session had it
+        assert await setting.fetchone() == ("local",)
         # The next run finishes the work.
         assert await retire_done_async(conn, TABLE, older_than=timedelta(0)) == 199
         assert conn.info.transaction_status == TransactionStatus.IDLE

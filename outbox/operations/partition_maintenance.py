@@ -3,7 +3,8 @@
 the parent.
 
 A partition is retired when every row in it has been done for the retention: DETACH
-PARTITION ... CONCURRENTLY (producers and workers go on), then DROP, where a DELETE of the
+PARTITION ... CONCURRENTLY (producers and workers go on), then DROP (one statement for all
+a run retires), where a DELETE of the
 same rows would leave hours of vacuum behind. A pending, processing or dead row pins its
 partition (a dead one until it is requeued or skipped). When a partition is first seen with
 nothing unfinished, maintenance notes the time in the partition's comment: every `done_at`
@@ -19,7 +20,8 @@ The run is written once as `Steps` (outbox.runner), so the CLI runs it on a sync
 (`maintain`) and the operator on its pooled async ones (`maintain_async`), both in
 autocommit: DETACH ... CONCURRENTLY cannot run inside a transaction block. One run at a
 time per table: it holds the advisory lock a worker holds while it makes partitions ahead
-(outbox.partitions.upkeep_lock), and releases it before it returns, whatever happened.
+(outbox.partitions.upkeep_lock), and releases it before it returns, whatever happened,
+leaving the session's settings as it found them.
 """
 
 from __future__ import annotations
@@ -167,10 +169,33 @@ class Maintained:
     kept: list[PartitionState]  # finished, but not for the retention yet
 
 
-def _lock(table: Table, take: bool) -> Query[None]:
-    verb = "pg_advisory_lock" if take else "pg_advisory_unlock"
+def _begin(table: Table) -> Steps[str]:
+    """Take the upkeep lock (waiting for a worker making partitions ahead, or another run),
+    and commit without waiting for the WAL to be flushed: each DDL statement commits on its
+    own, and a flush per commit was most of a retirement's time. A commit lost to a crash
+    of the server is only maintenance to do again (a partition still attached, or still
+    there), and the producers' own commits flush everything before them. The session's
+    setting is returned, for `_end`."""
+    was = yield from step(
+        _value(
+            sql.SQL("SELECT current_setting('synchronous_commit'), pg_advisory_lock({key})").format(
+                key=upkeep_lock(table)
+            ),
+            str,
+        )
+    )
+    yield from step(
+        _statement(sql.SQL("SELECT set_config('synchronous_commit', 'off', false)").format())
+    )
+    return str(was)
+
+
+def _end(table: Table, synchronous_commit: str) -> Query[None]:
+    """The session as `_begin` found it: its setting back, the lock released."""
     return _statement(
-        sql.SQL("SELECT {f}({key})").format(f=sql.Identifier(verb), key=upkeep_lock(table))
+        sql.SQL(
+            "SELECT set_config('synchronous_commit', {was}, false), pg_advisory_unlock({key})"
+        ).format(was=sql.Literal(synchronous_commit), key=upkeep_lock(table))
     )
 
 
@@ -178,22 +203,22 @@ def maintain(conn: Conn, table: Table, *, retention: timedelta) -> Maintained:
     """Make partitions ahead, retire those finished for `retention`, ANALYZE the parent.
 
     `conn` must be in autocommit: DETACH ... CONCURRENTLY runs outside a transaction."""
-    perform(conn, step(_lock(table, True)))
+    was = perform(conn, _begin(table))
     try:
         return perform(conn, _maintaining(table, retention))
     finally:
-        perform(conn, step(_lock(table, False)))
+        perform(conn, step(_end(table, was)))
 
 
 async def maintain_async(
     conn: psycopg.AsyncConnection[Any], table: Table, *, retention: timedelta
 ) -> Maintained:
     """`maintain` on an async connection in autocommit (the operator's pooled ones)."""
-    await perform_async(conn, step(_lock(table, True)))
+    was = await perform_async(conn, _begin(table))
     try:
         return await perform_async(conn, _maintaining(table, retention))
     finally:
-        await perform_async(conn, step(_lock(table, False)))
+        await perform_async(conn, step(_end(table, was)))
 
 
 def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
@@ -211,7 +236,7 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
     kept = []
     for leaf in [*leftovers, *leaves]:
         if leaf in leftovers:
-            count = yield from _drop_unless_unfinished(table, leaf)
+            count = yield from _finished_or_attached_back(table, leaf)
         else:
             state = yield from _state(table, leaf, current)
             if not state.retirable:
@@ -229,6 +254,12 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
         if count is not None:
             retired.append(leaf.name)
             rows += count
+    if retired:
+        # One DROP for them all: a transaction that drops a table always waits for its WAL
+        # to be flushed, and a flush per partition was most of the drops' time. A run cut
+        # short before it leaves them detached, and the next run drops them.
+        names = sql.SQL(", ").join(_leaf(table, name) for name in retired)
+        yield from step(_statement(sql.SQL("DROP TABLE {names}").format(names=names)))
     # Autovacuum never analyzes a partitioned parent: the planner's view of it comes from here.
     yield from step(_statement(sql.SQL("ANALYZE {t}").format(t=table.ident)))
     return Maintained(made, retired, rows, kept)
@@ -262,7 +293,7 @@ def _note(table: Table, name: str, since: datetime | None) -> Steps[None]:
 
 
 def _retire(table: Table, leaf: Partition) -> Steps[int | None]:
-    """Detach without blocking the parent's users, check again, drop; the rows it held, or
+    """Detach without blocking the parent's users and check again; the rows it held, or
     None if a row became unfinished meanwhile (attached back)."""
     yield from step(
         _statement(
@@ -271,10 +302,12 @@ def _retire(table: Table, leaf: Partition) -> Steps[int | None]:
             )
         )
     )
-    return (yield from _drop_unless_unfinished(table, leaf))
+    return (yield from _finished_or_attached_back(table, leaf))
 
 
-def _drop_unless_unfinished(table: Table, leaf: Partition) -> Steps[int | None]:
+def _finished_or_attached_back(table: Table, leaf: Partition) -> Steps[int | None]:
+    """A detached partition: the rows it holds if none is unfinished (it is to be dropped),
+    else None, attached back."""
     ident = _leaf(table, leaf.name)
     # Through the partial indexes, and the row count from the statistics when the partition
     # has them: counting a partition of a million rows would cost more than dropping it.
@@ -304,7 +337,6 @@ def _drop_unless_unfinished(table: Table, leaf: Partition) -> Steps[int | None]:
             )
         )
         return None
-    yield from step(_statement(sql.SQL("DROP TABLE {leaf}").format(leaf=ident)))
     return int(total)
 
 
