@@ -111,8 +111,13 @@ def _latency_plan(args: argparse.Namespace) -> latency.Plan:
         modes=listed(args.latency_modes, str, base.modes),
         contenders=listed(args.latency_contenders, str, base.contenders),
         seconds=args.latency_seconds if args.latency_seconds is not None else base.seconds,
-        repeat=1 if args.smoke else args.latency_repeat,
-        repeat_processes=listed(args.latency_repeat_processes, int, ()) or None,
+        repeat=args.latency_repeat if args.latency_repeat is not None else base.repeat,
+        # "all": every cell every round.
+        repeat_processes=(
+            None
+            if args.latency_repeat_processes == "all"
+            else listed(args.latency_repeat_processes, int, base.repeat_processes or ()) or None
+        ),
     )
 
 
@@ -184,14 +189,19 @@ def main() -> None:
         ("--latency-contenders", "worker, floor and/or pgqueuer (all)"),
     ):
         group.add_argument(flag, metavar="LIST", help=what)
+    by_rate = ", ".join(f"{s:g} at {r}/s" for r, s in latency.SECONDS.items())
     group.add_argument(
-        "--latency-seconds", type=float, help="seconds of traffic per run (by rate: 40, 30, 20)"
+        "--latency-seconds", type=float, help=f"seconds of traffic per run (by rate: {by_rate})"
     )
-    group.add_argument("--latency-repeat", type=int, default=1, help="rounds, samples pooled (1)")
+    default = latency.Plan()
+    group.add_argument(
+        "--latency-repeat", type=int, help=f"rounds, samples pooled ({default.repeat})"
+    )
     group.add_argument(
         "--latency-repeat-processes",
         metavar="LIST",
-        help="process counts whose cells run every round, the others once (all)",
+        help="process counts whose cells run every round, the others once, or 'all' "
+        f"({','.join(map(str, default.repeat_processes or ())) or 'all'})",
     )
     args = parser.parse_args()
     report = run(args)

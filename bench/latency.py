@@ -61,16 +61,23 @@ MODES = ("unordered", "ordered", "ordered-pairs")
 # finalized, and no NOTIFY says so.
 PER_TRANSACTION = {"unordered": 1, "ordered": 1, "ordered-pairs": 2}
 CONTENDERS = ("worker", "floor", "pgqueuer")
-# Seconds of steady traffic per run, by rate: enough samples for the tail at each (at 10/s
-# p99.9 is out of reach in any sensible time: the report says where a percentile has fewer
-# than ten samples beyond it).
-SECONDS = {10: 40, 100: 30, 1000: 20}
+# Seconds of steady traffic per run, by rate, chosen so that the whole default grid (84 runs:
+# every cell once, the two-process cells in two more rounds) takes about 20 minutes: 10/s
+# gives 60 samples a run (its goal is the median's), 100/s 1,000 (a p99 with ten samples
+# beyond it, in each round), 1,000/s 8,000 (p99.9 from the pooled rounds). Where a
+# percentile has fewer than ten samples beyond it, the report leaves it out.
+SECONDS = {10: 6, 100: 10, 1000: 8}
+# What a run costs besides its traffic, for the estimate logged at the start: a fresh
+# database, the contender's start until its sessions are up and a second to settle, its
+# stop (4-5 s measured on two cores beside other work).
+RUN_OVERHEAD_SECONDS = 5.0
 _TICKS = os.sysconf("SC_CLK_TCK")
 AGGREGATES = 1000  # messages spread over this many aggregates (ordered mode: one head each)
 # Enough that the producer keeps its rate while commits are slow: at 1,000/s a commit that
 # waits 10 ms for its WAL flush on a busy machine holds ten connections.
 PRODUCER_CONNECTIONS = 12
-WARM_UP_SECONDS = 1.0  # the first second of each run is sent and left out (at least 20)
+WARM_UP_SECONDS = 1.0  # the first second of each run is sent and left out (at least
+WARM_UP_MESSAGES = 10  # this many messages)
 BATCH, CONCURRENCY = 100, 32  # the worker's defaults, which the floor is given too
 PAYLOAD = {"note": "x" * 160}  # ~200 bytes of JSON with `n`, as the other benchmarks send
 # Histogram bins: 20 a decade from 0.1 ms to 100 s.
@@ -85,13 +92,22 @@ class Plan:
     modes: tuple[str, ...] = MODES
     contenders: tuple[str, ...] = CONTENDERS
     seconds: float | None = None  # every run this long; None: SECONDS by rate
-    repeat: int = 1
+    # The issue's three runs in a row of the two-process cells, the others once.
+    repeat: int = 3
     # Process counts whose cells run every round; the others run in the first only (None:
     # every cell every round).
-    repeat_processes: tuple[int, ...] | None = None
+    repeat_processes: tuple[int, ...] | None = (2,)
 
     def duration(self, rate: int) -> float:
         return self.seconds if self.seconds is not None else SECONDS.get(rate, 20)
+
+    def estimate_seconds(self) -> float:
+        """About how long the plan runs: its traffic, warm-ups and each run's overhead."""
+        return sum(
+            self.duration(rate) + warm_up_messages(rate) / rate + RUN_OVERHEAD_SECONDS
+            for n in range(self.repeat)
+            for rate, *_ in self.round(n)
+        )
 
     def runs(self) -> list[tuple[int, int, str, str]]:
         """(rate, processes, mode, contender) in running order: cell by cell, the contenders
@@ -122,7 +138,12 @@ class Plan:
         return order if n % 2 == 0 else order[::-1]
 
 
-SMOKE = Plan(rates=(100,), processes=(1,), seconds=2.0)
+SMOKE = Plan(rates=(100,), processes=(1,), seconds=2.0, repeat=1, repeat_processes=None)
+
+
+def warm_up_messages(rate: int) -> int:
+    """Messages each run sends first and leaves out of its figures."""
+    return max(WARM_UP_MESSAGES, int(rate * WARM_UP_SECONDS))
 
 
 # -- figures ------------------------------------------------------------------------------
@@ -372,7 +393,7 @@ def run_one(
     seconds: float,
 ) -> tuple[dict[str, Any], list[float]]:  # fmt: skip
     """One run: its figures, and its latencies (ms) past the warm-up."""
-    warm_up = max(20, int(rate * WARM_UP_SECONDS))
+    warm_up = warm_up_messages(rate)
     count = warm_up + int(rate * seconds)
     ordering = None if mode == "unordered" else "aggregate"
     per_transaction = PER_TRANSACTION[mode]
@@ -450,6 +471,7 @@ def run_one(
 
 def run_latency(bench: Bench, plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
+    log(f"latency: {plan.repeat} round(s), about {plan.estimate_seconds() / 60:.0f} minutes")
     receiver = Receiver()
     try:
         log("latency: the receiver's capacity (plain aiohttp client)")

@@ -54,7 +54,24 @@ def test_later_rounds_repeat_only_the_cells_of_the_process_counts_asked_for():
     first, second = plan.round(0), plan.round(1)
     assert first == plan.runs() and {r[1] for r in first} == {1, 2}
     assert second == [r for r in plan.runs() if r[1] == 2][::-1]
-    assert latency.Plan(repeat=2).round(1) == latency.Plan().runs()[::-1]
+    every_round = latency.Plan(repeat=2, repeat_processes=None)
+    assert every_round.round(1) == every_round.runs()[::-1]
+
+
+def test_the_default_plan_is_the_issues_whole_grid_in_about_twenty_minutes():
+    """Rates 10, 100 and 1,000/s, one and two processes, every mode, every contender, the
+    two-process cells in three rounds: 84 runs, estimated at most 20 minutes."""
+    plan = latency.Plan()
+    rounds = [plan.round(n) for n in range(plan.repeat)]
+    assert {(r[0], r[1], r[2], r[3]) for r in rounds[0]} == set(plan.runs())
+    assert {r[0] for r in rounds[0]} == {10, 100, 1000} and {r[1] for r in rounds[0]} == {1, 2}
+    assert {r[2] for r in rounds[0]} == set(latency.MODES)
+    assert {r[3] for r in rounds[0]} == set(latency.CONTENDERS)
+    assert plan.repeat == 3 and all({r[1] for r in later} == {2} for later in rounds[1:])
+    assert sum(map(len, rounds)) == 84
+    assert plan.estimate_seconds() <= 20 * 60
+    # At 100/s each round's p99 has its ten samples beyond it.
+    assert plan.duration(100) * 100 * 0.01 >= 10
 
 
 def test_the_goals_are_judged_round_by_round_against_the_same_rounds_floor_and_peer():
