@@ -7,8 +7,7 @@ partial indexes in order and the batched statements join `unnest` arrays to the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache, cached_property, lru_cache
 
 from psycopg import sql
 
@@ -257,17 +256,6 @@ def _take_lease(t: sql.Composable, within: Within) -> sql.Composed:
     )
 
 
-@dataclass(frozen=True)
-class Queries:
-    claim: sql.Composed
-    claim_ordered: sql.Composed
-    claim_heads: sql.Composed
-    finalize_done: sql.Composed
-    finalize: sql.Composed
-    extend: sql.Composed
-    listen: sql.Composed
-
-
 def _claim(t: sql.Composable, ordered: bool, within: Within, unfinished: Within) -> sql.Composed:
     """Ordered mode's checks look for other unfinished messages `unfinished` (from the
     oldest partition holding one): they may sit in an earlier partition than the window the
@@ -349,23 +337,37 @@ WITH RECURSIVE {reap}, heads(aggregate_id, id) AS (
     )
 
 
-@lru_cache(maxsize=256)
-def queries(table: Table, within: Within = None, unfinished_low: int | None = None) -> Queries:
-    """The statements for `table`, or for its rows `within` an id range (a partitioned
-    table's: outbox.partitions); ordered mode's checks then look from `unfinished_low`."""
-    t = table.ident
-    fence = sql.SQL(
-        "o.id = f.id AND o.status = 'processing' AND o.lease_version = f.version{within}"
-    ).format(within=_within(within, "o"))
-    unfinished = within
-    if within is not None and unfinished_low is not None:
-        unfinished = (min(unfinished_low, within[0]), within[1])
-    return Queries(
-        claim=_claim(t, False, within, unfinished),
-        claim_ordered=_claim(t, True, within, unfinished),
-        claim_heads=_claim_heads(t, unfinished),
-        # The common case, kept lean: a batch of successes.
-        finalize_done=sql.SQL(
+class Queries:
+    """The lease protocol's statements for a table, or for its rows `within` an id range,
+    each composed when first asked for: a partitioned table's claim window composes new ones
+    every partition or two, and asks for one or two of them (composing all seven cost more
+    Python time than the claim that used one)."""
+
+    def __init__(self, table: Table, within: Within, unfinished_low: int | None) -> None:
+        self._table, self._t, self._within = table, table.ident, within
+        self._unfinished = within
+        if within is not None and unfinished_low is not None:
+            self._unfinished = (min(unfinished_low, within[0]), within[1])
+        self._fence = sql.SQL(
+            "o.id = f.id AND o.status = 'processing' AND o.lease_version = f.version{within}"
+        ).format(within=_within(within, "o"))
+
+    @cached_property
+    def claim(self) -> sql.Composed:
+        return _claim(self._t, False, self._within, self._unfinished)
+
+    @cached_property
+    def claim_ordered(self) -> sql.Composed:
+        return _claim(self._t, True, self._within, self._unfinished)
+
+    @cached_property
+    def claim_heads(self) -> sql.Composed:
+        return _claim_heads(self._t, self._unfinished)
+
+    @cached_property
+    def finalize_done(self) -> sql.Composed:
+        """The common case, kept lean: a batch of successes."""
+        return sql.SQL(
             """WITH applied AS (
 UPDATE {t} AS o
    SET status = 'done', done_at = now(), last_error = NULL,
@@ -374,10 +376,13 @@ UPDATE {t} AS o
  WHERE {fence}
 RETURNING o.id, o.lease_version)
 {applied}"""
-        ).format(t=t, fence=fence, applied=_APPLIED),
-        # Any mix of outcomes, each row fenced on its own lease_version; it returns the status
-        # each row ended in (a defer past the maximum defer age ends dead).
-        finalize=sql.SQL(
+        ).format(t=self._t, fence=self._fence, applied=_APPLIED)
+
+    @cached_property
+    def finalize(self) -> sql.Composed:
+        """Any mix of outcomes, each row fenced on its own lease_version; it returns the
+        status each row ended in (a defer past the maximum defer age ends dead)."""
+        return sql.SQL(
             """UPDATE {t} AS o
    SET status = CASE WHEN f.deferred AND o.created_at < now() - %(max_defer_age)s::interval
                      THEN 'dead' ELSE f.status END,
@@ -402,23 +407,36 @@ RETURNING o.id, o.lease_version)
  WHERE {fence}
 RETURNING o.id, o.lease_version, o.status"""
         ).format(
-            t=t,
-            fence=fence,
+            t=self._t,
+            fence=self._fence,
             # A defer is not a failure, unless it runs past the maximum defer age.
             defer_expired=with_error(sql.SQL("'maximum defer age exceeded; last ' || f.error")),
             failed=with_error(sql.SQL("f.error")),
-        ),
-        # The lease keeper's extend: push the expiry of leases still held; a lost one is left.
-        extend=sql.SQL(
+        )
+
+    @cached_property
+    def extend(self) -> sql.Composed:
+        """The lease keeper's extend: push the expiry of leases still held; a lost one is
+        left."""
+        return sql.SQL(
             """UPDATE {t} AS o
    SET lease_until = now() + %(lease)s::interval
   FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[]) AS f(id, version)
  WHERE {fence}
 RETURNING o.id"""
-        ).format(t=t, fence=fence),
-        # Idle workers wake on the insert trigger's NOTIFY on this table's channel.
-        listen=sql.SQL("LISTEN {}").format(table.channel_ident),
-    )
+        ).format(t=self._t, fence=self._fence)
+
+    @cached_property
+    def listen(self) -> sql.Composed:
+        """Idle workers wake on the insert trigger's NOTIFY on this table's channel."""
+        return sql.SQL("LISTEN {}").format(self._table.channel_ident)
+
+
+@lru_cache(maxsize=256)
+def queries(table: Table, within: Within = None, unfinished_low: int | None = None) -> Queries:
+    """The statements for `table`, or for its rows `within` an id range (a partitioned
+    table's: outbox.partitions); ordered mode's checks then look from `unfinished_low`."""
+    return Queries(table, within, unfinished_low)
 
 
 # -- an operator's repairs (outbox.operations.repair) ----------------------------------------------
