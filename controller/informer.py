@@ -178,13 +178,17 @@ class Deployments:
         for item in listed.get("items") or ():
             meta = item["metadata"]
             found[(str(meta["namespace"]), str(meta["name"]))] = item
+        version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        # Gone since, unless stored by a write of ours newer than the list.
+        newer = {"metadata": {"resourceVersion": version}}
         for key in [k for k in self._objects if scope in (None, k[0]) and k not in found]:
-            del self._objects[key]
+            if _newer(newer, self._objects[key]):
+                del self._objects[key]
         for key, item in found.items():
             self._put(key, item)
         self._listed.add(scope)
         self._tried[scope].set()
-        return str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        return version
 
     async def _watch(self, scope: str | None, version: str) -> str:
         """Apply a watch's events from `version` until the server ends it; the last
