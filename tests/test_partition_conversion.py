@@ -22,7 +22,7 @@ from outbox.controller.database import Pools, Target
 from outbox.operations.conversion import convert, migrate_converting
 from outbox.partitions import Layout, read_partitions
 from outbox.runner import fetch
-from outbox.schema import SchemaError, check_table, migrate
+from outbox.schema import _COLUMNS_AFTER_ID, SchemaError, check_table, migrate
 from outbox.table import Table
 
 TABLE = Table.parse("outbox")
@@ -295,3 +295,22 @@ async def test_the_operators_kept_check_follows_the_table_to_its_new_oid(dsn):
         await pools.close()
     params = conninfo_to_dict(dsn)
     assert after.identity.text == f"table public.outbox of database {params['dbname']}"
+
+
+def test_a_table_whose_id_has_a_sequence_default_keeps_its_sequence(empty_dsn):
+    """A hand-made table adopted by `outbox migrate`, its id a bigserial: no identity to
+    drop; its sequence becomes the parent's, past the first partition's bound."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE outbox (id bigserial PRIMARY KEY, "
+            + _COLUMNS_AFTER_ID.as_string(conn)
+            + ")"
+        )
+        migrate(conn, TABLE)
+        seed(conn, 30)
+        done = convert(conn, TABLE, Layout(SIZE, 2))
+        assert done is not None and done.next_id == 300
+        assert conn.execute("SELECT pg_get_serial_sequence('outbox', 'id')").fetchone() == (
+            "public.outbox_id_seq",
+        )
+        assert seed(conn, 1) == [300]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from helpers import seed, wait_until, wait_until_db
 from workers import listening, spawn_worker, stop_worker
 
@@ -20,6 +21,7 @@ from outbox import enqueue
 from outbox.demo.sink import Reply, Sink
 from outbox.partitions import read_partitions
 from outbox.runner import fetch
+from outbox.schema import migrate
 from outbox.table import Table
 
 TABLE = Table.parse("outbox")
@@ -49,9 +51,11 @@ class Producer(threading.Thread):
             self.error = exc
 
 
+@pytest.mark.parametrize("ordering", ["none", "aggregate"])
 async def test_nothing_in_flight_is_lost_or_sent_twice_across_a_conversion(
-    conn: Any, dsn: str, tmp_path: Path
+    conn: Any, dsn: str, tmp_path: Path, ordering: str
 ) -> None:
+    migrate(conn, TABLE, ordering)
     backlog = seed(conn, 2000, aggregates=10)
     # 20 ms a message, 4 at a time a worker: the drain outlasts the conversion, so rows are
     # held (processing) while it swaps the table.
@@ -59,7 +63,8 @@ async def test_nothing_in_flight_is_lost_or_sent_twice_across_a_conversion(
         logs = {owner: tmp_path / f"{owner}.log" for owner in WORKERS}
         workers = [
             spawn_worker(dsn, "--publisher", "http", "--http-url", sink.url, "--batch", "50",
-                         "--concurrency", "4", owner=owner, log_path=str(logs[owner]))
+                         "--concurrency", "4", "--ordering", ordering, owner=owner,
+                         log_path=str(logs[owner]))
             for owner in WORKERS
         ]  # fmt: skip
         producer = Producer(dsn)
@@ -101,6 +106,11 @@ async def test_nothing_in_flight_is_lost_or_sent_twice_across_a_conversion(
     # Each row taken once: no lease was lost across the swap, the held ones included.
     rows = conn.execute("SELECT count(*), max(attempts), min(attempts) FROM outbox").fetchone()
     assert rows == (len(ids), 1, 1)
+    if ordering == "aggregate":  # each aggregate's messages arrived in id order, across it
+        arrived: dict[str, list[int]] = {}
+        for r in sink.delivered():
+            arrived.setdefault(str(r.body["aggregate_id"]), []).append(int(r.body["id"]))
+        assert all(got == sorted(got) for got in arrived.values())
     before = [i for i in producer.ids if i < first.high]
     after = [i for i in producer.ids if i >= first.high]
     assert before and after and max(before) < min(after)
