@@ -64,6 +64,9 @@ _REPLAY_WAITS = sql.SQL(
 # On a partitioned table (outbox.partitions) each statement names the id range its rows can
 # be in, as constants: PostgreSQL then plans, locks and opens those partitions only.
 Within = tuple[int, int] | None  # [low, high), or None: the whole table
+# A partition's own statements, with ordered mode's checks for an aggregate's other
+# messages made through its parent within an id range (they may be in earlier partitions).
+Checked = tuple[Table, tuple[int, int]] | None
 
 
 def _within(within: Within, alias: str | None = None) -> sql.Composable:
@@ -77,9 +80,18 @@ def _within(within: Within, alias: str | None = None) -> sql.Composable:
 
 # What a batch of successes returns: the applied (id, lease_version) pairs only when some
 # were not applied (lost leases), so the common case sends back one small row.
+# The deliveries' finalize commits without waiting for its WAL to reach the disk
+# (synchronous_commit off for its own transaction, set once by the HAVING): on a database
+# that flushes each commit, that flush took a few milliseconds, and the next claim's commit
+# waited behind it. Losing it in a crash of the database only redelivers those messages, as
+# a lost lease does (their ids de-duplicate downstream); any commit that depends on it (the
+# claim of an aggregate's next message) flushes it with its own, since WAL is flushed in
+# order. Claims stay synchronous: a claim lost in a crash would hand out its lease_version
+# twice.
 _APPLIED = sql.SQL(
     "SELECT count(*), CASE WHEN count(*) < %(n)s::int THEN array_agg(id) END, "
-    "CASE WHEN count(*) < %(n)s::int THEN array_agg(lease_version) END FROM applied"
+    "CASE WHEN count(*) < %(n)s::int THEN array_agg(lease_version) END FROM applied "
+    "HAVING set_config('synchronous_commit', 'off', true) IS NOT NULL"
 )
 
 
@@ -256,14 +268,22 @@ def _take_lease(t: sql.Composable, within: Within) -> sql.Composed:
     )
 
 
-def _claim(t: sql.Composable, ordered: bool, within: Within, unfinished: Within) -> sql.Composed:
+def _claim(
+    t: sql.Composable,
+    ordered: bool,
+    within: Within,
+    unfinished: Within,
+    checked: sql.Composable | None = None,
+) -> sql.Composed:
     """Ordered mode's checks look for other unfinished messages `unfinished` (from the
     oldest partition holding one): they may sit in an earlier partition than the window the
-    claim takes rows from."""
+    claim takes rows from, so a claim from a partition itself (`t`) looks for them in
+    `checked`, its partitioned parent."""
+    checked = t if checked is None else checked
     head = (
         sql.SQL("{head}{replay}").format(
-            head=_HEAD_OF_AGGREGATE.format(t=t, within=_within(unfinished, "prev")),
-            replay=_REPLAY_WAITS.format(t=t, within=_within(unfinished, "later")),
+            head=_HEAD_OF_AGGREGATE.format(t=checked, within=_within(unfinished, "prev")),
+            replay=_REPLAY_WAITS.format(t=checked, within=_within(unfinished, "later")),
         )
         if ordered
         else sql.SQL("")
@@ -343,25 +363,33 @@ class Queries:
     every partition or two, and asks for one or two of them (composing all seven cost more
     Python time than the claim that used one)."""
 
-    def __init__(self, table: Table, within: Within, unfinished_low: int | None) -> None:
+    def __init__(
+        self, table: Table, within: Within, unfinished_low: int | None, checked: Checked
+    ) -> None:
         self._table, self._t, self._within = table, table.ident, within
         self._unfinished = within
         if within is not None and unfinished_low is not None:
             self._unfinished = (min(unfinished_low, within[0]), within[1])
+        self._checked = None if checked is None else checked[0].ident
+        if checked is not None:
+            self._unfinished = checked[1]
         self._fence = sql.SQL(
             "o.id = f.id AND o.status = 'processing' AND o.lease_version = f.version{within}"
         ).format(within=_within(within, "o"))
 
     @cached_property
     def claim(self) -> sql.Composed:
-        return _claim(self._t, False, self._within, self._unfinished)
+        return _claim(self._t, False, self._within, self._unfinished, self._checked)
 
     @cached_property
     def claim_ordered(self) -> sql.Composed:
-        return _claim(self._t, True, self._within, self._unfinished)
+        return _claim(self._t, True, self._within, self._unfinished, self._checked)
 
     @cached_property
     def claim_heads(self) -> sql.Composed:
+        # Visiting aggregates walks every unfinished row in the range: through the parent.
+        if self._checked is not None:
+            return _claim_heads(self._checked, self._unfinished)
         return _claim_heads(self._t, self._unfinished)
 
     @cached_property
@@ -433,10 +461,13 @@ RETURNING o.id"""
 
 
 @lru_cache(maxsize=256)
-def queries(table: Table, within: Within = None, unfinished_low: int | None = None) -> Queries:
+def queries(
+    table: Table, within: Within = None, unfinished_low: int | None = None, checked: Checked = None
+) -> Queries:
     """The statements for `table`, or for its rows `within` an id range (a partitioned
-    table's: outbox.partitions); ordered mode's checks then look from `unfinished_low`."""
-    return Queries(table, within, unfinished_low)
+    table's: outbox.partitions); ordered mode's checks then look from `unfinished_low`, or,
+    for a partition's own statements, through `checked` (the parent, an id range)."""
+    return Queries(table, within, unfinished_low, checked)
 
 
 # -- an operator's repairs (outbox.operations.repair) ----------------------------------------------
