@@ -57,8 +57,8 @@ SWAP_LOCK_TIMEOUT = timedelta(milliseconds=500)
 # with a pause between them in which the queued statements run.
 SWAP_ATTEMPTS = 20
 SWAP_PAUSE = timedelta(seconds=1)
-# Runs of the bound-and-validate steps before giving up: producers that take the room left
-# under a bound before it is validated get a new bound, a few times.
+# Bounds added by one run before it gives up: producers that take the room left under a
+# bound before it is validated (or a stopped run's bound) get a new bound, a few times.
 BOUND_RUNS = 3
 # The name of the conversion's NOTIFY payload, heard by the workers.
 LAYOUT_NOTICE = partitions.LAYOUT_NOTICE
@@ -219,11 +219,20 @@ def _convert(
         )
     first = partition_table(table, 0)
     done = Converted(table, first.name, 0, 0)
-    for _ in range(BOUND_RUNS):
+    bounds_added = 0
+    while True:
         bound = _bound(conn, table)
         last = _last_id(conn, table)
         room = layout.partition_size * layout.partitions_ahead
         if bound is None or bound[0] - last < room // 2:
+            if bounds_added == BOUND_RUNS:
+                raise SchemaError(
+                    f"table {table}: producers took the ids up to the first partition's bound "
+                    f"before it could be validated, {BOUND_RUNS} times; run this again with a "
+                    "larger --partitions-ahead (the room left for them), or when they are "
+                    "quieter"
+                )
+            bounds_added += 1
             high = last // layout.partition_size + 1 + layout.partitions_ahead
             high *= layout.partition_size
             done.bound_lock_seconds = _locked(
@@ -247,11 +256,6 @@ def _convert(
             before_swap()
         _swap(conn, table, layout, done, lock_timeout, attempts, pause)
         return done
-    raise SchemaError(
-        f"table {table}: producers took the ids up to the first partition's bound before it "
-        f"could be validated, {BOUND_RUNS} times; run this again with a larger "
-        "--partitions-ahead (the room left for them), or when they are quieter"
-    )
 
 
 def _bound_name(table: Table) -> str:
@@ -364,7 +368,7 @@ def _swap(
         indexes = [str(row[0]) for row in reads[2].fetchall()]
         grants = [(row[0], str(row[1]), bool(row[2])) for row in reads[3].fetchall()]
         done.next_id = max(high, int(last) + 1)
-        before: list[sql.Composable] = [
+        before: list[sql.Composed] = [
             sql.SQL("ALTER TABLE {t} RENAME TO {p0}").format(t=t, p0=sql.Identifier(first.name))
         ]
         for name in indexes:
@@ -444,7 +448,7 @@ def _swap(
     done.steps.append("swap")
 
 
-def _all(conn: Conn, statements: list[sql.Composable]) -> None:
+def _all(conn: Conn, statements: list[sql.Composed]) -> None:
     """Statements sent together: one round trip, not one each."""
     with conn.pipeline():
         for statement in statements:
