@@ -36,6 +36,12 @@ DEFAULT_PARTITIONS_AHEAD = 16
 PARTITION_SIZE_RANGE = (100, 10**12)
 PARTITIONS_AHEAD_RANGE = (1, 10_000)
 
+# The comment `outbox maintain` gives a partition in which it found nothing unfinished, with
+# the time it found so (outbox.operations.partition_maintenance): a snapshot's statements
+# leave such partitions out (outbox.stats.unfinished_window), and a replay that sends rows of
+# one again takes the note off first.
+FINISHED_NOTE = "outbox-dispatcher: nothing unfinished since "
+
 _BOUND = re.compile(r"^FOR VALUES FROM \('?(-?\d+)'?\) TO \('?(-?\d+)'?\)$")
 
 

@@ -57,8 +57,9 @@ import psycopg
 from psycopg import sql
 
 from outbox import destinations as dest
+from outbox.partitions import FINISHED_NOTE
 from outbox.plumbing.redact import redact_text
-from outbox.runner import Query, Row, Steps, perform, perform_async, step
+from outbox.runner import Query, Row, Steps, first_row, perform, perform_async, step
 from outbox.table import Table
 
 # Counts stop here by default: a walk of at most this many index entries whatever the backlog
@@ -289,7 +290,7 @@ def rates(before: QueueStats, after: QueueStats) -> Rates | None:
     return Rates(arrived / seconds, max(completed, 0) / seconds)
 
 
-def _bounded_count(t: sql.Composable, where: sql.SQL, order: sql.SQL) -> sql.Composed:
+def _bounded_count(t: sql.Composable, where: sql.Composable, order: sql.SQL) -> sql.Composed:
     # Ordered like the partial index that holds these rows, so the planner walks that index
     # and stops at the limit, instead of a sequential scan that "should" find them soon
     # (it would read every done row before the backlog at the table's end).
@@ -302,21 +303,21 @@ def _bounded_count(t: sql.Composable, where: sql.SQL, order: sql.SQL) -> sql.Com
 # per aggregate with unfinished messages, at most %(limit)s of them.
 _HEADS = sql.SQL(
     """WITH RECURSIVE heads(aggregate_id, id, n) AS (
-    (SELECT aggregate_id, id, 1 FROM {t} WHERE status <> 'done'
+    (SELECT aggregate_id, id, 1 FROM {t} WHERE status <> 'done'{ids}
       ORDER BY aggregate_id, id LIMIT 1)
     UNION ALL
     SELECT nx.aggregate_id, nx.id, h.n + 1 FROM heads AS h CROSS JOIN LATERAL (
         SELECT aggregate_id, id FROM {t}
-         WHERE status <> 'done' AND aggregate_id > h.aggregate_id
+         WHERE status <> 'done' AND aggregate_id > h.aggregate_id{ids}
          ORDER BY aggregate_id, id LIMIT 1) AS nx
      WHERE h.n < %(limit)s
 ), head_rows AS (
     SELECT o.aggregate_id, o.id, o.status, o.available_at, o.lease_until
-      FROM heads AS h JOIN {t} AS o ON o.id = h.id
+      FROM heads AS h JOIN {t} AS o ON o.id = h.id{o_ids}
 ), recent_done AS (
     SELECT p.aggregate_id, p.id, p.done_at FROM {t} AS p
      WHERE p.status = 'done' AND p.id < (SELECT max(id) FROM head_rows)
-       AND p.id >= (SELECT max(id) FROM head_rows) - %(limit)s
+       AND p.id >= (SELECT max(id) FROM head_rows) - %(limit)s{p_ids}
 ), freed(aggregate_id, at) AS (
     SELECT DISTINCT ON (h.aggregate_id) h.aggregate_id, p.done_at
       FROM head_rows AS h JOIN recent_done AS p
@@ -349,76 +350,99 @@ _ORDERED_COLUMNS = sql.SQL(
          (SELECT greatest(c.available_at,
                           (SELECT p.done_at FROM {t} AS p
                             WHERE p.id < c.id AND p.id >= c.id - %(limit)s
-                              AND p.aggregate_id = c.aggregate_id
+                              AND p.aggregate_id = c.aggregate_id{p_ids}
                             ORDER BY p.id DESC LIMIT 1))
             FROM (SELECT id, aggregate_id, available_at FROM {t}
-                   WHERE status = 'pending' AND available_at <= now()
+                   WHERE status = 'pending' AND available_at <= now(){ids}
                    ORDER BY available_at, id LIMIT %(limit)s) AS c
            WHERE NOT EXISTS (SELECT 1 FROM {t} AS prev
                               WHERE prev.aggregate_id = c.aggregate_id AND prev.id < c.id
-                                AND prev.status <> 'done')
+                                AND prev.status <> 'done'{prev_ids})
            ORDER BY c.available_at, c.id LIMIT 1),
          (SELECT min(greatest(h.available_at, f.at))
             FROM head_rows AS h LEFT JOIN freed AS f ON f.aggregate_id = h.aggregate_id
            WHERE h.status = 'pending' AND h.available_at <= now())))::float8,
        (SELECT count(*) FROM (
           SELECT 1 FROM head_rows AS h JOIN {t} AS b
-              ON b.aggregate_id = h.aggregate_id AND b.id > h.id AND b.status <> 'done'
+              ON b.aggregate_id = h.aggregate_id AND b.id > h.id AND b.status <> 'done'{b_ids}
            WHERE h.status = 'dead' LIMIT %(limit)s) AS c)"""
 )
 
 
 # Done rows without `exact`: [how, figure]. How 0: the planner's estimate of every row
-# (reltuples, summed over the partitions if any), trusted only while every part has been
-# analyzed (or vacuumed) and changed little since (`STALE_FRACTION`). Else the done rows among
-# the first %(limit)s rows in id order (the primary key, oldest first): how 1 when that was
-# the whole table (exact), 2 when it stopped at the limit (a lower bound). The count is a
-# subquery only the ELSE branch refers to: PostgreSQL runs it only when it is needed.
+# (reltuples, summed over the partitions if any: the layout's are all leaves, read from
+# pg_inherits, which takes no lock on them as pg_partition_tree does), trusted only while
+# every part has been analyzed (or vacuumed) and changed little since (`STALE_FRACTION`).
+# Else the done rows among the first %(limit)s rows in id order (the primary key, oldest
+# first; of a partitioned table's window, see `unfinished_window`): how 1 when that was the
+# whole table (exact), 2 when it stopped at the limit or looked in a window only (a lower
+# bound). The count is a subquery only the ELSE branch refers to: PostgreSQL runs it only
+# when it is needed.
 _DONE = sql.SQL(
     """(SELECT CASE
          WHEN bool_and(c.reltuples >= 0
                        AND coalesce(pg_stat_get_mod_since_analyze(c.oid), 0)
                            <= c.reltuples * {stale})
          THEN ARRAY[0, sum(greatest(c.reltuples, 0))::bigint]
-         ELSE (SELECT ARRAY[CASE WHEN count(*) < %(limit)s THEN 1 ELSE 2 END,
+         ELSE (SELECT ARRAY[CASE WHEN count(*) < %(limit)s AND {whole} THEN 1 ELSE 2 END,
                             count(*) FILTER (WHERE r.status = 'done')]
-                 FROM (SELECT status FROM {t} ORDER BY id LIMIT %(limit)s) AS r)
+                 FROM (SELECT status FROM {t} WHERE TRUE{ids} ORDER BY id LIMIT %(limit)s) AS r)
        END
   FROM pg_class AS c
  WHERE (c.oid = {rc}::regclass AND c.relkind <> 'p')
-    OR c.oid IN (SELECT relid FROM pg_partition_tree({rc}::regclass) WHERE isleaf))"""
+    OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = {rc}::regclass))"""
 )
 
 
-def _statement(table: Table, exact: bool, ordered: bool) -> sql.Composed:
+def _ids(window: tuple[int, int] | None, alias: str | None = None) -> sql.Composable:
+    """` AND id >= low AND id < high` (of `alias` if given) as constants, which PostgreSQL
+    prunes a partitioned table's other partitions by while planning; nothing without one."""
+    if window is None:
+        return sql.SQL("")
+    column = sql.Identifier(alias, "id") if alias else sql.Identifier("id")
+    return sql.SQL(" AND {c} >= {low} AND {c} < {high}").format(
+        c=column, low=sql.Literal(window[0]), high=sql.Literal(window[1])
+    )
+
+
+def _statement(
+    table: Table, exact: bool, ordered: bool, window: tuple[int, int] | None = None
+) -> sql.Composed:
     t = table.ident
+    ids = _ids(window)
 
     def count(where: str, order: str) -> sql.Composed:
         if exact:  # every row is read anyway: let the planner choose how
-            return sql.SQL("(SELECT count(*) FROM {t} WHERE {w})").format(
-                t=t,
-                w=sql.SQL(where),
+            return sql.SQL("(SELECT count(*) FROM {t} WHERE {w}{ids})").format(
+                t=t, w=sql.SQL(where), ids=ids
             )
-        return _bounded_count(t, sql.SQL(where), sql.SQL(order))
+        return _bounded_count(t, sql.SQL(where) + ids, sql.SQL(order))
 
     # Pending rows available later, and those of them with an attempt spent (in backoff):
     # one walk of the ready index from now() on, at most %(limit)s rows.
     later = "status = 'pending' AND available_at > now()"
     waiting = (
         sql.SQL(
-            "(SELECT ARRAY[count(*), count(*) FILTER (WHERE attempts > 0)] FROM {t} WHERE {w})"
-        ).format(t=t, w=sql.SQL(later))
+            "(SELECT ARRAY[count(*), count(*) FILTER (WHERE attempts > 0)] FROM {t} WHERE {w}{ids})"
+        ).format(t=t, w=sql.SQL(later), ids=ids)
         if exact
         else sql.SQL(
             "(SELECT ARRAY[count(*), count(*) FILTER (WHERE w.attempts > 0)] FROM "
-            "(SELECT attempts FROM {t} WHERE {w} ORDER BY available_at, id "
+            "(SELECT attempts FROM {t} WHERE {w}{ids} ORDER BY available_at, id "
             "LIMIT %(limit)s) AS w)"
-        ).format(t=t, w=sql.SQL(later))
+        ).format(t=t, w=sql.SQL(later), ids=ids)
     )
     done = (
-        count("status = 'done'", "id")
+        # Every partition: an exact count is asked for, whatever it costs.
+        sql.SQL("(SELECT count(*) FROM {t} WHERE status = 'done')").format(t=t)
         if exact
-        else _DONE.format(t=t, rc=table.regclass_literal, stale=sql.Literal(STALE_FRACTION))
+        else _DONE.format(
+            t=t,
+            rc=table.regclass_literal,
+            stale=sql.Literal(STALE_FRACTION),
+            ids=ids,
+            whole=sql.Literal(window is None),
+        )
     )
     body = sql.SQL(
         """SELECT now(),
@@ -429,15 +453,17 @@ def _statement(table: Table, exact: bool, ordered: bool) -> sql.Composed:
        {done},
        {expired},
        (SELECT extract(epoch FROM now() - created_at)::float8 FROM {t}
-         WHERE status IN ('pending', 'processing') ORDER BY id LIMIT 1),
+         WHERE status IN ('pending', 'processing'){ids} ORDER BY id LIMIT 1),
        (SELECT extract(epoch FROM now() - available_at)::float8 FROM {t}
-         WHERE status = 'pending' AND available_at <= now() ORDER BY available_at, id LIMIT 1),
+         WHERE status = 'pending' AND available_at <= now(){ids}
+         ORDER BY available_at, id LIMIT 1),
        (SELECT id FROM {t}
-         WHERE status = 'pending' AND available_at <= now() ORDER BY available_at, id LIMIT 1),
-       coalesce((SELECT max(id) FROM {t}), 0),
+         WHERE status = 'pending' AND available_at <= now(){ids}
+         ORDER BY available_at, id LIMIT 1),
+       coalesce((SELECT max(id) FROM {t} WHERE TRUE{ids}), 0),
        (SELECT coalesce(jsonb_object_agg(attempts, n), '{{}}') FROM
           (SELECT attempts, count(*) AS n FROM
-             (SELECT attempts FROM {t} WHERE status IN ('pending', 'processing')
+             (SELECT attempts FROM {t} WHERE status IN ('pending', 'processing'){ids}
                ORDER BY id LIMIT %(limit)s) AS w
             GROUP BY attempts) AS a),
        {waiting}{ordered}"""
@@ -450,9 +476,20 @@ def _statement(table: Table, exact: bool, ordered: bool) -> sql.Composed:
         dead=count("status = 'dead'", "id"),
         expired=count("status = 'processing' AND lease_until < now()", "lease_until"),
         done=done,
-        ordered=(_ORDERED_COLUMNS.format(t=t) if ordered else sql.SQL("")),
-    )
-    return sql.Composed([_HEADS.format(t=t), body]) if ordered else body
+        ids=ids,
+        ordered=(
+            _ORDERED_COLUMNS.format(
+                t=t, ids=ids, p_ids=_ids(window, "p"), prev_ids=_ids(window, "prev"),
+                b_ids=_ids(window, "b"),
+            )
+            if ordered
+            else sql.SQL("")
+        ),
+    )  # fmt: skip
+    if not ordered:
+        return body
+    heads = _HEADS.format(t=t, ids=ids, o_ids=_ids(window, "o"), p_ids=_ids(window, "p"))
+    return sql.Composed([heads, body])
 
 
 def _build(table: Table, row: Row, exact: bool, limit: int | None) -> QueueStats:
@@ -496,10 +533,16 @@ def _build(table: Table, row: Row, exact: bool, limit: int | None) -> QueueStats
 
 
 def stats_query(
-    table: Table, *, exact: bool = False, ordered: bool = False, count_limit: int = COUNT_LIMIT
+    table: Table,
+    *,
+    exact: bool = False,
+    ordered: bool = False,
+    count_limit: int = COUNT_LIMIT,
+    window: tuple[int, int] | None = None,
 ) -> Query[QueueStats]:
     """The snapshot statement: bounded counts (`count_limit`) unless `exact`; the claimable
-    figures of an ordered table if `ordered`."""
+    figures of an ordered table if `ordered`; every unfinished row looked for within the ids
+    of `window` (a partitioned table's, `unfinished_window`)."""
     if count_limit < 1:
         raise ValueError("count_limit must be at least 1")
     limit = None if exact else count_limit
@@ -507,7 +550,8 @@ def stats_query(
     def parse(rows: list[Row]) -> QueueStats:
         return _build(table, rows[0], exact, limit)
 
-    return Query(_statement(table, exact, ordered), {"limit": limit or _UNBOUNDED}, parse)
+    statement = _statement(table, exact, ordered, window)
+    return Query(statement, {"limit": limit or _UNBOUNDED}, parse)
 
 
 def _query(table: Table, exact: bool, ordered: bool = False) -> sql.Composable:
@@ -516,6 +560,52 @@ def _query(table: Table, exact: bool, ordered: bool = False) -> sql.Composable:
     assert query.params is not None
     text = query.statement.as_string(None).replace("%(limit)s", str(int(query.params["limit"])))
     return sql.SQL(text)  # composed from quoted parts above
+
+
+# A partitioned table's partitions that `outbox maintain` has not noted finished, and their
+# id ranges, from the catalog: the notes by a join (no function per partition), the bounds
+# of the few partitions left (each pg_get_expr opens its partition).
+_WINDOW = sql.SQL(
+    """WITH unfinished AS (
+    SELECT p.oid FROM pg_inherits AS i
+      JOIN pg_class AS p ON p.oid = i.inhrelid
+      LEFT JOIN pg_description AS d
+        ON d.objoid = p.oid AND d.classoid = 'pg_class'::regclass AND d.objsubid = 0
+     WHERE i.inhparent = {rc}::regclass AND NOT coalesce(starts_with(d.description, {note}), false)
+), bounds AS (
+    SELECT substring(pg_get_expr(p.relpartbound, p.oid) FROM {low})::bigint AS low,
+           substring(pg_get_expr(p.relpartbound, p.oid) FROM {high})::bigint AS high
+      FROM unfinished AS u JOIN pg_class AS p ON p.oid = u.oid
+)
+SELECT least(min(b.low), max(b.low) FILTER (WHERE b.low <= s.last)),
+       max(b.high) FILTER (WHERE b.low <= s.last)
+  FROM bounds AS b,
+       (SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence({rc}, 'id')), 0)
+          AS last) AS s
+ WHERE (SELECT relkind FROM pg_class WHERE oid = {rc}::regclass) = 'p'"""
+)
+
+
+def unfinished_window(table: Table) -> Query[tuple[int, int] | None]:
+    """The ids a partitioned table's unfinished rows can be in, from its first partition that
+    `outbox maintain` has not found finished (a partition it noted holds done rows only: a
+    replay forgets the note of the partitions it sends again) to the end of the one holding
+    the newest id; None for a plain table. A snapshot's statement names this range as
+    constants, so it plans and opens those partitions only, not the hundreds of finished
+    ones behind them or made ahead."""
+    statement = _WINDOW.format(
+        rc=table.regclass_literal,
+        low=sql.Literal(r"FROM \('?(-?[0-9]+)"),
+        high=sql.Literal(r"TO \('?(-?[0-9]+)"),
+        note=sql.Literal(FINISHED_NOTE),
+    )
+
+    def parse(row: Row | None) -> tuple[int, int] | None:
+        if row is None or row[0] is None or row[1] is None:
+            return None
+        return int(row[0]), int(row[1])
+
+    return Query(statement, None, first_row(parse))
 
 
 def snapshot(
@@ -528,7 +618,8 @@ def snapshot(
 ) -> Steps[QueueStats]:
     """The snapshot's statements: the queue's, then each destination's state unless
     `destinations` is False (`queue_stats` runs them)."""
-    query = stats_query(table, exact=exact, ordered=ordered, count_limit=count_limit)
+    window = yield from step(unfinished_window(table))
+    query = stats_query(table, exact=exact, ordered=ordered, count_limit=count_limit, window=window)
     stats = yield from step(query)
     if not destinations:
         return stats

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -191,3 +191,50 @@ async def test_a_failed_run_leaves_the_connection_clean_for_the_pool(history, em
         assert await retire_done_async(conn, TABLE, older_than=timedelta(0)) == 199
         assert conn.info.transaction_status == TransactionStatus.IDLE
     assert "outbox_p0" not in _leaves(history)
+
+
+def test_a_replay_of_a_window_whose_partitions_were_dropped_says_they_are_gone(history, empty_dsn):
+    history.execute("UPDATE outbox SET created_at = now() - interval '2 days' WHERE id < 100")
+    assert outbox(empty_dsn, "maintain", "--retention", "0s").returncode == 0  # p0 dropped
+    since = (datetime.now(UTC) - timedelta(days=3)).isoformat()
+    until = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+    result = outbox(empty_dsn, "replay", "--since", since, "--until", until, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "no message matches" in result.stdout
+    assert "older ones are gone (purged, or their partitions dropped by `outbox maintain`)" in (
+        result.stdout
+    )
+    # A window the table still holds rows of says nothing of retention.
+    recent = outbox(empty_dsn, "replay", "--since", until, "--until", "1s", "--dry-run")
+    assert "would send again" in recent.stdout and "gone" not in recent.stdout
+
+
+def test_stats_count_what_is_unfinished_and_leave_finished_partitions_out(history, empty_dsn):
+    """A snapshot names the ids from the first partition maintenance has not noted finished
+    to the newest: the finished partitions are neither planned nor opened, and what is
+    unfinished anywhere is still counted (a dead row pins its partition, a replay takes the
+    note off)."""
+    from outbox.stats import queue_stats, stats_query, unfinished_window
+
+    assert outbox(empty_dsn, "maintain", "--retention", "1h").returncode == 0
+    # Partitions 0 and 2 noted; 1 holds a dead row, 3 a pending one, 4 the newest ids.
+    assert fetch(history, unfinished_window(TABLE)) == (100, 500)
+    query = stats_query(TABLE, window=(100, 500))
+    plan = "\n".join(
+        row[0]
+        for row in history.execute(
+            psycopg.sql.SQL("EXPLAIN (COSTS OFF) ") + query.statement, query.params
+        ).fetchall()
+    )
+    assert "outbox_p1" in plan and "outbox_p4" in plan
+    assert "outbox_p0" not in plan and "outbox_p5" not in plan  # finished; made ahead
+    stats = queue_stats(history, TABLE)
+    assert (stats.pending, stats.dead, stats.max_id) == (1, 1, 449)
+    # A replay of partition 0's rows takes its note off: they are counted again.
+    history.execute("UPDATE outbox SET created_at = now() - interval '2 days' WHERE id < 100")
+    since = (datetime.now(UTC) - timedelta(days=3)).isoformat()
+    until = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+    sent = outbox(empty_dsn, "replay", "--since", since, "--until", until, "--yes")
+    assert sent.returncode == 0, sent.stderr
+    assert fetch(history, unfinished_window(TABLE)) == (0, 500)
+    assert queue_stats(history, TABLE).pending == 100

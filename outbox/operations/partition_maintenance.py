@@ -36,10 +36,12 @@ import psycopg
 from psycopg import sql
 
 from outbox.partitions import (
+    FINISHED_NOTE,
     Layout,
     Partition,
     make_partition,
     missing_ahead,
+    partition_table,
     read_layout,
     read_partitions,
     upkeep_lock,
@@ -47,7 +49,7 @@ from outbox.partitions import (
 from outbox.runner import Query, Row, Steps, first_row, no_rows, perform, perform_async, step
 from outbox.table import Table
 
-_DONE_NOTE = "outbox-dispatcher: nothing unfinished since "
+_DONE_NOTE = FINISHED_NOTE
 _NOTE = re.compile("^" + re.escape(_DONE_NOTE) + r"(.+)$")
 
 Conn = psycopg.Connection[Any]
@@ -400,3 +402,29 @@ def _detached_orphans(
         if low < top:
             found.append(Partition(name, low, low + size))
     return sorted(found, key=lambda p: p.low)
+
+
+def forget_finished(table: Table, low: int, high: int) -> Steps[None]:
+    """Take maintenance's note off the partitions holding ids `low` to `high` (inclusive):
+    a replay sent rows of them again, so they are unfinished once more (a snapshot looks
+    in them again, outbox.stats.unfinished_window). Nothing on a plain table."""
+    layout = yield from step(read_layout(table))
+    if layout is None:
+        return
+    size = layout.partition_size
+    names = [partition_table(table, k).name for k in range(low // size, high // size + 1)]
+    noted = yield from step(
+        Query(
+            sql.SQL(
+                "SELECT c.relname FROM pg_class AS c JOIN pg_description AS d ON d.objoid = c.oid"
+                " AND d.classoid = 'pg_class'::regclass AND d.objsubid = 0"
+                " WHERE c.relnamespace ="
+                " (SELECT relnamespace FROM pg_class WHERE oid = {t}::regclass)"
+                " AND c.relname = ANY(%(names)s) AND starts_with(d.description, {note})"
+            ).format(t=table.regclass_literal, note=sql.Literal(_DONE_NOTE)),
+            {"names": names},
+            lambda rows: [str(row[0]) for row in rows],
+        )
+    )
+    for name in noted:
+        yield from _note(table, name, None)

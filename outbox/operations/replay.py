@@ -34,6 +34,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from outbox.operations.partition_maintenance import forget_finished
 from outbox.partitions import REPLAY_NOTICE
 from outbox.runner import Query, Row, Steps, first_row, step
 from outbox.table import Table
@@ -209,16 +210,38 @@ class Preview:
     by_type: dict[str, int] = field(default_factory=dict)
     first_id: int | None = None
     last_id: int | None = None
+    # When nothing matches: when the oldest message the table still holds was created (None:
+    # it holds none). A window older than that may have matched rows retention took.
+    oldest_kept: datetime | None = None
+    emptied: bool = False  # nothing matches and the table holds no message at all
 
     def lines(self) -> list[str]:
         if not self.count:
-            return [f"no message matches ({self.filter.describe()})"]
+            return [f"no message matches ({self.filter.describe()}){self._retired()}"]
         head = (
             f"{self.count} message{'' if self.count == 1 else 's'} "
             f"(ids {self.first_id} to {self.last_id}; {self.filter.describe()})"
         )
         width = max(len(t) for t in self.by_type)
         return [head] + [f"  {name:<{width}}  {n}" for name, n in sorted(self.by_type.items())]
+
+    def _retired(self) -> str:
+        """Why a window may find nothing: retention took its rows (`outbox purge`, or
+        `outbox maintain` dropping their partitions); they cannot be sent again."""
+        gone = "purged, or their partitions dropped by `outbox maintain`"
+        if self.emptied:
+            return f"; the table holds no message: any it held are gone ({gone})"
+        if self.oldest_kept is not None and self.filter.since < self.oldest_kept:
+            return (
+                f"; the oldest message left was created at {self.oldest_kept.isoformat()}: "
+                f"older ones are gone ({gone}) and cannot be sent again"
+            )
+        return ""
+
+
+def _oldest_kept(table: Table) -> Query[datetime | None]:
+    statement = sql.SQL("SELECT created_at FROM {t} ORDER BY id LIMIT 1").format(t=table.ident)
+    return Query(statement, None, first_row(lambda row: row[0] if row else None))
 
 
 def _preview_query(table: Table, f: ReplayFilter, ids: IdRange, limit: int | None) -> Query[Row]:
@@ -240,10 +263,12 @@ def preview(table: Table, f: ReplayFilter, *, limit: int | None = None) -> Steps
     """Count what `f` matches (at most `limit`), by type, with the first and last ids: one
     read of the window's id range, changing nothing."""
     ids = yield from window(table, f.since, f.until)
-    if ids.empty:
-        return Preview(f, ids, 0)
-    by_type, count, first, last = yield from step(_preview_query(table, f, ids, limit))
-    return Preview(f, ids, int(count), dict(by_type), first, last)
+    if not ids.empty:
+        by_type, count, first, last = yield from step(_preview_query(table, f, ids, limit))
+        if count:
+            return Preview(f, ids, int(count), dict(by_type), first, last)
+    oldest = yield from step(_oldest_kept(table))
+    return Preview(f, ids, 0, oldest_kept=oldest, emptied=oldest is None)
 
 
 # -- sending again -----------------------------------------------------------------------
@@ -401,6 +426,9 @@ def send_batch(
             confirmed=progress.confirmed,
         )
     )
+    if done.count and done.through_id is not None:
+        # Rows of partitions `outbox maintain` noted finished are unfinished again.
+        yield from forget_finished(table, progress.next_id, done.through_id)
     progress.sent += done.count
     for name, n in done.by_type.items():
         progress.by_type[name] = progress.by_type.get(name, 0) + n
