@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -314,3 +315,21 @@ def test_a_table_whose_id_has_a_sequence_default_keeps_its_sequence(empty_dsn):
             "public.outbox_id_seq",
         )
         assert seed(conn, 1) == [300]
+
+
+def test_two_runs_at_once_convert_the_table_once(dsn):
+    """Every replica may run `outbox migrate` at start: the runs take turns, and the later
+    one finds the table partitioned."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        seed(conn, 40)
+
+    def run() -> Any:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            return convert(conn, TABLE, Layout(SIZE, 2))
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: run(), range(2)))
+    assert sorted(r is None for r in results) == [False, True]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert _leaves(conn)[0] == ("outbox_p0", 0, 300)
+        assert statuses(conn) == {"pending": 40}
