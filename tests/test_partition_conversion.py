@@ -18,10 +18,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from test_worker import Scripted
 from workers import dispatching, settings
 
-from outbox import enqueue
+from outbox import enqueue, partitions
 from outbox.controller.database import Pools, Target
 from outbox.operations.conversion import convert, migrate_converting
-from outbox.partitions import Layout, read_partitions
+from outbox.partitions import ClaimWindow, Layout, read_partitions
 from outbox.runner import fetch
 from outbox.schema import _COLUMNS_AFTER_ID, SchemaError, check_table, migrate
 from outbox.table import Table
@@ -333,3 +333,23 @@ def test_two_runs_at_once_convert_the_table_once(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert _leaves(conn)[0] == ("outbox_p0", 0, 300)
         assert statuses(conn) == {"pending": 40}
+
+
+async def test_a_worker_that_missed_the_notify_looks_again_on_its_own(dsn, monkeypatch):
+    """Without the NOTIFY (its listener away), a plain table's window looks again whether the
+    table was converted every LAYOUT_TTL; told by a forget, at its next claim."""
+    window = ClaimWindow(None)
+    assert not window.layout_due()
+    window.forget()  # what the listener does on a NOTIFY `layout` or on reconnecting
+    assert window.layout_due()
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+        assert await window.learn_layout(aconn, TABLE) is None  # still plain
+        assert not window.layout_due()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            seed(conn, 5)
+            convert(conn, TABLE, Layout(SIZE, 2))
+        assert not window.layout_due()  # not told, and looked a moment ago
+        monkeypatch.setattr(partitions, "LAYOUT_TTL", 0.0)
+        assert window.layout_due()
+        assert await window.learn_layout(aconn, TABLE) == Layout(SIZE, 2)
+    assert window.layout == Layout(SIZE, 2) and not window.layout_due()
