@@ -353,3 +353,16 @@ async def test_a_worker_that_missed_the_notify_looks_again_on_its_own(dsn, monke
         assert window.layout_due()
         assert await window.learn_layout(aconn, TABLE) == Layout(SIZE, 2)
     assert window.layout == Layout(SIZE, 2) and not window.layout_due()
+
+
+def test_the_converted_partition_is_retired_whole_once_its_rows_are_done(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        seed(conn, 150)
+        convert(conn, TABLE, Layout(SIZE, 2))
+        seed(conn, 5)  # ids 400-404: the newest, in the next partition
+        conn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id < 400")
+    result = outbox(dsn, "maintain", "--retention", "0s")
+    assert result.returncode == 0, result.stderr
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert _leaves(conn)[0][0] == "outbox_p4"  # the converted table is gone
+        assert statuses(conn) == {"pending": 5}
