@@ -21,7 +21,14 @@ from outbox import Event, OutOfPartitions, enqueue, enqueue_many, lease
 from outbox.models import Outcome
 from outbox.operations.replay import ReplayFilter, preview, send_batch, start
 from outbox.operator_reads import read_table
-from outbox.partitions import Bounds, ClaimWindow, Layout, read_partitions
+from outbox.partitions import (
+    Bounds,
+    ClaimWindow,
+    Layout,
+    _window_reading,
+    partition_table,
+    read_partitions,
+)
 from outbox.queries import queries
 from outbox.runner import fetch, perform
 from outbox.schema import _COLUMNS_AFTER_ID, SchemaError, check_table, migrate
@@ -167,6 +174,47 @@ def test_statements_touch_only_the_partitions_of_their_window(pconn, statement, 
     allowed = {1, 2, 3} if statement == "claim_ordered" else {2, 3}
     assert touched and touched <= allowed, plan
     assert "outbox_p40" not in plan and "outbox_p0 " not in plan, plan
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_an_ordered_claim_takes_rows_from_its_partition_and_checks_through_the_parent(
+    pconn, generic
+):
+    """A window of one partition with unfinished rows below it: the ordered claim locks,
+    measures and leases rows of partition 2 itself, and only its checks for an aggregate's
+    other messages go through the parent, to partitions 1 and 2 alone."""
+    migrate(pconn, TABLE, "aggregate", layout=Layout(SIZE, 40))
+    seed(pconn, 450, aggregates=20)
+    pconn.execute("ANALYZE outbox")
+    layout = Layout(SIZE, 40, named_leaves=True)
+    q = lease._queries_within(TABLE, layout, (200, 300), 100)
+    assert q is queries(partition_table(TABLE, 2), checked=(TABLE, (100, 300)))
+    plan = explain_prepared(pconn, q.claim_ordered, _claim_args(), generic=generic)
+    assert {int(n) for n in re.findall(r"outbox_p(\d+)", plan)} == {1, 2}, plan
+    updated = set(re.findall(r"Update on (\w+)", plan))
+    assert updated == {"outbox_p2"}, plan  # the leases are taken on the partition itself
+    # Visiting aggregates walks every unfinished row from partition 1: through the parent.
+    heads = explain_prepared(pconn, q.claim_heads, _claim_args(), generic=generic)
+    assert {int(n) for n in re.findall(r"outbox_p(\d+)", heads)} == {1, 2}, heads
+
+
+def test_a_window_reading_names_the_partitions_themselves(pconn):
+    """A reading of four partitions names each one (a statement through the parent planned
+    several times as long), and finds what the same reading through the parent finds."""
+    migrate(pconn, TABLE, "aggregate", layout=Layout(SIZE, 40))
+    seed(pconn, 450, aggregates=20)
+    pconn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id < 230")
+    pconn.execute("UPDATE outbox SET status = 'dead' WHERE id = 250")
+    pconn.execute("UPDATE outbox SET available_at = now() + interval '1 hour' WHERE id < 260")
+    layout = Layout(SIZE, 40, named_leaves=True)
+    leaves = layout.leaves(TABLE, (0, 400))
+    assert leaves == tuple(partition_table(TABLE, k) for k in range(4))
+    reading = _window_reading(TABLE, (0, 400), leaves)
+    assert "outbox_p" in reading.statement.as_string(pconn)
+    through_parent = fetch(pconn, _window_reading(TABLE, (0, 400)))
+    assert fetch(pconn, reading) == through_parent == (260, 230)
+    # A partition named otherwise (or a converted table below the first): the parent.
+    assert Layout(SIZE, 40).leaves(TABLE, (0, 400)) is None
 
 
 async def _drain(aconn: Any, *, ordered: bool, batch: int) -> list[list[int]]:
