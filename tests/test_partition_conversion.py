@@ -366,3 +366,20 @@ def test_the_converted_partition_is_retired_whole_once_its_rows_are_done(dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert _leaves(conn)[0][0] == "outbox_p4"  # the converted table is gone
         assert statuses(conn) == {"pending": 5}
+
+
+def test_new_ids_start_past_every_id_drawn_even_past_the_bound(dsn):
+    """Ids drawn from the identity and not (yet) inserted count: a session that drew past the
+    first partition's bound before the swap (it could not insert them) never meets its ids
+    again."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        seed(conn, 10)
+
+        def drawn() -> None:
+            conn.execute("SELECT setval(pg_get_serial_sequence('outbox', 'id'), 450)")
+
+        done = convert(conn, TABLE, Layout(SIZE, 2), before_swap=drawn)
+        assert done is not None and (done.first_high, done.next_id) == (300, 451)
+        assert _leaves(conn) == [("outbox_p0", 0, 300), ("outbox_p3", 300, 400),
+                                 ("outbox_p4", 400, 500)]  # fmt: skip
+        assert seed(conn, 1) == [451]

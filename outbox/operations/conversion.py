@@ -368,6 +368,7 @@ def _swap(
         indexes = [str(row[0]) for row in reads[2].fetchall()]
         grants = [(row[0], str(row[1]), bool(row[2])) for row in reads[3].fetchall()]
         done.next_id = max(high, int(last) + 1)
+        size = layout.partition_size
         before: list[sql.Composed] = [
             sql.SQL("ALTER TABLE {t} RENAME TO {p0}").format(t=t, p0=sql.Identifier(first.name))
         ]
@@ -423,8 +424,12 @@ def _swap(
             sql.SQL("COMMENT ON TABLE {p0} IS NULL").format(p0=p0),
             *_grant_statements(table, sequence, grants),
             record_layout(table, layout),
-            *make_partition(
-                table, high // layout.partition_size, high, high + layout.partition_size
+            # The partitions from the bound up to the one the next id goes to (one, unless
+            # ids were drawn past the bound): inserts go on the moment the swap commits.
+            *(
+                statement
+                for k in range(high // size, done.next_id // size + 1)
+                for statement in make_partition(table, k, k * size, (k + 1) * size)
             ),
             sql.SQL("SELECT pg_notify({c}, {p})").format(
                 c=text_constant(table.channel), p=sql.Literal(LAYOUT_NOTICE)
