@@ -5,6 +5,7 @@ it holds what the partitioned table could not carry; workers and the operator fo
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import seed, statuses, wait_until
+from helpers import explain_prepared, seed, statuses, wait_until
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from test_worker import Scripted
 from workers import dispatching, settings
@@ -22,6 +23,7 @@ from outbox import enqueue, partitions
 from outbox.controller.database import Pools, Target
 from outbox.operations.conversion import convert, migrate_converting
 from outbox.partitions import ClaimWindow, Layout, read_partitions
+from outbox.queries import queries
 from outbox.runner import fetch
 from outbox.schema import _COLUMNS_AFTER_ID, SchemaError, check_table, migrate
 from outbox.table import Table
@@ -383,3 +385,24 @@ def test_new_ids_start_past_every_id_drawn_even_past_the_bound(dsn):
         assert _leaves(conn) == [("outbox_p0", 0, 300), ("outbox_p3", 300, 400),
                                  ("outbox_p4", 400, 500)]  # fmt: skip
         assert seed(conn, 1) == [451]
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+async def test_claims_in_the_converted_partition_plan_it_alone(dsn, generic):
+    """A window inside the converted table goes through the parent with its range, which
+    prunes to the converted table alone; a window past it names its partition itself."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, "aggregate")
+        seed(conn, 250)
+        convert(conn, TABLE, Layout(SIZE, 3))
+        migrate(conn, TABLE, layout=Layout(SIZE, 3))
+        layout = await _checked(dsn)
+        assert layout is not None and layout.named_leaves
+        assert layout.leaf_of(TABLE, (100, 200)) is None  # no outbox_p1: inside outbox_p0
+        assert layout.leaf_of(TABLE, (600, 700)) == Table(None, "outbox_p6")
+        args = {
+            "max_attempts": "12", "batch": "50", "owner": "w", "lease": "60 seconds",
+            "max_payload_bytes": "2097152", "claim_bytes": "16777216",
+        }  # fmt: skip
+        plan = explain_prepared(conn, queries(TABLE, (100, 200)).claim, args, generic=generic)
+        assert set(re.findall(r"outbox_p\d+", plan)) == {"outbox_p0"}, plan
