@@ -406,3 +406,21 @@ async def test_claims_in_the_converted_partition_plan_it_alone(dsn, generic):
         }  # fmt: skip
         plan = explain_prepared(conn, queries(TABLE, (100, 200)).claim, args, generic=generic)
         assert set(re.findall(r"outbox_p\d+", plan)) == {"outbox_p0"}, plan
+
+
+async def test_a_schema_qualified_name_with_placeholder_characters_converts(dsn):
+    """Every name the conversion makes is derived from the table's and quoted: a schema,
+    a dot and a `%` in the name change nothing."""
+    odd = Table.parse('app."my%out.box"')
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn, odd, "aggregate")
+        for _ in range(3):
+            enqueue(conn, aggregate_type="a", aggregate_id="1", event_type="E", payload={},
+                    table=odd)  # fmt: skip
+        _, _, done = migrate_converting(conn, odd, None, Layout(SIZE, 2))
+        assert done is not None and not done.scanned and len(done.indexes) == 6
+        assert enqueue(conn, aggregate_type="a", aggregate_id="1", event_type="E", payload={},
+                       table=odd) == 300  # fmt: skip
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+        layout = await check_table(aconn, odd, ordered=True)
+    assert layout == Layout(SIZE, 2) and layout.named_leaves and layout.converted_below == 300
