@@ -59,7 +59,7 @@ from psycopg import sql
 from outbox import destinations as dest
 from outbox.partitions import FINISHED_NOTE
 from outbox.plumbing.redact import redact_text
-from outbox.runner import Query, Row, Steps, first_row, perform, perform_async, step
+from outbox.runner import Query, Row, Steps, perform, perform_async, step
 from outbox.table import Table
 
 # Counts stop here by default: a walk of at most this many index entries whatever the backlog
@@ -405,11 +405,18 @@ def _ids(window: tuple[int, int] | None, alias: str | None = None) -> sql.Compos
     )
 
 
+def _aliased(window: Window | None, leaf: bool, alias: str) -> sql.Composable:
+    return _ids(None if leaf or window is None else (window.low, window.high), alias)
+
+
 def _statement(
-    table: Table, exact: bool, ordered: bool, window: tuple[int, int] | None = None
+    table: Table, exact: bool, ordered: bool, window: Window | None = None
 ) -> sql.Composed:
-    t = table.ident
-    ids = _ids(window)
+    # A window that is one partition: that partition itself, as a plain table (its rows are
+    # all within it); else the parent, every statement bounded to the window's ids.
+    leaf = window is not None and window.leaf is not None
+    t = Table(table.schema, window.leaf).ident if window and window.leaf else table.ident
+    ids = _ids(None if leaf or window is None else (window.low, window.high))
 
     def count(where: str, order: str) -> sql.Composed:
         if exact:  # every row is read anyway: let the planner choose how
@@ -434,7 +441,7 @@ def _statement(
     )
     done = (
         # Every partition: an exact count is asked for, whatever it costs.
-        sql.SQL("(SELECT count(*) FROM {t} WHERE status = 'done')").format(t=t)
+        sql.SQL("(SELECT count(*) FROM {t} WHERE status = 'done')").format(t=table.ident)
         if exact
         else _DONE.format(
             t=t,
@@ -479,8 +486,8 @@ def _statement(
         ids=ids,
         ordered=(
             _ORDERED_COLUMNS.format(
-                t=t, ids=ids, p_ids=_ids(window, "p"), prev_ids=_ids(window, "prev"),
-                b_ids=_ids(window, "b"),
+                t=t, ids=ids, p_ids=_aliased(window, leaf, "p"),
+                prev_ids=_aliased(window, leaf, "prev"), b_ids=_aliased(window, leaf, "b"),
             )
             if ordered
             else sql.SQL("")
@@ -488,7 +495,9 @@ def _statement(
     )  # fmt: skip
     if not ordered:
         return body
-    heads = _HEADS.format(t=t, ids=ids, o_ids=_ids(window, "o"), p_ids=_ids(window, "p"))
+    heads = _HEADS.format(
+        t=t, ids=ids, o_ids=_aliased(window, leaf, "o"), p_ids=_aliased(window, leaf, "p")
+    )
     return sql.Composed([heads, body])
 
 
@@ -538,7 +547,7 @@ def stats_query(
     exact: bool = False,
     ordered: bool = False,
     count_limit: int = COUNT_LIMIT,
-    window: tuple[int, int] | None = None,
+    window: Window | None = None,
 ) -> Query[QueueStats]:
     """The snapshot statement: bounded counts (`count_limit`) unless `exact`; the claimable
     figures of an ordered table if `ordered`; every unfinished row looked for within the ids
@@ -562,31 +571,35 @@ def _query(table: Table, exact: bool, ordered: bool = False) -> sql.Composable:
     return sql.SQL(text)  # composed from quoted parts above
 
 
-# A partitioned table's partitions that `outbox maintain` has not noted finished, and their
-# id ranges, from the catalog: the notes by a join (no function per partition), the bounds
-# of the few partitions left (each pg_get_expr opens its partition).
+# A partitioned table's partitions that `outbox maintain` has not noted finished (the notes by
+# a join), each with its id range (deparsed without opening the partition: a bound holds no
+# column), and the newest id; no row for a plain table.
 _WINDOW = sql.SQL(
-    """WITH unfinished AS (
-    SELECT p.oid FROM pg_inherits AS i
-      JOIN pg_class AS p ON p.oid = i.inhrelid
-      LEFT JOIN pg_description AS d
-        ON d.objoid = p.oid AND d.classoid = 'pg_class'::regclass AND d.objsubid = 0
-     WHERE i.inhparent = {rc}::regclass AND NOT coalesce(starts_with(d.description, {note}), false)
-), bounds AS (
-    SELECT substring(pg_get_expr(p.relpartbound, p.oid) FROM {low})::bigint AS low,
-           substring(pg_get_expr(p.relpartbound, p.oid) FROM {high})::bigint AS high
-      FROM unfinished AS u JOIN pg_class AS p ON p.oid = u.oid
-)
-SELECT least(min(b.low), max(b.low) FILTER (WHERE b.low <= s.last)),
-       max(b.high) FILTER (WHERE b.low <= s.last)
-  FROM bounds AS b,
-       (SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence({rc}, 'id')), 0)
-          AS last) AS s
- WHERE (SELECT relkind FROM pg_class WHERE oid = {rc}::regclass) = 'p'"""
+    """SELECT p.relname::text,
+       substring(pg_get_expr(p.relpartbound, 0) FROM {low})::bigint,
+       substring(pg_get_expr(p.relpartbound, 0) FROM {high})::bigint,
+       (SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence({rc}, 'id')), 0))
+  FROM pg_inherits AS i
+  JOIN pg_class AS p ON p.oid = i.inhrelid
+  LEFT JOIN pg_description AS d
+    ON d.objoid = p.oid AND d.classoid = 'pg_class'::regclass AND d.objsubid = 0
+ WHERE i.inhparent = {rc}::regclass
+   AND NOT coalesce(starts_with(d.description, {note}), false)"""
 )
 
 
-def unfinished_window(table: Table) -> Query[tuple[int, int] | None]:
+@dataclass(frozen=True)
+class Window:
+    """Where a partitioned table's unfinished rows can be (`unfinished_window`)."""
+
+    low: int  # first id
+    high: int  # past the last id
+    # The partition that is the whole window, if one is: a snapshot then names it itself
+    # and plans as on a plain table.
+    leaf: str | None = None
+
+
+def unfinished_window(table: Table) -> Query[Window | None]:
     """The ids a partitioned table's unfinished rows can be in, from its first partition that
     `outbox maintain` has not found finished (a partition it noted holds done rows only: a
     replay forgets the note of the partitions it sends again) to the end of the one holding
@@ -600,12 +613,17 @@ def unfinished_window(table: Table) -> Query[tuple[int, int] | None]:
         note=sql.Literal(FINISHED_NOTE),
     )
 
-    def parse(row: Row | None) -> tuple[int, int] | None:
-        if row is None or row[0] is None or row[1] is None:
+    def parse(rows: list[Row]) -> Window | None:
+        found = [(str(name), int(low), int(high)) for name, low, high, _ in rows]
+        if not found:
             return None
-        return int(row[0]), int(row[1])
+        last = int(rows[0][3])
+        first = min(found, key=lambda p: p[1])
+        # The partition holding the newest id (never noted: it may still take rows).
+        newest = max((p for p in found if p[1] <= last), key=lambda p: p[1], default=first)
+        return Window(first[1], newest[2], newest[0] if first == newest else None)
 
-    return Query(statement, None, first_row(parse))
+    return Query(statement, None, parse)
 
 
 def snapshot(

@@ -214,12 +214,12 @@ def test_stats_count_what_is_unfinished_and_leave_finished_partitions_out(histor
     to the newest: the finished partitions are neither planned nor opened, and what is
     unfinished anywhere is still counted (a dead row pins its partition, a replay takes the
     note off)."""
-    from outbox.stats import queue_stats, stats_query, unfinished_window
+    from outbox.stats import Window, queue_stats, stats_query, unfinished_window
 
     assert outbox(empty_dsn, "maintain", "--retention", "1h").returncode == 0
     # Partitions 0 and 2 noted; 1 holds a dead row, 3 a pending one, 4 the newest ids.
-    assert fetch(history, unfinished_window(TABLE)) == (100, 500)
-    query = stats_query(TABLE, window=(100, 500))
+    assert fetch(history, unfinished_window(TABLE)) == Window(100, 500)
+    query = stats_query(TABLE, window=Window(100, 500))
     plan = "\n".join(
         row[0]
         for row in history.execute(
@@ -236,5 +236,11 @@ def test_stats_count_what_is_unfinished_and_leave_finished_partitions_out(histor
     until = (datetime.now(UTC) - timedelta(days=1)).isoformat()
     sent = outbox(empty_dsn, "replay", "--since", since, "--until", until, "--yes")
     assert sent.returncode == 0, sent.stderr
-    assert fetch(history, unfinished_window(TABLE)) == (0, 500)
+    assert fetch(history, unfinished_window(TABLE)) == Window(0, 500)
     assert queue_stats(history, TABLE).pending == 100
+    # Once everything below the newest partition is noted, the snapshot names that one.
+    history.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id < 400")
+    assert outbox(empty_dsn, "maintain", "--retention", "1h").returncode == 0
+    assert fetch(history, unfinished_window(TABLE)) == Window(400, 500, "outbox_p4")
+    stats = queue_stats(history, TABLE)
+    assert (stats.pending, stats.dead, stats.max_id) == (0, 0, 449)
