@@ -424,3 +424,20 @@ async def test_a_schema_qualified_name_with_placeholder_characters_converts(dsn)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
         layout = await check_table(aconn, odd, ordered=True)
     assert layout == Layout(SIZE, 2) and layout.named_leaves and layout.converted_below == 300
+
+
+def test_a_renamed_tables_identity_gives_way_to_its_own_sequence(empty_dsn):
+    """A table made under another name keeps that name's identity sequence; converted, its
+    id comes from `<table>_id_seq` as on a fresh partitioned table."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, Table.parse("events"))
+        conn.execute("ALTER TABLE events RENAME TO outbox")
+        conn.execute("DROP TRIGGER events_notify ON outbox")  # its old name's channel
+        conn.execute("COMMENT ON TABLE outbox IS NULL")  # adopted again under its new name
+        migrate(conn, TABLE)
+        seed(conn, 3)
+        convert(conn, TABLE, Layout(SIZE, 2))
+        assert conn.execute("SELECT pg_get_serial_sequence('outbox', 'id')").fetchone() == (
+            "public.outbox_id_seq",
+        )
+        assert seed(conn, 1) == [300]

@@ -364,7 +364,7 @@ def _swap(
         with conn.pipeline():
             reads = [conn.execute(q) for q in _facts(table)]
         ((identity, owner, comment, last, trigger),) = reads[0].fetchall()
-        sequence = _sequence(table, reads[1].fetchone())
+        sequence = _sequence(table, None if identity else reads[1].fetchone())
         indexes = [str(row[0]) for row in reads[2].fetchall()]
         grants = [(row[0], str(row[1]), bool(row[2])) for row in reads[3].fetchall()]
         done.next_id = max(high, int(last) + 1)
@@ -493,7 +493,7 @@ def _facts(table: Table) -> list[sql.Composed]:
 
 def _sequence(table: Table, found: tuple[Any, ...] | None) -> Table:
     """The id's sequence after the swap: the one it has as a default, or, for an identity
-    (dropped with it), `<table>_id_seq` made anew."""
+    (whose sequence goes with it, whatever its name), `<table>_id_seq` made anew."""
     if found is not None:
         return Table(str(found[0]), str(found[1]))
     return Table(table.schema, table.derived_name("id_seq"))
