@@ -20,7 +20,7 @@ import psycopg
 
 from outbox.limits import CLAIM_BYTES, WORKER_MAX_PAYLOAD_BYTES
 from outbox.models import Message, Outcome, OutcomeKind
-from outbox.partitions import ClaimWindow, Layout
+from outbox.partitions import Bounds, ClaimWindow, Layout
 from outbox.plumbing.text import storable
 from outbox.queries import Queries, queries, replays_waiting
 from outbox.runner import Query, Row, fetch_async
@@ -139,11 +139,19 @@ async def _claim_in_window(
     NOTIFY after one)."""
     messages: list[Message] = []
     unreadable: list[Outcome] = []
+    looked: Bounds | None = None
     for attempt in range(2):
         wanted = batch - len(messages) - len(unreadable)
         left = budget - sum(len(m.payload_json) for m in messages)
         try:
             bounds = await window.bounds_for_claim(conn, table, batch, ordered=ordered)
+            if bounds == looked:
+                # Read again, the window is where the claim just looked: the same claim
+                # would find what it found (rows committed since announce themselves with
+                # a NOTIFY). In ordered mode most short claims end here: their rows wait
+                # behind messages in flight.
+                break
+            looked = bounds
             within = (bounds.low, bounds.high)
             q = _queries_within(table, window.layout, within, bounds.unfinished_low)
             got = await fetch_async(conn, statement(q, wanted, left))

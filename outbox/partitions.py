@@ -479,40 +479,41 @@ def _window_reading(
     unfinished row are. Each a probe of a partial index per partition in the range: read
     after a short claim and once a WINDOW_TTL, never per claim. Named by `leaves`, the
     partitions that make up the range, when given: the same probes through the parent
-    planned about four times as long (ordered mode reads after each short claim, dozens of
-    times in a drain)."""
-    sources = [(t.ident, sql.SQL("")) for t in leaves] if leaves else [(table.ident, _ids(within))]
-
-    def least(where: str) -> sql.Composable:
-        return sql.SQL("least({})").format(
-            sql.SQL(", ").join(
-                sql.SQL("(SELECT min(id) FROM {t} WHERE {where}{ids})").format(
-                    t=t, where=sql.SQL(where), ids=ids
-                )
-                for t, ids in sources
-            )
-        )
-
+    planned about 4.7 times as long (ordered mode reads often: dozens of times a drain)."""
     statement = sql.SQL("SELECT least({ready}, {expired}), least({unfinished}, {dead})").format(
-        ready=least("status = 'pending' AND available_at <= now()"),
-        expired=least("status = 'processing' AND lease_until < now()"),
-        unfinished=least("status IN ('pending', 'processing')"),
-        dead=least("status = 'dead'"),
+        ready=_least(table, within, leaves, "status = 'pending' AND available_at <= now()"),
+        expired=_least(table, within, leaves, "status = 'processing' AND lease_until < now()"),
+        unfinished=_least(table, within, leaves, "status IN ('pending', 'processing')"),
+        dead=_least(table, within, leaves, "status = 'dead'"),
     )
     return Query(statement, None, first_row(lambda row: row or (None, None)))
 
 
-def _unfinished(table: Table, within: tuple[int, int]) -> sql.Composable:
-    return sql.SQL(
-        "least((SELECT min(id) FROM {t} WHERE status IN ('pending', 'processing'){ids}), "
-        "(SELECT min(id) FROM {t} WHERE status = 'dead'{ids}))"
-    ).format(t=table.ident, ids=_ids(within))
-
-
 @lru_cache(maxsize=64)
-def _oldest_unfinished(table: Table, within: tuple[int, int]) -> Query[int | None]:
-    statement = sql.SQL("SELECT {unfinished}").format(unfinished=_unfinished(table, within))
+def _oldest_unfinished(
+    table: Table, within: tuple[int, int], leaves: tuple[Table, ...] | None = None
+) -> Query[int | None]:
+    statement = sql.SQL("SELECT least({unfinished}, {dead})").format(
+        unfinished=_least(table, within, leaves, "status IN ('pending', 'processing')"),
+        dead=_least(table, within, leaves, "status = 'dead'"),
+    )
     return Query(statement, None, first_row(lambda row: None if row is None else row[0]))
+
+
+def _least(
+    table: Table, within: tuple[int, int], leaves: tuple[Table, ...] | None, where: str
+) -> sql.Composable:
+    """The lowest id `within` whose row matches `where`: one probe of a partial index per
+    partition, on each of `leaves`, or through the parent with the range as constants."""
+    sources = [(t.ident, sql.SQL("")) for t in leaves] if leaves else [(table.ident, _ids(within))]
+    return sql.SQL("least({})").format(
+        sql.SQL(", ").join(
+            sql.SQL("(SELECT min(id) FROM {t} WHERE {where}{ids})").format(
+                t=t, where=sql.SQL(where), ids=ids
+            )
+            for t, ids in sources
+        )
+    )
 
 
 class ClaimWindow:
@@ -661,7 +662,9 @@ class ClaimWindow:
         if b.unfinished_low >= b.low:
             return
         forgotten = self._forgotten
-        found = await fetch_async(conn, _oldest_unfinished(table, (b.unfinished_low, b.low)))
+        behind = (b.unfinished_low, b.low)
+        leaves = self.layout.leaves(table, behind)
+        found = await fetch_async(conn, _oldest_unfinished(table, behind, leaves))
         if forgotten != self._forgotten:
             return
         size = self.layout.partition_size
@@ -677,14 +680,19 @@ class ClaimWindow:
         """After a claim: a full one moves the window to its oldest id; a short one means the
         window has run dry (or rows wait outside it): the next claim looks in the next
         partitions, or, past the ids the last reading saw, reads the window again. In
-        ordered mode a short claim reads it again: the rows left behind are an aggregate's
-        next messages, claimable as soon as their predecessors are done."""
+        ordered mode a short claim reads it again, unless it took the window's last id: the
+        rows left behind are an aggregate's next messages, claimable as soon as their
+        predecessors are done."""
         fresh, self._fresh = self._fresh, False
         b = self._bounds
         if b is None or self.layout is None:
             return
         if len(ids) < wanted:
-            if b.high < self._top and not ordered:
+            # Ordered mode moves on as well when the claim took its partition's last id:
+            # its window ran out of ids (rows it left behind are found by the next reading),
+            # and the rest of the batch is in the next partition, with no reading between.
+            ran_out = not ordered or (bool(ids) and max(ids) == b.high - 1)
+            if b.high < self._top and ran_out:
                 low = b.high
                 self._bounds = Bounds(low, low + self._width, b.unfinished_low)
                 self.unfinished_behind = b.unfinished_low < low
