@@ -387,7 +387,16 @@ def render_migration(
             partitions.record_layout(table, layout),
             *ahead,
         ]
-    return "".join(f"{stmt.as_string(None)};\n\n" for stmt in statements)
+    text = "".join(f"{stmt.as_string(None)};\n\n" for stmt in statements)
+    if layout is None:
+        return text
+    # The conversion of an existing plain table depends on what the table holds (its highest
+    # id, its indexes, its grants), so only the command itself, connected, can do it.
+    return (
+        f"-- A new partitioned table. This SQL does not convert an existing plain {table}:\n"
+        "-- `outbox migrate --partition-size N` does that itself, online (docs/partitioning.md)"
+        ".\n\n" + text
+    )
 
 
 def _state(table: Table) -> Query[tuple[bool, int | None]]:

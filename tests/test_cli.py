@@ -376,6 +376,17 @@ def test_migrate_print_with_an_ordering_shows_its_statement():
     assert "x_aggregate" not in outbox("migrate", "--print", "--table", "x").stdout
 
 
+def test_migrate_print_of_a_partitioned_layout_says_it_does_not_convert():
+    # Run on a database where the table exists plain, the printed SQL would convert nothing:
+    # the text says so at its top, before any statement.
+    printed = outbox("migrate", "--print", "--table", "x", "--partition-size", "1000").stdout
+    head, _, rest = printed.partition("\n\n")
+    assert head.startswith("-- A new partitioned table.")
+    assert "outbox migrate --partition-size N" in head
+    assert rest.startswith("CREATE SEQUENCE")
+    assert not outbox("migrate", "--print", "--table", "x").stdout.startswith("--")
+
+
 def test_migrate_print_quotes_awkward_names():
     result = outbox("migrate", "--print", "--table", '"my schema"."we""ird"')
     assert result.returncode == 0, result.stderr
