@@ -224,8 +224,13 @@ def test_a_long_transaction_holds_the_swap_off_and_nothing_changes(dsn):
          "unique index outbox_once without id"),
         ("CREATE TABLE receipts (message bigint REFERENCES outbox (id))", "foreign key"),
         ("CREATE PUBLICATION outbox_out FOR TABLE outbox", "publication outbox_out"),
+        ("ALTER TABLE outbox ENABLE ROW LEVEL SECURITY", "row-level security"),
+        ("ALTER TABLE outbox FORCE ROW LEVEL SECURITY", "row-level security"),
+        ("CREATE POLICY own ON outbox USING (aggregate_id = current_user)", "policy own"),
+        ("GRANT SELECT (id, status) ON outbox TO PUBLIC", "column grants on id, status"),
     ],
-    ids=["trigger", "unique", "foreign-key", "publication"],
+    ids=["trigger", "unique", "foreign-key", "publication", "rls", "forced-rls", "policy",
+         "column-grant"],
 )  # fmt: skip
 def test_what_the_partitioned_table_could_not_carry_is_refused_first(dsn, addition, named):
     with psycopg.connect(dsn, autocommit=True) as conn:

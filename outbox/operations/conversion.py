@@ -159,8 +159,19 @@ SELECT 'membership of publication ' || p.pubname || ' (it would follow the old t
   FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid
  WHERE r.prrelid = {t}::regclass
 UNION ALL
-SELECT 'table inheritance' FROM pg_inherits
- WHERE {t}::regclass IN (inhrelid, inhparent) LIMIT 1"""
+SELECT 'row-level security (the partitioned table would not have it on)' FROM pg_class
+ WHERE oid = {t}::regclass AND (relrowsecurity OR relforcerowsecurity)
+UNION ALL
+SELECT 'policy ' || polname || ' (the partitioned table would not have it)'
+  FROM pg_policy WHERE polrelid = {t}::regclass
+UNION ALL
+SELECT 'column grants on ' || string_agg(attname, ', ' ORDER BY attnum)
+       || ' (the partitioned table would not have them)'
+  FROM pg_attribute WHERE attrelid = {t}::regclass AND cardinality(attacl) > 0
+HAVING count(*) > 0
+UNION ALL
+(SELECT 'table inheritance' FROM pg_inherits
+  WHERE {t}::regclass IN (inhrelid, inhparent) LIMIT 1)"""
         ).format(t=t, notify=sql.Literal(_notify_name(table)))
     ).fetchall()
     return [str(row[0]) for row in rows]
