@@ -244,3 +244,38 @@ def test_stats_count_what_is_unfinished_and_leave_finished_partitions_out(histor
     assert fetch(history, unfinished_window(TABLE)) == Window(400, 500, "outbox_p4")
     stats = queue_stats(history, TABLE)
     assert (stats.pending, stats.dead, stats.max_id) == (0, 0, 449)
+
+
+@pytest.mark.parametrize("writer", ["a producer's insert", "a replay's update"])
+def test_a_partition_is_not_noted_finished_while_a_row_in_it_is_uncommitted(
+    history, empty_dsn, writer
+):
+    """A row written to a finished partition and not committed yet is invisible to
+    maintenance: noted finished regardless, `outbox stats` would leave the row out once it
+    commits. The note waits for the writer's lock, and a run that cannot have it leaves the
+    partition unnoted."""
+    from outbox.stats import Window, queue_stats, unfinished_window
+
+    with psycopg.connect(empty_dsn, autocommit=True) as writer_conn:
+        if writer == "a producer's insert":
+            # Id 250 drawn long ago (its partition behind the newest), inserted only now.
+            writer_conn.execute("CREATE TEMP TABLE drawn AS SELECT * FROM outbox WHERE id = 250")
+            writer_conn.execute("UPDATE drawn SET status = 'pending', done_at = NULL")
+            writer_conn.execute("DELETE FROM outbox WHERE id = 250")
+            write = "INSERT INTO outbox SELECT * FROM drawn"
+        else:
+            write = "UPDATE outbox SET status = 'pending', done_at = NULL WHERE id = 250"
+        with writer_conn.transaction():
+            writer_conn.execute(write)
+            run = outbox(empty_dsn, "maintain", "--retention", "1h")
+            assert run.returncode == 0, run.stderr
+    comment = history.execute("SELECT obj_description('outbox_p2'::regclass)").fetchone()
+    assert comment == (None,)  # partition 0 was noted, partition 2 was not
+    assert history.execute("SELECT obj_description('outbox_p0'::regclass)").fetchone()[0]
+    assert fetch(history, unfinished_window(TABLE)) == Window(100, 500)
+    stats = queue_stats(history, TABLE)
+    assert (stats.pending, stats.dead) == (2, 1)  # ids 250 and 320; 150
+    # Committed, the partition is noted by the next run only once its row is done.
+    history.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id = 250")
+    assert outbox(empty_dsn, "maintain", "--retention", "1h").returncode == 0
+    assert history.execute("SELECT obj_description('outbox_p2'::regclass)").fetchone()[0]

@@ -243,13 +243,14 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
             state = yield from _state(table, leaf, current)
             if not state.retirable:
                 if state.why_not and "made ahead" not in state.why_not:
-                    yield from _note(table, leaf.name, None)  # unfinished again (a replay)
+                    yield from _forget_note(table, leaf.name)  # unfinished again (a replay)
                 continue
             if state.done_since is None:
-                since: datetime = yield from step(now)
-                yield from _note(table, leaf.name, since)
+                yield from step(_note_finished(table, leaf.name))
                 state = yield from _state(table, leaf, current)
-            if state.done_since is None or state.done_since > (yield from step(now)) - retention:
+                if state.done_since is None:
+                    continue  # busy, or unfinished after all: looked at again next run
+            if state.done_since > (yield from step(now)) - retention:
                 kept.append(state)
                 continue
             count = yield from _retire(table, leaf)
@@ -277,20 +278,65 @@ def _make_ahead(table: Table, layout: Layout, leaves: list[Partition]) -> Steps[
     return len(missing)
 
 
-def _note(table: Table, name: str, since: datetime | None) -> Steps[None]:
-    comment = None if since is None else _DONE_NOTE + since.isoformat()
+# How long noting a partition finished waits for its SHARE lock (`_note_finished`): a
+# session holding ROW EXCLUSIVE on it is writing a row there (an insert or a replay not
+# committed yet) and may hold it for as long as its transaction lasts; the partition is
+# noted at a later run instead.
+NOTE_LOCK_TIMEOUT = "100ms"
+
+
+def _note_finished(table: Table, name: str) -> Query[None]:
+    """Note the partition finished since now, if nothing in it is unfinished, in one
+    transaction (a DO block: a lock it cannot have leaves the partition as it was).
+
+    Under `LOCK ... IN SHARE MODE` the recount sees every row: an uncommitted insert or a
+    replay's UPDATE holds ROW EXCLUSIVE on the partition, which conflicts with it, so
+    neither can commit a row the recount missed, and the note's time is taken under the
+    lock (later than every `done_at` in it). Read without it, a producer's row committed
+    after the reading was left out of `outbox stats` until the next run, and a replay that
+    took the note off between reading and noting had it written back.
+
+    What remains: the partition is below the sequence's last value, so every id it can
+    take was drawn already; an insert that drew its id before the lock and routes its row
+    after it (a statement in the microseconds between, or a producer that draws ids ahead
+    and inserts them later) lands in a noted partition. The next run finds it unfinished
+    and takes the note off, and retiring never drops it (`_finished_or_attached_back`
+    looks again after the detach): `outbox stats` leaves that row out until then."""
+    leaf = _leaf(table, name)
+    body = sql.SQL(
+        """BEGIN
+  PERFORM set_config('lock_timeout', {timeout}, true);
+  LOCK TABLE {leaf} IN SHARE MODE;
+  IF NOT EXISTS (SELECT FROM {leaf} WHERE status IN ('pending', 'processing'))
+     AND NOT EXISTS (SELECT FROM {leaf} WHERE status = 'dead') THEN
+    EXECUTE 'COMMENT ON TABLE ' || {name}::regclass::text || ' IS '
+      || quote_literal({note} || to_char(clock_timestamp() AT TIME ZONE 'UTC',
+                                         'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'));
+  END IF;
+EXCEPTION WHEN lock_not_available THEN
+  NULL;  -- a row is being written there: noted at a later run
+END"""
+    ).format(
+        timeout=sql.Literal(NOTE_LOCK_TIMEOUT),
+        leaf=leaf,
+        name=Table(table.schema, name).regclass_literal,
+        note=sql.Literal(_DONE_NOTE),
+    )
+    # The body holds no placeholder character (identifiers spell theirs escaped).
+    return _statement(sql.SQL("DO {body}").format(body=sql.Literal(body.as_string(None))))
+
+
+def _forget_note(table: Table, name: str) -> Steps[None]:
+    """Take maintenance's note off (rows in it are unfinished again): always safe, since
+    a partition without it is only looked in by `outbox stats` and noted again later."""
     regclass = Table(table.schema, name).regclass_literal
     current = yield from step(
         _value(sql.SQL("SELECT obj_description({n}::regclass, 'pg_class')").format(n=regclass))
     )
-    if current == comment:
-        return
+    if not _NOTE.match(str(current or "")):
+        return  # no note, or a comment of someone's own
     yield from step(
-        _statement(
-            sql.SQL("COMMENT ON TABLE {leaf} IS {c}").format(
-                leaf=_leaf(table, name), c=sql.Literal(comment)
-            )
-        )
+        _statement(sql.SQL("COMMENT ON TABLE {leaf} IS NULL").format(leaf=_leaf(table, name)))
     )
 
 
@@ -427,4 +473,4 @@ def forget_finished(table: Table, low: int, high: int) -> Steps[None]:
         )
     )
     for name in noted:
-        yield from _note(table, name, None)
+        yield from _forget_note(table, name)
