@@ -8,6 +8,7 @@ import asyncio
 import re
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -181,9 +182,15 @@ def test_a_bound_the_ids_came_near_is_replaced(dsn):
         assert _leaves(conn)[0] == ("outbox_p0", 0, 500)
 
 
+def _bound_left(conn: Any) -> bool:
+    found = conn.execute("SELECT count(*) FROM pg_constraint WHERE conname = 'outbox_p0_range'")
+    return bool(found.fetchone()[0])
+
+
 def test_a_swap_that_fails_half_way_leaves_the_plain_table_whole(dsn):
     """The swap is one transaction: one of its statements failing (a table in the way of the
-    rename) changes nothing; the plain table serves on, and the next run completes it."""
+    rename) changes nothing, and the constraint added is dropped again; the plain table
+    serves on, and the next run completes it."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         seed(conn, 20)
         conn.execute("CREATE TABLE outbox_p0 (x int)")
@@ -191,28 +198,91 @@ def test_a_swap_that_fails_half_way_leaves_the_plain_table_whole(dsn):
             convert(conn, TABLE, Layout(SIZE, 2))
         assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'outbox'").fetchone() \
             == ("r",)  # fmt: skip
+        assert not _bound_left(conn)
         assert enqueue(conn, aggregate_type="a", aggregate_id="1", event_type="E", payload={}) == 21
         conn.execute("DROP TABLE outbox_p0")
         done = convert(conn, TABLE, Layout(SIZE, 2))
-        assert done is not None and done.steps == ["swap"]  # the bound stayed valid
+        assert done is not None and done.steps == ["bound", "validate", "swap"]
         assert statuses(conn) == {"pending": 21}
 
 
-def test_a_long_transaction_holds_the_swap_off_and_nothing_changes(dsn):
+def test_a_long_transaction_holds_the_swap_off_and_the_error_says_what_is_left(dsn):
     """The swap asks for its lock with a short lock_timeout and retries; a transaction that
-    holds the table throughout makes it give up, saying so, with the table plain and whole.
-    The rows that transaction inserted are in the first partition once it is run again."""
+    holds the table throughout makes it give up, with the table plain and whole. Its
+    constraint could not be dropped either (the same lock): the error says it is left, and
+    how to drop it. The rows that transaction inserted are in the first partition once the
+    command is run again."""
     with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as long:
         seed(conn, 20)
-        enqueue(long, aggregate_type="a", aggregate_id="1", event_type="E", payload={})
-        with pytest.raises(SchemaError, match=r"could not take its exclusive lock .* 3 attempts"):
-            convert(conn, TABLE, Layout(SIZE, 2), attempts=3, **QUICK)
+
+        def hold() -> None:  # the constraint added and valid, a transaction takes the table
+            enqueue(long, aggregate_type="a", aggregate_id="1", event_type="E", payload={})
+
+        with pytest.raises(SchemaError) as gave_up:
+            convert(conn, TABLE, Layout(SIZE, 2), attempts=3, before_swap=hold, **QUICK)
+        said = str(gave_up.value)
+        assert re.search(r"could not take its exclusive lock .* 3 attempts", said), said
+        assert "the CHECK outbox_p0_range is left on it" in said, said
+        assert "inserts will fail on it once the ids reach 300" in said, said
+        assert 'drop it (ALTER TABLE "outbox" DROP CONSTRAINT "outbox_p0_range")' in said, said
+        assert "nothing of this step was changed" not in said
+        assert _bound_left(conn)
         long.commit()
         assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'outbox'").fetchone() \
             == ("r",)  # fmt: skip
         done = convert(conn, TABLE, Layout(SIZE, 2), attempts=3, **QUICK)
         assert done is not None and done.swap_attempts == 1
         assert conn.execute("SELECT count(*) FROM outbox_p0").fetchone() == (21,)
+
+
+def _lock_waits(conn: Any, pid: int, seen: set[Any]) -> int:
+    """The lock waits of `pid` seen so far: each LOCK statement it waits in, told apart by
+    its start (each attempt is a statement of its own)."""
+    row = conn.execute(
+        "SELECT query_start FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+        (pid,),
+    ).fetchone()
+    if row is not None:
+        seen.add(row[0])
+    return len(seen)
+
+
+def test_giving_up_before_the_swap_drops_the_constraint_so_inserts_go_on_past_its_bound(dsn):
+    """Left on the plain table, the constraint would fail every insert once the sequence
+    reached its bound: the command that gives up drops it. A transaction holds the swap off
+    through its attempts and ends as the command asks for the lock to drop the constraint."""
+    with (
+        psycopg.connect(dsn, autocommit=True) as conn,
+        psycopg.connect(dsn, autocommit=True) as watcher,
+        psycopg.connect(dsn) as long,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        seed(conn, 20)
+
+        def hold() -> None:  # the constraint added and valid, a transaction takes the table
+            enqueue(long, aggregate_type="a", aggregate_id="1", event_type="E", payload={})
+
+        waits = {"lock_timeout": timedelta(seconds=1), "pause": timedelta(milliseconds=10)}
+        converting = pool.submit(
+            convert, conn, TABLE, Layout(SIZE, 2), attempts=2, before_swap=hold, **waits
+        )
+        seen: set[Any] = set()
+        pid = conn.info.backend_pid
+        while _lock_waits(watcher, pid, seen) < 3 and not converting.done():
+            time.sleep(0.02)  # the swap's two attempts, then the drop's first
+        long.commit()
+        with pytest.raises(SchemaError) as gave_up:
+            converting.result(timeout=60)
+        said = str(gave_up.value)
+        assert "could not take its exclusive lock" in said, said
+        assert "the CHECK outbox_p0_range it had added was dropped" in said, said
+        assert not _bound_left(conn)
+        assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'outbox'").fetchone() \
+            == ("r",)  # fmt: skip
+        # The ids reach the bound the constraint had (ids below 300): inserts go on.
+        conn.execute("SELECT setval(pg_get_serial_sequence('outbox', 'id'), 400)")
+        assert enqueue(conn, aggregate_type="a", aggregate_id="1", event_type="E", payload={}) \
+            == 401  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,10 @@ producers or workers.
 Every step finds out from the catalog whether it is done, so the command run again after a
 crash at any point goes on from where it stopped. A constraint left by a run that stopped
 before the swap is replaced when the ids have come near its bound (producers would fail on
-it), and it can be dropped by hand to undo the conversion until the swap.
+it), and it can be dropped by hand to undo the conversion until the swap. A run that gives
+up before the swap (the lock not had, the bound overtaken, an error) drops its constraint
+itself, for nothing else would until inserts failed on it; if even that fails, its error
+says the constraint is left, and how to drop it.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ SWAP_LOCK_TIMEOUT = timedelta(milliseconds=500)
 # with a pause between them in which the queued statements run.
 SWAP_ATTEMPTS = 20
 SWAP_PAUSE = timedelta(seconds=1)
+# Attempts at dropping the constraint again when the command gives up before the swap.
+UNDO_ATTEMPTS = 3
 # Bounds added by one run before it gives up: producers that take the room left under a
 # bound before it is validated (or a stopped run's bound) get a new bound, a few times.
 BOUND_RUNS = 3
@@ -194,9 +199,10 @@ def convert(
     """Convert the plain table `table` (at the current schema version: `outbox migrate` it
     first) to `layout`, online (see the module). `conn` must be in autocommit. SchemaError
     when the table cannot be converted, or the exclusive lock was not had in `attempts`
-    tries: nothing is left half-done, and running it again goes on. `before_swap` is called
-    once the constraint is valid, just before the swap's first attempt. None when the table
-    is partitioned already (another run converted it)."""
+    tries, or its bound was overtaken: the constraint it added is dropped again (or the
+    error says it is left, and how to drop it), and running it again starts over.
+    `before_swap` is called once the constraint is valid, just before the swap's first
+    attempt. None when the table is partitioned already (another run converted it)."""
     if not conn.autocommit:
         raise ValueError("convert needs an autocommit connection")
     # One conversion of a table at a time (every replica may run `outbox migrate` at start):
@@ -228,6 +234,26 @@ def _convert(
             f"table {table} cannot be converted to partitions: it has {'; '.join(refused)}; "
             "drop it, convert, and make it again on the partitioned table"
         )
+    try:
+        return _steps(conn, table, layout, lock_timeout, attempts, pause, before_swap)
+    except SchemaError as exc:
+        raise SchemaError(f"{exc}; {_take_bound_off(conn, table, lock_timeout, pause)}") from exc
+    except Exception as exc:
+        outcome = _take_bound_off(conn, table, lock_timeout, pause)
+        if _LEFT in outcome:
+            raise SchemaError(f"{exc}; {outcome}") from exc
+        raise
+
+
+def _steps(
+    conn: Conn,
+    table: Table,
+    layout: Layout,
+    lock_timeout: timedelta,
+    attempts: int,
+    pause: timedelta,
+    before_swap: Callable[[], None] | None,
+) -> Converted:
     first = partition_table(table, 0)
     done = Converted(table, first.name, 0, 0)
     bounds_added = 0
@@ -267,6 +293,35 @@ def _convert(
             before_swap()
         _swap(conn, table, layout, done, lock_timeout, attempts, pause)
         return done
+
+
+_LEFT = "left on it"
+
+
+def _take_bound_off(conn: Conn, table: Table, lock_timeout: timedelta, pause: timedelta) -> str:
+    """After the command gave up before the swap: the constraint it added (or found) is
+    dropped, since nothing else would, and producers' inserts would fail on it once the ids
+    reach its bound. Under the same short lock timeout, a few tries; what became of it."""
+    name = _bound_name(table)
+    bound: tuple[int, bool] | None = None
+    try:
+        bound = _bound(conn, table)
+        if bound is None:
+            return "the table is as it was"
+        drop = sql.SQL("ALTER TABLE {t} DROP CONSTRAINT IF EXISTS {c}").format(
+            t=table.ident, c=sql.Identifier(name)
+        )
+        _locked(conn, table, [drop], lock_timeout, UNDO_ATTEMPTS, pause)
+    except (SchemaError, psycopg.Error):
+        by_hand = sql.SQL("ALTER TABLE {t} DROP CONSTRAINT {c}").format(
+            t=table.ident, c=sql.Identifier(name)
+        )
+        reach = f"reach {bound[0]}" if bound is not None else "reach its bound"
+        return (
+            f"the CHECK {name} is {_LEFT}, and inserts will fail on it once the ids {reach}: "
+            f"drop it ({by_hand.as_string(None)}) or run this again to finish the conversion"
+        )
+    return f"the CHECK {name} it had added was dropped: the table is as it was"
 
 
 def _bound_name(table: Table) -> str:
@@ -346,8 +401,7 @@ def _locked(
                 time.sleep(pause.total_seconds())
     raise SchemaError(
         f"table {table}: could not take its exclusive lock within {timeout} in {attempts} "
-        "attempts (a long transaction on it?); nothing of this step was changed, run this "
-        "again (see pg_locks and pg_stat_activity)"
+        "attempts (a long transaction on it? see pg_locks and pg_stat_activity)"
     )
 
 
