@@ -449,8 +449,11 @@ def _swap(
             before.append(sql.SQL("CREATE SEQUENCE {s} AS bigint").format(s=sequence.ident))
         default = sql.SQL("nextval({s}::regclass)").format(s=sequence.regclass_literal)
         before += [
-            sql.SQL("SELECT setval({s}::regclass, {v})").format(
-                s=sequence.regclass_literal, v=sql.Literal(done.next_id - 1)
+            # Only ever forward: a nextval of the sequence itself meanwhile is never reused.
+            sql.SQL(
+                "SELECT setval({s}::regclass, greatest({v}, (SELECT last_value FROM {seq})))"
+            ).format(
+                s=sequence.regclass_literal, v=sql.Literal(done.next_id - 1), seq=sequence.ident
             ),
             sql.SQL(
                 "CREATE TABLE {t} (LIKE {p0} INCLUDING DEFAULTS INCLUDING CONSTRAINTS "
