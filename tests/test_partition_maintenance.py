@@ -279,3 +279,75 @@ def test_a_partition_is_not_noted_finished_while_a_row_in_it_is_uncommitted(
     history.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id = 250")
     assert outbox(empty_dsn, "maintain", "--retention", "1h").returncode == 0
     assert history.execute("SELECT obj_description('outbox_p2'::regclass)").fetchone()[0]
+
+
+def _converted(dsn: str) -> Any:
+    """A plain table of 150 rows converted with partitions of 100 ids: its first partition
+    holds ids 0-399 (four partition sizes), ids 400-404 are in the next; every row below
+    400 done and noted finished by maintenance."""
+    from outbox.operations.conversion import convert
+
+    conn = psycopg.connect(dsn, autocommit=True)
+    seed(conn, 150)
+    convert(conn, TABLE, Layout(100, 2))
+    seed(conn, 5)
+    conn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id < 400")
+    assert fetch(conn, read_partitions(TABLE))[0].high == 400  # type: ignore[index]
+    # Created in order: ids below 100 four days ago, ids 100-120 two days ago.
+    conn.execute("UPDATE outbox SET created_at = now() - interval '4 days' WHERE id < 100")
+    conn.execute(
+        "UPDATE outbox SET created_at = now() - interval '2 days' WHERE id BETWEEN 100 AND 120"
+    )
+    assert outbox(dsn, "maintain", "--retention", "1h").returncode == 0
+    assert conn.execute("SELECT obj_description('outbox_p0'::regclass)").fetchone()[0]
+    return conn
+
+
+def _replay_ids_100_to_120(dsn: str) -> subprocess.Popen[str]:
+    since = (datetime.now(UTC) - timedelta(days=3)).isoformat()
+    until = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+    args = ["replay", "--since", since, "--until", until, "--yes", "--dsn", dsn]
+    return subprocess.Popen(
+        [sys.executable, "-m", "outbox", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_replay_takes_the_note_off_a_converted_tables_wide_first_partition(dsn):
+    """Ids 100-120 are past the first partition size but inside the converted partition:
+    the note is found by the partition's bounds, not by id // size."""
+    from outbox.stats import queue_stats
+
+    with _converted(dsn) as conn:
+        run = _replay_ids_100_to_120(dsn)
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+        assert "21" in out, out
+        assert conn.execute("SELECT obj_description('outbox_p0'::regclass)").fetchone() == (None,)
+        assert queue_stats(conn, TABLE).pending == 26  # ids 100-120 and 400-404
+
+
+def test_a_replay_whose_session_ends_before_the_note_is_off_sends_nothing(dsn):
+    """The rows sent again and the note taken off commit together: a replay cut short
+    between the two leaves neither a pending row in a noted partition (left out of
+    `outbox stats`) nor anything half-done."""
+    from outbox.stats import queue_stats
+
+    with _converted(dsn) as conn, psycopg.connect(dsn) as holder:
+        # COMMENT waits for this lock; the replay's UPDATE does not.
+        holder.execute("LOCK TABLE outbox_p0 IN SHARE UPDATE EXCLUSIVE MODE")
+        run = _replay_ids_100_to_120(dsn)
+        commenting = (
+            "(SELECT pid FROM pg_stat_activity WHERE query LIKE 'COMMENT ON TABLE%' "
+            "AND wait_event_type = 'Lock')"
+        )
+        wait_until_db(conn, f"{commenting} IS NOT NULL", timeout=60)
+        conn.execute(f"SELECT pg_terminate_backend({commenting})")
+        assert run.wait(timeout=60) != 0
+        holder.rollback()
+        pending = conn.execute("SELECT count(*) FROM outbox WHERE status = 'pending'").fetchone()
+        assert pending == (5,)  # ids 100-120 still done: nothing of the batch committed
+        assert queue_stats(conn, TABLE).pending == 5
+        assert conn.execute("SELECT obj_description('outbox_p0'::regclass)").fetchone()[0]

@@ -304,10 +304,12 @@ class PgSource:
     async def replay(self, shown: Preview) -> Progress:
         if self.read_only:
             raise ReadOnlyError("read-only: replay refused")
-        steps = replay.replay_confirmed(
-            self.table, shown, actor=repair.default_actor(), via=APPLICATION_NAME
+        return await self._run(
+            "action",
+            lambda conn: replay.replay_confirmed(
+                conn, self.table, shown, actor=repair.default_actor(), via=APPLICATION_NAME
+            ),
         )
-        return await self._run("action", lambda conn: perform_async(conn, steps))
 
     async def change_destination(
         self, verb: pausing.Verb, destination: str, reason: str | None

@@ -312,6 +312,7 @@ def _send(
                     actor=actor,
                     reason=args.reason or progress.reason,
                 ),
+                transaction=True,  # the rows and their partitions' notes together
             )
             batches += 1
     except KeyboardInterrupt:

@@ -39,9 +39,9 @@ from outbox.partitions import (
     FINISHED_NOTE,
     Layout,
     Partition,
+    carry_privileges,
     make_partition,
     missing_ahead,
-    partition_table,
     read_layout,
     read_partitions,
     upkeep_lock,
@@ -270,11 +270,13 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
 
 def _make_ahead(table: Table, layout: Layout, leaves: list[Partition]) -> Steps[int]:
     """The partitions missing ahead of the highest id, each created on its own, then
-    attached (outbox.partitions.make_partition); how many were made."""
+    attached (outbox.partitions.make_partition), and the parent's privileges given to every
+    partition lacking them (one made before a GRANT on the parent); how many were made."""
     missing = missing_ahead(leaves, (yield from step(_last_id(table))), layout)
     for index, low, high in missing:
         for statement in make_partition(table, index, low, high):
             yield from step(_statement(statement))
+    yield from step(_statement(carry_privileges(table)))
     return len(missing)
 
 
@@ -453,12 +455,14 @@ def _detached_orphans(
 def forget_finished(table: Table, low: int, high: int) -> Steps[None]:
     """Take maintenance's note off the partitions holding ids `low` to `high` (inclusive):
     a replay sent rows of them again, so they are unfinished once more (a snapshot looks
-    in them again, outbox.stats.unfinished_window). Nothing on a plain table."""
-    layout = yield from step(read_layout(table))
-    if layout is None:
+    in them again, outbox.stats.unfinished_window). Run it in the transaction that sends
+    them (outbox.operations.replay.send_batch), so the rows and the notes change together.
+    The partitions are found by their bounds: a converted table's first one holds many
+    partition sizes of ids. Nothing on a plain table."""
+    leaves = yield from step(read_partitions(table))
+    names = [leaf.name for leaf in leaves or () if leaf.low <= high and low < leaf.high]
+    if not names:
         return
-    size = layout.partition_size
-    names = [partition_table(table, k).name for k in range(low // size, high // size + 1)]
     noted = yield from step(
         Query(
             sql.SQL(

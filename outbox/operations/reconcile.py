@@ -384,6 +384,7 @@ def replay_missing(
                 replay.send_batch(
                     table, progress, actor=actor, reason=reason, via="outbox reconcile"
                 ),
+                transaction=True,  # the rows and their partitions' notes together
             )
         sent += progress.sent
         left -= progress.sent

@@ -31,12 +31,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from outbox.operations.partition_maintenance import forget_finished
 from outbox.partitions import REPLAY_NOTICE
-from outbox.runner import Query, Row, Steps, first_row, step
+from outbox.runner import Query, Row, Steps, first_row, perform_async, step
 from outbox.table import Table
 from outbox.views.filters import by_type_and_aggregate
 
@@ -410,7 +411,10 @@ def send_batch(
     reason: str | None = None,
     via: str = "outbox replay",
 ) -> Steps[Batch]:
-    """The next batch of a replay; `progress` moves past it."""
+    """The next batch of a replay; `progress` moves past it. Run it in one transaction
+    (`perform(..., transaction=True)`): the rows sent again and the notes taken off their
+    partitions commit together, so a replay stopped between the two (its session gone)
+    leaves no pending row in a partition `outbox stats` skips."""
     size = batch if progress.left is None else min(batch, progress.left)
     done = yield from step(
         _batch_query(
@@ -427,7 +431,9 @@ def send_batch(
         )
     )
     if done.count and done.through_id is not None:
-        # Rows of partitions `outbox maintain` noted finished are unfinished again.
+        # Rows of partitions `outbox maintain` noted finished are unfinished again (in the
+        # batch's transaction: maintenance cannot note them again before it commits, since
+        # noting waits for the lock its UPDATE holds on them).
         yield from forget_finished(table, progress.next_id, done.through_id)
     progress.sent += done.count
     for name, n in done.by_type.items():
@@ -519,7 +525,8 @@ def listing(table: Table, f: ReplayFilter, *, limit: int = 200) -> Steps[list[Do
     return rows
 
 
-def replay_confirmed(
+async def replay_confirmed(
+    conn: psycopg.AsyncConnection[Any],
     table: Table,
     shown: Preview,
     *,
@@ -527,9 +534,11 @@ def replay_confirmed(
     actor: str | None = None,
     reason: str | None = None,
     via: str = "outbox replay",
-) -> Steps[Progress]:
-    """Send again what `shown` previewed (and a person confirmed), every batch in turn."""
-    progress = yield from start(table, shown)
+) -> Progress:
+    """Send again what `shown` previewed (and a person confirmed), every batch in turn,
+    each in a transaction of its own (`send_batch`)."""
+    progress = await perform_async(conn, start(table, shown))
     while not progress.finished:
-        yield from send_batch(table, progress, batch=batch, actor=actor, reason=reason, via=via)
+        steps = send_batch(table, progress, batch=batch, actor=actor, reason=reason, via=via)
+        await perform_async(conn, steps, transaction=True)
     return progress
