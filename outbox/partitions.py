@@ -228,7 +228,9 @@ def make_partition(table: Table, index: int, low: int, high: int) -> list[sql.Co
     """A partition made on its own, then attached: ATTACH takes the parent's SHARE UPDATE
     EXCLUSIVE lock (producers and workers go on), where CREATE TABLE ... PARTITION OF takes
     its ACCESS EXCLUSIVE one. The CHECK spares ATTACH its scan (the table is empty anyway);
-    ATTACH builds the parent's indexes on it."""
+    ATTACH builds the parent's indexes on it. Before it is attached, it gets the parent's
+    owner and privileges (see `carry_privileges`), so that no session ever finds it attached
+    without them."""
     leaf = partition_table(table, index)
     return [
         sql.SQL(
@@ -241,19 +243,87 @@ def make_partition(table: Table, index: int, low: int, high: int) -> list[sql.Co
             low=sql.Literal(low),
             high=sql.Literal(high),
         ),
+        carry_privileges(table, leaf),
         sql.SQL(
             "ALTER TABLE {t} ATTACH PARTITION {leaf} FOR VALUES FROM ({low}) TO ({high})"
         ).format(t=table.ident, leaf=leaf.ident, low=sql.Literal(low), high=sql.Literal(high)),
     ]
 
 
+def carry_privileges(table: Table, leaf: Table | None = None) -> sql.Composed:
+    """One statement that gives the partition `leaf` (made, not attached yet) the parent's
+    owner and the privileges granted on the parent, or, without `leaf`, gives every
+    partition of the table the privileges it lacks of those (partitions made before
+    partitions carried them, or before a GRANT on the parent).
+
+    Grants on a partitioned table cover what goes through it, not a statement that names
+    a partition itself, as the claims, finalizes and window readings do: a worker whose role
+    has its grants on the parent alone would be refused at its first partition. A DO block,
+    so that the parent's ACL is read (aclexplode) in the transaction that grants it; every
+    name reaches the GRANT as a regclass, which prints itself quoted."""
+    parent = table.regclass_literal
+    targets = (
+        sql.SQL("{leaf}::regclass").format(leaf=leaf.regclass_literal)
+        if leaf is not None
+        else sql.SQL("SELECT inhrelid FROM pg_inherits WHERE inhparent = {t}::regclass").format(
+            t=parent
+        )
+    )
+    # The owner too, for a partition made by a superuser or a member of the owner's role
+    # (ATTACH needs the parent's ownership): the parent's owner may then name it as well.
+    owner = sql.SQL(
+        """  SELECT leaf.oid::regclass AS leaf, pg_get_userbyid(parent.relowner) AS owner
+    INTO o FROM pg_class leaf, pg_class parent
+   WHERE leaf.oid = {leaf}::regclass AND parent.oid = {t}::regclass
+     AND leaf.relowner <> parent.relowner;
+  IF FOUND THEN
+    EXECUTE 'ALTER TABLE ' || o.leaf::text || ' OWNER TO ' || quote_ident(o.owner);
+  END IF;
+"""
+    )
+    body = sql.SQL(
+        """DECLARE
+  o record;
+  g record;
+BEGIN
+{owner}  FOR g IN
+    SELECT leaf.oid::regclass AS leaf, a.privilege_type AS privilege,
+           CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee))
+           END AS grantee,
+           CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END AS option
+      FROM pg_class parent CROSS JOIN LATERAL aclexplode(parent.relacl) a
+      JOIN pg_class leaf ON leaf.oid IN ({targets})
+     WHERE parent.oid = {t}::regclass AND a.grantee <> parent.relowner
+       AND NOT EXISTS (
+             SELECT FROM aclexplode(coalesce(leaf.relacl, acldefault('r', leaf.relowner))) b
+              WHERE b.grantee = a.grantee AND b.privilege_type = a.privilege_type
+                AND (b.is_grantable OR NOT a.is_grantable))
+     ORDER BY 1, 3, 2
+  LOOP
+    EXECUTE 'GRANT ' || g.privilege || ' ON TABLE ' || g.leaf::text || ' TO ' || g.grantee
+            || g.option;
+  END LOOP;
+END"""
+    ).format(
+        owner=owner.format(leaf=leaf.regclass_literal, t=parent)
+        if leaf is not None
+        else sql.SQL(""),
+        targets=targets,
+        t=parent,
+    )
+    return sql.SQL("DO {body}").format(body=sql.Literal(body.as_string(None)))
+
+
 def make_ahead(conn: psycopg.Connection[tuple[object, ...]], table: Table, layout: Layout) -> int:
-    """Make the partitions missing ahead of the highest id; how many were made."""
+    """Make the partitions missing ahead of the highest id, and give every partition the
+    privileges on the parent it lacks (`outbox migrate` run again after a GRANT on the
+    parent); how many partitions were made."""
     existing = fetch(conn, read_partitions(table)) or []
     missing = missing_ahead(existing, fetch(conn, _highest_id(table)), layout)
     for index, low, high in missing:
         for statement in make_partition(table, index, low, high):
             conn.execute(statement)
+    conn.execute(carry_privileges(table))
     return len(missing)
 
 
