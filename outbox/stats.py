@@ -42,8 +42,16 @@ probe per aggregate with unfinished messages (at most `count_limit` of them). A 
 counts from when it became claimable: the later of its `available_at` and its
 predecessor's `done_at`, looked for among the `count_limit` ids below the newest head.
 
+A partitioned table (outbox.partitions) is looked at through a window: a statement over its
+parent would plan and open every partition, hundreds of them finished or made ahead. The
+unfinished rows are looked for from the first partition `outbox maintain` has not noted
+finished to the end of the one holding the newest id (`unfinished_window`, read from the
+catalog), the ids named as constants so that the planner prunes the rest, or that one
+partition itself when it is the whole window; the done rows stay the statistics' estimate
+over every partition.
+
 One definition serves sync and async connections alike: `stats_query` builds the statement
-as a `Query` and `snapshot` the two statements as `Steps` (outbox.runner), which
+as a `Query` and `snapshot` its statements as `Steps` (outbox.runner), which
 `queue_stats` / `queue_stats_async` run.
 """
 
