@@ -101,8 +101,14 @@ async def _check_secret_options(
 def reread_secrets(context: Context, spec: DispatcherSpec) -> None:
     """The resource's next pass reads every Secret it names from the server, not the cache
     (controller/secret_cache.py): its inputs were unusable, or its spec changed."""
-    uses = secret_uses(spec.raw) if spec.raw.get("publisher") else ()
-    context.kube.forget_secrets(spec.namespace, {use.name for use in uses})
+    try:
+        names = {use.name for use in secret_uses(spec.raw)}
+    except (Problem, LookupError, TypeError, ValueError):  # a spec that does not parse
+        names = set()
+    ref = (spec.raw.get("database") or {}).get("dsnSecretRef") or {}
+    if isinstance(ref, Mapping) and isinstance(ref.get("name"), str):
+        names.add(ref["name"])
+    context.kube.forget_secrets(spec.namespace, names)
 
 
 async def _inputs(context: Context, spec: DispatcherSpec) -> _Inputs:
