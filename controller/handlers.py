@@ -17,6 +17,7 @@ from typing import Any
 
 import kopf
 
+from outbox.controller.kube import REQUEST_SECONDS
 from outbox.controller.leader import LeadershipLost
 from outbox.controller.reconcile import Context, DispatcherLoop
 from outbox.controller.resource import GROUP, PLURAL, VERSION
@@ -120,5 +121,5 @@ def build_kopf_settings(log_level: str) -> kopf.OperatorSettings:
     settings.scanning.disabled = True
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    settings.networking.request_timeout = 30
+    settings.networking.request_timeout = REQUEST_SECONDS
     return settings

@@ -32,6 +32,7 @@ import aiohttp
 from kubernetes.aio.client import ApiClient, AppsV1Api
 from kubernetes.aio.client.exceptions import ApiException
 
+from outbox.controller.kube import REQUEST_SECONDS
 from outbox.controller.resource import MANAGER
 
 log = logging.getLogger("outbox.controller")
@@ -164,14 +165,11 @@ class Deployments:
 
     async def _list(self, scope: str | None) -> str:
         """Replace the scope's objects with a list's; its resourceVersion."""
+        options: dict[str, Any] = {"label_selector": SELECTOR, "_request_timeout": REQUEST_SECONDS}
         if scope is None:
-            call = self._apps.list_deployment_for_all_namespaces_without_preload_content(
-                label_selector=SELECTOR
-            )
+            call = self._apps.list_deployment_for_all_namespaces_without_preload_content(**options)
         else:
-            call = self._apps.list_namespaced_deployment_without_preload_content(
-                scope, label_selector=SELECTOR
-            )
+            call = self._apps.list_namespaced_deployment_without_preload_content(scope, **options)
         listed = await _answer(await call)
         self.lists += 1
         found: dict[Key, dict[str, Any]] = {}

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from outbox.controller.secret_cache import SecretCache
 
 MERGE_PATCH = "application/merge-patch+json"
+# The longest one API request (not a watch) may take, kopf's and the informer's lists alike.
+REQUEST_SECONDS = 30
 # The API server out of reach: socket errors and timeouts, and aiohttp's own for a connection
 # the server (or a proxy) closed mid-request, which are not OSErrors.
 UNREACHABLE = (TimeoutError, OSError, aiohttp.ClientError)
