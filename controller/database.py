@@ -47,6 +47,7 @@ from outbox import operator_reads
 from outbox.controller.problem import Problem
 from outbox.controller.settings import DATABASE_CONNECTIONS
 from outbox.operations.maintenance import retire_done_async
+from outbox.operations.partition_maintenance import UpkeepBusy
 from outbox.operator_reads import TableIdentity, server_started, table_identity
 from outbox.plumbing import dberrors
 from outbox.plumbing.dsn import DsnError, check_dsn
@@ -125,6 +126,11 @@ class DatabaseBusy(Exception):
     """The pass found every connection of its database's pool in use for `WAIT_SECONDS`
     while the database answers: no new fact about the table, so the pass writes nothing
     and runs again soon."""
+
+
+class RetentionRunning(Exception):
+    """The dispatcher's retention run (`purge`) outlasted the pass's deadline: it goes on
+    beside the passes, and a later pass reports what it did."""
 
 
 class _Pool:
@@ -215,6 +221,7 @@ class Pools:
         self._pools: dict[Target, _Pool] = {}
         self._uses: dict[Dispatcher, Target] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self._retiring: dict[Dispatcher, asyncio.Task[int]] = {}  # retention runs (`purge`)
 
     async def _pool(self, dispatcher: Dispatcher, target: Target) -> _Pool:
         if self._uses.get(dispatcher) != target:
@@ -251,14 +258,43 @@ class Pools:
         self, dispatcher: Dispatcher, target: Target, table: Table, older_than: timedelta
     ) -> int:
         pool = await self._pool(dispatcher, target)
-        # No deadline but the wait for a connection: each batch is short and commits (a
-        # DETACH ... CONCURRENTLY waits for older snapshots, holding no lock producers need),
-        # and a long purge holds one of the pool's connections, never the others' passes.
+        # A task beside the pass: a retention run may take longer than a pass may (a DETACH
+        # ... CONCURRENTLY waits for older transactions, up to the run's statement timeout;
+        # a purge of many batches), and it holds one of the pool's connections, never the
+        # others' passes. This pass waits for it at most PASS_TIMEOUT_SECONDS; a later pass
+        # collects what it did.
+        running = self._retiring.get(dispatcher)
+        if running is None:
+            running = asyncio.create_task(
+                self._retire(pool, target, table, older_than),
+                name=f"retention of {dispatcher[0]}/{dispatcher[1]}",
+            )
+            self._retiring[dispatcher] = running
+        done, _ = await asyncio.wait({running}, timeout=PASS_TIMEOUT_SECONDS)
+        if not done:
+            raise RetentionRunning(
+                f"the retention run on {table} is still going on after "
+                f"{PASS_TIMEOUT_SECONDS:g} s: reported by a later pass"
+            )
+        del self._retiring[dispatcher]
+        return running.result()
+
+    async def _retire(
+        self, pool: _Pool, target: Target, table: Table, older_than: timedelta
+    ) -> int:
         async with _answers(target, pool), pool.pool.connection() as conn:
             pool.served_at = time.monotonic()
-            return await retire_done_async(conn, table, older_than=older_than)
+            try:
+                return await retire_done_async(conn, table, older_than=older_than)
+            except UpkeepBusy as exc:
+                # The workers' partition keeper holds it for a moment; `outbox maintain`
+                # run by hand for its run: this round is skipped, the next pass tries again.
+                raise Problem("UpkeepBusy", str(exc), database=True) from None
 
     def release(self, dispatcher: Dispatcher) -> None:
+        retiring = self._retiring.pop(dispatcher, None)
+        if retiring is not None:  # let it end; what it did is nobody's to report now
+            retiring.add_done_callback(lambda task: task.cancelled() or task.exception())
         target = self._uses.pop(dispatcher, None)
         pool = self._pools.get(target) if target is not None else None
         if pool is None:
@@ -273,6 +309,10 @@ class Pools:
     async def close(self) -> None:
         pools, self._pools = list(self._pools.values()), {}
         self._uses.clear()
+        retiring, self._retiring = list(self._retiring.values()), {}
+        for task in retiring:
+            task.cancel()
+        await asyncio.gather(*retiring, return_exceptions=True)
         await asyncio.gather(
             *(pool.pool.close() for pool in pools), *self._closing, return_exceptions=True
         )
@@ -328,6 +368,7 @@ __all__ = [
     "Database",
     "DatabaseBusy",
     "Pools",
+    "RetentionRunning",
     "TableIdentity",
     "TableReading",
     "Target",

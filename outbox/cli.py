@@ -571,7 +571,11 @@ def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: 
     """`outbox partitions` and `outbox maintain`."""
     try:
         if args.command == "maintain":
-            done = maintain(conn, table, retention=args.retention)
+            done = maintain(conn, table, retention=args.retention, waiting=lambda: print(
+                f"{PROG}: waiting for the partition upkeep lock of table {table} (held by a "
+                "worker making partitions ahead, or another outbox maintain)",
+                file=sys.stderr, flush=True,
+            ))  # fmt: skip
             print(
                 f"{table}: made {done.made} partitions ahead, retired {len(done.retired)} "
                 f"({done.rows_retired} rows), {len(done.kept)} finished but within the "

@@ -351,3 +351,98 @@ def test_a_replay_whose_session_ends_before_the_note_is_off_sends_nothing(dsn):
         assert pending == (5,)  # ids 100-120 still done: nothing of the batch committed
         assert queue_stats(conn, TABLE).pending == 5
         assert conn.execute("SELECT obj_description('outbox_p0'::regclass)").fetchone()[0]
+
+
+_UPKEEP_LOCK = "SELECT pg_advisory_lock(hashtextextended('outbox-dispatcher partitions outbox', 0))"
+
+
+async def test_the_operator_skips_a_round_while_the_upkeep_lock_is_held(history, empty_dsn):
+    """A session holding the upkeep lock (idle in a transaction, or a run by hand) would
+    hold the operator's pass for as long as it lasts: the operator tries the lock and
+    reports the round skipped; the next round, the lock free, retires."""
+    import asyncio
+
+    from outbox.controller.database import Pools, Target
+    from outbox.controller.problem import Problem
+
+    pools, target = Pools(), Target(empty_dsn, "1")
+    try:
+        with psycopg.connect(empty_dsn, autocommit=True) as holder:
+            holder.execute(_UPKEEP_LOCK)
+            async with asyncio.timeout(30):  # before the fix: waited for ever
+                with pytest.raises(Problem) as skipped:
+                    await pools.purge(("ns", "d"), target, TABLE, timedelta(0))
+            assert skipped.value.reason == "UpkeepBusy"
+            assert "skipped this round" in skipped.value.message
+            assert "outbox_p0" in _leaves(history)
+        assert await pools.purge(("ns", "d"), target, TABLE, timedelta(0)) == 199
+    finally:
+        await pools.close()
+
+
+async def test_a_retention_run_held_by_an_idle_transaction_goes_on_beside_the_passes(
+    history, empty_dsn, monkeypatch
+):
+    """DETACH ... CONCURRENTLY waits for every older transaction on the parent: the pass
+    waits for the run no longer than its deadline, and a later pass reports what it did."""
+    import asyncio
+
+    from outbox.controller import database
+    from outbox.controller.database import Pools, RetentionRunning, Target
+
+    monkeypatch.setattr(database, "PASS_TIMEOUT_SECONDS", 1.0)
+    pools, target = Pools(), Target(empty_dsn, "1")
+    try:
+        with psycopg.connect(empty_dsn) as reader:
+            reader.execute("SELECT count(*) FROM outbox")  # idle in transaction from here
+            async with asyncio.timeout(30):
+                with pytest.raises(RetentionRunning):
+                    await pools.purge(("ns", "d"), target, TABLE, timedelta(0))
+            wait_until_db(history, f"{_DETACHING} IS NOT NULL", timeout=60)
+            with pytest.raises(RetentionRunning):  # still the same run, not a second one
+                await pools.purge(("ns", "d"), target, TABLE, timedelta(0))
+            reader.rollback()
+        while True:
+            try:
+                retired = await pools.purge(("ns", "d"), target, TABLE, timedelta(0))
+                break
+            except RetentionRunning:
+                continue  # each call waits on the run itself, up to the deadline
+        assert retired == 199
+        assert "outbox_p0" not in _leaves(history)
+    finally:
+        await pools.close()
+
+
+def test_a_detach_held_past_the_statement_timeout_is_finished_by_the_next_run(
+    history, empty_dsn, monkeypatch
+):
+    from outbox.operations import partition_maintenance as pm
+
+    monkeypatch.setattr(pm, "STATEMENT_TIMEOUT", timedelta(milliseconds=500))
+    with psycopg.connect(empty_dsn, autocommit=True) as conn, psycopg.connect(empty_dsn) as reader:
+        conn.execute("SET statement_timeout = '7s'")
+        reader.execute("SELECT count(*) FROM outbox")  # holds the DETACH's wait
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            pm.maintain(conn, TABLE, retention=timedelta(0))
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("7s",)  # put back
+        reader.rollback()
+        done = pm.maintain(conn, TABLE, retention=timedelta(0))
+    assert done.rows_retired == 199 and sorted(done.retired) == ["outbox_p0", "outbox_p2"]
+
+
+def test_outbox_maintain_says_it_waits_for_the_upkeep_lock(history, empty_dsn):
+    with psycopg.connect(empty_dsn, autocommit=True) as holder:
+        holder.execute(_UPKEEP_LOCK)
+        run = subprocess.Popen(
+            [sys.executable, "-m", "outbox", "maintain", "--retention", "0s", "--dsn", empty_dsn],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert run.stderr is not None
+        said = run.stderr.readline()
+        assert "waiting for the partition upkeep lock of table outbox" in said
+    out, err = run.communicate(timeout=120)  # the holder's session ended: the lock is free
+    assert run.returncode == 0, err
+    assert "retired 2 (199 rows)" in out

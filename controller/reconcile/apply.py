@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from outbox.controller.budget import keep_disruption_budget, render_disruption_budget, unavailable
-from outbox.controller.database import Target
+from outbox.controller.database import RetentionRunning, Target
 from outbox.controller.decision import Decision
 from outbox.controller.drift import template_drift
 from outbox.controller.network import differs as network_differs
@@ -212,6 +212,9 @@ async def _purge(context: Context, reading: Reading) -> int | None:
         return await context.database.purge(
             (spec.namespace, spec.name), target, spec.table, spec.retention
         )
+    except RetentionRunning as exc:
+        log.info("%s/%s: %s", spec.namespace, spec.name, exc)
+        return None
     except Problem as exc:
         log.warning("%s/%s: purge failed: %s", spec.namespace, spec.name, exc.message)
         return None

@@ -171,56 +171,112 @@ class Maintained:
     kept: list[PartitionState]  # finished, but not for the retention yet
 
 
-def _begin(table: Table) -> Steps[str]:
-    """Take the upkeep lock (waiting for a worker making partitions ahead, or another run),
-    and commit without waiting for the WAL to be flushed: each DDL statement commits on its
-    own, and a flush per commit was most of a retirement's time. A commit lost to a crash
-    of the server is only maintenance to do again (a partition still attached, or still
-    there), and the producers' own commits flush everything before them. The session's
-    setting is returned, for `_end`."""
-    was = yield from step(
-        _value(
-            sql.SQL("SELECT current_setting('synchronous_commit'), pg_advisory_lock({key})").format(
-                key=upkeep_lock(table)
-            ),
-            str,
+class UpkeepBusy(RuntimeError):
+    """Another session holds the table's upkeep lock (a worker making partitions ahead, or
+    another run of `outbox maintain`), and the caller asked not to wait for it."""
+
+
+# The longest any statement of a run may take once it holds the lock. A DETACH ...
+# CONCURRENTLY (or its FINALIZE) waits for every transaction older than it on the parent:
+# one session idle in a transaction would hold the run, and with it the upkeep lock the
+# workers need to make partitions ahead, for as long as it lasts. Cancelled there, the
+# partition is left pending detach and the next run finishes it (`_finish_detaches`).
+STATEMENT_TIMEOUT = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class _Session:
+    """The settings a run changes, as it found them (`_end` puts them back)."""
+
+    synchronous_commit: str
+    statement_timeout: str
+
+
+def _begin(table: Table, waiting: Callable[[], None] | None) -> Steps[_Session]:
+    """Take the upkeep lock: if another session holds it, raise UpkeepBusy when `waiting`
+    is None (the operator: its next round comes), else call `waiting` (the CLI says what it
+    waits for) and wait. Then bound each statement (STATEMENT_TIMEOUT), and commit without
+    waiting for the WAL to be flushed: each DDL statement commits on its own, and a flush
+    per commit was most of a retirement's time. A commit lost to a crash of the server is
+    only maintenance to do again (a partition still attached, or still there), and the
+    producers' own commits flush everything before them. The session's settings are
+    returned, for `_end`."""
+    found = yield from step(
+        Query(
+            sql.SQL(
+                "SELECT current_setting('synchronous_commit'), "
+                "current_setting('statement_timeout'), pg_try_advisory_lock({key})"
+            ).format(key=upkeep_lock(table)),
+            None,
+            first_row(lambda row: row or ()),
         )
     )
+    sync, timeout, got = found
+    session = _Session(str(sync), str(timeout))
+    if not got:
+        if waiting is None:
+            raise UpkeepBusy(
+                f"the partition upkeep lock of table {table} is held (a worker making "
+                "partitions ahead, or another outbox maintain): skipped this round"
+            )
+        waiting()
+        yield from step(
+            _statement(sql.SQL("SELECT pg_advisory_lock({key})").format(key=upkeep_lock(table)))
+        )
     yield from step(
-        _statement(sql.SQL("SELECT set_config('synchronous_commit', 'off', false)").format())
+        _statement(
+            sql.SQL(
+                "SELECT set_config('synchronous_commit', 'off', false), "
+                "set_config('statement_timeout', {timeout}, false)"
+            ).format(timeout=sql.Literal(f"{int(STATEMENT_TIMEOUT.total_seconds() * 1000)}ms"))
+        )
     )
-    return str(was)
+    return session
 
 
-def _end(table: Table, synchronous_commit: str) -> Query[None]:
-    """The session as `_begin` found it: its setting back, the lock released."""
+def _end(table: Table, session: _Session) -> Query[None]:
+    """The session as `_begin` found it: its settings back, the lock released."""
     return _statement(
         sql.SQL(
-            "SELECT set_config('synchronous_commit', {was}, false), pg_advisory_unlock({key})"
-        ).format(was=sql.Literal(synchronous_commit), key=upkeep_lock(table))
+            "SELECT set_config('synchronous_commit', {sync}, false), "
+            "set_config('statement_timeout', {timeout}, false), pg_advisory_unlock({key})"
+        ).format(
+            sync=sql.Literal(session.synchronous_commit),
+            timeout=sql.Literal(session.statement_timeout),
+            key=upkeep_lock(table),
+        )
     )
 
 
-def maintain(conn: Conn, table: Table, *, retention: timedelta) -> Maintained:
+def maintain(
+    conn: Conn,
+    table: Table,
+    *,
+    retention: timedelta,
+    waiting: Callable[[], None] | None = None,
+) -> Maintained:
     """Make partitions ahead, retire those finished for `retention`, ANALYZE the parent.
+    Another session holding the upkeep lock: UpkeepBusy, or if `waiting` is given, that is
+    called and the run waits for the lock.
 
     `conn` must be in autocommit: DETACH ... CONCURRENTLY runs outside a transaction."""
-    was = perform(conn, _begin(table))
+    session = perform(conn, _begin(table, waiting))
     try:
         return perform(conn, _maintaining(table, retention))
     finally:
-        perform(conn, step(_end(table, was)))
+        perform(conn, step(_end(table, session)))
 
 
 async def maintain_async(
     conn: psycopg.AsyncConnection[Any], table: Table, *, retention: timedelta
 ) -> Maintained:
-    """`maintain` on an async connection in autocommit (the operator's pooled ones)."""
-    was = await perform_async(conn, _begin(table))
+    """`maintain` on an async connection in autocommit (the operator's pooled ones); it
+    never waits for the upkeep lock (UpkeepBusy)."""
+    session = await perform_async(conn, _begin(table, None))
     try:
         return await perform_async(conn, _maintaining(table, retention))
     finally:
-        await perform_async(conn, step(_end(table, was)))
+        await perform_async(conn, step(_end(table, session)))
 
 
 def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
