@@ -20,7 +20,7 @@ from test_worker import Scripted
 from workers import dispatching, settings
 
 from outbox.operations.conversion import migrate_converting
-from outbox.partitions import Layout, read_partitions
+from outbox.partitions import Layout, keep_ahead, read_partitions
 from outbox.runner import fetch
 from outbox.table import Table
 
@@ -39,10 +39,10 @@ class Roles:
         self.owner = make_conninfo(dsn, user=self.owner_name)
         self.worker = make_conninfo(dsn, user=self.worker_name)
 
-    def outbox(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """The `outbox` command as the owner."""
+    def outbox(self, *args: str, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
+        """The `outbox` command as the owner (or as `dsn` says)."""
         return subprocess.run(
-            [sys.executable, "-m", "outbox", *args, "--dsn", self.owner],
+            [sys.executable, "-m", "outbox", *args, "--dsn", dsn or self.owner],
             capture_output=True,
             text=True,
             timeout=120,
@@ -169,3 +169,28 @@ def test_a_converted_tables_grantee_may_read_every_partition(empty_dsn, roles):
             )
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             worker.execute("DELETE FROM outbox_p8")
+
+
+async def test_partitions_a_workers_keeper_or_a_superuser_makes_get_the_owner_and_grants(roles):
+    """The workers' partition keeper (running as the owner) and `outbox maintain` run by a
+    superuser make partitions like the others: the parent's owner, the parent's grants."""
+    made = roles.outbox("migrate", "--partition-size", str(SIZE), "--partitions-ahead", "2")
+    assert made.returncode == 0, made.stderr
+    with psycopg.connect(roles.owner, autocommit=True) as conn:
+        roles.grant_on_the_tables(conn)
+        assert roles.outbox("maintain").returncode == 0
+        seed(conn, 150)  # partitions ahead now lacking: up to outbox_p3
+    async with await psycopg.AsyncConnection.connect(roles.owner, autocommit=True) as aconn:
+        kept, _ = await keep_ahead(aconn, TABLE, Layout(SIZE, 2))
+    assert kept == 1  # outbox_p3
+    with psycopg.connect(roles.owner, autocommit=True) as conn:
+        seed(conn, 100)  # up to id 250: outbox_p4 wanted
+    superuser = roles.outbox("maintain", dsn=roles.admin)
+    assert superuser.returncode == 0, superuser.stderr
+    with psycopg.connect(roles.admin, autocommit=True) as conn:
+        owners = conn.execute(
+            "SELECT relname, pg_get_userbyid(relowner) FROM pg_class "
+            "WHERE relname IN ('outbox_p3', 'outbox_p4') ORDER BY 1"
+        ).fetchall()
+    assert owners == [("outbox_p3", roles.owner_name), ("outbox_p4", roles.owner_name)]
+    assert _readable(roles.worker, "outbox_p3") and _readable(roles.worker, "outbox_p4")
