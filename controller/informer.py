@@ -4,8 +4,11 @@ A pass reads its Deployment here instead of GETting it: an informer, as client-g
 controllers keep one. For each scope served (every namespace, or each `--namespace`) one
 list selects the operator's Deployments by label (`SELECTOR`), and one watch from the list's
 resourceVersion keeps them current; a watch the server ends is resumed from the last
-version seen, one that fails is retried with a growing wait, and a 410 Gone (the server no
-longer reaches back that far) lists again. The objects answered by the operator's own
+version seen, and a 410 Gone (the server no longer reaches back that far) lists again. A
+watch that fails (refused, a server error, a line that does not read as an event) leaves
+the cache with no bound on how stale it grows, so the scope stops serving reads (they are
+GETs, as before its first list) and is listed again, after a growing wait, before it serves
+them again. The objects answered by the operator's own
 writes are stored too (`stored`), so a read right after our own create, replace or resize
 never sees the object from before it; a watch event older than what is stored is ignored,
 as client-go's mutation cache compares resourceVersions.
@@ -14,7 +17,8 @@ Some names are read from the server instead, each pass (`_direct`): one whose wr
 refused with a conflict (the cache was stale; read anew until the watch catches up), and one
 found outside the selection (someone else's Deployment of that name, which the read step
 refuses to take over). Until a scope's first list succeeded (an older Role without list
-and watch on Deployments: the list is refused) every read of it is a GET, as before.
+and watch on Deployments: the list is refused), and from a failed watch until the next list
+succeeds, every read of it is a GET.
 
 The watches have an API client of their own (`api`): each holds a connection for minutes,
 which must not take one of the reconcile work's requests in flight.
@@ -25,10 +29,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 from kubernetes.aio.client import ApiClient, AppsV1Api
 from kubernetes.aio.client.exceptions import ApiException
 
@@ -84,9 +89,9 @@ class Deployments:
         self._scopes: tuple[str | None, ...] = tuple(namespaces) or (None,)
         self._objects: dict[Key, dict[str, Any]] = {}
         self._tried = {scope: asyncio.Event() for scope in self._scopes}  # a first list ended
-        self._listed: set[str | None] = set()  # scopes whose cache is whole
+        self._listed: set[str | None] = set()  # scopes whose cache is whole and kept current
         self._direct: set[Key] = set()
-        self.lists = 0  # lists made, for the logs and tests: a relist after 410 counts
+        self.lists = 0  # lists made, for the logs and tests: every relist counts
 
     def _scope(self, namespace: str) -> str | None:
         return namespace if namespace in self._tried else None
@@ -141,10 +146,14 @@ class Deployments:
         version: str | None = None
         wait = RETRY_SECONDS[0]
         where = scope or "every namespace"
+        failed = False  # since the last list
         while True:
             try:
                 if version is None:
                     version = await self._list(scope)
+                    if failed:
+                        log.info("listed the Deployments in %s again: reads from memory", where)
+                    failed = False
                 version = await self._watch(scope, version)
                 wait = RETRY_SECONDS[0]
                 continue
@@ -154,12 +163,28 @@ class Deployments:
                 continue
             except ApiException as exc:
                 reason = f"{exc.status} {exc.reason}"
-                if exc.status == 403 and scope not in self._listed:
+                if exc.status == 403:
                     reason += " (grant list and watch on deployments: docs/operator.md)"
-            except (TimeoutError, OSError, ValueError, aiohttp.ClientError) as exc:
+            except (
+                TimeoutError,
+                OSError,
+                ValueError,  # a line that is no JSON
+                aiohttp.ClientError,
+                HttpProcessingError,  # a response aiohttp could not read (no ClientError)
+            ) as exc:
                 reason = str(exc) or type(exc).__name__
-            self._tried[scope].set()  # reads of an unlisted scope are GETs meanwhile
-            log.warning("watching the Deployments in %s: %s; again in %g s", where, reason, wait)
+            # Nothing keeps the cache current any more: reads are GETs until a list succeeds,
+            # and the next try lists (resuming could meet the same failure at the same place).
+            self._listed.discard(scope)
+            version, failed = None, True
+            self._tried[scope].set()
+            log.warning(
+                "watching the Deployments in %s: %s; reading them from the server, listing "
+                "again in %g s",
+                where,
+                reason,
+                wait,
+            )
             await asyncio.sleep(wait)
             wait = min(wait * 2, RETRY_SECONDS[1])
 
@@ -210,7 +235,7 @@ class Deployments:
             if not 200 <= response.status < 300:
                 body = (await response.read()).decode(errors="replace")
                 raise ApiException(status=response.status, reason=response.reason, body=body)
-            async for line in response.content:
+            async for line in _lines(response.content):
                 if line.strip():
                     version = self._apply(json.loads(line), version)
         return version
@@ -230,6 +255,20 @@ class Deployments:
             if _newer(obj, self._objects.get(key)):
                 self._objects.pop(key, None)
         return str(meta.get("resourceVersion") or version)
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """A watch's lines, however long: aiohttp's own line reading refuses a line past twice
+    the client's read buffer (128 KiB with aiohttp's default), and one Deployment's
+    annotations alone may hold 256 KiB."""
+    pending = bytearray()
+    async for chunk in content.iter_any():
+        pending += chunk
+        while (end := pending.find(b"\n")) >= 0:
+            yield bytes(pending[:end])
+            del pending[: end + 1]
+    if pending:
+        yield bytes(pending)
 
 
 async def _answer(response: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -131,6 +132,33 @@ async def _cached(informer: Informer, name: str) -> bool:
     return found is not None and informer.gets == gets
 
 
+async def test_a_refused_watch_stops_the_cache_serving_until_a_list_succeeds(
+    k8s: LocalCluster, api: ApiClient
+) -> None:
+    apps = AppsV1Api(api)
+    await apps.create_namespaced_deployment(NAMESPACE, _ours("orders-worker"))
+    refusing = threading.Event()  # read on the emulator's thread
+    k8s.on_loop(lambda e: e["watch", DEPLOYMENTS][lambda: refusing.is_set()] << 403)
+    async with Informer(api) as informer:
+        assert await informer.get("orders-worker") is not None
+        assert informer.gets == 0  # served from the list
+
+        refusing.set()
+        with k8s.outage():  # the open watch cut; every new one is refused (a Role without watch)
+            pass
+        await apps.delete_namespaced_deployment("orders-worker", NAMESPACE)
+        # No watch tells the cache: the reads ask the server, which says it is gone (so the
+        # next pass creates it again) instead of the cache's copy from before the deletion.
+        await until("the deletion seen", lambda: _gone(informer, "orders-worker"))
+        assert informer.gets >= 1
+
+        refusing.clear()  # the watch allowed again: the next list makes the cache whole
+        lists = informer.deployments.lists
+        await until("a list again", lambda: informer.deployments.lists > lists)
+        await apps.create_namespaced_deployment(NAMESPACE, _ours("billing-worker"))
+        await until("the watch's new Deployment", lambda: _cached(informer, "billing-worker"))
+
+
 async def test_a_list_that_hangs_ends_at_the_request_timeout_and_reads_are_gets(
     k8s: LocalCluster, api: ApiClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -148,3 +176,43 @@ async def test_a_list_that_hangs_ends_at_the_request_timeout_and_reads_are_gets(
         assert informer.gets == 1
         await until("a list again", lambda: informer.deployments.lists >= 1)
         await until("the cache serving", lambda: _cached(informer, "orders-worker"))
+
+
+async def test_a_watch_too_old_to_resume_lists_again(
+    k8s: LocalCluster, api: ApiClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(informer_module, "WATCH_SECONDS", 1)  # the server ends each at once
+    async with Informer(api) as informer:
+        # Another object's write moves the server's version past the watch's, which sees no
+        # event of it; compacted, the next resume is from a version too old.
+        k8s.kubectl("create", "configmap", "elsewhere")
+        k8s.call(k8s.emulator.compact())
+        await until("a list again", lambda: informer.deployments.lists >= 2)
+        await AppsV1Api(api).create_namespaced_deployment(NAMESPACE, _ours("orders-worker"))
+        await until("the watch's new Deployment", lambda: _cached(informer, "orders-worker"))
+        assert informer.gets == 0  # a 410 is no failure: the cache served throughout
+
+
+async def test_a_watch_line_that_is_no_event_lists_again(k8s: LocalCluster, api: ApiClient) -> None:
+    async with Informer(api) as informer:
+        k8s.on_loop(lambda e: e["watch", DEPLOYMENTS][:1] << b"<html>a proxy's page</html>\n")
+        with k8s.outage():  # the open watch cut; the next one answers the page above
+            pass
+        # Resuming at the same version would meet the same line again: the scope lists.
+        await until("a list again", lambda: informer.deployments.lists >= 2)
+        await AppsV1Api(api).create_namespaced_deployment(NAMESPACE, _ours("orders-worker"))
+        await until("the watch's new Deployment", lambda: _cached(informer, "orders-worker"))
+
+
+async def test_a_watch_line_longer_than_aiohttps_limit_is_read(
+    k8s: LocalCluster, api: ApiClient
+) -> None:
+    async with Informer(api) as informer:
+        # 200 kB of annotation (the API allows 256 KiB): one watch line past aiohttp's 128 KiB.
+        big = _ours("orders-worker", **{"example.com/notes": "x" * 200_000})
+        await AppsV1Api(api).create_namespaced_deployment(NAMESPACE, big)
+        await until("the watch's new Deployment", lambda: _cached(informer, "orders-worker"))
+        found = await informer.get("orders-worker")
+        assert found is not None
+        assert len(found["metadata"]["annotations"]["example.com/notes"]) == 200_000
+        assert informer.deployments.lists == 1  # the watch went on; nothing failed
