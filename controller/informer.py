@@ -14,7 +14,8 @@ never sees the object from before it; a watch event older than what is stored is
 as client-go's mutation cache compares resourceVersions.
 
 Some names are read from the server instead, each pass (`_direct`): one whose write was
-refused with a conflict (the cache was stale; read anew until the watch catches up), and one
+refused with a conflict or a Not Found (the cache was stale; read anew until the watch
+catches up), and one
 found outside the selection (someone else's Deployment of that name, which the read step
 refuses to take over). Until a scope's first list succeeded (an older Role without list
 and watch on Deployments: the list is refused), and from a failed watch until the next list
@@ -126,8 +127,9 @@ class Deployments:
             self._put((namespace, name), {**found, "metadata": meta, "spec": spec})
 
     def refused(self, namespace: str, name: str) -> None:
-        """A write of ours met a conflict (409): the cache was stale, or the name is someone
-        else's; the name is read from the server until the cache agrees again."""
+        """A write of ours met a conflict (409) or a Not Found (404): the cache was stale, or
+        the name is someone else's; the name is read from the server until the cache agrees
+        again."""
         self._direct.add((namespace, name))
 
     def _put(self, key: Key, obj: Mapping[str, Any] | None) -> None:

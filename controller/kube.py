@@ -253,13 +253,14 @@ class Kube:
         )
 
     def _written(self, namespace: str, name: str, write: Awaitable[Any]) -> Awaitable[Any]:
-        """`write`, a conflict (409) telling the informer its view of the name is stale."""
+        """`write`; a conflict (409) or a Not Found (404: deleted since the cache saw it)
+        tells the informer its view of the name is stale."""
 
         async def written() -> Any:
             try:
                 return await write
             except ApiException as exc:
-                if exc.status == 409 and self._deployments is not None:
+                if exc.status in (404, 409) and self._deployments is not None:
                     self._deployments.refused(namespace, name)
                 raise
 

@@ -24,6 +24,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from outbox.controller import informer as informer_module
 from outbox.controller.informer import SELECTOR, Deployments
+from outbox.controller.kube import Kube
 
 from .cluster import ADMIN_TOKEN, LocalCluster
 
@@ -216,3 +217,25 @@ async def test_a_watch_line_longer_than_aiohttps_limit_is_read(
         assert found is not None
         assert len(found["metadata"]["annotations"]["example.com/notes"]) == 200_000
         assert informer.deployments.lists == 1  # the watch went on; nothing failed
+
+
+async def test_a_replace_of_a_deployment_deleted_since_reads_it_from_the_server(
+    k8s: LocalCluster, api: ApiClient
+) -> None:
+    apps = AppsV1Api(api)
+    body = _ours("orders-worker")
+    await apps.create_namespaced_deployment(NAMESPACE, body)
+    informer = Informer(api)
+    kube = Kube(api, lambda: None, "test", deployments=informer.deployments)
+    async with informer:
+        cached = await kube.deployment(NAMESPACE, "orders-worker")
+        assert cached is not None
+    # The watch stopped (as one hung would leave it): the cache still holds the Deployment
+    # that is deleted now.
+    await apps.delete_namespaced_deployment("orders-worker", NAMESPACE)
+    assert await kube.deployment(NAMESPACE, "orders-worker") is not None
+    with pytest.raises(ApiException) as refused:
+        await kube.replace_deployment(body, cached["metadata"]["resourceVersion"])
+    assert refused.value.status == 404
+    # As after a conflict, the name is read from the server: gone, so the pass creates it.
+    assert await kube.deployment(NAMESPACE, "orders-worker") is None
