@@ -581,18 +581,25 @@ def _query(table: Table, exact: bool, ordered: bool = False) -> sql.Composable:
 
 # A partitioned table's partitions that `outbox maintain` has not noted finished (the notes by
 # a join), each with its id range (deparsed without opening the partition: a bound holds no
-# column), and the newest id; no row for a plain table.
+# column), the newest id the sequence gave, and, for a partition wholly past it, whether its
+# file holds anything: a row a producer wrote with an id of its own past the sequence (which
+# `outbox maintain` sees through max(id)). A size is a look at the file, exact from the
+# insert on (committed or not), where planning those partitions would cost as much as
+# opening them; the others' sizes are not looked at. No row for a plain table.
 _WINDOW = sql.SQL(
-    """SELECT p.relname::text,
-       substring(pg_get_expr(p.relpartbound, 0) FROM {low})::bigint,
-       substring(pg_get_expr(p.relpartbound, 0) FROM {high})::bigint,
-       (SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence({rc}, 'id')), 0))
-  FROM pg_inherits AS i
-  JOIN pg_class AS p ON p.oid = i.inhrelid
-  LEFT JOIN pg_description AS d
-    ON d.objoid = p.oid AND d.classoid = 'pg_class'::regclass AND d.objsubid = 0
- WHERE i.inhparent = {rc}::regclass
-   AND NOT coalesce(starts_with(d.description, {note}), false)"""
+    """SELECT w.relname, w.low, w.high, w.last,
+       w.low > w.last AND pg_relation_size(w.oid) > 0
+  FROM (SELECT p.oid, p.relname::text AS relname,
+               substring(pg_get_expr(p.relpartbound, 0) FROM {low})::bigint AS low,
+               substring(pg_get_expr(p.relpartbound, 0) FROM {high})::bigint AS high,
+               (SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence({rc}, 'id')), 0))
+                 AS last
+          FROM pg_inherits AS i
+          JOIN pg_class AS p ON p.oid = i.inhrelid
+          LEFT JOIN pg_description AS d
+            ON d.objoid = p.oid AND d.classoid = 'pg_class'::regclass AND d.objsubid = 0
+         WHERE i.inhparent = {rc}::regclass
+           AND NOT coalesce(starts_with(d.description, {note}), false)) AS w"""
 )
 
 
@@ -611,7 +618,8 @@ def unfinished_window(table: Table) -> Query[Window | None]:
     """The ids a partitioned table's unfinished rows can be in, from its first partition that
     `outbox maintain` has not found finished (a partition it noted holds done rows only: a
     replay forgets the note of the partitions it sends again) to the end of the one holding
-    the newest id; None for a plain table. A snapshot's statement names this range as
+    the newest id (the sequence's, or one a producer wrote of its own past it); None for a
+    plain table. A snapshot's statement names this range as
     constants, so it plans and opens those partitions only, not the hundreds of finished
     ones behind them or made ahead."""
     statement = _WINDOW.format(
@@ -622,13 +630,19 @@ def unfinished_window(table: Table) -> Query[Window | None]:
     )
 
     def parse(rows: list[Row]) -> Window | None:
-        found = [(str(name), int(low), int(high)) for name, low, high, _ in rows]
+        found = [(str(name), int(low), int(high)) for name, low, high, _, _ in rows]
         if not found:
             return None
         last = int(rows[0][3])
+        written_past = {str(row[0]) for row in rows if row[4]}
         first = min(found, key=lambda p: p[1])
-        # The partition holding the newest id (never noted: it may still take rows).
-        newest = max((p for p in found if p[1] <= last), key=lambda p: p[1], default=first)
+        # The partition holding the newest id (never noted: it may still take rows), or a
+        # later one a row was written to with an id of its own.
+        newest = max(
+            (p for p in found if p[1] <= last or p[0] in written_past),
+            key=lambda p: p[1],
+            default=first,
+        )
         return Window(first[1], newest[2], newest[0] if first == newest else None)
 
     return Query(statement, None, parse)

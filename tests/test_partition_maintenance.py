@@ -446,3 +446,24 @@ def test_outbox_maintain_says_it_waits_for_the_upkeep_lock(history, empty_dsn):
     out, err = run.communicate(timeout=120)  # the holder's session ended: the lock is free
     assert run.returncode == 0, err
     assert "retired 2 (199 rows)" in out
+
+
+def test_stats_count_a_row_written_with_its_own_id_past_the_sequence(history, empty_dsn):
+    """`outbox maintain` sees ids a producer wrote of its own past the sequence (max(id));
+    a snapshot does too: the partition it went to is in the window."""
+    from outbox.stats import Window, queue_stats, unfinished_window
+
+    columns = [
+        row[0]
+        for row in history.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'outbox'::regclass"
+            " AND attnum > 0 AND NOT attisdropped AND attname <> 'id' ORDER BY attnum"
+        ).fetchall()
+    ]
+    listed = ", ".join(f'"{c}"' for c in columns)
+    history.execute(  # a copy of the pending row 320, as id 520 (partition 5, made ahead)
+        f"INSERT INTO outbox (id, {listed}) SELECT 520, {listed} FROM outbox WHERE id = 320"
+    )
+    assert fetch(history, unfinished_window(TABLE)) == Window(0, 600)
+    stats = queue_stats(history, TABLE)
+    assert (stats.pending, stats.max_id) == (2, 520)  # ids 320 and 520
