@@ -467,3 +467,22 @@ def test_stats_count_a_row_written_with_its_own_id_past_the_sequence(history, em
     assert fetch(history, unfinished_window(TABLE)) == Window(0, 600)
     stats = queue_stats(history, TABLE)
     assert (stats.pending, stats.max_id) == (2, 520)  # ids 320 and 520
+
+
+async def test_a_layout_left_on_a_plain_table_is_purged_as_plain(dsn, caplog):
+    """A conversion undone by hand that left `<table>_layout`'s row: the operator's
+    retention purges the plain table, with a warning, instead of failing every pass."""
+    from outbox.controller.database import Pools, Target
+    from outbox.partitions import record_layout
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        seed(conn, 10)
+        conn.execute("UPDATE outbox SET status = 'done', done_at = now() - interval '1 day'")
+        conn.execute(record_layout(TABLE, Layout(100, 2)))
+    pools = Pools()
+    try:
+        purged = await pools.purge(("ns", "d"), Target(dsn, "1"), TABLE, timedelta(hours=1))
+    finally:
+        await pools.close()
+    assert purged == 10
+    assert "purged as a plain table; delete that row" in caplog.text

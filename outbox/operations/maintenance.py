@@ -4,6 +4,7 @@ partitioned table, retire finished partitions whole (outbox.operations.partition
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -11,9 +12,11 @@ import psycopg
 from psycopg import sql
 
 from outbox.operations.partition_maintenance import maintain_async
-from outbox.partitions import read_layout
+from outbox.partitions import read_layout, read_partitions
 from outbox.runner import fetch_async
 from outbox.table import Table
+
+log = logging.getLogger("outbox.maintenance")
 
 PURGE_BATCH = 5000  # rows per DELETE: each one short, so no statement holds locks for long
 MAX_PURGE_BATCH = 1_000_000
@@ -82,8 +85,18 @@ async def retire_done_async(
     table is purged in batches (`purge_done_async`); a partitioned one is maintained as
     `outbox maintain --retention` does (partitions made ahead, finished ones detached
     concurrently and dropped, the parent analyzed), and the rows counted are those of the
-    partitions dropped. `conn` is in autocommit and is left so, outside any transaction."""
+    partitions dropped. `conn` is in autocommit and is left so, outside any transaction.
+
+    A plain table whose `<table>_layout` still holds a row (a conversion undone by hand that
+    left it) is purged as the plain table it is, with a warning."""
     if await fetch_async(conn, read_layout(table)) is None:
+        return await purge_done_async(conn, table, older_than=older_than)
+    if await fetch_async(conn, read_partitions(table)) is None:
+        log.warning(
+            "table %s is not partitioned but %s holds a partition layout (a conversion undone "
+            "by hand?): purged as a plain table; delete that row (docs/partitioning.md)",
+            table, table.derived_name("layout"),
+        )  # fmt: skip
         return await purge_done_async(conn, table, older_than=older_than)
     done = await maintain_async(conn, table, retention=older_than)
     return done.rows_retired
