@@ -236,13 +236,11 @@ def _convert(
         )
     try:
         return _steps(conn, table, layout, lock_timeout, attempts, pause, before_swap)
-    except SchemaError as exc:
-        raise SchemaError(f"{exc}; {_take_bound_off(conn, table, lock_timeout, pause)}") from exc
     except Exception as exc:
-        outcome = _take_bound_off(conn, table, lock_timeout, pause)
-        if _LEFT in outcome:
+        left, outcome = _take_bound_off(conn, table, lock_timeout, pause)
+        if isinstance(exc, SchemaError) or left:
             raise SchemaError(f"{exc}; {outcome}") from exc
-        raise
+        raise  # PostgreSQL's own error, the table as it was
 
 
 def _steps(
@@ -295,19 +293,19 @@ def _steps(
         return done
 
 
-_LEFT = "left on it"
-
-
-def _take_bound_off(conn: Conn, table: Table, lock_timeout: timedelta, pause: timedelta) -> str:
+def _take_bound_off(
+    conn: Conn, table: Table, lock_timeout: timedelta, pause: timedelta
+) -> tuple[bool, str]:
     """After the command gave up before the swap: the constraint it added (or found) is
     dropped, since nothing else would, and producers' inserts would fail on it once the ids
-    reach its bound. Under the same short lock timeout, a few tries; what became of it."""
+    reach its bound. Under the same short lock timeout, a few tries; (whether it is left,
+    what became of it)."""
     name = _bound_name(table)
     bound: tuple[int, bool] | None = None
     try:
         bound = _bound(conn, table)
         if bound is None:
-            return "the table is as it was"
+            return False, "the table is as it was"
         drop = sql.SQL("ALTER TABLE {t} DROP CONSTRAINT IF EXISTS {c}").format(
             t=table.ident, c=sql.Identifier(name)
         )
@@ -317,11 +315,11 @@ def _take_bound_off(conn: Conn, table: Table, lock_timeout: timedelta, pause: ti
             t=table.ident, c=sql.Identifier(name)
         )
         reach = f"reach {bound[0]}" if bound is not None else "reach its bound"
-        return (
-            f"the CHECK {name} is {_LEFT}, and inserts will fail on it once the ids {reach}: "
+        return True, (
+            f"the CHECK {name} is left on it, and inserts will fail on it once the ids {reach}: "
             f"drop it ({by_hand.as_string(None)}) or run this again to finish the conversion"
         )
-    return f"the CHECK {name} it had added was dropped: the table is as it was"
+    return False, f"the CHECK {name} was dropped again: the table is as it was"
 
 
 def _bound_name(table: Table) -> str:
