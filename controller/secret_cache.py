@@ -12,12 +12,16 @@ the last read of each Secret, by (namespace, name), is reused by every pass that
   anew, so that the fix shows at its next poll;
 - never by the first pass of a resource's new generation (`forget` too).
 
-A read that fails is not kept. Passes that need the same Secret at once share one read.
+A read that fails is not kept. Passes that need the same Secret at once share one read; a
+read under way when its Secret is forgotten may have fetched it before the change, so it is
+neither joined by a later pass nor kept (the read in flight is the key's generation). A read
+is dated from its start, when the value it returns may already have been fetched.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -39,7 +43,9 @@ class SecretCache(Generic[T]):
     def __init__(self, recheck_seconds: float) -> None:
         self._recheck = recheck_seconds
         self._kept: dict[Key, _Kept[T]] = {}
+        # The read under way of each key: the only one whose value may be joined or kept.
         self._reading: dict[Key, asyncio.Task[T]] = {}
+        self._tasks: set[asyncio.Task[T]] = set()  # every read under way, forgotten ones too
         self.reads = 0  # reads made, for the metrics and tests
 
     async def get(self, key: Key, read: Callable[[str, str], Awaitable[T]]) -> T:
@@ -50,17 +56,27 @@ class SecretCache(Generic[T]):
         if task is None:
             task = asyncio.create_task(self._read(key, read), name=f"reading Secret {key}")
             self._reading[key] = task
-            task.add_done_callback(lambda _: self._reading.pop(key, None))
+            self._tasks.add(task)
+            task.add_done_callback(functools.partial(self._done, key))
         # One waiter cancelled (its pass stopped) never cancels the others' read.
         return await asyncio.shield(task)
 
     async def _read(self, key: Key, read: Callable[[str, str], Awaitable[T]]) -> T:
         self.reads += 1
+        began = time.monotonic()
         value = await read(*key)
-        self._kept[key] = _Kept(value, time.monotonic())
+        if self._reading.get(key) is asyncio.current_task():  # not forgotten meanwhile
+            self._kept[key] = _Kept(value, began)
         return value
 
+    def _done(self, key: Key, task: asyncio.Task[T]) -> None:
+        self._tasks.discard(task)
+        if self._reading.get(key) is task:
+            del self._reading[key]
+
     def forget(self, namespace: str, names: Iterable[str]) -> None:
-        """The next pass that needs these Secrets reads them again."""
+        """The next pass that needs these Secrets reads them again; a read of them under way
+        is neither joined nor kept."""
         for name in names:
             self._kept.pop((namespace, name), None)
+            self._reading.pop((namespace, name), None)

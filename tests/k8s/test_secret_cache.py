@@ -1,0 +1,76 @@
+"""The Secret cache (controller/secret_cache.py) over real reads from the emulator.
+
+A read under way when its Secret is forgotten (the pass found a problem, or the spec
+changed) may hold the Secret from before the change: a later pass neither joins it nor finds
+its value kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import kubernetes.client
+
+from outbox.controller.secret_cache import SecretCache
+
+from .cluster import LocalCluster
+
+NAMESPACE = "default"
+
+
+def _secret(name: str, dsn: str) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name},
+            "stringData": {"dsn": dsn},
+        }
+    )
+
+
+class Reads:
+    """Reads of a Secret's `dsn` from the server; the first one can be held after its GET
+    answered, as a slow answer would be."""
+
+    def __init__(self, k8s: LocalCluster) -> None:
+        self._core = kubernetes.client.CoreV1Api(k8s.api_client())
+        self.fetched = asyncio.Event()  # the held read has its answer
+        self.release = asyncio.Event()
+        self.hold_first = False
+
+    async def __call__(self, namespace: str, name: str) -> str:
+        found = await asyncio.to_thread(self._core.read_namespaced_secret, name, namespace)
+        value = base64.b64decode(found.data["dsn"]).decode()
+        if self.hold_first:
+            self.hold_first = False
+            self.fetched.set()
+            await self.release.wait()
+        return value
+
+
+async def test_a_read_under_way_when_its_secret_is_forgotten_is_neither_joined_nor_kept(
+    k8s: LocalCluster,
+) -> None:
+    k8s.kubectl("apply", "-f", "-", input=_secret("orders-db", "postgresql://old@db/orders"))
+    cache = SecretCache[str](recheck_seconds=600)
+    read = Reads(k8s)
+    read.hold_first = True
+    key = (NAMESPACE, "orders-db")
+    before = asyncio.create_task(cache.get(key, read))
+    await read.fetched.wait()  # the old value read, its answer still on its way
+
+    # The Secret fixed, and the pass that failed on it forgets it: the next pass reads anew.
+    k8s.kubectl("apply", "-f", "-", input=_secret("orders-db", "postgresql://new@db/orders"))
+    cache.forget(NAMESPACE, ["orders-db"])
+    # (Joining the held read would wait for its release: bounded, to fail rather than hang.)
+    assert await asyncio.wait_for(cache.get(key, read), 20) == "postgresql://new@db/orders"
+
+    read.release.set()
+    assert await before == "postgresql://old@db/orders"  # its own pass began before the fix
+    reads = cache.reads
+    # What is kept is the new value: the forgotten read ended later and was not stored.
+    assert await cache.get(key, read) == "postgresql://new@db/orders"
+    assert cache.reads == reads
