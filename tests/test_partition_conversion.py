@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import explain_prepared, seed, statuses, wait_until
+from helpers import explain_prepared, seed, statuses, wait_until, wait_until_db
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from test_worker import Scripted
 from workers import dispatching, settings
@@ -516,3 +517,45 @@ def test_a_renamed_tables_identity_gives_way_to_its_own_sequence(empty_dsn):
             "public.outbox_id_seq",
         )
         assert seed(conn, 1) == [300]
+
+
+def test_stopped_by_hand_during_the_validate_it_drops_the_constraint(dsn):
+    """Ctrl-C while the VALIDATE waits (or scans a big table): the statement is cancelled
+    and the constraint dropped, so no insert ever meets it. The VALIDATE waits here on a
+    transaction holding the table's SHARE UPDATE EXCLUSIVE lock, which ends once the command
+    asks for the lock that drops the constraint."""
+    with (
+        psycopg.connect(dsn, autocommit=True) as conn,
+        psycopg.connect(dsn) as holder,
+    ):
+        seed(conn, 20)
+        conn.execute(  # a stopped run's bound: this run goes straight to the VALIDATE
+            "ALTER TABLE outbox ADD CONSTRAINT outbox_p0_range CHECK (id >= 0 AND id < 5000) "
+            "NOT VALID"
+        )
+        holder.execute("LOCK TABLE outbox IN SHARE UPDATE EXCLUSIVE MODE")
+        command = subprocess.Popen(
+            [sys.executable, "-m", "outbox", "migrate", "--partition-size", str(SIZE),
+             "--dsn", dsn],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            wait_until_db(
+                conn,
+                "EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE 'ALTER TABLE % VALIDATE CONSTRAINT %')",
+            )
+            command.send_signal(signal.SIGINT)
+            wait_until_db(
+                conn,
+                "EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE 'LOCK TABLE % IN ACCESS EXCLUSIVE MODE')",
+            )
+            holder.commit()
+            _, stderr = command.communicate(timeout=60)
+        finally:
+            command.kill()
+        assert command.returncode != 0, stderr
+        assert not _bound_left(conn), stderr
+        assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'outbox'").fetchone() \
+            == ("r",)  # fmt: skip

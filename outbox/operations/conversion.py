@@ -241,6 +241,13 @@ def _convert(
         if isinstance(exc, SchemaError) or left:
             raise SchemaError(f"{exc}; {outcome}") from exc
         raise  # PostgreSQL's own error, the table as it was
+    except KeyboardInterrupt as exc:
+        # Stopped by hand (a VALIDATE of a big table takes minutes): its statement is
+        # cancelled, and the constraint goes too, as when the command gives up.
+        left, outcome = _take_bound_off(conn, table, lock_timeout, pause)
+        if left:
+            raise SchemaError(f"table {table}: interrupted; {outcome}") from exc
+        raise
 
 
 def _steps(
