@@ -15,7 +15,9 @@ the last read of each Secret, by (namespace, name), is reused by every pass that
 A read that fails is not kept. Passes that need the same Secret at once share one read; a
 read under way when its Secret is forgotten may have fetched it before the change, so it is
 neither joined by a later pass nor kept (the read in flight is the key's generation). A read
-is dated from its start, when the value it returns may already have been fetched.
+is dated from its start, when the value it returns may already have been fetched. Entries
+past their recheck are dropped (swept once a recheck interval): a Secret no resource names
+any more (deleted, or its spec changed) leaves memory within two recheck intervals.
 """
 
 from __future__ import annotations
@@ -46,11 +48,19 @@ class SecretCache(Generic[T]):
         # The read under way of each key: the only one whose value may be joined or kept.
         self._reading: dict[Key, asyncio.Task[T]] = {}
         self._tasks: set[asyncio.Task[T]] = set()  # every read under way, forgotten ones too
+        self._swept = time.monotonic()
         self.reads = 0  # reads made, for the metrics and tests
 
+    def __len__(self) -> int:
+        """Secrets kept (fresh or not swept yet)."""
+        return len(self._kept)
+
     async def get(self, key: Key, read: Callable[[str, str], Awaitable[T]]) -> T:
+        now = time.monotonic()
+        if now - self._swept >= self._recheck:
+            self._sweep(now)
         kept = self._kept.get(key)
-        if kept is not None and time.monotonic() - kept.at < self._recheck:
+        if kept is not None and now - kept.at < self._recheck:
             return kept.value
         task = self._reading.get(key)
         if task is None:
@@ -73,6 +83,12 @@ class SecretCache(Generic[T]):
         self._tasks.discard(task)
         if self._reading.get(key) is task:
             del self._reading[key]
+
+    def _sweep(self, now: float) -> None:
+        """Drop what no pass can be served any more: the reads older than the recheck."""
+        self._swept = now
+        for key in [k for k, kept in self._kept.items() if now - kept.at >= self._recheck]:
+            del self._kept[key]
 
     def forget(self, namespace: str, names: Iterable[str]) -> None:
         """The next pass that needs these Secrets reads them again; a read of them under way

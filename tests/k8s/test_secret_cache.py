@@ -2,7 +2,8 @@
 
 A read under way when its Secret is forgotten (the pass found a problem, or the spec
 changed) may hold the Secret from before the change: a later pass neither joins it nor finds
-its value kept.
+its value kept. And what no pass can be served any more (reads past their recheck, such as
+the Secret of a resource deleted since) does not stay in memory.
 """
 
 from __future__ import annotations
@@ -74,3 +75,20 @@ async def test_a_read_under_way_when_its_secret_is_forgotten_is_neither_joined_n
     # What is kept is the new value: the forgotten read ended later and was not stored.
     assert await cache.get(key, read) == "postgresql://new@db/orders"
     assert cache.reads == reads
+
+
+async def test_reads_past_their_recheck_leave_memory(k8s: LocalCluster) -> None:
+    for name in ("orders-db", "billing-db"):
+        k8s.kubectl("apply", "-f", "-", input=_secret(name, f"postgresql://app@db/{name}"))
+    recheck = 0.5
+    cache = SecretCache[str](recheck_seconds=recheck)
+    read = Reads(k8s)
+    await cache.get((NAMESPACE, "orders-db"), read)
+    await cache.get((NAMESPACE, "billing-db"), read)
+    assert len(cache) == 2
+    # billing's resource deleted: nothing names its Secret again. Once a recheck went by,
+    # orders' next pass rereads its own, and billing's old read is dropped.
+    await asyncio.sleep(recheck + 0.1)  # time passing is what is tested: no event to await
+    await cache.get((NAMESPACE, "orders-db"), read)
+    assert len(cache) == 1
+    assert cache.reads == 3
