@@ -16,8 +16,9 @@ A read that fails is not kept. Passes that need the same Secret at once share on
 read under way when its Secret is forgotten may have fetched it before the change, so it is
 neither joined by a later pass nor kept (the read in flight is the key's generation). A read
 is dated from its start, when the value it returns may already have been fetched. Entries
-past their recheck are dropped (swept once a recheck interval): a Secret no resource names
-any more (deleted, or its spec changed) leaves memory within two recheck intervals.
+past their recheck are dropped (swept by the first `get` once a recheck interval went by): a
+Secret no resource names any more (deleted, or its spec changed) leaves memory within two
+recheck intervals while any pass reads Secrets.
 """
 
 from __future__ import annotations
