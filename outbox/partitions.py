@@ -624,6 +624,9 @@ class ClaimWindow:
         self._forgotten = 0  # how many times `forget` was called: a reading under way is void
         self._layout_at = time.monotonic()  # when a plain table's layout was last looked at
         self._relearn = False  # told to look again (a forget)
+        # The last claim came back short only because it took its partition's last id: the
+        # window has moved to the next partition, and the next claim should go at once.
+        self.ran_out_of_ids = False
 
     def forget(self) -> None:
         """Drop the bounds and the floor: the next claim reads from the lowest partition. A
@@ -750,32 +753,38 @@ class ClaimWindow:
         """After a claim: a full one moves the window to its oldest id; a short one means the
         window has run dry (or rows wait outside it): the next claim looks in the next
         partitions, or, past the ids the last reading saw, reads the window again. In
-        ordered mode a short claim reads it again, unless it took the window's last id: the
-        rows left behind are an aggregate's next messages, claimable as soon as their
-        predecessors are done."""
+        ordered mode a short claim reads it again: the rows left behind are an aggregate's
+        next messages, claimable as soon as their predecessors are done.
+
+        A claim that took its window's last id, full or short and in either mode, moves the
+        window on to the next partition: its ids are all given out (rows it left behind are
+        found by the next reading), so the next claim goes there with no reading and no
+        empty claim between. Short, it sets `ran_out_of_ids`: its caller claims again at
+        once, and from then on each claim of a drain stays within one partition."""
         fresh, self._fresh = self._fresh, False
+        self.ran_out_of_ids = False
         b = self._bounds
         if b is None or self.layout is None:
             return
-        if len(ids) < wanted:
-            # Ordered mode moves on as well when the claim took its partition's last id:
-            # its window ran out of ids (rows it left behind are found by the next reading),
-            # and the rest of the batch is in the next partition, with no reading between.
-            ran_out = not ordered or (bool(ids) and max(ids) == b.high - 1)
-            if b.high < self._top and ran_out:
-                low = b.high
-                self._bounds = Bounds(low, low + self._width, b.unfinished_low)
-                self.unfinished_behind = b.unfinished_low < low
-                return
+        short = len(ids) < wanted
+        took_last = bool(ids) and max(ids) == b.high - 1
+        if b.high < self._top and (took_last or (short and not ordered)):
+            low = b.high
+            self._bounds = Bounds(low, low + self._width, b.unfinished_low)
+            self.unfinished_behind = b.unfinished_low < low
+            self.ran_out_of_ids = took_last and short
+            return
+        if short:
             self._widen = fresh
             self._bounds = None
             return
         size = self.layout.partition_size
         low = max(min(ids) // size * size, b.low)
         # The window stays one partition when a batch fits in one, even where this one's last
-        # rows may not fill the next claim: that claim takes the rest from the next partition
-        # (see outbox.lease), two statements each planned as on a plain table, where one
-        # statement over the two through the parent planned three to four times as long.
+        # rows may not fill the next claim: that claim comes back short at the partition's
+        # end and the next one starts at the next partition (see outbox.lease), statements
+        # each planned as on a plain table, where one statement over the two through the
+        # parent planned three to four times as long.
         high = low + self._width
         if (low, high) != (b.low, b.high):
             self._bounds = Bounds(low, high, b.unfinished_low)

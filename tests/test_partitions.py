@@ -177,18 +177,21 @@ def test_statements_touch_only_the_partitions_of_their_window(pconn, statement, 
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
-def test_an_ordered_claim_takes_rows_from_its_partition_and_checks_through_the_parent(
+def test_an_ordered_claim_takes_rows_from_its_partition_and_checks_the_partitions_named(
     pconn, generic
 ):
     """A window of one partition with unfinished rows below it: the ordered claim locks,
-    measures and leases rows of partition 2 itself, and only its checks for an aggregate's
-    other messages go through the parent, to partitions 1 and 2 alone."""
+    measures and leases rows of partition 2 itself, and its checks for an aggregate's other
+    messages name partitions 1 and 2 themselves: the statement never opens the parent."""
     migrate(pconn, TABLE, "aggregate", layout=Layout(SIZE, 40))
     seed(pconn, 450, aggregates=20)
     pconn.execute("ANALYZE outbox")
     layout = Layout(SIZE, 40, named_leaves=True)
     q = lease._queries_within(TABLE, layout, (200, 300), 100)
-    assert q is queries(partition_table(TABLE, 2), checked=(TABLE, (100, 300)))
+    leaves = (partition_table(TABLE, 1), partition_table(TABLE, 2))
+    assert q is queries(partition_table(TABLE, 2), checked=(TABLE, (100, 300), leaves))
+    text = q.claim_ordered.as_string(pconn)
+    assert '"outbox" AS' not in text and '"outbox_p1" AS prev' in text, text
     plan = explain_prepared(pconn, q.claim_ordered, _claim_args(), generic=generic)
     assert {int(n) for n in re.findall(r"outbox_p(\d+)", plan)} == {1, 2}, plan
     updated = set(re.findall(r"Update on (\w+)", plan))
@@ -196,6 +199,22 @@ def test_an_ordered_claim_takes_rows_from_its_partition_and_checks_through_the_p
     # Visiting aggregates walks every unfinished row from partition 1: through the parent.
     heads = explain_prepared(pconn, q.claim_heads, _claim_args(), generic=generic)
     assert {int(n) for n in re.findall(r"outbox_p(\d+)", heads)} == {1, 2}, heads
+
+
+def test_an_ordered_claim_checks_through_the_parent_from_an_old_unfinished_partition(pconn):
+    """Unfinished rows far below the window (a dead row pins its partition): the checks go
+    through the parent, pruned to the partitions from there, rather than naming each one."""
+    migrate(pconn, TABLE, "aggregate", layout=Layout(SIZE, 40))
+    seed(pconn, 950, aggregates=20)
+    pconn.execute("ANALYZE outbox")
+    layout = Layout(SIZE, 40, named_leaves=True)
+    low = 900 - (lease.CHECKED_PARTITIONS + 1) * SIZE
+    q = lease._queries_within(TABLE, layout, (800, 900), low)
+    assert q is queries(partition_table(TABLE, 8), checked=(TABLE, (low, 900), ()))
+    assert '"outbox" AS prev' in q.claim_ordered.as_string(pconn)
+    plan = explain_prepared(pconn, q.claim_ordered, _claim_args(), generic=False)
+    touched = {int(n) for n in re.findall(r"outbox_p(\d+)", plan)}
+    assert touched == set(range(low // SIZE, 9)), plan
 
 
 def test_a_window_reading_names_the_partitions_themselves(pconn):
@@ -254,6 +273,24 @@ async def test_claims_drain_every_partition_and_move_their_window_on(pconn, empt
     assert statuses(pconn) == {"done": 350}
 
 
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+async def test_a_claim_that_takes_its_partitions_last_id_ends_there(pconn, empty_dsn, ordered):
+    """Ids start at 1: the second claim of partition 0 comes back a row short, at the
+    partition's end, and says so (the caller claims again at once) rather than taking that
+    row from the next partition with a statement of its own; every claim after it starts at
+    a partition's first id, so each claim of the drain is on one partition, each finalize
+    too, and none comes back empty on the way."""
+    if ordered:
+        migrate(pconn, TABLE, "aggregate")
+    seed(pconn, 350, aggregates=350)  # one message an aggregate: every row a head
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        claims = await _drain(aconn, ordered=ordered, batch=50)
+    assert [(c[0], c[-1]) for c in claims] == [
+        (1, 50), (51, 99), (100, 149), (150, 199), (200, 249), (250, 299), (300, 349), (350, 350)
+    ]  # fmt: skip
+    assert statuses(pconn) == {"done": 350}
+
+
 async def test_ordered_mode_keeps_an_aggregates_order_across_a_partition_boundary(pconn, empty_dsn):
     """An aggregate's first message is in partition 0 and still in flight; its next ones sit
     in partition 1, which the window has moved to: they wait for it."""
@@ -271,7 +308,9 @@ async def test_ordered_mode_keeps_an_aggregates_order_across_a_partition_boundar
 
         first = await claim(99)  # every head: agg-0's id 1 among them, held
         assert [m.id for m in first] == list(range(1, 100))
-        assert window.bounds().low == 0
+        # It took partition 0's last id: the window has moved on to partition 1, its head
+        # check still looking from partition 0, where id 1 is in flight.
+        assert window.bounds() == Bounds(100, 200, 0)
         held_head = next(m for m in first if m.id == 1)
         others = [Outcome.done(m) for m in first if m.id != 1]
         await lease.finalize(aconn, TABLE, others, layout=window.layout)

@@ -132,7 +132,8 @@ class Claimer(Service):
 
     async def _claim(self, want: int) -> tuple[list[Message], bool]:
         """The messages claimed, and whether the claim was full: `want` of them, or cut
-        short by the byte budget (plenty more may be ready)."""
+        short by the byte budget or by the end of its partition (plenty more may be
+        ready)."""
         s = self.settings
         budget = self.ledger.bytes_to_claim()
         async with self.connection() as conn:
@@ -155,7 +156,9 @@ class Claimer(Service):
                 claim_bytes=budget,
                 window=self.window,
             )
-        full = len(messages) >= want
+        # A partitioned table's claim that took its partition's last id came back short
+        # only for that: the rest is in the next partition, claimed at once.
+        full = len(messages) >= want or self.window.ran_out_of_ids
         if messages and not full:
             # Cut short by the byte budget: one more message of the average size would
             # not have fitted.
