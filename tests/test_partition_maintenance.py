@@ -486,3 +486,19 @@ async def test_a_layout_left_on_a_plain_table_is_purged_as_plain(dsn, caplog):
         await pools.close()
     assert purged == 10
     assert "purged as a plain table; delete that row" in caplog.text
+
+
+def test_a_converted_first_partition_left_detached_and_unfinished_is_attached_back_whole(dsn):
+    """Detached by a run that died before the drop, and a row past the first partition
+    size made pending meanwhile: attached back with the ids its range CHECK says (0-399),
+    not as one partition size."""
+    with _converted(dsn) as conn:
+        conn.execute("ALTER TABLE outbox DETACH PARTITION outbox_p0")
+        conn.execute("UPDATE outbox_p0 SET status = 'pending', done_at = NULL WHERE id = 120")
+        result = outbox(dsn, "maintain", "--retention", "0s")
+        assert result.returncode == 0, result.stderr
+        bound = conn.execute(
+            "SELECT pg_get_expr(relpartbound, oid) FROM pg_class WHERE relname = 'outbox_p0'"
+        ).fetchone()
+        assert bound == ("FOR VALUES FROM ('0') TO ('400')",)
+        assert conn.execute("SELECT status FROM outbox WHERE id = 120").fetchone() == ("pending",)

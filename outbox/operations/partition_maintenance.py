@@ -476,13 +476,19 @@ def _detached_orphans(
     """Partitions a run detached and did not drop (its session ended between the two):
     tables named as partition k (`<table>_p<k>`) below the newest partition, attached to
     nothing, that carry maintenance's note (a run notes a partition before it detaches
-    it; a partition someone detached by hand to keep is not ours to drop unless it does)."""
+    it; a partition someone detached by hand to keep is not ours to drop unless it does).
+    Its ids are those of its range CHECK (`<partition>_range`, which every partition made
+    or converted carries: a converted table's first partition holds many partition sizes),
+    else partition k's."""
     if not leaves:
         return []
     candidates = yield from step(
         Query(
             sql.SQL(
-                "SELECT c.relname FROM pg_class c WHERE c.relkind = 'r' AND NOT c.relispartition "
+                "SELECT c.relname, (SELECT array_agg(pg_get_constraintdef(k.oid))"
+                " FROM pg_constraint k WHERE k.conrelid = c.oid AND k.contype = 'c'"
+                " AND k.conname = c.relname || '_range')"
+                " FROM pg_class c WHERE c.relkind = 'r' AND NOT c.relispartition "
                 "AND c.relnamespace = "
                 "(SELECT relnamespace FROM pg_class WHERE oid = {t}::regclass) "
                 "AND starts_with(c.relname, {prefix}) "
@@ -493,19 +499,26 @@ def _detached_orphans(
                 note=sql.Literal(_DONE_NOTE),
             ),
             None,
-            lambda rows: [str(row[0]) for row in rows],
+            lambda rows: [(str(row[0]), row[1] or []) for row in rows],
         )
     )
     size, top = layout.partition_size, leaves[-1].low
     found = []
-    for name in candidates:
+    for name, checks in candidates:
         index = name.removeprefix(table.derived_name("p"))
         if not index.isdigit() or table.derived_name(f"p{int(index)}") != name:
             continue
-        low = int(index) * size
+        low, high = int(index) * size, (int(index) + 1) * size
+        bound = _RANGE_CHECK.search(str(checks[0])) if checks else None
+        if bound is not None:
+            low, high = int(bound.group(1)), int(bound.group(2))
         if low < top:
-            found.append(Partition(name, low, low + size))
+            found.append(Partition(name, low, high))
     return sorted(found, key=lambda p: p.low)
+
+
+# A range CHECK as pg_get_constraintdef shows it: CHECK (((id >= 0) AND (id < 400))).
+_RANGE_CHECK = re.compile(r"id >= '?(-?\d+)'?\S*\)? AND \(?id < '?(-?\d+)")
 
 
 def forget_finished(table: Table, low: int, high: int) -> Steps[None]:
