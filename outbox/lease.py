@@ -118,7 +118,8 @@ def _queries_within(
     in the partitions from the oldest unfinished one, each named, when they are a few
     (CHECKED_PARTITIONS), else through the parent: a statement that names the parent for
     all it does planned about seven times as long as the plain table's (8.7 ms against
-    1.2), the partition's with its checks through the parent about 1.5 times as long."""
+    1.2); the partition's own claim planned in 2.0 ms with its checks naming two partitions,
+    4.8 ms with them through the parent, 1.8 ms on the plain table."""
     assert layout is not None
     leaf = layout.leaf_of(table, within)
     if leaf is None:

