@@ -4,6 +4,12 @@ id, so that a deployment without the operator never runs out of them (outbox.par
 One replica at a time makes them (the others find the advisory lock taken and only read how
 many ids are left ahead, for the metric). A role that may not create tables is told once, and
 the partitions are left to `outbox maintain`.
+
+The keeper also notes the partitions finished since its last pass, as `outbox maintain` does
+(outbox.operations.partition_maintenance.note_finished_async): `outbox stats`, the TUI and the
+operator's backlog read then look only at the partitions that can hold unfinished rows, on a
+table no maintenance has run on yet (through every partition, a snapshot on 200 partitions
+holding 2M done rows took about 100 times the plain table's).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import logging
 import psycopg
 
 from outbox import partitions
+from outbox.operations.partition_maintenance import note_finished_async
 from outbox.worker.service import Service
 
 log = logging.getLogger("outbox.worker")
@@ -35,7 +42,7 @@ class PartitionKeeper(Service):
             await asyncio.sleep(LAYOUT_WAIT)
             layout = self.window.layout
         self.metrics.partition_ids_target.set(layout.partition_size * layout.partitions_ahead)
-        may_create = True
+        may_create = may_note = True
         while True:
             try:
                 async with self.connection() as conn:
@@ -45,7 +52,9 @@ class PartitionKeeper(Service):
                             log.info("made %d partitions ahead of %s", made, self.settings.table)
                     else:
                         left = await partitions.ids_ahead(conn, self.settings.table)
-                self.metrics.partition_ids_ahead.set(left)
+                    self.metrics.partition_ids_ahead.set(left)
+                    if may_note:
+                        may_note = await self._note_finished(conn)
             except psycopg.errors.InsufficientPrivilege:
                 may_create = False
                 log.warning(
@@ -58,3 +67,18 @@ class PartitionKeeper(Service):
                 self.metrics.db_errors.labels("keep partitions").inc()
                 log.warning("could not keep partitions ahead: %s", exc)
             await asyncio.sleep(KEEP_INTERVAL)
+
+    async def _note_finished(self, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
+        """Note the partitions finished since the last pass; False once this worker's role
+        is found not to own the table (told once: noting is left to `outbox maintain`)."""
+        try:
+            await note_finished_async(conn, self.settings.table)
+        except psycopg.errors.InsufficientPrivilege:
+            log.warning(
+                "this worker's role does not own %s: finished partitions are noted by `outbox "
+                "maintain` (or the operator) only, and outbox stats looks through every "
+                "partition until then",
+                self.settings.table,
+            )
+            return False
+        return True

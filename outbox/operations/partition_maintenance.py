@@ -336,6 +336,45 @@ def _make_ahead(table: Table, layout: Layout, leaves: list[Partition]) -> Steps[
     return len(missing)
 
 
+def _noted(table: Table) -> Query[set[str]]:
+    """The partitions noted finished, by name, from the catalog (no partition opened)."""
+    statement = sql.SQL(
+        """SELECT c.relname FROM pg_inherits AS i
+  JOIN pg_class AS c ON c.oid = i.inhrelid
+  JOIN pg_description AS d
+    ON d.objoid = c.oid AND d.classoid = 'pg_class'::regclass AND d.objsubid = 0
+ WHERE i.inhparent = {t}::regclass AND starts_with(d.description, {note})"""
+    ).format(t=table.regclass_literal, note=sql.Literal(_DONE_NOTE))
+    return Query(statement, None, lambda rows: {str(row[0]) for row in rows})
+
+
+def _noting(table: Table) -> Steps[int]:
+    _, leaves = yield from _layout(table)
+    noted = yield from step(_noted(table))
+    current = yield from step(_last_id(table))
+    looked = 0
+    for leaf in leaves:
+        if leaf.name in noted:
+            continue
+        state = yield from _state(table, leaf, current)
+        if not state.retirable:
+            break  # the window of unfinished partitions starts here
+        yield from step(_note_finished(table, leaf.name))
+        looked += 1
+    return looked
+
+
+async def note_finished_async(conn: psycopg.AsyncConnection[Any], table: Table) -> int:
+    """Note finished the partitions from the oldest one not noted up to the first holding an
+    unfinished row (or the newest ids), as `outbox maintain` does: the workers' partition
+    keeper runs it, so that `outbox stats` (and the operator's backlog read) looks only at
+    the partitions that can hold unfinished rows whether or not maintenance ever ran. Each
+    pass looks at the partitions finished since the last one, not at every partition. How
+    many were noted (or found busy and left for later). `conn` in autocommit; the table's
+    owner only (COMMENT ON TABLE): psycopg.errors.InsufficientPrivilege otherwise."""
+    return await perform_async(conn, _noting(table))
+
+
 # How long noting a partition finished waits for its SHARE lock (`_note_finished`): a
 # session holding ROW EXCLUSIVE on it is writing a row there (an insert or a replay not
 # committed yet) and may hold it for as long as its transaction lasts; the partition is
