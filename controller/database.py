@@ -17,8 +17,9 @@ is) and purge done rows (`purge`). `Pools` answers both from kept connections:
   read once and kept, keyed by what they depend on (the table, ordered mode, the Target).
   They are read again after an error, after a server restart (each new connection reads
   the server's start time: a new one starts a new era, as the identity changes with it),
-  and at least every `RECHECK_SECONDS`; the other passes read only the bounded backlog
-  query.
+  after the name comes to reach another table (a plain table converted to partitions: one
+  catalog probe a pass), and at least every `RECHECK_SECONDS`; the other passes read only
+  the bounded backlog query.
 
 `read_table` is the one-shot form (a connection for one read, closed after).
 
@@ -48,7 +49,12 @@ from outbox.controller.problem import Problem
 from outbox.controller.settings import DATABASE_CONNECTIONS
 from outbox.operations.maintenance import retire_done_async
 from outbox.operations.partition_maintenance import UpkeepBusy
-from outbox.operator_reads import TableIdentity, server_started, table_identity
+from outbox.operator_reads import (
+    TableIdentity,
+    server_started,
+    still_the_table,
+    table_identity,
+)
 from outbox.plumbing import dberrors
 from outbox.plumbing.dsn import DsnError, check_dsn
 from outbox.plumbing.redact import redact_dsn, redact_text
@@ -243,6 +249,8 @@ class Pools:
                 pool.served_at = time.monotonic()
                 async with asyncio.timeout(PASS_TIMEOUT_SECONDS):
                     identity = pool.check(table, ordered)
+                    if identity is not None and not await still_the_table(conn, table, identity):
+                        identity = None  # converted to partitions: a new table, checked anew
                     if identity is None:
                         era = pool.era
                         await check_table(conn, table, ordered=ordered)
