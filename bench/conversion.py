@@ -22,16 +22,14 @@ writes bench/results/conversion.json and conversion.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from bench.env import Bench, seed_outbox
+from bench.env import Bench, seed_outbox, write_results
 from outbox import enqueue
 from outbox.operations.conversion import convert
 from outbox.partitions import DEFAULT_PARTITIONS_AHEAD, Layout
@@ -194,11 +192,7 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results", help="where the results go")
     args = parser.parse_args()
     report = run(args.rows, args.partition_size)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "conversion.json").write_text(json.dumps(report, indent=2))
-    (out / "conversion.md").write_text(render(report))
-    print(render(report))
+    write_results(args.out, "conversion", report, render(report))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import platform
 import subprocess
@@ -168,3 +169,13 @@ def measure_drain(
         if any(p.poll() not in (None, 0) for p in procs):
             raise RuntimeError("a worker process failed")
         time.sleep(0.02)
+
+
+def write_results(out: str | Path, name: str, report: dict[str, Any], text: str) -> None:
+    """A benchmark's results as `<out>/<name>.json` (the figures) and `<out>/<name>.md` (the
+    report people read, also printed)."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(report, indent=2))
+    (folder / f"{name}.md").write_text(text)
+    print(text)

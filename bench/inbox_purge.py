@@ -25,17 +25,15 @@ writes bench/results/inbox_purge.json and inbox_purge.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from bench.env import Bench
+from bench.env import Bench, write_results
 from outbox import inbox
 from outbox.table import Table
 
@@ -249,11 +247,7 @@ def main() -> None:
     report = run(
         args.keys, timedelta(hours=args.retention_hours), timedelta(hours=args.interval_hours)
     )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "inbox_purge.json").write_text(json.dumps(report, indent=2))
-    (out / "inbox_purge.md").write_text(render(report))
-    print(render(report))
+    write_results(args.out, "inbox_purge", report, render(report))
 
 
 if __name__ == "__main__":

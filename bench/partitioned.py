@@ -25,19 +25,17 @@ writes bench/results/partitioned.json and partitioned.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from bench.env import Bench, python_module, seed_outbox
+from bench.env import Bench, python_module, seed_outbox, write_results
 from outbox.partitions import Layout, partition_table
 from outbox.schema import migrate
 from outbox.table import Table
@@ -201,11 +199,7 @@ def main() -> None:
     started = time.monotonic()
     report = run(args.messages, args.repeat)
     report["seconds"] = time.monotonic() - started
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "partitioned.json").write_text(json.dumps(report, indent=2))
-    (out / "partitioned.md").write_text(render(report))
-    print(render(report))
+    write_results(args.out, "partitioned", report, render(report))
 
 
 if __name__ == "__main__":

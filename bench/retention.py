@@ -15,17 +15,15 @@ writes bench/results/retention.json and retention.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from bench.env import Bench, seed_outbox
+from bench.env import Bench, seed_outbox, write_results
 from outbox.operations.maintenance import purge_done
 from outbox.operations.partition_maintenance import maintain
 from outbox.partitions import Layout
@@ -251,11 +249,7 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results", help="where the results go")
     args = parser.parse_args()
     report = run(args.rows, args.partition_size)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "retention.json").write_text(json.dumps(report, indent=2))
-    (out / "retention.md").write_text(render(report))
-    print(render(report))
+    write_results(args.out, "retention", report, render(report))
 
 
 if __name__ == "__main__":

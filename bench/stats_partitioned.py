@@ -23,16 +23,14 @@ writes bench/results/stats_partitioned.json and stats_partitioned.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from bench.env import PAYLOAD_BYTES, Bench
+from bench.env import PAYLOAD_BYTES, Bench, write_results
 from outbox.operations.partition_maintenance import DEFAULT_RETENTION, maintain
 from outbox.partitions import DEFAULT_PARTITIONS_AHEAD, Layout
 from outbox.schema import migrate
@@ -197,11 +195,7 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results", help="where the results go")
     args = parser.parse_args()
     report = run(args.done, args.pending, args.partition_size, args.rounds)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "stats_partitioned.json").write_text(json.dumps(report, indent=2))
-    (out / "stats_partitioned.md").write_text(render(report))
-    print(render(report))
+    write_results(args.out, "stats_partitioned", report, render(report))
 
 
 if __name__ == "__main__":
