@@ -437,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             _run(args, conn, table, purge_options)
         except SchemaError as exc:
             fail(PROG, str(exc), 1)
-        except psycopg.errors.UndefinedTable as exc:
+        except dberrors.MISSING_TABLE as exc:
             fail(PROG, f"{_missing(table, exc)}; run `outbox migrate --table {table.argument}`", 1)
         except psycopg.errors.UndefinedColumn as exc:
             # A column a later schema adds (the destinations' served_at: v5).
@@ -497,7 +497,7 @@ def _actor(text: str) -> str:
     return text
 
 
-def _missing(table: Table, exc: psycopg.errors.UndefinedTable) -> str:
+def _missing(table: Table, exc: psycopg.Error) -> str:
     """The table is missing, or (a table of an older schema) one of its siblings is."""
     primary = exc.diag.message_primary or ""
     for sibling in ("destinations", "actions", "replays"):

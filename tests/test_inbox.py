@@ -422,6 +422,11 @@ def test_inbox_table_from_its_own_variable_not_the_outbox_one(dsn, conn):
         (["purge", "--older-than", "soon"], 2, "--older-than: 'soon' is not a duration"),
         (["purge", "--batch", "0"], 2, "--batch: 0 is out of range"),
         (["purge"], 1, "inbox table outbox_inbox does not exist; run `outbox inbox migrate"),
+        (
+            ["purge", "--table", "nowhere.seen"],
+            1,
+            "inbox table nowhere.seen does not exist; run `outbox inbox migrate --table nowhere.seen`",
+        ),
         (["migrate", "--table", "outbox"], 1, "outbox is an outbox table, not an inbox table"),
         (["purge", "--table", "outbox"], 1, "outbox is an outbox table, not an inbox table"),
     ],

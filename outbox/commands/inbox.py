@@ -12,6 +12,7 @@ import psycopg
 
 from outbox import inbox
 from outbox.operations.maintenance import MAX_PURGE_BATCH, PURGE_BATCH_ENV
+from outbox.plumbing import dberrors
 from outbox.plumbing.cliutil import add_dsn_and_table, int_between, resolve
 from outbox.plumbing.durations import format_duration, parse_duration
 from outbox.plumbing.errors import SettingError
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace, conn: psycopg.Connection[Any]) -> None:
         result = inbox.purge(
             conn, t, older_than=args.older_than, batch=args.batch, dry_run=args.dry_run
         )
-    except psycopg.errors.UndefinedTable:
+    except dberrors.MISSING_TABLE:
         raise SchemaError(
             f"inbox table {t} does not exist; run `outbox inbox migrate --table {t.argument}`"
         ) from None

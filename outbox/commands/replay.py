@@ -346,7 +346,7 @@ def _reconcile(args: argparse.Namespace, conn: psycopg.Connection[Any], table: T
             )
         except reconcile.AmbiguousConsumer as exc:
             fail(PROG, str(exc))
-        except psycopg.errors.UndefinedTable:
+        except dberrors.MISSING_TABLE:
             fail(PROG, f"inbox table {args.inbox_table} does not exist at the --inbox-dsn", 1)
         except psycopg.errors.InsufficientPrivilege as exc:
             fail(

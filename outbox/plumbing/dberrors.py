@@ -34,6 +34,10 @@ import psycopg
 
 from outbox.plumbing.dsn import KEYWORDS
 
+# A table that is not there: its name is unknown, or so is its schema (a name like
+# `app.events` read through `::regclass` before the schema was made says the latter).
+MISSING_TABLE = (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName)
+
 # SQLSTATE classes and codes of errors that pass by themselves (or by a GRANT).
 _TRANSIENT_CLASSES = frozenset({
     "08",  # connection exception
