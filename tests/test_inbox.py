@@ -425,7 +425,8 @@ def test_inbox_table_from_its_own_variable_not_the_outbox_one(dsn, conn):
         (
             ["purge", "--table", "nowhere.seen"],
             1,
-            "inbox table nowhere.seen does not exist; run `outbox inbox migrate --table nowhere.seen`",
+            "inbox table nowhere.seen does not exist; "
+            "run `outbox inbox migrate --table nowhere.seen`",
         ),
         (["migrate", "--table", "outbox"], 1, "outbox is an outbox table, not an inbox table"),
         (["purge", "--table", "outbox"], 1, "outbox is an outbox table, not an inbox table"),
