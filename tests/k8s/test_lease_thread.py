@@ -85,9 +85,10 @@ def test_a_leader_whose_loop_is_busy_past_its_renew_deadline_keeps_renewing(
     lost, leading, seen = asyncio.run(lead_while_busy())
     assert not lost and leading, seen
     gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(seen)]
-    # Every retry period a renewal (a loaded machine may stretch one, never to the deadline).
-    assert len(seen) >= BUSY_FOR / RETRY_PERIOD / 4, seen
-    assert max(gaps) < RENEW_DEADLINE / 2, gaps
+    # Every retry period a renewal: a loaded machine (a test suite on two cores) stretches
+    # some, never to the deadline; a renewal on the busy loop would make none at all.
+    assert len(seen) >= BUSY_FOR / RETRY_PERIOD / 8, seen
+    assert max(gaps) < RENEW_DEADLINE * 0.8, gaps
     lease = kubernetes.client.CoordinationV1Api(k8s.api_client()).read_namespaced_lease(
         settings.leader_election_id, "default"
     )
