@@ -43,8 +43,11 @@ if TYPE_CHECKING:
     from outbox.controller.secret_cache import SecretCache
 
 MERGE_PATCH = "application/merge-patch+json"
-# The longest one API request (not a watch) may take, kopf's and the informer's lists alike.
+# The longest one API request (not a watch) may take: kopf's, the informer's lists and every
+# call below alike (the client's own default is five minutes, a pass held up that long by a
+# server that accepted the connection and never answered).
 REQUEST_SECONDS = 30
+TIMEOUT: Mapping[str, Any] = {"_request_timeout": REQUEST_SECONDS}  # every call of the client
 # The API server out of reach: socket errors and timeouts, and aiohttp's own for a connection
 # the server (or a proxy) closed mid-request, which are not OSErrors.
 UNREACHABLE = (TimeoutError, OSError, aiohttp.ClientError)
@@ -66,6 +69,15 @@ def api_reason(exc: ApiException) -> str:
     message = (json_message(text) if text else None) or ""
     head = f"{exc.status} {exc.reason}".strip()
     return f"{head}: {message}" if message else head
+
+
+def failure_reason(error: ApiException | TimeoutError) -> str:
+    """What one request met, for a status and an Event: the server's own words, or that it
+    did not answer within REQUEST_SECONDS (a server, or a proxy before it, that accepted the
+    connection and never answered)."""
+    if isinstance(error, ApiException):
+        return api_reason(error)
+    return f"no answer from the API server within {REQUEST_SECONDS} s"
 
 
 def secret_key(namespace: str, name: str, key: str) -> str:
@@ -153,13 +165,15 @@ class Kube:
         if not namespaces:
             listed = cast(
                 dict[str, Any],
-                await self._custom.list_cluster_custom_object(GROUP, VERSION, PLURAL),
+                await self._custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **TIMEOUT),
             )
             found.extend(listed.get("items") or ())
         for namespace in namespaces:
             one = cast(
                 dict[str, Any],
-                await self._custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL),
+                await self._custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, **TIMEOUT
+                ),
             )
             found.extend(one.get("items") or ())
         return {(str(i["metadata"]["namespace"]), str(i["metadata"]["name"])) for i in found}
@@ -179,7 +193,7 @@ class Kube:
     async def _read_secret(self, namespace: str, name: str) -> Secret:
         try:
             secret = await _json(self._core.read_namespaced_secret_without_preload_content(
-                name, namespace
+                name, namespace, **TIMEOUT
             ))  # fmt: skip
         except ApiException as exc:
             if exc.status == 403:
@@ -220,7 +234,7 @@ class Kube:
     ) -> dict[str, Any] | None:
         """An object as a dict, by `read`ing it by name (a `..._without_preload_content`
         call); None when it does not exist."""
-        return await _json(read(name, namespace))
+        return await _json(read(name, namespace, **TIMEOUT))
 
     async def _create_or_replace(
         self,
@@ -235,11 +249,13 @@ class Kube:
         self._check()
         meta = body["metadata"]
         if current is None:
-            await create(meta["namespace"], model(kind, body), field_manager=MANAGER)
+            await create(meta["namespace"], model(kind, body), field_manager=MANAGER, **TIMEOUT)
             return
         version = current["metadata"]["resourceVersion"]
         full = {**body, "metadata": {**meta, "resourceVersion": version}}
-        await replace(meta["name"], meta["namespace"], model(kind, full), field_manager=MANAGER)
+        await replace(
+            meta["name"], meta["namespace"], model(kind, full), field_manager=MANAGER, **TIMEOUT
+        )
 
     async def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Deployment, from the informer when there is one (never to be mutated)."""
@@ -277,7 +293,7 @@ class Kube:
         when RBAC does not let the operator list pods (an older chart's Role)."""
         try:
             found = await _json(self._core.list_namespaced_pod_without_preload_content(
-                namespace, label_selector=selector
+                namespace, label_selector=selector, **TIMEOUT
             ))  # fmt: skip
         except ApiException as exc:
             if exc.status == 403:
@@ -294,7 +310,7 @@ class Kube:
             namespace,
             name,
             self._apps.create_namespaced_deployment(
-                namespace, model(V1Deployment, body), field_manager=MANAGER
+                namespace, model(V1Deployment, body), field_manager=MANAGER, **TIMEOUT
             ),
         )
         return self._stored(created)
@@ -310,7 +326,11 @@ class Kube:
             meta["namespace"],
             meta["name"],
             self._apps.replace_namespaced_deployment(
-                meta["name"], meta["namespace"], model(V1Deployment, full), field_manager=MANAGER
+                meta["name"],
+                meta["namespace"],
+                model(V1Deployment, full),
+                field_manager=MANAGER,
+                **TIMEOUT,
             ),
         )
         return self._stored(replaced)
@@ -329,6 +349,7 @@ class Kube:
                 {"spec": {"replicas": replicas}},
                 field_manager=MANAGER,
                 _content_type=MERGE_PATCH,
+                **TIMEOUT,
             ),
         )
         version = scale.metadata.resource_version if scale.metadata is not None else None
@@ -383,6 +404,7 @@ class Kube:
             {"status": dict(status)},
             field_manager=MANAGER,
             _content_type=MERGE_PATCH,
+            **TIMEOUT,
         )
 
     async def event(
@@ -419,4 +441,4 @@ class Kube:
                 "count": 1,
             },
         )
-        await self._core.create_namespaced_event(meta["namespace"], event)
+        await self._core.create_namespaced_event(meta["namespace"], event, **TIMEOUT)

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from kubernetes.aio.client import ApiClient, Configuration, CoordinationV1Api, V1Lease
 from kubernetes.aio.client.exceptions import ApiException
 
-from outbox.controller.kube import UNREACHABLE, api_reason
+from outbox.controller.kube import TIMEOUT, UNREACHABLE, api_reason
 from outbox.controller.settings import ControllerSettings
 
 log = logging.getLogger("outbox.controller")
@@ -125,14 +125,16 @@ class LeaderElector:
         if not self.leading:
             return
         try:
-            lease = await self._leases.read_namespaced_lease(self._name, self._namespace)
+            lease = await self._leases.read_namespaced_lease(self._name, self._namespace, **TIMEOUT)
             if lease.spec is None or lease.spec.holder_identity != self.identity:
                 return
             body = self._api_client_dict(lease)
             body["spec"]["holderIdentity"] = ""
             body["spec"]["leaseDurationSeconds"] = 1
             body["spec"]["renewTime"] = _micro_time(datetime.now(UTC))
-            await self._leases.replace_namespaced_lease(self._name, self._namespace, _lease(body))
+            await self._leases.replace_namespaced_lease(
+                self._name, self._namespace, _lease(body), **TIMEOUT
+            )
             log.info("released lease %s/%s", self._namespace, self._name)
         except (ApiException, *UNREACHABLE) as exc:
             log.warning("could not release lease %s/%s: %s", self._namespace, self._name, exc)
@@ -150,12 +152,14 @@ class LeaderElector:
         now = _micro_time(datetime.now(UTC))
         try:
             try:
-                lease = await self._leases.read_namespaced_lease(self._name, self._namespace)
+                lease = await self._leases.read_namespaced_lease(
+                    self._name, self._namespace, **TIMEOUT
+                )
             except ApiException as exc:
                 if exc.status != 404:
                     raise
                 await self._leases.create_namespaced_lease(
-                    self._namespace, _lease(self._new_lease(now))
+                    self._namespace, _lease(self._new_lease(now)), **TIMEOUT
                 )
                 self._renewed_at = attempt_started
                 return True
@@ -187,7 +191,9 @@ class LeaderElector:
             spec["leaseDurationSeconds"] = self._duration_seconds
             spec["renewTime"] = now
             # resourceVersion in the body: a concurrent writer makes this a 409, not a tie.
-            await self._leases.replace_namespaced_lease(self._name, self._namespace, _lease(body))
+            await self._leases.replace_namespaced_lease(
+                self._name, self._namespace, _lease(body), **TIMEOUT
+            )
         except ApiException as exc:
             if exc.status != 409:
                 # The server's own reason (a 403 names the permission it lacks).

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from kubernetes.aio.client.exceptions import ApiException
 
 from outbox.controller.database import Database, Pools
-from outbox.controller.kube import Kube
+from outbox.controller.kube import Kube, failure_reason
 from outbox.controller.metrics import Metrics
 from outbox.controller.settings import ControllerSettings
 from outbox.controller.tables import Tables
@@ -28,10 +28,11 @@ class Context:
 
 
 class StepFailed(Exception):
-    """The API server refused what a step of a pass did; `step` says which, for people."""
+    """The API server refused what a step of a pass did, or did not answer it in time
+    (kube.REQUEST_SECONDS); `step` says which, for people."""
 
-    def __init__(self, step: str, error: ApiException) -> None:
-        super().__init__(f"{step}: {error}")
+    def __init__(self, step: str, error: ApiException | TimeoutError) -> None:
+        super().__init__(f"{step}: {failure_reason(error)}")
         self.step = step
         self.error = error
 
@@ -39,8 +40,8 @@ class StepFailed(Exception):
 @contextmanager
 def step(what: str) -> Iterator[None]:
     """Name the step whose API calls follow (`reading Deployment ns/x-worker`): an error
-    the server answers them with says what the pass was doing."""
+    the server answers them with, or its silence, says what the pass was doing."""
     try:
         yield
-    except ApiException as exc:
+    except (ApiException, TimeoutError) as exc:
         raise StepFailed(what, exc) from exc

@@ -22,7 +22,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from outbox.controller.database import DatabaseBusy
 from outbox.controller.decision import SizingPolicy, decide
-from outbox.controller.kube import UNREACHABLE, api_reason
+from outbox.controller.kube import UNREACHABLE, failure_reason
 from outbox.controller.leader import LeadershipLost
 from outbox.controller.reconcile.apply import BudgetKept, apply
 from outbox.controller.reconcile.context import Context, StepFailed
@@ -104,15 +104,18 @@ class DispatcherLoop:
                 await self.reconcile(spec)
             except LeadershipLost:
                 raise
-            except (ApiException, StepFailed) as exc:
+            except (ApiException, StepFailed, TimeoutError) as exc:
+                # A request the server refused or never answered (before the other
+                # UNREACHABLE errors: a TimeoutError is an OSError): said in status.
                 error = exc.error if isinstance(exc, StepFailed) else exc
                 doing = exc.step if isinstance(exc, StepFailed) else "reconciling"
-                message = f"{doing}: {api_reason(error)}"
+                message = f"{doing}: {failure_reason(error)}"
                 log.warning("%s/%s: API error: %s; retrying", self.namespace, self.name, message)
                 self.context.metrics.reconcile_errors.labels(
                     self.namespace, self.name, API_ERROR
                 ).inc()
-                if error.status != 409 and spec is not None:
+                conflict = isinstance(error, ApiException) and error.status == 409
+                if not conflict and spec is not None:
                     # A conflict is a stale read: the next pass reads anew.
                     await self._report_api_error(spec, message)
                 interval = min(interval, API_RETRY_SECONDS)

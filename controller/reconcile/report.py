@@ -22,7 +22,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from outbox.controller import status as st
 from outbox.controller.decision import Decision
-from outbox.controller.kube import api_reason
+from outbox.controller.kube import UNREACHABLE, failure_reason
 from outbox.controller.reconcile.apply import Applied
 from outbox.controller.reconcile.context import Context, step
 from outbox.controller.reconcile.read import Reading
@@ -175,12 +175,10 @@ async def report_api_error(
             log.log(level, "%s/%s: %s: %s", spec.namespace, spec.name, event.reason, event.message)
             await context.kube.event(spec.reference, event.type, event.reason, event.message)
         await context.kube.patch_status(spec.namespace, spec.name, {"conditions": conditions})
-    except ApiException as exc:
+    except (ApiException, *UNREACHABLE) as exc:
+        reason = failure_reason(exc) if isinstance(exc, ApiException | TimeoutError) else exc
         log.warning(
-            "%s/%s: cannot report the API error either: %s",
-            spec.namespace,
-            spec.name,
-            api_reason(exc),
+            "%s/%s: cannot report the API error either: %s", spec.namespace, spec.name, reason
         )
         return None
     return {**before, "conditions": conditions}
