@@ -113,11 +113,12 @@ class Database(Protocol):
         ...
 
     def release(self, dispatcher: Dispatcher) -> None:
-        """The dispatcher is gone: a pool it was the last user of closes."""
+        """The dispatcher is gone: its retention run in flight is cancelled, and a pool it
+        was the last user of closes."""
         ...
 
     async def close(self) -> None:
-        """Close every pool."""
+        """Cancel every retention run and close every pool."""
         ...
 
 
@@ -231,7 +232,7 @@ class Pools:
 
     async def _pool(self, dispatcher: Dispatcher, target: Target) -> _Pool:
         if self._uses.get(dispatcher) != target:
-            self.release(dispatcher)  # its Secret rotated: the old pool may go
+            self._leave(dispatcher)  # its Secret rotated: the old pool may go
             self._uses[dispatcher] = target
         found = self._pools.get(target)
         if found is None:
@@ -301,8 +302,17 @@ class Pools:
 
     def release(self, dispatcher: Dispatcher) -> None:
         retiring = self._retiring.pop(dispatcher, None)
-        if retiring is not None:  # let it end; what it did is nobody's to report now
+        if retiring is not None:
+            # Nobody serves its table any more: the run stops, at the database too (psycopg
+            # sends the server a cancel for the statement in flight when its task is
+            # cancelled), so no DELETE or DETACH goes on waiting or working for nobody.
+            retiring.cancel()
             retiring.add_done_callback(lambda task: task.cancelled() or task.exception())
+        self._leave(dispatcher)
+
+    def _leave(self, dispatcher: Dispatcher) -> None:
+        """The dispatcher uses its pool no more (gone, or its Secret rotated): a pool left
+        with no user closes."""
         target = self._uses.pop(dispatcher, None)
         pool = self._pools.get(target) if target is not None else None
         if pool is None:
@@ -315,6 +325,8 @@ class Pools:
             closing.add_done_callback(self._closing.discard)
 
     async def close(self) -> None:
+        """Close every pool, after cancelling the retention runs (as `release` does): the
+        operator stops, or lost its Lease and may not act any more."""
         pools, self._pools = list(self._pools.values()), {}
         self._uses.clear()
         retiring, self._retiring = list(self._retiring.values()), {}
