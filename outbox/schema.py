@@ -125,29 +125,111 @@ def _v1(table: Table) -> list[sql.Composed]:
     ]
 
 
+# The notify function's body, as every version has made it: what tells the project's NOTIFY
+# triggers from others whatever their names (a renamed table keeps the trigger and the
+# function of its old name, which notify the old name's channel).
+_NOTIFY_BODY = """
+BEGIN
+    PERFORM pg_notify(TG_ARGV[0], '');
+    RETURN NULL;
+END
+"""
+# pg_trigger.tgtype of AFTER INSERT FOR EACH STATEMENT: the INSERT bit alone (no ROW, no BEFORE).
+_AFTER_INSERT_STATEMENT = 4
+
+
 def notify_trigger_statements(table: Table) -> list[sql.Composed]:
     """One notification per inserting statement wakes idle workers; polling stays the
     fallback. On a partitioned table the trigger is the parent's (a statement trigger fires
     on the table the statement names)."""
     return [
         sql.SQL(
-            """CREATE OR REPLACE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify(TG_ARGV[0], '');
-    RETURN NULL;
-END
-$$"""
+            "CREATE OR REPLACE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$"
+            + _NOTIFY_BODY
+            + "$$"
         ).format(f=table.sibling("notify")),
         sql.SQL(
             "CREATE OR REPLACE TRIGGER {trg} AFTER INSERT ON {t} "
             "FOR EACH STATEMENT EXECUTE FUNCTION {f}({channel})"
         ).format(
-            trg=sql.Identifier(f"{table.name}_notify"),
+            trg=sql.Identifier(_notify_trigger_name(table)),
             t=table.ident,
             f=table.sibling("notify"),
             channel=sql.Literal(table.channel),
         ),
     ]
+
+
+def _notify_trigger_name(table: Table) -> str:
+    return f"{table.name}_notify"
+
+
+def _notify_triggers(table: Table) -> Query[list[Row]]:
+    """The project's NOTIFY triggers on the table, found by what they are, not by name: after
+    each inserting statement, the notify function (its body). (Trigger name, function oid,
+    whether it is the one this name makes: its trigger name, its function, its channel),
+    that one first. The function run by another kind of trigger is someone's own use."""
+    function = Table(table.schema, table.derived_name("notify")).regclass_literal
+    statement = sql.SQL(
+        """SELECT t.tgname::text, t.tgfoid::bigint,
+       coalesce(t.tgname = {name}::name AND t.tgfoid = to_regprocedure({f} || '()')
+                AND t.tgnargs = 1 AND t.tgargs = convert_to({channel}, getdatabaseencoding())
+                                                 || decode('00', 'hex'),
+                false)
+  FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+  JOIN pg_language l ON l.oid = p.prolang AND l.lanname = 'plpgsql'
+ WHERE t.tgrelid = {t}::regclass AND NOT t.tgisinternal AND t.tgtype = {type}
+   AND p.prosrc = {body}
+ ORDER BY 3 DESC, 1"""
+    ).format(
+        name=text_constant(_notify_trigger_name(table)),
+        f=function,
+        type=sql.Literal(_AFTER_INSERT_STATEMENT),
+        channel=text_constant(table.channel),
+        t=table.regclass_literal,
+        body=sql.Literal(_NOTIFY_BODY),
+    )
+    return Query(statement, None, list)
+
+
+def _unused_notify_functions(oids: list[int]) -> Query[list[Row]]:
+    """Of these notify functions, those no object uses any more and the role may drop:
+    (schema, name)."""
+    statement = sql.SQL(
+        """SELECT n.nspname::text, p.proname::text
+  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+ WHERE p.oid = ANY (%(oids)s::oid[]) AND pg_has_role(p.proowner, 'USAGE')
+   AND NOT EXISTS (SELECT FROM pg_depend d
+                    WHERE d.refclassid = 'pg_proc'::regclass AND d.refobjid = p.oid)"""
+    )
+    return Query(statement, {"oids": oids}, list)
+
+
+def _keep_one_notify_trigger(conn: psycopg.Connection[tuple[object, ...]], table: Table) -> None:
+    """Leave on the table exactly one of the project's NOTIFY triggers: the one its name
+    makes, on its channel. A table renamed since its migration keeps the trigger of its old
+    name, which notifies the old channel (its workers are never woken), and an adopted one
+    would notify twice. The triggers and functions are touched only when wrong: creating or
+    dropping a trigger takes a lock that blocks inserts, and every replica may run the
+    migration at start-up. A notify function left unused by that goes too."""
+    found = fetch(conn, _notify_triggers(table))
+    kept = 1 if found and found[0][2] else 0
+    wrong = found[kept:]
+    for name, _, _ in wrong:
+        conn.execute(
+            sql.SQL("DROP TRIGGER {trg} ON {t}").format(
+                trg=sql.Identifier(str(name)), t=table.ident
+            )
+        )
+    if not kept:
+        for statement in notify_trigger_statements(table):
+            conn.execute(statement)
+    if wrong:
+        unused = fetch(conn, _unused_notify_functions([int(str(row[1])) for row in wrong]))
+        for schema, function in unused:
+            conn.execute(
+                sql.SQL("DROP FUNCTION {f}()").format(f=sql.Identifier(str(schema), str(function)))
+            )
 
 
 def _v2(table: Table) -> list[sql.Composed]:
@@ -507,6 +589,7 @@ def migrate(
             )
         for statement in migration_statements(table, current):
             conn.execute(statement)
+        _keep_one_notify_trigger(conn, table)
         if ordering is not None:
             _serve_ordering(conn, table, ordering)
         if layout is not None:
