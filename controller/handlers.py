@@ -20,6 +20,7 @@ import kopf
 from outbox.controller.kube import REQUEST_SECONDS
 from outbox.controller.leader import LeadershipLost
 from outbox.controller.reconcile import Context, DispatcherLoop
+from outbox.controller.reconcile.read import secret_names
 from outbox.controller.resource import GROUP, PLURAL, VERSION
 
 log = logging.getLogger("outbox.controller")
@@ -60,6 +61,10 @@ class Supervisor:
             self.context.metrics.forget(*key)
             self.context.tables.forget(*key)  # its table is free for another resource
             self.context.database.release(key)  # its database's pool closes if it was the last
+            # Its Secrets' reads leave memory with it (another dispatcher naming one reads it
+            # anew once), and so do the reads past their recheck.
+            spec = found[0].body.get("spec") or {}
+            self.context.kube.forget_secrets(key[0], secret_names(spec), sweep=True)
             log.info("%s/%s: deleted; its Deployment goes with it", *key)
 
     def _ended(self, task: asyncio.Task[None]) -> None:

@@ -185,10 +185,13 @@ class Kube:
             return await self._read_secret(namespace, name)
         return await self._secrets.get((namespace, name), self._read_secret)
 
-    def forget_secrets(self, namespace: str, names: Iterable[str]) -> None:
-        """The next read of these Secrets asks the server."""
+    def forget_secrets(self, namespace: str, names: Iterable[str], *, sweep: bool = False) -> None:
+        """The next read of these Secrets asks the server; `sweep`: the reads past their
+        recheck go too (a dispatcher was released: nothing else may read them again)."""
         if self._secrets is not None:
             self._secrets.forget(namespace, names)
+            if sweep:
+                self._secrets.sweep()
 
     async def _read_secret(self, namespace: str, name: str) -> Secret:
         try:

@@ -16,9 +16,11 @@ A read that fails is not kept. Passes that need the same Secret at once share on
 read under way when its Secret is forgotten may have fetched it before the change, so it is
 neither joined by a later pass nor kept (the read in flight is the key's generation). A read
 is dated from its start, when the value it returns may already have been fetched. Entries
-past their recheck are dropped (swept by the first `get` once a recheck interval went by): a
-Secret no resource names any more (deleted, or its spec changed) leaves memory within two
-recheck intervals while any pass reads Secrets.
+past their recheck are dropped (swept by the first `get` once a recheck interval went by,
+and whenever a dispatcher is released): a Secret no resource names any more (its spec
+changed) leaves memory within two recheck intervals while any pass reads Secrets, and the
+Secrets of a deleted dispatcher are forgotten with it (`forget`, then `sweep`), however
+few dispatchers are left to read.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class SecretCache(Generic[T]):
     async def get(self, key: Key, read: Callable[[str, str], Awaitable[T]]) -> T:
         now = time.monotonic()
         if now - self._swept >= self._recheck:
-            self._sweep(now)
+            self.sweep()
         kept = self._kept.get(key)
         if kept is not None and now - kept.at < self._recheck:
             return kept.value
@@ -85,9 +87,9 @@ class SecretCache(Generic[T]):
         if self._reading.get(key) is task:
             del self._reading[key]
 
-    def _sweep(self, now: float) -> None:
+    def sweep(self) -> None:
         """Drop what no pass can be served any more: the reads older than the recheck."""
-        self._swept = now
+        now = self._swept = time.monotonic()
         for key in [k for k, kept in self._kept.items() if now - kept.at >= self._recheck]:
             del self._kept[key]
 

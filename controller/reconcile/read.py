@@ -98,17 +98,22 @@ async def _check_secret_options(
             raise Problem(option.refused_as, f"{where}: {exc}") from None
 
 
+def secret_names(spec: Mapping[str, Any]) -> set[str]:
+    """The Secrets a resource's `spec` names, as far as it parses (the DSN's at least)."""
+    try:
+        names = {use.name for use in secret_uses(spec)}
+    except (Problem, LookupError, TypeError, ValueError):  # a spec that does not parse
+        names = set()
+    ref = (spec.get("database") or {}).get("dsnSecretRef") or {}
+    if isinstance(ref, Mapping) and isinstance(ref.get("name"), str):
+        names.add(ref["name"])
+    return names
+
+
 def reread_secrets(context: Context, spec: DispatcherSpec) -> None:
     """The resource's next pass reads every Secret it names from the server, not the cache
     (controller/secret_cache.py): its inputs were unusable, or its spec changed."""
-    try:
-        names = {use.name for use in secret_uses(spec.raw)}
-    except (Problem, LookupError, TypeError, ValueError):  # a spec that does not parse
-        names = set()
-    ref = (spec.raw.get("database") or {}).get("dsnSecretRef") or {}
-    if isinstance(ref, Mapping) and isinstance(ref.get("name"), str):
-        names.add(ref["name"])
-    context.kube.forget_secrets(spec.namespace, names)
+    context.kube.forget_secrets(spec.namespace, secret_names(spec.raw))
 
 
 async def _inputs(context: Context, spec: DispatcherSpec) -> _Inputs:

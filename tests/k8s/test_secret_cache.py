@@ -2,8 +2,8 @@
 
 A read under way when its Secret is forgotten (the pass found a problem, or the spec
 changed) may hold the Secret from before the change: a later pass neither joins it nor finds
-its value kept. And what no pass can be served any more (reads past their recheck, such as
-the Secret of a resource deleted since) does not stay in memory.
+its value kept. And what no pass can be served any more (reads past their recheck, the
+Secrets of a resource deleted since) does not stay in memory.
 """
 
 from __future__ import annotations
@@ -11,12 +11,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from typing import Any
 
 import kubernetes.client
+from kubernetes.aio.client import ApiClient, Configuration
 
+from outbox.controller.handlers import Supervisor
+from outbox.controller.kube import Kube, Secret
+from outbox.controller.metrics import Metrics
+from outbox.controller.reconcile import Context
 from outbox.controller.secret_cache import SecretCache
+from outbox.controller.settings import ControllerSettings
 
-from .cluster import LocalCluster
+from .cluster import ADMIN_TOKEN, LocalCluster
+from .test_informer import until
+from .test_operator import apply, dispatcher_manifest, get, own_table, secret_manifest
 
 NAMESPACE = "default"
 
@@ -92,3 +101,46 @@ async def test_reads_past_their_recheck_leave_memory(k8s: LocalCluster) -> None:
     await cache.get((NAMESPACE, "orders-db"), read)
     assert len(cache) == 1
     assert cache.reads == 3
+
+
+async def test_a_deleted_dispatchers_secret_reads_leave_memory_with_it(
+    cluster: LocalCluster, dsn: str
+) -> None:
+    """The operator's own release (handlers.Supervisor): the deleted dispatcher's Secret is
+    forgotten at once, however long its recheck, and the other's read stays served."""
+    apply(
+        cluster,
+        secret_manifest("orders-db", dsn=dsn),
+        secret_manifest("billing-db", dsn=dsn),
+        _idle("orders", own_table(dsn, "orders", secret="orders-db")),
+        _idle("billing", own_table(dsn, "billing", secret="billing-db")),
+    )
+    cache = SecretCache[Secret](recheck_seconds=600)
+    configuration = Configuration()
+    configuration.host = cluster.url
+    configuration.api_key = {"authorization": ADMIN_TOKEN}
+    configuration.api_key_prefix = {"authorization": "Bearer"}
+    async with ApiClient(configuration) as api:
+        kube = Kube(api, lambda: None, "test", secrets=cache)
+        supervisor = Supervisor(Context(ControllerSettings(), kube, Metrics()))
+        try:
+            for name in ("orders", "billing"):
+                supervisor.on_event("ADDED", get(cluster, "outboxdispatchers", name) or {})
+            await until("both dispatchers' Secrets read", lambda: len(cache) == 2, timeout=60)
+            reads = cache.reads
+
+            billing = get(cluster, "outboxdispatchers", "billing") or {}
+            cluster.kubectl("delete", "obd", "billing")
+            supervisor.on_event("DELETED", billing)
+            assert len(cache) == 1  # billing's read is gone with it
+            await kube.secret(NAMESPACE, "orders-db")  # orders' read still served
+            assert cache.reads == reads
+            await kube.secret(NAMESPACE, "billing-db")  # billing's read from the server
+            assert cache.reads == reads + 1
+        finally:
+            await supervisor.close()
+
+
+def _idle(name: str, database: dict[str, Any]) -> dict[str, Any]:
+    scaling = {"minReplicas": 0, "maxReplicas": 1, "pollIntervalSeconds": 1}
+    return dispatcher_manifest(name, database=database, scaling=scaling)
