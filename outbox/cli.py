@@ -204,7 +204,7 @@ def _parser() -> ArgumentParser:
 
     i = command(
         "inbox",
-        "the receiving end's inbox table: migrate, purge (docs/receiving.md)",
+        "the receiving end's inbox table: migrate, purge, check (docs/receiving.md)",
         connects=False,  # its own commands do, each
     )
     inbox_cli.add_commands(i, _add_timeouts, parser.error)

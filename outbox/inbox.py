@@ -86,10 +86,7 @@ def migration_statements(table: Table) -> list[sql.Composed]:
     PRIMARY KEY (consumer, message_id)
 )"""
         ).format(t=t),
-        # The purge walks this index from the oldest key: each batch costs its own size.
-        sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (received_at)").format(
-            i=table.index_name("received"), t=t
-        ),
+        _purge_index_statement(table),
         _version_comment(table),
     ]
 
@@ -114,34 +111,93 @@ def render_migration(table: str | Table = DEFAULT_INBOX_TABLE) -> str:
     return "".join(f"{s.as_string(None)};\n\n" for s in migration_statements(_table(table)))
 
 
-def _state(table: Table) -> Query[tuple[bool, str]]:
+@dataclass(frozen=True)
+class _State:
+    exists: bool
+    comment: str  # the version comment, '' for none
+    # An index the purge can walk: a valid btree index, whole (not partial), led by
+    # received_at, whatever its name (one built by hand CONCURRENTLY counts).
+    purge_index: bool
+    # Another relation (an invalid or other index) holds the name migrate gives the index.
+    index_name_taken: bool
+
+
+def _purge_index_name(table: Table) -> str:
+    return table.derived_name("received")
+
+
+def _state(table: Table) -> Query[_State]:
     statement = sql.SQL(
-        "SELECT to_regclass({t}) IS NOT NULL, "
-        "coalesce(obj_description(to_regclass({t}), 'pg_class'), '')"
-    ).format(t=table.regclass_literal)
+        """SELECT to_regclass({t}) IS NOT NULL,
+       coalesce(obj_description(to_regclass({t}), 'pg_class'), ''),
+       EXISTS (SELECT FROM pg_index i
+                 JOIN pg_class c ON c.oid = i.indexrelid
+                 JOIN pg_am am ON am.oid = c.relam AND am.amname = 'btree'
+                 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+                WHERE i.indrelid = to_regclass({t}) AND i.indisvalid AND i.indpred IS NULL
+                  AND a.attname = 'received_at'),
+       EXISTS (SELECT FROM pg_class c
+                WHERE c.relname = {name}
+                  AND c.relnamespace = (SELECT relnamespace FROM pg_class
+                                         WHERE oid = to_regclass({t})))"""
+    ).format(t=table.regclass_literal, name=text_constant(_purge_index_name(table)))
     return Query(statement, None, first_row(_parse_state))
 
 
-def _parse_state(row: Row | None) -> tuple[bool, str]:
+def _parse_state(row: Row | None) -> _State:
     assert row is not None
-    return bool(row[0]), str(row[1])
+    return _State(bool(row[0]), str(row[1]), bool(row[2]), bool(row[3]))
+
+
+def _no_purge_index(table: Table, state: _State) -> str | None:
+    """Why the purge has no index to walk, with the fix; None when it has one."""
+    if state.purge_index:
+        return None
+    name = _purge_index_name(table)
+    if state.index_name_taken:
+        return (
+            f"inbox table {table} has no usable index on received_at for `outbox inbox "
+            f"purge`: {name} is not one (invalid, as a failed CREATE INDEX CONCURRENTLY leaves "
+            f"it, or on other columns); drop it, then run `outbox inbox migrate --table "
+            f"{table.argument}`"
+        )
+    return (
+        f"inbox table {table} lacks the index on received_at that `outbox inbox purge` walks "
+        f"(without it every batch reads the whole table); run `outbox inbox migrate --table "
+        f"{table.argument}` (it builds {name}; on a large table in use, CREATE INDEX "
+        f"CONCURRENTLY {name} ON {table} (received_at) first)"
+    )
+
+
+def _purge_index_statement(table: Table) -> sql.Composed:
+    # The purge walks this index from the oldest key: each batch costs its own size.
+    return sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (received_at)").format(
+        i=table.index_name("received"), t=table.ident
+    )
 
 
 def migrate(conn: psycopg.Connection[Any], table: str | Table = DEFAULT_INBOX_TABLE) -> bool:
     """Create the inbox table if it does not exist, or bring an older one to INBOX_VERSION;
-    True if it was created.
+    True if it was created. A table without the purge's index on received_at gets it.
 
-    Safe to run concurrently and repeatedly (every receiver replica may run it at start-up).
-    Refuses a table of that name that is not an inbox table (an outbox table, say).
+    Safe to run concurrently and repeatedly (every receiver replica may run it at start-up):
+    an existing table is written to only for what it lacks (even `CREATE INDEX IF NOT
+    EXISTS` takes a lock that blocks deliveries). Refuses a table of that name that is not an
+    inbox table (an outbox table, say).
     """
     t = _table(table)
     with conn.transaction():
         conn.execute(_MIGRATE_LOCK)
-        exists, comment = fetch(conn, _state(t))
-        if exists:
-            if _check_comment(t, comment, upgradable=True) < INBOX_VERSION:
+        state = fetch(conn, _state(t))
+        if state.exists:
+            if _check_comment(t, state.comment, upgradable=True) < INBOX_VERSION:
                 for statement in upgrade_statements(t):
                     conn.execute(statement)
+            missing = _no_purge_index(t, state)
+            if missing is not None and state.index_name_taken:
+                raise SchemaError(missing)  # IF NOT EXISTS would keep what holds the name
+            if missing is not None:
+                conn.execute(_purge_index_statement(t))
             return False
         for statement in migration_statements(t):
             conn.execute(statement)
@@ -180,18 +236,22 @@ def check(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
     table: str | Table = DEFAULT_INBOX_TABLE,
 ) -> Awaitable[None] | None:
-    """Raise SchemaError unless the inbox table exists and this code can use it: what a
-    receiver runs at start-up, so a missing table is one clear line, not an error answered to
-    every delivery."""
+    """Raise SchemaError unless the inbox table exists and this code can use it, its purge
+    index included: what a receiver runs at start-up, so a missing table is one clear line,
+    not an error answered to every delivery, and a table the purge would read whole at every
+    batch is named before it grows."""
     t = _table(table)
 
     def parse(rows: list[Row]) -> None:
-        exists, comment = _parse_state(rows[0] if rows else None)
-        if not exists:
+        state = _parse_state(rows[0] if rows else None)
+        if not state.exists:
             raise SchemaError(
                 f"inbox table {t} does not exist; run `outbox inbox migrate --table {t.argument}`"
             )
-        _check_comment(t, comment)
+        _check_comment(t, state.comment)
+        missing = _no_purge_index(t, state)
+        if missing is not None:
+            raise SchemaError(missing)
 
     query = _state(t)
     return run(conn, Query(query.statement, query.params, parse))

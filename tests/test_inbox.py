@@ -457,3 +457,57 @@ def test_an_unreachable_server_fails_without_leaking_the_password(command):
     result = outbox_cli("inbox", *command, "--dsn", "postgresql://u:s3cret@127.0.0.1:1/db")
     assert result.returncode == 1
     assert "cannot connect" in result.stderr and "s3cret" not in result.stdout + result.stderr
+
+
+# -- the purge's index -------------------------------------------------------------------
+
+
+def _indexes(conn: psycopg.Connection[Any]) -> list[str]:
+    rows = conn.execute(
+        "SELECT indexrelid::regclass::text FROM pg_index "
+        "WHERE indrelid = 'outbox_inbox'::regclass AND NOT indisprimary ORDER BY 1"
+    ).fetchall()
+    return [str(name) for (name,) in rows]
+
+
+async def test_check_names_a_missing_purge_index_and_migrate_builds_it(inbox_conn, aconn, dsn):
+    """Without its index on received_at, every purge batch reads the whole table: the check
+    (the library's, sync and async, and `outbox inbox check`) names the index and the fix,
+    the purge is refused the same way, and `outbox inbox migrate` builds it."""
+    inbox_conn.execute("DROP INDEX outbox_inbox_received")
+    with pytest.raises(SchemaError) as missing:
+        inbox.check(inbox_conn)
+    said = str(missing.value)
+    assert "lacks the index on received_at" in said, said
+    assert "outbox_inbox_received" in said and "`outbox inbox migrate --table outbox_inbox`" in said
+    with pytest.raises(SchemaError, match="lacks the index on received_at"):
+        await inbox.check(aconn)
+    for command in ("check", "purge"):
+        refused = outbox_cli("inbox", command, "--dsn", dsn)
+        assert refused.returncode == 1
+        assert refused.stderr.count("\n") == 1 and said in refused.stderr, refused.stderr
+
+    built = outbox_cli("inbox", "migrate", "--dsn", dsn)
+    assert built.returncode == 0, built.stderr
+    assert _indexes(inbox_conn) == ["outbox_inbox_received"]
+    inbox.check(inbox_conn)
+    ready = outbox_cli("inbox", "check", "--dsn", dsn)
+    assert ready.returncode == 0 and ready.stdout.startswith("outbox_inbox: ready"), ready
+
+
+def test_an_index_on_received_at_made_by_hand_counts_whatever_its_name(inbox_conn):
+    inbox_conn.execute("DROP INDEX outbox_inbox_received")
+    inbox_conn.execute("CREATE INDEX CONCURRENTLY by_arrival ON outbox_inbox (received_at)")
+    inbox.check(inbox_conn)
+    assert inbox.migrate(inbox_conn) is False
+    assert _indexes(inbox_conn) == ["by_arrival"]  # no second index on the same column
+
+
+def test_another_index_holding_the_purge_index_name_is_named_not_kept_silently(inbox_conn):
+    """`CREATE INDEX IF NOT EXISTS` would keep whatever holds the name: migrate says so."""
+    inbox_conn.execute("DROP INDEX outbox_inbox_received")
+    inbox_conn.execute("CREATE INDEX outbox_inbox_received ON outbox_inbox (message_id)")
+    for call in (inbox.check, inbox.migrate):
+        with pytest.raises(SchemaError, match="outbox_inbox_received is not one") as refused:
+            call(inbox_conn)
+        assert "drop it, then run `outbox inbox migrate" in str(refused.value)

@@ -1,5 +1,6 @@
-"""`outbox inbox migrate` and `outbox inbox purge`: the receiving end's table, from the same
-`outbox` command (its connection, timeouts and error handling are `outbox.cli`'s)."""
+"""`outbox inbox migrate`, `outbox inbox purge` and `outbox inbox check`: the receiving end's
+table, from the same `outbox` command (its connection, timeouts and error handling are
+`outbox.cli`'s)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def add_commands(
     add_timeouts: Callable[[argparse.ArgumentParser], None],
     error: Callable[[str], Any],
 ) -> None:
-    """`inbox migrate` and `inbox purge` under `parser` (the `inbox` command)."""
+    """`inbox migrate`, `inbox purge` and `inbox check` under `parser` (the `inbox` command)."""
     commands = parser.add_subparsers(dest="inbox_command", required=True, metavar="COMMAND")
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
@@ -64,6 +65,12 @@ def add_commands(
         help=f"rows per DELETE (env {PURGE_BATCH_ENV}; default {inbox.DEFAULT_PURGE_BATCH})",
     )
     p.add_argument("--dry-run", action="store_true", help="count what would be deleted")
+
+    command(
+        "check",
+        "check the inbox table as a receiver needs it (its version, the purge's index on "
+        "received_at): one line, exit 1 naming what is wrong and what to run",
+    )
 
 
 def table(args: argparse.Namespace) -> Table:
@@ -103,6 +110,9 @@ def run(args: argparse.Namespace, conn: psycopg.Connection[Any]) -> None:
             print(f"{t}: {state} (inbox v{inbox.INBOX_VERSION})")
             return
         inbox.check(conn, t)
+        if args.inbox_command == "check":
+            print(f"{t}: ready (inbox v{inbox.INBOX_VERSION}, purge index on received_at)")
+            return
         result = inbox.purge(
             conn, t, older_than=args.older_than, batch=args.batch, dry_run=args.dry_run
         )
