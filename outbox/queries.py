@@ -265,25 +265,33 @@ def _take_lease(t: sql.Composable, within: Within) -> sql.Composed:
     )
 
 
-def _checks(looks: Looks) -> sql.Composed:
-    """Ordered mode's checks for an aggregate's other messages, in each of `looks`."""
+def _checks(looks: Looks, later: Looks) -> sql.Composed:
+    """Ordered mode's checks for an aggregate's earlier messages, in each of `looks`, and
+    for a replayed row's later messages in flight, in each of `later`."""
     head = sql.SQL("").join(
         _HEAD_OF_AGGREGATE.format(t=t, within=_within(w, "prev")) for t, w in looks
     )
     replay = sql.SQL("").join(
-        _REPLAY_WAITS.format(t=t, within=_within(w, "later")) for t, w in looks
+        _REPLAY_WAITS.format(t=t, within=_within(w, "later")) for t, w in later
     )
     return head + replay
 
 
 def _claim(
-    t: sql.Composable, ordered: bool, within: Within, unfinished: Within, looks: Looks = ()
+    t: sql.Composable,
+    ordered: bool,
+    within: Within,
+    unfinished: Within,
+    looks: Looks = (),
+    later: Looks = (),
 ) -> sql.Composed:
     """Ordered mode's checks look for other unfinished messages `unfinished` (from the
     oldest partition holding one): they may sit in an earlier partition than the window the
     claim takes rows from, so a claim from a partition itself (`t`) looks for them in
-    `looks`: its partitioned parent, or the partitions that make up that range."""
-    head = _checks(looks or ((t, unfinished),)) if ordered else sql.SQL("")
+    `looks`: its partitioned parent, or the partitions that make up that range; and for a
+    replayed row's later messages in `later` (none can be in a partition below it)."""
+    itself = ((t, unfinished),)
+    head = _checks(looks or itself, later or looks or itself) if ordered else sql.SQL("")
     return sql.SQL(
         """{marker}
 WITH {reap}, expired AS (
@@ -368,6 +376,7 @@ class Queries:
             self._unfinished = (min(unfinished_low, within[0]), within[1])
         self._checked = None if checked is None else checked[0].ident
         self._looks: Looks = ()
+        self._later: Looks = ()
         if checked is not None:
             parent, self._unfinished, leaves = checked
             # Named, a range's few partitions each plan as a plain table's check: an ordered
@@ -376,17 +385,22 @@ class Queries:
             self._looks = tuple((leaf.ident, None) for leaf in leaves) or (
                 (parent.ident, self._unfinished),
             )
+            # A replayed row's later messages are never in a partition below its own: with
+            # the partitions named, that check looks in this one only (and the claim plans
+            # one subquery fewer per partition below).
+            if leaves:
+                self._later = ((self._t, None),)
         self._fence = sql.SQL(
             "o.id = f.id AND o.status = 'processing' AND o.lease_version = f.version{within}"
         ).format(within=_within(within, "o"))
 
     @cached_property
     def claim(self) -> sql.Composed:
-        return _claim(self._t, False, self._within, self._unfinished, self._looks)
+        return _claim(self._t, False, self._within, self._unfinished)
 
     @cached_property
     def claim_ordered(self) -> sql.Composed:
-        return _claim(self._t, True, self._within, self._unfinished, self._looks)
+        return _claim(self._t, True, self._within, self._unfinished, self._looks, self._later)
 
     @cached_property
     def claim_heads(self) -> sql.Composed:
