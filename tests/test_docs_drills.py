@@ -143,3 +143,31 @@ def test_a_replay_stopped_by_ctrl_c_says_so_as_shown_and_the_shown_resume_sends_
     ).fetchall()
     assert sum(count for count, _ in batches_recorded) == 30
     assert sorted(i for _, sent_ids in batches_recorded for i in sent_ids) == ids
+
+
+def test_receivings_python_records_in_the_table_the_shown_migrate_made(empty_dsn: str) -> None:
+    """The page makes `billing_inbox` (`outbox inbox migrate --dsn ... --table billing_inbox`),
+    then records in Python: twice the same key, the effect once."""
+    [migrating] = [
+        shlex.split(line.split("#")[0].replace('"$RECEIVER_DSN"', shlex.quote(empty_dsn)))
+        for b in blocks("receiving.md", "sh")
+        for line in b.splitlines()
+        if line.startswith("outbox inbox migrate --dsn")
+    ]
+    section = (DOCS / "receiving.md").read_text().split("## In Python", 1)[1]
+    [snippet] = re.findall(r"```python\n(.*?)```", section, flags=re.S)[:1]
+    assert outbox(migrating, empty_dsn).returncode == 0
+    with psycopg.connect(empty_dsn) as conn:
+        conn.execute("CREATE TABLE invoices (id int PRIMARY KEY, paid boolean NOT NULL)")
+        conn.execute("INSERT INTO invoices VALUES (7, false)")
+        conn.commit()
+        paid = "SELECT paid FROM invoices WHERE id = 7"
+        exec(snippet, {"conn": conn, "key": "42", "invoice_id": 7})  # our own docs' code
+        assert conn.execute(paid).fetchone() == (True,)  # the first delivery: applied
+        conn.execute("UPDATE invoices SET paid = false")  # shows whether it applies again
+        conn.commit()
+        exec(snippet, {"conn": conn, "key": "42", "invoice_id": 7})  # its duplicate
+        assert conn.execute(paid).fetchone() == (False,)
+        assert conn.execute("SELECT consumer, message_id FROM billing_inbox").fetchall() == [
+            ("billing", "42")
+        ]
