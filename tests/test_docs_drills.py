@@ -6,8 +6,10 @@ the command it shows fails here.
   their offsets) and its answer, wrapped in the page, word for word;
 - receiving.md's inbox table: the SQL the page shows is what `outbox inbox migrate --print`
   makes, comments aside;
+- receiving.md's Python: the page's migrate, then its snippet, records in that table;
 - replay.md's Ctrl-C: a replay stopped mid-batch prints the page's line (exit 130), and the
-  page's resume command sends the rest, each message once."""
+  page's resume command sends the rest, each message once; its reconcile without a consumer
+  on an inbox of several exits 2 naming them."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from typing import Any
 
 import psycopg
 from helpers import seed, wait_until_db
+
+from outbox import inbox
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 # The reader's shell: no OUTBOX_* or PG* variable but those a drill sets.
@@ -171,3 +175,28 @@ def test_receivings_python_records_in_the_table_the_shown_migrate_made(empty_dsn
         assert conn.execute("SELECT consumer, message_id FROM billing_inbox").fetchall() == [
             ("billing", "42")
         ]
+
+
+def test_reconcile_without_consumer_names_the_ones_it_found_and_exits_2(dsn: str) -> None:
+    """replay.md: "Without `--consumer`, the inbox's one consumer is used; with several, name
+    one (exit 2)": the line lists the two found, and says there are more only when there are."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        inbox.migrate(conn, "outbox_inbox")
+    for consumers, shown in (
+        (["billing", "email"], "(billing, email)"),
+        (["audit"], "(audit, billing, ...)"),
+    ):
+        with psycopg.connect(dsn) as conn:
+            for consumer in consumers:
+                with conn.transaction():
+                    inbox.record(conn, consumer=consumer, message_id="1")
+        result = outbox(
+            ["outbox", "reconcile", "--dsn", dsn, "--inbox-dsn", dsn,
+             "--inbox-table", "outbox_inbox", "--since", "24h", "--until", "0s"],
+            dsn,
+        )  # fmt: skip
+        assert result.returncode == 2
+        assert result.stderr == (
+            f"outbox: error: inbox table outbox_inbox holds several consumers {shown}: "
+            "name one with --consumer\n"
+        )

@@ -233,9 +233,10 @@ def choose_consumer(inbox_conn: psycopg.Connection[Any], inbox: Table, consumer:
         return found[0]
     if not found:
         raise AmbiguousConsumer(f"inbox table {inbox} holds no key: name the --consumer")
+    # `found` holds at most three: the third only says there are more than two.
+    named = ", ".join(found[:2]) + (", ..." if len(found) > 2 else "")
     raise AmbiguousConsumer(
-        f"inbox table {inbox} holds several consumers ({', '.join(found[:2])}, ...): name "
-        "one with --consumer"
+        f"inbox table {inbox} holds several consumers ({named}): name one with --consumer"
     )
 
 
