@@ -17,11 +17,12 @@ import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import psycopg
 from psycopg import sql
 
+from outbox.plumbing.errors import SchemaError
 from outbox.runner import Query, Row, fetch, fetch_async, first_row
 from outbox.table import Table, text_constant
 
@@ -41,6 +42,12 @@ PARTITIONS_AHEAD_RANGE = (1, 10_000)
 # leave such partitions out (outbox.stats.unfinished_window), and a replay that sends rows of
 # one again takes the note off first.
 FINISHED_NOTE = "outbox-dispatcher: nothing unfinished since "
+
+# Why a table with a DEFAULT partition is refused (the check, and every reader of the bounds).
+_DEFAULT_PARTITION = (
+    "it has a DEFAULT partition, which blocks DETACH ... CONCURRENTLY and hides a missed "
+    "maintenance until it fails; move its rows to ranged partitions and drop it"
+)
 
 _BOUND = re.compile(r"^FOR VALUES FROM \('?(-?\d+)'?\) TO \('?(-?\d+)'?\)$")
 
@@ -175,19 +182,31 @@ def read_partitions(table: Table) -> Query[list[Partition] | None]:
          WHERE i.inhparent = c.oid)
   FROM pg_class c WHERE c.oid = {t}::regclass"""
     ).format(t=table.regclass_literal)
-    return Query(statement, None, first_row(_parse_partitions))
+    return Query(statement, None, first_row(partial(_parse_partitions, table)))
 
 
-def _parse_partitions(row: Row | None) -> list[Partition] | None:
+def _parse_partitions(table: Table, row: Row | None) -> list[Partition] | None:
     if row is None or not row[0]:
         return None
     found = []
     for name, bound in row[1] or ():
         match = _BOUND.match(str(bound))
         if match is None:
-            raise ValueError(f"partition {name} is not a range of ids ({bound})")
+            raise unusable_bound(table, str(name), bound)
         found.append(Partition(str(name), int(match.group(1)), int(match.group(2))))
     return sorted(found, key=lambda p: p.low)
+
+
+def unusable_bound(table: Table, name: str, bound: object) -> SchemaError:
+    """The error for a partition whose bound is not a range of ids, met by a command that
+    reads the bounds without the check first (`outbox stats`, `outbox partitions`, ...):
+    the check's own reason for a DEFAULT partition, one line."""
+    reason = (
+        _DEFAULT_PARTITION
+        if str(bound).strip().upper() == "DEFAULT"
+        else f"partition {name} is not a range of ids ({bound})"
+    )
+    return SchemaError(f"table {table} cannot be served: {reason}")
 
 
 def _highest_id(table: Table) -> Query[int]:
@@ -362,10 +381,7 @@ def partitioning_problem(row: Row | None, layout: Layout | None, table: Table) -
             "a range of id"
         )
     if has_default:
-        return (
-            "it has a DEFAULT partition, which blocks DETACH ... CONCURRENTLY and hides a "
-            "missed maintenance until it fails; move its rows to ranged partitions and drop it"
-        )
+        return _DEFAULT_PARTITION
     if lacking:
         return (
             f"index {', '.join(lacking)} is missing on some of its {count} partitions; "
@@ -653,7 +669,7 @@ class ClaimWindow:
         self._relearn, self._layout_at = False, time.monotonic()
         try:
             layout = await check(conn, table)
-        except ValueError:
+        except (ValueError, SchemaError):
             return None
         if layout is not None:
             self.forget()

@@ -15,6 +15,7 @@ import psycopg
 from psycopg import sql
 
 from outbox import destinations, partitions
+from outbox.plumbing.errors import SchemaError as SchemaError
 from outbox.runner import Query, Row, fetch, fetch_async, first_row
 from outbox.table import Table, text_constant
 
@@ -68,10 +69,6 @@ ADDED_COLUMNS: dict[str, tuple[str, bool, bool]] = {
     "headers": ("jsonb", False, False),  # v4
     "replay": ("integer", False, False),  # v6
 }
-
-
-class SchemaError(RuntimeError):
-    """The table is missing, has the wrong shape, or is newer than this code."""
 
 
 # Every column but the id, as v1 creates them (a partitioned table's parent has the same).

@@ -65,7 +65,7 @@ import psycopg
 from psycopg import sql
 
 from outbox import destinations as dest
-from outbox.partitions import FINISHED_NOTE
+from outbox.partitions import FINISHED_NOTE, unusable_bound
 from outbox.plumbing.redact import redact_text
 from outbox.runner import Query, Row, Steps, perform, perform_async, step
 from outbox.table import Table
@@ -588,8 +588,8 @@ def _query(table: Table, exact: bool, ordered: bool = False) -> sql.Composable:
 # opening them; the others' sizes are not looked at. No row for a plain table.
 _WINDOW = sql.SQL(
     """SELECT w.relname, w.low, w.high, w.last,
-       w.low > w.last AND pg_relation_size(w.oid) > 0
-  FROM (SELECT p.oid, p.relname::text AS relname,
+       w.low > w.last AND pg_relation_size(w.oid) > 0, w.bound
+  FROM (SELECT p.oid, p.relname::text AS relname, pg_get_expr(p.relpartbound, 0) AS bound,
                substring(pg_get_expr(p.relpartbound, 0) FROM {low})::bigint AS low,
                substring(pg_get_expr(p.relpartbound, 0) FROM {high})::bigint AS high,
                (SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence({rc}, 'id')), 0))
@@ -630,7 +630,10 @@ def unfinished_window(table: Table) -> Query[Window | None]:
     )
 
     def parse(rows: list[Row]) -> Window | None:
-        found = [(str(name), int(low), int(high)) for name, low, high, _, _ in rows]
+        for name, low, high, *_, bound in rows:
+            if low is None or high is None:  # DEFAULT, MINVALUE or MAXVALUE: not a range
+                raise unusable_bound(table, str(name), bound)
+        found = [(str(name), int(low), int(high)) for name, low, high, *_ in rows]
         if not found:
             return None
         last = int(rows[0][3])

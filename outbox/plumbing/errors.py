@@ -1,4 +1,5 @@
-"""The error for a setting that cannot be used, shared by every component and plugin."""
+"""The errors shared by every component and plugin: a setting that cannot be used, a table
+that cannot be served."""
 
 from __future__ import annotations
 
@@ -11,4 +12,9 @@ class SettingError(ValueError):
     """
 
 
-__all__ = ["SettingError"]
+class SchemaError(RuntimeError):
+    """The table is missing, has the wrong shape, or is newer than this code. Defined here,
+    below outbox.schema (which re-exports it), so that outbox.partitions may raise it too."""
+
+
+__all__ = ["SchemaError", "SettingError"]
