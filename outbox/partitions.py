@@ -336,7 +336,8 @@ END"""
 def make_ahead(conn: psycopg.Connection[tuple[object, ...]], table: Table, layout: Layout) -> int:
     """Make the partitions missing ahead of the highest id, and give every partition the
     privileges on the parent it lacks (`outbox migrate` run again after a GRANT on the
-    parent); how many partitions were made."""
+    parent); how many partitions were made. The caller's transaction holds the upkeep lock
+    (`upkeep_lock`), as `outbox migrate` does."""
     existing = fetch(conn, read_partitions(table)) or []
     missing = missing_ahead(existing, fetch(conn, _highest_id(table)), layout)
     for index, low, high in missing:

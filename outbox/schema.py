@@ -561,6 +561,15 @@ def migrate(
         conn.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended('outbox-dispatcher migrate', 0))"
         )
+        if layout is not None:
+            # Partitions are made below: one session at a time with the workers' keepers and
+            # `outbox maintain` (two making the same one fail on its name), taken before any
+            # DDL on the table, which a keeper's ATTACH would wait behind.
+            conn.execute(
+                sql.SQL("SELECT pg_advisory_xact_lock({key})").format(
+                    key=partitions.upkeep_lock(table)
+                )
+            )
         exists, version = fetch(conn, _state(table))
         if exists and version is None:
             problems = shape_problems(fetch(conn, _columns(table)))
