@@ -90,20 +90,13 @@ def test_the_inbox_table_receiving_shows_is_the_one_inbox_migrate_makes(dsn: str
     assert without_sql_comments(table) == without_sql_comments(result.stdout)
 
 
-def test_a_replay_stopped_by_ctrl_c_says_so_as_shown_and_the_shown_resume_sends_the_rest(
-    conn: psycopg.Connection[Any], dsn: str
-) -> None:
-    """Stopped while its third batch waits on a row lock: the two batches before it are sent
-    and recorded, the third rolled back; the page's resume sends the ten left, once each."""
-    text = (DOCS / "replay.md").read_text()
-    stopped_line = text.split("Ctrl-C prints how to go on", 1)[1].split("```")[1].strip()
-    [resume] = [b.strip() for b in blocks("replay.md", "sh") if "--resume" in b]
-    ids = seed(conn, 30)
-    conn.execute("UPDATE outbox SET status = 'done', done_at = now()")
-    conn.commit()
-
+def stopped_while_waiting_on(
+    conn: psycopg.Connection[Any], dsn: str, locked: int
+) -> tuple[int, str]:
+    """A replay in batches of 10, Ctrl-C'd while its batch waits on a lock of row `locked`:
+    its exit code and what it printed on stderr."""
     with psycopg.connect(dsn) as holder:
-        holder.execute("SELECT 1 FROM outbox WHERE id = %s FOR UPDATE", (ids[25],))
+        holder.execute("SELECT 1 FROM outbox WHERE id = %s FOR UPDATE", (locked,))
         replay = subprocess.Popen(
             [sys.executable, "-m", "outbox", "replay", "--since", "1h", "--until", "0s",
              "--batch", "10", "--yes", "--reason", "drill"],
@@ -120,8 +113,25 @@ def test_a_replay_stopped_by_ctrl_c_says_so_as_shown_and_the_shown_resume_sends_
             _, stderr = replay.communicate(timeout=60)  # the lock still held: cancelled
         finally:
             replay.kill()
+    conn.rollback()
+    return replay.returncode, stderr
 
-    assert replay.returncode == 130, stderr
+
+def test_a_replay_stopped_by_ctrl_c_says_so_as_shown_and_the_shown_resume_sends_the_rest(
+    conn: psycopg.Connection[Any], dsn: str
+) -> None:
+    """Stopped while its third batch waits on a row lock: the two batches before it are sent
+    and recorded, the third rolled back; the page's resume sends the ten left, once each."""
+    text = (DOCS / "replay.md").read_text()
+    stopped_line = text.split("Ctrl-C prints how to go on", 1)[1].split("```")[1].strip()
+    [resume] = [b.strip() for b in blocks("replay.md", "sh") if "--resume" in b]
+    ids = seed(conn, 30)
+    conn.execute("UPDATE outbox SET status = 'done', done_at = now()")
+    conn.commit()
+
+    returncode, stderr = stopped_while_waiting_on(conn, dsn, ids[25])
+
+    assert returncode == 130, stderr
     pattern = re.sub(r"\d+", r"(\\d+)", re.escape(stopped_line))
     match = re.fullmatch(pattern, stderr.strip())
     assert match, stderr
@@ -200,3 +210,16 @@ def test_reconcile_without_consumer_names_the_ones_it_found_and_exits_2(dsn: str
             f"outbox: error: inbox table outbox_inbox holds several consumers {shown}: "
             "name one with --consumer\n"
         )
+
+
+def test_a_replay_stopped_in_its_second_batch_counts_the_one_batch_it_sent(
+    conn: psycopg.Connection[Any], dsn: str
+) -> None:
+    ids = seed(conn, 30)
+    conn.execute("UPDATE outbox SET status = 'done', done_at = now()")
+    conn.commit()
+
+    returncode, stderr = stopped_while_waiting_on(conn, dsn, ids[15])
+
+    assert returncode == 130, stderr
+    assert "stopped after 10 messages (1 batch);" in stderr

@@ -300,7 +300,6 @@ def _send(
     progress: replay.Progress,
     actor: str | None,
 ) -> None:
-    batches = 0
     try:
         while not progress.finished:
             perform(
@@ -314,21 +313,24 @@ def _send(
                 ),
                 transaction=True,  # the rows and their partitions' notes together
             )
-            batches += 1
     except KeyboardInterrupt:
         print(
             f"{table}: replay {progress.number}: stopped after {progress.sent} messages "
-            f"({batches} batches); go on with `outbox replay --table {table.argument} --resume "
-            f"{progress.number}`",
+            f"({_batches(progress.batches)}); go on with `outbox replay --table "
+            f"{table.argument} --resume {progress.number}`",
             file=sys.stderr,
         )
         raise SystemExit(130) from None
     by_type = ", ".join(f"{name} {n}" for name, n in sorted(progress.by_type.items()))
     print(
         f"{table}: replay {progress.number}: sent {progress.sent} message"
-        f"{'' if progress.sent == 1 else 's'} again in {batches} batch"
-        f"{'' if batches == 1 else 'es'}{f' ({by_type})' if by_type else ''}"
+        f"{'' if progress.sent == 1 else 's'} again in {_batches(progress.batches)}"
+        f"{f' ({by_type})' if by_type else ''}"
     )
+
+
+def _batches(n: int) -> str:
+    return f"{n} batch{'' if n == 1 else 'es'}"
 
 
 def _reconcile(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Table) -> None:

@@ -386,6 +386,7 @@ class Progress:
     confirmed: int | None = None  # rows the person confirmed, all batches together
     reason: str | None = None  # why, as recorded (a resumed replay keeps it)
     sent: int = 0
+    batches: int = 0  # counted with `sent`, so the two always tell of the same batches
     by_type: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -436,6 +437,7 @@ def send_batch(
         # noting waits for the lock its UPDATE holds on them).
         yield from forget_finished(table, progress.next_id, done.through_id)
     progress.sent += done.count
+    progress.batches += 1
     for name, n in done.by_type.items():
         progress.by_type[name] = progress.by_type.get(name, 0) + n
     if done.through_id is None:
