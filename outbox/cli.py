@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 
@@ -70,6 +71,36 @@ _TIMEOUT = duration_between(timedelta(0), timedelta(days=1))
 _MESSAGE_ID = int_between(1, MAX_ID)  # ids are bigint: beyond, none exists
 # The demo runs on this machine: more workers than this only thrash it.
 DEMO_MAX_EVENTS, DEMO_MAX_WORKERS = 1_000_000, 32
+# A command stopped by Ctrl-C (SIGINT) exits as shells report it: 128 + the signal's number.
+INTERRUPTED = 128 + signal.SIGINT
+# What a command stopped by Ctrl-C leaves, said on its one line. The statement under way is
+# cancelled on the server (psycopg cancels it on the interrupt) and its transaction rolled
+# back: only what the command had committed stays.
+_ROLLED_BACK = "nothing was changed (its one transaction rolled back, unless it had committed)"
+_READ_ONLY = "nothing was changed (it only reads)"
+_LEFT_BY_AN_INTERRUPT = {
+    "migrate": "its transaction was rolled back; a conversion to partitions keeps the steps it "
+    "finished and goes on from there when run again",
+    "partitions": _READ_ONLY,
+    "maintain": "partitions made or retired before the stop stay so, the step under way was "
+    "rolled back; run it again to finish (it completes a detach left pending)",
+    "stats": _READ_ONLY,
+    "purge": "the batches deleted before the stop stay deleted, the one under way was rolled "
+    "back; run it again to go on",
+    "requeue": _ROLLED_BACK,
+    "skip": _ROLLED_BACK,
+    "destinations": _READ_ONLY,
+    "pause": _ROLLED_BACK,
+    "resume": _ROLLED_BACK,
+    "replay": "nothing was sent again",  # once sending, `outbox.commands.replay` says how far
+    "reconcile": "the comparison only reads; batches a replay of the missing sent before the "
+    "stop stay sent (the audit log lists them)",
+    "demo": "its workers and database were stopped (unless --keep)",
+    "inbox migrate": _ROLLED_BACK,
+    "inbox purge": "the batches deleted before the stop stay deleted, the one under way was "
+    "rolled back; run it again to go on",
+    "inbox check": _READ_ONLY,
+}
 
 
 def _add_timeouts(parser: argparse.ArgumentParser) -> None:
@@ -369,7 +400,28 @@ def _next_probe(d: DestinationState) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    args: argparse.Namespace | None = None
+    try:
+        args = _parser().parse_args(argv)
+        _main(args)
+    except KeyboardInterrupt:
+        _interrupted(args)
+
+
+def _interrupted(args: argparse.Namespace | None) -> NoReturn:
+    """Ctrl-C: one line saying what is left, exit INTERRUPTED. A second Ctrl-C while it is
+    said is ignored: the first one's line is the whole answer, never a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if args is None:
+        print(f"{PROG}: interrupted; nothing was started", file=sys.stderr)
+    else:
+        name = args.command if args.command != "inbox" else f"inbox {args.inbox_command}"
+        left = _LEFT_BY_AN_INTERRUPT.get(name, "what it had committed stays, nothing more")
+        print(f"{PROG} {name}: interrupted; {left}", file=sys.stderr)
+    raise SystemExit(INTERRUPTED)
+
+
+def _main(args: argparse.Namespace) -> None:
     try:
         if args.command == "demo":
             try:  # the demo's parts load only when asked for
@@ -436,7 +488,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             fetch(conn, session_settings(settings))
             _run(args, conn, table, purge_options)
         except SchemaError as exc:
-            fail(PROG, str(exc), 1)
+            # A conversion stopped by Ctrl-C says itself what it left (its CHECK, dropped or not).
+            fail(PROG, str(exc), INTERRUPTED if isinstance(exc.__cause__, KeyboardInterrupt) else 1)
         except dberrors.MISSING_TABLE as exc:
             fail(PROG, f"{_missing(table, exc)}; run `outbox migrate --table {table.argument}`", 1)
         except psycopg.errors.UndefinedColumn as exc:

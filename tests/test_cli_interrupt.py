@@ -1,0 +1,124 @@
+"""Ctrl-C in the `outbox` command: a real SIGINT to a real subprocess while its statement
+waits on a lock the test holds. One line on stderr saying what is left, exit code 130, the
+statement cancelled on the server (not left waiting to run once the lock is free), and
+nothing changed beyond what the command had committed."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from helpers import seed, wait_until_db
+from psycopg.conninfo import make_conninfo
+from test_cli import BASE_ENV
+
+from outbox import inbox
+from outbox.cli import _LEFT_BY_AN_INTERRUPT, INTERRUPTED, _parser
+
+APP = "interrupted-by-the-test"
+WAITING = (
+    f"EXISTS (SELECT FROM pg_stat_activity WHERE application_name = '{APP}' "
+    "AND wait_event_type = 'Lock')"
+)
+MIGRATE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('outbox-dispatcher migrate', 0))"
+GONE = f"NOT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = '{APP}')"
+
+
+def _interrupted_while_waiting(
+    dsn: str, conn: Any, hold: Callable[[Any], None], *args: str
+) -> tuple[int, str, str]:
+    """Run `outbox <args>`, SIGINT it once its statement waits on what `hold` takes in a
+    transaction of the test's, and see its backend go before that transaction ends: (exit
+    code, stdout, stderr)."""
+    with psycopg.connect(dsn) as holder:
+        hold(holder)
+        command = subprocess.Popen(
+            [sys.executable, "-m", "outbox", *args, "--lock-timeout", "0",
+             "--dsn", make_conninfo(dsn, application_name=APP)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=BASE_ENV,
+        )  # fmt: skip
+        try:
+            while not conn.execute(f"SELECT {WAITING}").fetchone()[0]:
+                assert command.poll() is None, command.communicate()  # ended without waiting
+                time.sleep(0.02)
+            command.send_signal(signal.SIGINT)
+            stdout, stderr = command.communicate(timeout=60)
+            # Still holding: a statement left waiting would still be there, to run later.
+            wait_until_db(conn, GONE)
+        finally:
+            command.kill()
+        holder.rollback()
+    return command.returncode, stdout, stderr
+
+
+def _one_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    assert stderr.count("\n") == 1 and stderr.endswith("\n"), stderr
+    return stderr.strip()
+
+
+def _done(conn: Any, count: int) -> list[int]:
+    ids = seed(conn, count)
+    conn.execute("UPDATE outbox SET status = 'done', done_at = now() - interval '30 days'")
+    return ids
+
+
+def test_a_purge_stopped_mid_way_keeps_its_committed_batches_and_no_half_batch(dsn, conn):
+    """The batches are transactions of their own: those before the stop stay deleted, the
+    one waiting on a locked row is rolled back whole (its other rows stay)."""
+    ids = _done(conn, 10)
+
+    def lock_the_eighth(holder: Any) -> None:
+        holder.execute("SELECT FROM outbox WHERE id = %s FOR UPDATE", (ids[7],))
+
+    code, _, stderr = _interrupted_while_waiting(
+        dsn, conn, lock_the_eighth, "purge", "--older-than", "1d", "--batch", "5"
+    )
+    assert code == INTERRUPTED
+    line = _one_line(stderr)
+    assert line == f"outbox purge: interrupted; {_LEFT_BY_AN_INTERRUPT['purge']}"
+    left = [row[0] for row in conn.execute("SELECT id FROM outbox ORDER BY id").fetchall()]
+    assert left == ids[5:], "the first batch stays deleted, the second is whole"
+
+
+@pytest.mark.parametrize(
+    "command, hold",
+    [
+        (["migrate"], MIGRATE_LOCK),
+        (["requeue", "--all-dead"], "LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE"),
+        (["stats"], "LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE"),
+        (["replay", "--status", "dead", "--since", "1h", "--until", "0s", "--yes"],
+         "LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE"),
+        (["inbox", "purge", "--older-than", "0s"],
+         "LOCK TABLE outbox_inbox IN ACCESS EXCLUSIVE MODE"),
+    ],
+    ids=["migrate", "requeue", "stats", "replay", "inbox-purge"],
+)  # fmt: skip
+def test_every_kind_of_command_ends_in_one_line_and_130(dsn, conn, command, hold):
+    seed(conn, 3)
+    conn.execute("UPDATE outbox SET status = 'dead'")
+    inbox.migrate(conn)
+    before = conn.execute("SELECT id, status, attempts FROM outbox ORDER BY id").fetchall()
+
+    code, stdout, stderr = _interrupted_while_waiting(
+        dsn, conn, lambda holder: holder.execute(hold), *command
+    )
+    assert code == INTERRUPTED, stderr
+    name = " ".join(command[:2] if command[0] == "inbox" else command[:1])
+    assert _one_line(stderr) == f"outbox {name}: interrupted; {_LEFT_BY_AN_INTERRUPT[name]}"
+    assert stdout == ""
+    assert conn.execute("SELECT id, status, attempts FROM outbox ORDER BY id").fetchall() == before
+
+
+def test_every_command_has_its_line():
+    """A command without its own words would still end in one line; each says its own."""
+    commands = _parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    names = {f"inbox {sub}" for sub in ("migrate", "purge", "check")}
+    names |= {name for name in commands if name != "inbox"}
+    assert names == set(_LEFT_BY_AN_INTERRUPT)
