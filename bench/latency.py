@@ -62,11 +62,13 @@ MODES = ("unordered", "ordered", "ordered-pairs")
 PER_TRANSACTION = {"unordered": 1, "ordered": 1, "ordered-pairs": 2}
 CONTENDERS = ("worker", "floor", "pgqueuer")
 # Seconds of steady traffic per run, by rate, chosen so that the whole default grid (84 runs:
-# every cell once, the two-process cells in two more rounds) takes about 20 minutes: 10/s
-# gives 60 samples a run (its goal is the median's), 100/s 1,000 (a p99 with ten samples
-# beyond it, in each round), 1,000/s 8,000 (p99.9 from the pooled rounds). Where a
-# percentile has fewer than ten samples beyond it, the report leaves it out.
-SECONDS = {10: 6, 100: 10, 1000: 8}
+# every cell once, the two-process cells in two more rounds) takes about 30 minutes: 10/s
+# gives 60 samples a run (its goal is the median's), 100/s 3,000 (a p99 with thirty
+# samples beyond it, in each round: with ten, one stall of the shared machine of 100 ms,
+# a checkpoint's fsync, set a round's p99 whatever the contender did), 1,000/s 8,000
+# (p99.9 from the pooled rounds). Where a percentile has fewer than ten samples beyond it,
+# the report leaves it out.
+SECONDS = {10: 6, 100: 30, 1000: 8}
 # What a run costs besides its traffic, for the estimate logged at the start: a fresh
 # database, the contender's start until its sessions are up and a second to settle, its
 # stop (4-5 s measured on two cores beside other work).
