@@ -192,6 +192,9 @@ def test_an_ordered_claim_takes_rows_from_its_partition_and_checks_the_partition
     assert q is queries(partition_table(TABLE, 2), checked=(TABLE, (100, 300), leaves))
     text = q.claim_ordered.as_string(pconn)
     assert '"outbox" AS' not in text and '"outbox_p1" AS prev' in text, text
+    # A replayed row's later messages are looked for in its own partition only: no later
+    # message can be in a partition below it.
+    assert '"outbox_p2" AS later' in text and '"outbox_p1" AS later' not in text, text
     plan = explain_prepared(pconn, q.claim_ordered, _claim_args(), generic=generic)
     assert {int(n) for n in re.findall(r"outbox_p(\d+)", plan)} == {1, 2}, plan
     updated = set(re.findall(r"Update on (\w+)", plan))
