@@ -198,7 +198,7 @@ def _unused_notify_functions(oids: list[int]) -> Query[list[Row]]:
  WHERE p.oid = ANY (%(oids)s::oid[]) AND pg_has_role(p.proowner, 'USAGE')
    AND NOT EXISTS (SELECT FROM pg_depend d
                     WHERE d.refclassid = 'pg_proc'::regclass AND d.refobjid = p.oid)"""
-    )
+    ).format()
     return Query(statement, {"oids": oids}, list)
 
 
