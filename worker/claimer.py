@@ -13,9 +13,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
+
+import psycopg
 
 from outbox import lease
 from outbox.models import Message
@@ -40,12 +42,14 @@ class Claimer(Service):
         listening: Callable[[], bool],
         on_claimed: Callable[[], None],
         gate: DestinationGate,
+        on_refused: Callable[[], Awaitable[None]],
     ) -> None:
         super().__init__(shared)
         self.wakeup = wakeup  # set by NOTIFY, and by a stop
         self.listening = listening
         self.on_claimed = on_claimed  # publishing starts on what came in
         self.gate = gate  # while the publisher's one destination is down, claims are gated
+        self.on_refused = on_refused  # says which partition lacks which privilege, and the fix
         self._ordered_claims = lease.OrderedClaims()
         self._sent = 0.0  # monotonic time the last claim was sent
 
@@ -84,7 +88,7 @@ class Claimer(Service):
             self.wakeup.clear()  # a NOTIFY during the claim must still wake the next wait
             started = time.monotonic()
             messages, full = await self.retry.until_done(
-                "claim", partial(self._claim, want), stop=stop
+                "claim", partial(self._claim_or_say_why_refused, want), stop=stop
             )
             self.metrics.ready = True  # whichever operation failed before, claiming works
             if limit == 1 and messages:
@@ -129,6 +133,13 @@ class Claimer(Service):
                 "table %s is partitioned now (partitions of %d ids): claims address its "
                 "partitions", self.settings.table, layout.partition_size,
             )  # fmt: skip
+
+    async def _claim_or_say_why_refused(self, want: int) -> tuple[list[Message], bool]:
+        try:
+            return await self._claim(want)
+        except psycopg.errors.InsufficientPrivilege:
+            await self.on_refused()  # the error names a partition, not what it lacks
+            raise
 
     async def _claim(self, want: int) -> tuple[list[Message], bool]:
         """The messages claimed, and whether the claim was full: `want` of them, or cut

@@ -5,6 +5,12 @@ One replica at a time makes them (the others find the advisory lock taken and on
 many ids are left ahead, for the metric). A role that may not create tables is told once, and
 the partitions are left to `outbox maintain`.
 
+It also says, once per partition, which of a worker's privileges this worker's role lacks on
+a partition and what fixes it (outbox.partition_privileges): a partition made without the
+parent's grants refuses every claim that names it with a bare `permission denied`. Each pass
+looks, so a partition made ahead that way is named before its rows come, and the claimer
+asks at once when a claim is refused (`tell_refused`).
+
 The keeper also notes the partitions finished since its last pass, as `outbox maintain` does
 (outbox.operations.partition_maintenance.note_finished_async): `outbox stats`, the TUI and the
 operator's backlog read then look only at the partitions that can hold unfinished rows, on a
@@ -15,13 +21,16 @@ holding 2M done rows took about 100 times the plain table's).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import psycopg
 
 from outbox import partitions
 from outbox.operations.partition_maintenance import note_finished_async
-from outbox.worker.service import Service
+from outbox.partition_privileges import refused_partitions
+from outbox.runner import fetch_async
+from outbox.worker.service import Service, Shared
 
 log = logging.getLogger("outbox.worker")
 
@@ -34,6 +43,28 @@ LAYOUT_WAIT = 5.0
 
 
 class PartitionKeeper(Service):
+    def __init__(self, shared: Shared) -> None:
+        super().__init__(shared)
+        # The partitions said to be refused, with the privileges lacking: each is said once,
+        # again only if what it lacks changes (forgotten once healed).
+        self._refused: dict[str, tuple[str, ...]] = {}
+        self._telling = asyncio.Lock()  # the claimer and a pass may ask at once
+
+    async def tell_refused(self) -> None:
+        """Say which partitions this worker's role may not use, each once, and the fix. Only
+        an explanation: a failure to look is left to the refused operation's own report."""
+        with contextlib.suppress(psycopg.Error, OSError):
+            async with self.connection() as conn:
+                await self._tell_refused(conn)
+
+    async def _tell_refused(self, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
+        async with self._telling:
+            refused = await fetch_async(conn, refused_partitions(self.settings.table))
+            told, self._refused = self._refused, {r.partition: r.privileges for r in refused}
+            for partition in refused:
+                if told.get(partition.partition) != partition.privileges:
+                    log.warning("%s", partition.advice(self.settings.table))
+
     async def run(self) -> None:
         """Keep partitions ahead until cancelled; on a plain table, wait until the claimer
         learns it has been converted to the partitioned layout."""
@@ -53,6 +84,7 @@ class PartitionKeeper(Service):
                     else:
                         left = await partitions.ids_ahead(conn, self.settings.table)
                     self.metrics.partition_ids_ahead.set(left)
+                    await self._tell_refused(conn)
                     if may_note:
                         may_note = await self._note_finished(conn)
             except psycopg.errors.InsufficientPrivilege:

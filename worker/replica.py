@@ -106,13 +106,14 @@ class Replica:
         self.gate = DestinationGate(shared, self.publisher)
         limiter = RateLimiter(s, self.pool.connection) if s.rate_limit is not None else None
         self.publishing = Publishing(shared, self.publisher, self.gate, limiter)
+        self.partition_keeper = PartitionKeeper(shared)
         self.claimer = Claimer(
             shared, wakeup=wakeup, listening=lambda: self.listener.listening,
             on_claimed=self.publishing.start, gate=self.gate,
+            on_refused=self.partition_keeper.tell_refused,
         )  # fmt: skip
         self.finalizer = Finalizer(shared, wakeup=wakeup)
         self.lease_keeper = LeaseKeeper(shared)
-        self.partition_keeper = PartitionKeeper(shared)
 
     @property
     def listening(self) -> bool:
