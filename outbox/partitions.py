@@ -209,27 +209,85 @@ def unusable_bound(table: Table, name: str, bound: object) -> SchemaError:
     return SchemaError(f"table {table} cannot be served: {reason}")
 
 
-def _highest_id(table: Table) -> Query[int]:
-    # The sequence's last value, not max(id): it is never behind an insert in flight.
+def last_id_given(table: Table) -> sql.Composable:
+    """SQL: the last id the table's sequence gave (0 before its first), or NULL when this
+    role may not read the sequence (SELECT or USAGE on it) or the id has none of its own.
+    Never 0 then: read as 0, it put the newest ids in partition 0, and the claims' window and
+    the ids left ahead with them (PostgreSQL 18's pg_sequence_last_value answers NULL to a
+    role without the privilege, 15 raises; the CASE asks neither)."""
+    sequence = sql.SQL("pg_get_serial_sequence({t}, 'id')").format(t=table.regclass_literal)
+    return sql.SQL(
+        "(CASE WHEN has_sequence_privilege({s}, 'SELECT, USAGE')"
+        " THEN coalesce(pg_sequence_last_value({s}), 0) END)"
+    ).format(s=sequence)
+
+
+class SequenceUnreadable(psycopg.errors.InsufficientPrivilege):
+    """This role may not read the sequence the table's ids come from (`last_id_given`),
+    met after the check let it through (a REVOKE since): a refusal like the server's."""
+
+
+def sequence_problem(table: Table) -> Query[str | None]:
+    """Why this role cannot read the last id the table's sequence gave, naming the GRANT
+    that fixes it; None when it can."""
     statement = sql.SQL(
-        "SELECT coalesce((SELECT max(id) FROM {t}), 0), "
-        "coalesce(pg_sequence_last_value(pg_get_serial_sequence({t_text}, 'id')), 0)"
-    ).format(t=table.ident, t_text=table.regclass_literal)
+        "SELECT s.name, quote_ident(current_user), has_sequence_privilege(s.name, 'SELECT, USAGE')"
+        " FROM (SELECT pg_get_serial_sequence({t}, 'id') AS name) AS s"
+    ).format(t=table.regclass_literal)
+
+    def parse(row: Row | None) -> str | None:
+        assert row is not None
+        name, role, readable = row
+        if name is None:
+            return (
+                "its id has no sequence of its own (pg_get_serial_sequence finds none), "
+                "which the claims read the newest id from"
+            )
+        if readable:
+            return None
+        return (
+            f"role {role} may not read {name}, the sequence its ids come from, which the "
+            f"claims and the partitions ahead are read from; GRANT SELECT ON SEQUENCE {name} "
+            f"TO {role} (outbox migrate and outbox maintain grant it to every role that may "
+            "UPDATE the table)"
+        )
+
+    return Query(statement, None, first_row(parse))
+
+
+async def _unreadable(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table
+) -> SequenceUnreadable:
+    problem = await fetch_async(conn, sequence_problem(table))
+    return SequenceUnreadable(f"table {table} cannot be served: {problem or 'no last id'}")
+
+
+def _highest_id(table: Table) -> Query[int]:
+    # The sequence's last value, not max(id): it is never behind an insert in flight. Run by
+    # `outbox migrate` (the table's owner), where max(id) covers a sequence it cannot read.
+    statement = sql.SQL("SELECT coalesce((SELECT max(id) FROM {t}), 0), {last}").format(
+        t=table.ident, last=last_id_given(table)
+    )
     return Query(
-        statement, None, first_row(lambda row: max(int(row[0]), int(row[1])) if row else 0)
+        statement, None, first_row(lambda row: max(int(row[0]), int(row[1] or 0)) if row else 0)
     )
 
 
-def _last_id_given(table: Table) -> Query[int]:
+def _last_id_given(table: Table) -> Query[int | None]:
     """The sequence's last value alone: what a worker's upkeep reads every 30 seconds. It
     opens no partition, where max(id) over the parent opens every one (in a new session,
     the first such statement over 230 partitions cost about 100 ms of planning, as a drain
     began). Ids a producer wrote of its own past the sequence are seen by `outbox maintain`
     (`_highest_id`)."""
-    statement = sql.SQL(
-        "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence({t}, 'id')), 0)"
-    ).format(t=table.regclass_literal)
-    return Query(statement, None, first_row(lambda row: int(row[0]) if row else 0))
+    statement = sql.SQL("SELECT {last}").format(last=last_id_given(table))
+    return Query(statement, None, first_row(lambda row: None if row is None else row[0]))
+
+
+async def _last_id(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table) -> int:
+    last = await fetch_async(conn, _last_id_given(table))
+    if last is None:
+        raise await _unreadable(conn, table)
+    return int(last)
 
 
 def missing_ahead(
@@ -273,7 +331,8 @@ def carry_privileges(table: Table, leaf: Table | None = None) -> sql.Composed:
     """One statement that gives the partition `leaf` (made, not attached yet) the parent's
     owner and the privileges granted on the parent, or, without `leaf`, gives every
     partition of the table the privileges it lacks of those (partitions made before
-    partitions carried them, or before a GRANT on the parent).
+    partitions carried them, or before a GRANT on the parent), and the id's sequence to the
+    roles that may update the table (`_SEQUENCE_TO_UPDATERS`).
 
     Grants on a partitioned table cover what goes through it, not a statement that names
     a partition itself, as the claims, finalizes and window readings do: a worker whose role
@@ -322,15 +381,38 @@ BEGIN
     EXECUTE 'GRANT ' || g.privilege || ' ON TABLE ' || g.leaf::text || ' TO ' || g.grantee
             || g.option;
   END LOOP;
-END"""
+{sequence}END"""
     ).format(
         owner=owner.format(leaf=leaf.regclass_literal, t=parent)
         if leaf is not None
         else sql.SQL(""),
         targets=targets,
         t=parent,
+        sequence=_SEQUENCE_TO_UPDATERS.format(t=parent) if leaf is None else sql.SQL(""),
     )
     return sql.SQL("DO {body}").format(body=sql.Literal(body.as_string(None)))
+
+
+# The sequence's SELECT to every role that may UPDATE the table (a worker's grant) and may
+# neither read nor use the sequence yet: the claims' window and the ids left ahead are read
+# from its last value (`last_id_given`). SELECT reads it and draws no id.
+_SEQUENCE_TO_UPDATERS = sql.SQL(
+    """  FOR g IN
+    SELECT DISTINCT seq.oid::regclass AS seq,
+           CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee))
+           END AS grantee
+      FROM pg_class parent CROSS JOIN LATERAL aclexplode(parent.relacl) a
+      JOIN pg_class seq ON seq.oid = pg_get_serial_sequence({t}, 'id')::regclass
+     WHERE parent.oid = {t}::regclass AND a.privilege_type = 'UPDATE'
+       AND a.grantee <> seq.relowner
+       AND NOT EXISTS (
+             SELECT FROM aclexplode(coalesce(seq.relacl, acldefault('s', seq.relowner))) b
+              WHERE b.grantee = a.grantee AND b.privilege_type IN ('SELECT', 'USAGE'))
+  LOOP
+    EXECUTE 'GRANT SELECT ON SEQUENCE ' || g.seq::text || ' TO ' || g.grantee;
+  END LOOP;
+"""
+)
 
 
 def make_ahead(conn: psycopg.Connection[tuple[object, ...]], table: Table, layout: Layout) -> int:
@@ -406,6 +488,9 @@ async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table)
         raise ValueError(problem)
     if layout is None:
         return None
+    problem = await fetch_async(conn, sequence_problem(table))
+    if problem:
+        raise ValueError(problem)
     leaves = await fetch_async(conn, read_partitions(table)) or []
     size = layout.partition_size
     first = leaves[0] if leaves else None
@@ -461,7 +546,7 @@ async def keep_ahead(
         return 0, await ids_ahead(conn, table)
     try:
         existing = await fetch_async(conn, read_partitions(table)) or []
-        highest = await fetch_async(conn, _last_id_given(table))
+        highest = await _last_id(conn, table)
         top = existing[-1].high if existing else 0
         target = layout.partition_size * layout.partitions_ahead
         if top - 1 - highest >= target * TOP_UP_BELOW:
@@ -482,7 +567,7 @@ async def ids_ahead(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Ta
     from an insert no partition takes."""
     existing = await fetch_async(conn, read_partitions(table)) or []
     top = existing[-1].high if existing else 0
-    return max(top - 1 - await fetch_async(conn, _last_id_given(table)), 0)
+    return max(top - 1 - await _last_id(conn, table), 0)
 
 
 def _first(rows: list[Row]) -> object:
@@ -530,9 +615,10 @@ def _ids(within: tuple[int, int]) -> sql.Composable:
     )
 
 
-def _extent(table: Table, *, lowest: bool) -> Query[tuple[int | None, int]]:
+def _extent(table: Table, *, lowest: bool) -> Query[tuple[int | None, int | None]]:
     """The first id of the lowest partition (if asked: it reads every partition's bound in
-    the catalog) and the last id the sequence gave; opening no partition."""
+    the catalog) and the last id the sequence gave (None: unreadable, `last_id_given`);
+    opening no partition."""
     lowest_id = (
         sql.SQL(
             """(SELECT min(substring(pg_get_expr(p.relpartbound, p.oid) FROM {first})::bigint)
@@ -542,20 +628,52 @@ def _extent(table: Table, *, lowest: bool) -> Query[tuple[int | None, int]]:
         if lowest
         else sql.SQL("NULL::bigint")
     )
-    statement = sql.SQL(
-        "SELECT {lowest_id}, pg_sequence_last_value(pg_get_serial_sequence({t}, 'id'))"
-    ).format(
-        lowest_id=lowest_id.format(
-            t=table.regclass_literal, first=sql.Literal(r"FROM \('?(-?[0-9]+)")
-        ),
-        t=table.regclass_literal,
+    statement = sql.SQL("SELECT {lowest_id}, {last}").format(
+        lowest_id=lowest_id.format(t=table.regclass_literal, first=sql.Literal(FIRST_ID)),
+        last=last_id_given(table),
     )
     return Query(statement, None, first_row(_parse_extent))
 
 
-def _parse_extent(row: Row | None) -> tuple[int | None, int]:
+def _parse_extent(row: Row | None) -> tuple[int | None, int | None]:
     assert row is not None
-    return (None if row[0] is None else int(row[0])), int(row[1] or 0)
+    return tuple(None if value is None else int(value) for value in row)  # type: ignore[return-value]
+
+
+# A partition's first id and the id past its last, from its bound as pg_get_expr deparses it.
+FIRST_ID = r"FROM \('?(-?[0-9]+)"
+PAST_ID = r"TO \('?(-?[0-9]+)"
+
+
+def written_past(oid: sql.Composable, low: sql.Composable, last: sql.Composable) -> sql.Composable:
+    """SQL: whether the partition `oid`, whose ids start at `low`, lies wholly past `last`
+    (the sequence's last id) and holds a row all the same: one a producer wrote with an id
+    of its own. Its file's size says so, exact from the insert on (committed or not), where
+    planning such partitions would cost as much as opening them. The one test of it: the
+    claims' window (`ClaimWindow.read`) and the snapshot's (outbox.stats.unfinished_window)."""
+    return sql.SQL("({low} > {last} AND pg_relation_size({oid}) > 0)").format(
+        oid=oid, low=low, last=last
+    )
+
+
+def _written_past(table: Table, last: int) -> Query[int | None]:
+    """Past the last id of the highest partition written past the sequence's `last` id, or
+    None. Only its partitions past `last` have their file's size looked at."""
+    statement = sql.SQL(
+        """SELECT max(w.high) FROM (
+  SELECT p.oid,
+         substring(pg_get_expr(p.relpartbound, 0) FROM {first})::bigint AS low,
+         substring(pg_get_expr(p.relpartbound, 0) FROM {past})::bigint AS high
+    FROM pg_inherits AS i JOIN pg_class AS p ON p.oid = i.inhrelid
+   WHERE i.inhparent = {t}::regclass) AS w
+ WHERE {written}"""
+    ).format(
+        first=sql.Literal(FIRST_ID),
+        past=sql.Literal(PAST_ID),
+        t=table.regclass_literal,
+        written=written_past(sql.SQL("w.oid"), sql.SQL("w.low"), sql.Placeholder("last")),
+    )
+    return Query(statement, {"last": last}, first_row(lambda row: None if row is None else row[0]))
 
 
 @lru_cache(maxsize=64)
@@ -709,20 +827,19 @@ class ClaimWindow:
         now = time.monotonic()
         refloor = self._floor is None or now - self._floor_at > FLOOR_TTL
         lowest, last_id = await fetch_async(conn, _extent(table, lowest=refloor))
+        if last_id is None:
+            raise await _unreadable(conn, table)
         floor = self._floor if not refloor and self._floor is not None else lowest or 0
         top = (last_id // size + 1) * size
-        # Partition by partition, a few at a time, from the floor up to the first ready row:
-        # a statement over them all would plan every partition (a reading over 30 of them
-        # cost more than the claims of a 30,000-row drain).
-        ready = unfinished = None
-        chunk = READING_PARTITIONS * size
-        for low in range(min(floor, top) // size * size, top, chunk):
-            within = (low, min(low + chunk, top))
-            leaves = self.layout.leaves(table, within)
-            ready, found = await fetch_async(conn, _window_reading(table, within, leaves))
-            unfinished = found if unfinished is None else unfinished
-            if ready is not None:
-                break
+        ready, unfinished = await self._first_ready(conn, table, min(floor, top), top)
+        if ready is None:
+            # Nothing ready up to the sequence's partition: a row a producer wrote with an
+            # id of its own may wait past it (`written_past`, as outbox stats finds it).
+            past = await fetch_async(conn, _written_past(table, last_id))
+            if past is not None and past > top:
+                ready, found = await self._first_ready(conn, table, top, int(past))
+                unfinished = found if unfinished is None else unfinished
+                top = int(past)
         if forgotten != self._forgotten:
             return  # forgotten while it read: read again from the lowest partition
         if refloor:
@@ -740,6 +857,31 @@ class ClaimWindow:
         self._bounds = Bounds(low, high, self._floor)
         self._read_at = now
         self._fresh, self._widen, self.unfinished_behind = True, False, False
+
+    async def _first_ready(
+        self,
+        conn: psycopg.AsyncConnection[tuple[object, ...]],
+        table: Table,
+        start: int,
+        end: int,
+    ) -> tuple[int | None, int | None]:
+        """The first ready row (or expired lease) from `start` up to `end`, and the first
+        unfinished row of the partitions read until then. Partition by partition, a few at
+        a time, up to the first ready row: a statement over them all would plan every
+        partition (a reading over 30 of them cost more than the claims of a 30,000-row
+        drain)."""
+        assert self.layout is not None
+        size = self.layout.partition_size
+        ready = unfinished = None
+        chunk = READING_PARTITIONS * size
+        for low in range(start // size * size, end, chunk):
+            within = (low, min(low + chunk, end))
+            leaves = self.layout.leaves(table, within)
+            ready, found = await fetch_async(conn, _window_reading(table, within, leaves))
+            unfinished = found if unfinished is None else unfinished
+            if ready is not None:
+                break
+        return ready, unfinished
 
     async def catch_up(
         self, conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table

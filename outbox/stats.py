@@ -65,7 +65,14 @@ import psycopg
 from psycopg import sql
 
 from outbox import destinations as dest
-from outbox.partitions import FINISHED_NOTE, unusable_bound
+from outbox.partitions import (
+    FINISHED_NOTE,
+    FIRST_ID,
+    PAST_ID,
+    last_id_given,
+    unusable_bound,
+    written_past,
+)
 from outbox.plumbing.redact import redact_text
 from outbox.runner import Query, Row, Steps, perform, perform_async, step
 from outbox.table import Table
@@ -581,19 +588,17 @@ def _query(table: Table, exact: bool, ordered: bool = False) -> sql.Composable:
 
 # A partitioned table's partitions that `outbox maintain` has not noted finished (the notes by
 # a join), each with its id range (deparsed without opening the partition: a bound holds no
-# column), the newest id the sequence gave, and, for a partition wholly past it, whether its
+# column), the newest id the sequence gave (-1 for a role that may not read the sequence:
+# then every partition's file is looked at), and, for a partition wholly past it, whether its
 # file holds anything: a row a producer wrote with an id of its own past the sequence (which
-# `outbox maintain` sees through max(id)). A size is a look at the file, exact from the
-# insert on (committed or not), where planning those partitions would cost as much as
-# opening them; the others' sizes are not looked at. No row for a plain table.
+# `outbox maintain` sees through max(id); outbox.partitions.written_past, which the claims'
+# window asks too). The others' sizes are not looked at. No row for a plain table.
 _WINDOW = sql.SQL(
-    """SELECT w.relname, w.low, w.high, w.last,
-       w.low > w.last AND pg_relation_size(w.oid) > 0, w.bound
+    """SELECT w.relname, w.low, w.high, w.last, {written}, w.bound
   FROM (SELECT p.oid, p.relname::text AS relname, pg_get_expr(p.relpartbound, 0) AS bound,
                substring(pg_get_expr(p.relpartbound, 0) FROM {low})::bigint AS low,
                substring(pg_get_expr(p.relpartbound, 0) FROM {high})::bigint AS high,
-               (SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence({rc}, 'id')), 0))
-                 AS last
+               (SELECT coalesce({last}, -1)) AS last
           FROM pg_inherits AS i
           JOIN pg_class AS p ON p.oid = i.inhrelid
           LEFT JOIN pg_description AS d
@@ -624,9 +629,12 @@ def unfinished_window(table: Table) -> Query[Window | None]:
     ones behind them or made ahead."""
     statement = _WINDOW.format(
         rc=table.regclass_literal,
-        low=sql.Literal(r"FROM \('?(-?[0-9]+)"),
-        high=sql.Literal(r"TO \('?(-?[0-9]+)"),
+        low=sql.Literal(FIRST_ID),
+        high=sql.Literal(PAST_ID),
         note=sql.Literal(FINISHED_NOTE),
+        # A role that may not read the sequence (-1): every partition's file is looked at.
+        last=last_id_given(table),
+        written=written_past(sql.SQL("w.oid"), sql.SQL("w.low"), sql.SQL("w.last")),
     )
 
     def parse(rows: list[Row]) -> Window | None:

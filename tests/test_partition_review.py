@@ -7,14 +7,20 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from datetime import timedelta
 
 import psycopg
 import pytest
 from helpers import seed, wait_until_db
 from psycopg import sql
 
-from outbox.partitions import Layout, make_partition, upkeep_lock
+from outbox import lease
+from outbox.models import Outcome
+from outbox.operations.conversion import migrate_converting
+from outbox.operations.partition_maintenance import maintain
+from outbox.partitions import ClaimWindow, Layout, check, make_partition, upkeep_lock
 from outbox.schema import migrate
+from outbox.stats import queue_stats
 from outbox.table import Table
 
 TABLE = Table.parse("outbox")
@@ -99,3 +105,136 @@ def test_migrate_waits_for_a_keeper_making_the_same_partition(empty_dsn: str) ->
             " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'outbox'::regclass"
         ).fetchone()
     assert names == ([f"outbox_p{k}" for k in range(5)],)
+
+
+# -- the sequence the ids come from ------------------------------------------------------------
+
+
+def _role(conn: psycopg.Connection[tuple[object, ...]], name: str, *grants: str) -> str:
+    """A login role (made once per cluster) with `grants` on this database's tables; its DSN
+    is the connection's with the role's name and password."""
+    conn.execute(
+        sql.SQL(
+            "DO $$BEGIN CREATE ROLE {r} LOGIN PASSWORD 'review';"
+            " EXCEPTION WHEN duplicate_object THEN NULL; END$$"
+        ).format(r=sql.Identifier(name))
+    )
+    for grant in grants:
+        conn.execute(sql.SQL(grant).format(r=sql.Identifier(name)))  # type: ignore[arg-type]
+    return psycopg.conninfo.make_conninfo(
+        conn.info.dsn, user=name, password="review", dbname=conn.info.dbname
+    )
+
+
+async def _drain(dsn: str, rounds: int = 12) -> list[int]:
+    """A worker's claims through its window (the table's checked layout), each finalized."""
+    taken: list[int] = []
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+        window = ClaimWindow(await check(aconn, TABLE))
+        for _ in range(rounds):
+            got = await lease.claim(
+                aconn, TABLE, owner="w", batch=50, lease=timedelta(minutes=1),
+                max_attempts=5, window=window,
+            )  # fmt: skip
+            taken += [m.id for m in got]
+            await lease.finalize(aconn, TABLE, [Outcome.done(m) for m in got], layout=window.layout)
+    return taken
+
+
+async def test_a_worker_role_without_the_sequence_is_refused_until_migrate_grants_it(
+    empty_dsn: str,
+) -> None:
+    """The documented worker grant (SELECT, UPDATE) given after the table was made: the
+    check refuses the role in one line naming the sequence and the GRANT (its window would
+    have stopped at partition 0: PostgreSQL 18 answers NULL for the sequence's last value,
+    read as 0), and `outbox migrate` run again grants it; then every row is claimed."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, layout=Layout(100, 3))
+        seed(conn, 250)  # partitions 0, 1 and 2
+        worker = _role(
+            conn,
+            "review_worker",
+            "GRANT SELECT, UPDATE ON outbox TO {r}",
+            "GRANT SELECT ON outbox_layout, outbox_destinations TO {r}",
+        )
+        conn.execute("REVOKE ALL ON SEQUENCE outbox_id_seq FROM review_worker")
+    async with await psycopg.AsyncConnection.connect(worker, autocommit=True) as aconn:
+        with pytest.raises(ValueError) as refused:
+            await check(aconn, TABLE)
+    assert str(refused.value) == (
+        "role review_worker may not read public.outbox_id_seq, the sequence its ids come from, "
+        "which the claims and the partitions ahead are read from; GRANT SELECT ON SEQUENCE "
+        "public.outbox_id_seq TO review_worker (outbox migrate and outbox maintain grant it to "
+        "every role that may UPDATE the table)"
+    )
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, layout=Layout(100, 3))
+    assert sorted(await _drain(worker)) == list(range(1, 251))
+
+
+async def test_maintain_grants_the_sequence_to_the_roles_that_may_update(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, layout=Layout(100, 3))
+        _role(conn, "review_worker", "GRANT SELECT, UPDATE ON ALL TABLES IN SCHEMA public TO {r}")
+        _role(conn, "review_reader", "GRANT SELECT ON ALL TABLES IN SCHEMA public TO {r}")
+        conn.execute("REVOKE ALL ON SEQUENCE outbox_id_seq FROM review_worker, review_reader")
+        maintain(conn, TABLE, retention=timedelta(days=1))
+        granted = conn.execute(
+            "SELECT has_sequence_privilege('review_worker', 'outbox_id_seq', 'SELECT'),"
+            " has_sequence_privilege('review_worker', 'outbox_id_seq', 'USAGE, UPDATE'),"
+            " has_sequence_privilege('review_reader', 'outbox_id_seq', 'SELECT, USAGE')"
+        ).fetchone()
+    assert granted == (True, False, False)  # read only, and only to who may update the rows
+
+
+async def test_a_worker_role_that_served_the_plain_table_serves_it_converted(dsn: str) -> None:
+    """The documented worker grant on a plain table, which `outbox migrate --partition-size`
+    converts: the conversion carries the sequence to it with the table's grants."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        worker = _role(
+            conn, "review_worker", "GRANT SELECT, UPDATE ON outbox, outbox_destinations TO {r}"
+        )
+        seed(conn, 50)
+        # `outbox migrate --partition-size 100 --partitions-ahead 2`: p0 holds ids 0..299
+        migrate_converting(conn, TABLE, None, Layout(100, 2))
+        seed(conn, 150)  # ids 300..449, in partitions 3 and 4
+        conn.execute(
+            "UPDATE outbox SET status = 'done', done_at = now() WHERE id < 300"
+        )  # the plain table's rows, served before
+    taken = await _drain(worker)
+    assert sorted(taken) == list(range(300, 450)), f"claimed {len(taken)} of 150"
+
+
+def test_stats_by_a_reader_without_the_sequence_sees_every_row(empty_dsn: str) -> None:
+    """A role that may only read (`outbox stats`, the TUI) and not the sequence: the window
+    cannot end at the sequence's partition, so it ends at the last partition holding a row
+    (each partition's file looked at), where it stopped at partition 0 before."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, layout=Layout(100, 3))
+        seed(conn, 250)
+        reader = _role(conn, "review_reader", "GRANT SELECT ON ALL TABLES IN SCHEMA public TO {r}")
+        conn.execute("REVOKE ALL ON SEQUENCE outbox_id_seq FROM review_reader")
+    with psycopg.connect(reader, autocommit=True) as conn:
+        stats = queue_stats(conn, TABLE)
+    assert (stats.pending, stats.max_id) == (250, 250)
+
+
+# -- a row written with an id of its own -------------------------------------------------------
+
+
+async def test_a_row_past_the_sequence_is_claimed(empty_dsn: str) -> None:
+    """A producer's row with an id of its own, past the sequence, in a partition made ahead:
+    `outbox stats` counts it, and the claims find it the same way (its partition's file), so
+    it is delivered after the rows below it."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, layout=Layout(100, 3))
+        seed(conn, 10)  # ids 1..10
+        conn.execute(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)"
+            " VALUES (250, 'order', 'x', 'Tested', '{}')"
+        )
+        assert queue_stats(conn, TABLE).pending == 11
+    taken = await _drain(empty_dsn, rounds=3)
+    assert taken == [*range(1, 11), 250]
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert queue_stats(conn, TABLE).pending == 0

@@ -17,7 +17,8 @@ producers or workers.
    for the ids [0, B), without a scan (the validated CHECK implies the bound), and its
    indexes are attached to the parent's, not rebuilt, which take their old names; the
    NOTIFY trigger, the schema version's comment and the grants move to the parent (a role
-   that may insert may use the sequence; one that may read may read `<table>_layout`); the
+   that may insert may use the sequence, one that may update may read it; one that may read
+   may read `<table>_layout`); the
    layout is recorded, the partition for the next ids is made, and a NOTIFY `layout` tells
    the running workers, which claim partition by partition from then on;
 4. the partitions ahead are made, each on its own (`outbox migrate` with the layout, as on
@@ -615,8 +616,9 @@ def _grant_statements(
     table: Table, sequence: Table, grants: list[tuple[str | None, str, bool]]
 ) -> list[sql.Composed]:
     """The old table's grants on the parent; the sequence to whoever may insert (its
-    default calls nextval, which an identity did not need), `<table>_layout` to whoever may
-    read (the workers' check reads it)."""
+    default calls nextval, which an identity did not need) and to whoever may update (a
+    worker: its claims read the last id given, outbox.partitions.last_id_given),
+    `<table>_layout` to whoever may read (the workers' check reads it)."""
     layout = partitions.layout_table(table)
     statements = []
     for grantee, privilege, grantable in grants:
@@ -632,6 +634,10 @@ def _grant_statements(
         if privilege == "INSERT":
             statements.append(
                 sql.SQL("GRANT USAGE ON SEQUENCE {s} TO {to}").format(s=sequence.ident, to=to)
+            )
+        if privilege == "UPDATE":  # a worker: its claims read the sequence's last id
+            statements.append(
+                sql.SQL("GRANT SELECT ON SEQUENCE {s} TO {to}").format(s=sequence.ident, to=to)
             )
         if privilege == "SELECT":
             statements.append(sql.SQL("GRANT SELECT ON {l} TO {to}").format(l=layout, to=to))

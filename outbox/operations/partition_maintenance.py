@@ -39,11 +39,14 @@ from outbox.partitions import (
     FINISHED_NOTE,
     Layout,
     Partition,
+    SequenceUnreadable,
     carry_privileges,
+    last_id_given,
     make_partition,
     missing_ahead,
     read_layout,
     read_partitions,
+    sequence_problem,
     upkeep_lock,
 )
 from outbox.runner import Query, Row, Steps, first_row, no_rows, perform, perform_async, step
@@ -102,14 +105,15 @@ def _layout(table: Table) -> Steps[tuple[Layout, list[Partition]]]:
     return layout, leaves
 
 
-def _last_id(table: Table) -> Query[int]:
-    # The sequence's last value: never behind an insert in flight, and no scan of the parent.
-    return _value(
-        sql.SQL(
-            "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence({t}, 'id')), 0)"
-        ).format(t=table.regclass_literal),
-        lambda v: int(v or 0),
-    )
+def _last_id(table: Table) -> Steps[int]:
+    """The sequence's last value: never behind an insert in flight, and no scan of the
+    parent. A role that may not read it is refused, naming the GRANT: read as 0, every
+    partition would seem made ahead."""
+    last = yield from step(_value(sql.SQL("SELECT {last}").format(last=last_id_given(table))))
+    if last is None:
+        problem = yield from step(sequence_problem(table))
+        raise SequenceUnreadable(f"table {table} cannot be served: {problem}")
+    return int(last)
 
 
 def _leaf(table: Table, name: str) -> sql.Composable:
@@ -151,7 +155,7 @@ def _state(table: Table, leaf: Partition, current: int) -> Steps[PartitionState]
 
 def _states(table: Table) -> Steps[list[PartitionState]]:
     _, leaves = yield from _layout(table)
-    current = yield from step(_last_id(table))
+    current = yield from _last_id(table)
     states = []
     for leaf in leaves:
         states.append((yield from _state(table, leaf, current)))
@@ -287,7 +291,7 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
     leftovers = yield from _detached_orphans(table, layout, leaves)
     leaves = [leaf for leaf in leaves if leaf.name not in half_detached]
     made = yield from _make_ahead(table, layout, leaves)
-    current = yield from step(_last_id(table))
+    current = yield from _last_id(table)
     now = _value(sql.SQL("SELECT clock_timestamp()").format())
     retired: list[str] = []
     rows = 0
@@ -328,7 +332,7 @@ def _make_ahead(table: Table, layout: Layout, leaves: list[Partition]) -> Steps[
     """The partitions missing ahead of the highest id, each created on its own, then
     attached (outbox.partitions.make_partition), and the parent's privileges given to every
     partition lacking them (one made before a GRANT on the parent); how many were made."""
-    missing = missing_ahead(leaves, (yield from step(_last_id(table))), layout)
+    missing = missing_ahead(leaves, (yield from _last_id(table)), layout)
     for index, low, high in missing:
         for statement in make_partition(table, index, low, high):
             yield from step(_statement(statement))
@@ -351,7 +355,7 @@ def _noted(table: Table) -> Query[set[str]]:
 def _noting(table: Table) -> Steps[int]:
     _, leaves = yield from _layout(table)
     noted = yield from step(_noted(table))
-    current = yield from step(_last_id(table))
+    current = yield from _last_id(table)
     looked = 0
     for leaf in leaves:
         if leaf.name in noted:
