@@ -20,7 +20,8 @@ import psycopg
 
 from outbox.limits import CLAIM_BYTES, WORKER_MAX_PAYLOAD_BYTES
 from outbox.models import Message, Outcome, OutcomeKind
-from outbox.partitions import Bounds, ClaimWindow, Layout
+from outbox.partitions import Bounds, ClaimWindow, Layout, check
+from outbox.plumbing.errors import SchemaError
 from outbox.plumbing.text import storable
 from outbox.queries import Queries, queries, replays_waiting
 from outbox.runner import Query, Row, fetch_async
@@ -153,7 +154,8 @@ async def _claim_in_window(
     messages: list[Message] = []
     unreadable: list[Outcome] = []
     looked: Bounds | None = None
-    for attempt in range(2):
+    attempt, rechecked = 0, False
+    while True:
         wanted = batch - len(messages) - len(unreadable)
         left = budget - sum(len(m.payload_json) for m in messages)
         try:
@@ -169,11 +171,11 @@ async def _claim_in_window(
             q = _queries_within(table, window.layout, within, bounds.unfinished_low)
             got = await fetch_async(conn, statement(q, wanted, left))
         except psycopg.errors.UndefinedTable:
-            # A partition named otherwise was attached since the start: from now on every
-            # statement goes through the parent (the retry of this claim, and the others').
-            if window.layout is not None and window.layout.named_leaves:
-                window.layout = replace(window.layout, named_leaves=False)
-            raise
+            # A partition the window named is gone: at once again, as the table is now.
+            if rechecked or not await _recheck(conn, table, window):
+                raise
+            rechecked, looked = True, None
+            continue
         ids = [*map(_row_id, got.messages), *map(_message_id, got.unreadable)]
         window.claimed(ids, wanted, ordered=ordered)
         messages.extend(got.messages)
@@ -182,10 +184,31 @@ async def _claim_in_window(
         cut_by_budget = bool(got.messages) and taken + taken / len(got.messages) > left
         if attempt or len(ids) >= wanted or cut_by_budget or window.ran_out_of_ids:
             break
+        attempt += 1
     messages.sort(key=_row_id)
     if ordered:
         messages = await _hold_back_replays(conn, table, window.layout, messages)
     return _Claimed(messages, unreadable)
+
+
+async def _recheck(conn: AsyncConn, table: Table, window: ClaimWindow) -> bool:
+    """A claim named a partition that is not there: retired under the window (`outbox
+    maintain` dropped it, every row done), or attached under another name. The table is
+    checked again and the window forgotten, so the next reading starts at its lowest
+    partition; its statements go on naming partitions unless the check finds one named
+    otherwise (then every one goes through the parent, for good). Whether the claim may go
+    again at once: not when the table cannot be checked (it goes through the parent)."""
+    try:
+        layout = await check(conn, table)
+    except (ValueError, SchemaError):
+        layout = None
+    if layout is None:
+        if window.layout is not None and window.layout.named_leaves:
+            window.layout = replace(window.layout, named_leaves=False)
+        return False
+    window.layout = layout
+    window.forget()
+    return True
 
 
 async def _hold_back_replays(
@@ -373,8 +396,8 @@ async def _held_rows(
     partitions holding `ids`. When it names a partition that is not there (attached under
     another name since the start), once more through the parent with the range as constants:
     the statement failed before touching a row, and these rows must not be left to their
-    lease's end (the claim, when it meets the same partition, has its window stop naming
-    partitions: `_claim_in_window`)."""
+    lease's end (the claim, when it meets the same partition, checks the table again and
+    stops naming partitions if one is named otherwise: `_recheck`)."""
     if layout is None:
         return await fetch_async(conn, statement(queries(table)))
     within = layout.span(ids)

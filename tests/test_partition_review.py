@@ -238,3 +238,41 @@ async def test_a_row_past_the_sequence_is_claimed(empty_dsn: str) -> None:
     assert taken == [*range(1, 11), 250]
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert queue_stats(conn, TABLE).pending == 0
+
+
+# -- a partition retired under a worker's window -----------------------------------------------
+
+
+async def test_a_partition_retired_under_a_window_costs_its_worker_nothing(
+    empty_dsn: str,
+) -> None:
+    """Worker 1's window names partition 0 when `outbox maintain --retention 0s` retires it
+    (another replica finished its rows): worker 1's next claim meets the missing partition,
+    reads its window again from the lowest partition and claims at once, its statements
+    still naming partitions (they went through the parent for the process's life)."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, layout=Layout(100, 3))
+        seed(conn, 150)  # ids 1..150: partition 0 full, partition 1 half
+    async with (
+        await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as a1,
+        await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as a2,
+    ):
+        w1, w2 = ClaimWindow(await check(a1, TABLE)), ClaimWindow(await check(a2, TABLE))
+
+        async def claim(
+            aconn: psycopg.AsyncConnection[tuple[object, ...]], w: ClaimWindow, n: int
+        ) -> list[int]:
+            got = await lease.claim(
+                aconn, TABLE, owner="w", batch=n, lease=timedelta(minutes=1), max_attempts=5,
+                window=w,
+            )  # fmt: skip
+            await lease.finalize(aconn, TABLE, [Outcome.done(m) for m in got], layout=w.layout)
+            return [m.id for m in got]
+
+        assert await claim(a1, w1, 40) == list(range(1, 41))  # w1's window: partition 0
+        assert await claim(a2, w2, 59) == list(range(41, 100))  # the rest of it, elsewhere
+        with psycopg.connect(empty_dsn, autocommit=True) as conn:
+            assert maintain(conn, TABLE, retention=timedelta(0)).retired == ["outbox_p0"]
+        assert await claim(a1, w1, 40) == list(range(100, 140))
+        assert w1.layout is not None and w1.layout.named_leaves
+        assert w1.bounds().low == 100
