@@ -734,7 +734,9 @@ class ClaimWindow:
 
     A reading looks from the oldest unfinished row the last one found (unfinished rows only
     end: a requeued dead row was unfinished already) up to the sequence's last id, and from
-    the lowest partition every FLOOR_TTL, for a row committed long after its id was taken.
+    the lowest partition every FLOOR_TTL, for a row committed long after its id was taken;
+    that reading, finding nothing ready, also looks past the sequence's partition for a row
+    a producer wrote with an id of its own (`written_past`).
 
     A replay sends done rows of any partition back to pending, below the floor: each of its
     batches notifies the table's channel with `REPLAY_NOTICE`, and a worker hearing it calls
@@ -832,9 +834,11 @@ class ClaimWindow:
         floor = self._floor if not refloor and self._floor is not None else lowest or 0
         top = (last_id // size + 1) * size
         ready, unfinished = await self._first_ready(conn, table, min(floor, top), top)
-        if ready is None:
+        if ready is None and refloor:
             # Nothing ready up to the sequence's partition: a row a producer wrote with an
             # id of its own may wait past it (`written_past`, as outbox stats finds it).
+            # Looked for with the floor only: over 200 partitions made ahead, each file's
+            # size cost ten times the rest of a reading that finds nothing.
             past = await fetch_async(conn, _written_past(table, last_id))
             if past is not None and past > top:
                 ready, found = await self._first_ready(conn, table, top, int(past))

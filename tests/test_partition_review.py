@@ -126,8 +126,10 @@ def _role(conn: psycopg.Connection[tuple[object, ...]], name: str, *grants: str)
     )
 
 
-async def _drain(dsn: str, rounds: int = 12) -> list[int]:
-    """A worker's claims through its window (the table's checked layout), each finalized."""
+async def _drain(dsn: str, rounds: int = 12, *, forget: bool = False) -> list[int]:
+    """A worker's claims through its window (the table's checked layout), each finalized;
+    with `forget`, the window forgotten after each (as after a reconnection: the next
+    reading starts from the lowest partition, as one does every FLOOR_TTL)."""
     taken: list[int] = []
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
         window = ClaimWindow(await check(aconn, TABLE))
@@ -138,6 +140,8 @@ async def _drain(dsn: str, rounds: int = 12) -> list[int]:
             )  # fmt: skip
             taken += [m.id for m in got]
             await lease.finalize(aconn, TABLE, [Outcome.done(m) for m in got], layout=window.layout)
+            if forget:
+                window.forget()
     return taken
 
 
@@ -224,8 +228,8 @@ def test_stats_by_a_reader_without_the_sequence_sees_every_row(empty_dsn: str) -
 
 async def test_a_row_past_the_sequence_is_claimed(empty_dsn: str) -> None:
     """A producer's row with an id of its own, past the sequence, in a partition made ahead:
-    `outbox stats` counts it, and the claims find it the same way (its partition's file), so
-    it is delivered after the rows below it."""
+    `outbox stats` counts it, and the claims find it the same way (its partition's file), at
+    a reading from the lowest partition, so it is delivered after the rows below it."""
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         migrate(conn, TABLE, layout=Layout(100, 3))
         seed(conn, 10)  # ids 1..10
@@ -234,7 +238,7 @@ async def test_a_row_past_the_sequence_is_claimed(empty_dsn: str) -> None:
             " VALUES (250, 'order', 'x', 'Tested', '{}')"
         )
         assert queue_stats(conn, TABLE).pending == 11
-    taken = await _drain(empty_dsn, rounds=3)
+    taken = await _drain(empty_dsn, rounds=3, forget=True)
     assert taken == [*range(1, 11), 250]
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert queue_stats(conn, TABLE).pending == 0
