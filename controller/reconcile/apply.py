@@ -8,7 +8,11 @@ changed is an `Applied`, and what the loop keeps of it for the next pass goes ba
 (`server_made`, `purged_at`, `budget`).
 
 The budget is read (a GET) only when what it should be changed, or once every
-`BUDGET_RECHECK`: an idle resource's pass then writes and reads nothing of it.
+`BUDGET_RECHECK`: an idle resource's pass then writes and reads nothing of it. The
+NetworkPolicy is read only when what it should be changed since the loop last found or made
+it as rendered (`network_policy`), which the loop forgets after a pass that failed (a 409 or
+404 on its write included) and when the spec changes: an idle resource's passes never read
+it.
 """
 
 from __future__ import annotations
@@ -61,6 +65,8 @@ class Applied:
     server_made: frozenset[str] = frozenset()
     purged_at: datetime | None = None  # when the last purge ran, this pass's or before
     budget: BudgetKept | None = None
+    # The NetworkPolicy as this loop last found or made it as rendered (None: none known).
+    network_policy: Mapping[str, Any] | None = None
 
 
 async def apply(
@@ -71,9 +77,10 @@ async def apply(
     server_made: frozenset[str],
     purged_at: datetime | None,
     budget: BudgetKept | None = None,
+    network_policy: Mapping[str, Any] | None = None,
 ) -> Applied:
-    """Apply `decision` (see the module); `server_made` and `purged_at` as the last pass
-    left them."""
+    """Apply `decision` (see the module); `server_made`, `purged_at`, `budget` and
+    `network_policy` as the last pass left them."""
     spec = reading.spec
     deployment = reading.deployment
     drift: tuple[str, ...] = ()
@@ -82,7 +89,7 @@ async def apply(
             context, reading, decision.replicas, server_made
         )
         if context.settings.worker_network_policy:
-            await _network_policy(context, reading)
+            network_policy = await _network_policy(context, reading, network_policy)
         budget = await _budget(context, reading, decision.replicas, budget)
     elif deployment is not None and decision.replicas != reading.replicas:
         # Paused or pinned while the inputs are broken: resize, keep the last good template.
@@ -95,7 +102,9 @@ async def apply(
         if purged is not None:
             purged_at = reading.now
     scaled = deployment is not None and decision.replicas != reading.replicas
-    return Applied(deployment, scaled, purged, drift, server_made, purged_at, budget)
+    return Applied(
+        deployment, scaled, purged, drift, server_made, purged_at, budget, network_policy
+    )
 
 
 async def _budget(
@@ -179,10 +188,15 @@ def _server_made(
     return frozenset(made)
 
 
-async def _network_policy(context: Context, reading: Reading) -> None:
-    """The worker pods' NetworkPolicy (outbox.controller.network), kept as rendered."""
+async def _network_policy(
+    context: Context, reading: Reading, kept: Mapping[str, Any] | None
+) -> Mapping[str, Any]:
+    """The worker pods' NetworkPolicy (outbox.controller.network), kept as rendered: read,
+    and written if it differs, only when the rendering is not `kept` (see the module)."""
     kube, spec = context.kube, reading.spec
     rendered = render_network_policy(spec, context.settings.worker_metrics_from)
+    if rendered == kept:
+        return kept
     name = rendered["metadata"]["name"]
     with step(f"writing NetworkPolicy {spec.namespace}/{name}"):
         current = await kube.network_policy(spec.namespace, name)
@@ -192,6 +206,7 @@ async def _network_policy(context: Context, reading: Reading) -> None:
                 "creating" if current is None else "restoring", name,
             )  # fmt: skip
             await kube.apply_network_policy(rendered, current)
+    return rendered
 
 
 def _purge_due(reading: Reading, purged_at: datetime | None) -> bool:

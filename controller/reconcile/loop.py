@@ -63,6 +63,9 @@ class Memory:
     server_made: frozenset[str] = frozenset()  # template changes the server makes itself
     purged_at: datetime | None = None
     budget: BudgetKept | None = None  # the PodDisruptionBudget as last found or made
+    # The NetworkPolicy as last found or made as rendered; None after a pass that failed,
+    # so that the next one reads it again (apply.py).
+    network_policy: Mapping[str, Any] | None = None
     pods_forbidden: bool = False  # said once: RBAC does not let the operator list pods
 
 
@@ -153,8 +156,12 @@ class DispatcherLoop:
             # the Deployment now would hold the deletion up for ever.
             context.tables.read(spec.namespace, spec.name)  # none waits for it
             return
+        # Taken for this pass: given back only by a pass that ends well.
+        network_policy, memory.network_policy = memory.network_policy, None
         if memory.reconciled_generation not in (None, spec.generation):
-            reread_secrets(context, spec)  # a changed spec sees its Secrets as they are now
+            # A changed spec sees its Secrets and its NetworkPolicy as they are now.
+            reread_secrets(context, spec)
+            network_policy = None
         reading = await read(context, spec, self._status_before(spec))
         self._say_pods_forbidden(reading)
         decision = decide(reading.observed, reading.limits, lambda: self.policy(spec.scaling))
@@ -165,6 +172,7 @@ class DispatcherLoop:
             server_made=memory.server_made,
             purged_at=memory.purged_at,
             budget=memory.budget,
+            network_policy=network_policy,
         )
         memory.server_made, memory.purged_at = applied.server_made, applied.purged_at
         memory.budget = applied.budget
@@ -174,6 +182,7 @@ class DispatcherLoop:
         if written:
             memory.status_written_at = reading.now
         memory.reconciled_generation = spec.generation
+        memory.network_policy = applied.network_policy
         if reading.stats is not None:
             memory.previous = reading.stats
 

@@ -16,10 +16,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import kmock
 import psycopg
 import pytest
 
 from outbox.controller.database import POOL_MAX_CONNECTIONS
+from outbox.controller.resource import selector_labels
 from outbox.models import Event
 from outbox.producer import enqueue_many
 from outbox.table import Table
@@ -28,6 +30,7 @@ from .cluster import LocalCluster
 from .test_lease_thread import RENEW_DEADLINE, Renewals
 from .test_operator import (
     FAST_LEADER,
+    NS,
     Operator,
     apply,
     dispatcher_manifest,
@@ -227,3 +230,48 @@ def test_two_operators_on_two_namespaces_each_serve_their_own_with_their_own_lea
                 started[namespace].metric("outbox_controller_passes_total", namespace=other) is None
             )
         assert started[namespace].leading(), identity
+
+
+def _policy(cluster: LocalCluster, name: str) -> dict[str, Any] | None:
+    found = cluster.objects("networking.k8s.io/v1", "networkpolicies", NS, f"{name}-worker")
+    return found[0] if found else None
+
+
+def _fail_the_next_status_write(emulator: Any) -> None:
+    """On the emulator's loop: a 503 for the next PATCH of a dispatcher (kmock's slices count
+    every matching request since the start)."""
+    patches = emulator["patch", kmock.resource("outbox.dev", "v1alpha1", "outboxdispatchers")]
+    done = len(list(patches))
+    patches[done : done + 1] << 503
+
+
+def test_an_idle_fleet_reads_its_network_policies_once(
+    cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
+) -> None:
+    """The NetworkPolicy is read (and written) when what it should be changed, not every
+    pass; a pass that failed makes the next one read it again, and put back one deleted."""
+    names = [f"fenced-{i}" for i in range(3)]
+    apply(cluster, secret_manifest("orders-db", dsn=dsn), *(_idle(n, dsn) for n in names))
+    operator = operators("--worker-network-policy", "on")
+    wait_for("every dispatcher's NetworkPolicy", lambda: all(_policy(cluster, n) for n in names))
+    wait_for(
+        "every dispatcher's second pass",
+        lambda: all(p >= 2 for p in _passes(operator, names)),
+    )
+    gets = _gets(cluster, "networkpolicies")
+    start = _passes(operator, names)
+    wait_for(
+        f"{PASSES} more passes of every dispatcher",
+        lambda: all(b - a >= PASSES for a, b in zip(start, _passes(operator, names), strict=True)),
+    )
+    assert _gets(cluster, "networkpolicies") - gets == 0
+
+    # Deleted by hand, it is not seen by an idle pass (nothing watches it); a pass that fails
+    # (here the status write of a new row) leaves the next one to read it again, which puts
+    # it back.
+    cluster.kubectl("delete", "networkpolicy", "fenced-0-worker")
+    cluster.on_loop(_fail_the_next_status_write)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        enqueue_many(conn, [Event("order", "1", "created", {})], table=Table.parse("fenced-0"))
+    restored = wait_for("the NetworkPolicy put back", lambda: _policy(cluster, "fenced-0"))
+    assert restored["spec"]["podSelector"] == {"matchLabels": selector_labels("fenced-0")}
