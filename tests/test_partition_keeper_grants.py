@@ -118,3 +118,23 @@ def test_a_role_without_the_parents_grants_is_told_to_grant_on_the_parent_first(
     ]
     said = refused[0].advice(Table.parse("outbox"))
     assert f"GRANT UPDATE ON outbox TO {roles.worker_name}, then run `outbox maintain" in said
+
+
+async def test_a_partition_made_ahead_without_the_grants_is_named_before_its_rows_come(
+    roles,  # noqa: F811
+    caplog,
+):
+    """The partition keeper looks at its pass: no claim has been refused yet."""
+    caplog.set_level(logging.WARNING, logger="outbox.worker")
+    made = roles.outbox("migrate", "--partition-size", str(SIZE), "--partitions-ahead", "2")
+    assert made.returncode == 0, made.stderr
+    with psycopg.connect(roles.owner, autocommit=True) as conn:
+        roles.grant_on_the_tables(conn)
+        assert roles.outbox("maintain").returncode == 0
+        conn.execute("CREATE TABLE outbox_p3 PARTITION OF outbox FOR VALUES FROM (300) TO (400)")
+        seed(conn, 10)  # ids 1 to 10, in outbox_p0
+        async with dispatching(settings(roles.worker), Scripted(lambda m: None)) as replica:
+            await wait_until(lambda: len(_advice(caplog)) == 1, what="the partition named")
+            await wait_until(lambda: statuses(conn) == {"done": 10}, what="the drain")
+            assert _claims_refused(replica) == 0
+    assert "lacks SELECT, UPDATE on partition outbox_p3 of outbox" in _advice(caplog)[0]

@@ -84,7 +84,6 @@ class PartitionKeeper(Service):
                     else:
                         left = await partitions.ids_ahead(conn, self.settings.table)
                     self.metrics.partition_ids_ahead.set(left)
-                    await self._tell_refused(conn)
                     if may_note:
                         may_note = await self._note_finished(conn)
             except psycopg.errors.InsufficientPrivilege:
@@ -98,6 +97,7 @@ class PartitionKeeper(Service):
             except psycopg.Error as exc:
                 self.metrics.db_errors.labels("keep partitions").inc()
                 log.warning("could not keep partitions ahead: %s", exc)
+            await self.tell_refused()  # apart: its failure is no failure to keep partitions
             await asyncio.sleep(KEEP_INTERVAL)
 
     async def _note_finished(self, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
