@@ -4,15 +4,19 @@ sequence, partitions retired under a worker's window, partitions made by two ses
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import threading
 from datetime import timedelta
+from itertools import pairwise
 
 import psycopg
 import pytest
-from helpers import seed, wait_until_db
+from helpers import seed, wait_until, wait_until_db
 from psycopg import sql
+from test_worker import Scripted
+from workers import dispatching, settings
 
 from outbox import lease
 from outbox.models import Outcome
@@ -22,6 +26,7 @@ from outbox.partitions import ClaimWindow, Layout, check, make_partition, upkeep
 from outbox.schema import migrate
 from outbox.stats import queue_stats
 from outbox.table import Table
+from outbox.worker import partition_keeper
 
 TABLE = Table.parse("outbox")
 
@@ -280,3 +285,43 @@ async def test_a_partition_retired_under_a_window_costs_its_worker_nothing(
         assert await claim(a1, w1, 40) == list(range(100, 140))
         assert w1.layout is not None and w1.layout.named_leaves
         assert w1.bounds().low == 100
+
+
+# -- the partition keeper's refusals -----------------------------------------------------------
+
+
+async def test_the_keeper_pauses_after_its_first_refusal(
+    empty_dsn: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker whose role may not create tables is told so once, and the keeper goes on at
+    once to read the ids left ahead; a refusal after that (here the sequence revoked, which
+    PostgreSQL 15 refused every read of) waits for the next pass like any database error,
+    where it went round again at once: 59 warnings in 3 seconds."""
+    monkeypatch.setattr(partition_keeper, "KEEP_INTERVAL", 0.1)
+    caplog.set_level(logging.WARNING, logger="outbox.worker")
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, layout=Layout(100, 3))
+        seed(conn, 150)
+        worker = _role(
+            conn,
+            "review_keeper",
+            "GRANT SELECT, UPDATE ON ALL TABLES IN SCHEMA public TO {r}",
+            "REVOKE CREATE ON SCHEMA public FROM PUBLIC, {r}",
+        )
+        migrate(conn, TABLE, layout=Layout(100, 3))  # p0..p4, the sequence granted to it
+        seed(conn, 200)  # 149 ids left ahead of a target of 300: the keeper would make more
+
+        def told(words: str) -> list[logging.LogRecord]:
+            return [r for r in caplog.records if words in r.getMessage()]
+
+        async with dispatching(settings(worker, batch=40), Scripted(lambda m: None)):
+            await wait_until(lambda: told("may not create tables"), what="the first refusal")
+            conn.execute("REVOKE SELECT ON SEQUENCE outbox_id_seq FROM review_keeper")
+            await wait_until(
+                lambda: len(told("could not keep partitions ahead")) >= 3,
+                timeout=10,
+                what="three passes refused",
+            )
+    assert len(told("may not create tables")) == 1
+    passes = [r.created for r in told("could not keep partitions ahead")]
+    assert all(later - earlier >= 0.09 for earlier, later in pairwise(passes)), passes

@@ -86,15 +86,17 @@ class PartitionKeeper(Service):
                     self.metrics.partition_ids_ahead.set(left)
                     if may_note:
                         may_note = await self._note_finished(conn)
-            except psycopg.errors.InsufficientPrivilege:
-                may_create = False
-                log.warning(
-                    "this worker's role may not create tables: partitions ahead of %s are left "
-                    "to `outbox maintain` (or the operator)",
-                    self.settings.table,
-                )
-                continue
             except psycopg.Error as exc:
+                if may_create and isinstance(exc, psycopg.errors.InsufficientPrivilege):
+                    may_create = False
+                    log.warning(
+                        "this worker's role may not create tables: partitions ahead of %s are "
+                        "left to `outbox maintain` (or the operator)",
+                        self.settings.table,
+                    )
+                    # At once, this first time only: the ids left ahead, read without making
+                    # any. A refusal after it waits for the next pass (it went round at once).
+                    continue
                 self.metrics.db_errors.labels("keep partitions").inc()
                 log.warning("could not keep partitions ahead: %s", exc)
             await self.tell_refused()  # apart: its failure is no failure to keep partitions
