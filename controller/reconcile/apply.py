@@ -8,11 +8,10 @@ changed is an `Applied`, and what the loop keeps of it for the next pass goes ba
 (`server_made`, `purged_at`, `budget`).
 
 The budget is read (a GET) only when what it should be changed, or once every
-`BUDGET_RECHECK`: an idle resource's pass then writes and reads nothing of it. The
-NetworkPolicy is read only when what it should be changed since the loop last found or made
-it as rendered (`network_policy`), which the loop forgets after a pass that failed (a 409 or
-404 on its write included) and when the spec changes: an idle resource's passes never read
-it.
+`KEPT_RECHECK`, and so is the NetworkPolicy (`network_policy`), which the loop also forgets
+after a pass that failed (a 409 or 404 on its write included) and when the spec changes: an
+idle resource's passes read neither but once a minute, so a budget or a policy deleted or
+edited by hand is put back within that.
 """
 
 from __future__ import annotations
@@ -41,12 +40,13 @@ log = logging.getLogger("outbox.controller")
 MAX_PURGE_INTERVAL = timedelta(minutes=10)
 # The budget as rendered is checked against the cluster at least this often while it stays
 # the same (someone may have deleted or edited it).
-BUDGET_RECHECK = timedelta(minutes=1)
+KEPT_RECHECK = timedelta(minutes=1)
 
 
 @dataclass(frozen=True)
-class BudgetKept:
-    """The budget this loop last found or made as rendered, and when."""
+class Kept:
+    """An object (the budget, the NetworkPolicy) this loop last found or made as rendered,
+    and when."""
 
     rendered: Mapping[str, Any] | None
     at: datetime
@@ -64,9 +64,9 @@ class Applied:
     # this pass: the loop hands them to the next.
     server_made: frozenset[str] = frozenset()
     purged_at: datetime | None = None  # when the last purge ran, this pass's or before
-    budget: BudgetKept | None = None
+    budget: Kept | None = None
     # The NetworkPolicy as this loop last found or made it as rendered (None: none known).
-    network_policy: Mapping[str, Any] | None = None
+    network_policy: Kept | None = None
 
 
 async def apply(
@@ -76,8 +76,8 @@ async def apply(
     *,
     server_made: frozenset[str],
     purged_at: datetime | None,
-    budget: BudgetKept | None = None,
-    network_policy: Mapping[str, Any] | None = None,
+    budget: Kept | None = None,
+    network_policy: Kept | None = None,
 ) -> Applied:
     """Apply `decision` (see the module); `server_made`, `purged_at`, `budget` and
     `network_policy` as the last pass left them."""
@@ -107,20 +107,18 @@ async def apply(
     )
 
 
-async def _budget(
-    context: Context, reading: Reading, replicas: int, kept: BudgetKept | None
-) -> BudgetKept:
+async def _budget(context: Context, reading: Reading, replicas: int, kept: Kept | None) -> Kept:
     """The workers' PodDisruptionBudget kept as rendered (controller/budget.py); read only
-    when the rendering changed since `kept` or `kept` is older than BUDGET_RECHECK."""
+    when the rendering changed since `kept` or `kept` is older than KEPT_RECHECK."""
     spec = reading.spec
     missing = unavailable(reading.pods)
     rendered = render_disruption_budget(spec, replicas, unavailable=missing)
-    fresh = kept is not None and reading.now - kept.at < BUDGET_RECHECK
+    fresh = kept is not None and reading.now - kept.at < KEPT_RECHECK
     if fresh and kept is not None and kept.rendered == rendered:
         return kept
     with step(f"writing PodDisruptionBudget {spec.namespace}/{spec.name}-worker"):
         await keep_disruption_budget(context.kube, spec, replicas, reading.pods)
-    return BudgetKept(rendered, reading.now)
+    return Kept(rendered, reading.now)
 
 
 async def _deployment(
@@ -188,14 +186,13 @@ def _server_made(
     return frozenset(made)
 
 
-async def _network_policy(
-    context: Context, reading: Reading, kept: Mapping[str, Any] | None
-) -> Mapping[str, Any]:
+async def _network_policy(context: Context, reading: Reading, kept: Kept | None) -> Kept:
     """The worker pods' NetworkPolicy (outbox.controller.network), kept as rendered: read,
-    and written if it differs, only when the rendering is not `kept` (see the module)."""
+    and written if it differs, when the rendering is not `kept`'s or `kept` is older than
+    KEPT_RECHECK (see the module)."""
     kube, spec = context.kube, reading.spec
     rendered = render_network_policy(spec, context.settings.worker_metrics_from)
-    if rendered == kept:
+    if kept is not None and kept.rendered == rendered and reading.now - kept.at < KEPT_RECHECK:
         return kept
     name = rendered["metadata"]["name"]
     with step(f"writing NetworkPolicy {spec.namespace}/{name}"):
@@ -206,7 +203,7 @@ async def _network_policy(
                 "creating" if current is None else "restoring", name,
             )  # fmt: skip
             await kube.apply_network_policy(rendered, current)
-    return rendered
+    return Kept(rendered, reading.now)
 
 
 def _purge_due(reading: Reading, purged_at: datetime | None) -> bool:

@@ -24,7 +24,7 @@ from outbox.controller.database import DatabaseBusy
 from outbox.controller.decision import SizingPolicy, decide
 from outbox.controller.kube import UNREACHABLE, failure_reason
 from outbox.controller.leader import LeadershipLost
-from outbox.controller.reconcile.apply import BudgetKept, apply
+from outbox.controller.reconcile.apply import Kept, apply
 from outbox.controller.reconcile.context import Context, StepFailed
 from outbox.controller.reconcile.read import Reading, read, reread_secrets
 from outbox.controller.reconcile.report import API_ERROR, report, report_api_error
@@ -62,10 +62,10 @@ class Memory:
     reconciled_generation: int | None = None
     server_made: frozenset[str] = frozenset()  # template changes the server makes itself
     purged_at: datetime | None = None
-    budget: BudgetKept | None = None  # the PodDisruptionBudget as last found or made
+    budget: Kept | None = None  # the PodDisruptionBudget as last found or made
     # The NetworkPolicy as last found or made as rendered; None after a pass that failed,
     # so that the next one reads it again (apply.py).
-    network_policy: Mapping[str, Any] | None = None
+    network_policy: Kept | None = None
     pods_forbidden: bool = False  # said once: RBAC does not let the operator list pods
 
 

@@ -266,9 +266,9 @@ def test_an_idle_fleet_reads_its_network_policies_once(
     )
     assert _gets(cluster, "networkpolicies") - gets == 0
 
-    # Deleted by hand, it is not seen by an idle pass (nothing watches it); a pass that fails
-    # (here the status write of a new row) leaves the next one to read it again, which puts
-    # it back.
+    # Deleted by hand, it is seen by an idle pass at the minute's recheck only (nothing
+    # watches it); a pass that fails (here the status write of a new row) leaves the next
+    # one to read it again at once, which puts it back.
     cluster.kubectl("delete", "networkpolicy", "fenced-0-worker")
     cluster.on_loop(_fail_the_next_status_write)
     with psycopg.connect(dsn, autocommit=True) as conn:
