@@ -501,3 +501,57 @@ def test_the_kind_quick_start_runs_the_release_story_on_kind():
     [documented_migrate] = [c for c in story if c.startswith("outbox migrate")]
     assert migrate.endswith(f"-- {documented_migrate}")
     assert f"--image={image}" in migrate
+
+
+# The receiving helpers and the one call that write into an inbox table, and where it is set.
+_INBOX_CALL = re.compile(r"\b(?:inbox\.record|inbox_handler|InboxEndpoint|NatsInbox|KafkaInbox)\(")
+_DEFAULT_INBOX = "outbox_inbox"
+
+
+def _call_text(code: str, start: int) -> str:
+    """The call opened at `start` (its parenthesis) up to the one that closes it."""
+    depth = 0
+    for end in range(start, len(code)):
+        depth += {"(": 1, ")": -1}.get(code[end], 0)
+        if depth == 0:
+            return code[start : end + 1]
+    return code[start:]
+
+
+def inbox_tables_out_of_step(doc: Path) -> list[str]:
+    """In each section (a heading to the next) that shows `outbox inbox migrate`, the inbox
+    calls of its Python whose table (`table=`, else the default) is none the section's
+    migrate makes: the first delivery would fail on a missing relation."""
+    wrong = []
+    for section in re.split(r"\n#+ ", doc.read_text()):
+        made = {
+            (re.findall(r"--table\s+(\S+)", line) or [_DEFAULT_INBOX])[0]
+            for block in re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+            for line in block.splitlines()
+            if line.startswith("outbox inbox migrate")
+        }
+        if not made:
+            continue
+        for code in re.findall(r"```python\n(.*?)```", section, flags=re.S):
+            for call in _INBOX_CALL.finditer(code):
+                text = _call_text(code, call.end() - 1)
+                table = re.findall(r"\btable\s*=\s*\"([^\"]+)\"", text) or [_DEFAULT_INBOX]
+                if table[0] not in made:
+                    wrong.append(f"{doc.name}: {call.group(0)} writes to {table[0]}, not {made}")
+    return wrong
+
+
+def test_every_inbox_snippet_writes_to_the_table_its_section_migrates():
+    assert [w for doc in DOCS for w in inbox_tables_out_of_step(doc)] == []
+
+
+def test_the_inbox_table_check_sees_a_call_left_to_the_default(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "## Receive\n\n```sh\noutbox inbox migrate --table billing_inbox\n```\n\n"
+        '```python\nif inbox.record(conn, consumer="billing", message_id=key):\n    pass\n'
+        'InboxEndpoint(apply, consumer="billing",\n    table="billing_inbox")\n```\n'
+    )
+    assert inbox_tables_out_of_step(page) == [
+        "page.md: inbox.record( writes to outbox_inbox, not {'billing_inbox'}"
+    ]

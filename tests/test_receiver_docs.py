@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import base64
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +87,33 @@ async def test_the_documented_aiohttp_receiver_opens_its_pool_and_applies_signed
         kept = c.execute("SELECT consumer, message_id FROM billing_inbox ORDER BY 2").fetchall()
     assert paid == [(7, True), (8, True)]
     assert kept == [("billing", str(i)) for i in sorted(ids)]
+
+
+README = DOC.parent.parent / "README.md"
+
+
+def test_the_readmes_inbox_snippet_records_in_the_table_its_migrate_made(empty_dsn: str) -> None:
+    """README section 5 as a reader runs it: its `outbox inbox migrate` line, then its Python,
+    twice with the same key: recorded in that table, applied once."""
+    section = README.read_text().split("### 5. Receive each message once", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    [commands] = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+    [migrating] = [
+        shlex.split(line.split("#")[0].replace('"$RECEIVER_DSN"', shlex.quote(empty_dsn)))
+        for line in commands.splitlines()
+        if line.startswith("outbox inbox migrate")
+    ]
+    [snippet] = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    made = subprocess.run(
+        [sys.executable, "-m", "outbox", *migrating[1:]], capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr
+    applied: list[str] = []
+    with psycopg.connect(empty_dsn) as conn:
+        for _ in range(2):  # the first delivery, then its duplicate
+            scope = {"conn": conn, "key": "42", "event": {"id": 42}}
+            scope["apply"] = lambda conn, event: applied.append(str(event["id"]))
+            exec(snippet, scope)  # our own docs' code
+        kept = conn.execute("SELECT consumer, message_id FROM billing_inbox").fetchall()
+    assert applied == ["42"]
+    assert kept == [("billing", "42")]
