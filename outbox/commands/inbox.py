@@ -17,6 +17,7 @@ from outbox.plumbing import dberrors
 from outbox.plumbing.cliutil import add_dsn_and_table, int_between, resolve
 from outbox.plumbing.durations import format_duration, parse_duration
 from outbox.plumbing.errors import SettingError
+from outbox.plumbing.text import counted
 from outbox.schema import SchemaError
 from outbox.table import Table
 
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace, conn: psycopg.Connection[Any]) -> None:
         ) from None
     before = result.cutoff.isoformat(sep=" ", timespec="seconds")
     verb = "would delete" if args.dry_run else "deleted"
-    print(f"{t}: {verb} {result.deleted} message ids received before {before}")
+    print(f"{t}: {verb} {counted(result.deleted, 'message id')} received before {before}")
     if result.busy:
         print(f"{t}: another purge of this table is running; stopped and left the rest to it")
 

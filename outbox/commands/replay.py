@@ -24,7 +24,7 @@ from outbox.plumbing.dsn import check_dsn, with_pg_environment
 from outbox.plumbing.durations import parse_duration
 from outbox.plumbing.errors import SettingError
 from outbox.plumbing.redact import describe_dsn
-from outbox.plumbing.text import first_control
+from outbox.plumbing.text import counted, first_control
 from outbox.runner import Query, fetch, first_row, perform
 from outbox.table import Table
 
@@ -287,7 +287,7 @@ def _replay(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Tabl
     if not args.yes:
         for line in lines:
             print(line)
-        if not confirm(shown.count, f"send {shown.count} messages again"):
+        if not confirm(shown.count, f"send {counted(shown.count, 'message')} again"):
             fail(PROG, "not confirmed: nothing sent", 1)
     progress = perform(conn, replay.start(table, shown))
     _send(args, conn, table, progress, actor)
@@ -315,22 +315,19 @@ def _send(
             )
     except KeyboardInterrupt:
         print(
-            f"{table}: replay {progress.number}: stopped after {progress.sent} messages "
-            f"({_batches(progress.batches)}); go on with `outbox replay --table "
+            f"{table}: replay {progress.number}: stopped after "
+            f"{counted(progress.sent, 'message')} "
+            f"({counted(progress.batches, 'batch', 'batches')}); go on with `outbox replay --table "
             f"{table.argument} --resume {progress.number}`",
             file=sys.stderr,
         )
         raise SystemExit(130) from None
     by_type = ", ".join(f"{name} {n}" for name, n in sorted(progress.by_type.items()))
     print(
-        f"{table}: replay {progress.number}: sent {progress.sent} message"
-        f"{'' if progress.sent == 1 else 's'} again in {_batches(progress.batches)}"
+        f"{table}: replay {progress.number}: sent {counted(progress.sent, 'message')} again "
+        f"in {counted(progress.batches, 'batch', 'batches')}"
         f"{f' ({by_type})' if by_type else ''}"
     )
-
-
-def _batches(n: int) -> str:
-    return f"{n} batch{'' if n == 1 else 'es'}"
 
 
 def _reconcile(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Table) -> None:
@@ -359,7 +356,7 @@ def _reconcile(args: argparse.Namespace, conn: psycopg.Connection[Any], table: T
             if not args.yes:
                 for line in found.lines(table):
                     print(line)
-                if not confirm(found.missing, f"send {found.missing} messages again"):
+                if not confirm(found.missing, f"send {counted(found.missing, 'message')} again"):
                     fail(PROG, "not confirmed: nothing sent", 1)
             sent = reconcile.replay_missing(
                 conn, table, inbox_conn, args.inbox_table, found, actor=default_actor()
@@ -370,4 +367,4 @@ def _reconcile(args: argparse.Namespace, conn: psycopg.Connection[Any], table: T
     for line in found.lines(table):
         print(line)
     if sent is not None:
-        print(f"{table}: replay {sent.number}: sent {sent.count} missing messages again")
+        print(f"{table}: replay {sent.number}: sent {counted(sent.count, 'missing message')} again")

@@ -31,6 +31,7 @@ from psycopg import sql
 
 from outbox.operations import replay
 from outbox.plumbing.dsn import connect_options
+from outbox.plumbing.text import counted
 from outbox.runner import Query, Row, fetch, first_row, perform
 from outbox.session import session_settings
 from outbox.table import Table
@@ -91,7 +92,8 @@ class Found:
         window = f"{self.since.isoformat()} to {self.until.isoformat()}"
         lines = [
             f"{table}: {self.delivered} delivered from {window}; consumer {self.consumer}: "
-            f"{self.missing} missing, {self.extra} extra, {self.foreign} keys that are no id"
+            f"{self.missing} missing, {self.extra} extra, {counted(self.foreign, 'key')} that "
+            f"{'is' if self.foreign == 1 else 'are'} no id"
         ]
         if self.missing:
             by_type = ", ".join(f"{t} {n}" for t, n in sorted(self.missing_by_type.items()))

@@ -57,3 +57,10 @@ def first_control(text: str) -> str | None:
     """The first control character of `text`, escaped as `printable` shows it; None if none."""
     found = _CONTROL.search(text)
     return None if found is None else printable(found[0])
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """A count with its noun, singular for one only: `1 partition`, `0 partitions`,
+    `3 partitions`; `plural` for a noun that takes more than an s (`batch`, `batches`).
+    The noun may be a phrase ending in it: `counted(2, "dead message")`."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
