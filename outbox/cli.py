@@ -48,9 +48,9 @@ from outbox.plumbing.dsn import check_dsn, connect_options, with_pg_environment
 from outbox.plumbing.durations import duration_between, format_duration, parse_duration
 from outbox.plumbing.errors import SettingError
 from outbox.plumbing.redact import describe_dsn
-from outbox.plumbing.text import age, first_control, printable
+from outbox.plumbing.text import age, counted, first_control, printable
 from outbox.runner import fetch
-from outbox.schema import ORDERINGS, SchemaError, orderings, render_migration
+from outbox.schema import ORDERINGS, SchemaError, noting_changes, orderings, render_migration
 from outbox.session import session_settings
 from outbox.stats import DestinationState, QueueStats, destination_states, queue_stats
 from outbox.table import Table
@@ -337,7 +337,7 @@ def print_destinations(table: Table, states: Sequence[DestinationState]) -> None
         for s in (OPEN, PAUSED, IDLE)
         if any(d.shown_state == s for d in states)
     )
-    print(f"{table}: {len(states)} destination{'' if len(states) == 1 else 's'}"
+    print(f"{table}: {counted(len(states), 'destination')}"
           + (f", {counts}" if counts else ", all closed"))  # fmt: skip
     header = ("DESTINATION", "STATE", "SINCE", "FOR", "FAILURES", "NEXT PROBE")
     rows = [
@@ -571,14 +571,14 @@ def _run(
     purge_options: dict[str, Any],
 ) -> None:
     if args.command == "migrate":
-        before, after, converted = migrate_converting(conn, table, args.ordering, args.layout)
+        with noting_changes() as changes:
+            before, after, converted = migrate_converting(conn, table, args.ordering, args.layout)
         if converted is not None:
             print("\n".join(converted.describe()))
-        done = (
-            f"already at schema v{after}"
-            if before == after
-            else f"migrated from v{before} to v{after}"
-        )
+        versions = [f"migrated from v{before} to v{after}"] if before != after else []
+        done = "; ".join(versions + changes) or f"already at schema v{after}"
+        if changes and not versions:
+            done = f"at schema v{after}; {done}"
         # Which worker setting the table serves: a worker with another one refuses to start.
         print(f"{table}: {done}, for --ordering {' or '.join(orderings(conn, table))}")
     elif args.command == "stats":
@@ -590,7 +590,7 @@ def _run(
     elif args.command == "purge":
         count = purge_done(conn, table, **purge_options)
         verb = "would delete" if args.dry_run else "deleted"
-        print(f"{table}: {verb} {count} done rows")
+        print(f"{table}: {verb} {counted(count, 'done row')}")
     elif args.command in ("requeue", "skip"):
         _repair(args, conn, table)
     elif args.command in ("partitions", "maintain"):
@@ -630,9 +630,9 @@ def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: 
                 file=sys.stderr, flush=True,
             ))  # fmt: skip
             print(
-                f"{table}: made {done.made} partitions ahead, retired {len(done.retired)} "
-                f"({done.rows_retired} rows), {len(done.kept)} finished but within the "
-                f"retention of {format_duration(args.retention)}; analyzed"
+                f"{table}: made {counted(done.made, 'partition')} ahead, retired "
+                f"{len(done.retired)} ({counted(done.rows_retired, 'row')}), {len(done.kept)} "
+                f"finished but within the retention of {format_duration(args.retention)}; analyzed"
             )
             return
         states = partition_states(conn, table)
@@ -706,4 +706,4 @@ def _repair(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Tabl
 
 
 def _messages(n: int) -> str:
-    return f"{n} dead message{'' if n == 1 else 's'}"
+    return counted(n, "dead message")

@@ -9,18 +9,46 @@ Migrations run under a transaction-scoped advisory lock so that many replicas ma
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import psycopg
 from psycopg import sql
 
-from outbox import destinations, partitions
+from outbox import destinations, partitions, siblings
 from outbox.plumbing.errors import SchemaError as SchemaError
+from outbox.plumbing.text import counted
 from outbox.runner import Query, Row, fetch, fetch_async, first_row
 from outbox.table import Table, text_constant
 
 SCHEMA_VERSION = 7
 _VERSION_COMMENT = re.compile(r"^outbox-dispatcher schema v(\d+)$")
+
+# What `migrate` changed beyond the version steps, one phrase each, for the line `outbox
+# migrate` prints (`noting_changes`): a table at the current version may still have had its
+# index built, its layout recorded, partitions made. Collected aside, not returned, because
+# the command reaches `migrate` through the conversion (outbox.operations.conversion), which
+# returns the versions only.
+_CHANGES: ContextVar[list[str] | None] = ContextVar("outbox_migrate_changes", default=None)
+
+
+@contextmanager
+def noting_changes() -> Iterator[list[str]]:
+    """The changes the `migrate` calls made within, in order (committed once they return)."""
+    changes: list[str] = []
+    token = _CHANGES.set(changes)
+    try:
+        yield changes
+    finally:
+        _CHANGES.reset(token)
+
+
+def _changed(phrase: str) -> None:
+    changes = _CHANGES.get()
+    if changes is not None:
+        changes.append(phrase)
+
 
 # The columns every component relies on: a contract. Extra columns are allowed.
 REQUIRED_COLUMNS = (
@@ -212,6 +240,9 @@ def _keep_one_notify_trigger(conn: psycopg.Connection[tuple[object, ...]], table
     found = fetch(conn, _notify_triggers(table))
     kept = 1 if found and found[0][2] else 0
     wrong = found[kept:]
+    if wrong or not kept:
+        instead = f" in place of {', '.join(str(row[0]) for row in wrong)}" if wrong else ""
+        _changed(f"made the NOTIFY trigger {_notify_trigger_name(table)}{instead}")
     for name, _, _ in wrong:
         conn.execute(
             sql.SQL("DROP TRIGGER {trg} ON {t}").format(
@@ -397,6 +428,7 @@ def _serve_ordering(
     if ordering == "none":
         if state is not None:
             conn.execute(_drop_ordering_index(table))
+            _changed(f"dropped ordered mode's index {name}")
         return
     if state == _USABLE:
         return
@@ -420,6 +452,8 @@ def _serve_ordering(
             f"could not build index {name} on {table}: another relation in its schema has "
             "that name; rename it, then run this again"
         )
+    again = " again (it was invalid)" if state == _INVALID else ""
+    _changed(f"built ordered mode's index {name}{again}")
 
 
 # Index i holds the statements that bring a table from version i to version i + 1.
@@ -593,6 +627,8 @@ def migrate(
                 f"table {table} is at schema v{current}, newer than this outbox-dispatcher "
                 f"supports (v{SCHEMA_VERSION}); upgrade outbox-dispatcher"
             )
+        if exists:
+            _keep_siblings(conn, table, current)
         for statement in migration_statements(table, current):
             conn.execute(statement)
         _keep_one_notify_trigger(conn, table)
@@ -605,9 +641,44 @@ def migrate(
                     f"table {table} has partitions of {recorded.partition_size} ids; "
                     f"--partition-size {layout.partition_size} cannot change that"
                 )
-            conn.execute(partitions.record_layout(table, layout))
-            partitions.make_ahead(conn, table, layout)
+            if recorded != layout:
+                conn.execute(partitions.record_layout(table, layout))
+                was = f" (was {recorded.partitions_ahead})" if recorded is not None else ""
+                _changed(
+                    f"recorded the layout: partitions of {layout.partition_size} ids, "
+                    f"{layout.partitions_ahead} kept ahead{was}"
+                )
+            made = partitions.make_ahead(conn, table, layout)
+            if made:
+                _changed(f"made {counted(made, 'partition')} ahead")
         return current, SCHEMA_VERSION
+
+
+def _keep_siblings(
+    conn: psycopg.Connection[tuple[object, ...]], table: Table, version: int
+) -> None:
+    """Give the table back what it had under an old name (outbox.siblings): a table renamed
+    since its migration finds its audit log, destinations, replay counter and layout under
+    the old name, and later commands would fail without them. Where its indexes name no old
+    name, it is refused; where the old name's are not its own (a table took that name again,
+    or they are gone), they are made anew: there is no history of its to keep."""
+    found = siblings.look(conn, table)
+    for rename in found.renames:
+        for statement in rename.statements():
+            conn.execute(statement)
+    if found.renames:
+        _changed(siblings.renamed_text(found))
+    lacking = siblings.missing(conn, table, version)
+    if not lacking:
+        return
+    if found.old_name is None:
+        raise SchemaError(siblings.refusal(table, lacking))
+    for step in MIGRATIONS[1:version]:  # idempotent: they make what is missing, nothing else
+        for statement in step(table):
+            conn.execute(statement)
+    old = found.old_name
+    why = f"{old}'s serve the table now named {old}" if found.taken else f"{old} had none left"
+    _changed(f"made {', '.join(lacking)} anew ({why})")
 
 
 async def check_table(

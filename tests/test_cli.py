@@ -256,7 +256,10 @@ def test_migrate_print_shows_quoted_sql_and_touches_no_database(empty_dsn):
 def test_migrate_builds_and_drops_the_ordering_index_on_request_and_else_keeps_it(empty_dsn):
     built = outbox("migrate", "--dsn", empty_dsn, "--ordering", "aggregate")
     assert built.returncode == 0, built.stderr
-    assert built.stdout == "outbox: migrated from v0 to v7, for --ordering none or aggregate\n"
+    assert built.stdout == (
+        "outbox: migrated from v0 to v7; built ordered mode's index outbox_aggregate, for "
+        "--ordering none or aggregate\n"
+    )
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert "outbox_aggregate" in indexes(conn, "outbox")
         definition = conn.execute(
@@ -273,13 +276,18 @@ def test_migrate_builds_and_drops_the_ordering_index_on_request_and_else_keeps_i
     assert kept.stdout == "outbox: already at schema v7, for --ordering none or aggregate\n"
     dropped = outbox("migrate", "--dsn", empty_dsn, "--ordering", "none")
     assert dropped.returncode == 0, dropped.stderr
-    assert dropped.stdout == "outbox: already at schema v7, for --ordering none\n"
+    assert dropped.stdout == (
+        "outbox: at schema v7; dropped ordered mode's index outbox_aggregate, for --ordering none\n"
+    )
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert indexes(conn, "outbox") == {"outbox_pkey"} | {
             f"outbox_{suffix}" for suffix in INDEX_SUFFIXES
         }
     rebuilt = outbox("migrate", env={"OUTBOX_DSN": empty_dsn, "OUTBOX_ORDERING": "aggregate"})
-    assert rebuilt.stdout == "outbox: already at schema v7, for --ordering none or aggregate\n"
+    assert rebuilt.stdout == (
+        "outbox: at schema v7; built ordered mode's index outbox_aggregate, for --ordering none "
+        "or aggregate\n"
+    )
 
 
 def _open_writer(dsn: str) -> psycopg.Connection:
@@ -341,7 +349,10 @@ def test_migrate_rebuilds_an_invalid_ordering_index_and_waits_for_one_being_buil
         holder.rollback()
         holder.close()
     result = outbox("migrate", "--dsn", empty_dsn, "--ordering", "aggregate")
-    assert result.stdout == "outbox: already at schema v7, for --ordering none or aggregate\n"
+    assert result.stdout == (
+        "outbox: at schema v7; built ordered mode's index outbox_aggregate again (it was "
+        "invalid), for --ordering none or aggregate\n"
+    )
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert conn.execute(
             "SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_aggregate'::regclass"

@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from test_cli import outbox
+from test_cli import one_line, outbox
 
 from outbox.table import Table
 
@@ -103,3 +103,108 @@ def test_the_notify_function_in_another_kind_of_trigger_is_left_alone(dsn, conn)
         ("events_notify", "events_notify", "outbox:events"),
     ]
     assert _notifications_of_one_insert(dsn, conn, "events") == ["outbox:events"]
+
+
+def _relations(conn: Any, prefix: str) -> set[str]:
+    rows = conn.execute(
+        "SELECT relname::text FROM pg_class WHERE relnamespace = 'public'::regnamespace "
+        "AND relname LIKE %s",
+        (prefix + "\\_%",),
+    ).fetchall()
+    return {name for (name,) in rows}
+
+
+def test_a_renamed_table_takes_its_siblings_along_with_their_history(dsn, conn):
+    """After `ALTER TABLE orders RENAME TO events` the audit log, destinations, replay counter
+    and layout record are still `orders_...`: `outbox migrate --table events` renames them
+    (and the table's own indexes) in its transaction, says so, and the commands that read
+    them work on `events`; a new `orders` gets its own."""
+    assert outbox("migrate", "--dsn", dsn, "--table", "orders", "--ordering", "aggregate")
+    conn.execute("INSERT INTO orders_actions (action, count) VALUES ('requeue', 3)")
+    conn.execute("ALTER TABLE orders RENAME TO events")
+
+    migrated = outbox("migrate", "--dsn", dsn, "--table", "events")
+    assert migrated.returncode == 0, migrated.stderr
+    assert migrated.stdout == (
+        "events: at schema v7; renamed what it had as orders: orders_actions to events_actions, "
+        "orders_destinations to events_destinations, orders_replays to events_replays, "
+        "orders_layout to events_layout, with 6 indexes and 1 sequence; made the NOTIFY "
+        "trigger events_notify in place of "
+        "orders_notify, for --ordering none or aggregate\n"
+    )
+    # Of the old name only what PostgreSQL named itself is left (primary keys, the audit log's
+    # identity): the project looks none of them up, and a new table's are named around them.
+    assert _relations(conn, "orders") == {
+        "orders_pkey",
+        "orders_actions_pkey",
+        "orders_actions_id_seq",
+        "orders_destinations_pkey",
+        "orders_layout_pkey",
+    }
+    assert conn.execute("SELECT action, count FROM events_actions").fetchall() == [("requeue", 3)]
+    for command in ("stats", "destinations"):
+        result = outbox(command, "--dsn", dsn, "--table", "events")
+        assert result.returncode == 0, result.stderr
+    again = outbox("migrate", "--dsn", dsn, "--table", "events")
+    assert again.stdout == "events: already at schema v7, for --ordering none or aggregate\n"
+    # A new table of the old name gets siblings and indexes of its own, none of events'.
+    assert outbox("migrate", "--dsn", dsn, "--table", "orders").returncode == 0
+    assert conn.execute("SELECT count(*) FROM orders_actions").fetchone() == (0,)
+    assert "orders_ready" in _relations(conn, "orders")
+
+
+def test_a_renamed_partitioned_table_takes_its_partitions_along(empty_dsn):
+    """Its partitions are `orders_p<k>` with their `orders_p<k>_range` CHECKs, which
+    outbox maintain reads each partition's ids from: renamed with the rest."""
+    made = outbox(
+        "migrate", "--dsn", empty_dsn, "--table", "orders", "--partition-size", "100",
+        "--partitions-ahead", "2",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE orders RENAME TO events")
+        migrated = outbox("migrate", "--dsn", empty_dsn, "--table", "events")
+        assert migrated.returncode == 0, migrated.stderr
+        assert (
+            "orders_layout to events_layout, with 5 indexes, 1 sequence and 3 partitions; "
+            in migrated.stdout
+        ), migrated.stdout
+        assert "orders_p0" not in _relations(conn, "orders")
+        checks = conn.execute(
+            "SELECT conname::text FROM pg_constraint WHERE contype = 'c' "
+            "AND conname LIKE 'events\\_p%\\_range' ORDER BY 1"
+        ).fetchall()
+        assert len(checks) == 3
+    for command in ("partitions", "maintain"):
+        result = outbox(command, "--dsn", empty_dsn, "--table", "events")
+        assert result.returncode == 0, result.stderr
+    assert "events_p0" in outbox("partitions", "--dsn", empty_dsn, "--table", "events").stdout
+
+
+def test_a_renamed_table_whose_indexes_name_no_old_name_is_refused(dsn, conn):
+    """Its indexes renamed by hand too, nothing tells where its siblings are: the migration
+    refuses in one line naming what is missing and the statements to run, and makes no empty
+    audit log in place of the one holding the history."""
+    assert outbox("migrate", "--dsn", dsn, "--table", "orders").returncode == 0
+    conn.execute("ALTER TABLE orders RENAME TO events")
+    for suffix in ("ready", "leased", "waiting", "dead"):
+        conn.execute(f"ALTER INDEX orders_{suffix} RENAME TO events_{suffix}")
+
+    refused = outbox("migrate", "--dsn", dsn, "--table", "events")
+    assert refused.returncode == 1
+    assert one_line(refused.stderr) == (
+        "outbox: error: table events lacks events_actions, events_destinations, events_replays, "
+        "events_layout, which its schema version has, and its indexes name no other name it "
+        "had; if it was renamed, rename its old name's to these, then run this again: "
+        'ALTER TABLE "<old name>_actions" RENAME TO "events_actions"; ALTER TABLE '
+        '"<old name>_destinations" RENAME TO "events_destinations"; ALTER SEQUENCE '
+        '"<old name>_replays" RENAME TO "events_replays"; ALTER TABLE "<old name>_layout" '
+        'RENAME TO "events_layout"'
+    )
+    assert _relations(conn, "events") == {
+        f"events_{s}" for s in ("ready", "leased", "waiting", "dead")
+    }
+    for old, new in (("actions", "TABLE"), ("destinations", "TABLE"), ("replays", "SEQUENCE")):
+        conn.execute(f"ALTER {new} orders_{old} RENAME TO events_{old}")
+    conn.execute("ALTER TABLE orders_layout RENAME TO events_layout")
+    assert outbox("migrate", "--dsn", dsn, "--table", "events").returncode == 0
