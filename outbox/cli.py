@@ -52,6 +52,7 @@ from outbox.plumbing.text import age, counted, first_control, printable
 from outbox.runner import fetch
 from outbox.schema import ORDERINGS, SchemaError, noting_changes, orderings, render_migration
 from outbox.session import session_settings
+from outbox.siblings import SIBLINGS
 from outbox.stats import DestinationState, QueueStats, destination_states, queue_stats
 from outbox.table import Table
 from outbox.views.dead_letters import MAX_ID
@@ -553,7 +554,7 @@ def _actor(text: str) -> str:
 def _missing(table: Table, exc: psycopg.Error) -> str:
     """The table is missing, or (a table of an older schema) one of its siblings is."""
     primary = exc.diag.message_primary or ""
-    for sibling in ("destinations", "actions", "replays"):
+    for sibling, _ in SIBLINGS:
         if f'{table.derived_name(sibling)}"' in primary:
             return f"table {table} is at an older schema ({primary})"
     return f"table {table} does not exist"

@@ -677,7 +677,7 @@ def _keep_siblings(
         for statement in step(table):
             conn.execute(statement)
     old = found.old_name
-    why = f"{old}'s serve the table now named {old}" if found.taken else f"{old} had none left"
+    why = f"those named {old} serve the table of that name now" if found.taken else "none left"
     _changed(f"made {', '.join(lacking)} anew ({why})")
 
 

@@ -70,7 +70,13 @@ def test_the_old_names_function_stays_while_a_table_of_that_name_uses_it(dsn, co
     assert outbox("migrate", "--dsn", dsn, "--table", "orders").returncode == 0
     conn.execute("ALTER TABLE orders RENAME TO events")
     assert outbox("migrate", "--dsn", dsn, "--table", "orders").returncode == 0
-    assert outbox("migrate", "--dsn", dsn, "--table", "events").returncode == 0
+    migrated = outbox("migrate", "--dsn", dsn, "--table", "events")
+    assert migrated.returncode == 0, migrated.stderr
+    # The old name's siblings are the new orders' now: events gets its own, empty.
+    assert (
+        "made events_actions, events_destinations, events_replays, events_layout anew (those "
+        "named orders serve the table of that name now)" in migrated.stdout
+    ), migrated.stdout
 
     assert _triggers(conn, "events") == [("events_notify", "events_notify", "outbox:events")]
     assert _triggers(conn, "orders") == [("orders_notify", "orders_notify", "outbox:orders")]
