@@ -677,7 +677,11 @@ def _keep_siblings(
         for statement in step(table):
             conn.execute(statement)
     old = found.old_name
-    why = f"those named {old} serve the table of that name now" if found.taken else "none left"
+    why = (
+        f"those named {old} serve the table of that name now"
+        if found.taken
+        else f"none left under {old}"
+    )
     _changed(f"made {', '.join(lacking)} anew ({why})")
 
 

@@ -214,3 +214,20 @@ def test_a_renamed_table_whose_indexes_name_no_old_name_is_refused(dsn, conn):
         conn.execute(f"ALTER {new} orders_{old} RENAME TO events_{old}")
     conn.execute("ALTER TABLE orders_layout RENAME TO events_layout")
     assert outbox("migrate", "--dsn", dsn, "--table", "events").returncode == 0
+
+
+def test_a_renamed_table_whose_old_siblings_are_gone_gets_them_anew(dsn, conn):
+    """Dropped by hand after the rename: no history is left to keep, so the migration makes
+    them again, saying so, rather than refuse for ever."""
+    assert outbox("migrate", "--dsn", dsn, "--table", "orders").returncode == 0
+    conn.execute("ALTER TABLE orders RENAME TO events")
+    conn.execute("DROP TABLE orders_actions, orders_destinations, orders_layout")
+    conn.execute("DROP SEQUENCE orders_replays")
+
+    migrated = outbox("migrate", "--dsn", dsn, "--table", "events")
+    assert migrated.returncode == 0, migrated.stderr
+    assert (
+        "made events_actions, events_destinations, events_replays, events_layout anew (none "
+        "left under orders)" in migrated.stdout
+    ), migrated.stdout
+    assert outbox("destinations", "--dsn", dsn, "--table", "events").returncode == 0
