@@ -18,9 +18,10 @@ from typing import NamedTuple, TypeVar
 
 import psycopg
 
+from outbox.claim_window import Bounds, ClaimWindow
 from outbox.limits import CLAIM_BYTES, WORKER_MAX_PAYLOAD_BYTES
 from outbox.models import Message, Outcome, OutcomeKind
-from outbox.partitions import Bounds, ClaimWindow, Layout, check
+from outbox.partitions import Layout, check
 from outbox.plumbing.errors import SchemaError
 from outbox.plumbing.text import storable
 from outbox.queries import Queries, queries, replays_waiting

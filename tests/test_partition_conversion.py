@@ -21,10 +21,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from test_worker import Scripted
 from workers import dispatching, settings
 
-from outbox import enqueue, partitions
+from outbox import claim_window, enqueue
+from outbox.claim_window import ClaimWindow
 from outbox.controller.database import Pools, Target
 from outbox.operations.conversion import convert, migrate_converting
-from outbox.partitions import ClaimWindow, Layout, read_partitions
+from outbox.partitions import Layout, read_partitions
 from outbox.queries import queries
 from outbox.runner import fetch
 from outbox.schema import _COLUMNS_AFTER_ID, SchemaError, check_table, migrate
@@ -427,7 +428,7 @@ async def test_a_worker_that_missed_the_notify_looks_again_on_its_own(dsn, monke
             seed(conn, 5)
             convert(conn, TABLE, Layout(SIZE, 2))
         assert not window.layout_due()  # not told, and looked a moment ago
-        monkeypatch.setattr(partitions, "LAYOUT_TTL", 0.0)
+        monkeypatch.setattr(claim_window, "LAYOUT_TTL", 0.0)
         assert window.layout_due()
         assert await window.learn_layout(aconn, TABLE) == Layout(SIZE, 2)
     assert window.layout == Layout(SIZE, 2) and not window.layout_due()

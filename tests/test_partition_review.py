@@ -19,10 +19,11 @@ from test_worker import Scripted
 from workers import dispatching, settings
 
 from outbox import lease
+from outbox.claim_window import ClaimWindow
 from outbox.models import Outcome
 from outbox.operations.conversion import migrate_converting
 from outbox.operations.partition_maintenance import maintain
-from outbox.partitions import ClaimWindow, Layout, check, make_partition, upkeep_lock
+from outbox.partitions import Layout, check, make_partition, upkeep_lock
 from outbox.schema import migrate
 from outbox.stats import queue_stats
 from outbox.table import Table

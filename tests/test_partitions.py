@@ -18,17 +18,11 @@ from test_worker import Scripted
 from workers import dispatching, settings, spawn_worker, stop_worker
 
 from outbox import Event, OutOfPartitions, enqueue, enqueue_many, lease
+from outbox.claim_window import Bounds, ClaimWindow, _window_reading
 from outbox.models import Outcome
 from outbox.operations.replay import ReplayFilter, preview, send_batch, start
 from outbox.operator_reads import read_table
-from outbox.partitions import (
-    Bounds,
-    ClaimWindow,
-    Layout,
-    _window_reading,
-    partition_table,
-    read_partitions,
-)
+from outbox.partitions import Layout, partition_table, read_partitions
 from outbox.queries import queries
 from outbox.runner import fetch, perform
 from outbox.schema import _COLUMNS_AFTER_ID, SchemaError, check_table, migrate

@@ -390,7 +390,7 @@ async def test_a_replay_on_a_partitioned_table_reaches_back_to_old_partitions(em
             assert progress.sent == 150
             # Below the replica's claim window: the replay's NOTIFY has it read the window
             # again from the lowest partition, long before its next floor reading would
-            # (outbox.partitions.FLOOR_TTL, 30 s).
+            # (outbox.claim_window.FLOOR_TTL, 30 s).
             await wait_until(
                 lambda: pconn.execute(done).fetchone() == (420,), timeout=20, what="sent again"
             )
@@ -405,7 +405,8 @@ async def test_ordered_a_replay_below_a_workers_floor_goes_before_its_aggregates
     read its window again from the lowest partition, so once 640 is done, 650 waits behind
     50 (its earlier message, pending again) instead of going out first."""
     from outbox import lease
-    from outbox.partitions import ClaimWindow, Layout
+    from outbox.claim_window import ClaimWindow
+    from outbox.partitions import Layout
     from outbox.schema import check_table, migrate
     from outbox.table import Table
 

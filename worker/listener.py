@@ -15,7 +15,8 @@ import asyncio
 
 import psycopg
 
-from outbox.partitions import LAYOUT_NOTICE, REPLAY_NOTICE, ClaimWindow
+from outbox.claim_window import ClaimWindow
+from outbox.partitions import LAYOUT_NOTICE, REPLAY_NOTICE
 from outbox.plumbing.dsn import connect_options
 from outbox.queries import queries
 from outbox.worker.retry import DatabaseErrors, DatabaseRetry

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from outbox.partitions import ClaimWindow
+from outbox.claim_window import ClaimWindow
 from outbox.worker.ledger import Ledger
 from outbox.worker.metrics import Metrics
 from outbox.worker.retry import DatabaseRetry

@@ -339,7 +339,7 @@ SELECT (SELECT count(*) FROM changed), (SELECT max(id) FROM picked),
           FROM (SELECT event_type, count(*) AS n FROM changed GROUP BY event_type) AS g),
        (SELECT count(*) FROM recorded),
        -- Idle workers wake as they do for an insert (delivered at commit), not at their poll,
-       -- and, told it is a replay, forget their claim windows (outbox.partitions.ClaimWindow):
+       -- and, told it is a replay, forget their claim windows (outbox.claim_window.ClaimWindow):
        -- the rows may lie below where their claims and head checks look.
        (SELECT count(pg_notify({channel}, {notice}))
           FROM (SELECT 1 FROM changed LIMIT 1) AS woken)"""

@@ -1,0 +1,381 @@
+"""A worker's claim window on a partitioned outbox table: the few partitions its claims look
+in, moved on by the claims themselves and read again from the catalog and the partial
+indexes now and then (outbox.partitions has the layout it works on)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+import psycopg
+from psycopg import sql
+
+from outbox.partitions import (
+    FIRST_ID,
+    PAST_ID,
+    Layout,
+    check,
+    last_id_given,
+    sequence_unreadable,
+    written_past,
+)
+from outbox.plumbing.errors import SchemaError
+from outbox.runner import Query, Row, fetch_async, first_row
+from outbox.table import Table
+
+# How long a worker trusts the window it read: a row that became ready below it (a retry come
+# due, a requeue) or an expired lease waits at most this long for the next reading (or for a
+# short claim, which reads it at once). A reading costs a few statements over the partitions
+# from the oldest unfinished row: in a 30,000-row drain, readings once a second cost a tenth
+# of the drain; a retry's backoff and a lease are seconds to minutes anyway.
+WINDOW_TTL = 5.0
+# How long readings may start from the oldest unfinished row they last found rather than
+# from the lowest partition (see ClaimWindow).
+FLOOR_TTL = 30.0
+# Partitions a reading statement looks in at a time.
+READING_PARTITIONS = 4
+# How often a worker on a plain table looks whether it has been converted meanwhile, should it
+# have missed that NOTIFY: its claims through the parent work until then, only slower.
+LAYOUT_TTL = 30.0
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Constant id ranges a claim statement is composed with (each a distinct statement,
+    prepared once per connection like the plain one)."""
+
+    low: int  # the window: where ready rows are looked for
+    high: int
+    # Ordered mode: where an unfinished earlier message of an aggregate may be (the oldest
+    # partition holding a pending, processing or dead row, up to the window's end).
+    unfinished_low: int
+
+
+def _ids(within: tuple[int, int]) -> sql.Composable:
+    return sql.SQL(" AND id >= {low} AND id < {high}").format(
+        low=sql.Literal(within[0]), high=sql.Literal(within[1])
+    )
+
+
+def _extent(table: Table, *, lowest: bool) -> Query[tuple[int | None, int | None]]:
+    """The first id of the lowest partition (if asked: it reads every partition's bound in
+    the catalog) and the last id the sequence gave (None: unreadable, `last_id_given`);
+    opening no partition."""
+    lowest_id = (
+        sql.SQL(
+            """(SELECT min(substring(pg_get_expr(p.relpartbound, p.oid) FROM {first})::bigint)
+          FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid
+         WHERE i.inhparent = {t}::regclass)"""
+        )
+        if lowest
+        else sql.SQL("NULL::bigint")
+    )
+    statement = sql.SQL("SELECT {lowest_id}, {last}").format(
+        lowest_id=lowest_id.format(t=table.regclass_literal, first=sql.Literal(FIRST_ID)),
+        last=last_id_given(table),
+    )
+    return Query(statement, None, first_row(_parse_extent))
+
+
+def _parse_extent(row: Row | None) -> tuple[int | None, int | None]:
+    assert row is not None
+    return tuple(None if value is None else int(value) for value in row)  # type: ignore[return-value]
+
+
+def _written_past(table: Table, last: int) -> Query[int | None]:
+    """Past the last id of the highest partition written past the sequence's `last` id, or
+    None. Only its partitions past `last` have their file's size looked at."""
+    statement = sql.SQL(
+        """SELECT max(w.high) FROM (
+  SELECT p.oid,
+         substring(pg_get_expr(p.relpartbound, 0) FROM {first})::bigint AS low,
+         substring(pg_get_expr(p.relpartbound, 0) FROM {past})::bigint AS high
+    FROM pg_inherits AS i JOIN pg_class AS p ON p.oid = i.inhrelid
+   WHERE i.inhparent = {t}::regclass) AS w
+ WHERE {written}"""
+    ).format(
+        first=sql.Literal(FIRST_ID),
+        past=sql.Literal(PAST_ID),
+        t=table.regclass_literal,
+        written=written_past(sql.SQL("w.oid"), sql.SQL("w.low"), sql.Placeholder("last")),
+    )
+    return Query(statement, {"last": last}, first_row(lambda row: None if row is None else row[0]))
+
+
+@lru_cache(maxsize=64)
+def _window_reading(
+    table: Table, within: tuple[int, int], leaves: tuple[Table, ...] | None = None
+) -> Query[Row]:
+    """Where, `within` the live ids, the oldest ready row (or expired lease) and the oldest
+    unfinished row are. Each a probe of a partial index per partition in the range: read
+    after a short claim and once a WINDOW_TTL, never per claim. Named by `leaves`, the
+    partitions that make up the range, when given: the same probes through the parent
+    planned about 4.7 times as long (ordered mode reads often: dozens of times a drain)."""
+    statement = sql.SQL("SELECT least({ready}, {expired}), least({unfinished}, {dead})").format(
+        ready=_least(table, within, leaves, "status = 'pending' AND available_at <= now()"),
+        expired=_least(table, within, leaves, "status = 'processing' AND lease_until < now()"),
+        unfinished=_least(table, within, leaves, "status IN ('pending', 'processing')"),
+        dead=_least(table, within, leaves, "status = 'dead'"),
+    )
+    return Query(statement, None, first_row(lambda row: row or (None, None)))
+
+
+@lru_cache(maxsize=64)
+def _oldest_unfinished(
+    table: Table, within: tuple[int, int], leaves: tuple[Table, ...] | None = None
+) -> Query[int | None]:
+    statement = sql.SQL("SELECT least({unfinished}, {dead})").format(
+        unfinished=_least(table, within, leaves, "status IN ('pending', 'processing')"),
+        dead=_least(table, within, leaves, "status = 'dead'"),
+    )
+    return Query(statement, None, first_row(lambda row: None if row is None else row[0]))
+
+
+def _least(
+    table: Table, within: tuple[int, int], leaves: tuple[Table, ...] | None, where: str
+) -> sql.Composable:
+    """The lowest id `within` whose row matches `where`: one probe of a partial index per
+    partition, on each of `leaves`, or through the parent with the range as constants."""
+    sources = [(t.ident, sql.SQL("")) for t in leaves] if leaves else [(table.ident, _ids(within))]
+    return sql.SQL("least({})").format(
+        sql.SQL(", ").join(
+            sql.SQL("(SELECT min(id) FROM {t} WHERE {where}{ids})").format(
+                t=t, where=sql.SQL(where), ids=ids
+            )
+            for t, ids in sources
+        )
+    )
+
+
+class ClaimWindow:
+    """A worker's view of where its claims look: the partition of the oldest ready row (or
+    as many from there as a batch needs).
+
+    Moved forward by the claims themselves: a full claim's oldest id is where the next one
+    starts, a short one sends the next to the following partitions (up to the ids the last
+    reading saw, then it reads again), and it is read again at least every WINDOW_TTL. A
+    short claim on a window just read at the top may have found nothing claimable while rows
+    wait below (ordered mode: heads behind a blocked aggregate's rows), so the next claim
+    looks from there up to the highest id, once.
+
+    A reading looks from the oldest unfinished row the last one found (unfinished rows only
+    end: a requeued dead row was unfinished already) up to the sequence's last id, and from
+    the lowest partition every FLOOR_TTL, for a row committed long after its id was taken;
+    that reading, finding nothing ready, also looks past the sequence's partition for a row
+    a producer wrote with an id of its own (`written_past`).
+
+    A replay sends done rows of any partition back to pending, below the floor: each of its
+    batches notifies the table's channel with `REPLAY_NOTICE`, and a worker hearing it calls
+    `forget`, so that its next claim reads again from the lowest partition (where the
+    replayed rows now count as unfinished, for the head check).
+
+    A worker makes one before it knows its table; `layout` is set when the table is checked
+    (None: a plain table, which claims have no window on).
+    """
+
+    def __init__(self, layout: Layout | None = None) -> None:
+        self.layout = layout
+        self._bounds: Bounds | None = None
+        self._width = 0
+        self._read_at = 0.0
+        self._fresh = False  # no claim since the window was read
+        self._widen = False
+        self._floor: int | None = None  # where readings start
+        self._floor_at = 0.0
+        self._top = 0  # past the last id given at the last reading, rounded to a partition
+        self.unfinished_behind = False  # the window moved on: the head check's start may too
+        self._forgotten = 0  # how many times `forget` was called: a reading under way is void
+        self._layout_at = time.monotonic()  # when a plain table's layout was last looked at
+        self._relearn = False  # told to look again (a forget)
+        # The last claim came back short only because it took its partition's last id: the
+        # window has moved to the next partition, and the next claim should go at once.
+        self.ran_out_of_ids = False
+
+    def forget(self) -> None:
+        """Drop the bounds and the floor: the next claim reads from the lowest partition. A
+        reading under way when this is called is thrown away, not kept. On a plain table,
+        the next claim looks first whether it has been partitioned since."""
+        self._bounds, self._floor = None, None
+        self._forgotten += 1
+        self._relearn = True
+
+    def layout_due(self) -> bool:
+        """A plain table's worker looks again whether the table has been converted to the
+        partitioned layout: when told (a forget: a NOTIFY `layout`, a reconnection) and
+        every LAYOUT_TTL."""
+        if self.layout is not None:
+            return False
+        return self._relearn or time.monotonic() - self._layout_at > LAYOUT_TTL
+
+    async def learn_layout(
+        self, conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table
+    ) -> Layout | None:
+        """Look whether the table is partitioned now; its layout, kept from now on (None: it
+        is still plain, or partitioned in a way the claims cannot address, which they then
+        go on reaching through the parent)."""
+        self._relearn, self._layout_at = False, time.monotonic()
+        try:
+            layout = await check(conn, table)
+        except (ValueError, SchemaError):
+            return None
+        if layout is not None:
+            self.forget()
+            self._relearn = False
+            self.layout = layout
+        return layout
+
+    async def bounds_for_claim(
+        self,
+        conn: psycopg.AsyncConnection[tuple[object, ...]],
+        table: Table,
+        batch: int,
+        *,
+        ordered: bool,
+    ) -> Bounds:
+        """The bounds the next claim is composed with: read again when stale (or forgotten
+        meanwhile), the head check's start caught up in ordered mode."""
+        while True:
+            forgotten = self._forgotten
+            if self.stale():
+                await self.read(conn, table, batch)
+            elif ordered and self.unfinished_behind:
+                await self.catch_up(conn, table)
+            if forgotten == self._forgotten and self._bounds is not None:
+                return self._bounds
+
+    def stale(self) -> bool:
+        return self._bounds is None or time.monotonic() - self._read_at > WINDOW_TTL
+
+    async def read(
+        self, conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table, batch: int
+    ) -> None:
+        assert self.layout is not None, "a plain table has no window"
+        size = self.layout.partition_size
+        forgotten = self._forgotten
+        now = time.monotonic()
+        refloor = self._floor is None or now - self._floor_at > FLOOR_TTL
+        lowest, last_id = await fetch_async(conn, _extent(table, lowest=refloor))
+        if last_id is None:
+            raise await sequence_unreadable(conn, table)
+        floor = self._floor if not refloor and self._floor is not None else lowest or 0
+        top = (last_id // size + 1) * size
+        ready, unfinished = await self._first_ready(conn, table, min(floor, top), top)
+        if ready is None and refloor:
+            # Nothing ready up to the sequence's partition: a row a producer wrote with an
+            # id of its own may wait past it (`written_past`, as outbox stats finds it).
+            # Looked for with the floor only: over 200 partitions made ahead, each file's
+            # size cost ten times the rest of a reading that finds nothing.
+            past = await fetch_async(conn, _written_past(table, last_id))
+            if past is not None and past > top:
+                ready, found = await self._first_ready(conn, table, top, int(past))
+                unfinished = found if unfinished is None else unfinished
+                top = int(past)
+        if forgotten != self._forgotten:
+            return  # forgotten while it read: read again from the lowest partition
+        if refloor:
+            self._floor_at = now
+        # One partition when a batch fits in one: a statement over a single partition plans
+        # and runs as on a plain table (over several, each row's probe goes through an Append
+        # that prunes per row).
+        self._width = max(1, -(-batch // size)) * size
+        self._top = top
+        start = ready if ready is not None else last_id
+        low = int(start) // size * size
+        high = max(low + self._width, top) if self._widen else low + self._width
+        unfinished_low = int(unfinished) // size * size if unfinished is not None else low
+        self._floor = min(unfinished_low, low)
+        self._bounds = Bounds(low, high, self._floor)
+        self._read_at = now
+        self._fresh, self._widen, self.unfinished_behind = True, False, False
+
+    async def _first_ready(
+        self,
+        conn: psycopg.AsyncConnection[tuple[object, ...]],
+        table: Table,
+        start: int,
+        end: int,
+    ) -> tuple[int | None, int | None]:
+        """The first ready row (or expired lease) from `start` up to `end`, and the first
+        unfinished row of the partitions read until then. Partition by partition, a few at
+        a time, up to the first ready row: a statement over them all would plan every
+        partition (a reading over 30 of them cost more than the claims of a 30,000-row
+        drain)."""
+        assert self.layout is not None
+        size = self.layout.partition_size
+        ready = unfinished = None
+        chunk = READING_PARTITIONS * size
+        for low in range(start // size * size, end, chunk):
+            within = (low, min(low + chunk, end))
+            leaves = self.layout.leaves(table, within)
+            ready, found = await fetch_async(conn, _window_reading(table, within, leaves))
+            unfinished = found if unfinished is None else unfinished
+            if ready is not None:
+                break
+        return ready, unfinished
+
+    async def catch_up(
+        self, conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table
+    ) -> None:
+        """Ordered mode, after the window moved: the head check starts from the oldest
+        unfinished row again, so it probes no partition finished meanwhile."""
+        b = self._bounds
+        assert b is not None and self.layout is not None
+        self.unfinished_behind = False
+        if b.unfinished_low >= b.low:
+            return
+        forgotten = self._forgotten
+        behind = (b.unfinished_low, b.low)
+        leaves = self.layout.leaves(table, behind)
+        found = await fetch_async(conn, _oldest_unfinished(table, behind, leaves))
+        if forgotten != self._forgotten:
+            return
+        size = self.layout.partition_size
+        unfinished_low = b.low if found is None else int(found) // size * size
+        self._floor = unfinished_low
+        self._bounds = Bounds(b.low, b.high, unfinished_low)
+
+    def bounds(self) -> Bounds:
+        assert self._bounds is not None, "read the window first"
+        return self._bounds
+
+    def claimed(self, ids: list[int], wanted: int, *, ordered: bool = False) -> None:
+        """After a claim: a full one moves the window to its oldest id; a short one means the
+        window has run dry (or rows wait outside it): the next claim looks in the next
+        partitions, or, past the ids the last reading saw, reads the window again. In
+        ordered mode a short claim reads it again: the rows left behind are an aggregate's
+        next messages, claimable as soon as their predecessors are done.
+
+        A claim that took its window's last id, full or short and in either mode, moves the
+        window on to the next partition: its ids are all given out (rows it left behind are
+        found by the next reading), so the next claim goes there with no reading and no
+        empty claim between. Short, it sets `ran_out_of_ids`: its caller claims again at
+        once, and from then on each claim of a drain stays within one partition."""
+        fresh, self._fresh = self._fresh, False
+        self.ran_out_of_ids = False
+        b = self._bounds
+        if b is None or self.layout is None:
+            return
+        short = len(ids) < wanted
+        took_last = bool(ids) and max(ids) == b.high - 1
+        if b.high < self._top and (took_last or (short and not ordered)):
+            low = b.high
+            self._bounds = Bounds(low, low + self._width, b.unfinished_low)
+            self.unfinished_behind = b.unfinished_low < low
+            self.ran_out_of_ids = took_last and short
+            return
+        if short:
+            self._widen = fresh
+            self._bounds = None
+            return
+        size = self.layout.partition_size
+        low = max(min(ids) // size * size, b.low)
+        # The window stays one partition when a batch fits in one, even where this one's last
+        # rows may not fill the next claim: that claim comes back short at the partition's
+        # end and the next one starts at the next partition (see outbox.lease), statements
+        # each planned as on a plain table, where one statement over the two through the
+        # parent planned three to four times as long.
+        high = low + self._width
+        if (low, high) != (b.low, b.high):
+            self._bounds = Bounds(low, high, b.unfinished_low)
+            self.unfinished_behind = b.unfinished_low < low
