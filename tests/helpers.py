@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -115,3 +117,13 @@ def _as_text(value: Any) -> str:
     if isinstance(value, list):
         return "{" + ",".join(str(v) for v in value) + "}"
     return str(value)
+
+
+def outbox_on(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The `outbox` command with `args`, on the database at `dsn`, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "outbox", *args, "--dsn", dsn],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

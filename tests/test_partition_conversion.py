@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from helpers import explain_prepared, seed, statuses, wait_until, wait_until_db
+from helpers import outbox_on as outbox
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from test_worker import Scripted
 from workers import dispatching, settings
@@ -34,15 +35,6 @@ from outbox.table import Table
 TABLE = Table.parse("outbox")
 SIZE = 100
 QUICK = {"lock_timeout": timedelta(milliseconds=50), "pause": timedelta(milliseconds=10)}
-
-
-def outbox(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "outbox", *args, "--dsn", dsn],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def _leaves(conn: Any) -> list[tuple[str, int, int]]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from helpers import outbox_on as outbox
 from helpers import seed, wait_until_db
 
 from outbox.partitions import Layout, read_partitions
@@ -20,15 +21,6 @@ from outbox.schema import migrate
 from outbox.table import Table
 
 TABLE = Table.parse("outbox")
-
-
-def outbox(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "outbox", *args, "--dsn", dsn],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.fixture

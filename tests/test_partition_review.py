@@ -5,14 +5,13 @@ sequence, partitions retired under a worker's window, partitions made by two ses
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 import threading
 from datetime import timedelta
 from itertools import pairwise
 
 import psycopg
 import pytest
+from helpers import outbox_on as outbox
 from helpers import seed, wait_until, wait_until_db
 from psycopg import sql
 from test_worker import Scripted
@@ -30,15 +29,6 @@ from outbox.table import Table
 from outbox.worker import partition_keeper
 
 TABLE = Table.parse("outbox")
-
-
-def outbox(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "outbox", *args, "--dsn", dsn],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.mark.parametrize(
