@@ -71,10 +71,8 @@ def test_a_partition_stays_for_the_retention_and_the_listing_says_why(history, e
     by_name = {p["name"]: p for p in json.loads(listing.stdout)["partitions"]}
     assert by_name["outbox_p0"]["retirable"] and by_name["outbox_p0"]["done_since"]
     assert by_name["outbox_p0"]["done_estimate"] >= 0
-    assert by_name["outbox_p1"]["why_not"] == (
-        "1 dead rows pin it until they are requeued or skipped"
-    )
-    assert by_name["outbox_p3"]["why_not"] == "1 rows are not done yet"
+    assert by_name["outbox_p1"]["why_not"] == ("1 dead row pins it until it is requeued or skipped")
+    assert by_name["outbox_p3"]["why_not"] == "1 row is not done yet"
     assert by_name["outbox_p4"]["why_not"] == "it holds the newest ids"
     assert by_name["outbox_p9"]["why_not"] == "made ahead"
     assert (by_name["outbox_p3"]["low"], by_name["outbox_p3"]["high"]) == (300, 400)

@@ -47,6 +47,7 @@ from psycopg import sql
 
 from outbox import partitions
 from outbox.partitions import Layout, make_partition, partition_table, record_layout
+from outbox.plumbing.text import counted
 from outbox.runner import fetch
 from outbox.schema import SchemaError, migrate, notify_trigger_statements
 from outbox.table import Table, text_constant
@@ -111,10 +112,11 @@ class Converted:
             f"  swapped in {self.swap_lock_seconds * 1000:.0f} ms under the exclusive lock "
             f"(attempt {self.swap_attempts}): {self.table} is partitioned by range of id, "
             f"{self.first_partition} is the old table, attached {scan} for ids 0 to "
-            f"{self.first_high - 1}; {len(self.indexes)} indexes attached, not rebuilt "
+            f"{self.first_high - 1}; {counted(len(self.indexes), 'index', 'indexes')} "
+            "attached, not rebuilt "
             f"({', '.join(self.indexes)}); "
             + ("NOTIFY trigger moved; " if self.trigger_moved else "")
-            + f"{self.grants} grants carried; new ids from {self.next_id}"
+            + f"{counted(self.grants, 'grant')} carried; new ids from {self.next_id}"
         )
         return lines
 

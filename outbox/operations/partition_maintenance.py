@@ -49,6 +49,7 @@ from outbox.partitions import (
     sequence_problem,
     upkeep_lock,
 )
+from outbox.plumbing.text import counted
 from outbox.runner import Query, Row, Steps, first_row, no_rows, perform, perform_async, step
 from outbox.table import Table
 
@@ -143,9 +144,11 @@ def _state(table: Table, leaf: Partition, current: int) -> Steps[PartitionState]
     if leaf.high > current:
         why_not = "it holds the newest ids" if leaf.low <= current else "made ahead"
     elif dead:
-        why_not = f"{dead} dead rows pin it until they are requeued or skipped"
+        pin = "pins it until it is" if dead == 1 else "pin it until they are"
+        why_not = f"{counted(dead, 'dead row')} {pin} requeued or skipped"
     elif unfinished:
-        why_not = f"{unfinished} rows are not done yet"
+        are = "is" if unfinished == 1 else "are"
+        why_not = f"{counted(unfinished, 'row')} {are} not done yet"
     return PartitionState(
         leaf.name, leaf.low, leaf.high, int(pending), int(processing), int(dead),
         max(int(tuples or 0) - unfinished, 0), oldest,
