@@ -533,3 +533,35 @@ async def test_finalize_and_extend_of_rows_in_a_partition_attached_under_another
         applied = await lease.finalize(aconn, TABLE, outcomes, layout=layout)
         assert applied == {m.id for m in held}
     assert statuses(pconn) == {"done": 119, "dead": 1}
+
+
+@pytest.mark.parametrize("name", ["outbox", "o" * 60], ids=["short", "cut-short"])
+async def test_the_ids_left_ahead_read_from_the_names_are_the_bounds_own(pconn, empty_dsn, name):
+    """The keeper's every pass reads the ids left ahead from the partitions' names (no bound
+    deparsed); a table whose partitions' names may be cut short to fit PostgreSQL's limit
+    reads the bounds. Either way the figure is the bounds' own, and a partition made ahead
+    moves it."""
+    from outbox.partitions import _top_by_name, check, ids_ahead, make_partition
+
+    table = Table.parse(name)
+    migrate(pconn, table, None, layout=Layout(SIZE, 3))
+    pconn.execute(
+        psycopg.sql.SQL(
+            "INSERT INTO {t} (aggregate_type, aggregate_id, event_type, payload) "
+            "SELECT 'order', '1', 'Tested', '{{}}' FROM generate_series(1, 250)"
+        ).format(t=table.ident)
+    )
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        layout = await check(aconn, table)
+        assert layout is not None and layout.named_leaves
+        by_bounds = await ids_ahead(aconn, table)
+        assert await ids_ahead(aconn, table, layout) == by_bounds
+        by_name = await _top_by_name(aconn, table, layout)
+        assert (by_name is None) == (name != "outbox")
+        made = partition_table(table, 100)
+        for statement in make_partition(table, 100, 100 * SIZE, 101 * SIZE):
+            await aconn.execute(statement)
+        assert made.name in {p.name for p in fetch(pconn, read_partitions(table)) or []}
+        assert await ids_ahead(aconn, table, layout) == await ids_ahead(aconn, table)
+        assert await ids_ahead(aconn, table) == 101 * SIZE - 1 - 250
+        assert made.name == f"{name}_p100" or name != "outbox"

@@ -82,7 +82,7 @@ class PartitionKeeper(Service):
                         if made:
                             log.info("made %d partitions ahead of %s", made, self.settings.table)
                     else:
-                        left = await partitions.ids_ahead(conn, self.settings.table)
+                        left = await partitions.ids_ahead(conn, self.settings.table, layout)
                     self.metrics.partition_ids_ahead.set(left)
                     if may_note:
                         may_note = await self._note_finished(conn)
