@@ -28,6 +28,7 @@ from k8s.test_operator import (
 )
 
 from chart import chart as c
+from outbox.controller.reconcile.apply import KEPT_RECHECK
 
 pytestmark = pytest.mark.slow
 TOKEN = "chart-service-account-token"
@@ -222,7 +223,8 @@ def test_the_operator_resizes_through_the_scale_subresource_and_fences_its_worke
         (f["manager"], f.get("subresource", "")) for f in resized["metadata"]["managedFields"]
     }
     assert ("outbox-controller", "scale") in writers, writers
-    # Opened by hand: the next pass puts the policy back as rendered.
+    # Opened by hand: a pass puts the policy back as rendered within the recheck (an idle
+    # resource's passes read it once a minute, not every pass).
     cluster.kubectl(
         "patch", "networkpolicy", "orders-worker", "-n", NS, "--type=merge", "-p",
         '{"spec":{"ingress":[{}]}}',
@@ -232,6 +234,7 @@ def test_the_operator_resizes_through_the_scale_subresource_and_fences_its_worke
         lambda: (
             (p := _worker_policy(cluster)) and p["spec"]["ingress"][0].get("from") == MONITORING
         ),
+        timeout=KEPT_RECHECK.total_seconds() + 30,
     )
     log = operator.log()
     assert "Forbidden" not in log
