@@ -60,11 +60,11 @@ def _ids(within: tuple[int, int]) -> sql.Composable:
 
 def _extent(table: Table, *, lowest: bool) -> Query[tuple[int | None, int | None]]:
     """The first id of the lowest partition (if asked: it reads every partition's bound in
-    the catalog) and the last id the sequence gave (None: unreadable, `last_id_given`);
+    the catalog, as `read_partitions` does) and the last id the sequence gave (None: unreadable, `last_id_given`);
     opening no partition."""
     lowest_id = (
         sql.SQL(
-            """(SELECT min(substring(pg_get_expr(p.relpartbound, p.oid) FROM {first})::bigint)
+            """(SELECT min(substring(pg_get_expr(p.relpartbound, 0) FROM {first})::bigint)
           FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid
          WHERE i.inhparent = {t}::regclass)"""
         )

@@ -172,10 +172,14 @@ class Partition:
 
 
 def read_partitions(table: Table) -> Query[list[Partition] | None]:
-    """The leaf partitions in id order, or None for a table that is not partitioned."""
+    """The leaf partitions in id order, or None for a table that is not partitioned.
+
+    A bound is deparsed without its partition (`pg_get_expr(..., 0)`: it names no column):
+    given the partition's oid, pg_get_expr opens each one, a lock and a cache entry each,
+    which cost 8.8 ms on 230 partitions against 2.9 ms (a worker's first read of them)."""
     statement = sql.SQL(
         """SELECT c.relkind = 'p',
-       (SELECT array_agg(ARRAY[p.relname::text, pg_get_expr(p.relpartbound, p.oid)]
+       (SELECT array_agg(ARRAY[p.relname::text, pg_get_expr(p.relpartbound, 0)]
                          ORDER BY p.relname)
           FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid
          WHERE i.inhparent = c.oid)
