@@ -4,6 +4,7 @@ claimed, finalized and extended partition by partition, in both orderings."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from outbox.claim_window import Bounds, ClaimWindow, _window_reading
 from outbox.models import Outcome
 from outbox.operations.replay import ReplayFilter, preview, send_batch, start
 from outbox.operator_reads import read_table
-from outbox.partitions import Layout, partition_table, read_partitions
+from outbox.partitions import Layout, keep_ahead, partition_table, read_partitions
 from outbox.queries import queries
 from outbox.runner import fetch, perform
 from outbox.schema import _COLUMNS_AFTER_ID, SchemaError, check_table, migrate
@@ -356,11 +357,19 @@ async def test_enqueue_past_the_partitions_made_ahead_says_which_table_and_what_
     assert enqueue(pconn, aggregate_type="a", aggregate_id="1", event_type="E", payload={}) > 399
 
 
-async def test_workers_keep_partitions_ahead_and_report_the_ids_left(pconn, empty_dsn):
+async def test_workers_keep_partitions_ahead_and_report_the_ids_left(pconn, empty_dsn, caplog):
     seed(pconn, 250)  # partitions up to id 399: 149 ids left ahead, 3 partitions wanted
     s = settings(empty_dsn, batch=40)
+    caplog.set_level(logging.INFO, logger="outbox.worker")
     async with dispatching(s, Scripted(lambda m: None)) as replica:
         await wait_until(lambda: _leaves(pconn)[-1] == (500, 600), what="partitions made")
+        # A partition a pass (more than a quarter was left), said once for the top-up.
+
+        def said() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "ahead of" in r.getMessage()]
+
+        await wait_until(said, what="the top-up said")
+        assert said() == ["made 2 partitions ahead of outbox"]
         # Made on their own and attached: each has the parent's indexes.
         indexes = pconn.execute(
             "SELECT count(*) FROM pg_indexes WHERE tablename = 'outbox_p5'"
@@ -369,6 +378,29 @@ async def test_workers_keep_partitions_ahead_and_report_the_ids_left(pconn, empt
         ids_ahead = replica.metrics.partition_ids_ahead
         await wait_until(lambda: ids_ahead._value.get() == 599 - 250, what="the metric")
         assert replica.metrics.partition_ids_target._value.get() == 300
+
+
+async def test_a_top_up_makes_a_partition_a_pass_until_a_quarter_is_left(empty_dsn):
+    """Partitions made ahead while a worker drains slow the drain (each ATTACH makes every
+    session reload the table's partitions): a top-up with more than a quarter of the target
+    left makes one partition a pass (the keeper paces its passes); below a quarter, every
+    partition missing at once, as producers are near the end of what is made."""
+    layout = Layout(SIZE, 8)  # a target of 800 ids ahead, topped up below 600
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, layout=layout)  # p0..p8
+        seed(conn, 400)  # 499 ids left ahead: top up, one at a time
+        async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+            passes = [await keep_ahead(aconn, TABLE, layout)]
+            while passes[-1].more:
+                passes.append(await keep_ahead(aconn, TABLE, layout, topping_up=True))
+            assert [(p.made, p.left) for p in passes] == [(1, 599), (1, 699), (1, 799), (1, 899)]
+            assert _leaves(conn)[-1] == (1200, 1300)
+            idle = await keep_ahead(aconn, TABLE, layout)
+            assert (idle.made, idle.more) == (0, False)  # 899 left: nothing to do, no lock
+            seed(conn, 850)  # up to id 1250: 49 left, under a quarter of the target
+            urgent = await keep_ahead(aconn, TABLE, layout)
+        assert (urgent.made, urgent.left, urgent.more) == (8, 849, False)
+        assert _leaves(conn)[-1] == (2000, 2100)
 
 
 async def test_a_worker_whose_role_may_not_create_tables_says_so_once(pconn, empty_dsn, caplog):
