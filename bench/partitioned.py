@@ -36,7 +36,7 @@ import psycopg
 from psycopg import sql
 
 from bench.env import Bench, python_module, seed_outbox, write_results
-from outbox.partitions import Layout, partition_table
+from outbox.partitions import TOP_UP_BELOW, Layout, partition_table
 from outbox.schema import migrate
 from outbox.table import Table
 
@@ -51,11 +51,11 @@ UNFINISHED = (
 )
 
 
-def _drain(bench: Bench, messages: int, *, partitioned: bool, ordered: bool) -> float:
+def _drain(bench: Bench, messages: int, ahead: int, *, partitioned: bool, ordered: bool) -> float:
     """Messages per second of one worker (a fresh process) draining `messages` fresh rows."""
     with bench.database(outbox=False) as dsn:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            layout = Layout(PARTITION_SIZE, PARTITIONS_AHEAD) if partitioned else None
+            layout = Layout(PARTITION_SIZE, ahead) if partitioned else None
             migrate(conn, Table.parse("outbox"), "aggregate" if ordered else None, layout=layout)
         seed_outbox(dsn, messages)
         ordering = ("--ordering", "aggregate") if ordered else ()
@@ -122,8 +122,13 @@ def _timed_drain(
     return float((ended - started).total_seconds())
 
 
-def run(messages: int, repeat: int) -> dict[str, Any]:
-    report: dict[str, Any] = {"messages": messages, "repeat": repeat, "modes": {}}
+def run(messages: int, repeat: int, ahead: int = PARTITIONS_AHEAD) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "messages": messages,
+        "repeat": repeat,
+        "partitions_ahead": ahead,
+        "modes": {},
+    }
     with Bench() as bench:
         report["environment"] = bench.environment()
         report["load_before"] = os.getloadavg()
@@ -133,7 +138,7 @@ def run(messages: int, repeat: int) -> dict[str, Any]:
                 ordered = mode == "ordered"
                 first, second = (False, True) if i % 2 == 0 else (True, False)
                 rates = {
-                    layout: _drain(bench, messages, partitioned=layout, ordered=ordered)
+                    layout: _drain(bench, messages, ahead, partitioned=layout, ordered=ordered)
                     for layout in (first, second)
                 }
                 plain, parted = rates[False], rates[True]
@@ -149,18 +154,28 @@ def run(messages: int, repeat: int) -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     env = report["environment"]
+    ahead = report.get("partitions_ahead", PARTITIONS_AHEAD)
+    left = (ahead + 1) * PARTITION_SIZE - 1 - report["messages"]
+    top_up = (
+        ": fewer than three quarters of the target, so the worker's partition keeper makes "
+        f"{report['messages'] // PARTITION_SIZE} more as the drain runs"
+        if left < TOP_UP_BELOW * ahead * PARTITION_SIZE
+        else ""
+    )
+    flag = "" if ahead == PARTITIONS_AHEAD else f" --partitions-ahead {ahead}"
     lines = [
         "# Partitioned outbox vs plain table (drain, one worker)",
         "",
         f"`python -m bench.partitioned --messages {report['messages']} --repeat "
-        f"{report['repeat']}` at {env['commit']}, PostgreSQL {env['postgresql']}, "
+        f"{report['repeat']}{flag}` at {env['commit']}, PostgreSQL {env['postgresql']}, "
         f"{env['cores']} cores, {env['event_loop']}; started {env['started']}.",
         "",
         f"One `outbox-worker {' '.join(WORKER_FLAGS[:4])}` drains {report['messages']:,} "
         "rows (~200-byte payloads, 1,000 aggregates) from a fresh table: plain, or made by "
-        f"`outbox migrate --partition-size {PARTITION_SIZE} --partitions-ahead "
-        f"{PARTITIONS_AHEAD}` (about {report['messages'] // PARTITION_SIZE} partitions hold "
-        f"rows, {PARTITIONS_AHEAD} more are empty ahead), a fresh worker process each. "
+        f"`outbox migrate --partition-size {PARTITION_SIZE} --partitions-ahead {ahead}` "
+        f"(about {report['messages'] // PARTITION_SIZE} partitions hold rows, "
+        f"{ahead + 1 - report['messages'] // PARTITION_SIZE} are empty ahead{top_up}), "
+        "a fresh worker process each. "
         "Each round runs the two back to back, which goes first alternating; a drain is "
         "timed on the database's clock from the last moment its oldest row was pending to "
         "its last `done_at`, watched by primary-key probes (a count over the partitioned "
@@ -194,12 +209,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.partitioned", description=__doc__)
     parser.add_argument("--messages", type=int, default=30_000, help="rows per drain (30000)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds per mode (3)")
+    parser.add_argument(
+        "--partitions-ahead",
+        type=int,
+        default=PARTITIONS_AHEAD,
+        help=f"partitions made ahead by the migration ({PARTITIONS_AHEAD}); fewer than "
+        "the rows fill makes the worker's partition keeper top up during the drain",
+    )
     parser.add_argument("--out", default="bench/results", help="where the results go")
     args = parser.parse_args()
     started = time.monotonic()
-    report = run(args.messages, args.repeat)
+    report = run(args.messages, args.repeat, args.partitions_ahead)
     report["seconds"] = time.monotonic() - started
-    write_results(args.out, "partitioned", report, render(report))
+    # The drain the goal names keeps its name; others are reported beside it.
+    default = (args.messages, args.partitions_ahead) == (30_000, PARTITIONS_AHEAD)
+    name = "partitioned" if default else f"partitioned-{args.messages}-{args.partitions_ahead}"
+    write_results(args.out, name, report, render(report))
 
 
 if __name__ == "__main__":

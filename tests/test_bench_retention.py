@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import inbox_purge, retention, stats_partitioned
+from bench import inbox_purge, partitioned, retention, stats_partitioned
 
 pytestmark = pytest.mark.slow
 
@@ -44,3 +44,16 @@ def test_inbox_purge_bench_purges_one_interval_at_a_time():
         report["purge_next"]["deleted"]
     ) + 2 * round(per_interval)
     assert "| purge, oldest interval |" in inbox_purge.render(report)
+
+
+def test_partitioned_drain_bench_drains_both_tables_and_says_when_the_keeper_tops_up():
+    """The drain beside the plain table, at a size whose rows leave fewer than three
+    quarters of the partitions ahead: the worker's partition keeper makes more as it
+    drains, and the report says so."""
+    report = partitioned.run(3_000, 1, 5)
+    for mode in partitioned.MODES:
+        (round_,) = report["modes"][mode]["rounds"]
+        assert round_["plain"] > 0 and round_["partitioned"] > 0
+    text = partitioned.render(report)
+    assert "--partitions-ahead 5`" in text
+    assert "the worker's partition keeper makes 3 more as the drain runs" in text
