@@ -22,7 +22,10 @@ from outbox.operations import pausing
 from outbox.operations.conversion import migrate_converting
 from outbox.operations.maintenance import MAX_PURGE_BATCH, PURGE_BATCH, PURGE_BATCH_ENV, purge_done
 from outbox.operations.partition_maintenance import (
+    AT_LEAST,
+    COUNTED,
     DEFAULT_RETENTION,
+    ESTIMATE,
     NotPartitioned,
     maintain,
     partition_states,
@@ -643,7 +646,7 @@ def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: 
         print(json.dumps({"table": str(table), "partitions": [p.to_dict() for p in states]}))
         return
     print(f"{'partition':<24} {'ids':<23} {'pending':>8} {'processing':>10} {'dead':>6} "
-          f"{'done (est.)':>11}  {'oldest created_at':<20} retirable")  # fmt: skip
+          f"{'done':>11}  {'oldest created_at':<20} retirable")  # fmt: skip
     for p in states:
         oldest = p.oldest_created_at.strftime("%Y-%m-%d %H:%M:%S") if p.oldest_created_at else "-"
         retirable = (
@@ -653,9 +656,13 @@ def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: 
             if p.retirable
             else f"no: {p.why_not}"
         )
-        ids, done_rows = f"{p.low}-{p.high - 1}", f"~{p.done_estimate}"
+        ids, done_rows = f"{p.low}-{p.high - 1}", f"{_DONE_MARK[p.done_figure]}{p.done_estimate}"
         print(f"{p.name:<24} {ids:<23} {p.pending:>8} {p.processing:>10} {p.dead:>6} "
               f"{done_rows:>11}  {oldest:<20} {retirable}")  # fmt: skip
+
+
+# A partition's done rows: the planner's estimate, counted, or counted up to a limit.
+_DONE_MARK = {ESTIMATE: "~", COUNTED: "", AT_LEAST: "≥"}
 
 
 def _repair(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Table) -> None:

@@ -51,6 +51,7 @@ from outbox.partitions import (
 )
 from outbox.plumbing.text import counted
 from outbox.runner import Query, Row, Steps, first_row, no_rows, perform, perform_async, step
+from outbox.stats import COUNT_LIMIT, STALE_FRACTION
 from outbox.table import Table
 
 _DONE_NOTE = FINISHED_NOTE
@@ -74,7 +75,8 @@ class PartitionState:
     pending: int
     processing: int
     dead: int
-    done_estimate: int  # the planner's row estimate less the unfinished rows
+    done_estimate: int  # the planner's row estimate less the unfinished rows, or a count
+    done_figure: str  # how done_estimate was had: one of DONE_FIGURES
     oldest_created_at: datetime | None  # of its first row
     done_since: datetime | None  # first seen with nothing unfinished
     retirable: bool
@@ -85,6 +87,21 @@ class PartitionState:
         for key in ("oldest_created_at", "done_since"):
             d[key] = d[key].isoformat() if d[key] is not None else None
         return d
+
+
+# How a partition's done rows were had: the planner's estimate (`~`) while its statistics are
+# to be trusted, else counted: exactly, or up to COUNT_LIMIT rows (a lower bound, `≥`).
+ESTIMATE, COUNTED, AT_LEAST = "estimate", "count", "at least"
+DONE_FIGURES = (ESTIMATE, COUNTED, AT_LEAST)
+
+# A partition's statistics are trusted as `outbox stats` trusts them: analyzed (or vacuumed),
+# and changed by at most STALE_FRACTION of the rows counted then. An ANALYZE of the parent
+# while its partitions were empty (the first `outbox maintain`) leaves them at 0 rows: read as
+# the estimate, a partition of a thousand done rows was listed `~0` and retired as `0 rows`.
+_TRUSTED = sql.SQL(
+    """c.reltuples >= 0
+   AND coalesce(pg_stat_get_mod_since_analyze(c.oid), 0) <= c.reltuples * {stale}"""
+).format(stale=sql.Literal(STALE_FRACTION))
 
 
 def _statement(statement: sql.Composed) -> Query[None]:
@@ -122,21 +139,30 @@ def _leaf(table: Table, name: str) -> sql.Composable:
 
 
 def _state_query(table: Table, leaf: Partition) -> Query[Row]:
-    """One partition, read directly (its partial indexes count what is unfinished)."""
+    """One partition, read directly (its partial indexes count what is unfinished). Its rows
+    are [0, the planner's estimate] while its statistics are trusted, else [1, its done rows
+    counted up to COUNT_LIMIT]: the count is a subquery only that branch refers to, so
+    PostgreSQL runs it only then."""
+    leaf_ident, name = _leaf(table, leaf.name), Table(table.schema, leaf.name).regclass_literal
     statement = sql.SQL(
         """SELECT count(*) FILTER (WHERE status = 'pending'),
        count(*) FILTER (WHERE status = 'processing'),
        (SELECT count(*) FROM {leaf} WHERE status = 'dead'),
-       (SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = {name}::regclass),
+       (SELECT CASE WHEN {trusted} THEN ARRAY[0, c.reltuples::bigint]
+                    ELSE ARRAY[1, (SELECT count(*) FROM
+                                   (SELECT FROM {leaf} WHERE status = 'done' LIMIT {limit}) AS d)]
+               END
+          FROM pg_class AS c WHERE c.oid = {name}::regclass),
        (SELECT created_at FROM {leaf} ORDER BY id LIMIT 1),
        obj_description({name}::regclass, 'pg_class')
   FROM {leaf} WHERE status IN ('pending', 'processing')"""
-    ).format(leaf=_leaf(table, leaf.name), name=Table(table.schema, leaf.name).regclass_literal)
+    ).format(leaf=leaf_ident, name=name, trusted=_TRUSTED, limit=sql.Literal(COUNT_LIMIT))
     return Query(statement, None, first_row(lambda row: row or ()))
 
 
 def _state(table: Table, leaf: Partition, current: int) -> Steps[PartitionState]:
-    pending, processing, dead, tuples, oldest, comment = yield from step(_state_query(table, leaf))
+    row = yield from step(_state_query(table, leaf))
+    pending, processing, dead, (by_count, rows), oldest, comment = row
     note = _NOTE.match(str(comment or ""))
     done_since = datetime.fromisoformat(note.group(1)) if note else None
     unfinished = int(pending) + int(processing) + int(dead)
@@ -149,10 +175,13 @@ def _state(table: Table, leaf: Partition, current: int) -> Steps[PartitionState]
     elif unfinished:
         are = "is" if unfinished == 1 else "are"
         why_not = f"{counted(unfinished, 'row')} {are} not done yet"
+    if not by_count:
+        done, figure = max(int(rows) - unfinished, 0), ESTIMATE
+    else:
+        done, figure = int(rows), AT_LEAST if rows >= COUNT_LIMIT else COUNTED
     return PartitionState(
         leaf.name, leaf.low, leaf.high, int(pending), int(processing), int(dead),
-        max(int(tuples or 0) - unfinished, 0), oldest,
-        done_since if not unfinished else None, why_not is None, why_not,
+        done, figure, oldest, done_since if not unfinished else None, why_not is None, why_not,
     )  # fmt: skip
 
 
@@ -461,20 +490,24 @@ def _finished_or_attached_back(table: Table, leaf: Partition) -> Steps[int | Non
     """A detached partition: the rows it holds if none is unfinished (it is to be dropped),
     else None, attached back."""
     ident = _leaf(table, leaf.name)
-    # Through the partial indexes, and the row count from the statistics when the partition
-    # has them: counting a partition of a million rows would cost more than dropping it.
+    # Through the partial indexes, and the row count from the statistics when they are to be
+    # trusted (`_TRUSTED`): counting a partition of a million rows would cost more than
+    # dropping it.
     unfinished, total = yield from step(
         Query(
             sql.SQL(
                 """SELECT EXISTS (SELECT FROM {leaf} WHERE status IN ('pending', 'processing'))
        OR EXISTS (SELECT FROM {leaf} WHERE status = 'dead'),
-       (SELECT reltuples::bigint FROM pg_class WHERE oid = {name}::regclass)"""
-            ).format(leaf=ident, name=Table(table.schema, leaf.name).regclass_literal),
+       (SELECT CASE WHEN {trusted} THEN c.reltuples::bigint ELSE -1 END
+          FROM pg_class AS c WHERE c.oid = {name}::regclass)"""
+            ).format(
+                leaf=ident, name=Table(table.schema, leaf.name).regclass_literal, trusted=_TRUSTED
+            ),
             None,
             first_row(lambda row: (bool(row[0]), int(row[1])) if row else (False, 0)),
         )
     )
-    if total < 0:  # never analyzed: count it
+    if total < 0:  # never analyzed, or changed much since: count it
         total = yield from step(
             _value(sql.SQL("SELECT count(*) FROM {leaf}").format(leaf=ident), int)
         )
