@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -77,6 +78,8 @@ _MESSAGE_ID = int_between(1, MAX_ID)  # ids are bigint: beyond, none exists
 DEMO_MAX_EVENTS, DEMO_MAX_WORKERS = 1_000_000, 32
 # A command stopped by Ctrl-C (SIGINT) exits as shells report it: 128 + the signal's number.
 INTERRUPTED = 128 + signal.SIGINT
+# A command whose output's reader went away (a closed pipe), likewise: 128 + SIGPIPE.
+READER_GONE = 128 + signal.SIGPIPE
 # What a command stopped by Ctrl-C leaves, said on its one line. The statement under way is
 # cancelled on the server (psycopg cancels it on the interrupt) and its transaction rolled
 # back: only what the command had committed stays.
@@ -408,8 +411,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         args = _parser().parse_args(argv)
         _main(args)
+        # Output to a pipe is buffered: a reader gone (`| head`) shows here, not as a traceback
+        # from the interpreter's exit.
+        sys.stdout.flush()
     except KeyboardInterrupt:
         _interrupted(args)
+    except BrokenPipeError:
+        _reader_gone()
+
+
+def _reader_gone() -> NoReturn:
+    """What reads the output went away (`outbox stats | head -3`): stop without a traceback,
+    with the exit code of a command a SIGPIPE ended, as shells report it. What the command
+    did is done; only the rest of its output is lost."""
+    # The output's buffer still holds what could not be written: empty it into nowhere, or
+    # the interpreter's exit tries again and fails on it.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise SystemExit(READER_GONE)
 
 
 def _interrupted(args: argparse.Namespace | None) -> NoReturn:

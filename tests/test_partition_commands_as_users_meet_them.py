@@ -5,8 +5,12 @@ in, and a failure is one line with its exit code."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 
 import psycopg
+import pytest
 from helpers import outbox_on as outbox
 from helpers import seed
 
@@ -45,3 +49,24 @@ def test_done_rows_agree_with_the_table_when_the_statistics_are_stale(empty_dsn:
         after = json.loads(outbox(empty_dsn, "partitions", "--json").stdout)["partitions"]
         assert (after[0]["name"], after[0]["done_estimate"]) == ("outbox_p2", 51)
         assert after[0]["done_figure"] == "estimate"
+
+
+@pytest.mark.parametrize("command", [["stats"], ["partitions"], ["partitions", "--json"]])
+def test_output_piped_into_a_reader_that_left_ends_without_a_traceback(
+    empty_dsn: str, command: list[str]
+) -> None:
+    """`outbox stats | head -3`: the reader closes the pipe before the command writes. It
+    printed a BrokenPipeError's traceback; it ends quietly, as a SIGPIPE would have."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, layout=Layout(100, 3))
+    run = subprocess.Popen(
+        [sys.executable, "-m", "outbox", *command, "--dsn", empty_dsn],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert run.stdout is not None
+    run.stdout.close()  # the reader is gone before the first line is written
+    _, stderr = run.communicate(timeout=60)
+    assert stderr == ""
+    assert run.returncode == 128 + signal.SIGPIPE
