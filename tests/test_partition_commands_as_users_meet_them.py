@@ -8,11 +8,15 @@ import json
 import signal
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 
 import psycopg
 import pytest
 from helpers import outbox_on as outbox
 from helpers import seed
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from outbox.partitions import Layout
 from outbox.schema import migrate
@@ -70,3 +74,49 @@ def test_output_piped_into_a_reader_that_left_ends_without_a_traceback(
     _, stderr = run.communicate(timeout=60)
     assert stderr == ""
     assert run.returncode == 128 + signal.SIGPIPE
+
+
+@pytest.fixture
+def worker_role(empty_dsn: str) -> Iterator[str]:
+    """A DSN of a role with a worker's grants on a partitioned `outbox` (the parent's, carried
+    to its partitions), that neither owns it nor may create tables."""
+    name = f"worker_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+        conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+        migrate(conn, TABLE, layout=Layout(100, 2))
+        conn.execute(
+            sql.SQL(
+                "GRANT SELECT, UPDATE ON outbox TO {r}; GRANT SELECT ON outbox_layout, "
+                "outbox_destinations TO {r}; GRANT SELECT ON SEQUENCE outbox_id_seq TO {r}"
+            ).format(r=sql.Identifier(name))
+        )
+    try:
+        yield make_conninfo(empty_dsn, user=name)
+    finally:
+        with psycopg.connect(empty_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {r}").format(r=sql.Identifier(name)))
+            conn.execute(sql.SQL("DROP ROLE {r}").format(r=sql.Identifier(name)))
+
+
+def test_maintain_by_a_role_that_does_not_own_the_table_changes_nothing_and_says_so(
+    empty_dsn: str, worker_role: str
+) -> None:
+    """A worker's role running `outbox maintain` failed on its first statement with
+    PostgreSQL's words for it (`permission denied for schema public`, or `must be owner of
+    table outbox_p0` with the PL/pgSQL context of the note), never naming the owner it needs."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        seed(conn, 250)  # partitions 3 and 4 are missing ahead
+        conn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id < 100")
+        before = conn.execute("SELECT count(*) FROM pg_inherits").fetchone()
+        run = outbox(worker_role, "maintain", "--retention", "0s")
+        assert run.returncode == 1, (run.stdout, run.stderr)
+        lines = run.stderr.strip().splitlines()
+        assert len(lines) == 1, run.stderr
+        assert "does not own table outbox" in lines[0] and "run it as postgres" in lines[0]
+        assert conn.execute("SELECT count(*) FROM pg_inherits").fetchone() == before
+        assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (250,)
+        # The upkeep lock was let go: the table's owner runs it at once.
+        owner = outbox(empty_dsn, "maintain", "--retention", "0s")
+        assert owner.returncode == 0, owner.stderr
+        assert "made 2 partitions ahead, retired 1 (99 rows)" in owner.stdout, owner.stdout

@@ -207,6 +207,35 @@ class Maintained:
     kept: list[PartitionState]  # finished, but not for the retention yet
 
 
+class NotTableOwner(psycopg.errors.InsufficientPrivilege):
+    """The connected role does not own the table: it may not make, note, detach or drop its
+    partitions, nor analyze it (`outbox maintain` runs as the table's owner)."""
+
+
+def _owner_check(table: Table) -> Steps[None]:
+    """Refuse a run by a role that does not own the table, before it changes anything: it
+    failed part-way otherwise, on whichever statement came first, with PostgreSQL's words
+    for it (`permission denied for schema public`, `must be owner of table outbox_p0`, with
+    the PL/pgSQL context), never saying that the run needs the table's owner."""
+    role, owner, owns = yield from step(
+        Query(
+            sql.SQL(
+                "SELECT current_user, pg_get_userbyid(relowner),"
+                " pg_has_role(current_user, relowner, 'USAGE')"
+                " FROM pg_class WHERE oid = {t}::regclass"
+            ).format(t=table.regclass_literal),
+            None,
+            first_row(lambda row: row or ("", "", True)),
+        )
+    )
+    if not owns:
+        raise NotTableOwner(
+            f"role {role} does not own table {table}: outbox maintain makes, detaches and drops "
+            f"its partitions and analyzes it, which only its owner may; run it as {owner} (or "
+            f"a role that is a member of {owner})"
+        )
+
+
 class UpkeepBusy(RuntimeError):
     """Another session holds the table's upkeep lock (a worker making partitions ahead, or
     another run of `outbox maintain`), and the caller asked not to wait for it."""
@@ -317,6 +346,7 @@ async def maintain_async(
 
 def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
     layout, leaves = yield from _layout(table)
+    yield from _owner_check(table)
     # What an interrupted run left half-done first: pending detaches finished, then every
     # partition detached and not dropped is dropped (or attached back).
     half_detached = yield from _finish_detaches(table)
