@@ -583,45 +583,44 @@ def _detached_orphans(
     table: Table, layout: Layout, leaves: list[Partition]
 ) -> Steps[list[Partition]]:
     """Partitions a run detached and did not drop (its session ended between the two):
-    tables named as partition k (`<table>_p<k>`) below the newest partition, attached to
-    nothing, that carry maintenance's note (a run notes a partition before it detaches
-    it; a partition someone detached by hand to keep is not ours to drop unless it does).
-    Its ids are those of its range CHECK (`<partition>_range`, which every partition made
-    or converted carries: a converted table's first partition holds many partition sizes),
-    else partition k's."""
+    tables named as partition k (`<table>_p<k>`, or its shortened form for a long table
+    name) below the newest partition, attached to nothing, that carry maintenance's note (a
+    run notes a partition before it detaches it; a partition someone detached by hand to
+    keep is not ours to drop unless it does). Its ids, and so k, are those of its range
+    CHECK (which every partition made or converted carries, under a name shortened as its
+    table's may be: a converted table's first partition holds many partition sizes), else k
+    is read from the name's end. Read by the name's prefix alone, a long table name's
+    partitions (`<prefix>_<digest>`) were never found, and were left detached for good."""
     if not leaves:
         return []
     candidates = yield from step(
         Query(
             sql.SQL(
-                "SELECT c.relname, (SELECT array_agg(pg_get_constraintdef(k.oid))"
-                " FROM pg_constraint k WHERE k.conrelid = c.oid AND k.contype = 'c'"
-                " AND k.conname = c.relname || '_range')"
+                "SELECT c.relname, ARRAY(SELECT pg_get_constraintdef(k.oid)"
+                " FROM pg_constraint k WHERE k.conrelid = c.oid AND k.contype = 'c')"
                 " FROM pg_class c WHERE c.relkind = 'r' AND NOT c.relispartition "
                 "AND c.relnamespace = "
                 "(SELECT relnamespace FROM pg_class WHERE oid = {t}::regclass) "
-                "AND starts_with(c.relname, {prefix}) "
                 "AND starts_with(obj_description(c.oid, 'pg_class'), {note})"
-            ).format(
-                t=table.regclass_literal,
-                prefix=sql.Literal(table.derived_name("p")),
-                note=sql.Literal(_DONE_NOTE),
-            ),
+            ).format(t=table.regclass_literal, note=sql.Literal(_DONE_NOTE)),
             None,
-            lambda rows: [(str(row[0]), row[1] or []) for row in rows],
+            lambda rows: [(str(row[0]), [str(c) for c in row[1] or []]) for row in rows],
         )
     )
     size, top = layout.partition_size, leaves[-1].low
     found = []
     for name, checks in candidates:
-        index = name.removeprefix(table.derived_name("p"))
-        if not index.isdigit() or table.derived_name(f"p{int(index)}") != name:
-            continue
-        low, high = int(index) * size, (int(index) + 1) * size
-        bound = _RANGE_CHECK.search(str(checks[0])) if checks else None
-        if bound is not None:
-            low, high = int(bound.group(1)), int(bound.group(2))
-        if low < top:
+        bounds = [b for b in map(_RANGE_CHECK.search, checks) if b is not None]
+        if bounds:
+            low, high = int(bounds[0].group(1)), int(bounds[0].group(2))
+            index = low // size
+        else:
+            suffix = name.removeprefix(table.derived_name("p"))
+            if not suffix.isdigit():
+                continue
+            index = int(suffix)
+            low, high = index * size, (index + 1) * size
+        if table.derived_name(f"p{index}") == name and low < top:
             found.append(Partition(name, low, high))
     return sorted(found, key=lambda p: p.low)
 
