@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from helpers import outbox_on as outbox
-from helpers import seed
+from helpers import seed, wait_until_db
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
@@ -173,3 +173,47 @@ def seed_into(conn: psycopg.Connection[Any], table: Table, count: int) -> None:
     events = [Event("order", f"agg-{i}", "Tested", {"n": i}) for i in range(count)]
     with conn.transaction():
         enqueue_many(conn, events, table=table)
+
+
+def test_a_conversion_stopped_by_hand_says_it_dropped_its_constraint(dsn: str) -> None:
+    """Ctrl-C while the conversion waits for its swap's lock: the constraint it validated is
+    dropped again, and the one line says so. It said the generic line instead
+    (`a conversion to partitions keeps the steps it finished`), which was not what it did."""
+    with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn) as reader:
+        seed(conn, 20)
+        conn.execute(  # a stopped run's bound: this run validates it, then waits to swap
+            "ALTER TABLE outbox ADD CONSTRAINT outbox_p0_range CHECK (id >= 0 AND id < 5000) "
+            "NOT VALID"
+        )
+        reader.execute("SELECT count(*) FROM outbox")  # holds off the swap's ACCESS EXCLUSIVE
+        command = subprocess.Popen(
+            [sys.executable, "-m", "outbox", "migrate", "--partition-size", "100", "--dsn", dsn],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            wait_until_db(
+                conn,
+                "EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE 'LOCK TABLE % IN ACCESS EXCLUSIVE MODE')",
+            )
+            command.send_signal(signal.SIGINT)
+            reader.rollback()  # the drop of the constraint may have the lock now
+            _, stderr = command.communicate(timeout=60)
+        finally:
+            command.kill()
+        assert command.returncode == 130, stderr
+        lines = stderr.strip().splitlines()
+        assert len(lines) == 1, stderr
+        assert lines[0] == (
+            "outbox: error: table outbox: interrupted; the CHECK outbox_p0_range was dropped "
+            "again: the table is as it was"
+        )
+        left = conn.execute(
+            "SELECT count(*) FROM pg_constraint WHERE conname = 'outbox_p0_range'"
+        ).fetchone()
+        assert left == (0,)
+        assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'outbox'").fetchone() == (
+            "r",
+        )

@@ -246,11 +246,17 @@ def _convert(
         raise  # PostgreSQL's own error, the table as it was
     except KeyboardInterrupt as exc:
         # Stopped by hand (a VALIDATE of a big table takes minutes): its statement is
-        # cancelled, and the constraint goes too, as when the command gives up.
-        left, outcome = _take_bound_off(conn, table, lock_timeout, pause)
-        if left:
-            raise SchemaError(f"table {table}: interrupted; {outcome}") from exc
-        raise
+        # cancelled, and the constraint goes too, as when the command gives up. Said either
+        # way: left to the command's generic line, a run whose constraint was dropped said
+        # that it kept the steps it had finished. A second Ctrl-C stops the drop too.
+        try:
+            swapped = fetch(conn, partitions.read_partitions(table)) is not None
+            outcome = "" if swapped else _take_bound_off(conn, table, lock_timeout, pause)[1]
+        except KeyboardInterrupt:
+            swapped, outcome = False, _bound_left(table, None, certain=False)
+        if swapped:  # stopped as the swap committed: the command's own line says what stays
+            raise exc from None
+        raise SchemaError(f"table {table}: interrupted; {outcome}") from exc
 
 
 def _steps(
@@ -321,15 +327,23 @@ def _take_bound_off(
         )
         _locked(conn, table, [drop], lock_timeout, UNDO_ATTEMPTS, pause)
     except (SchemaError, psycopg.Error):
-        by_hand = sql.SQL("ALTER TABLE {t} DROP CONSTRAINT {c}").format(
-            t=table.ident, c=sql.Identifier(name)
-        )
-        reach = f"reach {bound[0]}" if bound is not None else "reach its bound"
-        return True, (
-            f"the CHECK {name} is left on it, and inserts will fail on it once the ids {reach}: "
-            f"drop it ({by_hand.as_string(None)}) or run this again to finish the conversion"
-        )
+        return True, _bound_left(table, bound)
     return False, f"the CHECK {name} was dropped again: the table is as it was"
+
+
+def _bound_left(table: Table, bound: tuple[int, bool] | None, *, certain: bool = True) -> str:
+    """What a run that could not drop its constraint says of it (`bound` if it was read;
+    not `certain` when it was stopped while dropping it)."""
+    name = _bound_name(table)
+    by_hand = sql.SQL("ALTER TABLE {t} DROP CONSTRAINT {c}").format(
+        t=table.ident, c=sql.Identifier(name)
+    )
+    reach = f"reach {bound[0]}" if bound is not None else "reach its bound"
+    return (
+        f"the CHECK {name} {'is' if certain else 'may be'} left on it, and inserts will fail "
+        f"on it once the ids {reach}: "
+        f"drop it ({by_hand.as_string(None)}) or run this again to finish the conversion"
+    )
 
 
 def _bound_name(table: Table) -> str:
