@@ -19,6 +19,7 @@ from helpers import outbox_on as outbox
 from helpers import seed, wait_until_db
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+from test_replay import _on_terminal as on_terminal
 
 from outbox import Event, enqueue_many
 from outbox.partitions import Layout
@@ -217,3 +218,25 @@ def test_a_conversion_stopped_by_hand_says_it_dropped_its_constraint(dsn: str) -
         assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'outbox'").fetchone() == (
             "r",
         )
+
+
+@pytest.mark.parametrize("command", ["replay", "reconcile"])
+def test_ctrl_d_at_the_typed_confirmation_sends_nothing_in_one_line(dsn: str, command: str) -> None:
+    """Ctrl-D (the end of the input) at `type N to confirm:` ended in an EOFError traceback;
+    it is no answer, as a wrong count: nothing sent, one line, exit 1."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        seed(conn, 5)
+        conn.execute("UPDATE outbox SET status = 'done', done_at = now()")
+        window = ["--since", "1h", "--until", "0s"]
+        if command == "reconcile":  # an inbox that recorded none of them: all 5 are missing
+            conn.execute("CREATE SCHEMA receiver")
+            migrated = outbox(dsn, "inbox", "migrate", "--table", "receiver.inbox")
+            assert migrated.returncode == 0, migrated.stderr
+            window += ["--inbox-dsn", dsn, "--inbox-table", "receiver.inbox", "--replay"]
+            conn.execute("INSERT INTO receiver.inbox (consumer, message_id) VALUES ('b', 'x')")
+        code, seen = on_terminal([command, "--dsn", dsn, *window], "\x04")
+        assert code == 1, seen
+        assert "Traceback" not in seen and "EOFError" not in seen, seen
+        assert seen.splitlines()[-1] == "outbox: error: not confirmed: nothing sent", seen
+        statuses = conn.execute("SELECT status, count(*) FROM outbox GROUP BY 1").fetchall()
+        assert statuses == [("done", 5)]

@@ -242,8 +242,13 @@ def _window(args: argparse.Namespace, conn: psycopg.Connection[Any]) -> tuple[da
 
 
 def confirm(count: int, what: str) -> bool:
-    """The typed count, as the TUI's bulk requeue asks for it: True when typed right."""
-    answer = input(f"{what}: type {count} to confirm: ")
+    """The typed count, as the TUI's bulk requeue asks for it: True when typed right. Ctrl-D
+    (the input's end) is no answer: nothing is confirmed, as for a wrong count."""
+    try:
+        answer = input(f"{what}: type {count} to confirm: ")
+    except EOFError:
+        print()  # the line the prompt left open, so that what follows starts a line
+        return False
     return answer.strip() == str(count)
 
 
