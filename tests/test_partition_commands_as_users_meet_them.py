@@ -240,3 +240,42 @@ def test_ctrl_d_at_the_typed_confirmation_sends_nothing_in_one_line(dsn: str, co
         assert seen.splitlines()[-1] == "outbox: error: not confirmed: nothing sent", seen
         statuses = conn.execute("SELECT status, count(*) FROM outbox GROUP BY 1").fetchall()
         assert statuses == [("done", 5)]
+
+
+def test_a_detach_left_pending_with_an_unfinished_row_is_attached_back(empty_dsn: str) -> None:
+    """A run stopped while its DETACH ... CONCURRENTLY waited for a replay's batch leaves
+    the partition pending detach; the batch then commits its row pending and takes
+    maintenance's note off. The next run finished the detach and, the partition carrying no
+    note, left it out of the table with its pending row in it: never delivered."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, layout=Layout(100, 2))
+        seed(conn, 250)
+        conn.execute("UPDATE outbox SET status = 'done', done_at = now()")
+        noted = outbox(empty_dsn, "maintain", "--retention", "7d")
+        assert "2 finished but within the retention" in noted.stdout, noted.stderr
+        with psycopg.connect(empty_dsn) as batch:  # what a replay's batch does, held open
+            batch.execute("UPDATE outbox SET status = 'pending', done_at = NULL WHERE id = 50")
+            run = subprocess.Popen(
+                [sys.executable, "-m", "outbox", "maintain", "--retention", "0s", "--dsn",
+                 empty_dsn],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            try:
+                wait_until_db(
+                    conn,
+                    "EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type IS NOT NULL "
+                    "AND query LIKE '%DETACH PARTITION%CONCURRENTLY')",
+                )
+                run.send_signal(signal.SIGINT)
+                assert run.wait(timeout=60) == 130
+            finally:
+                run.kill()
+            batch.execute("COMMENT ON TABLE outbox_p0 IS NULL")
+        pending = conn.execute(
+            "SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = 'outbox_p0'::regclass"
+        ).fetchone()
+        assert pending == (True,)
+        again = outbox(empty_dsn, "maintain", "--retention", "0s")
+        assert again.returncode == 0, again.stderr
+        assert conn.execute("SELECT status FROM outbox WHERE id = 50").fetchone() == ("pending",)
+        assert conn.execute("SELECT count(*) FROM outbox WHERE id < 100").fetchone() == (99,)

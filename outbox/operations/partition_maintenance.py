@@ -351,6 +351,13 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
     # partition detached and not dropped is dropped (or attached back).
     half_detached = yield from _finish_detaches(table)
     leftovers = yield from _detached_orphans(table, layout, leaves)
+    # A detach finished without maintenance's note (a replay took it off while the detach
+    # waited, or someone began it by hand) is no leftover to drop; but a row of it that is
+    # unfinished must not stay out of the table, undelivered: attached back.
+    orphans = {leaf.name for leaf in leftovers}
+    for leaf in leaves:
+        if leaf.name in half_detached and leaf.name not in orphans:
+            yield from _finished_or_attached_back(table, leaf)
     leaves = [leaf for leaf in leaves if leaf.name not in half_detached]
     made = yield from _make_ahead(table, layout, leaves)
     current = yield from _last_id(table)
