@@ -28,6 +28,7 @@ from outbox.operations.partition_maintenance import (
     DEFAULT_RETENTION,
     ESTIMATE,
     NotPartitioned,
+    UpkeepBusy,
     maintain,
     partition_states,
 )
@@ -522,6 +523,15 @@ def _main(args: argparse.Namespace) -> None:
                 PROG,
                 f"table {table} is at an older schema ({primary}); run `outbox migrate --table "
                 f"{table.argument}`",
+                1,
+            )
+        except UpkeepBusy:
+            fail(
+                PROG,
+                f"gave up after waiting {format_duration(timeouts['lock_timeout'])} for the "
+                f"partition upkeep lock of table {table}, held by a worker making partitions "
+                "ahead or another outbox maintain (an advisory lock: see pg_locks); nothing was "
+                "changed (raise --lock-timeout, or 0 to wait for it)",
                 1,
             )
         except psycopg.errors.LockNotAvailable:

@@ -22,7 +22,7 @@ from psycopg.conninfo import make_conninfo
 from test_replay import _on_terminal as on_terminal
 
 from outbox import Event, enqueue_many
-from outbox.partitions import Layout
+from outbox.partitions import Layout, upkeep_lock
 from outbox.schema import migrate
 from outbox.table import Table
 
@@ -279,3 +279,20 @@ def test_a_detach_left_pending_with_an_unfinished_row_is_attached_back(empty_dsn
         assert again.returncode == 0, again.stderr
         assert conn.execute("SELECT status FROM outbox WHERE id = 50").fetchone() == ("pending",)
         assert conn.execute("SELECT count(*) FROM outbox WHERE id < 100").fetchone() == (99,)
+
+
+def test_maintain_that_gives_up_on_the_upkeep_lock_names_that_lock(empty_dsn: str) -> None:
+    """`outbox maintain` waits for the upkeep lock a worker's keeper (or another run) holds,
+    bounded by --lock-timeout. Giving up, it blamed a lock on the table: `a LOCK TABLE, a
+    migration or a long transaction`, none of which holds it up."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, layout=Layout(100, 2))
+        conn.execute(sql.SQL("SELECT pg_advisory_lock({key})").format(key=upkeep_lock(TABLE)))
+        run = outbox(empty_dsn, "maintain", "--lock-timeout", "200ms")
+    assert run.returncode == 1, run.stderr
+    waited, gave_up = run.stderr.strip().splitlines()
+    assert waited.startswith("outbox: waiting for the partition upkeep lock of table outbox")
+    assert gave_up.startswith(
+        "outbox: error: gave up after waiting 200ms for the partition upkeep lock of table outbox"
+    ), gave_up
+    assert "LOCK TABLE" not in gave_up

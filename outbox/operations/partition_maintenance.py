@@ -324,8 +324,13 @@ def maintain(
     Another session holding the upkeep lock: UpkeepBusy, or if `waiting` is given, that is
     called and the run waits for the lock.
 
-    `conn` must be in autocommit: DETACH ... CONCURRENTLY runs outside a transaction."""
-    session = perform(conn, _begin(table, waiting))
+    `conn` must be in autocommit: DETACH ... CONCURRENTLY runs outside a transaction. A wait
+    for the lock that the session's `lock_timeout` ends raises UpkeepBusy too, nothing
+    changed: it is no lock on the table, which PostgreSQL's lock timeout would suggest."""
+    try:
+        session = perform(conn, _begin(table, waiting))
+    except psycopg.errors.LockNotAvailable as exc:  # only the upkeep lock's wait takes one
+        raise UpkeepBusy(f"the partition upkeep lock of table {table} is held") from exc
     try:
         return perform(conn, _maintaining(table, retention))
     finally:
