@@ -1,6 +1,6 @@
 """The latency floor: the lease protocol over HTTP without the worker's machinery.
 
-python -m bench.latency_floor DSN URL BATCH CONCURRENCY [ordered]
+python -m bench.latency_floor DSN URL BATCH CONCURRENCY [ordered] [trace=FILE]
 
 One asyncio loop (uvloop, as the worker runs by default) on one connection: LISTEN on the
 table's channel; claim up to BATCH with the project's own claim (outbox.lease.claim, the
@@ -15,14 +15,20 @@ NOTIFY, or one second.
 No services, no ledger, no timers, no hand-offs between tasks: what the protocol costs on
 this machine, to set the worker's figures beside. Runs until SIGTERM; what it holds then is
 left to its leases (the benchmark has every message by then).
+
+`trace=FILE` notes when each claim and each finalize returned, with their ids, and writes
+them to FILE as JSON lines at the end, as the worker's debug log has them ("claimed",
+"finalized"): bench.latency_trace follows the messages' path through both.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import sys
+import time
 from datetime import timedelta
 
 import aiohttp
@@ -61,7 +67,13 @@ async def _post(session: aiohttp.ClientSession, url: str, message: Message) -> O
     return Outcome.retry(message, timedelta(0), error)
 
 
-async def dispatch(dsn: str, url: str, batch: int, concurrency: int, ordered: bool) -> None:
+# A note: (event, time.time_ns() when the statement returned, the messages' ids).
+Note = tuple[str, int, list[int]]
+
+
+async def dispatch(
+    dsn: str, url: str, batch: int, concurrency: int, ordered: bool, notes: list[Note] | None = None
+) -> None:
     owner = "latency-floor"
     async with (
         await psycopg.AsyncConnection.connect(
@@ -86,11 +98,15 @@ async def dispatch(dsn: str, url: str, batch: int, concurrency: int, ordered: bo
                 conn, TABLE, owner=owner, batch=batch, lease=LEASE, max_attempts=MAX_ATTEMPTS,
                 ordered=ordered, by_aggregate=plan.by_aggregate, prepare=True,
             )  # fmt: skip
+            if notes is not None and messages:
+                notes.append(("claimed", time.time_ns(), [m.id for m in messages]))
             if ordered:
                 plan.observe(len(messages), batch)
             if messages:
                 outcomes = await asyncio.gather(*(_post(session, url, m) for m in messages))
                 await finalize(conn, TABLE, outcomes)
+                if notes is not None:
+                    notes.append(("finalized", time.time_ns(), [m.id for m in messages]))
             # Claim again at once after a full batch (more may be waiting), and in ordered
             # mode after any (the finalize made the next message of each aggregate its head,
             # which no NOTIFY announces). Otherwise every row committed since the claim's
@@ -104,13 +120,23 @@ async def dispatch(dsn: str, url: str, batch: int, concurrency: int, ordered: bo
 
 async def main(argv: list[str]) -> None:
     dsn, url, batch, concurrency = argv[0], argv[1], int(argv[2]), int(argv[3])
-    ordered = argv[4:] == ["ordered"]
-    task = asyncio.ensure_future(dispatch(dsn, url, batch, concurrency, ordered))
+    ordered = "ordered" in argv[4:]
+    trace = next((a.removeprefix("trace=") for a in argv[4:] if a.startswith("trace=")), None)
+    notes: list[Note] | None = [] if trace else None
+    task = asyncio.ensure_future(dispatch(dsn, url, batch, concurrency, ordered, notes))
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, task.cancel)
     with contextlib.suppress(asyncio.CancelledError):
         await task
+    if trace and notes is not None:
+        _write_notes(trace, notes)
+
+
+def _write_notes(path: str, notes: list[Note]) -> None:
+    with open(path, "w") as out:
+        for event, at_ns, ids in notes:
+            out.write(json.dumps({"event": event, "time_ns": at_ns, "ids": ids}) + "\n")
 
 
 if __name__ == "__main__":
