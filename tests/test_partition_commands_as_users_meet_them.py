@@ -11,6 +11,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -296,3 +297,27 @@ def test_maintain_that_gives_up_on_the_upkeep_lock_names_that_lock(empty_dsn: st
         "outbox: error: gave up after waiting 200ms for the partition upkeep lock of table outbox"
     ), gave_up
     assert "LOCK TABLE" not in gave_up
+
+
+@pytest.mark.parametrize("written", ["last tuesday", "2026-12-01T10:00:00"])
+def test_a_note_whose_time_is_no_time_is_taken_for_none(empty_dsn: str, written: str) -> None:
+    """A partition's comment that starts as maintenance's note but gives no time with its
+    offset (written by hand, or copied): `outbox partitions` and `outbox maintain` ended in
+    a ValueError (or, for a time without offset, a TypeError) traceback. It is no note: the
+    run notes the partition anew."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, layout=Layout(100, 2))
+        seed(conn, 150)
+        conn.execute("UPDATE outbox SET status = 'done', done_at = now()")
+        comment = f"outbox-dispatcher: nothing unfinished since {written}"
+        conn.execute(sql.SQL("COMMENT ON TABLE outbox_p0 IS {c}").format(c=sql.Literal(comment)))
+        listing = outbox(empty_dsn, "partitions", "--json")
+        assert listing.returncode == 0, listing.stderr
+        first = json.loads(listing.stdout)["partitions"][0]
+        assert (first["name"], first["retirable"], first["done_since"]) == ("outbox_p0", True, None)
+        run = outbox(empty_dsn, "maintain", "--retention", "1h")
+        assert run.returncode == 0, run.stderr
+        assert "1 finished but within the retention of 1h" in run.stdout, run.stdout
+        noted = conn.execute("SELECT obj_description('outbox_p0'::regclass)").fetchone()
+        assert noted is not None and noted[0] != comment
+        assert datetime.fromisoformat(noted[0].rsplit(" ", 1)[1]).tzinfo is not None

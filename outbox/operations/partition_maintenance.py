@@ -163,8 +163,7 @@ def _state_query(table: Table, leaf: Partition) -> Query[Row]:
 def _state(table: Table, leaf: Partition, current: int) -> Steps[PartitionState]:
     row = yield from step(_state_query(table, leaf))
     pending, processing, dead, (by_count, rows), oldest, comment = row
-    note = _NOTE.match(str(comment or ""))
-    done_since = datetime.fromisoformat(note.group(1)) if note else None
+    done_since = _noted_since(comment)
     unfinished = int(pending) + int(processing) + int(dead)
     why_not = None
     if leaf.high > current:
@@ -183,6 +182,19 @@ def _state(table: Table, leaf: Partition, current: int) -> Steps[PartitionState]
         leaf.name, leaf.low, leaf.high, int(pending), int(processing), int(dead),
         done, figure, oldest, done_since if not unfinished else None, why_not is None, why_not,
     )  # fmt: skip
+
+
+def _noted_since(comment: object) -> datetime | None:
+    """The time maintenance's note in a partition's comment gives, or None: no note, or one
+    whose time is not one (written by hand, say), which is no note either. A run notes the
+    partition again, and the listing shows it finished since no known time (a bare `yes`);
+    read as a time, it ended both commands in a traceback."""
+    note = _NOTE.match(str(comment or ""))
+    try:
+        since = datetime.fromisoformat(note.group(1)) if note else None
+    except ValueError:
+        return None
+    return since if since is not None and since.tzinfo is not None else None
 
 
 def _states(table: Table) -> Steps[list[PartitionState]]:
