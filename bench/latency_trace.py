@@ -56,6 +56,8 @@ HOPS = (
     ("b_latency", "B: commit → at the receiver"),
 )
 CONTENDERS = ("worker", "floor")
+# The heading of the findings written by hand below the figures (a new run keeps them).
+FINDINGS = "\n## What the hops say\n"
 
 
 @dataclass
@@ -251,9 +253,13 @@ def main(argv: list[str] | None = None) -> None:
     # Each round's worker beside its floor.
     runs.sort(key=lambda r: (r["round"], CONTENDERS.index(r["contender"])))
     text = render(runs, args.rate, args.processes, load)
+    print(text)
+    # The findings written by hand below the figures stay.
+    old = args.out.read_text() if args.out.exists() else ""
+    if FINDINGS in old:
+        text += FINDINGS + old.split(FINDINGS, 1)[1]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
-    print(text)
 
 
 if __name__ == "__main__":

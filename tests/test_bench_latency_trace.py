@@ -78,8 +78,10 @@ def test_the_report_sets_each_rounds_worker_beside_its_floor():
 def test_one_quick_round_follows_every_pair_through_both_contenders(tmp_path):
     """One process of each at 100/s for one second: the worker's debug log and the floor's
     notes both name every measured pair's claims and finalize (a missing note would leave
-    a hop without figures)."""
+    a hop without figures); the findings written by hand below the figures are kept."""
     out = tmp_path / "latency_trace.md"
+    findings = "A finding written by hand.\n"
+    out.write_text("old figures\n" + latency_trace.FINDINGS + findings)
     result = subprocess.run(
         [sys.executable, "-m", "bench.latency_trace", "--rate", "100", "--processes", "1",
          "--seconds", "1", "--rounds", "1", "--out", str(out)],
@@ -90,6 +92,7 @@ def test_one_quick_round_follows_every_pair_through_both_contenders(tmp_path):
     assert "| hop | worker (1) | floor (1) |" in text
     assert "nan" not in text, text
     assert "| B claimed by A's process | 100% | 100% |" in text  # one process each
+    assert "old figures" not in text and text.endswith(latency_trace.FINDINGS + findings)
 
 
 def test_bad_arguments_are_one_line_and_exit_2():
