@@ -1,6 +1,8 @@
-"""`outbox partitions`, `outbox maintain` and the other commands as a user runs them on a
-partitioned table: what they print agrees with the table, whatever state its statistics are
-in, and a failure is one line with its exit code."""
+"""The partitioned outbox and the incident tools as a user meets them: `outbox partitions`,
+`outbox maintain`, the conversion, `outbox replay` and `outbox reconcile`, run as commands on a
+real server. What they print agrees with the table, whatever state its statistics are in; no
+unfinished row is left out of the table; hostile names, roles without the owner's rights,
+Ctrl-C and Ctrl-D, a closed pipe and a held lock each end in one line with its exit code."""
 
 from __future__ import annotations
 
