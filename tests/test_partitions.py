@@ -319,6 +319,51 @@ async def test_ordered_mode_keeps_an_aggregates_order_across_a_partition_boundar
         assert [m.id for m in after] == [100]  # the next head, in the next partition
 
 
+class _CountingWindow(ClaimWindow):
+    """A claim window that counts its readings."""
+
+    reads = 0
+
+    async def read(self, conn: Any, table: Table, batch: int) -> None:
+        self.reads += 1
+        await super().read(conn, table, batch)
+
+
+async def test_an_ordered_window_wide_to_the_top_stays_while_no_row_is_announced(pconn, empty_dsn):
+    """A few busy aggregates: every ordered claim is short (a head each). Once the window
+    reaches the top of the ids, a short claim keeps it while the listener announces no new
+    row, where it read the window again after each claim (two statements more a claim: an
+    ordered drain over 7 aggregates made half the claims of the plain table's). A row
+    announced has the next claim read again, and it finds the rows past the old top."""
+    migrate(pconn, TABLE, "aggregate")
+    seed(pconn, 150, aggregates=3)  # ids 1-150: 3 aggregates, 50 messages each
+    window = _CountingWindow(Layout(SIZE, 3))
+    window.announcing = True  # as the worker's listener sets it
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+
+        async def drain() -> list[list[int]]:
+            claims = []
+            while got := await lease.claim(
+                aconn, TABLE, owner="w", batch=50, lease=timedelta(minutes=1),
+                max_attempts=5, ordered=True, window=window,
+            ):  # fmt: skip
+                claims.append([m.id for m in got])
+                await lease.finalize(
+                    aconn, TABLE, [Outcome.done(m) for m in got], layout=window.layout
+                )
+            return claims
+
+        claims = await drain()
+        assert len(claims) == 50 and all(len(c) == 3 for c in claims)  # a head each
+        assert window.reads <= 3, window.reads  # the first, the widened one (and a spare)
+        seed(pconn, 110, aggregates=3)  # ids 151-260: the last 60 past the old top, 200
+        window.announced()
+        reads = window.reads
+        assert sum(map(len, await drain())) == 110
+        assert window.reads - reads <= 3, window.reads - reads
+    assert statuses(pconn) == {"done": 260}
+
+
 async def test_a_worker_drains_a_partitioned_table_through_fencing_and_retries(pconn, empty_dsn):
     """A real replica: claims, retries with backoff, dead letters and extends on the
     partitioned table, every statement through its window."""

@@ -52,7 +52,7 @@ class Listener:
                 **connect_options(s.dsn),
             ) as conn:
                 await conn.execute(queries(s.table).listen)
-                self.listening = True
+                self.listening = self.window.announcing = True
                 # Anything may have arrived while we were not listening, a replay too.
                 self.window.forget()
                 self.wakeup.set()
@@ -60,10 +60,12 @@ class Listener:
                     async for notice in conn.notifies():
                         if notice.payload in (REPLAY_NOTICE, LAYOUT_NOTICE):
                             self.window.forget()
+                        else:
+                            self.window.announced()
                         self.wakeup.set()
                 except DatabaseErrors as exc:
                     # The connection was up: this failure starts a new streak.
-                    self.listening = False
+                    self.listening = self.window.announcing = False
                     await asyncio.sleep(self.retry.failed("listen", exc, 1, readiness=False))
         finally:
-            self.listening = False
+            self.listening = self.window.announcing = False
