@@ -17,6 +17,7 @@ from outbox.partitions import (
     Layout,
     check,
     last_id_given,
+    made_top,
     sequence_unreadable,
     written_past,
 )
@@ -184,6 +185,7 @@ class ClaimWindow:
         self._floor: int | None = None  # where readings start
         self._floor_at = 0.0
         self._top = 0  # past the last id given at the last reading, rounded to a partition
+        self._made_top = 0  # past the highest partition made, as last looked at
         self.unfinished_behind = False  # the window moved on: the head check's start may too
         self._forgotten = 0  # how many times `forget` was called: a reading under way is void
         self._layout_at = time.monotonic()  # when a plain table's layout was last looked at
@@ -269,6 +271,12 @@ class ClaimWindow:
             raise await sequence_unreadable(conn, table)
         floor = self._floor if not refloor and self._floor is not None else lowest or 0
         top = (last_id // size + 1) * size
+        if top > self._made_top:
+            # Ids may have been given past every partition (inserts no partition took, their
+            # ids spent): no row is there, and a window naming such a partition would fail
+            # every claim until one is made. Looked at only when the ids pass what was seen.
+            self._made_top = await made_top(conn, table, self.layout)
+        top = min(top, self._made_top) if self._made_top else top
         ready, unfinished = await self._first_ready(conn, table, min(floor, top), top)
         if ready is None and refloor:
             # Nothing ready up to the sequence's partition: a row a producer wrote with an
@@ -289,7 +297,7 @@ class ClaimWindow:
         # that prunes per row).
         self._width = max(1, -(-batch // size)) * size
         self._top = top
-        start = ready if ready is not None else last_id
+        start = ready if ready is not None else min(last_id, top - 1)
         low = int(start) // size * size
         high = max(low + self._width, top) if self._widen else low + self._width
         unfinished_low = int(unfinished) // size * size if unfinished is not None else low

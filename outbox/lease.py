@@ -171,9 +171,15 @@ async def _claim_in_window(
             within = (bounds.low, bounds.high)
             q = _queries_within(table, window.layout, within, bounds.unfinished_low)
             got = await fetch_async(conn, statement(q, wanted, left))
-        except psycopg.errors.UndefinedTable:
+        except psycopg.Error as exc:
+            if messages or unreadable:
+                # A look after the first failed: what the first leased is returned, not left
+                # to its lease's end; the failure comes again at the next claim, its own.
+                break
             # A partition the window named is gone: at once again, as the table is now.
-            if rechecked or not await _recheck(conn, table, window):
+            if not isinstance(exc, psycopg.errors.UndefinedTable) or rechecked:
+                raise
+            if not await _recheck(conn, table, window):
                 raise
             rechecked, looked = True, None
             continue

@@ -593,11 +593,19 @@ async def ids_ahead(
 ) -> int:
     """Ids the partitions made take past the highest one given: how far producers are
     from an insert no partition takes."""
+    return max(await made_top(conn, table, layout) - 1 - await _last_id(conn, table), 0)
+
+
+async def made_top(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table, layout: Layout | None = None
+) -> int:
+    """Past the last id of the highest partition made (0: none): from the partitions' names
+    when they say it, else from their bounds."""
     top = await _top_by_name(conn, table, layout) if layout is not None else None
     if top is None:
         existing = await fetch_async(conn, read_partitions(table)) or []
         top = existing[-1].high if existing else 0
-    return max(top - 1 - await _last_id(conn, table), 0)
+    return top
 
 
 # The highest `<table>_p<k>` attached to the table, read from the partitions' names: reading

@@ -23,7 +23,7 @@ from outbox.claim_window import Bounds, ClaimWindow, _window_reading
 from outbox.models import Outcome
 from outbox.operations.replay import ReplayFilter, preview, send_batch, start
 from outbox.operator_reads import read_table
-from outbox.partitions import Layout, keep_ahead, partition_table, read_partitions
+from outbox.partitions import Layout, check, keep_ahead, partition_table, read_partitions
 from outbox.queries import queries
 from outbox.runner import fetch, perform
 from outbox.schema import _COLUMNS_AFTER_ID, SchemaError, check_table, migrate
@@ -234,9 +234,11 @@ def test_a_window_reading_names_the_partitions_themselves(pconn):
     assert Layout(SIZE, 40).leaves(TABLE, (0, 400)) is None
 
 
-async def _drain(aconn: Any, *, ordered: bool, batch: int) -> list[list[int]]:
+async def _drain(
+    aconn: Any, *, ordered: bool, batch: int, window: ClaimWindow | None = None
+) -> list[list[int]]:
     """Claim and finalize until nothing is left; the ids of each claim."""
-    window = ClaimWindow(Layout(SIZE, 3))
+    window = window or ClaimWindow(Layout(SIZE, 3))
     claims = []
     while True:
         got = await lease.claim(
@@ -287,6 +289,58 @@ async def test_a_claim_that_takes_its_partitions_last_id_ends_there(pconn, empty
         (1, 50), (51, 99), (100, 149), (150, 199), (200, 249), (250, 299), (300, 349), (350, 350)
     ]  # fmt: skip
     assert statuses(pconn) == {"done": 350}
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+async def test_ids_given_past_every_partition_leave_the_claims_in_the_partitions_made(
+    empty_dsn, ordered
+):
+    """Inserts no partition took spend their ids all the same: the sequence is past every
+    partition made (here 350, partitions up to 199, none made since: a worker's role may
+    not create tables). The claims look only in the partitions made, where the window
+    named the ones the ids reach and every claim failed on a missing partition, the rows
+    below left undelivered until someone made partitions."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, "aggregate" if ordered else None, layout=Layout(SIZE, 1))
+        seed(conn, 150, aggregates=7)
+        conn.execute("SELECT setval('outbox_id_seq', 350)")
+        async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+            window = ClaimWindow(await check(aconn, TABLE))  # as a worker learns it
+            claims = await _drain(aconn, ordered=ordered, batch=40, window=window)
+        assert sorted(i for claim in claims for i in claim) == list(range(1, 151))
+        assert statuses(conn) == {"done": 150}
+
+
+async def test_a_look_after_the_first_that_fails_returns_what_the_first_leased(pconn, empty_dsn):
+    """A claim's first look leases rows of partition 0 and comes back short (id 99 is done,
+    its last id untaken), so it looks again in partition 1, which its role may no longer
+    update: the rows leased are returned, where the failure dropped them, left in
+    `processing` until their lease ran out; the next claim meets the refusal itself."""
+    seed(pconn, 150)
+    pconn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id = 99")
+    pconn.execute("CREATE ROLE look_again LOGIN PASSWORD 'look'")
+    pconn.execute(
+        "GRANT SELECT, UPDATE ON outbox, outbox_p0, outbox_p1, outbox_p2, outbox_p3 TO look_again"
+    )
+    pconn.execute("GRANT SELECT ON SEQUENCE outbox_id_seq TO look_again")
+    pconn.execute("GRANT SELECT ON outbox_layout TO look_again")
+    worker = psycopg.conninfo.make_conninfo(empty_dsn, user="look_again", password="look")
+    async with await psycopg.AsyncConnection.connect(worker, autocommit=True) as aconn:
+        window = ClaimWindow(await check(aconn, TABLE))
+
+        async def claim(batch: int) -> list[int]:
+            got = await lease.claim(
+                aconn, TABLE, owner="w", batch=batch, lease=timedelta(minutes=1),
+                max_attempts=5, window=window,
+            )  # fmt: skip
+            return [m.id for m in got]
+
+        assert await claim(10) == list(range(1, 11))  # the window read, on partition 0
+        pconn.execute("REVOKE UPDATE ON outbox_p1 FROM look_again")
+        assert await claim(120) == list(range(11, 99))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            await claim(120)
+    assert statuses(pconn) == {"processing": 98, "done": 1, "pending": 51}
 
 
 async def test_ordered_mode_keeps_an_aggregates_order_across_a_partition_boundary(pconn, empty_dsn):
