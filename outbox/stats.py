@@ -387,7 +387,10 @@ _ORDERED_COLUMNS = sql.SQL(
 # Done rows without `exact`: [how, figure]. How 0: the planner's estimate of every row
 # (reltuples, summed over the partitions if any: the layout's are all leaves, read from
 # pg_inherits, which takes no lock on them as pg_partition_tree does), trusted only while
-# every part has been analyzed (or vacuumed) and changed little since (`STALE_FRACTION`).
+# every part has been analyzed (or vacuumed) and changed little since (`STALE_FRACTION`),
+# or was never analyzed and is empty: a partition made ahead is neither analyzed nor
+# written to until its ids come, and it made a table of millions of analyzed done rows
+# read `done ≥0`.
 # Else the done rows among the first %(limit)s rows in id order (the primary key, oldest
 # first; of a partitioned table's window, see `unfinished_window`): how 1 when that was the
 # whole table (exact), 2 when it stopped at the limit or looked in a window only (a lower
@@ -395,9 +398,10 @@ _ORDERED_COLUMNS = sql.SQL(
 # when it is needed.
 _DONE = sql.SQL(
     """(SELECT CASE
-         WHEN bool_and(c.reltuples >= 0
-                       AND coalesce(pg_stat_get_mod_since_analyze(c.oid), 0)
-                           <= c.reltuples * {stale})
+         WHEN bool_and(CASE WHEN c.reltuples >= 0
+                            THEN coalesce(pg_stat_get_mod_since_analyze(c.oid), 0)
+                                 <= c.reltuples * {stale}
+                            ELSE pg_relation_size(c.oid) = 0 END)
          THEN ARRAY[0, sum(greatest(c.reltuples, 0))::bigint]
          ELSE (SELECT ARRAY[CASE WHEN count(*) < %(limit)s AND {whole} THEN 1 ELSE 2 END,
                             count(*) FILTER (WHERE r.status = 'done')]

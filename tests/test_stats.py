@@ -6,6 +6,7 @@ import json
 import re
 from datetime import timedelta
 
+import psycopg
 import pytest
 from helpers import explain_prepared, seed, serve_ordering
 from psycopg import sql
@@ -14,6 +15,7 @@ from outbox import Outcome, queue_stats, queue_stats_async, rates
 from outbox import destinations as dest
 from outbox.cli import main as cli_main
 from outbox.lease import claim, finalize
+from outbox.partitions import Layout
 from outbox.runner import fetch
 from outbox.schema import migrate
 from outbox.stats import QueueStats, stats_query
@@ -99,6 +101,29 @@ def test_done_is_counted_when_the_table_was_never_analyzed(conn, table, no_autov
     dsn = conn.info.dsn
     cli_main(["stats", "--dsn", dsn])
     assert re.search(r"^done\s+2994$", capsys.readouterr().out, re.MULTILINE)
+
+
+def test_partitions_made_ahead_and_never_analyzed_leave_the_estimate_trusted(empty_dsn):
+    """Partitions made ahead are neither analyzed nor written to until their ids come: an
+    empty one counts as the zero rows it holds, where it had the done rows counted in the
+    unfinished rows' window only (`done ≥0` for a table of millions of done rows)."""
+    table = Table.parse("outbox")
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, table, layout=Layout(100, 3))  # p0..p3, p3 empty
+        _set(conn, seed(conn, 250), "status = 'done', done_at = now(), attempts = 1")
+        conn.execute("SELECT pg_stat_force_next_flush()")  # no change left after ANALYZE
+        for leaf in ("outbox_p0", "outbox_p1", "outbox_p2"):
+            conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(leaf)))
+        never = "SELECT reltuples FROM pg_class WHERE relname = 'outbox_p3'"
+        assert conn.execute(never).fetchone() == (-1,)
+        stats = queue_stats(conn, table)
+        assert (stats.done, stats.done_is_estimate, stats.at_least("done")) == (250, True, False)
+        seed(conn, 1)  # id 251, in p2: analyzed, changed little since
+        conn.execute(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)"
+            " VALUES (350, 'a', 'x', 'E', '{}')"
+        )  # a row of its own id in p3, never analyzed: counted, no longer trusted
+        assert not queue_stats(conn, table).done_is_estimate
 
 
 def test_done_is_counted_when_the_statistics_are_stale(conn, table, no_autovacuum):
