@@ -41,6 +41,8 @@ from outbox.schema import migrate
 from outbox.table import Table
 
 PARTITION_SIZE, PARTITIONS_AHEAD = 1000, 200
+# A few busy aggregates make every ordered claim short (a head each): --aggregates 7.
+AGGREGATES = 1000
 WORKER_FLAGS = ("--publisher", "null", "--batch", "500", "--log-level", "WARNING")
 MODES = ("unordered", "ordered")
 DRAIN_TIMEOUT = 600.0
@@ -51,13 +53,15 @@ UNFINISHED = (
 )
 
 
-def _drain(bench: Bench, messages: int, ahead: int, *, partitioned: bool, ordered: bool) -> float:
+def _drain(
+    bench: Bench, messages: int, ahead: int, aggregates: int, *, partitioned: bool, ordered: bool
+) -> float:
     """Messages per second of one worker (a fresh process) draining `messages` fresh rows."""
     with bench.database(outbox=False) as dsn:
         with psycopg.connect(dsn, autocommit=True) as conn:
             layout = Layout(PARTITION_SIZE, ahead) if partitioned else None
             migrate(conn, Table.parse("outbox"), "aggregate" if ordered else None, layout=layout)
-        seed_outbox(dsn, messages)
+        seed_outbox(dsn, messages, aggregates=aggregates)
         ordering = ("--ordering", "aggregate") if ordered else ()
         table = Table.parse("outbox")
 
@@ -122,11 +126,14 @@ def _timed_drain(
     return float((ended - started).total_seconds())
 
 
-def run(messages: int, repeat: int, ahead: int = PARTITIONS_AHEAD) -> dict[str, Any]:
+def run(
+    messages: int, repeat: int, ahead: int = PARTITIONS_AHEAD, aggregates: int = AGGREGATES
+) -> dict[str, Any]:
     report: dict[str, Any] = {
         "messages": messages,
         "repeat": repeat,
         "partitions_ahead": ahead,
+        "aggregates": aggregates,
         "modes": {},
     }
     with Bench() as bench:
@@ -138,7 +145,9 @@ def run(messages: int, repeat: int, ahead: int = PARTITIONS_AHEAD) -> dict[str, 
                 ordered = mode == "ordered"
                 first, second = (False, True) if i % 2 == 0 else (True, False)
                 rates = {
-                    layout: _drain(bench, messages, ahead, partitioned=layout, ordered=ordered)
+                    layout: _drain(
+                        bench, messages, ahead, aggregates, partitioned=layout, ordered=ordered
+                    )
                     for layout in (first, second)
                 }
                 plain, parted = rates[False], rates[True]
@@ -155,6 +164,7 @@ def run(messages: int, repeat: int, ahead: int = PARTITIONS_AHEAD) -> dict[str, 
 def render(report: dict[str, Any]) -> str:
     env = report["environment"]
     ahead = report.get("partitions_ahead", PARTITIONS_AHEAD)
+    aggregates = report.get("aggregates", AGGREGATES)
     left = (ahead + 1) * PARTITION_SIZE - 1 - report["messages"]
     top_up = (
         ": fewer than three quarters of the target, so the worker's partition keeper makes "
@@ -163,6 +173,7 @@ def render(report: dict[str, Any]) -> str:
         else ""
     )
     flag = "" if ahead == PARTITIONS_AHEAD else f" --partitions-ahead {ahead}"
+    flag += "" if aggregates == AGGREGATES else f" --aggregates {aggregates}"
     lines = [
         "# Partitioned outbox vs plain table (drain, one worker)",
         "",
@@ -171,8 +182,8 @@ def render(report: dict[str, Any]) -> str:
         f"{env['cores']} cores, {env['event_loop']}; started {env['started']}.",
         "",
         f"One `outbox-worker {' '.join(WORKER_FLAGS[:4])}` drains {report['messages']:,} "
-        "rows (~200-byte payloads, 1,000 aggregates) from a fresh table: plain, or made by "
-        f"`outbox migrate --partition-size {PARTITION_SIZE} --partitions-ahead {ahead}` "
+        f"rows (~200-byte payloads, {aggregates:,} aggregates) from a fresh table: plain, or "
+        f"made by `outbox migrate --partition-size {PARTITION_SIZE} --partitions-ahead {ahead}` "
         f"(about {report['messages'] // PARTITION_SIZE} partitions hold rows, "
         f"{ahead + 1 - report['messages'] // PARTITION_SIZE} are empty ahead{top_up}), "
         "a fresh worker process each. "
@@ -216,14 +227,25 @@ def main() -> None:
         help=f"partitions made ahead by the migration ({PARTITIONS_AHEAD}); fewer than "
         "the rows fill makes the worker's partition keeper top up during the drain",
     )
+    parser.add_argument(
+        "--aggregates",
+        type=int,
+        default=AGGREGATES,
+        help=f"aggregates the rows spread over ({AGGREGATES})",
+    )
     parser.add_argument("--out", default="bench/results", help="where the results go")
     args = parser.parse_args()
     started = time.monotonic()
-    report = run(args.messages, args.repeat, args.partitions_ahead)
+    report = run(args.messages, args.repeat, args.partitions_ahead, args.aggregates)
     report["seconds"] = time.monotonic() - started
     # The drain the goal names keeps its name; others are reported beside it.
-    default = (args.messages, args.partitions_ahead) == (30_000, PARTITIONS_AHEAD)
-    name = "partitioned" if default else f"partitioned-{args.messages}-{args.partitions_ahead}"
+    default = (args.messages, args.partitions_ahead, args.aggregates) == (
+        30_000,
+        PARTITIONS_AHEAD,
+        AGGREGATES,
+    )
+    extra = f"{args.messages}-{args.partitions_ahead}-{args.aggregates}"
+    name = "partitioned" if default else f"partitioned-{extra}"
     write_results(args.out, name, report, render(report))
 
 
