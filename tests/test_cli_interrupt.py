@@ -22,12 +22,17 @@ from outbox import inbox
 from outbox.cli import _LEFT_BY_AN_INTERRUPT, INTERRUPTED, _parser
 
 APP = "interrupted-by-the-test"
+# The test's own database only: a server serves other tests' databases, and a backend of
+# theirs (a client killed while its statement waited) must not pass for this command's.
 WAITING = (
-    f"EXISTS (SELECT FROM pg_stat_activity WHERE application_name = '{APP}' "
-    "AND wait_event_type = 'Lock')"
+    "EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database()"
+    f" AND application_name = '{APP}' AND wait_event_type = 'Lock')"
 )
 MIGRATE_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('outbox-dispatcher migrate', 0))"
-GONE = f"NOT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = '{APP}')"
+GONE = (
+    "NOT EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database()"
+    f" AND application_name = '{APP}')"
+)
 
 
 def _interrupted_while_waiting(

@@ -106,7 +106,8 @@ def stopped_while_waiting_on(
         try:
             wait_until_db(
                 conn,
-                "EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' "
                 "AND datname = current_database())",
             )
             replay.send_signal(signal.SIGINT)  # a person's Ctrl-C

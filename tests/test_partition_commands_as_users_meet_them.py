@@ -199,7 +199,8 @@ def test_a_conversion_stopped_by_hand_says_it_dropped_its_constraint(dsn: str) -
         try:
             wait_until_db(
                 conn,
-                "EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' "
                 "AND query LIKE 'LOCK TABLE % IN ACCESS EXCLUSIVE MODE')",
             )
             command.send_signal(signal.SIGINT)
@@ -266,7 +267,8 @@ def test_a_detach_left_pending_with_an_unfinished_row_is_attached_back(empty_dsn
             try:
                 wait_until_db(
                     conn,
-                    "EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type IS NOT NULL "
+                    "EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock' "
                     "AND query LIKE '%DETACH PARTITION%CONCURRENTLY')",
                 )
                 run.send_signal(signal.SIGINT)

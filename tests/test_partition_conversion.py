@@ -233,7 +233,8 @@ def _lock_waits(conn: Any, pid: int, seen: set[Any]) -> int:
     """The lock waits of `pid` seen so far: each LOCK statement it waits in, told apart by
     its start (each attempt is a statement of its own)."""
     row = conn.execute(
-        "SELECT query_start FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+        "SELECT query_start FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid = %s AND wait_event_type = 'Lock'",
         (pid,),
     ).fetchone()
     if row is not None:
@@ -535,13 +536,15 @@ def test_stopped_by_hand_during_the_validate_it_drops_the_constraint(dsn):
         try:
             wait_until_db(
                 conn,
-                "EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' "
                 "AND query LIKE 'ALTER TABLE % VALIDATE CONSTRAINT %')",
             )
             command.send_signal(signal.SIGINT)
             wait_until_db(
                 conn,
-                "EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' "
                 "AND query LIKE 'LOCK TABLE % IN ACCESS EXCLUSIVE MODE')",
             )
             holder.commit()
