@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -127,3 +128,12 @@ def outbox_on(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
+
+
+def interruptible() -> None:
+    """`preexec_fn` for a child a test will stop with SIGINT: the signal's default action,
+    unblocked, whatever the test process inherited. A shell running the suite in the
+    background leaves SIGINT ignored, every child inherits that, and Python then leaves it
+    ignored: a Ctrl-C test's command would wait on as if none came."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import seed, wait_until_db
+from helpers import interruptible, seed, wait_until_db
 from psycopg.conninfo import make_conninfo
 from test_cli import BASE_ENV
 
@@ -47,6 +47,7 @@ def _interrupted_while_waiting(
             [sys.executable, "-m", "outbox", *args, "--lock-timeout", "0",
              "--dsn", make_conninfo(dsn, application_name=APP)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=BASE_ENV,
+            preexec_fn=interruptible,
         )  # fmt: skip
         try:
             while not conn.execute(f"SELECT {WAITING}").fetchone()[0]:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import seed, wait_until
+from helpers import interruptible, seed, wait_until
 from workers import stop_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # whole demos, a loaded machine
@@ -85,6 +85,7 @@ def test_demo_keep_leaves_a_database_to_connect_to():
         capture_output=True,
         text=True,
         timeout=300,
+        preexec_fn=interruptible,  # the Ctrl-C its printed instructions give must reach it
     )
     assert result.returncode == 0, result.stdout + result.stderr
     pid = int(re.search(r"keeps running \(pid (\d+)\)", result.stdout).group(1))

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from helpers import seed, wait_until_db
+from helpers import interruptible, seed, wait_until_db
 
 from outbox import inbox
 
@@ -101,7 +101,7 @@ def stopped_while_waiting_on(
             [sys.executable, "-m", "outbox", "replay", "--since", "1h", "--until", "0s",
              "--batch", "10", "--yes", "--reason", "drill"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**BASE_ENV, "OUTBOX_DSN": dsn},
+            env={**BASE_ENV, "OUTBOX_DSN": dsn}, preexec_fn=interruptible,
         )  # fmt: skip
         try:
             wait_until_db(

@@ -18,8 +18,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from helpers import interruptible, seed, wait_until_db
 from helpers import outbox_on as outbox
-from helpers import seed, wait_until_db
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from test_replay import _on_terminal as on_terminal
@@ -195,6 +195,7 @@ def test_a_conversion_stopped_by_hand_says_it_dropped_its_constraint(dsn: str) -
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=interruptible,
         )
         try:
             wait_until_db(
@@ -263,6 +264,7 @@ def test_a_detach_left_pending_with_an_unfinished_row_is_attached_back(empty_dsn
                 [sys.executable, "-m", "outbox", "maintain", "--retention", "0s", "--dsn",
                  empty_dsn],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                preexec_fn=interruptible,
             )  # fmt: skip
             try:
                 wait_until_db(

@@ -16,7 +16,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import explain_prepared, seed, statuses, wait_until, wait_until_db
+from helpers import (
+    explain_prepared,
+    interruptible,
+    seed,
+    statuses,
+    wait_until,
+    wait_until_db,
+)
 from helpers import outbox_on as outbox
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from test_worker import Scripted
@@ -531,7 +538,7 @@ def test_stopped_by_hand_during_the_validate_it_drops_the_constraint(dsn):
         command = subprocess.Popen(
             [sys.executable, "-m", "outbox", "migrate", "--partition-size", str(SIZE),
              "--dsn", dsn],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible,
         )  # fmt: skip
         try:
             wait_until_db(
