@@ -207,6 +207,7 @@ class ClaimWindow:
         reading under way when this is called is thrown away, not kept. On a plain table,
         the next claim looks first whether it has been partitioned since."""
         self._bounds, self._floor = None, None
+        self._made_top = 0  # partitions may have been dropped or renamed since
         self._forgotten += 1
         self._relearn = True
 
