@@ -137,3 +137,14 @@ def interruptible() -> None:
     ignored: a Ctrl-C test's command would wait on as if none came."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def interrupt_once_waiting(conn: Any, command: subprocess.Popen[str], query: str = "%") -> None:
+    """SIGINT `command` (started with `interruptible`) once a statement of its database
+    matching `query` (a LIKE pattern) waits for a lock: a person's Ctrl-C at that moment."""
+    wait_until_db(
+        conn,
+        "EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database()"
+        f" AND wait_event_type = 'Lock' AND query LIKE '{query}')",
+    )
+    command.send_signal(signal.SIGINT)

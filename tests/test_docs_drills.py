@@ -16,14 +16,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from helpers import interruptible, seed, wait_until_db
+from helpers import interrupt_once_waiting, interruptible, seed
 
 from outbox import inbox
 
@@ -104,13 +103,7 @@ def stopped_while_waiting_on(
             env={**BASE_ENV, "OUTBOX_DSN": dsn}, preexec_fn=interruptible,
         )  # fmt: skip
         try:
-            wait_until_db(
-                conn,
-                "EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' "
-                "AND datname = current_database())",
-            )
-            replay.send_signal(signal.SIGINT)  # a person's Ctrl-C
+            interrupt_once_waiting(conn, replay)
             _, stderr = replay.communicate(timeout=60)  # the lock still held: cancelled
         finally:
             replay.kill()

@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import interruptible, seed, wait_until_db
+from helpers import interrupt_once_waiting, interruptible, seed
 from helpers import outbox_on as outbox
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
@@ -198,13 +198,7 @@ def test_a_conversion_stopped_by_hand_says_it_dropped_its_constraint(dsn: str) -
             preexec_fn=interruptible,
         )
         try:
-            wait_until_db(
-                conn,
-                "EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' "
-                "AND query LIKE 'LOCK TABLE % IN ACCESS EXCLUSIVE MODE')",
-            )
-            command.send_signal(signal.SIGINT)
+            interrupt_once_waiting(conn, command, "LOCK TABLE % IN ACCESS EXCLUSIVE MODE")
             reader.rollback()  # the drop of the constraint may have the lock now
             _, stderr = command.communicate(timeout=60)
         finally:
@@ -267,13 +261,7 @@ def test_a_detach_left_pending_with_an_unfinished_row_is_attached_back(empty_dsn
                 preexec_fn=interruptible,
             )  # fmt: skip
             try:
-                wait_until_db(
-                    conn,
-                    "EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND wait_event_type = 'Lock' "
-                    "AND query LIKE '%DETACH PARTITION%CONCURRENTLY')",
-                )
-                run.send_signal(signal.SIGINT)
+                interrupt_once_waiting(conn, run, "%DETACH PARTITION%CONCURRENTLY")
                 assert run.wait(timeout=60) == 130
             finally:
                 run.kill()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import psycopg
 import pytest
 from helpers import (
     explain_prepared,
+    interrupt_once_waiting,
     interruptible,
     seed,
     statuses,
@@ -541,13 +541,7 @@ def test_stopped_by_hand_during_the_validate_it_drops_the_constraint(dsn):
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible,
         )  # fmt: skip
         try:
-            wait_until_db(
-                conn,
-                "EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' "
-                "AND query LIKE 'ALTER TABLE % VALIDATE CONSTRAINT %')",
-            )
-            command.send_signal(signal.SIGINT)
+            interrupt_once_waiting(conn, command, "ALTER TABLE % VALIDATE CONSTRAINT %")
             wait_until_db(
                 conn,
                 "EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database()"
