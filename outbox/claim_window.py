@@ -362,9 +362,10 @@ class ClaimWindow:
         window has run dry (or rows wait outside it): the next claim looks in the next
         partitions, or, past the ids the last reading saw, reads the window again. In
         ordered mode a short claim reads it again: the rows left behind are an aggregate's
-        next messages, claimable as soon as their predecessors are done. Unless the window
-        reaches the top of the ids already and, listening, no new row was announced since
-        it was read: then it stays (a reading every WINDOW_TTL still looks below it).
+        next messages, claimable as soon as their predecessors are done. Unless, in either
+        mode, the window reaches the top of the ids already and, listening, no new row was
+        announced since it was read: then it stays (a reading every WINDOW_TTL still looks
+        below it).
 
         A claim that took its window's last id, full or short and in either mode, moves the
         window on to the next partition: its ids are all given out (rows it left behind are
@@ -385,11 +386,17 @@ class ClaimWindow:
             self.ran_out_of_ids = took_last and short
             return
         if short:
-            if ordered and b.high >= self._top and self.announcing and not self._announced:
-                # Wide to the top already, and no row announced since it was read: the rows
-                # left wait behind their aggregates' messages in flight, and a reading would
-                # find these bounds again. With a few busy aggregates every ordered claim is
-                # short, and reading after each halved the claims a second.
+            if b.high >= self._top and self.announcing and not self._announced:
+                # Wide to the top already, and no row announced since it was read: a reading
+                # would find these bounds again. Below them a row becomes ready by a late
+                # commit (announced too), a retry coming due or a lease running out (the
+                # reading every WINDOW_TTL finds those). In ordered mode the rows left wait
+                # behind their aggregates' messages in flight: with a few busy aggregates
+                # every ordered claim is short, and reading after each halved the claims a
+                # second. At the end of a drain a reading would look from the floor the last
+                # one found, over every partition the drain went through, and its first look
+                # into each finished partition's indexes walks entries no vacuum has removed
+                # yet (70 ms over 30 partitions of 1,000 ids: a tenth of the drain).
                 return
             self._widen = fresh
             self._bounds = None

@@ -148,7 +148,9 @@ async def _claim_in_window(
     """A claim in the window's partitions; if it comes back short, the window has run dry
     (or ready rows wait outside it): read it again and claim the rest at once, so that a
     short claim still means "all there was", as on a plain table (a claimer waits for a
-    NOTIFY after one). Unless it came back short for having taken its partition's last id
+    NOTIFY after one), but for rows below a window that reaches the top of the ids, which
+    a reading every WINDOW_TTL finds (`ClaimWindow.claimed`). Unless it came back short for
+    having taken its partition's last id
     (`window.ran_out_of_ids`: the caller claims again at once): the rest of the batch, a row
     or so when ids start at 1, cost a statement of its own each time, and left every other
     claim of a drain across two partitions, its finalize through the parent."""

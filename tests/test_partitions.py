@@ -418,6 +418,54 @@ async def test_an_ordered_window_wide_to_the_top_stays_while_no_row_is_announced
     assert statuses(pconn) == {"done": 260}
 
 
+async def test_an_unordered_window_at_the_top_stays_while_no_row_is_announced(
+    pconn, empty_dsn, monkeypatch
+):
+    """The end of a drain: the last row alone in its partition, the claim of it short at the
+    top of the ids. It kept its window, where it read the window again from the floor the
+    first reading found, over every partition the drain went through (at 1,000-id
+    partitions, 70 ms: a tenth of a 30,000-row drain). A retry come due below the window is
+    found by the reading every WINDOW_TTL; rows announced, at once."""
+    seed(pconn, 301)  # ids 1-301: 301 alone in its partition
+    window = _CountingWindow(Layout(SIZE, 3))
+    window.announcing = True  # as the worker's listener sets it
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+
+        async def claim() -> list[Any]:
+            return await lease.claim(
+                aconn, TABLE, owner="w", batch=50, lease=timedelta(minutes=1),
+                max_attempts=5, window=window,
+            )  # fmt: skip
+
+        async def drain() -> list[int]:
+            taken = []
+            while got := await claim():
+                taken += [m.id for m in got]
+                outcomes = [
+                    Outcome.retry(m, timedelta(hours=1), "503")
+                    if m.id == 120 and m.attempts == 1
+                    else Outcome.done(m)
+                    for m in got
+                ]
+                await lease.finalize(aconn, TABLE, outcomes, layout=window.layout)
+            return taken
+
+        assert sorted(await drain()) == list(range(1, 302))
+        assert window.reads == 1, window.reads  # the first: the claims moved it on
+        assert statuses(pconn) == {"done": 300, "pending": 1}  # 120, to retry
+        pconn.execute("UPDATE outbox SET available_at = now() WHERE id = 120")  # due, below
+        assert await drain() == []  # the window stays
+        monkeypatch.setattr("outbox.claim_window.WINDOW_TTL", 0.0)
+        assert await drain() == [120]  # the next reading found it
+        monkeypatch.undo()
+        seed(pconn, 10)  # ids 302-311, past the top the window read
+        window.announced()
+        reads = window.reads
+        assert sorted(await drain()) == list(range(302, 312))
+        assert window.reads - reads == 1, window.reads - reads
+    assert statuses(pconn) == {"done": 311}
+
+
 async def test_a_worker_drains_a_partitioned_table_through_fencing_and_retries(pconn, empty_dsn):
     """A real replica: claims, retries with backoff, dead letters and extends on the
     partitioned table, every statement through its window."""
