@@ -551,6 +551,10 @@ def _main(args: argparse.Namespace) -> None:
                 "(raise --statement-timeout)",
                 1,
             )
+        except psycopg.errors.DuplicateTable as exc:
+            # A table in the way of a partition (outbox.partitions.make_partition) says itself
+            # which table and what to do; PostgreSQL's own (a race on a name) is as clear.
+            fail(PROG, exc.diag.message_primary or dberrors.describe(exc), 1)
         except psycopg.Error as exc:
             fail(PROG, f"{type(exc).__name__}: {dberrors.describe(exc)}", 1)
 

@@ -23,7 +23,7 @@ from psycopg import sql
 
 from outbox.plumbing.errors import SchemaError
 from outbox.runner import Query, Row, fetch, fetch_async, first_row
-from outbox.table import Table, text_constant
+from outbox.table import Table, clipped, shown, text_constant
 
 # A partition holds a million ids by default: at 1,000 messages a second, a partition every
 # 17 minutes, so a retention of hours retires a few dozen at a time and the claim's window
@@ -310,16 +310,21 @@ def make_partition(table: Table, index: int, low: int, high: int) -> list[sql.Co
     its ACCESS EXCLUSIVE one. The CHECK spares ATTACH its scan (the table is empty anyway);
     ATTACH builds the parent's indexes on it. Before it is attached, it gets the parent's
     owner and privileges (see `carry_privileges`), so that no session ever finds it attached
-    without them."""
+    without them.
+
+    A table of the partition's name found first is attached only if it is what these
+    statements make and nothing more (`_in_the_way`): what `outbox maintain`, whose statements
+    each commit on their own, left when it was stopped between making and attaching it."""
     leaf = partition_table(table, index)
     return [
+        _in_the_way(table, leaf, index, low, high),
         sql.SQL(
             "CREATE TABLE IF NOT EXISTS {leaf} (LIKE {t} INCLUDING DEFAULTS INCLUDING CONSTRAINTS,"
             " CONSTRAINT {check} CHECK (id >= {low} AND id < {high}))"
         ).format(
             leaf=leaf.ident,
             t=table.ident,
-            check=sql.Identifier(f"{leaf.name}_range"[:63]),
+            check=sql.Identifier(range_check_name(leaf.name)),
             low=sql.Literal(low),
             high=sql.Literal(high),
         ),
@@ -328,6 +333,84 @@ def make_partition(table: Table, index: int, low: int, high: int) -> list[sql.Co
             "ALTER TABLE {t} ATTACH PARTITION {leaf} FOR VALUES FROM ({low}) TO ({high})"
         ).format(t=table.ident, leaf=leaf.ident, low=sql.Literal(low), high=sql.Literal(high)),
     ]
+
+
+def range_check_name(partition: str) -> str:
+    """The name of a partition's range CHECK, `<partition>_range`, as the catalog holds it:
+    cut as PostgreSQL cuts a name (`clipped`), so that the name looked for is the one made."""
+    return clipped(f"{partition}_range")
+
+
+def _in_the_way(table: Table, leaf: Table, index: int, low: int, high: int) -> sql.Composed:
+    """A DO block that refuses, in one line naming it, a relation of the partition's name
+    that is not what `make_partition` makes: another kind of relation, a partition already,
+    other columns or CHECK constraints than the parent's (and the partition's range CHECK),
+    or rows. Attached, its rows would join the table unchecked by anything the layout knows
+    (ATTACH scans them for the bound alone), or ATTACH would fail in PostgreSQL's words."""
+    # How PostgreSQL deparses the range CHECK: a bound past int4 becomes '<n>'::bigint.
+    deparsed = rf"^CHECK \(\(\(id >= '?{low}'?(::bigint)?\) AND \(id < '?{high}'?(::bigint)?\)\)\)$"
+    body = sql.SQL(
+        """DECLARE
+  found regclass := to_regclass({leaf});
+  why text;
+  filled boolean;
+BEGIN
+  IF found IS NULL THEN
+    RETURN;
+  END IF;
+  SELECT CASE
+    WHEN c.relkind <> 'r' THEN 'it is not a plain table'
+    WHEN c.relispartition THEN 'it is a partition already'
+    WHEN {columns} IS DISTINCT FROM {parent_columns} THEN 'its columns are not those of ' || {shown}
+    WHEN {checks} IS DISTINCT FROM {parent_checks}
+      OR EXISTS (SELECT FROM pg_constraint k
+                  WHERE k.conrelid = found AND k.contype = 'c' AND k.conname = {check}
+                    AND pg_get_constraintdef(k.oid) !~ {deparsed})
+      THEN 'its CHECK constraints are not those of ' || {shown}
+  END INTO why FROM pg_class c WHERE c.oid = found;
+  IF why IS NULL THEN
+    EXECUTE 'SELECT EXISTS (SELECT FROM ' || found::text || ')' INTO filled;
+    IF filled THEN
+      why := 'it holds rows';
+    END IF;
+  END IF;
+  IF why IS NOT NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'duplicate_table', MESSAGE = {prefix} || why || {advice};
+  END IF;
+END"""
+    ).format(
+        leaf=leaf.regclass_literal,
+        columns=_columns(sql.SQL("found")),
+        parent_columns=_columns(sql.SQL("{t}::regclass").format(t=table.regclass_literal)),
+        checks=_checks(sql.SQL("found"), except_name=range_check_name(leaf.name)),
+        parent_checks=_checks(sql.SQL("{t}::regclass").format(t=table.regclass_literal)),
+        check=sql.Literal(range_check_name(leaf.name)),
+        deparsed=sql.Literal(deparsed),
+        shown=sql.Literal(shown(table)),
+        prefix=sql.Literal(
+            f"table {shown(leaf)} is in the way of partition {index} of {shown(table)} "
+            f"(ids {low} to {high - 1}): "
+        ),
+        advice=sql.Literal("; rename or drop it, then run this again"),
+    )
+    return sql.SQL("DO {body}").format(body=sql.Literal(body.as_string(None)))
+
+
+def _columns(relation: sql.Composable) -> sql.Composed:
+    """SQL: a relation's columns (name, type, NOT NULL), in name order."""
+    return sql.SQL(
+        "ARRAY(SELECT a.attname::text || ' ' || format_type(a.atttypid, a.atttypmod)"
+        " || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END FROM pg_attribute a"
+        " WHERE a.attrelid = {r} AND a.attnum > 0 AND NOT a.attisdropped ORDER BY 1)"
+    ).format(r=relation)
+
+
+def _checks(relation: sql.Composable, except_name: str | None = None) -> sql.Composed:
+    """SQL: a relation's CHECK constraints (name, definition), in name order."""
+    return sql.SQL(
+        "ARRAY(SELECT k.conname::text || ' ' || pg_get_constraintdef(k.oid) FROM pg_constraint k"
+        " WHERE k.conrelid = {r} AND k.contype = 'c' AND k.conname::text <> {name} ORDER BY 1)"
+    ).format(r=relation, name=sql.Literal(except_name or ""))
 
 
 def carry_privileges(table: Table, leaf: Table | None = None) -> sql.Composed:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from psycopg import sql
 
 from outbox.plumbing.errors import SettingError
+from outbox.plumbing.text import printable
 
 _MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1
 DEFAULT_TABLE_NAME = "outbox"  # every command's and the producer API's default table
@@ -170,4 +171,18 @@ def _bounded(name: str) -> str:
     if len(name.encode()) <= _MAX_IDENTIFIER_BYTES:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    return name.encode()[: _MAX_IDENTIFIER_BYTES - 9].decode(errors="ignore") + "_" + digest
+    return clipped(name, _MAX_IDENTIFIER_BYTES - 9) + "_" + digest
+
+
+def clipped(name: str, limit: int = _MAX_IDENTIFIER_BYTES) -> str:
+    """`name` cut as PostgreSQL cuts an identifier: to its limit in bytes (UTF-8), never
+    inside a character. Cut at 63 characters, a name of multi-byte letters is longer than
+    the one the server keeps, and a lookup by it finds nothing."""
+    return name.encode()[:limit].decode(errors="ignore")
+
+
+def shown(name: Table | str) -> str:
+    """A table's or a partition's name as a line for people shows it: a quoted identifier
+    may hold any character but NUL, and a newline or an escape sequence must not print raw.
+    (Statements, lock keys and JSON output take the name itself.)"""
+    return printable(str(name))

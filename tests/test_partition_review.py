@@ -103,6 +103,84 @@ def test_migrate_waits_for_a_keeper_making_the_same_partition(empty_dsn: str) ->
     assert names == ([f"outbox_p{k}" for k in range(5)],)
 
 
+# -- a table in the way of a partition ----------------------------------------------------------
+
+
+def _p4_in_the_way(dsn: str, *ddl: str) -> None:
+    """A table of partitions p0..p3, its highest id in p1 (so p4 is made next), and `ddl`
+    run to put something named outbox_p4 in the way first."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, layout=Layout(100, 3))
+        seed(conn, 150)
+        for statement in ddl:
+            conn.execute(statement)  # type: ignore[arg-type]
+
+
+def _p4(dsn: str) -> tuple[object, ...] | None:
+    """(rows, attached to) of the table outbox_p4."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT (SELECT count(*) FROM outbox_p4),"
+            " (SELECT inhparent::regclass::text FROM pg_inherits"
+            "   WHERE inhrelid = 'outbox_p4'::regclass)"
+        ).fetchone()
+
+
+@pytest.mark.parametrize(
+    ("ddl", "why", "rows"),
+    [
+        (
+            [
+                "CREATE TABLE outbox_p4 (LIKE outbox INCLUDING DEFAULTS INCLUDING CONSTRAINTS)",
+                "INSERT INTO outbox_p4 (id, aggregate_type, aggregate_id, event_type, payload)"
+                " VALUES (450, 'a', 'b', 'c', '{}')",
+            ],
+            "it holds rows",
+            1,
+        ),
+        (["CREATE TABLE outbox_p4 (note text)"], "its columns are not those of outbox", 0),
+        (
+            [
+                "CREATE TABLE outbox_p4 (LIKE outbox INCLUDING DEFAULTS INCLUDING CONSTRAINTS,"
+                " CONSTRAINT small CHECK (id < 10))"
+            ],
+            "its CHECK constraints are not those of outbox",
+            0,
+        ),
+    ],
+    ids=["rows", "columns", "checks"],
+)
+def test_a_table_in_the_way_of_a_partition_is_refused(
+    empty_dsn: str, ddl: list[str], why: str, rows: int
+) -> None:
+    """A table named as the next partition, made by someone else, is never adopted: the
+    command says in one line which table is in the way, why, and what to do, and leaves it
+    as it was (not attached, its rows its own). Adopted, one with rows was attached with
+    them (ATTACH scanned it), or ATTACH failed in PostgreSQL's words."""
+    _p4_in_the_way(empty_dsn, *ddl)
+    done = outbox(empty_dsn, "maintain", "--retention", "7d")
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0] == (
+        f"outbox: error: table outbox_p4 is in the way of partition 4 of outbox (ids 400 to "
+        f"499): {why}; rename or drop it, then run this again"
+    )
+    assert _p4(empty_dsn) == (rows, None)
+
+
+def test_a_partition_made_and_never_attached_is_attached(empty_dsn: str) -> None:
+    """What an `outbox maintain` stopped between making a partition and attaching it leaves
+    (each statement commits on its own there): an empty table of the partition's own shape,
+    which the next run attaches."""
+    statements = [s.as_string(None) for s in make_partition(TABLE, 4, 400, 500)]
+    made = next(s for s in statements if s.startswith("CREATE TABLE"))
+    _p4_in_the_way(empty_dsn, made)
+    done = outbox(empty_dsn, "maintain", "--retention", "7d")
+    assert done.returncode == 0, done.stderr
+    assert _p4(empty_dsn) == (0, "outbox")
+
+
 # -- the sequence the ids come from ------------------------------------------------------------
 
 
