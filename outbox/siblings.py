@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
+from outbox.partitions import range_check_name
 from outbox.plumbing.text import counted
 from outbox.runner import Query, Row, fetch
 from outbox.table import Table
@@ -57,8 +58,8 @@ class Rename:
             rename,
             sql.SQL("ALTER TABLE {t} RENAME CONSTRAINT {old} TO {new}").format(
                 t=new.ident,
-                old=sql.Identifier(f"{self.old}_range"[:63]),
-                new=sql.Identifier(f"{self.new}_range"[:63]),
+                old=sql.Identifier(range_check_name(self.old)),
+                new=sql.Identifier(range_check_name(self.new)),
             ),
         ]
 

@@ -46,7 +46,13 @@ import psycopg
 from psycopg import sql
 
 from outbox import partitions
-from outbox.partitions import Layout, make_partition, partition_table, record_layout
+from outbox.partitions import (
+    Layout,
+    make_partition,
+    partition_table,
+    range_check_name,
+    record_layout,
+)
 from outbox.plumbing.text import counted
 from outbox.runner import fetch
 from outbox.schema import SchemaError, migrate, notify_trigger_statements
@@ -100,7 +106,8 @@ class Converted:
         lines = [f"{self.table}: converted to the partitioned layout:"]
         if "bound" in self.steps:
             lines.append(
-                f"  added CHECK {self.first_partition}_range (ids 0 to {self.first_high - 1}) "
+                f"  added CHECK {range_check_name(self.first_partition)} "
+                f"(ids 0 to {self.first_high - 1}) "
                 f"NOT VALID, holding the exclusive lock {self.bound_lock_seconds * 1000:.0f} ms"
             )
         if "validate" in self.steps:
@@ -347,7 +354,7 @@ def _bound_left(table: Table, bound: tuple[int, bool] | None, *, certain: bool =
 
 
 def _bound_name(table: Table) -> str:
-    return f"{partition_table(table, 0).name}_range"[:63]
+    return range_check_name(partition_table(table, 0).name)
 
 
 def _bound(conn: Conn, table: Table) -> tuple[int, bool] | None:
