@@ -53,13 +53,13 @@ from outbox.plumbing.dsn import check_dsn, connect_options, with_pg_environment
 from outbox.plumbing.durations import duration_between, format_duration, parse_duration
 from outbox.plumbing.errors import SettingError
 from outbox.plumbing.redact import describe_dsn
-from outbox.plumbing.text import age, counted, first_control, printable
+from outbox.plumbing.text import age, aligned, counted, first_control, printable
 from outbox.runner import fetch
 from outbox.schema import ORDERINGS, SchemaError, noting_changes, orderings, render_migration
 from outbox.session import session_settings
 from outbox.siblings import SIBLINGS
 from outbox.stats import DestinationState, QueueStats, destination_states, queue_stats
-from outbox.table import Table
+from outbox.table import Table, shown
 from outbox.views.dead_letters import MAX_ID
 from outbox.views.filters import DeadFilter
 
@@ -325,8 +325,8 @@ def _destinations_summary(states: Sequence[DestinationState]) -> str:
     idle_note = f", {idle} idle" if idle else ""
     if not held:
         return f"{len(states)}, none held{idle_note}" if idle else f"{len(states)}, all closed"
-    shown = ", ".join(f"{printable(d.destination)} {d.state}" for d in held)
-    return f"{len(states)}: {shown}{idle_note} (see outbox destinations)"
+    named = ", ".join(f"{printable(d.destination)} {d.state}" for d in held)
+    return f"{len(states)}: {named}{idle_note} (see outbox destinations)"
 
 
 def print_destinations(table: Table, states: Sequence[DestinationState]) -> None:
@@ -359,19 +359,11 @@ def print_destinations(table: Table, states: Sequence[DestinationState]) -> None
         )
         for d in states
     ]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        # FAILURES is a number: right-aligned; the rest read left to right.
-        shown = [
-            c.rjust(w) if n == 4 else c.ljust(w)
-            for n, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ]
-        return "  ".join(shown).rstrip()
-
-    print(line(header))
-    for d, row in zip(states, rows, strict=True):
-        print(line(row))
+    # FAILURES is a number: right-aligned; the rest read left to right.
+    head, *lines = aligned([header, *rows], right={4})
+    print(head)
+    for d, line in zip(states, lines, strict=True):
+        print(line)
         if d.idle:
             print(f"    {idle_text(d)}")
         if d.state == PAUSED:
@@ -678,8 +670,15 @@ def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: 
     if args.json:
         print(json.dumps({"table": str(table), "partitions": [p.to_dict() for p in states]}))
         return
-    print(f"{'partition':<24} {'ids':<23} {'pending':>8} {'processing':>10} {'dead':>6} "
-          f"{'done':>11}  {'oldest created_at':<20} retirable")  # fmt: skip
+    if not states:
+        print(
+            f"{shown(table)}: no partitions: none is attached (detached or dropped by hand, "
+            "`outbox maintain` never retires the newest); `outbox maintain --table "
+            f"{table.argument}` makes them ahead of the highest id"
+        )
+        return
+    header = ("partition", "ids", "pending", "processing", "dead", "done", "oldest created_at")
+    rows = [(*header, "retirable")]
     for p in states:
         oldest = p.oldest_created_at.strftime("%Y-%m-%d %H:%M:%S") if p.oldest_created_at else "-"
         retirable = (
@@ -689,9 +688,15 @@ def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: 
             if p.retirable
             else f"no: {p.why_not}"
         )
-        ids, done_rows = f"{p.low}-{p.high - 1}", f"{_DONE_MARK[p.done_figure]}{p.done_estimate}"
-        print(f"{p.name:<24} {ids:<23} {p.pending:>8} {p.processing:>10} {p.dead:>6} "
-              f"{done_rows:>11}  {oldest:<20} {retirable}")  # fmt: skip
+        rows.append((
+            shown(p.name),
+            f"{p.low}-{p.high - 1}",
+            *map(str, (p.pending, p.processing, p.dead)),
+            f"{_DONE_MARK[p.done_figure]}{p.done_estimate}",
+            oldest,
+            retirable,
+        ))  # fmt: skip
+    print("\n".join(aligned(rows, right={2, 3, 4, 5})))
 
 
 # A partition's done rows: the planner's estimate, counted, or counted up to a limit.

@@ -87,9 +87,54 @@ def test_a_partition_stays_for_the_retention_and_the_listing_says_why(history, e
 def test_partitions_on_a_plain_table_and_a_bad_retention(dsn):
     plain = outbox(dsn, "partitions")
     assert plain.returncode == 1
-    assert "table outbox is not partitioned by `outbox migrate --partition-size`" in plain.stderr
+    assert plain.stderr == (
+        "outbox: error: table outbox has no partitions: it is a plain table, not partitioned by "
+        "`outbox migrate --partition-size`; `outbox migrate --table outbox --partition-size N` "
+        "converts it online; see docs/partitioning.md\n"
+    )
     bad = outbox(dsn, "maintain", "--retention", "soon")
     assert bad.returncode == 2 and "--retention" in bad.stderr
+
+
+def test_the_listing_aligns_its_columns_to_the_widest_cell(empty_dsn):
+    """Partition names longer than the column was (24 letters) and more ids than its 23:
+    every cell of a column starts (or, for the counts, ends) where its header does."""
+    table = Table.parse("orders_outbox_of_the_billing_service")
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, table, layout=Layout(10**11, 2))
+        conn.execute(
+            "INSERT INTO orders_outbox_of_the_billing_service"
+            " (aggregate_type, aggregate_id, event_type, payload) VALUES ('a', 'b', 'c', '{}')"
+        )
+    listing = outbox(empty_dsn, "partitions", "--table", str(table))
+    assert listing.returncode == 0, listing.stderr
+    header, *rows = listing.stdout.splitlines()
+    assert len(rows) == 3 and rows[2].startswith("orders_outbox_of_the_billing_service_p2  ")
+    starts = {name: header.index(name) for name in ("ids", "oldest created_at", "retirable")}
+    ends = {name: header.index(name) + len(name) for name in ("pending", "dead", "done")}
+    for row, ids in zip(rows, ("0-99999999999", "100000000000-199999999999"), strict=False):
+        assert row.index(ids) == starts["ids"], listing.stdout
+        for end in ends.values():
+            assert row[end - 1].isdigit() and row[end] == " ", listing.stdout
+        assert row[starts["oldest created_at"] :].startswith(("20", "- ")), listing.stdout
+        assert row[starts["retirable"] :].startswith("no: "), listing.stdout
+
+
+def test_a_partitioned_table_without_partitions_says_so_in_one_line(empty_dsn):
+    """Every partition detached by hand: one line saying there is none, why that can be and
+    what makes them, where a header over nothing was printed."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, layout=Layout(100, 1))
+        for name in _leaves(conn):
+            conn.execute(f"ALTER TABLE outbox DETACH PARTITION {name}")
+    listing = outbox(empty_dsn, "partitions")
+    assert listing.returncode == 0, listing.stderr
+    assert listing.stdout == (
+        "outbox: no partitions: none is attached (detached or dropped by hand, `outbox "
+        "maintain` never retires the newest); `outbox maintain --table outbox` makes them "
+        "ahead of the highest id\n"
+    )
+    assert json.loads(outbox(empty_dsn, "partitions", "--json").stdout)["partitions"] == []
 
 
 # A session waiting in DETACH ... CONCURRENTLY.

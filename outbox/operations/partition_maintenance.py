@@ -52,7 +52,7 @@ from outbox.partitions import (
 from outbox.plumbing.text import counted
 from outbox.runner import Query, Row, Steps, first_row, no_rows, perform, perform_async, step
 from outbox.stats import COUNT_LIMIT, STALE_FRACTION
-from outbox.table import Table
+from outbox.table import Table, shown
 
 _DONE_NOTE = FINISHED_NOTE
 _NOTE = re.compile("^" + re.escape(_DONE_NOTE) + r"(.+)$")
@@ -116,9 +116,16 @@ def _value(statement: sql.Composed, parse: Callable[[Any], Any] = lambda v: v) -
 def _layout(table: Table) -> Steps[tuple[Layout, list[Partition]]]:
     leaves = yield from step(read_partitions(table))
     layout = (yield from step(read_layout(table))) if leaves is not None else None
-    if leaves is None or layout is None:
+    convert = f"`outbox migrate --table {table.argument} --partition-size N`"
+    if leaves is None:
         raise NotPartitioned(
-            f"table {table} is not partitioned by `outbox migrate --partition-size`"
+            f"table {shown(table)} has no partitions: it is a plain table, not partitioned by "
+            f"`outbox migrate --partition-size`; {convert} converts it online"
+        )
+    if layout is None:
+        raise NotPartitioned(
+            f"table {shown(table)} is not partitioned by `outbox migrate --partition-size`: "
+            f"its partition size is not recorded; run {convert} with its partitions' size"
         )
     return layout, leaves
 

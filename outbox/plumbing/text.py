@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Container, Sequence
 
 
 def first_line(error: BaseException | str) -> str:
@@ -57,6 +58,20 @@ def first_control(text: str) -> str | None:
     """The first control character of `text`, escaped as `printable` shows it; None if none."""
     found = _CONTROL.search(text)
     return None if found is None else printable(found[0])
+
+
+def aligned(rows: Sequence[Sequence[str]], *, right: Container[int] = ()) -> list[str]:
+    """Rows of cells (the header first) as lines of columns two spaces apart, each as wide
+    as its widest cell: the columns numbered in `right` (numbers) right-aligned, the rest
+    left-aligned; no trailing blanks."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            cell.rjust(width) if n in right else cell.ljust(width)
+            for n, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
 
 
 def counted(n: int, noun: str, plural: str | None = None) -> str:
