@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from outbox.plumbing.dsn import check_dsn, connect_options, connect_timeout, with_pg_environment
-from outbox.plumbing.durations import MAX_DURATION, parse_duration
+from outbox.plumbing.durations import MAX_DURATION, format_duration, parse_duration
 from outbox.plumbing.errors import SettingError
 from outbox.plumbing.redact import describe_dsn, redact_dsn, redact_text, redact_url
 from outbox.table import Table
@@ -33,6 +33,12 @@ from outbox.worker.settings import WorkerSettings, build_parser, load_settings
 )
 def test_parse_duration_accepts_units_and_bare_seconds(text, expected):
     assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0s", "250ms", "1.5s", "90s", "5m", "2h", "7d"])
+def test_a_duration_is_shown_as_it_is_written(text):
+    """What a command echoes of a duration reads as the one given: `0s` was shown `0ms`."""
+    assert format_duration(parse_duration(text)) == text
 
 
 @pytest.mark.parametrize("text", ["5x", "-1s", "", "s", "1.s", "5 minutes", "1e3"])

@@ -34,7 +34,11 @@ def duration_between(low: timedelta, high: timedelta) -> Callable[[str], timedel
 
 
 def format_duration(value: timedelta) -> str:
+    """A duration as `parse_duration` reads it back, in its largest whole unit: `250ms`,
+    `90s`, `5m`, `7d`; none at all is `0s`, as the settings' docs write it."""
     seconds = value.total_seconds()
+    if seconds == 0:
+        return "0s"
     if seconds < 1:
         return f"{seconds * 1000:g}ms"
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
