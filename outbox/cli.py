@@ -39,6 +39,7 @@ from outbox.partitions import (
     PARTITION_SIZE_RANGE,
     PARTITIONS_AHEAD_RANGE,
     Layout,
+    read_partitions,
 )
 from outbox.plumbing import dberrors
 from outbox.plumbing.cliutil import (
@@ -619,7 +620,15 @@ def _run(
     elif args.command == "purge":
         count = purge_done(conn, table, **purge_options)
         verb = "would delete" if args.dry_run else "deleted"
-        print(f"{table}: {verb} {counted(count, 'done row')}")
+        print(f"{shown(table)}: {verb} {counted(count, 'done row')}")
+        if fetch(conn, read_partitions(table)) is not None:
+            # Deleting works on a partitioned table, but leaves what partitioning spares.
+            print(
+                f"{shown(table)}: is partitioned: `outbox maintain --table {table.argument} "
+                f"--retention {format_duration(purge_options['older_than'])}` retires its "
+                "finished partitions whole (DETACH and DROP), where DELETE leaves dead rows "
+                "for vacuum and a bloated table"
+            )
     elif args.command in ("requeue", "skip"):
         _repair(args, conn, table)
     elif args.command in ("partitions", "maintain"):

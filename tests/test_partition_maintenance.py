@@ -45,6 +45,7 @@ def test_maintain_retires_finished_partitions_and_nothing_else(history, empty_ds
     result = outbox(empty_dsn, "maintain", "--retention", "0s")
     assert result.returncode == 0, result.stderr
     assert "retired 2 (199 rows)" in result.stdout  # ids 1-99 and 200-299
+    assert result.stdout.endswith("within the retention of 0s; analyzed\n")  # not `0ms`
     leaves = _leaves(history)
     assert "outbox_p0" not in leaves and "outbox_p2" not in leaves
     # Pinned: a dead row, a pending row; the newest ids' partition; those made ahead.
@@ -135,6 +136,24 @@ def test_a_partitioned_table_without_partitions_says_so_in_one_line(empty_dsn):
         "ahead of the highest id\n"
     )
     assert json.loads(outbox(empty_dsn, "partitions", "--json").stdout)["partitions"] == []
+
+
+def test_purge_on_a_partitioned_table_points_to_maintain(history, empty_dsn, dsn):
+    """`outbox purge` still deletes done rows of a partitioned table, and says that
+    `outbox maintain --retention` retires them whole instead; on a plain table it says
+    nothing of it."""
+    purged = outbox(empty_dsn, "purge", "--older-than", "0s")
+    assert purged.returncode == 0, purged.stderr
+    assert purged.stdout.splitlines() == [
+        "outbox: deleted 447 done rows",
+        "outbox: is partitioned: `outbox maintain --table outbox --retention 0s` retires its "
+        "finished partitions whole (DETACH and DROP), where DELETE leaves dead rows for vacuum "
+        "and a bloated table",
+    ]
+    assert history.execute("SELECT count(*) FROM outbox").fetchone() == (2,)
+    plain = outbox(dsn, "purge", "--older-than", "1h", "--dry-run")
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout == "outbox: would delete 0 done rows\n"
 
 
 # A session waiting in DETACH ... CONCURRENTLY.
