@@ -4,6 +4,7 @@ sync and an async connection, in one transaction when asked."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import psycopg
 import pytest
@@ -13,6 +14,8 @@ from outbox.runner import (
     Query,
     Rollback,
     Steps,
+    fetch,
+    fetch_async,
     first_row,
     no_rows,
     perform,
@@ -112,3 +115,36 @@ def test_a_stop_iteration_raised_while_parsing_is_an_error_not_the_end(conn):
 
     with pytest.raises(StopIteration):
         perform(conn, step(Query(sql.SQL("SELECT 1"), None, parse)))
+
+
+class _Counted(sql.Composed):
+    """A composed statement that counts its renderings."""
+
+    renderings = 0
+
+    def as_bytes(self, context: object = None) -> bytes:
+        type(self).renderings += 1
+        return super().as_bytes(context)  # type: ignore[arg-type]
+
+
+def test_a_statement_is_rendered_once_per_connection_however_often_it_runs(conn, dsn):
+    """psycopg renders a composed statement at every execute (the claim's rendering cost
+    more than the rest of its execute in Python): it is rendered once per connection, and
+    each connection's rendering is its own (its encoding and adapters render literals)."""
+    _Counted.renderings = 0
+    query = Query(
+        _Counted([sql.SQL("SELECT "), sql.Literal("it's"), sql.SQL(", %(n)s::int")]),
+        {"n": 0},
+        lambda rows: [tuple(row) for row in rows],
+    )
+    for n in range(3):
+        assert fetch(conn, replace(query, params={"n": n})) == [("it's", n)]
+    assert _Counted.renderings == 1
+
+    async def run() -> list[tuple[object, ...]]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            await fetch_async(aconn, query)
+            return await fetch_async(aconn, replace(query, params={"n": 7}))
+
+    assert asyncio.run(run()) == [("it's", 7)]
+    assert _Counted.renderings == 2
