@@ -60,7 +60,7 @@ from outbox.schema import ORDERINGS, SchemaError, noting_changes, orderings, ren
 from outbox.session import session_settings
 from outbox.siblings import SIBLINGS
 from outbox.stats import DestinationState, QueueStats, destination_states, queue_stats
-from outbox.table import Table, shown
+from outbox.table import Table, shown, shown_argument
 from outbox.views.dead_letters import MAX_ID
 from outbox.views.filters import DeadFilter
 
@@ -296,7 +296,7 @@ def print_stats(stats: QueueStats) -> None:
     # The planner's estimate (~), or counted: exactly, or at least (≥) where the count stopped.
     done = f"~{stats.done}" if stats.done_is_estimate else stats.count_text("done")
     rows = [
-        ("table", stats.table),
+        ("table", shown(stats.table)),
         ("pending", f"{stats.count_text('pending')} ({stats.count_text('ready')} ready)"),
         (
             "processing",
@@ -337,8 +337,8 @@ def print_destinations(table: Table, states: Sequence[DestinationState]) -> None
     versions or other tools wrote, ESC and line breaks included."""
     if not states:
         print(
-            f"{table}: no destination recorded: every destination is closed (a row appears when "
-            "a worker serves one, or one fails, is paused or rate limited)"
+            f"{shown(table)}: no destination recorded: every destination is closed (a row "
+            "appears when a worker serves one, or one fails, is paused or rate limited)"
         )
         return
     counts = ", ".join(
@@ -346,7 +346,7 @@ def print_destinations(table: Table, states: Sequence[DestinationState]) -> None
         for s in (OPEN, PAUSED, IDLE)
         if any(d.shown_state == s for d in states)
     )
-    print(f"{table}: {counted(len(states), 'destination')}"
+    print(f"{shown(table)}: {counted(len(states), 'destination')}"
           + (f", {counts}" if counts else ", all closed"))  # fmt: skip
     header = ("DESTINATION", "STATE", "SINCE", "FOR", "FAILURES", "NEXT PROBE")
     rows = [
@@ -508,14 +508,15 @@ def _main(args: argparse.Namespace) -> None:
             # A conversion stopped by Ctrl-C says itself what it left (its CHECK, dropped or not).
             fail(PROG, str(exc), INTERRUPTED if isinstance(exc.__cause__, KeyboardInterrupt) else 1)
         except dberrors.MISSING_TABLE as exc:
-            fail(PROG, f"{_missing(table, exc)}; run `outbox migrate --table {table.argument}`", 1)
+            migrate_it = f"outbox migrate --table {shown_argument(table)}"
+            fail(PROG, f"{_missing(table, exc)}; run `{migrate_it}`", 1)
         except psycopg.errors.UndefinedColumn as exc:
             # A column a later schema adds (the destinations' served_at: v5).
             primary = exc.diag.message_primary or "a column is missing"
             fail(
                 PROG,
                 f"table {table} is at an older schema ({primary}); run `outbox migrate --table "
-                f"{table.argument}`",
+                f"{shown_argument(table)}`",
                 1,
             )
         except UpkeepBusy:
@@ -610,7 +611,7 @@ def _run(
         if changes and not versions:
             done = f"at schema v{after}; {done}"
         # Which worker setting the table serves: a worker with another one refuses to start.
-        print(f"{table}: {done}, for --ordering {' or '.join(orderings(conn, table))}")
+        print(f"{shown(table)}: {done}, for --ordering {' or '.join(orderings(conn, table))}")
     elif args.command == "stats":
         stats = queue_stats(conn, table, exact=args.exact)
         if args.json:
@@ -624,7 +625,7 @@ def _run(
         if fetch(conn, read_partitions(table)) is not None:
             # Deleting works on a partitioned table, but leaves what partitioning spares.
             print(
-                f"{shown(table)}: is partitioned: `outbox maintain --table {table.argument} "
+                f"{shown(table)}: is partitioned: `outbox maintain --table {shown_argument(table)} "
                 f"--retention {format_duration(purge_options['older_than'])}` retires its "
                 "finished partitions whole (DETACH and DROP), where DELETE leaves dead rows "
                 "for vacuum and a bloated table"
@@ -655,7 +656,7 @@ def _run(
         )
         if not result.changed:
             fail(PROG, result.summary(), NOTHING_CHANGED)
-        print(f"{table}: {result.summary()}")
+        print(f"{shown(table)}: {result.summary()}")
 
 
 def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Table) -> None:
@@ -663,12 +664,12 @@ def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: 
     try:
         if args.command == "maintain":
             done = maintain(conn, table, retention=args.retention, waiting=lambda: print(
-                f"{PROG}: waiting for the partition upkeep lock of table {table} (held by a "
+                f"{PROG}: waiting for the partition upkeep lock of table {shown(table)} (held by a "
                 "worker making partitions ahead, or another outbox maintain)",
                 file=sys.stderr, flush=True,
             ))  # fmt: skip
             print(
-                f"{table}: made {counted(done.made, 'partition')} ahead, retired "
+                f"{shown(table)}: made {counted(done.made, 'partition')} ahead, retired "
                 f"{len(done.retired)} ({counted(done.rows_retired, 'row')}), {len(done.kept)} "
                 f"finished but within the retention of {format_duration(args.retention)}; analyzed"
             )
@@ -683,11 +684,13 @@ def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: 
         print(
             f"{shown(table)}: no partitions: none is attached (detached or dropped by hand, "
             "`outbox maintain` never retires the newest); `outbox maintain --table "
-            f"{table.argument}` makes them ahead of the highest id"
+            f"{shown_argument(table)}` makes them ahead of the highest id"
         )
         return
-    header = ("partition", "ids", "pending", "processing", "dead", "done", "oldest created_at")
-    rows = [(*header, "retirable")]
+    rows: list[Sequence[str]] = [
+        ("partition", "ids", "pending", "processing", "dead", "done", "oldest created_at",
+         "retirable"),
+    ]  # fmt: skip
     for p in states:
         oldest = p.oldest_created_at.strftime("%Y-%m-%d %H:%M:%S") if p.oldest_created_at else "-"
         retirable = (
@@ -738,7 +741,7 @@ def _repair(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Tabl
         left_alone = f" (left alone, {'; '.join(notes)})" if notes else ""
     verb = "requeue" if action == "requeue" else "skip"
     if args.dry_run:
-        print(f"{table}: would {verb} {_messages(len(dead))}{left_alone}")
+        print(f"{shown(table)}: would {verb} {_messages(len(dead))}{left_alone}")
         return
     result = fetch(
         conn,
@@ -757,7 +760,7 @@ def _repair(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Tabl
         if result.changed_meanwhile
         else _messages(result.count)
     )
-    print(f"{table}: {done} {changed}{left_alone}")
+    print(f"{shown(table)}: {done} {changed}{left_alone}")
 
 
 def _messages(n: int) -> str:

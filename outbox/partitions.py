@@ -23,7 +23,7 @@ from psycopg import sql
 
 from outbox.plumbing.errors import SchemaError
 from outbox.runner import Query, Row, fetch, fetch_async, first_row
-from outbox.table import Table, clipped, shown, text_constant
+from outbox.table import Table, clipped, shown, shown_argument, text_constant
 
 # A partition holds a million ids by default: at 1,000 messages a second, a partition every
 # 17 minutes, so a retention of hours retires a few dozen at a time and the claim's window
@@ -559,7 +559,7 @@ def partitioning_problem(row: Row | None, layout: Layout | None, table: Table) -
     if layout is None:
         return (
             "its partition size is not recorded; run `outbox migrate --table "
-            f"{table.argument} --partition-size N` with its partitions' size"
+            f"{shown_argument(table)} --partition-size N` with its partitions' size"
         )
     return None
 

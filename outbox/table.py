@@ -186,3 +186,26 @@ def shown(name: Table | str) -> str:
     may hold any character but NUL, and a newline or an escape sequence must not print raw.
     (Statements, lock keys and JSON output take the name itself.)"""
     return printable(str(name))
+
+
+def shown_argument(table: Table) -> str:
+    """`table.argument` as a line for people shows it: a name holding a control character
+    is written in the shell's ANSI-C quotes (`$'out\\nbox'`, read back by bash and zsh as
+    the name), where quoted as is it would print raw and an escape of it name another table."""
+    argument = table.argument
+    if printable(argument) == argument:
+        return argument
+    text = shlex.split(argument)[0]
+    body = "".join(
+        "\\\\" if c == "\\" else "\\'" if c == "'" else _ansi_c(c) if printable(c) != c else c
+        for c in text
+    )
+    return f"$'{body}'"
+
+
+def _ansi_c(char: str) -> str:
+    # C1 controls as \u: bash reads \xHH as one byte, which is not the character in UTF-8.
+    code = ord(char)
+    return {10: "\\n", 9: "\\t", 13: "\\r"}.get(code) or (
+        f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}"
+    )

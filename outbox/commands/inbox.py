@@ -19,7 +19,7 @@ from outbox.plumbing.durations import format_duration, parse_duration
 from outbox.plumbing.errors import SettingError
 from outbox.plumbing.text import counted
 from outbox.schema import SchemaError
-from outbox.table import Table
+from outbox.table import Table, shown_argument
 
 # Not OUTBOX_TABLE: that names the outbox table wherever the workers' settings are set.
 TABLE_ENV = "OUTBOX_INBOX_TABLE"
@@ -119,7 +119,8 @@ def run(args: argparse.Namespace, conn: psycopg.Connection[Any]) -> None:
         )
     except dberrors.MISSING_TABLE:
         raise SchemaError(
-            f"inbox table {t} does not exist; run `outbox inbox migrate --table {t.argument}`"
+            f"inbox table {t} does not exist; run "
+            f"`outbox inbox migrate --table {shown_argument(t)}`"
         ) from None
     before = result.cutoff.isoformat(sep=" ", timespec="seconds")
     verb = "would delete" if args.dry_run else "deleted"

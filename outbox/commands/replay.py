@@ -26,7 +26,7 @@ from outbox.plumbing.errors import SettingError
 from outbox.plumbing.redact import describe_dsn
 from outbox.plumbing.text import counted, first_control
 from outbox.runner import Query, fetch, first_row, perform
-from outbox.table import Table
+from outbox.table import Table, shown, shown_argument
 
 PROG = "outbox"
 MAX_LIMIT = 2**31 - 1  # the audit log counts in integer
@@ -267,7 +267,7 @@ def _replay(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Tabl
         except replay.NoSuchReplay as exc:
             fail(PROG, str(exc), 1)
         print(
-            f"{table}: replay {progress.number}: going on from id {progress.next_id} "
+            f"{shown(table)}: replay {progress.number}: going on from id {progress.next_id} "
             f"({progress.filter.describe()})"
         )
         _send(args, conn, table, progress, actor)
@@ -281,20 +281,20 @@ def _replay(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Tabl
         aggregate_id=args.aggregate_id,
         status=args.status,
     )
-    shown = perform(conn, replay.preview(table, f, limit=args.limit))
-    lines = shown.lines()
-    if args.dry_run or not shown.count:
-        verb = "would send again" if shown.count else ""
-        print(f"{table}: {verb + ' ' if verb else ''}{lines[0]}")
+    preview = perform(conn, replay.preview(table, f, limit=args.limit))
+    lines = preview.lines()
+    if args.dry_run or not preview.count:
+        verb = "would send again" if preview.count else ""
+        print(f"{shown(table)}: {verb + ' ' if verb else ''}{lines[0]}")
         for line in lines[1:]:
             print(line)
         return
     if not args.yes:
         for line in lines:
             print(line)
-        if not confirm(shown.count, f"send {counted(shown.count, 'message')} again"):
+        if not confirm(preview.count, f"send {counted(preview.count, 'message')} again"):
             fail(PROG, "not confirmed: nothing sent", 1)
-    progress = perform(conn, replay.start(table, shown))
+    progress = perform(conn, replay.start(table, preview))
     _send(args, conn, table, progress, actor)
 
 
@@ -320,16 +320,16 @@ def _send(
             )
     except KeyboardInterrupt:
         print(
-            f"{table}: replay {progress.number}: stopped after "
+            f"{shown(table)}: replay {progress.number}: stopped after "
             f"{counted(progress.sent, 'message')} "
             f"({counted(progress.batches, 'batch', 'batches')}); go on with `outbox replay --table "
-            f"{table.argument} --resume {progress.number}`",
+            f"{shown_argument(table)} --resume {progress.number}`",
             file=sys.stderr,
         )
         raise SystemExit(130) from None
     by_type = ", ".join(f"{name} {n}" for name, n in sorted(progress.by_type.items()))
     print(
-        f"{table}: replay {progress.number}: sent {counted(progress.sent, 'message')} again "
+        f"{shown(table)}: replay {progress.number}: sent {counted(progress.sent, 'message')} again "
         f"in {counted(progress.batches, 'batch', 'batches')}"
         f"{f' ({by_type})' if by_type else ''}"
     )
@@ -372,4 +372,5 @@ def _reconcile(args: argparse.Namespace, conn: psycopg.Connection[Any], table: T
     for line in found.lines(table):
         print(line)
     if sent is not None:
-        print(f"{table}: replay {sent.number}: sent {counted(sent.count, 'missing message')} again")
+        sent_again = counted(sent.count, "missing message")
+        print(f"{shown(table)}: replay {sent.number}: sent {sent_again} again")

@@ -56,7 +56,7 @@ from outbox.partitions import (
 from outbox.plumbing.text import counted
 from outbox.runner import fetch
 from outbox.schema import SchemaError, migrate, notify_trigger_statements
-from outbox.table import Table, text_constant
+from outbox.table import Table, shown, text_constant
 
 Conn = psycopg.Connection[Any]
 
@@ -103,10 +103,10 @@ class Converted:
 
     def describe(self) -> list[str]:
         """One line a step, for the command's output."""
-        lines = [f"{self.table}: converted to the partitioned layout:"]
+        lines = [f"{shown(self.table)}: converted to the partitioned layout:"]
         if "bound" in self.steps:
             lines.append(
-                f"  added CHECK {range_check_name(self.first_partition)} "
+                f"  added CHECK {shown(range_check_name(self.first_partition))} "
                 f"(ids 0 to {self.first_high - 1}) "
                 f"NOT VALID, holding the exclusive lock {self.bound_lock_seconds * 1000:.0f} ms"
             )
@@ -117,11 +117,11 @@ class Converted:
         scan = "without a scan" if not self.scanned else "with a scan"
         lines.append(
             f"  swapped in {self.swap_lock_seconds * 1000:.0f} ms under the exclusive lock "
-            f"(attempt {self.swap_attempts}): {self.table} is partitioned by range of id, "
-            f"{self.first_partition} is the old table, attached {scan} for ids 0 to "
+            f"(attempt {self.swap_attempts}): {shown(self.table)} is partitioned by range of id, "
+            f"{shown(self.first_partition)} is the old table, attached {scan} for ids 0 to "
             f"{self.first_high - 1}; {counted(len(self.indexes), 'index', 'indexes')} "
             "attached, not rebuilt "
-            f"({', '.join(self.indexes)}); "
+            f"({', '.join(map(shown, self.indexes))}); "
             + ("NOTIFY trigger moved; " if self.trigger_moved else "")
             + f"{counted(self.grants, 'grant')} carried; new ids from {self.next_id}"
         )

@@ -52,7 +52,7 @@ from outbox.partitions import (
 from outbox.plumbing.text import counted
 from outbox.runner import Query, Row, Steps, first_row, no_rows, perform, perform_async, step
 from outbox.stats import COUNT_LIMIT, STALE_FRACTION
-from outbox.table import Table, shown
+from outbox.table import Table, shown, shown_argument
 
 _DONE_NOTE = FINISHED_NOTE
 _NOTE = re.compile("^" + re.escape(_DONE_NOTE) + r"(.+)$")
@@ -116,7 +116,7 @@ def _value(statement: sql.Composed, parse: Callable[[Any], Any] = lambda v: v) -
 def _layout(table: Table) -> Steps[tuple[Layout, list[Partition]]]:
     leaves = yield from step(read_partitions(table))
     layout = (yield from step(read_layout(table))) if leaves is not None else None
-    convert = f"`outbox migrate --table {table.argument} --partition-size N`"
+    convert = f"`outbox migrate --table {shown_argument(table)} --partition-size N`"
     if leaves is None:
         raise NotPartitioned(
             f"table {shown(table)} has no partitions: it is a plain table, not partitioned by "

@@ -34,7 +34,7 @@ from outbox.plumbing.dsn import connect_options
 from outbox.plumbing.text import counted
 from outbox.runner import Query, Row, fetch, first_row, perform
 from outbox.session import session_settings
-from outbox.table import Table
+from outbox.table import Table, shown
 
 CHUNK = 10_000  # ids per lookup, on each side: what bounds the memory of a comparison
 MAX_RANGES = 1000  # ranges of ids kept for the report; the counts go on past them
@@ -91,7 +91,7 @@ class Found:
     def lines(self, table: Table) -> list[str]:
         window = f"{self.since.isoformat()} to {self.until.isoformat()}"
         lines = [
-            f"{table}: {self.delivered} delivered from {window}; consumer {self.consumer}: "
+            f"{shown(table)}: {self.delivered} delivered from {window}; consumer {self.consumer}: "
             f"{self.missing} missing, {self.extra} extra, {counted(self.foreign, 'key')} that "
             f"{'is' if self.foreign == 1 else 'are'} no id"
         ]
