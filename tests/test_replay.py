@@ -107,6 +107,30 @@ def test_dry_run_prints_counts_by_type_and_changes_nothing(conn, dsn):
     assert conn.execute("SELECT last_value, is_called FROM outbox_replays").fetchone() == (1, False)
 
 
+def test_a_window_whose_rows_only_miss_the_filter_says_nothing_of_retention(conn, dsn):
+    """Nothing ever retired, a window reaching back before the oldest row finds rows that
+    are not done, or of another type: no "older ones are gone", which blamed retention for
+    a filter. Once the oldest rows are purged, the same window says they are gone."""
+    ids = _delivered(conn, 10)
+    conn.execute("UPDATE outbox SET status = 'pending', done_at = NULL WHERE id > %s", (ids[4],))
+    since, until = (T0 - timedelta(days=1)).isoformat(), (T0 + timedelta(days=1)).isoformat()
+
+    def dry_run(*filters: str) -> str:
+        result = outbox("replay", "--dsn", dsn, "--since", since, "--until", until, "--dry-run",
+                        *filters)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    assert dry_run("--event-type", "C") == (
+        f"outbox: no message matches (done created {since} to {until}, type C)\n"
+    )
+    assert dry_run("--status", "dead") == (
+        f"outbox: no message matches (dead created {since} to {until})\n"
+    )
+    conn.execute("DELETE FROM outbox WHERE id <= %s", (ids[4],))  # the done rows, purged
+    assert "older ones are gone" in dry_run()
+
+
 def test_without_a_terminal_yes_is_required(conn, dsn):
     _delivered(conn, 10)
     before = _snapshot(conn)

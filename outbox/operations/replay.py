@@ -212,7 +212,8 @@ class Preview:
     first_id: int | None = None
     last_id: int | None = None
     # When nothing matches: when the oldest message the table still holds was created (None:
-    # it holds none). A window older than that may have matched rows retention took.
+    # it holds none), if messages older than it are gone (see `_oldest_kept`): a window older
+    # than that may have matched rows retention took.
     oldest_kept: datetime | None = None
     emptied: bool = False  # nothing matches and the table holds no message at all
 
@@ -240,9 +241,17 @@ class Preview:
         return ""
 
 
-def _oldest_kept(table: Table) -> Query[datetime | None]:
-    statement = sql.SQL("SELECT created_at FROM {t} ORDER BY id LIMIT 1").format(t=table.ident)
-    return Query(statement, None, first_row(lambda row: row[0] if row else None))
+def _oldest_kept(table: Table) -> Query[tuple[datetime, bool] | None]:
+    """When the oldest message the table holds was created, and whether messages older than
+    it are gone: its id is past the first one the table's sequence gives, so the rows of the
+    ids below were deleted (`outbox purge`) or their partitions dropped (`outbox maintain`).
+    (An insert rolled back before any other also leaves its id unused.) No row: None."""
+    statement = sql.SQL(
+        "SELECT o.created_at, o.id > coalesce((SELECT s.seqstart FROM pg_sequence AS s"
+        " WHERE s.seqrelid = pg_get_serial_sequence({name}, 'id')::regclass), 1)"
+        " FROM (SELECT id, created_at FROM {t} ORDER BY id LIMIT 1) AS o"
+    ).format(t=table.ident, name=table.regclass_literal)
+    return Query(statement, None, first_row(lambda row: (row[0], bool(row[1])) if row else None))
 
 
 def _preview_query(table: Table, f: ReplayFilter, ids: IdRange, limit: int | None) -> Query[Row]:
@@ -269,7 +278,10 @@ def preview(table: Table, f: ReplayFilter, *, limit: int | None = None) -> Steps
         if count:
             return Preview(f, ids, int(count), dict(by_type), first, last)
     oldest = yield from step(_oldest_kept(table))
-    return Preview(f, ids, 0, oldest_kept=oldest, emptied=oldest is None)
+    if oldest is None:
+        return Preview(f, ids, 0, emptied=True)
+    created_at, older_gone = oldest
+    return Preview(f, ids, 0, oldest_kept=created_at if older_gone else None)
 
 
 # -- sending again -----------------------------------------------------------------------
