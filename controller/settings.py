@@ -4,30 +4,28 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from importlib.metadata import entry_points
 from typing import Any
 
 import yaml
 from kubernetes.config import ConfigException, list_kube_config_contexts
 
+from outbox.controller import flag_values
 from outbox.controller.defaults import (
-    NAME,
     PUBLISHER_DEFAULT_FIELDS,
     WORKER_DEFAULT_FIELDS,
     publisher_defaults,
     worker_defaults,
 )
+from outbox.controller.flag_values import installed_publishers
 from outbox.controller.images import check_image_pattern
 from outbox.plumbing.cliutil import ArgumentParser, env_name, listen_address, on_off, port, resolve
 from outbox.plumbing.durations import format_duration, parse_duration
 from outbox.plumbing.errors import SettingError
 from outbox.plumbing.ranges import within
-from outbox.publisher_options import ENTRY_POINT_GROUP
 
 DEFAULT_WORKER_IMAGE = "outbox-dispatcher:0.1.0"
 # What a worker pod asks the scheduler for when neither the resource nor the admin's
@@ -67,11 +65,6 @@ API_REQUESTS_IN_FLIGHT = Bounded(default=16, low=1, high=100)
 # own Secret cache's life; at most an hour.
 SECRET_RECHECK = timedelta(seconds=60)
 SECRET_RECHECK_RANGE = (timedelta(seconds=1), timedelta(hours=1))
-
-
-def installed_publishers() -> tuple[str, ...]:
-    """Publishers registered beside the operator: the worker image is the operator's image."""
-    return tuple(sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)))
 
 
 @dataclass(frozen=True)
@@ -267,108 +260,6 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def _names(text: str) -> tuple[str, ...]:
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
-    if not names:
-        raise ValueError("expected one or more names separated by commas")
-    return names
-
-
-def _dns_label(text: str) -> str:
-    # Namespaces and Lease names: a typo fails here with its name, not later at the API.
-    if not NAME.match(text):
-        raise ValueError(f"{text!r} is not a valid Kubernetes name (lower-case RFC 1123)")
-    return text
-
-
-def _entries(check: Callable[[str], str]) -> Callable[[str], tuple[str, ...]]:
-    """A list separated by commas, each entry checked; empty allows nothing."""
-
-    def convert(text: str) -> tuple[str, ...]:
-        return tuple(check(part.strip()) for part in text.split(",") if part.strip())
-
-    return convert
-
-
-_LABEL_KEY = re.compile(
-    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-_KEY_PREFIX = re.compile(r"^[-A-Za-z0-9_./]*\*$")
-
-
-def _key_pattern(text: str) -> str:
-    # A label or annotation key, or a prefix of one ending in *.
-    if text == "*" or _LABEL_KEY.match(text) or _KEY_PREFIX.match(text):
-        return text
-    raise ValueError(f"{text!r} is not a key, a prefix ending in *, or *")
-
-
-def _pair(text: str) -> str:
-    key, _, value = text.partition("=")
-    if text == "*" or (_LABEL_KEY.match(key) and _LABEL_VALUE.match(value)):
-        return text
-    raise ValueError(f"{text!r} is not key, key=value or *")
-
-
-def _name(text: str) -> str:
-    return text if text == "*" else _dns_label(text)
-
-
-_PEER_KEYS = frozenset({"namespaceSelector", "podSelector", "ipBlock"})
-
-
-def _peers(text: str) -> tuple[Mapping[str, Any], ...]:
-    """NetworkPolicy peers as JSON: a list of objects with namespaceSelector, podSelector
-    or ipBlock (the API server checks the rest, when the policy is written)."""
-    try:
-        peers = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON ({exc.msg})") from None
-    if not isinstance(peers, list) or not all(
-        isinstance(p, dict) and p and set(p) <= _PEER_KEYS for p in peers
-    ):
-        raise ValueError(
-            "expected a list of NetworkPolicy peers, each with namespaceSelector, "
-            "podSelector or ipBlock"
-        )
-    return tuple(peers)
-
-
-def _publisher_names(text: str) -> tuple[str, ...]:
-    # Built-in publishers and plugins alike, each installed here too: the operator renders a
-    # publisher's workers from its description, which it loads.
-    names = _names(text)
-    known = installed_publishers()
-    for name in names:
-        if name not in known:
-            raise ValueError(
-                f"{name!r} is no publisher installed beside the operator "
-                f"(installed: {', '.join(known)})"
-            )
-    return names
-
-
-def _log_format(text: str) -> str:
-    if text not in ("auto", "json", "text"):
-        raise ValueError(f"{text!r} is not one of auto, json, text")
-    return text
-
-
-def _log_level(text: str) -> str:
-    level = text.upper()
-    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise ValueError(f"{text!r} is not DEBUG, INFO, WARNING or ERROR")
-    return level
-
-
-def _positive_duration(text: str) -> timedelta:
-    value = parse_duration(text)
-    if value <= timedelta(0):
-        raise ValueError("must be greater than zero")
-    return value
-
-
 def kubeconfig_namespace(env: Mapping[str, str]) -> tuple[str, str]:
     """Outside a cluster, the namespace of the kubeconfig's current context ("default" when
     the context names none, as kubectl reads it), or "" and why there is none: in a pod (its
@@ -423,44 +314,66 @@ def load_settings(
 
     if args.namespace:
         try:
-            namespaces = tuple(_dns_label(name) for name in args.namespace)
+            namespaces = tuple(flag_values.dns_label(name) for name in args.namespace)
         except ValueError as exc:
             raise SettingError(f"--namespace: {exc}") from None
     else:
-        namespaces = get("--namespace", lambda t: tuple(map(_dns_label, _names(t))), ())
+        namespaces = get(
+            "--namespace", lambda t: tuple(map(flag_values.dns_label, flag_values.names(t))), ()
+        )
     settings = ControllerSettings(
         namespaces=namespaces,
         health_port=get("--health-port", port, defaults.health_port),
         health_address=get("--health-address", listen_address, defaults.health_address),
         leader_election_namespace=get(
             "--leader-election-namespace",
-            _dns_label,
+            flag_values.dns_label,
             env.get("POD_NAMESPACE") or kube_namespace,
         ),
-        leader_election_id=get("--leader-election-id", _dns_label, defaults.leader_election_id),
+        leader_election_id=get(
+            "--leader-election-id", flag_values.dns_label, defaults.leader_election_id
+        ),
         leader_identity=get("--leader-identity", str, default_identity(env)),
-        lease_duration=get("--lease-duration", _positive_duration, defaults.lease_duration),
-        renew_deadline=get("--renew-deadline", _positive_duration, defaults.renew_deadline),
-        retry_period=get("--retry-period", _positive_duration, defaults.retry_period),
+        lease_duration=get(
+            "--lease-duration", flag_values.positive_duration, defaults.lease_duration
+        ),
+        renew_deadline=get(
+            "--renew-deadline", flag_values.positive_duration, defaults.renew_deadline
+        ),
+        retry_period=get("--retry-period", flag_values.positive_duration, defaults.retry_period),
         worker_image=get("--worker-image", str, defaults.worker_image),
-        worker_publishers=get("--worker-publishers", _publisher_names, installed_publishers()),
+        worker_publishers=get(
+            "--worker-publishers", flag_values.publisher_names, installed_publishers()
+        ),
         worker_defaults=get("--worker-defaults", worker_defaults, defaults.worker_defaults),
         publisher_defaults=get(
             "--publisher-defaults", publisher_defaults, defaults.publisher_defaults
         ),
         secret_consent=get("--secret-consent", on_off, defaults.secret_consent),
-        allowed_images=get("--allowed-images", _entries(check_image_pattern), ()),
-        allowed_service_accounts=get("--allowed-service-accounts", _entries(_name), ()),
-        allowed_tolerations=get("--allowed-tolerations", _entries(_pair), ()),
-        allowed_node_selectors=get("--allowed-node-selectors", _entries(_pair), ()),
-        allowed_priority_classes=get("--allowed-priority-classes", _entries(_name), ()),
-        allowed_pod_labels=get("--allowed-pod-labels", _entries(_key_pattern), ()),
-        allowed_pod_annotations=get("--allowed-pod-annotations", _entries(_key_pattern), ()),
+        allowed_images=get("--allowed-images", flag_values.entries(check_image_pattern), ()),
+        allowed_service_accounts=get(
+            "--allowed-service-accounts", flag_values.entries(flag_values.name_or_any), ()
+        ),
+        allowed_tolerations=get("--allowed-tolerations", flag_values.entries(flag_values.pair), ()),
+        allowed_node_selectors=get(
+            "--allowed-node-selectors", flag_values.entries(flag_values.pair), ()
+        ),
+        allowed_priority_classes=get(
+            "--allowed-priority-classes", flag_values.entries(flag_values.name_or_any), ()
+        ),
+        allowed_pod_labels=get(
+            "--allowed-pod-labels", flag_values.entries(flag_values.key_pattern), ()
+        ),
+        allowed_pod_annotations=get(
+            "--allowed-pod-annotations", flag_values.entries(flag_values.key_pattern), ()
+        ),
         allow_affinity=get("--allow-affinity", on_off, defaults.allow_affinity),
         worker_network_policy=get(
             "--worker-network-policy", on_off, defaults.worker_network_policy
         ),
-        worker_metrics_from=get("--worker-metrics-from", _peers, defaults.worker_metrics_from),
+        worker_metrics_from=get(
+            "--worker-metrics-from", flag_values.peers, defaults.worker_metrics_from
+        ),
         database_connections=get(
             "--database-connections", DATABASE_CONNECTIONS.parse, defaults.database_connections
         ),
@@ -474,8 +387,8 @@ def load_settings(
             within(parse_duration, *SECRET_RECHECK_RANGE, format_duration),
             defaults.secret_recheck,
         ),
-        log_format=get("--log-format", _log_format, defaults.log_format),
-        log_level=get("--log-level", _log_level, defaults.log_level),
+        log_format=get("--log-format", flag_values.log_format, defaults.log_format),
+        log_level=get("--log-level", flag_values.log_level, defaults.log_level),
     )
     _check(settings, no_kube_namespace)
     return settings
