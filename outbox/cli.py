@@ -19,6 +19,7 @@ from outbox import extras
 from outbox.commands import inbox as inbox_cli
 from outbox.commands import replay as replay_cli
 from outbox.destinations import CLOSED, IDLE, OPEN, PAUSED
+from outbox.entry import INTERRUPTED, NOTHING_STARTED
 from outbox.operations import pausing
 from outbox.operations.conversion import migrate_converting
 from outbox.operations.maintenance import MAX_PURGE_BATCH, PURGE_BATCH, PURGE_BATCH_ENV, purge_done
@@ -78,9 +79,8 @@ _TIMEOUT = duration_between(timedelta(0), timedelta(days=1))
 _MESSAGE_ID = int_between(1, MAX_ID)  # ids are bigint: beyond, none exists
 # The demo runs on this machine: more workers than this only thrash it.
 DEMO_MAX_EVENTS, DEMO_MAX_WORKERS = 1_000_000, 32
-# A command stopped by Ctrl-C (SIGINT) exits as shells report it: 128 + the signal's number.
-INTERRUPTED = 128 + signal.SIGINT
-# A command whose output's reader went away (a closed pipe), likewise: 128 + SIGPIPE.
+# A command stopped by Ctrl-C (SIGINT) exits as shells report it (outbox.entry.INTERRUPTED);
+# a command whose output's reader went away (a closed pipe), likewise: 128 + SIGPIPE.
 READER_GONE = 128 + signal.SIGPIPE
 # What a command stopped by Ctrl-C leaves, said on its one line. The statement under way is
 # cancelled on the server (psycopg cancels it on the interrupt) and its transaction rolled
@@ -430,7 +430,7 @@ def _interrupted(args: argparse.Namespace | None) -> NoReturn:
     said is ignored: the first one's line is the whole answer, never a traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if args is None:
-        print(f"{PROG}: interrupted; nothing was started", file=sys.stderr)
+        print(NOTHING_STARTED, file=sys.stderr)
     else:
         name = args.command if args.command != "inbox" else f"inbox {args.inbox_command}"
         left = _LEFT_BY_AN_INTERRUPT.get(name, "what it had committed stays, nothing more")

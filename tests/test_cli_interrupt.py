@@ -5,11 +5,15 @@ nothing changed beyond what the command had committed."""
 
 from __future__ import annotations
 
+import array
+import fcntl
 import signal
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -128,3 +132,43 @@ def test_every_command_has_its_line():
     names = {f"inbox {sub}" for sub in ("migrate", "purge", "check")}
     names |= {name for name in commands if name != "inbox"}
     assert names == set(_LEFT_BY_AN_INTERRUPT)
+
+
+# The command's stderr pipe, in bytes: some 30 lines of `python -v`, where the command's
+# own modules write some 800 once the first module of `outbox` is done.
+_PIPE = 4096
+
+
+@pytest.mark.parametrize("entry", ["-m outbox", "the installed script"])
+def test_a_ctrl_c_while_the_command_is_importing_ends_it_in_one_line(dsn, entry):
+    """Ctrl-C before the command has loaded (its imports take a few hundred milliseconds):
+    one line, exit 130, as once it runs, where Python printed a KeyboardInterrupt traceback.
+    `python -v` writes lines as it imports each module, to a pipe the test reads up to the
+    first module of `outbox` done and then leaves: once it is full, the command waits in the
+    middle of its imports, and gets the signal there."""
+    script = Path(sys.executable).parent / "outbox"
+    start = ["-m", "outbox"] if entry == "-m outbox" else [str(script)]
+    command = subprocess.Popen(
+        [sys.executable, "-v", *start, "stats", "--dsn", dsn],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, env=BASE_ENV,
+        preexec_fn=interruptible,
+    )  # fmt: skip
+    assert command.stderr is not None
+    fcntl.fcntl(command.stderr.fileno(), fcntl.F_SETPIPE_SZ, _PIPE)
+    while not (line := command.stderr.readline()).startswith(b"import 'outbox"):
+        assert line, command.communicate()  # one byte at a time: nothing is read ahead
+    # The command blocked on its next line: a line is written whole or not at all, so the
+    # pipe holds a little less than it can when its writer waits.
+    waiting = array.array("i", [0])
+    while waiting[0] < _PIPE // 2:
+        assert command.poll() is None, command.communicate()
+        fcntl.ioctl(command.stderr.fileno(), termios.FIONREAD, waiting)
+        time.sleep(0.01)
+    command.send_signal(signal.SIGINT)
+    stdout, err = command.communicate(timeout=60)
+    rest = err.decode()
+    assert "import 'outbox.cli'" not in rest  # stopped before it was loaded
+    # The line may follow a line of `-v` the signal cut short (its write interrupted).
+    assert (command.returncode, stdout) == (INTERRUPTED, b""), rest[-2000:]
+    assert rest.count("outbox: interrupted; nothing was started\n") == 1, rest[-2000:]
+    assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest[-2000:]
