@@ -17,8 +17,9 @@ one transaction; operations compose with `yield from`.
 
 from __future__ import annotations
 
+import re
 import weakref
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, closing, nullcontext
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast, overload
@@ -29,6 +30,7 @@ from psycopg.types.string import TextLoader
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
+AnyConnection = psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
 
 
 @dataclass(frozen=True)
@@ -60,58 +62,104 @@ def no_rows(rows: list[Row]) -> None:
 
 # Statements rendered per connection, kept for the next run of the same statement.
 # psycopg renders a composed statement to its text at every execute, walking each part in
-# Python: 230 µs for the claim (three quarters of what the claim's execute costs in
-# Python), every few messages on a busy worker. Per connection, since its encoding and
-# adapters render identifiers and literals; the statements are the long-lived ones
-# `outbox.queries` caches, at most RENDERED_KEPT a connection (a partitioned table's claims
-# name the partitions of the moment, so new ones come as the ids move on).
+# Python (180 to 230 µs for the claim), then finds its placeholders in that text (it
+# remembers them only for statements up to 4,096 bytes, which the claims are not: 110 to
+# 140 µs more of CPU), every few messages on a busy worker. Kept per connection,
+# since its encoding and adapters render identifiers and literals; the statements are the
+# long-lived ones `outbox.queries` caches, at most RENDERED_KEPT a connection (a partitioned
+# table's claims name the partitions of the moment, so new ones come as the ids move on).
 RENDERED_KEPT = 64
-_rendered: weakref.WeakKeyDictionary[Any, dict[int, tuple[sql.Composed, bytes]]] = (
-    weakref.WeakKeyDictionary()
-)
+# psycopg's placeholders: `%%` for a `%`, `%(name)s` for a value; any other (`%s`, `%(name)b`)
+# leaves the statement to psycopg, which says what is wrong with it.
+_PLACEHOLDER = re.compile(rb"%%|%\((\w+)\)s|%")
 
 
-def rendered(
-    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], statement: sql.Composed
-) -> bytes:
-    """`statement`'s text on `conn`, as psycopg would render it, rendered once."""
+@dataclass(frozen=True)
+class _Rendered:
+    """A statement's text on one connection; with positional placeholders (`$1`, `$2`, ...)
+    and the names of the values they stand for, when psycopg's named ones could be numbered.
+    The statement is kept beside them, so its id is not another's while they are kept."""
+
+    statement: sql.Composed
+    text: bytes
+    positional: bytes | None
+    names: tuple[str, ...]
+
+
+_rendered: weakref.WeakKeyDictionary[Any, dict[int, _Rendered]] = weakref.WeakKeyDictionary()
+
+
+def rendered(conn: AnyConnection, statement: sql.Composed) -> _Rendered:
+    """`statement` rendered on `conn` as psycopg would, once."""
     kept = _rendered.get(conn)
     if kept is None:
         kept = _rendered[conn] = {}
-    # By identity (a composed statement is not hashable); the statement is kept beside its
-    # text, so its id is not taken by another while the text is.
+    # By identity: a composed statement is not hashable.
     found = kept.get(id(statement))
-    if found is not None and found[0] is statement:
-        return found[1]
+    if found is not None and found.statement is statement:
+        return found
     if len(kept) >= RENDERED_KEPT:
         kept.clear()
     text = statement.as_bytes(conn)
-    kept[id(statement)] = (statement, text)
-    return text
+    names: dict[str, int] = {}
+    numbered = True
+
+    def number(placeholder: re.Match[bytes]) -> bytes:
+        nonlocal numbered
+        if placeholder[0] == b"%%":
+            return b"%"
+        if placeholder[1] is None:
+            numbered = False
+            return placeholder[0]
+        return b"$%d" % names.setdefault(placeholder[1].decode(), len(names) + 1)
+
+    positional = _PLACEHOLDER.sub(number, text)
+    found = _Rendered(statement, text, positional if numbered else None, tuple(names))
+    kept[id(statement)] = found
+    return found
+
+
+def _cursor_and_values(
+    conn: AnyConnection, query: Query[Any]
+) -> tuple[Any, bytes, Sequence[Any] | Mapping[str, Any] | None]:
+    """The cursor to run `query` on, its text and its values: a raw cursor (positional
+    placeholders, nothing left for psycopg to find) whenever the statement has values."""
+    text = rendered(conn, query.statement)
+    params = query.params
+    if params is None or text.positional is None:
+        return conn.cursor(), text.text, params
+    try:
+        values = [params[name] for name in text.names]
+    except KeyError as missing:
+        raise psycopg.ProgrammingError(f"query parameter missing: {missing.args[0]}") from None
+    if isinstance(conn, psycopg.AsyncConnection):
+        return psycopg.AsyncRawCursor(conn), text.positional, values
+    return psycopg.RawCursor(conn), text.positional, values
 
 
 # A statement without a result (an UPDATE without RETURNING) is parsed as no rows: psycopg
 # refuses to fetch from it.
 def fetch(conn: psycopg.Connection[Any], query: Query[T]) -> T:
-    statement = rendered(conn, query.statement)
-    if query.json_as_text:
-        with conn.cursor() as cursor:
+    cursor, statement, values = _cursor_and_values(conn, query)
+    with cursor:
+        if query.json_as_text:
             _json_as_text(cursor)
-            cursor.execute(statement, query.params, prepare=query.prepare)
-            return query.parse(cursor.fetchall() if cursor.description else [])
-    cursor = conn.execute(statement, query.params, prepare=query.prepare, binary=query.binary)
-    return query.parse(cursor.fetchall() if cursor.description else [])
+        cursor.execute(statement, values, prepare=query.prepare, binary=_binary(query))
+        return query.parse(cursor.fetchall() if cursor.description else [])
 
 
 async def fetch_async(conn: psycopg.AsyncConnection[Any], query: Query[T]) -> T:
-    statement = rendered(conn, query.statement)
-    if query.json_as_text:
-        async with conn.cursor() as acursor:
-            _json_as_text(acursor)
-            await acursor.execute(statement, query.params, prepare=query.prepare)
-            return query.parse(await acursor.fetchall() if acursor.description else [])
-    cursor = await conn.execute(statement, query.params, prepare=query.prepare, binary=query.binary)
-    return query.parse(await cursor.fetchall() if cursor.description else [])
+    cursor, statement, values = _cursor_and_values(conn, query)
+    async with cursor:
+        if query.json_as_text:
+            _json_as_text(cursor)
+        await cursor.execute(statement, values, prepare=query.prepare, binary=_binary(query))
+        return query.parse(await cursor.fetchall() if cursor.description else [])
+
+
+def _binary(query: Query[Any]) -> bool:
+    """Rows in binary, unless json is to come as text (its text loader reads text rows)."""
+    return query.binary and not query.json_as_text
 
 
 def _json_as_text(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:

@@ -148,3 +148,24 @@ def test_a_statement_is_rendered_once_per_connection_however_often_it_runs(conn,
 
     assert asyncio.run(run()) == [("it's", 7)]
     assert _Counted.renderings == 2
+
+
+def test_a_statements_values_go_by_position_as_psycopg_would_send_them_by_name(conn, dsn):
+    """Numbered once with its rendering (psycopg finds a long statement's placeholders anew
+    at every execute): a name used twice is one value, `%%` is a `%`, a value missing is
+    psycopg's error, and a statement without values is sent as it is."""
+    query = Query(
+        sql.SQL("SELECT %(n)s::int + %(n)s::int, '50%%', %(name)s::text"),
+        {"n": 2, "name": "it's", "unused": 0},
+        lambda rows: [tuple(row) for row in rows],
+    )
+    assert fetch(conn, query) == [(4, "50%", "it's")]
+    with pytest.raises(psycopg.ProgrammingError, match="query parameter missing: name"):
+        fetch(conn, replace(query, params={"n": 1}))
+    assert fetch(conn, Query(sql.SQL("SELECT '50%%'"), None, lambda rows: rows[0][0])) == "50%%"
+
+    async def run() -> list[tuple[object, ...]]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as aconn:
+            return await fetch_async(aconn, replace(query, prepare=True, binary=True))
+
+    assert asyncio.run(run()) == [(4, "50%", "it's")]
