@@ -81,6 +81,7 @@ class _Rendered:
     The statement is kept beside them, so its id is not another's while they are kept."""
 
     statement: sql.Composed
+    encoding: str  # the connection's when rendered: a `SET client_encoding` renders anew
     text: bytes
     positional: bytes | None
     names: tuple[str, ...]
@@ -96,7 +97,8 @@ def rendered(conn: AnyConnection, statement: sql.Composed) -> _Rendered:
         kept = _rendered[conn] = {}
     # By identity: a composed statement is not hashable.
     found = kept.get(id(statement))
-    if found is not None and found.statement is statement:
+    encoding = conn.info.encoding
+    if found is not None and found.statement is statement and found.encoding == encoding:
         return found
     if len(kept) >= RENDERED_KEPT:
         kept.clear()
@@ -114,7 +116,7 @@ def rendered(conn: AnyConnection, statement: sql.Composed) -> _Rendered:
         return b"$%d" % names.setdefault(placeholder[1].decode(), len(names) + 1)
 
     positional = _PLACEHOLDER.sub(number, text)
-    found = _Rendered(statement, text, positional if numbered else None, tuple(names))
+    found = _Rendered(statement, encoding, text, positional if numbered else None, tuple(names))
     kept[id(statement)] = found
     return found
 

@@ -150,6 +150,23 @@ def test_a_statement_is_rendered_once_per_connection_however_often_it_runs(conn,
     assert _Counted.renderings == 2
 
 
+def test_a_statement_is_rendered_again_when_its_connection_changes_encoding(dsn):
+    """A connection's encoding renders its identifiers and literals: an application's own
+    connection (enqueue, queue_stats) may `SET client_encoding` between two runs of the
+    same statement, and the text kept for the first encoding named another table."""
+    query = Query(
+        sql.SQL("SELECT {}, {} FROM (SELECT 1) AS {}").format(
+            sql.Literal("ñandú"), sql.Literal("x"), sql.Identifier("ñandú")
+        ),
+        None,
+        lambda rows: rows[0][0],
+    )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert fetch(conn, query) == "ñandú"
+        conn.execute("SET client_encoding TO 'LATIN1'")
+        assert fetch(conn, query) == "ñandú"
+
+
 def test_a_statements_values_go_by_position_as_psycopg_would_send_them_by_name(conn, dsn):
     """Numbered once with its rendering (psycopg finds a long statement's placeholders anew
     at every execute): a name used twice is one value, `%%` is a `%`, a value missing is
