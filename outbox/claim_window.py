@@ -389,14 +389,15 @@ class ClaimWindow:
             if b.high >= self._top and self.announcing and not self._announced:
                 # Wide to the top already, and no row announced since it was read: a reading
                 # would find these bounds again. Below them a row becomes ready by a late
-                # commit (announced too), a retry coming due or a lease running out (the
-                # reading every WINDOW_TTL finds those). In ordered mode the rows left wait
-                # behind their aggregates' messages in flight: with a few busy aggregates
-                # every ordered claim is short, and reading after each halved the claims a
-                # second. At the end of a drain a reading would look from the floor the last
-                # one found, over every partition the drain went through, and its first look
-                # into each finished partition's indexes walks entries no vacuum has removed
-                # yet (70 ms over 30 partitions of 1,000 ids: a tenth of the drain).
+                # commit (announced too: a reading follows), a retry coming due or a lease
+                # running out (the reading every WINDOW_TTL finds those). In ordered mode
+                # the rows left wait behind their aggregates' messages in flight: with a few
+                # busy aggregates every ordered claim is short, and reading after each halved
+                # the claims a second. At the end of a drain a reading would look from the
+                # floor the last one found, over every partition the drain went through, and
+                # its first look into each finished partition's indexes walks entries no
+                # vacuum has removed yet (70 ms over 30 partitions of 1,000 ids: a tenth of
+                # the drain).
                 return
             self._widen = fresh
             self._bounds = None

@@ -345,8 +345,10 @@ def _in_the_way(table: Table, leaf: Table, index: int, low: int, high: int) -> s
     """A DO block that refuses, in one line naming it, a relation of the partition's name
     that is not what `make_partition` makes: another kind of relation, a partition already,
     other columns or CHECK constraints than the parent's (and the partition's range CHECK),
-    or rows. Attached, its rows would join the table unchecked by anything the layout knows
-    (ATTACH scans them for the bound alone), or ATTACH would fail in PostgreSQL's words."""
+    indexes, triggers, row security or rules of its own (attached, they would act on the
+    partition's rows unseen by the layout), or rows. Attached, its rows would join the table
+    unchecked by anything the layout knows (ATTACH scans them for the bound alone), or ATTACH
+    would fail in PostgreSQL's words."""
     # How PostgreSQL deparses the range CHECK: a bound past int4 becomes '<n>'::bigint.
     deparsed = rf"^CHECK \(\(\(id >= '?{low}'?(::bigint)?\) AND \(id < '?{high}'?(::bigint)?\)\)\)$"
     body = sql.SQL(
@@ -367,6 +369,12 @@ BEGIN
                   WHERE k.conrelid = found AND k.contype = 'c' AND k.conname = {check}
                     AND pg_get_constraintdef(k.oid) !~ {deparsed})
       THEN 'its CHECK constraints are not those of ' || {shown}
+    WHEN EXISTS (SELECT FROM pg_index i WHERE i.indrelid = found) THEN 'it has indexes'
+    WHEN EXISTS (SELECT FROM pg_trigger g WHERE g.tgrelid = found AND NOT g.tgisinternal)
+      THEN 'it has triggers'
+    WHEN c.relrowsecurity OR EXISTS (SELECT FROM pg_policy p WHERE p.polrelid = found)
+      THEN 'it has row security'
+    WHEN EXISTS (SELECT FROM pg_rewrite r WHERE r.ev_class = found) THEN 'it has rules'
   END INTO why FROM pg_class c WHERE c.oid = found;
   IF why IS NULL THEN
     EXECUTE 'SELECT EXISTS (SELECT FROM ' || found::text || ')' INTO filled;

@@ -147,8 +147,35 @@ def _p4(dsn: str) -> tuple[object, ...] | None:
             "its CHECK constraints are not those of outbox",
             0,
         ),
+        (
+            [
+                "CREATE TABLE outbox_p4 (LIKE outbox INCLUDING DEFAULTS INCLUDING CONSTRAINTS)",
+                "CREATE FUNCTION outbox_p4_hook() RETURNS trigger LANGUAGE plpgsql"
+                " AS 'BEGIN RETURN NEW; END'",
+                "CREATE TRIGGER hook BEFORE INSERT ON outbox_p4"
+                " FOR EACH ROW EXECUTE FUNCTION outbox_p4_hook()",
+            ],
+            "it has triggers",
+            0,
+        ),
+        (
+            [
+                "CREATE TABLE outbox_p4 (LIKE outbox INCLUDING DEFAULTS INCLUDING CONSTRAINTS)",
+                "CREATE INDEX ON outbox_p4 (payload)",
+            ],
+            "it has indexes",
+            0,
+        ),
+        (
+            [
+                "CREATE TABLE outbox_p4 (LIKE outbox INCLUDING DEFAULTS INCLUDING CONSTRAINTS)",
+                "ALTER TABLE outbox_p4 ENABLE ROW LEVEL SECURITY",
+            ],
+            "it has row security",
+            0,
+        ),
     ],
-    ids=["rows", "columns", "checks"],
+    ids=["rows", "columns", "checks", "triggers", "indexes", "row-security"],
 )
 def test_a_table_in_the_way_of_a_partition_is_refused(
     empty_dsn: str, ddl: list[str], why: str, rows: int
