@@ -53,6 +53,13 @@ _HOMES = {
 def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
+        # A submodule, as `import outbox; outbox.schema` found it when this file imported
+        # the API's homes (and with them most of the package) at once.
+        try:
+            return import_module(f"outbox.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"outbox.{name}":
+                raise
         raise AttributeError(f"module 'outbox' has no attribute {name!r}")
     value = getattr(import_module(home), name)
     globals()[name] = value  # asked for once

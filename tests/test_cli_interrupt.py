@@ -172,3 +172,22 @@ def test_a_ctrl_c_while_the_command_is_importing_ends_it_in_one_line(dsn, entry)
     assert (command.returncode, stdout) == (INTERRUPTED, b""), rest[-2000:]
     assert rest.count("outbox: interrupted; nothing was started\n") == 1, rest[-2000:]
     assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest[-2000:]
+
+
+def test_the_package_loads_its_api_and_submodules_when_first_asked_for():
+    """`import outbox` loads nothing (so the command's entry point runs before its imports),
+    and what it gave at once before is there when asked for: the producer API's names, and
+    its submodules as attributes (`outbox.schema` came along with the names' homes)."""
+    code = (
+        "import sys, outbox\n"
+        "assert 'psycopg' not in sys.modules, 'import outbox loaded psycopg'\n"
+        "from outbox import Event, Table, enqueue, migrate\n"
+        "assert outbox.schema.SCHEMA_VERSION >= 7 and outbox.table.Table is Table\n"
+        "try:\n"
+        "    outbox.no_such_name\n"
+        "except AttributeError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "module 'outbox' has no attribute 'no_such_name'\n"
