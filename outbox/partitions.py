@@ -318,21 +318,41 @@ def make_partition(table: Table, index: int, low: int, high: int) -> list[sql.Co
     leaf = partition_table(table, index)
     return [
         _in_the_way(table, leaf, index, low, high),
-        sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {leaf} (LIKE {t} INCLUDING DEFAULTS INCLUDING CONSTRAINTS,"
-            " CONSTRAINT {check} CHECK (id >= {low} AND id < {high}))"
-        ).format(
-            leaf=leaf.ident,
-            t=table.ident,
-            check=sql.Identifier(range_check_name(leaf.name)),
-            low=sql.Literal(low),
-            high=sql.Literal(high),
-        ),
+        _create_partition(table, leaf, low, high),
         carry_privileges(table, leaf),
         sql.SQL(
             "ALTER TABLE {t} ATTACH PARTITION {leaf} FOR VALUES FROM ({low}) TO ({high})"
         ).format(t=table.ident, leaf=leaf.ident, low=sql.Literal(low), high=sql.Literal(high)),
     ]
+
+
+def _create_partition(table: Table, leaf: Table, low: int, high: int) -> sql.Composed:
+    """The partition's table, in its parent's schema. A table named without its schema is
+    found along the search_path, but CREATE TABLE puts a table in the path's first schema,
+    which may not be the parent's (a schema named after the role, made after the parent):
+    there the partition's name would be found by sessions of that role only, and every
+    claim of another that names it would fail. Named without its schema, the parent's is
+    looked up when the statement runs."""
+    create = sql.SQL(
+        "CREATE TABLE IF NOT EXISTS {leaf} (LIKE {t} INCLUDING DEFAULTS INCLUDING CONSTRAINTS,"
+        " CONSTRAINT {check} CHECK (id >= {low} AND id < {high}))"
+    )
+    parts = {
+        "t": table.ident,
+        "check": sql.Identifier(range_check_name(leaf.name)),
+        "low": sql.Literal(low),
+        "high": sql.Literal(high),
+    }
+    if table.schema is not None:
+        return create.format(leaf=leaf.ident, **parts)
+    # format()'s template: the schema its %I, every other % doubled.
+    template = create.format(leaf=sql.SQL("{schema}.") + leaf.ident, **parts).as_string(None)
+    template = template.replace("%", "%%").replace("{schema}", "%I", 1)
+    body = sql.SQL(
+        "BEGIN EXECUTE format({template}, (SELECT n.nspname FROM pg_class c JOIN pg_namespace n"
+        " ON n.oid = c.relnamespace WHERE c.oid = {t}::regclass)); END"
+    ).format(template=sql.Literal(template), t=table.regclass_literal)
+    return sql.SQL("DO {body}").format(body=sql.Literal(body.as_string(None)))
 
 
 def range_check_name(partition: str) -> str:

@@ -200,12 +200,32 @@ def test_a_partition_made_and_never_attached_is_attached(empty_dsn: str) -> None
     """What an `outbox maintain` stopped between making a partition and attaching it leaves
     (each statement commits on its own there): an empty table of the partition's own shape,
     which the next run attaches."""
-    statements = [s.as_string(None) for s in make_partition(TABLE, 4, 400, 500)]
-    made = next(s for s in statements if s.startswith("CREATE TABLE"))
+    made = make_partition(TABLE, 4, 400, 500)[1].as_string(None)  # its CREATE TABLE
     _p4_in_the_way(empty_dsn, made)
     done = outbox(empty_dsn, "maintain", "--retention", "7d")
     assert done.returncode == 0, done.stderr
     assert _p4(empty_dsn) == (0, "outbox")
+
+
+def test_partitions_of_a_table_named_without_its_schema_go_in_its_schema(empty_dsn: str) -> None:
+    """A schema named after the role, made after the table: CREATE TABLE of a name without
+    its schema puts the table there (the search_path's first schema), where only that
+    role's sessions find it, and a worker of another role failed every claim naming it.
+    Each partition goes in its parent's schema."""
+    _p4_in_the_way(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        user = conn.execute("SELECT current_user").fetchone()[0]  # type: ignore[index]
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(user)))
+    done = outbox(empty_dsn, "maintain", "--retention", "7d")
+    assert done.returncode == 0, done.stderr
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        placed = conn.execute(
+            "SELECT c.relname::text, c.relnamespace::regnamespace::text FROM pg_inherits i"
+            " JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = 'public.outbox'::regclass ORDER BY 1"
+        ).fetchall()
+    assert ("outbox_p4", "public") in placed  # made after the schema was
+    assert {schema for _, schema in placed} == {"public"}
 
 
 # -- the sequence the ids come from ------------------------------------------------------------
