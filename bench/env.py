@@ -143,6 +143,14 @@ def seed_outbox(dsn: str, count: int, *, aggregates: int = 1000, status: str = "
         conn.execute("VACUUM ANALYZE outbox")
 
 
+def statement_text(conn: psycopg.Connection[Any], query: Any) -> str:
+    """A statement's text however it was run: given to a connection's `execute` (text or
+    composed), or by outbox.runner (the rendered bytes its `observe` reports)."""
+    if isinstance(query, bytes):
+        return query.decode()
+    return query if isinstance(query, str) else str(query.as_string(conn))
+
+
 def python_module(module: str, *args: str, **popen: Any) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, **popen)
 

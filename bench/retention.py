@@ -23,10 +23,11 @@ from typing import Any
 
 import psycopg
 
-from bench.env import Bench, seed_outbox, write_results
+from bench.env import Bench, seed_outbox, statement_text, write_results
 from outbox.operations.maintenance import purge_done
 from outbox.operations.partition_maintenance import maintain
 from outbox.partitions import Layout
+from outbox.runner import observe
 from outbox.schema import migrate
 from outbox.table import Table
 
@@ -42,13 +43,16 @@ class _Timed(psycopg.Connection[Any]):
     spent: dict[str, float]
 
     def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        text = query if isinstance(query, str) else query.as_string(self)
         started = time.perf_counter()
         try:
             return super().execute(query, *args, **kwargs)
         finally:
-            kind = _kind(text)
-            self.spent[kind] = self.spent.get(kind, 0.0) + time.perf_counter() - started
+            self.add(query, time.perf_counter() - started)
+
+    def add(self, query: Any, seconds: float) -> None:
+        """A statement's time: run here, or by outbox.runner on a cursor of its own."""
+        kind = _kind(statement_text(self, query))
+        self.spent[kind] = self.spent.get(kind, 0.0) + seconds
 
 
 def _kind(text: str) -> str:
@@ -88,6 +92,7 @@ class _Waits(threading.Thread):
 def _measure(dsn: str, retire: Any) -> dict[str, Any]:
     with _Timed.connect(dsn, autocommit=True) as conn:
         conn.spent = {}
+        observe(conn, conn.add)
         conn.execute("CHECKPOINT")
         wal_before = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
         waits = _Waits(dsn, conn.info.backend_pid)

@@ -18,6 +18,7 @@ one transaction; operations compose with `yield from`.
 from __future__ import annotations
 
 import re
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager, closing, nullcontext
@@ -139,24 +140,51 @@ def _cursor_and_values(
     return psycopg.RawCursor(conn), text.positional, values
 
 
+# Who is told, of each statement a connection runs here, its text and the seconds it took
+# (`observe`): the benchmarks' breakdowns by statement. The statements run on cursors of the
+# runner's own, which a connection's `execute` never sees.
+Observer = Callable[[bytes, float], None]
+_observers: weakref.WeakKeyDictionary[Any, Observer] = weakref.WeakKeyDictionary()
+
+
+def observe(conn: AnyConnection, observer: Observer | None) -> None:
+    """Tell `observer` of every statement `conn` runs here from now on (None: no more)."""
+    if observer is None:
+        _observers.pop(conn, None)
+    else:
+        _observers[conn] = observer
+
+
 # A statement without a result (an UPDATE without RETURNING) is parsed as no rows: psycopg
 # refuses to fetch from it.
 def fetch(conn: psycopg.Connection[Any], query: Query[T]) -> T:
     cursor, statement, values = _cursor_and_values(conn, query)
-    with cursor:
-        if query.json_as_text:
-            _json_as_text(cursor)
-        cursor.execute(statement, values, prepare=query.prepare, binary=_binary(query))
-        return query.parse(cursor.fetchall() if cursor.description else [])
+    observer = _observers.get(conn)
+    started = time.perf_counter()
+    try:
+        with cursor:
+            if query.json_as_text:
+                _json_as_text(cursor)
+            cursor.execute(statement, values, prepare=query.prepare, binary=_binary(query))
+            return query.parse(cursor.fetchall() if cursor.description else [])
+    finally:
+        if observer is not None:
+            observer(statement, time.perf_counter() - started)
 
 
 async def fetch_async(conn: psycopg.AsyncConnection[Any], query: Query[T]) -> T:
     cursor, statement, values = _cursor_and_values(conn, query)
-    async with cursor:
-        if query.json_as_text:
-            _json_as_text(cursor)
-        await cursor.execute(statement, values, prepare=query.prepare, binary=_binary(query))
-        return query.parse(await cursor.fetchall() if cursor.description else [])
+    observer = _observers.get(conn)
+    started = time.perf_counter()
+    try:
+        async with cursor:
+            if query.json_as_text:
+                _json_as_text(cursor)
+            await cursor.execute(statement, values, prepare=query.prepare, binary=_binary(query))
+            return query.parse(await cursor.fetchall() if cursor.description else [])
+    finally:
+        if observer is not None:
+            observer(statement, time.perf_counter() - started)
 
 
 def _binary(query: Query[Any]) -> bool:

@@ -18,6 +18,7 @@ from outbox.runner import (
     fetch_async,
     first_row,
     no_rows,
+    observe,
     perform,
     perform_async,
     step,
@@ -186,3 +187,21 @@ def test_a_statements_values_go_by_position_as_psycopg_would_send_them_by_name(c
             return await fetch_async(aconn, replace(query, prepare=True, binary=True))
 
     assert asyncio.run(run()) == [(4, "50%", "it's")]
+
+
+def test_an_observer_is_told_of_each_statement_the_runner_runs_on_its_connection(conn, dsn):
+    """The runner runs statements on cursors of its own, which a connection's `execute`
+    never sees: a benchmark's breakdown by statement is told of each one, failed ones too,
+    on the connection observed only, until it stops observing."""
+    seen: list[tuple[bytes, float]] = []
+    observe(conn, lambda text, seconds: seen.append((text, seconds)))
+    query = Query(sql.SQL("SELECT %(n)s::int"), {"n": 1}, lambda rows: rows[0][0])
+    assert fetch(conn, query) == 1
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        fetch(conn, replace(query, statement=sql.SQL("SELECT 1 / %(n)s::int"), params={"n": 0}))
+    with psycopg.connect(dsn, autocommit=True) as other:
+        assert fetch(other, query) == 1
+    observe(conn, None)
+    assert fetch(conn, query) == 1
+    assert [text for text, _ in seen] == [b"SELECT $1::int", b"SELECT 1 / $1::int"]
+    assert all(seconds >= 0 for _, seconds in seen)
