@@ -58,8 +58,9 @@ class Layout:
     partition_size: int
     partitions_ahead: int
     # Every partition is `<table>_p<k>` holding ids k x size to (k + 1) x size - 1, as
-    # `outbox migrate` and maintenance make them: a statement whose rows are all in one
-    # partition may then name that partition itself (see `leaf_of`). Read by the check.
+    # `outbox migrate` and maintenance make them, in the table's own schema: a statement
+    # whose rows are all in one partition may then name that partition itself (see
+    # `leaf_of`). Read by the check.
     named_leaves: bool = field(default=False, compare=False)
     # A plain table converted in place (outbox.operations.conversion) is one partition,
     # `<table>_p0`, holding every id below this (a multiple of the size); 0 when there is none.
@@ -169,6 +170,11 @@ class Partition:
     name: str
     low: int  # first id
     high: int  # past the last id
+    # The schema it is in when that is not its table's (None: its table's). An earlier
+    # version made the partitions of a table named without its schema in the search_path's
+    # first schema: statements naming them as the table's siblings miss them, and `outbox
+    # migrate` moves them home (`move_home`).
+    elsewhere: str | None = None
 
 
 def read_partitions(table: Table) -> Query[list[Partition] | None]:
@@ -179,7 +185,10 @@ def read_partitions(table: Table) -> Query[list[Partition] | None]:
     which cost 8.8 ms on 230 partitions against 2.9 ms (a worker's first read of them)."""
     statement = sql.SQL(
         """SELECT c.relkind = 'p',
-       (SELECT array_agg(ARRAY[p.relname::text, pg_get_expr(p.relpartbound, 0)]
+       (SELECT array_agg(ARRAY[p.relname::text, pg_get_expr(p.relpartbound, 0),
+                               CASE WHEN p.relnamespace <> c.relnamespace
+                                    THEN (SELECT nspname::text FROM pg_namespace
+                                           WHERE oid = p.relnamespace) END]
                          ORDER BY p.relname)
           FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid
          WHERE i.inhparent = c.oid)
@@ -192,11 +201,11 @@ def _parse_partitions(table: Table, row: Row | None) -> list[Partition] | None:
     if row is None or not row[0]:
         return None
     found = []
-    for name, bound in row[1] or ():
+    for name, bound, elsewhere in row[1] or ():
         match = _BOUND.match(str(bound))
         if match is None:
             raise unusable_bound(table, str(name), bound)
-        found.append(Partition(str(name), int(match.group(1)), int(match.group(2))))
+        found.append(Partition(str(name), int(match.group(1)), int(match.group(2)), elsewhere))
     return sorted(found, key=lambda p: p.low)
 
 
@@ -543,6 +552,45 @@ def make_ahead(conn: psycopg.Connection[tuple[object, ...]], table: Table, layou
     return len(missing)
 
 
+def move_home(conn: psycopg.Connection[tuple[object, ...]], table: Table) -> list[str]:
+    """Move the table's partitions found in another schema (`Partition.elsewhere`) into its
+    own, in the caller's transaction (a lock on each one moved, none on the parent); the
+    names moved, as `schema.name`. Until then the workers' statements reach them through the
+    parent (`check` does not name them), correct and slower. A table of the same name in the
+    table's schema is refused in one line: which of the two holds the rows is for a person
+    to say."""
+    away = [p for p in fetch(conn, read_partitions(table)) or [] if p.elsewhere is not None]
+    if not away:
+        return []
+    home = fetch(conn, _schema_of(table))
+    moved = []
+    for leaf in away:
+        there = Table(leaf.elsewhere, leaf.name)
+        try:
+            with conn.transaction():
+                conn.execute(
+                    sql.SQL("ALTER TABLE {leaf} SET SCHEMA {home}").format(
+                        leaf=there.ident, home=sql.Identifier(home)
+                    )
+                )
+        except psycopg.errors.DuplicateTable:
+            raise SchemaError(
+                f"partition {shown(there)} of table {table} belongs in schema {shown(home)}, "
+                f"where another table named {shown(leaf.name)} is in the way; rename or drop "
+                "one of the two"
+            ) from None
+        moved.append(shown(there))
+    return moved
+
+
+def _schema_of(table: Table) -> Query[str]:
+    statement = sql.SQL(
+        "SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.oid = {t}::regclass"
+    ).format(t=table.regclass_literal)
+    return Query(statement, None, first_row(lambda row: str(row[0]) if row else ""))
+
+
 def _partitioning(table: Table) -> Query[Row | None]:
     """How a partitioned table is partitioned: (strategy, key columns, has a DEFAULT
     partition, partitions, the parent's indexes some partition lacks); no row for a table
@@ -618,7 +666,8 @@ async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table)
         else 0
     )
     named = all(
-        p.name == table.derived_name(f"p{p.low // size}")
+        p.elsewhere is None
+        and p.name == table.derived_name(f"p{p.low // size}")
         and p.low % size == 0
         and p.high - p.low == size
         for p in leaves

@@ -629,6 +629,8 @@ def migrate(
             )
         if exists:
             _keep_siblings(conn, table, current)
+            for moved in partitions.move_home(conn, table):
+                _changed(f"moved partition {moved} into the table's schema")
         for statement in migration_statements(table, current):
             conn.execute(statement)
         _keep_one_notify_trigger(conn, table)

@@ -228,6 +228,50 @@ def test_partitions_of_a_table_named_without_its_schema_go_in_its_schema(empty_d
     assert {schema for _, schema in placed} == {"public"}
 
 
+async def test_a_partition_in_another_schema_is_reached_through_the_parent_and_moved_home(
+    empty_dsn: str,
+) -> None:
+    """A partition an earlier version made in another schema than its table's: the check
+    does not name the partitions (statements reach them through the parent, which finds them
+    wherever they are), and `outbox migrate` moves it home, after which they are named
+    again. A table of its name in the way at home is refused in one line, nothing moved."""
+    _p4_in_the_way(empty_dsn)  # rows 1 to 150: p0 and p1
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA elsewhere")
+        conn.execute("ALTER TABLE outbox_p1 SET SCHEMA elsewhere")
+        conn.execute("CREATE TABLE outbox_p1 (note text)")  # in the way at home
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        layout = await check(aconn, TABLE)
+        assert layout is not None and not layout.named_leaves
+        got = await lease.claim(
+            aconn, TABLE, owner="w", batch=200, lease=timedelta(minutes=1), max_attempts=5,
+            window=ClaimWindow(layout),
+        )  # fmt: skip
+        assert [m.id for m in got] == list(range(1, 151))  # p1's rows too, through the parent
+        await lease.finalize(aconn, TABLE, [Outcome.done(m) for m in got[:120]], layout=layout)
+    refused = outbox(empty_dsn, "migrate")
+    assert refused.returncode == 1, (refused.stdout, refused.stderr)
+    assert refused.stderr.strip().splitlines() == [
+        "outbox: error: partition elsewhere.outbox_p1 of table outbox belongs in schema public, "
+        "where "
+        "another table named outbox_p1 is in the way; rename or drop one of the two"
+    ]
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE public.outbox_p1")
+    done = outbox(empty_dsn, "migrate")
+    assert done.returncode == 0, done.stderr
+    assert "moved partition elsewhere.outbox_p1 into the table's schema" in done.stdout
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        layout = await check(aconn, TABLE)
+        assert layout is not None and layout.named_leaves
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        home = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'done'),"
+            " count(*) FILTER (WHERE status = 'processing') FROM public.outbox_p1"
+        ).fetchone()
+    assert home == (21, 30)  # ids 100 to 150, moved with their rows as they were
+
+
 # -- the sequence the ids come from ------------------------------------------------------------
 
 
