@@ -668,8 +668,9 @@ def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: 
                 "worker making partitions ahead, or another outbox maintain)",
                 file=sys.stderr, flush=True,
             ))  # fmt: skip
+            moved = f"moved {', '.join(done.moved)} into the table's schema; " if done.moved else ""
             print(
-                f"{shown(table)}: made {counted(done.made, 'partition')} ahead, retired "
+                f"{shown(table)}: {moved}made {counted(done.made, 'partition')} ahead, retired "
                 f"{len(done.retired)} ({counted(done.rows_retired, 'row')}), {len(done.kept)} "
                 f"finished but within the retention of {format_duration(args.retention)}; analyzed"
             )

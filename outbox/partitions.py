@@ -22,7 +22,7 @@ import psycopg
 from psycopg import sql
 
 from outbox.plumbing.errors import SchemaError
-from outbox.runner import Query, Row, fetch, fetch_async, first_row
+from outbox.runner import Query, Row, Steps, fetch, fetch_async, first_row, no_rows, step
 from outbox.table import Table, clipped, shown, shown_argument, text_constant
 
 # A partition holds a million ids by default: at 1,000 messages a second, a partition every
@@ -552,35 +552,37 @@ def make_ahead(conn: psycopg.Connection[tuple[object, ...]], table: Table, layou
     return len(missing)
 
 
-def move_home(conn: psycopg.Connection[tuple[object, ...]], table: Table) -> list[str]:
+def move_home(table: Table) -> Steps[list[str]]:
     """Move the table's partitions found in another schema (`Partition.elsewhere`) into its
-    own, in the caller's transaction (a lock on each one moved, none on the parent); the
-    names moved, as `schema.name`. Until then the workers' statements reach them through the
-    parent (`check` does not name them), correct and slower. A table of the same name in the
-    table's schema is refused in one line: which of the two holds the rows is for a person
-    to say."""
-    away = [p for p in fetch(conn, read_partitions(table)) or [] if p.elsewhere is not None]
+    own (a brief lock on each one moved, none on the parent); the names moved, as
+    `schema.name`. `outbox migrate` and `outbox maintain` do it first: until then the
+    workers' statements reach such a partition through the parent (`check` names no
+    partition), correct and slower. A table of the same name in the table's schema is
+    refused in one line: which of the two holds the rows is for a person to say."""
+    away = [p for p in (yield from step(read_partitions(table))) or () if p.elsewhere]
     if not away:
         return []
-    home = fetch(conn, _schema_of(table))
+    home = yield from step(_schema_of(table))
     moved = []
     for leaf in away:
         there = Table(leaf.elsewhere, leaf.name)
-        try:
-            with conn.transaction():
-                conn.execute(
-                    sql.SQL("ALTER TABLE {leaf} SET SCHEMA {home}").format(
-                        leaf=there.ident, home=sql.Identifier(home)
-                    )
-                )
-        except psycopg.errors.DuplicateTable:
+        if (yield from step(_exists(Table(home, leaf.name)))):
             raise SchemaError(
                 f"partition {shown(there)} of table {table} belongs in schema {shown(home)}, "
                 f"where another table named {shown(leaf.name)} is in the way; rename or drop "
                 "one of the two"
-            ) from None
+            )
+        move = sql.SQL("ALTER TABLE {leaf} SET SCHEMA {home}").format(
+            leaf=there.ident, home=sql.Identifier(home)
+        )
+        yield from step(Query(move, None, no_rows))
         moved.append(shown(there))
     return moved
+
+
+def _exists(table: Table) -> Query[bool]:
+    statement = sql.SQL("SELECT to_regclass({t}) IS NOT NULL").format(t=table.regclass_literal)
+    return Query(statement, None, first_row(lambda row: bool(row and row[0])))
 
 
 def _schema_of(table: Table) -> Query[str]:

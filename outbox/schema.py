@@ -19,7 +19,7 @@ from psycopg import sql
 from outbox import destinations, partitions, siblings
 from outbox.plumbing.errors import SchemaError as SchemaError
 from outbox.plumbing.text import counted
-from outbox.runner import Query, Row, fetch, fetch_async, first_row
+from outbox.runner import Query, Row, fetch, fetch_async, first_row, perform
 from outbox.table import Table, text_constant
 
 SCHEMA_VERSION = 7
@@ -629,7 +629,7 @@ def migrate(
             )
         if exists:
             _keep_siblings(conn, table, current)
-            for moved in partitions.move_home(conn, table):
+            for moved in perform(conn, partitions.move_home(table)):
                 _changed(f"moved partition {moved} into the table's schema")
         for statement in migration_statements(table, current):
             conn.execute(statement)

@@ -4,6 +4,7 @@ sequence, partitions retired under a worker's window, partitions made by two ses
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from datetime import timedelta
@@ -270,6 +271,29 @@ async def test_a_partition_in_another_schema_is_reached_through_the_parent_and_m
             " count(*) FILTER (WHERE status = 'processing') FROM public.outbox_p1"
         ).fetchone()
     assert home == (21, 30)  # ids 100 to 150, moved with their rows as they were
+
+
+def test_outbox_maintain_moves_a_partition_home_and_partitions_lists_it_before(
+    empty_dsn: str,
+) -> None:
+    """`outbox partitions` reads a partition left in another schema where it is (it said the
+    table did not exist), and `outbox maintain`, which the operator runs on its timer, moves
+    it home before anything else, saying so."""
+    _p4_in_the_way(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA elsewhere")
+        conn.execute("ALTER TABLE outbox_p1 SET SCHEMA elsewhere")
+    listed = outbox(empty_dsn, "partitions", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {p["name"]: p for p in json.loads(listed.stdout)["partitions"]}
+    assert rows["outbox_p1"]["pending"] == 51
+    done = outbox(empty_dsn, "maintain", "--retention", "7d")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        "outbox: moved elsewhere.outbox_p1 into the table's schema; made "
+    ), done.stdout
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM public.outbox_p1").fetchone() == (51,)
 
 
 # -- the sequence the ids come from ------------------------------------------------------------

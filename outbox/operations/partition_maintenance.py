@@ -44,6 +44,7 @@ from outbox.partitions import (
     last_id_given,
     make_partition,
     missing_ahead,
+    move_home,
     read_layout,
     read_partitions,
     sequence_problem,
@@ -150,7 +151,10 @@ def _state_query(table: Table, leaf: Partition) -> Query[Row]:
     are [0, the planner's estimate] while its statistics are trusted, else [1, its done rows
     counted up to COUNT_LIMIT]: the count is a subquery only that branch refers to, so
     PostgreSQL runs it only then."""
-    leaf_ident, name = _leaf(table, leaf.name), Table(table.schema, leaf.name).regclass_literal
+    # One an earlier version left in another schema is read there (`outbox maintain` moves
+    # it home before it reads).
+    at = Table(leaf.elsewhere or table.schema, leaf.name)
+    leaf_ident, name = at.ident, at.regclass_literal
     statement = sql.SQL(
         """SELECT count(*) FILTER (WHERE status = 'pending'),
        count(*) FILTER (WHERE status = 'processing'),
@@ -224,6 +228,7 @@ class Maintained:
     retired: list[str]
     rows_retired: int
     kept: list[PartitionState]  # finished, but not for the retention yet
+    moved: list[str]  # partitions moved into the table's schema (outbox.partitions.move_home)
 
 
 class NotTableOwner(psycopg.errors.InsufficientPrivilege):
@@ -371,6 +376,9 @@ async def maintain_async(
 def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
     layout, leaves = yield from _layout(table)
     yield from _owner_check(table)
+    moved = yield from move_home(table)
+    if moved:
+        layout, leaves = yield from _layout(table)
     # What an interrupted run left half-done first: pending detaches finished, then every
     # partition detached and not dropped is dropped (or attached back).
     half_detached = yield from _finish_detaches(table)
@@ -418,7 +426,7 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
         yield from step(_statement(sql.SQL("DROP TABLE {names}").format(names=names)))
     # Autovacuum never analyzes a partitioned parent: the planner's view of it comes from here.
     yield from step(_statement(sql.SQL("ANALYZE {t}").format(t=table.ident)))
-    return Maintained(made, retired, rows, kept)
+    return Maintained(made, retired, rows, kept, moved)
 
 
 def _make_ahead(table: Table, layout: Layout, leaves: list[Partition]) -> Steps[int]:
