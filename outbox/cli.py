@@ -671,7 +671,8 @@ def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: 
             moved = f"moved {', '.join(done.moved)} into the table's schema; " if done.moved else ""
             print(
                 f"{shown(table)}: {moved}made {counted(done.made, 'partition')} ahead, retired "
-                f"{len(done.retired)} ({counted(done.rows_retired, 'row')}), {len(done.kept)} "
+                f"{len(done.retired)} ({'~' if done.rows_estimated else ''}"
+                f"{counted(done.rows_retired, 'row')}), {len(done.kept)} "
                 f"finished but within the retention of {format_duration(args.retention)}; analyzed"
             )
             return

@@ -164,10 +164,10 @@ def test_a_partition_left_detached_by_a_run_is_finished_whatever_the_tables_name
             "SELECT c.relispartition FROM pg_class c WHERE c.relname = %s", (first,)
         ).fetchall()
         if row == "finished":
-            assert "retired 2 (199 rows)" in run.stdout, run.stdout
+            assert "retired 2 (~199 rows)" in run.stdout, run.stdout
             assert left == []
         else:
-            assert "retired 1 (100 rows)" in run.stdout, run.stdout
+            assert "retired 1 (~100 rows)" in run.stdout, run.stdout
             assert left == [(True,)]
             pending = sql.SQL("SELECT id FROM {t} WHERE status = 'pending'").format(t=table.ident)
             assert conn.execute(pending).fetchall() == [(50,)]

@@ -227,6 +227,7 @@ class Maintained:
     made: int
     retired: list[str]
     rows_retired: int
+    rows_estimated: bool  # some of them from the planner's statistics (`~` in the listing)
     kept: list[PartitionState]  # finished, but not for the retention yet
     moved: list[str]  # partitions moved into the table's schema (outbox.partitions.move_home)
 
@@ -395,7 +396,7 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
     current = yield from _last_id(table)
     now = _value(sql.SQL("SELECT clock_timestamp()").format())
     retired: list[str] = []
-    rows = 0
+    rows, estimated = 0, False
     kept = []
     for leaf in [*leftovers, *leaves]:
         if leaf in leftovers:
@@ -417,7 +418,8 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
             count = yield from _retire(table, leaf)
         if count is not None:
             retired.append(leaf.name)
-            rows += count
+            rows += count[0]
+            estimated = estimated or count[1]
     if retired:
         # One DROP for them all: a transaction that drops a table always waits for its WAL
         # to be flushed, and a flush per partition was most of the drops' time. A run cut
@@ -426,7 +428,7 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
         yield from step(_statement(sql.SQL("DROP TABLE {names}").format(names=names)))
     # Autovacuum never analyzes a partitioned parent: the planner's view of it comes from here.
     yield from step(_statement(sql.SQL("ANALYZE {t}").format(t=table.ident)))
-    return Maintained(made, retired, rows, kept, moved)
+    return Maintained(made, retired, rows, estimated, kept, moved)
 
 
 def _make_ahead(table: Table, layout: Layout, leaves: list[Partition]) -> Steps[int]:
@@ -542,7 +544,11 @@ def _forget_note(table: Table, name: str) -> Steps[None]:
     )
 
 
-def _retire(table: Table, leaf: Partition) -> Steps[int | None]:
+# The rows a detached partition held, and whether that is the planner's estimate.
+_Held = tuple[int, bool]
+
+
+def _retire(table: Table, leaf: Partition) -> Steps[_Held | None]:
     """Detach without blocking the parent's users and check again; the rows it held, or
     None if a row became unfinished meanwhile (attached back)."""
     yield from step(
@@ -555,7 +561,7 @@ def _retire(table: Table, leaf: Partition) -> Steps[int | None]:
     return (yield from _finished_or_attached_back(table, leaf))
 
 
-def _finished_or_attached_back(table: Table, leaf: Partition) -> Steps[int | None]:
+def _finished_or_attached_back(table: Table, leaf: Partition) -> Steps[_Held | None]:
     """A detached partition: the rows it holds if none is unfinished (it is to be dropped),
     else None, attached back."""
     ident = _leaf(table, leaf.name)
@@ -576,7 +582,8 @@ def _finished_or_attached_back(table: Table, leaf: Partition) -> Steps[int | Non
             first_row(lambda row: (bool(row[0]), int(row[1])) if row else (False, 0)),
         )
     )
-    if total < 0:  # never analyzed, or changed much since: count it
+    estimated = total >= 0
+    if not estimated:  # never analyzed, or changed much since: count it
         total = yield from step(
             _value(sql.SQL("SELECT count(*) FROM {leaf}").format(leaf=ident), int)
         )
@@ -591,7 +598,7 @@ def _finished_or_attached_back(table: Table, leaf: Partition) -> Steps[int | Non
             )
         )
         return None
-    return int(total)
+    return int(total), estimated
 
 
 def _finish_detaches(table: Table) -> Steps[set[str]]:
