@@ -19,7 +19,8 @@ from outbox.partitions import Layout
 from outbox.schema import migrate
 from outbox.table import Table, shown_argument
 
-CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")  # line breaks end lines
+# Line breaks end lines; the bidirectional overrides reorder them.
+CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def test_a_database_error_is_printed_escaped(conn, dsn, capsys):
@@ -43,9 +44,10 @@ def test_a_database_error_is_printed_escaped(conn, dsn, capsys):
 
 # A quoted identifier may hold any character but NUL: a line break and an ESC in a table's
 # name are legal, and every line that names the table (or one of its partitions) shows them
-# escaped. `--json` keeps the name exact.
-ODD = "out\nbox\x1b[2J"
-ODD_SHOWN = r"out\nbox\x1b[2J"
+# escaped, and so does a right-to-left override (which would show `xob` for `box`).
+# `--json` keeps the name exact.
+ODD = "out\nbox\x1b[2J\u202exob"
+ODD_SHOWN = r"out\nbox\x1b[2J\u202exob"
 
 
 @pytest.mark.parametrize(

@@ -43,14 +43,19 @@ def storable(text: str, limit: int) -> str:
 # C0 (newline and tab included), DEL and C1: what a terminal or a log reader takes for a
 # command (ESC starts a sequence that can retitle, clear or recolour a terminal; CR and LF
 # forge a line) rather than for text.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# The bidirectional embeddings, overrides and isolates too: not controls of the terminal, but
+# they reorder what follows them on the line, so that a name holding one can show as another
+# (CVE-2021-42574, "Trojan Source"). The marks (RLM, LRM) only place the text near them, and
+# right-to-left text may need them: kept.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(text: str, *, keep: str = "") -> str:
-    """`text` with every control character (C0, DEL, C1) but those in `keep` shown as its
-    Python escape (`\\x1b`, `\\n`, `\\t`), so text from a downstream, a row or an argument
-    prints as itself: no terminal command, no line break. Nothing is dropped: the escape
-    says which character was there."""
+    """`text` with every control character (C0, DEL, C1) and bidirectional embedding,
+    override and isolate but those in `keep` shown as its Python escape (`\\x1b`, `\\n`,
+    `\\u202e`), so text from a downstream, a row or an argument prints as itself: no
+    terminal command, no line break, no reordering. Nothing is dropped: the escape says
+    which character was there."""
     return _CONTROL.sub(lambda m: m[0] if m[0] in keep else repr(m[0])[1:-1], text)
 
 
