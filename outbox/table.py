@@ -122,10 +122,18 @@ class Table:
 
     def create_schema(self) -> list[sql.Composed]:
         """The statement that creates the table's schema if it is missing: none for a table
-        without one (it goes to the first schema of the search_path)."""
+        without one (it goes to the first schema of the search_path). Only if missing:
+        `CREATE SCHEMA IF NOT EXISTS` asks for the right to create schemas in the database
+        before it looks, which refused a role that owns the schema and may not create
+        others (the least a table's owner needs)."""
         if not self.schema:
             return []
-        return [sql.SQL("CREATE SCHEMA IF NOT EXISTS {s}").format(s=sql.Identifier(self.schema))]
+        create = sql.SQL("CREATE SCHEMA IF NOT EXISTS {s}").format(s=sql.Identifier(self.schema))
+        body = sql.SQL("BEGIN IF to_regnamespace({name}) IS NULL THEN {create}; END IF; END")
+        body = body.format(
+            name=text_constant(sql.Identifier(self.schema).as_string(None)), create=create
+        )
+        return [sql.SQL("DO {body}").format(body=sql.Literal(body.as_string(None)))]
 
     @property
     def ident(self) -> sql.Composable:

@@ -194,3 +194,35 @@ async def test_partitions_a_workers_keeper_or_a_superuser_makes_get_the_owner_an
         ).fetchall()
     assert owners == [("outbox_p3", roles.owner_name), ("outbox_p4", roles.owner_name)]
     assert _readable(roles.worker, "outbox_p3") and _readable(roles.worker, "outbox_p4")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["migrate"], ["migrate", "--partition-size", "100"], ["inbox", "migrate"]],
+    ids=["plain", "partitioned", "inbox"],
+)
+def test_an_owner_of_its_schema_migrates_without_creating_schemas(
+    roles: Roles, command: list[str]
+) -> None:
+    """A role that owns the table's schema and may not create schemas in the database (the
+    least a table's owner needs): `CREATE SCHEMA IF NOT EXISTS` asks for that right before it
+    looks, and refused it; the schema is made only when it is missing."""
+    schema = f"app_{roles.owner_name}"
+    with psycopg.connect(roles.admin, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
+                sql.Identifier(schema), sql.Identifier(roles.owner_name)
+            )
+        )
+    try:
+        done = roles.outbox(*command, "--table", f"{schema}.ob")
+        assert done.returncode == 0, done.stderr
+        with psycopg.connect(roles.admin, autocommit=True) as conn:
+            owner = conn.execute(
+                "SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = to_regclass(%s)",
+                (f"{schema}.ob",),
+            ).fetchone()
+        assert owner == (roles.owner_name,)
+    finally:
+        with psycopg.connect(roles.admin, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
