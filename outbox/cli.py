@@ -533,16 +533,16 @@ def _main(args: argparse.Namespace) -> None:
                 PROG,
                 f"gave up after waiting {format_duration(timeouts['lock_timeout'])} for a lock "
                 f"on {table} (or its audit log) held by another session, e.g. a LOCK TABLE, a "
-                "migration or a long transaction; nothing was changed (see pg_locks, or raise "
-                "--lock-timeout)",
+                f"migration or a long transaction; {_left_as_it_was(args)} (see pg_locks, or "
+                "raise --lock-timeout)",
                 1,
             )
         except psycopg.errors.QueryCanceled:
             fail(
                 PROG,
                 f"gave up after a statement on {table} ran for "
-                f"{format_duration(timeouts['statement_timeout'])}; nothing was changed by it "
-                "(raise --statement-timeout)",
+                f"{format_duration(timeouts['statement_timeout'])}; "
+                f"{_left_as_it_was(args, 'by it')} (raise --statement-timeout)",
                 1,
             )
         except psycopg.errors.DuplicateTable as exc:
@@ -551,6 +551,19 @@ def _main(args: argparse.Namespace) -> None:
             fail(PROG, exc.diag.message_primary or dberrors.describe(exc), 1)
         except psycopg.Error as exc:
             fail(PROG, f"{type(exc).__name__}: {dberrors.describe(exc)}", 1)
+
+
+def _left_as_it_was(args: argparse.Namespace, by: str = "") -> str:
+    """What a command stopped by a timeout left: nothing, its statements being one
+    transaction; `outbox maintain` commits each step on its own (DETACH ... CONCURRENTLY
+    cannot run in a transaction), so what it did before stays, and a partition it was
+    detaching is left pending detach, which its next run finishes."""
+    if args.command == "maintain":
+        return (
+            "the run stopped there: what it did before stays, and a partition it was "
+            "detaching is finished by the next run"
+        )
+    return f"nothing was changed {by}".rstrip()
 
 
 def _layout(args: argparse.Namespace) -> Layout | None:

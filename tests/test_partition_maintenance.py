@@ -47,6 +47,29 @@ def test_rows_retired_from_the_statistics_are_marked_an_estimate(history, empty_
     assert "retired 2 (~199 rows)" in result.stdout, result.stdout
 
 
+def test_a_run_stopped_by_a_lock_wait_says_what_it_left(history, empty_dsn):
+    """`outbox maintain` commits step by step: a DETACH ... CONCURRENTLY that waits past
+    --lock-timeout for an older transaction leaves its partition pending detach, and the
+    run's line says so (it said that nothing was changed); the next run finishes it."""
+    with psycopg.connect(empty_dsn) as reader:
+        reader.execute("SELECT count(*) FROM outbox")  # idle in transaction from here
+        stopped = outbox(empty_dsn, "maintain", "--retention", "0s", "--lock-timeout", "1s")
+        pending = history.execute(
+            "SELECT inhrelid::regclass::text FROM pg_inherits"
+            " WHERE inhparent = 'outbox'::regclass AND inhdetachpending"
+        ).fetchall()
+    assert stopped.returncode == 1, stopped.stdout
+    lines = stopped.stderr.strip().splitlines()
+    assert len(lines) == 1 and "gave up after waiting 1s for a lock on outbox" in lines[0]
+    assert "nothing was changed" not in lines[0]
+    assert "the run stopped there: what it did before stays, and a partition it was " \
+        "detaching is finished by the next run" in lines[0], lines[0]  # fmt: skip
+    assert pending == [("outbox_p0",)]
+    again = outbox(empty_dsn, "maintain", "--retention", "0s")
+    assert again.returncode == 0, again.stderr
+    assert "outbox_p0" not in _leaves(history) and "outbox_p2" not in _leaves(history)
+
+
 def _leaves(conn: Any) -> list[str]:
     return [p.name for p in fetch(conn, read_partitions(TABLE)) or []]
 
