@@ -477,7 +477,7 @@ async def test_a_partition_retired_under_a_window_costs_its_worker_nothing(
 async def test_the_keeper_pauses_after_its_first_refusal(
     empty_dsn: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A worker whose role may not create tables is told so once, and the keeper goes on at
+    """A worker whose role may not make partitions is told so once, and the keeper goes on at
     once to read the ids left ahead; a refusal after that (here the sequence revoked, which
     PostgreSQL 15 refused every read of) waits for the next pass like any database error,
     where it went round again at once: 59 warnings in 3 seconds."""
@@ -499,13 +499,13 @@ async def test_the_keeper_pauses_after_its_first_refusal(
             return [r for r in caplog.records if words in r.getMessage()]
 
         async with dispatching(settings(worker, batch=40), Scripted(lambda m: None)):
-            await wait_until(lambda: told("may not create tables"), what="the first refusal")
+            await wait_until(lambda: told("may not make partitions"), what="the first refusal")
             conn.execute("REVOKE SELECT ON SEQUENCE outbox_id_seq FROM review_keeper")
             await wait_until(
                 lambda: len(told("could not keep partitions ahead")) >= 3,
                 timeout=10,
                 what="three passes refused",
             )
-    assert len(told("may not create tables")) == 1
+    assert len(told("may not make partitions")) == 1
     passes = [r.created for r in told("could not keep partitions ahead")]
     assert all(later - earlier >= 0.09 for earlier, later in pairwise(passes)), passes

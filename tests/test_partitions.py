@@ -565,8 +565,11 @@ async def test_a_worker_whose_role_may_not_create_tables_says_so_once(pconn, emp
         async with dispatching(s, Scripted(lambda m: None)) as replica:
             ids_ahead = replica.metrics.partition_ids_ahead
             await wait_until(lambda: ids_ahead._value.get() == 399 - 250, what="the metric")
-    told = [r for r in caplog.records if "may not create tables" in r.getMessage()]
+    told = [r.getMessage() for r in caplog.records if "may not make partitions" in r.getMessage()]
     assert len(told) == 1
+    # PostgreSQL's reason, and what making one takes (CREATE on the schema is not enough).
+    assert "permission denied for schema public" in told[0], told
+    assert "the table's owner or a member of its role" in told[0], told
     assert _leaves(pconn)[-1] == (300, 400)  # left to `outbox maintain`
 
 

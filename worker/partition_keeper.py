@@ -2,8 +2,9 @@
 id, so that a deployment without the operator never runs out of them (outbox.partitions).
 
 One replica at a time makes them (the others find the advisory lock taken and only read how
-many ids are left ahead, for the metric). A role that may not create tables is told once, and
-the partitions are left to `outbox maintain`.
+many ids are left ahead, for the metric). A role that may not make partitions (the table's
+owner or a member of its role may) is told once, and the partitions are left to `outbox
+maintain`.
 
 It also says, once per partition, which of a worker's privileges this worker's role lacks on
 a partition and what fixes it (outbox.partition_privileges): a partition made without the
@@ -103,10 +104,14 @@ class PartitionKeeper(Service):
                 topping_up = False
                 if may_create and isinstance(exc, psycopg.errors.InsufficientPrivilege):
                     may_create = False
+                    # Creating the table is not all: a partition is given the table's owner
+                    # and attached, which a role with CREATE on the schema alone may not do.
                     log.warning(
-                        "this worker's role may not create tables: partitions ahead of %s are "
-                        "left to `outbox maintain` (or the operator)",
+                        "this worker's role may not make partitions of %s (%s; that takes the "
+                        "table's owner or a member of its role): partitions ahead are left to "
+                        "`outbox maintain` (or the operator)",
                         self.settings.table,
+                        exc.diag.message_primary or type(exc).__name__,
                     )
                     # At once, this first time only: the ids left ahead, read without making
                     # any. A refusal after it waits for the next pass (it went round at once).
