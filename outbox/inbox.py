@@ -42,7 +42,7 @@ from psycopg import sql
 from outbox.operations.maintenance import PURGE_BATCH
 from outbox.runner import Query, Row, fetch, first_row, run
 from outbox.schema import SchemaError
-from outbox.table import Table, text_constant
+from outbox.table import Table, shown, text_constant
 
 DEFAULT_INBOX_TABLE = "outbox_inbox"  # `outbox inbox …`'s and `record`'s default table
 INBOX_VERSION = 2  # v2: `replay`, the last replay applied (record's `replay`)
@@ -185,23 +185,36 @@ def migrate(conn: psycopg.Connection[Any], table: str | Table = DEFAULT_INBOX_TA
     EXISTS` takes a lock that blocks deliveries). Refuses a table of that name that is not an
     inbox table (an outbox table, say).
     """
+    return migrated(conn, table) == [CREATED]
+
+
+CREATED = "created"
+
+
+def migrated(conn: psycopg.Connection[Any], table: str | Table = DEFAULT_INBOX_TABLE) -> list[str]:
+    """`migrate`, saying what it did: [CREATED], or what an existing table was given (its
+    upgrade from an older version, the purge's index), or nothing when it lacked nothing."""
     t = _table(table)
     with conn.transaction():
         conn.execute(_MIGRATE_LOCK)
         state = fetch(conn, _state(t))
-        if state.exists:
-            if _check_comment(t, state.comment, upgradable=True) < INBOX_VERSION:
-                for statement in upgrade_statements(t):
-                    conn.execute(statement)
-            missing = _no_purge_index(t, state)
-            if missing is not None and state.index_name_taken:
-                raise SchemaError(missing)  # IF NOT EXISTS would keep what holds the name
-            if missing is not None:
-                conn.execute(_purge_index_statement(t))
-            return False
-        for statement in migration_statements(t):
-            conn.execute(statement)
-        return True
+        if not state.exists:
+            for statement in migration_statements(t):
+                conn.execute(statement)
+            return [CREATED]
+        done = []
+        version = _check_comment(t, state.comment, upgradable=True)
+        if version < INBOX_VERSION:
+            for statement in upgrade_statements(t):
+                conn.execute(statement)
+            done.append(f"upgraded from v{version}")
+        missing = _no_purge_index(t, state)
+        if missing is not None and state.index_name_taken:
+            raise SchemaError(missing)  # IF NOT EXISTS would keep what holds the name
+        if missing is not None:
+            conn.execute(_purge_index_statement(t))
+            done.append(f"built the purge's index {shown(t.derived_name('received'))}")
+        return done
 
 
 def _check_comment(table: Table, comment: str, *, upgradable: bool = False) -> int:

@@ -397,6 +397,20 @@ def test_inbox_commands_migrate_and_purge(dsn, conn):
     assert (made.returncode, made.stdout) == (0, "outbox_inbox: created (inbox v2)\n"), made.stderr
     again = outbox_cli("inbox", "migrate", "--dsn", dsn)
     assert again.stdout == "outbox_inbox: already there (inbox v2)\n"
+    # What it gave a table that lacked something, said: the purge's index dropped by hand,
+    # then a table of the first version (its replay column and comment).
+    conn.execute("DROP INDEX outbox_inbox_received")
+    rebuilt = outbox_cli("inbox", "migrate", "--dsn", dsn)
+    assert rebuilt.stdout == (
+        "outbox_inbox: built the purge's index outbox_inbox_received (inbox v2)\n"
+    ), rebuilt.stderr
+    conn.execute("ALTER TABLE outbox_inbox DROP COLUMN replay")
+    conn.execute("COMMENT ON TABLE outbox_inbox IS 'outbox-dispatcher inbox v1'")
+    upgraded = outbox_cli("inbox", "migrate", "--dsn", dsn)
+    assert upgraded.stdout == "outbox_inbox: upgraded from v1 (inbox v2)\n", upgraded.stderr
+    assert outbox_cli("inbox", "migrate", "--dsn", dsn).stdout == (
+        "outbox_inbox: already there (inbox v2)\n"
+    )
     _received(conn, "c", range(0, 5), "20 days")
     _received(conn, "c", range(5, 7), "2 days")
     dry = outbox_cli("inbox", "purge", "--dry-run", "--dsn", dsn)

@@ -19,7 +19,7 @@ from outbox.plumbing.durations import format_duration, parse_duration
 from outbox.plumbing.errors import SettingError
 from outbox.plumbing.text import counted
 from outbox.schema import SchemaError
-from outbox.table import Table, shown_argument
+from outbox.table import Table, shown, shown_argument
 
 # Not OUTBOX_TABLE: that names the outbox table wherever the workers' settings are set.
 TABLE_ENV = "OUTBOX_INBOX_TABLE"
@@ -106,9 +106,9 @@ def run(args: argparse.Namespace, conn: psycopg.Connection[Any]) -> None:
     t: Table = args.inbox_table
     try:
         if args.inbox_command == "migrate":
-            created = inbox.migrate(conn, t)
-            state = "created" if created else "already there"
-            print(f"{t}: {state} (inbox v{inbox.INBOX_VERSION})")
+            done = inbox.migrated(conn, t)
+            state = ", ".join(done) if done else "already there"
+            print(f"{shown(t)}: {state} (inbox v{inbox.INBOX_VERSION})")
             return
         inbox.check(conn, t)
         if args.inbox_command == "check":
