@@ -184,8 +184,9 @@ def render(report: dict[str, Any]) -> str:
         f"One `outbox-worker {' '.join(WORKER_FLAGS[:4])}` drains {report['messages']:,} "
         f"rows (~200-byte payloads, {aggregates:,} aggregates) from a fresh table: plain, or "
         f"made by `outbox migrate --partition-size {PARTITION_SIZE} --partitions-ahead {ahead}` "
-        f"(about {report['messages'] // PARTITION_SIZE} partitions hold rows, "
-        f"{ahead + 1 - report['messages'] // PARTITION_SIZE} are empty ahead{top_up}), "
+        # Ids 1 to `messages`, partition k holding k x size to (k + 1) x size - 1.
+        f"(about {report['messages'] // PARTITION_SIZE + 1} partitions hold rows, "
+        f"{ahead - report['messages'] // PARTITION_SIZE} are empty ahead{top_up}), "
         "a fresh worker process each. "
         "Each round runs the two back to back, which goes first alternating; a drain is "
         "timed on the database's clock from the last moment its oldest row was pending to "
