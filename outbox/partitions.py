@@ -302,14 +302,50 @@ async def _last_id(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Tab
     return int(last)
 
 
+# The most partitions one run makes, as a multiple of the partitions kept ahead (plus the one
+# holding the newest ids): a run finds at most a target's worth missing, and a few more where
+# the producers outran the last run. Past it the sequence has jumped (a RESTART, or inserts
+# that no partition took, each spending its id, in a loop): making every partition up to it
+# was a statement after another for hours (a million partitions of 1,000 ids behind an id of
+# a billion), and at the top of the bigint range an error that stopped every run.
+MAKE_AT_ONCE_FACTOR = 4
+# A partition's bounds are bigints: the last one ends at most here.
+_TOP_ID = 2**63 - 1
+
+
+class TooFarAhead(SchemaError):
+    """The ids given lie too far past the partitions made to make every one up to them
+    (`missing_ahead`): the message says why and what to do."""
+
+
+def _sequence_literal(table: Table) -> str:
+    """The table's sequence (`<table>_id_seq`) as a string constant for setval."""
+    name = sql.Identifier(*filter(None, (table.schema, table.derived_name("id_seq"))))
+    return "'" + name.as_string(None).replace("'", "''") + "'"
+
+
 def missing_ahead(
-    existing: list[Partition], highest_id: int, layout: Layout
+    table: Table, existing: list[Partition], highest_id: int, layout: Layout
 ) -> list[tuple[int, int, int]]:
     """(index, low, high) of each partition to make so that `partitions_ahead` whole
-    partitions lie past the one holding `highest_id`."""
+    partitions lie past the one holding `highest_id` (none past the bigint range).
+    TooFarAhead when that is more than MAKE_AT_ONCE_FACTOR times the target."""
     size = layout.partition_size
     first = existing[-1].high // size if existing else 0
-    last = highest_id // size + layout.partitions_ahead
+    last = min(highest_id // size + layout.partitions_ahead, _TOP_ID // size - 1)
+    limit = MAKE_AT_ONCE_FACTOR * (layout.partitions_ahead + 1)
+    if last + 1 - first > limit:
+        top = first * size
+        # setval's last id given, so that the next is `top` (no id before 1).
+        last_given = f"{top - 1}" if top > 0 else "1, false"
+        raise TooFarAhead(
+            f"table {shown(table)}: the last id given, {highest_id}, lies "
+            f"{highest_id // size - first + 1} partitions past those made (ids below {top}); "
+            f"making them all is refused (at most {limit} a run). No row can hold an id no "
+            "partition took: if the sequence was not moved on purpose, `SELECT setval("
+            f"{shown(_sequence_literal(table))}, {last_given})` (its next id "
+            f"{max(top, 1)}) and run again"
+        )
     return [(k, k * size, (k + 1) * size) for k in range(first, last + 1)]
 
 
@@ -544,7 +580,7 @@ def make_ahead(conn: psycopg.Connection[tuple[object, ...]], table: Table, layou
     parent); how many partitions were made. The caller's transaction holds the upkeep lock
     (`upkeep_lock`), as `outbox migrate` does."""
     existing = fetch(conn, read_partitions(table)) or []
-    missing = missing_ahead(existing, fetch(conn, _highest_id(table)), layout)
+    missing = missing_ahead(table, existing, fetch(conn, _highest_id(table)), layout)
     for index, low, high in missing:
         for statement in make_partition(table, index, low, high):
             conn.execute(statement)
@@ -736,7 +772,7 @@ async def keep_ahead(
         existing = await fetch_async(conn, read_partitions(table)) or []
         highest = await _last_id(conn, table)
         top = existing[-1].high if existing else 0
-        missing = missing_ahead(existing, highest, layout)
+        missing = missing_ahead(table, existing, highest, layout)
         if top - 1 - highest >= target * TOP_UP_BELOW and not topping_up:
             missing = []  # topped up meanwhile (`outbox maintain`, another replica)
         now = missing if top - 1 - highest < target * ALL_AT_ONCE_BELOW else missing[:1]

@@ -7,6 +7,7 @@ Ctrl-C and Ctrl-D, a closed pipe and a held lock each end in one line with its e
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import signal
 import subprocess
@@ -54,7 +55,7 @@ def test_done_rows_agree_with_the_table_when_the_statistics_are_stale(empty_dsn:
         assert text[1].split()[:6] == ["outbox_p0", "0-99", "0", "0", "0", "99"], text
         retired = outbox(empty_dsn, "maintain", "--retention", "0s")
         assert retired.returncode == 0, retired.stderr
-        assert "retired 2 (199 rows)" in retired.stdout, retired.stdout
+        assert re.search(r"retired 2 \(~?199 rows\)", retired.stdout), retired.stdout
         assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (51,)
         # Analyzed by that run, the partition left is the planner's estimate again.
         after = json.loads(outbox(empty_dsn, "partitions", "--json").stdout)["partitions"]
@@ -126,7 +127,9 @@ def test_maintain_by_a_role_that_does_not_own_the_table_changes_nothing_and_says
         # The upkeep lock was let go: the table's owner runs it at once.
         owner = outbox(empty_dsn, "maintain", "--retention", "0s")
         assert owner.returncode == 0, owner.stderr
-        assert "made 2 partitions ahead, retired 1 (99 rows)" in owner.stdout, owner.stdout
+        assert re.search(r"made 2 partitions ahead, retired 1 \(~?99 rows\)", owner.stdout), (
+            owner.stdout
+        )
 
 
 # A plain name, and names whose partitions' names PostgreSQL's 63 bytes cut short (the
@@ -164,10 +167,10 @@ def test_a_partition_left_detached_by_a_run_is_finished_whatever_the_tables_name
             "SELECT c.relispartition FROM pg_class c WHERE c.relname = %s", (first,)
         ).fetchall()
         if row == "finished":
-            assert "retired 2 (~199 rows)" in run.stdout, run.stdout
+            assert re.search(r"retired 2 \(~?199 rows\)", run.stdout), run.stdout
             assert left == []
         else:
-            assert "retired 1 (~100 rows)" in run.stdout, run.stdout
+            assert re.search(r"retired 1 \(~?100 rows\)", run.stdout), run.stdout
             assert left == [(True,)]
             pending = sql.SQL("SELECT id FROM {t} WHERE status = 'pending'").format(t=table.ident)
             assert conn.execute(pending).fetchall() == [(50,)]

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 from helpers import explain_prepared, seed, statuses, wait_until, wait_until_db
+from helpers import outbox_on as outbox
 from test_worker import Scripted
 from workers import dispatching, settings, spawn_worker, stop_worker
 
@@ -23,7 +24,15 @@ from outbox.claim_window import Bounds, ClaimWindow, _window_reading
 from outbox.models import Outcome
 from outbox.operations.replay import ReplayFilter, preview, send_batch, start
 from outbox.operator_reads import read_table
-from outbox.partitions import Layout, check, keep_ahead, partition_table, read_partitions
+from outbox.partitions import (
+    Layout,
+    Partition,
+    check,
+    keep_ahead,
+    missing_ahead,
+    partition_table,
+    read_partitions,
+)
 from outbox.queries import queries
 from outbox.runner import fetch, perform
 from outbox.schema import _COLUMNS_AFTER_ID, SchemaError, check_table, migrate
@@ -747,3 +756,38 @@ async def test_the_ids_left_ahead_read_from_the_names_are_the_bounds_own(pconn, 
         assert await ids_ahead(aconn, table, layout) == await ids_ahead(aconn, table)
         assert await ids_ahead(aconn, table) == 101 * SIZE - 1 - 250
         assert made.name == f"{name}_p100" or name != "outbox"
+
+
+def test_partitions_far_behind_the_sequence_are_refused_not_made_one_by_one(pconn, empty_dsn):
+    """The sequence moved far past the partitions made (a RESTART, or inserts no partition
+    took spending their ids in a loop): every partition up to it was made, a statement after
+    another (a million of them behind an id of a billion). A run makes at most
+    MAKE_AT_ONCE_FACTOR times the target, refuses the rest in one line naming the fix, and
+    retires what it may all the same; so does the worker's keeper, every pass, once said."""
+    seed(pconn, 150)
+    pconn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id < 100")
+    pconn.execute("SELECT setval('outbox_id_seq', 1000000000)")
+    refused = outbox(empty_dsn, "maintain", "--retention", "0s")
+    assert refused.returncode == 1, refused.stdout
+    assert refused.stderr.strip().splitlines() == [
+        "outbox: error: table outbox: the last id given, 1000000000, lies 9999997 partitions "
+        "past those made (ids below 400); making them all is refused (at most 16 a run). No "
+        "row can hold an id no partition took: if the sequence was not moved on purpose, "
+        "`SELECT setval('\"outbox_id_seq\"', 399)` (its next id 400) and run again"
+    ]
+    # Retired all the same: p0 (done) and p2, p3 (empty, below the sequence's last id).
+    assert _leaves(pconn) == [(100, 200)]
+    pconn.execute("""SELECT setval('"outbox_id_seq"', 399)""")
+    again = outbox(empty_dsn, "maintain", "--retention", "0s")
+    assert again.returncode == 0, again.stderr
+    assert _leaves(pconn)[-1] == (600, 700)  # the last id given, 399, and 3 partitions past
+
+
+def test_no_partition_is_made_past_the_bigint_range() -> None:
+    layout = Layout(10**12, 3)
+    top = 2**63 - 1
+    made = [Partition("outbox_p9223369", 9_223_369 * 10**12, 9_223_370 * 10**12)]
+    missing = missing_ahead(TABLE, made, top - 10**12, layout)
+    assert missing  # up to the last whole partition below the top of the range, no further
+    assert max(high for _, _, high in missing) <= top
+    assert missing[-1][0] == top // 10**12 - 1

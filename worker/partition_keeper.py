@@ -82,6 +82,7 @@ class PartitionKeeper(Service):
         self.metrics.partition_ids_target.set(layout.partition_size * layout.partitions_ahead)
         may_create = may_note = True
         topping_up, made = False, 0  # a top-up under way, made a partition a pass
+        too_far_told = ""  # the last TooFarAhead said, said again only when it changes
         while True:
             began = time.monotonic()
             full_pass = not topping_up  # a pass of a top-up only makes a partition
@@ -118,6 +119,14 @@ class PartitionKeeper(Service):
                     continue
                 self.metrics.db_errors.labels("keep partitions").inc()
                 log.warning("could not keep partitions ahead: %s", exc)
+            except partitions.TooFarAhead as exc:
+                # The sequence jumped past what is made: no id is left ahead (the alert
+                # fires), and the same refusal comes every pass until someone acts.
+                topping_up = False
+                self.metrics.partition_ids_ahead.set(0)
+                if str(exc) != too_far_told:
+                    log.warning("%s", exc)
+                    too_far_told = str(exc)
             if topping_up:
                 # Paced: the database's cores serve the drain, a top-up takes what is left.
                 spent = time.monotonic() - began

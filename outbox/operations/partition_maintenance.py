@@ -40,6 +40,7 @@ from outbox.partitions import (
     Layout,
     Partition,
     SequenceUnreadable,
+    TooFarAhead,
     carry_privileges,
     last_id_given,
     make_partition,
@@ -392,7 +393,13 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
         if leaf.name in half_detached and leaf.name not in orphans:
             yield from _finished_or_attached_back(table, leaf)
     leaves = [leaf for leaf in leaves if leaf.name not in half_detached]
-    made = yield from _make_ahead(table, layout, leaves)
+    try:
+        made = yield from _make_ahead(table, layout, leaves)
+    except TooFarAhead as exc:
+        # Said once the run has retired what it may: retention goes on regardless.
+        made, too_far = 0, exc
+    else:
+        too_far = None
     current = yield from _last_id(table)
     now = _value(sql.SQL("SELECT clock_timestamp()").format())
     retired: list[str] = []
@@ -428,6 +435,8 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
         yield from step(_statement(sql.SQL("DROP TABLE {names}").format(names=names)))
     # Autovacuum never analyzes a partitioned parent: the planner's view of it comes from here.
     yield from step(_statement(sql.SQL("ANALYZE {t}").format(t=table.ident)))
+    if too_far is not None:
+        raise too_far
     return Maintained(made, retired, rows, estimated, kept, moved)
 
 
@@ -435,7 +444,7 @@ def _make_ahead(table: Table, layout: Layout, leaves: list[Partition]) -> Steps[
     """The partitions missing ahead of the highest id, each created on its own, then
     attached (outbox.partitions.make_partition), and the parent's privileges given to every
     partition lacking them (one made before a GRANT on the parent); how many were made."""
-    missing = missing_ahead(leaves, (yield from _last_id(table)), layout)
+    missing = missing_ahead(table, leaves, (yield from _last_id(table)), layout)
     for index, low, high in missing:
         for statement in make_partition(table, index, low, high):
             yield from step(_statement(statement))
