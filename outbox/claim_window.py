@@ -380,7 +380,7 @@ class ClaimWindow:
         short = len(ids) < wanted
         took_last = bool(ids) and max(ids) == b.high - 1
         if b.high < self._top and (took_last or (short and not ordered)):
-            low = b.high
+            low = self.layout.present_from(b.high)
             self._bounds = Bounds(low, low + self._width, b.unfinished_low)
             self.unfinished_behind = b.unfinished_low < low
             self.ran_out_of_ids = took_last and short

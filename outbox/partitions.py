@@ -65,6 +65,11 @@ class Layout:
     # A plain table converted in place (outbox.operations.conversion) is one partition,
     # `<table>_p0`, holding every id below this (a multiple of the size); 0 when there is none.
     converted_below: int = field(default=0, compare=False)
+    # The partitions missing between the lowest and the highest, by number: retired while
+    # one below them was pinned (a dead row), or dropped by hand. They hold no row, and a
+    # statement naming one fails: `leaves` leaves them out, and the window steps over them.
+    # Read by the check, again whenever a statement meets a partition that is gone.
+    gaps: frozenset[int] = field(default=frozenset(), compare=False)
 
     def partition_of(self, message_id: int) -> int:
         return message_id // self.partition_size
@@ -84,8 +89,20 @@ class Layout:
         """The partitions themselves that make up `within` (whole partitions), when each
         can be named (see `leaf_of`)."""
         size = self.partition_size
-        found = [self.leaf_of(table, (low, low + size)) for low in range(*within, size)]
+        found = [
+            self.leaf_of(table, (low, low + size))
+            for low in range(*within, size)
+            if low // size not in self.gaps
+        ]
         return None if None in found else tuple(t for t in found if t is not None)
+
+    def present_from(self, low: int) -> int:
+        """The first id of the first partition from `low` (a partition's first id) on that
+        is not a gap."""
+        size = self.partition_size
+        while low // size in self.gaps:
+            low += size
+        return low
 
     def span(self, ids: Iterable[int]) -> tuple[int, int]:
         """The id range, whole partitions, that holds every one of `ids` (not empty)."""
@@ -703,6 +720,8 @@ async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table)
         and first.high > size
         else 0
     )
+    numbers = {p.low // size for p in leaves if p.high > converted and p.low % size == 0}
+    gaps = frozenset(range(min(numbers), max(numbers))) - numbers if numbers else frozenset()
     named = all(
         p.elsewhere is None
         and p.name == table.derived_name(f"p{p.low // size}")
@@ -711,7 +730,7 @@ async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table)
         for p in leaves
         if p.high > converted
     )
-    return replace(layout, named_leaves=named, converted_below=converted)
+    return replace(layout, named_leaves=named, converted_below=converted, gaps=gaps)
 
 
 def upkeep_lock(table: Table) -> sql.Composable:

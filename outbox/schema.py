@@ -490,7 +490,7 @@ def render_migration(
         parent = partitions.partitioned_parent(table, _COLUMNS_AFTER_ID)
         ahead = [
             statement
-            for index, low, high in partitions.missing_ahead([], 0, layout)
+            for index, low, high in partitions.missing_ahead(table, [], 0, layout)
             for statement in partitions.make_partition(table, index, low, high)
         ]
         statements = [

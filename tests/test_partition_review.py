@@ -296,6 +296,41 @@ def test_outbox_maintain_moves_a_partition_home_and_partitions_lists_it_before(
         assert conn.execute("SELECT count(*) FROM public.outbox_p1").fetchone() == (51,)
 
 
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+async def test_a_partition_retired_above_a_pinned_one_leaves_a_gap_claims_step_over(
+    empty_dsn: str, ordered: bool
+) -> None:
+    """A dead row pins its partition while retention retires the finished ones on either side:
+    a gap between partitions. Every claim named the missing partition (a reading over the
+    partitions from the dead row's, a head check), met `relation does not exist`, checked the
+    table again and met it again, for good: no row was delivered any more. The check notes
+    the gap, and the window and the checks step over it."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, "aggregate" if ordered else None, layout=Layout(100, 3))
+        seed(conn, 350, aggregates=7)  # p0 to p3
+        conn.execute("UPDATE outbox SET status = 'done', done_at = now()")
+        conn.execute("UPDATE outbox SET status = 'dead', done_at = NULL WHERE id = 150")
+        done = maintain(conn, TABLE, retention=timedelta(0))
+        assert sorted(done.retired) == ["outbox_p0", "outbox_p2"]  # p1 pinned, p3 the newest
+        fresh = seed(conn, 30, aggregates=7)  # ids 351 to 380, in p3
+    if ordered:  # the dead row's aggregate (agg-2) waits behind it, as on a plain table
+        fresh = [message_id for i, message_id in enumerate(fresh) if i % 7 != 149 % 7]
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        layout = await check(aconn, TABLE)
+        assert layout is not None and layout.gaps == {2}
+        window, taken = ClaimWindow(layout), []
+        for _ in range(40):  # ordered: one message of each of the 7 aggregates a claim
+            got = await lease.claim(
+                aconn, TABLE, owner="w", batch=50, lease=timedelta(minutes=1),
+                max_attempts=5, window=window, ordered=ordered,
+            )  # fmt: skip
+            taken += [m.id for m in got]
+            await lease.finalize(aconn, TABLE, [Outcome.done(m) for m in got], layout=layout)
+            if len(taken) == len(fresh):
+                break
+    assert sorted(taken) == fresh
+
+
 # -- the sequence the ids come from ------------------------------------------------------------
 
 
