@@ -21,7 +21,7 @@ from outbox.commands import replay as replay_cli
 from outbox.destinations import CLOSED, IDLE, OPEN, PAUSED
 from outbox.entry import INTERRUPTED, NOTHING_STARTED
 from outbox.operations import pausing
-from outbox.operations.conversion import migrate_converting
+from outbox.operations.conversion import migrate_converting, stopped_conversion
 from outbox.operations.maintenance import MAX_PURGE_BATCH, PURGE_BATCH, PURGE_BATCH_ENV, purge_done
 from outbox.operations.partition_maintenance import (
     AT_LEAST,
@@ -625,6 +625,8 @@ def _run(
             done = f"at schema v{after}; {done}"
         # Which worker setting the table serves: a worker with another one refuses to start.
         print(f"{shown(table)}: {done}, for --ordering {' or '.join(orderings(conn, table))}")
+        if converted is None and (left := stopped_conversion(conn, table)) is not None:
+            print(f"{PROG}: warning: {left}", file=sys.stderr)
     elif args.command == "stats":
         stats = queue_stats(conn, table, exact=args.exact)
         if args.json:
@@ -691,7 +693,8 @@ def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: 
             return
         states = partition_states(conn, table)
     except NotPartitioned as exc:
-        fail(PROG, f"{exc}; see docs/partitioning.md", 1)
+        left = stopped_conversion(conn, table)
+        fail(PROG, f"{exc}; {left + '; ' if left else ''}see docs/partitioning.md", 1)
     if args.json:
         print(json.dumps({"table": str(table), "partitions": [p.to_dict() for p in states]}))
         return

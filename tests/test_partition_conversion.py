@@ -32,7 +32,7 @@ from workers import dispatching, settings
 from outbox import claim_window, enqueue
 from outbox.claim_window import ClaimWindow
 from outbox.controller.database import Pools, Target
-from outbox.operations.conversion import convert, migrate_converting
+from outbox.operations.conversion import _bound_statements, convert, migrate_converting
 from outbox.partitions import Layout, read_partitions
 from outbox.queries import queries
 from outbox.runner import fetch
@@ -556,3 +556,28 @@ def test_stopped_by_hand_during_the_validate_it_drops_the_constraint(dsn):
         assert not _bound_left(conn), stderr
         assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'outbox'").fetchone() \
             == ("r",)  # fmt: skip
+
+
+def test_a_conversion_stopped_midway_is_named_by_migrate_and_maintain(empty_dsn: str) -> None:
+    """A conversion killed after its first step (while it validated, say) leaves its CHECK on
+    the plain table, which fails every insert once the ids reach its bound: `outbox migrate`
+    without --partition-size and `outbox maintain` said nothing of it."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE)
+        seed(conn, 50)
+        for statement in _bound_statements(TABLE, None, 1000):
+            conn.execute(statement)  # what the conversion's first step leaves
+    said = outbox(empty_dsn, "migrate")
+    assert said.returncode == 0, said.stderr
+    warning = (
+        "outbox: warning: a conversion of table outbox was stopped: the CHECK outbox_p0_range "
+        "is left on it, "
+        'and inserts will fail on it once the ids reach 1000: drop it (ALTER TABLE "outbox" '
+        'DROP CONSTRAINT "outbox_p0_range") or run this again to finish the conversion'
+    )
+    assert said.stderr.strip().splitlines() == [warning]
+    refused = outbox(empty_dsn, "maintain")
+    assert refused.returncode == 1
+    assert "a conversion of table outbox was stopped: the CHECK outbox_p0_range is left" in (
+        refused.stderr
+    )

@@ -353,6 +353,18 @@ def _bound_left(table: Table, bound: tuple[int, bool] | None, *, certain: bool =
     )
 
 
+def stopped_conversion(conn: Conn, table: Table) -> str | None:
+    """What a conversion stopped before its end (killed, say, while it validated) left on a
+    plain table: its CHECK on the first partition's bound, which fails every insert once the
+    ids reach it, said as `_bound_left` says it; None when there is none."""
+    if fetch(conn, partitions.read_partitions(table)) is not None:
+        return None
+    bound = _bound(conn, table)
+    if bound is None:
+        return None
+    return f"a conversion of table {shown(table)} was stopped: {_bound_left(table, bound)}"
+
+
 def _bound_name(table: Table) -> str:
     return range_check_name(partition_table(table, 0).name)
 
