@@ -129,10 +129,9 @@ class Table:
         if not self.schema:
             return []
         create = sql.SQL("CREATE SCHEMA IF NOT EXISTS {s}").format(s=sql.Identifier(self.schema))
-        body = sql.SQL("BEGIN IF to_regnamespace({name}) IS NULL THEN {create}; END IF; END")
-        body = body.format(
-            name=text_constant(sql.Identifier(self.schema).as_string(None)), create=create
-        )
+        body = sql.SQL(
+            "BEGIN IF to_regnamespace({name}) IS NULL THEN {create}; END IF; END"
+        ).format(name=text_constant(sql.Identifier(self.schema).as_string(None)), create=create)
         return [sql.SQL("DO {body}").format(body=sql.Literal(body.as_string(None)))]
 
     @property

@@ -393,13 +393,12 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
         if leaf.name in half_detached and leaf.name not in orphans:
             yield from _finished_or_attached_back(table, leaf)
     leaves = [leaf for leaf in leaves if leaf.name not in half_detached]
+    too_far: TooFarAhead | None = None
     try:
         made = yield from _make_ahead(table, layout, leaves)
     except TooFarAhead as exc:
         # Said once the run has retired what it may: retention goes on regardless.
         made, too_far = 0, exc
-    else:
-        too_far = None
     current = yield from _last_id(table)
     now = _value(sql.SQL("SELECT clock_timestamp()").format())
     retired: list[str] = []
