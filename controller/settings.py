@@ -22,7 +22,15 @@ from outbox.controller.defaults import (
 )
 from outbox.controller.flag_values import installed_publishers
 from outbox.controller.images import check_image_pattern
-from outbox.plumbing.cliutil import ArgumentParser, env_name, listen_address, on_off, port, resolve
+from outbox.plumbing.cliutil import (
+    ArgumentParser,
+    env_name,
+    int_between,
+    listen_address,
+    on_off,
+    port,
+    resolve,
+)
 from outbox.plumbing.durations import format_duration, parse_duration
 from outbox.plumbing.errors import SettingError
 from outbox.plumbing.ranges import within
@@ -44,13 +52,7 @@ class Bounded:
     high: int
 
     def parse(self, text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise ValueError(f"{text!r} is not a whole number") from None
-        if not self.low <= value <= self.high:
-            raise ValueError(f"{value} is out of range ({self.low} to {self.high})")
-        return value
+        return int_between(self.low, self.high)(text)
 
 
 # A fleet's sizing (docs/operator.md, "Running a fleet"). Connections to one database, shared

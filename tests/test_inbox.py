@@ -435,6 +435,7 @@ def test_inbox_table_from_its_own_variable_not_the_outbox_one(dsn, conn):
     [
         (["purge", "--older-than", "soon"], 2, "--older-than: 'soon' is not a duration"),
         (["purge", "--batch", "0"], 2, "--batch: 0 is out of range"),
+        (["purge", "--batch", "ten"], 2, "--batch: 'ten' is not a whole number"),
         (["purge"], 1, "inbox table outbox_inbox does not exist; run `outbox inbox migrate"),
         (
             ["purge", "--table", "nowhere.seen"],

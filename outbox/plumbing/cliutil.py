@@ -144,7 +144,7 @@ def int_between(low: int, high: int) -> Callable[[str], int]:
     a process cannot hold is refused here, not failed on for ever later."""
 
     def parse(text: str) -> int:
-        value = int(text)
+        value = whole_number(text)
         if not low <= value <= high:
             raise ValueError(f"{value} is out of range ({low} to {high})")
         return value
@@ -152,8 +152,16 @@ def int_between(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def whole_number(text: str) -> int:
+    """`text` as an integer; ValueError saying so in words (Python's own names int())."""
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
+
+
 def port(text: str) -> int:
-    value = int(text)
+    value = whole_number(text)
     if not 0 <= value <= 65535:
         raise ValueError(f"not a TCP port: {value}")
     return value
