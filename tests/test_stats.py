@@ -75,6 +75,18 @@ def test_done_is_estimated_from_planner_statistics_unless_exact(conn, table):
     assert estimate.pending == 4  # the other counts are exact either way
 
 
+def test_done_is_no_estimate_past_a_count_stopped_at_the_limit(conn, table):
+    """The estimate less a count that stopped at the limit (a lower bound) was too high:
+    a backlog of pending rows, none done, showed thousands done. It says at least 0."""
+    seed(conn, 500)
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("ANALYZE outbox")
+    stats = queue_stats(conn, table, count_limit=100)
+    assert stats.count_text("pending") == "≥100"
+    assert (stats.done, stats.done_is_estimate, stats.done_at_least) == (0, False, True)
+    assert stats.count_text("done") == "≥0"
+
+
 def _deliver(conn, count: int) -> None:
     """`count` messages enqueued and delivered, and the cumulative statistics flushed, so
     that what the table's statistics say (or lack) is what the test decides."""
