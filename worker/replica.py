@@ -30,6 +30,7 @@ from outbox.plumbing import dberrors
 from outbox.plumbing.dsn import connect_options, connect_timeout, with_pg_environment
 from outbox.plumbing.errors import SettingError
 from outbox.plumbing.redact import describe_dsn, redact_dsn, redact_url
+from outbox.plumbing.waiting import cancel_and_wait
 from outbox.schema import check_table
 from outbox.session import utc_by_name
 from outbox.worker import tracing
@@ -143,8 +144,7 @@ class Replica:
                     await self.claimer.run(stop)
                 finally:
                     await self._shutdown()  # even after a bug: give back what is held
-                    for task in background:
-                        task.cancel()
+                    await cancel_and_wait(background)
         finally:
             self.publishing.close()
             self.metrics.ready = False

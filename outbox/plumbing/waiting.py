@@ -1,9 +1,10 @@
-"""Waiting for the first of several things: one helper for every component."""
+"""Waiting for the first of several things, and for cancelled tasks to end: one helper for
+every component."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
 
@@ -19,3 +20,21 @@ async def first_of(*waits: Awaitable[Any]) -> list[asyncio.Future[Any]]:
             future.cancel()
         await asyncio.gather(*futures, return_exceptions=True)
     return futures
+
+
+# How long a cancelled task may run on before it is cancelled again.
+CANCEL_AGAIN_AFTER = 0.1
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel `tasks` and wait until each has ended, cancelling again any that runs on.
+
+    A task can drop its cancellation: on Python 3.11, `asyncio.wait_for` returns a result
+    that arrived together with the cancellation and drops it (gh-86296; psycopg_pool waits
+    for a connection that way), and a service loop then simply goes on. Cancelled once and
+    awaited, such a task held a worker's stop until it was killed."""
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=CANCEL_AGAIN_AFTER)

@@ -1,0 +1,42 @@
+"""Waiting for cancelled tasks to end (outbox.plumbing.waiting)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from outbox.plumbing.waiting import cancel_and_wait
+
+
+async def _service_that_drops_one_cancellation(ticks: list[int]) -> None:
+    """A service loop whose first cancellation is dropped, as Python 3.11's asyncio.wait_for
+    drops one that came with its result (gh-86296): it goes on as if none came."""
+    dropped = False
+    while True:
+        try:
+            await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            if dropped:
+                raise
+            dropped = True
+        ticks.append(1)
+
+
+async def test_a_task_that_drops_its_cancellation_is_cancelled_again_until_it_ends():
+    ticks: list[int] = []
+    service = asyncio.create_task(_service_that_drops_one_cancellation(ticks))
+    await asyncio.sleep(0.05)
+    # Cancelled once and awaited, it would run on for good.
+    service.cancel()
+    done, _ = await asyncio.wait({service}, timeout=0.3)
+    assert not done and service.cancelling() == 1
+    await cancel_and_wait([service])
+    assert service.cancelled()
+
+
+async def test_tasks_ended_already_are_left_as_they_are():
+    finished = asyncio.create_task(asyncio.sleep(0))
+    await finished
+    running = asyncio.create_task(asyncio.sleep(60))
+    await cancel_and_wait([finished, running])
+    assert finished.done() and not finished.cancelled()
+    assert running.cancelled()
