@@ -4,9 +4,11 @@ in batches, and a stop gives back what it abandons."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 
+import psycopg
 from test_ledger import _messages
 from workers import settings
 
@@ -16,6 +18,7 @@ from outbox.worker.ledger import Ledger
 from outbox.worker.metrics import Metrics
 from outbox.worker.publishers.base import Defer, PermanentError, RetryableError, declared
 from outbox.worker.publishing import Publishing
+from outbox.worker.rate_limit import RateLimiter
 from outbox.worker.service import Shared
 
 FAILURES: dict[int, Exception] = {
@@ -41,7 +44,9 @@ class Batches:
         return [FAILURES.get(m.id) for m in messages]
 
 
-def _publishing(publisher: object, **overrides: object) -> tuple[Ledger, Publishing]:
+def _publishing(
+    publisher: object, limiter: RateLimiter | None = None, **overrides: object
+) -> tuple[Ledger, Publishing]:
     # The breaker off: failures here are the messages' own.
     s = settings("", **{"batch": 4, "concurrency": 2, "breaker_failures": 0, **overrides})
     ledger = Ledger(s.batch, s.concurrency)
@@ -49,7 +54,8 @@ def _publishing(publisher: object, **overrides: object) -> tuple[Ledger, Publish
     # No database: the destination gate reads and writes it only when something fails.
     shared = Shared(s, ledger, connection=None, retry=None, metrics=metrics)  # type: ignore[arg-type]
     publisher = declared(publisher)  # type: ignore[arg-type]
-    return ledger, Publishing(shared, publisher, DestinationGate(shared, publisher))
+    gate = DestinationGate(shared, publisher)
+    return ledger, Publishing(shared, publisher, gate, limiter)
 
 
 async def _outcomes(ledger: Ledger, count: int) -> dict[int, OutcomeKind]:
@@ -89,6 +95,46 @@ async def test_a_stop_gives_back_a_batch_still_publishing():
     assert ledger.publishing == 3
     await publishing.stop(grace=0.01)
     assert await _outcomes(ledger, 3) == dict.fromkeys([1, 2, 3], OutcomeKind.RELEASED)
+    assert ledger.publishing == 0
+
+
+class PoolThatDropsOneCancellation:
+    """A connection pool whose database is unreachable, and whose wait for a connection drops
+    the first cancellation, as psycopg_pool's does on Python 3.11 when the cancellation comes
+    together with its answer (asyncio.wait_for, gh-86296)."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.dropped = False
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[None]:
+        if not self.dropped:
+            self.asked.set()
+            try:
+                await asyncio.Event().wait()  # for a connection that does not come
+            except asyncio.CancelledError:
+                self.dropped = True
+        raise psycopg.OperationalError("connection refused")
+        yield
+
+
+async def test_a_stop_ends_a_publish_waiting_for_send_tokens_that_dropped_its_cancellation():
+    """Cancelled once, a task whose wait for a connection dropped the cancellation would wait
+    for send tokens from a database that no longer answers as long as it takes: the stop
+    would never end."""
+    pool = PoolThatDropsOneCancellation()
+    s = settings("", rate_limit=100.0)
+    ledger, publishing = _publishing(Batches(), RateLimiter(s, pool.connection))
+    ledger.hold(_messages(1, 1), now=0.0, claim_seconds=0.0)
+    publishing.start()
+    await pool.asked.wait()
+    ledger.release_waiting()  # as a stop does first
+    async with asyncio.timeout(5):
+        await publishing.stop(grace=0.01)
+    assert pool.dropped and not publishing.tasks
+    outcomes = await _outcomes(ledger, 1)
+    assert outcomes == {1: OutcomeKind.RELEASED}
     assert ledger.publishing == 0
 
 

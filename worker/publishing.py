@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from outbox.models import Message, Outcome
+from outbox.plumbing.waiting import cancel_and_wait
 from outbox.worker import tracing
 from outbox.worker.backoff import retry_delay
 from outbox.worker.destination_gate import DestinationGate
@@ -130,13 +131,12 @@ class Publishing(Service):
 
     async def stop(self, grace: float) -> None:
         """Let publishes in flight finish within `grace`; abandon the rest (given back: the
-        id de-duplicates downstream)."""
+        id de-duplicates downstream). A task that drops its cancellation is cancelled again:
+        one waiting for send tokens would otherwise wait for them as long as it takes."""
         if not self.tasks:
             return
         _, late = await asyncio.wait(list(self.tasks), timeout=grace)
-        for task in late:
-            task.cancel()
-        await asyncio.gather(*late, return_exceptions=True)
+        await cancel_and_wait(late)
 
     def close(self) -> None:
         self.in_flight.close()
