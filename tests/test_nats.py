@@ -579,6 +579,37 @@ async def test_unreachable_at_start_then_delivered_once_the_server_is_up(tmp_pat
         server.stop()
 
 
+class ConnectingThatDropsOneCancellation(NatsPublisher):
+    """Its connect loop drops the first cancellation, as nats-py's wait for the server
+    (asyncio.wait_for) does on Python 3.11 when the cancellation comes with the answer
+    (gh-86296): the loop then goes on trying, for ever while nothing answers."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.failed_once = asyncio.Event()
+        self.dropped = False
+
+    async def _on_error(self, exc: Exception) -> None:
+        await super()._on_error(exc)
+        if not self.failed_once.is_set():
+            self.failed_once.set()
+            try:
+                await asyncio.Event().wait()  # until the close cancels it
+            except asyncio.CancelledError:
+                self.dropped = True
+
+
+async def test_close_ends_a_connect_loop_that_dropped_its_cancellation():
+    unreachable = f"nats://127.0.0.1:{free_port()}"
+    publisher = ConnectingThatDropsOneCancellation([unreachable], reconnect_wait=0.05)
+    publisher._connect()  # as start() does, without waiting for what never comes
+    await publisher.failed_once.wait()
+    async with asyncio.timeout(10):
+        await publisher.close()
+    assert publisher.dropped and publisher._connecting is not None
+    assert publisher._connecting.done()
+
+
 PERMISSIONS = """
 authorization {
   users = [

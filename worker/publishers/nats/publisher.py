@@ -15,6 +15,7 @@ from nats.aio.msg import Msg
 
 from outbox.models import REPLAY_HEADER, Message
 from outbox.plumbing.redact import is_secret_name, redact_text, redact_url
+from outbox.plumbing.waiting import cancel_and_wait
 from outbox.publisher_options import Carried, Field, Option
 from outbox.worker.publishers.base import (
     PermanentError,
@@ -403,8 +404,10 @@ class NatsPublisher(PublisherBase):
 
     async def close(self) -> None:
         self._closing = True
-        if self._connecting is not None and not self._connecting.done():
-            self._connecting.cancel()
-            await asyncio.gather(self._connecting, return_exceptions=True)
+        if self._connecting is not None:
+            # It connects until it succeeds, for ever while the server is unreachable: cancelled
+            # again should it drop the cancellation (nats-py waits for the server with
+            # asyncio.wait_for, which on Python 3.11 drops one that comes with the answer).
+            await cancel_and_wait([self._connecting])
         if self._nc is not None and not self._nc.is_closed:
             await self._nc.close()
