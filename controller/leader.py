@@ -31,6 +31,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from outbox.controller.kube import TIMEOUT, UNREACHABLE, api_reason
 from outbox.controller.settings import ControllerSettings
+from outbox.plumbing.waiting import cancel_and_wait
 
 log = logging.getLogger("outbox.controller")
 T = TypeVar("T")
@@ -94,8 +95,11 @@ class LeaderElector:
             if await self._try():
                 log.info("leading: acquired lease %s/%s", self._namespace, self._name)
                 return True
+            # asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for drops a
+            # cancellation that comes with its result (gh-86296), and the loop would go on.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self._period)
+                async with asyncio.timeout(self._period):
+                    await stop.wait()
         return False
 
     async def hold(self) -> None:
@@ -105,8 +109,11 @@ class LeaderElector:
             if not self.leading:
                 break
             started = time.monotonic()
+            # Not asyncio.wait_for (see acquire): a renewal answered as the hand-over cancels
+            # the renewing would have kept it renewing, and the hand-over waiting for it.
             try:
-                renewed = await asyncio.wait_for(self._try(), timeout=self._deadline)
+                async with asyncio.timeout(self._deadline):
+                    renewed = await self._try()
             except TimeoutError:
                 renewed = False
             if not renewed and time.monotonic() - started > self._deadline:
@@ -299,8 +306,9 @@ class LeaseThread:
 
     async def _release(self) -> None:
         if self._holding is not None:
-            self._holding.cancel()  # renewing stops before the hand-over
-            await asyncio.gather(self._holding, return_exceptions=True)
+            # Renewing stops before the hand-over; cancelled again should a library under it
+            # drop the cancellation (as asyncio.wait_for does on Python 3.11).
+            await cancel_and_wait([self._holding])
         try:
             await self._elector.release()
         finally:

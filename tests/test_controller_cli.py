@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -15,8 +16,8 @@ import yaml
 from helpers import wait_until
 from kubernetes.aio.client import ApiClient, Configuration
 
-from outbox.controller.leader import LeaderElector
-from outbox.controller.settings import load_settings
+from outbox.controller.leader import LeaderElector, LeaseThread
+from outbox.controller.settings import ControllerSettings, load_settings
 from outbox.plumbing.errors import SettingError
 
 
@@ -223,3 +224,67 @@ async def test_an_api_server_that_hangs_up_mid_request_is_unreachable_not_a_cras
         await api.close()  # type: ignore[no-untyped-call]
         server.close()
     assert "lease ns/outbox-controller: Server disconnected" in caplog.text
+
+
+class AnsweredOnCue(LeaderElector):
+    """A leader whose renewals the test answers: each waits until `answer` is given."""
+
+    def __init__(self, api: ApiClient, settings: ControllerSettings) -> None:
+        super().__init__(api, settings)
+        self._renewed_at = time.monotonic()  # leading
+        self.asked = asyncio.Event()
+        self.answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    async def _try(self) -> bool:
+        self.asked.set()
+        renewed = await self.answer
+        self.answer = asyncio.get_running_loop().create_future()
+        self._renewed_at = time.monotonic()
+        return renewed
+
+
+FAST_RENEWALS = ["--lease-duration=3s", "--renew-deadline=2s", "--retry-period=10ms"]
+
+
+async def test_renewing_ends_when_cancelled_as_a_renewal_is_answered() -> None:
+    # A hand-over cancels the renewing; a renewal answered at that moment must not keep it
+    # renewing (asyncio.wait_for on Python 3.11 drops such a cancellation, gh-86296).
+    settings = load_settings(FAST_RENEWALS, {"POD_NAMESPACE": "ns"})
+    api = ApiClient()
+    try:
+        elector = AnsweredOnCue(api, settings)
+        holding = asyncio.create_task(elector.hold())
+        await elector.asked.wait()
+        elector.answer.set_result(True)
+        holding.cancel()
+        done, _ = await asyncio.wait({holding}, timeout=2)
+    finally:
+        await api.close()  # type: ignore[no-untyped-call]
+    assert done and holding.cancelled()
+
+
+async def _renewing_that_drops_one_cancellation() -> None:
+    """Renewals as a client library under them may make them: the first cancellation dropped
+    (asyncio.wait_for on Python 3.11), the loop going on."""
+    dropped = False
+    while True:
+        try:
+            await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            if dropped:
+                raise
+            dropped = True
+
+
+async def test_the_hand_over_ends_renewals_that_dropped_their_cancellation() -> None:
+    settings = load_settings(FAST_RENEWALS, {"POD_NAMESPACE": "ns"})
+    elector = LeaseThread(Configuration(host="http://127.0.0.1:1"), settings)
+
+    async def renew() -> asyncio.Task[None]:
+        elector._holding = asyncio.create_task(_renewing_that_drops_one_cancellation())
+        return elector._holding
+
+    holding = await elector._run(renew())
+    async with asyncio.timeout(5):
+        await elector.close()
+    assert holding.cancelled()
