@@ -33,6 +33,7 @@ from outbox.controller.settings import ControllerSettings, load_settings
 from outbox.plumbing import logs
 from outbox.plumbing.cliutil import fail
 from outbox.plumbing.errors import SettingError
+from outbox.plumbing.waiting import cancel_and_wait
 
 log = logging.getLogger("outbox.controller")
 PROG = "outbox-controller"
@@ -142,8 +143,9 @@ async def _lead(
     # kopf takes over SIGTERM while it runs: its normal return is a requested stop.
     kopf_stop.set()
     await supervisor.close()
-    for task in (holding, stopping, lost, informer):
-        task.cancel()
+    # The informer watches until cancelled: cancelled again should a client under it drop the
+    # cancellation (Python 3.11's asyncio.wait_for), or the exit would wait for it for ever.
+    await cancel_and_wait([holding, stopping, lost, informer])
     await asyncio.gather(watching, holding, stopping, lost, informer, return_exceptions=True)
     return code
 

@@ -22,6 +22,7 @@ from outbox.controller.leader import LeadershipLost
 from outbox.controller.reconcile import Context, DispatcherLoop
 from outbox.controller.reconcile.read import secret_names
 from outbox.controller.resource import GROUP, PLURAL, VERSION
+from outbox.plumbing.waiting import cancel_and_wait, cancel_soon
 
 log = logging.getLogger("outbox.controller")
 
@@ -32,6 +33,8 @@ class Supervisor:
     def __init__(self, context: Context) -> None:
         self.context = context
         self._loops: dict[tuple[str, str], tuple[DispatcherLoop, asyncio.Task[None]]] = {}
+        # The loops of deleted resources, cancelled until they have ended (`_stop`).
+        self._ending: set[asyncio.Task[None]] = set()
         self.lost = asyncio.Event()
         self._closed = False
 
@@ -57,7 +60,13 @@ class Supervisor:
     def _stop(self, key: tuple[str, str]) -> None:
         found = self._loops.pop(key, None)
         if found is not None:
-            found[1].cancel()
+            # Cancelled again should it drop the cancellation (Python 3.11's asyncio.wait_for,
+            # in the database pool and clients under a pass): it would serve a deleted
+            # resource for ever.
+            task = found[1]
+            self._ending.add(task)
+            task.add_done_callback(self._ending.discard)
+            cancel_soon([task])
             self.context.metrics.forget(*key)
             self.context.tables.forget(*key)  # its table is free for another resource
             self.context.database.release(key)  # its database's pool closes if it was the last
@@ -76,11 +85,11 @@ class Supervisor:
     async def close(self) -> None:
         """Stop every loop; no event starts another afterwards."""
         self._closed = True
-        tasks = [task for _, task in self._loops.values()]
+        tasks = [task for _, task in self._loops.values()] + list(self._ending)
         self._loops.clear()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # A loop that dropped its cancellation is cancelled again: waited for once, it held the
+        # operator's stop for ever.
+        await cancel_and_wait(tasks)
         await self.context.database.close()
 
 

@@ -100,8 +100,9 @@ class Tables:
             )  # fmt: skip
         while waiting := self.pending(namespace, name):
             changed = self._changed
-            try:
-                await asyncio.wait_for(changed.wait(), timeout=RELIST_SECONDS)
+            try:  # not asyncio.wait_for, which drops a cancellation that comes with the change
+                async with asyncio.timeout(RELIST_SECONDS):
+                    await changed.wait()
             except TimeoutError:
                 listed = set(await listing())
                 for key in waiting - listed:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from outbox.plumbing.waiting import cancel_and_wait
+from outbox.plumbing.waiting import cancel_and_wait, cancel_soon
 
 
 async def _service_that_drops_one_cancellation(ticks: list[int]) -> None:
@@ -40,3 +40,14 @@ async def test_tasks_ended_already_are_left_as_they_are():
     await cancel_and_wait([finished, running])
     assert finished.done() and not finished.cancelled()
     assert running.cancelled()
+
+
+async def test_cancel_soon_cancels_at_once_and_again_until_the_task_ends():
+    ticks: list[int] = []
+    service = asyncio.create_task(_service_that_drops_one_cancellation(ticks))
+    await asyncio.sleep(0.05)
+    cancelling = cancel_soon([service])  # from a caller that cannot wait
+    assert service.cancelling() == 1
+    async with asyncio.timeout(2):
+        await cancelling
+    assert service.cancelled()

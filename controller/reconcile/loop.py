@@ -141,8 +141,11 @@ class DispatcherLoop:
                 ).inc()
             passes += 1
             self.context.metrics.passes.labels(self.namespace, self.name).inc()
+            # asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for drops a
+            # cancellation that comes as the wake-up does (gh-86296), and the loop went on.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=spread(interval, passes))
+                async with asyncio.timeout(spread(interval, passes)):
+                    await self.wake.wait()
 
     def _status_before(self, spec: DispatcherSpec) -> Mapping[str, Any]:
         # What this replica wrote last is newer than a body whose watch event is on its way.

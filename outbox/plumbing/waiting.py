@@ -38,3 +38,20 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
         for task in pending:
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=CANCEL_AGAIN_AFTER)
+
+
+# The cancelling tasks `cancel_soon` started: the loop keeps only weak references to tasks.
+_cancelling: set[asyncio.Task[None]] = set()
+
+
+def cancel_soon(tasks: Iterable[asyncio.Task[Any]]) -> asyncio.Task[None]:
+    """`cancel_and_wait` for a caller that cannot wait (a callback, an event handler): `tasks`
+    are cancelled now, and again by a task of their own until each has ended. That task is
+    returned: await it to know they have."""
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    cancelling = asyncio.get_running_loop().create_task(cancel_and_wait(tasks))
+    _cancelling.add(cancelling)
+    cancelling.add_done_callback(_cancelling.discard)
+    return cancelling
