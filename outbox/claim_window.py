@@ -36,6 +36,13 @@ WINDOW_TTL = 5.0
 FLOOR_TTL = 30.0
 # Partitions a reading statement looks in at a time.
 READING_PARTITIONS = 4
+# Readings of the oldest unfinished row kept until every transaction open at theirs has ended
+# (see Settling): more only delay the floor's move, never make it wrong.
+SIGHTINGS_KEPT = 16
+# The statement's snapshot: the oldest transaction still open, and the first not yet begun
+# (xid8, read as a number).
+_XMIN = sql.SQL("pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+_XMAX = sql.SQL("pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
 # How often a worker on a plain table looks whether it has been converted meanwhile, should it
 # have missed that NOTIFY: its claims through the parent work until then, only slower.
 LAYOUT_TTL = 30.0
@@ -59,10 +66,10 @@ def _ids(within: tuple[int, int]) -> sql.Composable:
     )
 
 
-def _extent(table: Table, *, lowest: bool) -> Query[tuple[int | None, int | None]]:
+def _extent(table: Table, *, lowest: bool) -> Query[tuple[int | None, int | None, int]]:
     """The first id of the lowest partition (if asked: it reads every partition's bound in
-    the catalog, as `read_partitions` does) and the last id the sequence gave (None:
-    unreadable, `last_id_given`); opening no partition."""
+    the catalog, as `read_partitions` does), the last id the sequence gave (None:
+    unreadable, `last_id_given`) and the snapshot's xmin; opening no partition."""
     lowest_id = (
         sql.SQL(
             """(SELECT min(substring(pg_get_expr(p.relpartbound, 0) FROM {first})::bigint)
@@ -72,14 +79,15 @@ def _extent(table: Table, *, lowest: bool) -> Query[tuple[int | None, int | None
         if lowest
         else sql.SQL("NULL::bigint")
     )
-    statement = sql.SQL("SELECT {lowest_id}, {last}").format(
+    statement = sql.SQL("SELECT {lowest_id}, {last}, {xmin}").format(
         lowest_id=lowest_id.format(t=table.regclass_literal, first=sql.Literal(FIRST_ID)),
         last=last_id_given(table),
+        xmin=_XMIN,
     )
     return Query(statement, None, first_row(_parse_extent))
 
 
-def _parse_extent(row: Row | None) -> tuple[int | None, int | None]:
+def _parse_extent(row: Row | None) -> tuple[int | None, int | None, int]:
     assert row is not None
     return tuple(None if value is None else int(value) for value in row)  # type: ignore[return-value]
 
@@ -109,28 +117,35 @@ def _window_reading(
     table: Table, within: tuple[int, int], leaves: tuple[Table, ...] | None = None
 ) -> Query[Row]:
     """Where, `within` the live ids, the oldest ready row (or expired lease) and the oldest
-    unfinished row are. Each a probe of a partial index per partition in the range: read
-    after a short claim and once a WINDOW_TTL, never per claim. Named by `leaves`, the
-    partitions that make up the range, when given: the same probes through the parent
-    planned about 4.7 times as long (ordered mode reads often: dozens of times a drain)."""
-    statement = sql.SQL("SELECT least({ready}, {expired}), least({unfinished}, {dead})").format(
+    unfinished row are, and the snapshot's xmax. Each a probe of a partial index per
+    partition in the range: read after a short claim and once a WINDOW_TTL, never per claim.
+    Named by `leaves`, the partitions that make up the range, when given: the same probes
+    through the parent planned about 4.7 times as long (ordered mode reads often: dozens of
+    times a drain)."""
+    statement = sql.SQL(
+        "SELECT least({ready}, {expired}), least({unfinished}, {dead}), {xmax}"
+    ).format(
         ready=_least(table, within, leaves, "status = 'pending' AND available_at <= now()"),
         expired=_least(table, within, leaves, "status = 'processing' AND lease_until < now()"),
         unfinished=_least(table, within, leaves, "status IN ('pending', 'processing')"),
         dead=_least(table, within, leaves, "status = 'dead'"),
+        xmax=_XMAX,
     )
-    return Query(statement, None, first_row(lambda row: row or (None, None)))
+    return Query(statement, None, first_row(lambda row: row or (None, None, 0)))
 
 
 @lru_cache(maxsize=64)
 def _oldest_unfinished(
     table: Table, within: tuple[int, int], leaves: tuple[Table, ...] | None = None
-) -> Query[int | None]:
-    statement = sql.SQL("SELECT least({unfinished}, {dead})").format(
+) -> Query[Row]:
+    """The oldest unfinished row `within`, and the snapshot's xmin and xmax."""
+    statement = sql.SQL("SELECT least({unfinished}, {dead}), {xmin}, {xmax}").format(
         unfinished=_least(table, within, leaves, "status IN ('pending', 'processing')"),
         dead=_least(table, within, leaves, "status = 'dead'"),
+        xmin=_XMIN,
+        xmax=_XMAX,
     )
-    return Query(statement, None, first_row(lambda row: None if row is None else row[0]))
+    return Query(statement, None, first_row(lambda row: row or (None, 0, 0)))
 
 
 def _least(
@@ -147,6 +162,52 @@ def _least(
             for t, ids in sources
         )
     )
+
+
+class Settling:
+    """Where the oldest unfinished row is, allowing for rows not yet committed: the floor.
+
+    A reading sees committed rows only. A transaction open while it read may hold an id
+    below what it found (taken before, committed after: a producer's transaction that lasts
+    while the rows after it are delivered), and that row must be found by the readings
+    (which start at the floor) and, in ordered mode, stop its aggregate's later messages
+    (the head check looks from the floor). So a floor found is only a sighting until every
+    transaction open during its reading has ended (a later statement's snapshot xmin at or
+    past that reading's xmax); the floor then moves up to it, but no higher than what that
+    later reading found (it sees the rows those transactions committed). Ids taken after a
+    reading lie past what it found: the sequence only goes up.
+
+    One case stays open: an id taken by an insert whose transaction had no transaction id
+    yet when a reading began (between the sequence's nextval and the row's write, within
+    one statement); the reading from the lowest partition every FLOOR_TTL finds that row.
+    """
+
+    def __init__(self) -> None:
+        self.floor: int | None = None  # None: none settled, a reading starts at the lowest
+        self._sightings: list[tuple[int, int]] = []  # (floor found, xmax of its reading)
+
+    def forget(self) -> None:
+        self.floor = None
+        self._sightings.clear()
+
+    def settle(self, found: int, start: int, xmin: int, xmax: int) -> int:
+        """The floor after a reading that looked from `start` and found the oldest unfinished
+        row's partition at `found`; `xmin` is its first statement's, `xmax` its last's."""
+        floor = start if self.floor is None else self.floor
+        kept = []
+        for seen, open_until in self._sightings:
+            if open_until <= xmin:  # every transaction open then has ended
+                floor = max(floor, min(seen, found))
+            else:
+                kept.append((seen, open_until))
+        if xmax <= xmin:  # no transaction was open while this reading ran
+            floor = max(floor, found)
+        else:
+            kept.append((found, xmax))
+        self._sightings = kept[-SIGHTINGS_KEPT:]
+        # A reading that found a row below the floor (one the case above missed): from there.
+        self.floor = min(floor, found)
+        return self.floor
 
 
 class ClaimWindow:
@@ -183,6 +244,7 @@ class ClaimWindow:
         self._fresh = False  # no claim since the window was read
         self._widen = False
         self._floor: int | None = None  # where readings start
+        self._settling = Settling()  # what `_floor` may move up to
         self._floor_at = 0.0
         self._top = 0  # past the last id given at the last reading, rounded to a partition
         self._made_top = 0  # past the highest partition made, as last looked at
@@ -207,6 +269,7 @@ class ClaimWindow:
         reading under way when this is called is thrown away, not kept. On a plain table,
         the next claim looks first whether it has been partitioned since."""
         self._bounds, self._floor = None, None
+        self._settling.forget()
         self._made_top = 0  # partitions may have been dropped or renamed since
         self._forgotten += 1
         self._relearn = True
@@ -267,7 +330,7 @@ class ClaimWindow:
         self._announced = False  # one heard from here on may be past what this reads
         now = time.monotonic()
         refloor = self._floor is None or now - self._floor_at > FLOOR_TTL
-        lowest, last_id = await fetch_async(conn, _extent(table, lowest=refloor))
+        lowest, last_id, xmin = await fetch_async(conn, _extent(table, lowest=refloor))
         if last_id is None:
             raise await sequence_unreadable(conn, table)
         floor = self._floor if not refloor and self._floor is not None else lowest or 0
@@ -278,7 +341,8 @@ class ClaimWindow:
             # every claim until one is made. Looked at only when the ids pass what was seen.
             self._made_top = await made_top(conn, table, self.layout)
         top = min(top, self._made_top) if self._made_top else top
-        ready, unfinished = await self._first_ready(conn, table, min(floor, top), top)
+        start = min(floor, top)
+        ready, unfinished, xmax = await self._first_ready(conn, table, start, top)
         if ready is None and refloor:
             # Nothing ready up to the sequence's partition: a row a producer wrote with an
             # id of its own may wait past it (`written_past`, as outbox stats finds it).
@@ -286,7 +350,7 @@ class ClaimWindow:
             # size cost ten times the rest of a reading that finds nothing.
             past = await fetch_async(conn, _written_past(table, last_id))
             if past is not None and past > top:
-                ready, found = await self._first_ready(conn, table, top, int(past))
+                ready, found, xmax = await self._first_ready(conn, table, top, int(past))
                 unfinished = found if unfinished is None else unfinished
                 top = int(past)
         if forgotten != self._forgotten:
@@ -302,7 +366,8 @@ class ClaimWindow:
         low = int(start) // size * size
         high = max(low + self._width, top) if self._widen else low + self._width
         unfinished_low = int(unfinished) // size * size if unfinished is not None else low
-        self._floor = min(unfinished_low, low)
+        found = min(unfinished_low, low)
+        self._floor = self._settling.settle(found, start // size * size, xmin, xmax)
         self._bounds = Bounds(low, high, self._floor)
         self._read_at = now
         self._fresh, self._widen, self.unfinished_behind = True, False, False
@@ -313,24 +378,25 @@ class ClaimWindow:
         table: Table,
         start: int,
         end: int,
-    ) -> tuple[int | None, int | None]:
-        """The first ready row (or expired lease) from `start` up to `end`, and the first
-        unfinished row of the partitions read until then. Partition by partition, a few at
-        a time, up to the first ready row: a statement over them all would plan every
-        partition (a reading over 30 of them cost more than the claims of a 30,000-row
-        drain)."""
+    ) -> tuple[int | None, int | None, int]:
+        """The first ready row (or expired lease) from `start` up to `end`, the first
+        unfinished row of the partitions read until then, and the last statement's xmax.
+        Partition by partition, a few at a time, up to the first ready row: a statement over
+        them all would plan every partition (a reading over 30 of them cost more than the
+        claims of a 30,000-row drain)."""
         assert self.layout is not None
         size = self.layout.partition_size
         ready = unfinished = None
+        xmax = 0
         chunk = READING_PARTITIONS * size
         for low in range(start // size * size, end, chunk):
             within = (low, min(low + chunk, end))
             leaves = self.layout.leaves(table, within)
-            ready, found = await fetch_async(conn, _window_reading(table, within, leaves))
+            ready, found, xmax = await fetch_async(conn, _window_reading(table, within, leaves))
             unfinished = found if unfinished is None else unfinished
             if ready is not None:
                 break
-        return ready, unfinished
+        return ready, unfinished, int(xmax)
 
     async def catch_up(
         self, conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table
@@ -345,13 +411,13 @@ class ClaimWindow:
         forgotten = self._forgotten
         behind = (b.unfinished_low, b.low)
         leaves = self.layout.leaves(table, behind)
-        found = await fetch_async(conn, _oldest_unfinished(table, behind, leaves))
+        found, xmin, xmax = await fetch_async(conn, _oldest_unfinished(table, behind, leaves))
         if forgotten != self._forgotten:
             return
         size = self.layout.partition_size
         unfinished_low = b.low if found is None else int(found) // size * size
-        self._floor = unfinished_low
-        self._bounds = Bounds(b.low, b.high, unfinished_low)
+        self._floor = self._settling.settle(unfinished_low, b.unfinished_low, int(xmin), int(xmax))
+        self._bounds = Bounds(b.low, b.high, self._floor)
 
     def bounds(self) -> Bounds:
         assert self._bounds is not None, "read the window first"
