@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+from typing import Any
 
 from outbox.plumbing.waiting import cancel_and_wait, cancel_soon
 
@@ -51,3 +53,22 @@ async def test_cancel_soon_cancels_at_once_and_again_until_the_task_ends():
     async with asyncio.timeout(2):
         await cancelling
     assert service.cancelled()
+
+
+async def test_an_exception_a_cancelled_task_ended_with_is_not_reported_as_never_retrieved():
+    reported: list[dict[str, Any]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: reported.append(context))
+
+    async def fails_when_cancelled() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            raise RuntimeError("cleaning up failed") from None
+
+    read, unread = (asyncio.create_task(fails_when_cancelled()) for _ in range(2))
+    await asyncio.sleep(0)  # both wait in their sleep
+    await cancel_and_wait([read, unread])
+    assert isinstance(read.exception(), RuntimeError)  # the caller can still read it
+    del unread
+    gc.collect()
+    assert not reported

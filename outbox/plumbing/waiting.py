@@ -32,12 +32,19 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
     A task can drop its cancellation: on Python 3.11, `asyncio.wait_for` returns a result
     that arrived together with the cancellation and drops it (gh-86296; psycopg_pool waits
     for a connection that way), and a service loop then simply goes on. Cancelled once and
-    awaited, such a task held a worker's stop until it was killed."""
+    awaited, such a task held a worker's stop until it was killed.
+
+    It stands for `cancel()` then `gather(..., return_exceptions=True)`: an exception a task
+    ended with is the caller's to read from it, not reported as never retrieved."""
+    tasks = list(tasks)
     pending = {task for task in tasks if not task.done()}
     while pending:
         for task in pending:
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=CANCEL_AGAIN_AFTER)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # marks it retrieved, as gather does
 
 
 # The cancelling tasks `cancel_soon` started: the loop keeps only weak references to tasks.
