@@ -138,6 +138,38 @@ async def test_a_stop_ends_a_publish_waiting_for_send_tokens_that_dropped_its_ca
     assert ledger.publishing == 0
 
 
+class PoolThatNeverAnswers:
+    """A connection pool whose database never answers."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[None]:
+        self.asked.set()
+        await asyncio.Event().wait()
+        yield
+
+
+async def test_a_stop_gives_back_a_message_whose_send_waited_for_a_token():
+    class Delivers:
+        name = "delivers"
+
+        async def publish(self, message: Message) -> None:
+            return None
+
+    pool = PoolThatNeverAnswers()
+    limiter = RateLimiter(settings("", rate_limit=100.0), pool.connection)
+    ledger, publishing = _publishing(Delivers(), limiter)
+    ledger.hold(_messages(1, 1), now=0.0, claim_seconds=0.0)
+    publishing.start()
+    await pool.asked.wait()  # taken, waiting for a token
+    await publishing.stop(grace=0.01)
+    # Given back at once: not held until the stop gives up waiting for it (the lease).
+    assert ledger.publishing == 0
+    assert await _outcomes(ledger, 1) == {1: OutcomeKind.RELEASED}
+
+
 async def test_a_batch_publisher_returning_the_wrong_count_leaves_the_rows_to_their_leases():
     class Short(Batches):
         async def publish_batch(self, messages: Sequence[Message]) -> list[Exception | None]:

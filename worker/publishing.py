@@ -162,13 +162,20 @@ class Publishing(Service):
         age, took, created_at = ages.append, durations.append, ledger.created_at
         try:
             while (message := ledger.take_one(now := monotonic())) is not None:
-                if not gate.all_clear and (hold := await gate.before(message)) is not None:
+                try:
+                    if not gate.all_clear and (hold := await gate.before(message)) is not None:
+                        ledger.published()
+                        ledger.put_outcome(Outcome.release(message, hold))  # unsent, refunded
+                        continue
+                    if limiter is not None:
+                        await limiter.acquire(destination_of(message))
+                        now = monotonic()  # the token may have been waited for
+                except asyncio.CancelledError:
+                    # A stop, after the grace period, before the send (waiting for a token):
+                    # given back, not left held until the stop gives up waiting for it.
                     ledger.published()
-                    ledger.put_outcome(Outcome.release(message, hold))  # unsent, attempt refunded
-                    continue
-                if limiter is not None:
-                    await limiter.acquire(destination_of(message))
-                    now = monotonic()  # the token may have been waited for
+                    ledger.put_outcome(Outcome.release(message))
+                    raise
                 # The take's clock reading, not one more: a clock read costs as much as the
                 # rest of the observation on some virtual machines.
                 age(now - created_at[message.id])
@@ -254,9 +261,15 @@ class Publishing(Service):
                 want = await limiter.acquire(destination, want)
             messages = ledger.take(want, time.monotonic())
             if not gate.all_clear:
-                allowed = []
-                for message in messages:
-                    hold = await gate.before(message)
+                allowed: list[Message] = []
+                for index, message in enumerate(messages):
+                    try:
+                        hold = await gate.before(message)
+                    except asyncio.CancelledError:  # a stop: what is not decided yet goes back
+                        unsent = [*allowed, *messages[index:]]
+                        ledger.published(len(unsent))
+                        ledger.put_outcomes(Outcome.release(m) for m in unsent)
+                        raise
                     if hold is None:
                         allowed.append(message)
                     else:
