@@ -243,12 +243,37 @@ def last_id_given(table: Table) -> sql.Composable:
     role may not read the sequence (SELECT or USAGE on it) or the id has none of its own.
     Never 0 then: read as 0, it put the newest ids in partition 0, and the claims' window and
     the ids left ahead with them (PostgreSQL 18's pg_sequence_last_value answers NULL to a
-    role without the privilege, 15 raises; the CASE asks neither)."""
+    role without the privilege, 15 raises; the CASE asks neither).
+
+    A sequence whose next value is not drawn yet (new, or moved by `ALTER SEQUENCE ...
+    RESTART [WITH n]` or `setval(..., false)`) is read as the id before its next one:
+    pg_sequence_last_value answers NULL for it until the next nextval, and read as 0 (as
+    it was) a restarted sequence left the partitions ahead and the ids left ahead counted
+    from 0. Its next id is the sequence's own last_value (`_NEXT_ID_NOT_DRAWN`), read only
+    then: the common case stays one function call."""
     sequence = sql.SQL("pg_get_serial_sequence({t}, 'id')").format(t=table.regclass_literal)
     return sql.SQL(
         "(CASE WHEN has_sequence_privilege({s}, 'SELECT, USAGE')"
-        " THEN coalesce(pg_sequence_last_value({s}), 0) END)"
-    ).format(s=sequence)
+        " THEN coalesce(pg_sequence_last_value({s}), {not_drawn}) END)"
+    ).format(s=sequence, not_drawn=_NEXT_ID_NOT_DRAWN.format(s=sequence))
+
+
+# The id before a sequence's next one while that is not drawn yet (is_called false), where
+# its last_value is that next id. The sequence's relation is named at run time
+# (pg_get_serial_sequence), and a statement cannot read a relation named by a value but
+# through a function that runs a query of its text: ts_stat, which every build has (the XML
+# functions need libxml, which some builds lack), runs it and hands the value back as the
+# one word of a tsvector (no `%` in it: a statement with parameters would take it for one).
+# Reading the relation needs SELECT on it; a role with USAGE alone
+# gets the sequence's START, where a plain RESTART puts it.
+_NEXT_ID_NOT_DRAWN = sql.SQL(
+    """(SELECT CASE WHEN has_sequence_privilege({s}, 'SELECT')
+             THEN (SELECT w.word::bigint FROM ts_stat(
+                     'SELECT to_tsvector(''pg_catalog.simple'', last_value::text) FROM ' || {s})
+                   AS w)
+             ELSE q.seqstart END - q.seqincrement
+   FROM pg_catalog.pg_sequence AS q WHERE q.seqrelid = {s}::regclass)"""
+)
 
 
 class SequenceUnreadable(psycopg.errors.InsufficientPrivilege):

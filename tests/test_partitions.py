@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from helpers import explain_prepared, seed, statuses, wait_until, wait_until_db
 from helpers import outbox_on as outbox
+from psycopg import sql
 from test_worker import Scripted
 from workers import dispatching, settings, spawn_worker, stop_worker
 
@@ -29,6 +30,7 @@ from outbox.partitions import (
     Partition,
     check,
     keep_ahead,
+    last_id_given,
     missing_ahead,
     partition_table,
     read_partitions,
@@ -833,3 +835,26 @@ def test_no_partition_is_made_past_the_bigint_range() -> None:
     assert missing  # up to the last whole partition below the top of the range, no further
     assert max(high for _, _, high in missing) <= top
     assert missing[-1][0] == top // 10**12 - 1
+
+
+def test_a_restarted_sequence_is_read_as_where_its_next_id_will_be(pconn, empty_dsn):
+    """After `ALTER SEQUENCE ... RESTART WITH n` (or setval(..., false)) PostgreSQL's
+    pg_sequence_last_value answers NULL until the next nextval: read as 0, the partitions
+    ahead and the ids left ahead were counted from 0 (none made, every partition `made
+    ahead`) while the next insert took id n."""
+    seed(pconn, 150)
+    last_given = sql.SQL("SELECT {last}").format(last=last_id_given(TABLE))
+    pconn.execute("ALTER SEQUENCE outbox_id_seq RESTART WITH 350")
+    assert pconn.execute(last_given).fetchone() == (349,)
+    made = outbox(empty_dsn, "maintain")
+    assert made.returncode == 0, made.stderr
+    assert "made 3 partitions ahead" in made.stdout
+    assert _leaves(pconn)[-1] == (600, 700)  # the id before the next, 349, and 3 past its own
+    listing = json.loads(outbox(empty_dsn, "partitions", "--json").stdout)["partitions"]
+    why_not = {p["name"]: p["why_not"] for p in listing}
+    assert (why_not["outbox_p3"], why_not["outbox_p4"]) == ("it holds the newest ids", "made ahead")
+    assert enqueue(pconn, aggregate_type="a", aggregate_id="1", event_type="E", payload={}) == 350
+    assert pconn.execute(last_given).fetchone() == (350,)
+    # A plain RESTART goes back to the sequence's START (1): the id before it is 0.
+    pconn.execute("ALTER SEQUENCE outbox_id_seq RESTART")
+    assert pconn.execute(last_given).fetchone() == (0,)
