@@ -727,6 +727,15 @@ def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: 
             retirable,
         ))  # fmt: skip
     print("\n".join(aligned(rows, right={2, 3, 4, 5})))
+    written = [i for i, p in enumerate(states) if p.written_past]
+    if written:
+        # Where the producers' next ids go is no longer the sequence's last id alone: the
+        # partitions ahead count from this one, as `outbox stats` and `outbox maintain` count.
+        ahead = sum(1 for p in states[written[-1] + 1 :] if p.why_not == "made ahead")
+        print(
+            f"{shown(table)}: {shown(states[written[-1]].name)} holds a row written with an id "
+            f"past the sequence's last; {counted(ahead, 'partition')} made ahead of it"
+        )
 
 
 # A partition's done rows: the planner's estimate, counted, or counted up to a limit.

@@ -276,6 +276,59 @@ _NEXT_ID_NOT_DRAWN = sql.SQL(
 )
 
 
+@dataclass(frozen=True)
+class InUse:
+    """The highest id in use on a partitioned table (`in_use`): the sequence's last id, or
+    past it a row a producer wrote with an id of its own."""
+
+    last_given: int | None  # the sequence's (`last_id_given`), None when unreadable
+    # The highest partition wholly past it holding a row all the same (`written_past`).
+    written_past: Partition | None
+
+    @property
+    def highest(self) -> int | None:
+        """What the partitions ahead count from: the sequence's last id, or the first id of
+        the partition written past it (whole partitions are counted, so its first id says
+        as much as the row's own)."""
+        if self.last_given is None:
+            return None
+        return max(self.last_given, self.written_past.low if self.written_past else 0)
+
+
+def in_use(table: Table) -> Query[InUse]:
+    """The highest id in use, as the snapshot's window (outbox.stats.unfinished_window) and
+    the claims' find it: the sequence's last id, and the highest partition past it that
+    holds a row (its file's size, `written_past`), no partition opened. `outbox partitions`
+    and `outbox maintain` count the partitions made ahead from it."""
+    statement = sql.SQL(
+        """SELECT s.last, w.relname, w.low, w.high
+  FROM (SELECT {last} AS last) AS s
+  LEFT JOIN LATERAL (
+    SELECT p.relname::text AS relname, b.low, b.high
+      FROM pg_inherits AS i JOIN pg_class AS p ON p.oid = i.inhrelid,
+           LATERAL (SELECT substring(pg_get_expr(p.relpartbound, 0) FROM {first})::bigint AS low,
+                           substring(pg_get_expr(p.relpartbound, 0) FROM {past})::bigint AS high)
+             AS b
+     WHERE i.inhparent = {t}::regclass AND {written}
+     ORDER BY b.low DESC LIMIT 1) AS w ON true"""
+    ).format(
+        last=last_id_given(table),
+        first=sql.Literal(FIRST_ID),
+        past=sql.Literal(PAST_ID),
+        t=table.regclass_literal,
+        written=written_past(sql.SQL("p.oid"), sql.SQL("b.low"), sql.SQL("s.last")),
+    )
+
+    def parse(row: Row | None) -> InUse:
+        if row is None or row[0] is None:
+            return InUse(None, None)
+        last, name, low, high = row
+        past = Partition(str(name), int(low), int(high)) if name is not None else None
+        return InUse(int(last), past)
+
+    return Query(statement, None, first_row(parse))
+
+
 class SequenceUnreadable(psycopg.errors.InsufficientPrivilege):
     """This role may not read the sequence the table's ids come from (`last_id_given`),
     met after the check let it through (a REVOKE since): a refusal like the server's."""

@@ -553,20 +553,53 @@ def test_stats_count_a_row_written_with_its_own_id_past_the_sequence(history, em
     a snapshot does too: the partition it went to is in the window."""
     from outbox.stats import Window, queue_stats, unfinished_window
 
+    _write_past_the_sequence(history)
+    assert fetch(history, unfinished_window(TABLE)) == Window(0, 600)
+    stats = queue_stats(history, TABLE)
+    assert (stats.pending, stats.max_id) == (2, 520)  # ids 320 and 520
+
+
+def _write_past_the_sequence(conn: psycopg.Connection[Any]) -> None:
+    """A copy of the pending row 320 as id 520: partition 5, made ahead of the sequence's
+    last id (449)."""
     columns = [
         row[0]
-        for row in history.execute(
+        for row in conn.execute(
             "SELECT attname FROM pg_attribute WHERE attrelid = 'outbox'::regclass"
             " AND attnum > 0 AND NOT attisdropped AND attname <> 'id' ORDER BY attnum"
         ).fetchall()
     ]
     listed = ", ".join(f'"{c}"' for c in columns)
-    history.execute(  # a copy of the pending row 320, as id 520 (partition 5, made ahead)
+    conn.execute(
         f"INSERT INTO outbox (id, {listed}) SELECT 520, {listed} FROM outbox WHERE id = 320"
     )
-    assert fetch(history, unfinished_window(TABLE)) == Window(0, 600)
-    stats = queue_stats(history, TABLE)
-    assert (stats.pending, stats.max_id) == (2, 520)  # ids 320 and 520
+
+
+def test_partitions_and_maintain_count_from_a_row_written_past_the_sequence(history, empty_dsn):
+    """`outbox stats` counts a row written with an id of its own past the sequence (the
+    partition's file holds it); `outbox partitions` listed its partition `made ahead` and
+    `outbox maintain` counted the partitions ahead from the sequence's last id. Both count
+    from the same highest id in use now, and the listing says which partition holds it."""
+    _write_past_the_sequence(history)
+    listing = outbox(empty_dsn, "partitions", "--json")
+    assert listing.returncode == 0, listing.stderr
+    by_name = {p["name"]: p for p in json.loads(listing.stdout)["partitions"]}
+    assert by_name["outbox_p5"]["why_not"] == (
+        "it holds a row written with an id past the sequence's last, 449"
+    )
+    assert by_name["outbox_p5"]["written_past"] and not by_name["outbox_p4"]["written_past"]
+    text = outbox(empty_dsn, "partitions").stdout.splitlines()
+    assert text[-1] == (
+        "outbox: outbox_p5 holds a row written with an id past the sequence's last; "
+        "0 partitions made ahead of it"
+    )
+    made = outbox(empty_dsn, "maintain")
+    assert made.returncode == 0, made.stderr
+    # Five whole partitions past the one holding id 520, as migrate counts from max(id).
+    assert "made 5 partitions ahead" in made.stdout, made.stdout
+    assert [p.high for p in fetch(history, read_partitions(TABLE)) or []][-1] == 1100
+    again = outbox(empty_dsn, "partitions").stdout.splitlines()
+    assert again[-1].endswith("; 5 partitions made ahead of it")
 
 
 async def test_a_layout_left_on_a_plain_table_is_purged_as_plain(dsn, caplog):

@@ -37,12 +37,13 @@ from psycopg import sql
 
 from outbox.partitions import (
     FINISHED_NOTE,
+    InUse,
     Layout,
     Partition,
     SequenceUnreadable,
     TooFarAhead,
     carry_privileges,
-    last_id_given,
+    in_use,
     make_partition,
     missing_ahead,
     move_home,
@@ -83,6 +84,9 @@ class PartitionState:
     done_since: datetime | None  # first seen with nothing unfinished
     retirable: bool
     why_not: str | None
+    # Wholly past the sequence's last id, it holds a row a producer wrote with an id of its
+    # own: the highest id in use is in it (outbox.partitions.in_use).
+    written_past: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -132,15 +136,16 @@ def _layout(table: Table) -> Steps[tuple[Layout, list[Partition]]]:
     return layout, leaves
 
 
-def _last_id(table: Table) -> Steps[int]:
-    """The sequence's last value: never behind an insert in flight, and no scan of the
-    parent. A role that may not read it is refused, naming the GRANT: read as 0, every
-    partition would seem made ahead."""
-    last = yield from step(_value(sql.SQL("SELECT {last}").format(last=last_id_given(table))))
-    if last is None:
+def _in_use(table: Table) -> Steps[InUse]:
+    """The highest id in use: the sequence's last value (never behind an insert in flight,
+    and no scan of the parent), and the partition past it a producer wrote a row of its own
+    id to, as `outbox stats` and the claims find it. A role that may not read the sequence
+    is refused, naming the GRANT: read as 0, every partition would seem made ahead."""
+    found = yield from step(in_use(table))
+    if found.last_given is None:
         problem = yield from step(sequence_problem(table))
         raise SequenceUnreadable(f"table {table} cannot be served: {problem}")
-    return int(last)
+    return found
 
 
 def _leaf(table: Table, name: str) -> sql.Composable:
@@ -172,13 +177,18 @@ def _state_query(table: Table, leaf: Partition) -> Query[Row]:
     return Query(statement, None, first_row(lambda row: row or ()))
 
 
-def _state(table: Table, leaf: Partition, current: int) -> Steps[PartitionState]:
+def _state(table: Table, leaf: Partition, used: InUse) -> Steps[PartitionState]:
     row = yield from step(_state_query(table, leaf))
     pending, processing, dead, (by_count, rows), oldest, comment = row
     done_since = _noted_since(comment)
     unfinished = int(pending) + int(processing) + int(dead)
+    current = int(used.last_given or 0)
+    written = used.written_past is not None and used.written_past.name == leaf.name
     why_not = None
-    if leaf.high > current:
+    if written:
+        # Never retired while the sequence is behind it: its ids are the producers' next.
+        why_not = f"it holds a row written with an id past the sequence's last, {current}"
+    elif leaf.high > current:
         why_not = "it holds the newest ids" if leaf.low <= current else "made ahead"
     elif dead:
         pin = "pins it until it is" if dead == 1 else "pin it until they are"
@@ -193,6 +203,7 @@ def _state(table: Table, leaf: Partition, current: int) -> Steps[PartitionState]
     return PartitionState(
         leaf.name, leaf.low, leaf.high, int(pending), int(processing), int(dead),
         done, figure, oldest, done_since if not unfinished else None, why_not is None, why_not,
+        written,
     )  # fmt: skip
 
 
@@ -211,10 +222,10 @@ def _noted_since(comment: object) -> datetime | None:
 
 def _states(table: Table) -> Steps[list[PartitionState]]:
     _, leaves = yield from _layout(table)
-    current = yield from _last_id(table)
+    used = yield from _in_use(table)
     states = []
     for leaf in leaves:
-        states.append((yield from _state(table, leaf, current)))
+        states.append((yield from _state(table, leaf, used)))
     return states
 
 
@@ -399,7 +410,7 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
     except TooFarAhead as exc:
         # Said once the run has retired what it may: retention goes on regardless.
         made, too_far = 0, exc
-    current = yield from _last_id(table)
+    used = yield from _in_use(table)
     now = _value(sql.SQL("SELECT clock_timestamp()").format())
     retired: list[str] = []
     rows, estimated = 0, False
@@ -408,14 +419,14 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
         if leaf in leftovers:
             count = yield from _finished_or_attached_back(table, leaf)
         else:
-            state = yield from _state(table, leaf, current)
+            state = yield from _state(table, leaf, used)
             if not state.retirable:
                 if state.why_not and "made ahead" not in state.why_not:
                     yield from _forget_note(table, leaf.name)  # unfinished again (a replay)
                 continue
             if state.done_since is None:
                 yield from step(_note_finished(table, leaf.name))
-                state = yield from _state(table, leaf, current)
+                state = yield from _state(table, leaf, used)
                 if state.done_since is None:
                     continue  # busy, or unfinished after all: looked at again next run
             if state.done_since > (yield from step(now)) - retention:
@@ -440,10 +451,12 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
 
 
 def _make_ahead(table: Table, layout: Layout, leaves: list[Partition]) -> Steps[int]:
-    """The partitions missing ahead of the highest id, each created on its own, then
+    """The partitions missing ahead of the highest id in use (a row written past the
+    sequence's last id counts, as `outbox stats` counts it), each created on its own, then
     attached (outbox.partitions.make_partition), and the parent's privileges given to every
     partition lacking them (one made before a GRANT on the parent); how many were made."""
-    missing = missing_ahead(table, leaves, (yield from _last_id(table)), layout)
+    highest = (yield from _in_use(table)).highest
+    missing = missing_ahead(table, leaves, int(highest or 0), layout)
     for index, low, high in missing:
         for statement in make_partition(table, index, low, high):
             yield from step(_statement(statement))
@@ -466,12 +479,12 @@ def _noted(table: Table) -> Query[set[str]]:
 def _noting(table: Table) -> Steps[int]:
     _, leaves = yield from _layout(table)
     noted = yield from step(_noted(table))
-    current = yield from _last_id(table)
+    used = yield from _in_use(table)
     looked = 0
     for leaf in leaves:
         if leaf.name in noted:
             continue
-        state = yield from _state(table, leaf, current)
+        state = yield from _state(table, leaf, used)
         if not state.retirable:
             break  # the window of unfinished partitions starts here
         yield from step(_note_finished(table, leaf.name))
