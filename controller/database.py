@@ -58,6 +58,7 @@ from outbox.operator_reads import (
 from outbox.plumbing import dberrors
 from outbox.plumbing.dsn import DsnError, check_dsn
 from outbox.plumbing.redact import redact_dsn, redact_text
+from outbox.plumbing.waiting import cancel_and_wait, cancel_soon
 from outbox.schema import SchemaError, check_table
 from outbox.stats import QueueStats, queue_stats_async
 from outbox.table import Table
@@ -306,8 +307,7 @@ class Pools:
             # Nobody serves its table any more: the run stops, at the database too (psycopg
             # sends the server a cancel for the statement in flight when its task is
             # cancelled), so no DELETE or DETACH goes on waiting or working for nobody.
-            retiring.cancel()
-            retiring.add_done_callback(lambda task: task.cancelled() or task.exception())
+            cancel_soon([retiring])  # again, should it drop the cancellation (gh-86296)
         self._leave(dispatcher)
 
     def _leave(self, dispatcher: Dispatcher) -> None:
@@ -330,9 +330,9 @@ class Pools:
         pools, self._pools = list(self._pools.values()), {}
         self._uses.clear()
         retiring, self._retiring = list(self._retiring.values()), {}
-        for task in retiring:
-            task.cancel()
-        await asyncio.gather(*retiring, return_exceptions=True)
+        # Until each has ended: a run whose wait for a pooled connection dropped its
+        # cancellation (Python 3.11's asyncio.wait_for, gh-86296) would go on retiring.
+        await cancel_and_wait(retiring)
         await asyncio.gather(
             *(pool.pool.close() for pool in pools), *self._closing, return_exceptions=True
         )
