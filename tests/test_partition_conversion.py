@@ -287,6 +287,35 @@ def test_giving_up_before_the_swap_drops_the_constraint_so_inserts_go_on_past_it
             == 401  # fmt: skip
 
 
+def test_a_table_holding_negative_ids_is_refused_in_one_line_naming_the_lowest(dsn):
+    """Partition k holds k x size on: a row below 0 fits none, and the conversion failed on
+    its first partition's CHECK in PostgreSQL's words (`CheckViolation: check constraint
+    "outbox_p0_range" ... is violated by some row`). Refused before anything changes,
+    naming the lowest id and what to do; id 0 is partition 0's first."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        seed(conn, 1)
+        conn.execute(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)"
+            " OVERRIDING SYSTEM VALUE VALUES (-7, 'a', '1', 'E', '{}'), (0, 'a', '1', 'E', '{}')"
+        )
+        result = outbox(dsn, "migrate", "--partition-size", str(SIZE))
+        assert result.returncode == 1
+        assert result.stderr.splitlines() == [
+            "outbox: error: table outbox cannot be converted to partitions: its lowest id is "
+            "-7, and the partitions hold ids from 0 up; give those rows ids of 0 or more (or "
+            "delete them) and run this again; nothing was changed"
+        ]
+        untouched = conn.execute(
+            "SELECT relkind, (SELECT count(*) FROM pg_constraint WHERE conname = "
+            "'outbox_p0_range') FROM pg_class WHERE relname = 'outbox'"
+        ).fetchone()
+        assert untouched == ("r", 0)
+        conn.execute("DELETE FROM outbox WHERE id = -7")
+        again = outbox(dsn, "migrate", "--partition-size", str(SIZE))
+        assert again.returncode == 0, again.stderr
+        assert conn.execute("SELECT count(*) FROM outbox_p0 WHERE id IN (0, 1)").fetchone() == (2,)
+
+
 @pytest.mark.parametrize(
     "addition, named",
     [

@@ -136,6 +136,7 @@ def migrate_converting(
     version before, after, what the conversion did if it ran)."""
     if layout is None or not _plain(conn, table):
         return (*migrate(conn, table, ordering, layout=layout), None)
+    _refuse_negative_ids(conn, table)  # before its migration too: nothing changed then
     before, _ = migrate(conn, table, ordering)
     converted = convert(conn, table, layout)
     _, after = migrate(conn, table, ordering, layout=layout)
@@ -238,6 +239,7 @@ def _convert(
     pause: timedelta,
     before_swap: Callable[[], None] | None,
 ) -> Converted:
+    _refuse_negative_ids(conn, table)
     refused = refusals(conn, table)
     if refused:
         raise SchemaError(
@@ -397,6 +399,20 @@ def _bound_statements(table: Table, old: tuple[int, bool] | None, high: int) -> 
             "ALTER TABLE {t} ADD CONSTRAINT {c} CHECK (id >= 0 AND id < {high}) NOT VALID"
         ).format(t=table.ident, c=name, high=sql.Literal(high)),
     ]
+
+
+def _refuse_negative_ids(conn: Conn, table: Table) -> None:
+    """Refuse a table holding an id below 0 in one line naming the lowest: the partitions
+    hold ids from 0 up (partition k: k x size on), and the first one's range CHECK failed
+    its validation in PostgreSQL's words, naming no row. Its primary key's first entry."""
+    row = conn.execute(sql.SQL("SELECT min(id) FROM {t}").format(t=table.ident)).fetchone()
+    lowest = None if row is None else row[0]
+    if lowest is not None and int(lowest) < 0:
+        raise SchemaError(
+            f"table {table} cannot be converted to partitions: its lowest id is {lowest}, and "
+            "the partitions hold ids from 0 up; give those rows ids of 0 or more (or delete "
+            "them) and run this again; nothing was changed"
+        )
 
 
 def _last_id(conn: Conn, table: Table) -> int:
