@@ -550,7 +550,22 @@ def _main(args: argparse.Namespace) -> None:
             # which table and what to do; PostgreSQL's own (a race on a name) is as clear.
             fail(PROG, exc.diag.message_primary or dberrors.describe(exc), 1)
         except psycopg.Error as exc:
-            fail(PROG, f"{type(exc).__name__}: {dberrors.describe(exc)}", 1)
+            fail(PROG, _database_error(conn, exc), 1)
+
+
+def _database_error(conn: psycopg.Connection[Any], exc: psycopg.Error) -> str:
+    """A database error as one line naming what is wrong: the server's words, or ours for a
+    refusal raised as one of its errors (a sequence the role may not read, a table it does
+    not own), with no driver class name before them (`InsufficientPrivilege: permission
+    denied for table outbox_layout`), which says nothing they do not. A refusal of the
+    server's names the role refused; an error of the driver alone (no SQLSTATE: the
+    connection broke) says it is the connection's."""
+    said = dberrors.describe(exc)
+    if exc.sqlstate is None and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return f"the connection to the database failed: {said}"
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege) and exc.diag.message_primary:
+        return f"{said} (role {conn.info.user})"
+    return said
 
 
 def _left_as_it_was(args: argparse.Namespace, by: str = "") -> str:

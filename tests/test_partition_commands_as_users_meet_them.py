@@ -132,6 +132,40 @@ def test_maintain_by_a_role_that_does_not_own_the_table_changes_nothing_and_says
         )
 
 
+@pytest.mark.parametrize(
+    "revoke, command, said",
+    [
+        ("REVOKE SELECT ON outbox_layout FROM {r}", ["partitions"],
+         "permission denied for table outbox_layout (role {r})"),
+        ("REVOKE SELECT ON outbox_layout FROM {r}", ["migrate", "--partition-size", "100"],
+         "permission denied for table outbox_layout (role {r})"),
+        # Granted on the parent after its partitions were made (`outbox migrate` carries it).
+        ("SELECT", ["stats"], "permission denied for table outbox_p0 (role {r})"),
+        ("REVOKE SELECT ON SEQUENCE outbox_id_seq FROM {r}", ["partitions"],
+         "table outbox cannot be served: role {r} may not read public.outbox_id_seq"),
+        ("SELECT", ["maintain"], "role {r} does not own table outbox: "),
+    ],
+    ids=["partitions", "migrate", "stats", "sequence", "maintain"],
+)  # fmt: skip
+def test_a_refused_privilege_is_one_plain_line_without_a_class_name(
+    empty_dsn: str, worker_role: str, revoke: str, command: list[str], said: str
+) -> None:
+    """Errors the database raised (and the refusals raised as its errors) were printed after
+    the driver's class name: `InsufficientPrivilege: permission denied for table
+    outbox_layout`, `SequenceUnreadable: table outbox cannot be served: ...`, `NotTableOwner:
+    role ... does not own table outbox`. They are one line of what is wrong, naming the role
+    a privilege was refused to."""
+    role = psycopg.conninfo.conninfo_to_dict(worker_role)["user"]
+    assert isinstance(role, str)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL(revoke).format(r=sql.Identifier(role)))
+    run = outbox(worker_role, *command)
+    assert run.returncode == 1, (run.stdout, run.stderr)
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith(f"outbox: error: {said.format(r=role)}"), lines[0]
+
+
 # A plain name, and names whose partitions' names PostgreSQL's 63 bytes cut short (the
 # layout names them `<prefix>_<digest>`), one with a capital, a quote and 2-byte letters.
 LONG_NAMES = ["outbox", "t" * 61, 'Ab"' + "é" * 29]
