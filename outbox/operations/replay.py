@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -171,9 +171,22 @@ def window(table: Table, since: datetime, until: datetime) -> Steps[IdRange]:
     if bounds is None:
         return IdRange(0, 0)
     lowest, highest = bounds
-    first = yield from _first_at(table, lowest, highest, since - CREATED_AT_SLACK)
-    past = yield from _first_at(table, first, highest, until + CREATED_AT_SLACK)
+    first = yield from _first_at(table, lowest, highest, _widened(since, -CREATED_AT_SLACK))
+    past = yield from _first_at(table, first, highest, _widened(until, CREATED_AT_SLACK))
     return IdRange(first, past)
+
+
+_EARLIEST = datetime.min.replace(tzinfo=UTC)
+_LATEST = datetime.max.replace(tzinfo=UTC)
+
+
+def _widened(moment: datetime, by: timedelta) -> datetime:
+    """`moment` moved by the slack; a window's edge at the calendar's end (year 1 or 9999,
+    where Python's datetime stops) stays there: it means the table's first or last row."""
+    try:
+        return moment + by
+    except OverflowError:
+        return _EARLIEST if by < timedelta(0) else _LATEST
 
 
 # -- what a filter matches ---------------------------------------------------------------
