@@ -341,8 +341,8 @@ class ClaimWindow:
             # every claim until one is made. Looked at only when the ids pass what was seen.
             self._made_top = await made_top(conn, table, self.layout)
         top = min(top, self._made_top) if self._made_top else top
-        start = min(floor, top)
-        ready, unfinished, xmax = await self._first_ready(conn, table, start, top)
+        reading_from = min(floor, top)
+        ready, unfinished, xmax = await self._first_ready(conn, table, reading_from, top)
         if ready is None and refloor:
             # Nothing ready up to the sequence's partition: a row a producer wrote with an
             # id of its own may wait past it (`written_past`, as outbox stats finds it).
@@ -367,7 +367,10 @@ class ClaimWindow:
         high = max(low + self._width, top) if self._widen else low + self._width
         unfinished_low = int(unfinished) // size * size if unfinished is not None else low
         found = min(unfinished_low, low)
-        self._floor = self._settling.settle(found, start // size * size, xmin, xmax)
+        # Where this reading looked from, not the ready row it found: with no floor settled
+        # yet (a first reading, a forget) the floor must stay there while a transaction open
+        # during the reading may still commit a row below what it found.
+        self._floor = self._settling.settle(found, reading_from // size * size, xmin, xmax)
         self._bounds = Bounds(low, high, self._floor)
         self._read_at = now
         self._fresh, self._widen, self.unfinished_behind = True, False, False

@@ -1,0 +1,89 @@
+"""A partitioned table's claim window while producers' transactions stay open: the floor
+(where readings start and ordered mode's head check looks from) stays below a row not yet
+committed, from a worker's first reading on."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from helpers import seed, statuses
+
+from outbox import enqueue, lease
+from outbox.claim_window import ClaimWindow
+from outbox.models import Outcome
+from outbox.partitions import Layout
+from outbox.schema import migrate
+from outbox.table import Table
+
+TABLE = Table.parse("outbox")
+SIZE = 100
+
+
+@pytest.fixture
+def pconn(empty_dsn: str) -> Any:
+    """A fresh database holding `outbox` partitioned in partitions of SIZE ids, 3 ahead."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, layout=Layout(SIZE, 3))
+        yield conn
+
+
+async def _drain(aconn: Any, *, ordered: bool, window: ClaimWindow) -> list[list[int]]:
+    """Claim and finalize until nothing is left; the ids of each claim."""
+    claims = []
+    while True:
+        got = await lease.claim(
+            aconn,
+            TABLE,
+            owner="w",
+            batch=50,
+            lease=timedelta(minutes=1),
+            max_attempts=5,
+            ordered=ordered,
+            window=window,
+        )
+        if not got:
+            return claims
+        claims.append([m.id for m in got])
+        assert window.layout is not None
+        done = await lease.finalize(
+            aconn, TABLE, [Outcome.done(m) for m in got], layout=window.layout
+        )
+        assert done == {m.id for m in got}
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+async def test_a_worker_started_while_a_producer_holds_a_lower_id_claims_it_first(
+    pconn, empty_dsn, ordered
+):
+    """A producer's transaction takes id 1 and stays open while ids 2-251 are committed and
+    delivered by one worker; a second worker starts then (or forgets its window: a replay,
+    a reconnection, a retired partition). Its first reading found nothing unfinished below
+    the top partition, but a transaction open during it could still commit a row there: its
+    floor must stay at the lowest partition, where that reading started. It stood at the top
+    partition: id 1, committed, waited for the reading from the lowest partition (30s), and
+    in ordered mode its aggregate's next message went first."""
+    if ordered:
+        migrate(pconn, TABLE, "aggregate")
+    late = {"aggregate_type": "order", "aggregate_id": "late", "event_type": "Tested"}
+    with psycopg.connect(empty_dsn) as producer:
+        assert enqueue(producer, **late, payload=0, lock_aggregate=True) == 1  # uncommitted
+        seed(pconn, 250, aggregates=250)  # ids 2-251, committed
+        async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+            drained = await _drain(aconn, ordered=ordered, window=ClaimWindow(Layout(SIZE, 3)))
+            assert sorted(i for c in drained for i in c) == list(range(2, 252))
+            started = ClaimWindow(Layout(SIZE, 3))
+            started.announcing = True  # as the worker's listener sets it
+            await started.read(aconn, TABLE, 50)  # its first claim's reading
+            assert started.bounds().unfinished_low == 0
+            producer.commit()
+            # The aggregate's next message: its producer waited for the first one's lock.
+            assert enqueue(pconn, **late, payload=1, lock_aggregate=True) == 252
+            started.announced()  # the listener heard both
+            claims = await _drain(aconn, ordered=ordered, window=started)
+            assert claims[0][0] == 1
+            if ordered:
+                assert claims == [[1], [252]]
+    assert statuses(pconn) == {"done": 252}
