@@ -1,20 +1,24 @@
 """A partitioned table's claim window while producers' transactions stay open: the floor
 (where readings start and ordered mode's head check looks from) stays below a row not yet
-committed, from a worker's first reading on."""
+committed, from a worker's first reading on; and maintenance when producers outran the
+partitions made ahead (their failed inserts spend ids) leaves a partition to go on with."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from helpers import outbox_on as outbox
 from helpers import seed, statuses
 
-from outbox import enqueue, lease
+from outbox import OutOfPartitions, enqueue, lease
 from outbox.claim_window import ClaimWindow
 from outbox.models import Outcome
-from outbox.partitions import Layout
+from outbox.partitions import Layout, read_partitions
+from outbox.runner import fetch
 from outbox.schema import migrate
 from outbox.table import Table
 
@@ -87,3 +91,32 @@ async def test_a_worker_started_while_a_producer_holds_a_lower_id_claims_it_firs
             if ordered:
                 assert claims == [[1], [252]]
     assert statuses(pconn) == {"done": 252}
+
+
+def test_retention_keeps_the_highest_partition_when_producers_ran_past_every_one(pconn, empty_dsn):
+    """Producers outran the partitions made ahead while rows were delivered: their inserts
+    failed (OutOfPartitions), each spending its id, until the sequence lay more partitions
+    past the highest made than a run makes. `outbox maintain --retention 0s` retired every
+    partition, finished and old as they all seemed counted from the sequence, made none,
+    and left the table without a partition: every insert and every worker's reading failed
+    until one was made by hand. The highest partition made holds the newest ids then: it is
+    kept, and once the sequence is set back as maintain says, inserts go on."""
+    seed(pconn, 399, aggregates=7)  # ids 1-399: partitions 0-3, the ones made
+    pconn.execute("UPDATE outbox SET status = 'done', lease_owner = NULL")
+    spent = 0
+    with psycopg.connect(empty_dsn, autocommit=True) as producer:
+        while spent < 2000:
+            with pytest.raises(OutOfPartitions):
+                enqueue(producer, aggregate_type="o", aggregate_id="a", event_type="e", payload={})
+            spent += 1
+    result = outbox(empty_dsn, "maintain", "--retention", "0s")
+    assert result.returncode == 1  # the sequence is too far past them to make them all
+    assert "setval" in result.stderr
+    left = [p.name for p in fetch(pconn, read_partitions(TABLE)) or []]
+    assert left[-1:] == ["outbox_p3"], left
+    listed = outbox(empty_dsn, "partitions")
+    assert re.search(r"outbox_p3 .* no: it holds the newest ids", listed.stdout), listed.stdout
+    pconn.execute("SELECT setval('outbox_id_seq', 399)")
+    made = outbox(empty_dsn, "maintain", "--retention", "0s")
+    assert made.returncode == 0, made.stderr
+    assert enqueue(pconn, aggregate_type="o", aggregate_id="a", event_type="e", payload={}) == 400

@@ -177,12 +177,17 @@ def _state_query(table: Table, leaf: Partition) -> Query[Row]:
     return Query(statement, None, first_row(lambda row: row or ()))
 
 
-def _state(table: Table, leaf: Partition, used: InUse) -> Steps[PartitionState]:
+def _state(table: Table, leaf: Partition, used: InUse, made_past: int) -> Steps[PartitionState]:
+    """`made_past`: past the last id of the highest partition made."""
     row = yield from step(_state_query(table, leaf))
     pending, processing, dead, (by_count, rows), oldest, comment = row
     done_since = _noted_since(comment)
     unfinished = int(pending) + int(processing) + int(dead)
-    current = int(used.last_given or 0)
+    # Ids given past every partition made (inserts no partition took spend theirs: producers
+    # outran the partitions) hold no row: the highest partition made holds the newest ids
+    # then. Counted from the sequence alone, every partition was finished and old, and a run
+    # retired them all, leaving the table none to insert into or claim from.
+    current = min(int(used.last_given or 0), made_past - 1)
     written = used.written_past is not None and used.written_past.name == leaf.name
     why_not = None
     if written:
@@ -223,9 +228,10 @@ def _noted_since(comment: object) -> datetime | None:
 def _states(table: Table) -> Steps[list[PartitionState]]:
     _, leaves = yield from _layout(table)
     used = yield from _in_use(table)
+    made_past = max((leaf.high for leaf in leaves), default=0)
     states = []
     for leaf in leaves:
-        states.append((yield from _state(table, leaf, used)))
+        states.append((yield from _state(table, leaf, used, made_past)))
     return states
 
 
@@ -411,6 +417,9 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
         # Said once the run has retired what it may: retention goes on regardless.
         made, too_far = 0, exc
     used = yield from _in_use(table)
+    # Those this run made ahead lie past it: the highest of the others is kept if the ids
+    # went past them all (`_state`), one run's delay, never a partition too few.
+    made_past = max((leaf.high for leaf in leaves), default=0)
     now = _value(sql.SQL("SELECT clock_timestamp()").format())
     retired: list[str] = []
     rows, estimated = 0, False
@@ -419,14 +428,14 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
         if leaf in leftovers:
             count = yield from _finished_or_attached_back(table, leaf)
         else:
-            state = yield from _state(table, leaf, used)
+            state = yield from _state(table, leaf, used, made_past)
             if not state.retirable:
                 if state.why_not and "made ahead" not in state.why_not:
                     yield from _forget_note(table, leaf.name)  # unfinished again (a replay)
                 continue
             if state.done_since is None:
                 yield from step(_note_finished(table, leaf.name))
-                state = yield from _state(table, leaf, used)
+                state = yield from _state(table, leaf, used, made_past)
                 if state.done_since is None:
                     continue  # busy, or unfinished after all: looked at again next run
             if state.done_since > (yield from step(now)) - retention:
