@@ -55,3 +55,34 @@ def test_a_window_from_the_first_year_or_to_the_last_is_the_whole_table(conn, ds
     found = json.loads(reconciled.stdout)
     assert (found["delivered"], found["missing"]["count"]) == (5, 5)
     assert found["missing"]["ranges"] == [[ids[0], ids[-1]]]
+
+
+def test_names_a_producer_wrote_print_as_themselves_never_as_terminal_commands(conn, dsn):
+    """Any producer (SQL, another language) may write an event type or a consumer name with
+    control characters; the worker refuses to send it in a header, and its row goes dead.
+    The replay's preview, its confirmation and its summary, and the comparison's report,
+    show such names escaped (as every other command does): an ESC read from a row must not
+    clear the operator's screen or recolour what follows, nor a bidi override reorder it."""
+    evil = "Evil\x1b[2J\x1b[31mRED\u202e"
+    conn.execute(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, status, "
+        "created_at) VALUES ('order', 'agg-1', %s, '{}', 'dead', %s)",
+        (evil, T0),
+    )
+    window = ("--since", T0.isoformat(), "--until", "0s")
+    shown = outbox("replay", "--dsn", dsn, *window, "--status", "dead", "--dry-run")
+    assert shown.returncode == 0, shown.stderr
+    assert "  Evil\\x1b[2J\\x1b[31mRED\\u202e  1" in shown.stdout.splitlines()
+    sent = outbox("replay", "--dsn", dsn, *window, "--status", "dead", "--yes")
+    assert sent.returncode == 0, sent.stderr
+    assert sent.stdout.endswith("(Evil\\x1b[2J\\x1b[31mRED\\u202e 1)\n"), sent.stdout
+    conn.execute("UPDATE outbox SET status = 'done'")
+    migrated = outbox("inbox", "migrate", "--dsn", dsn)
+    assert migrated.returncode == 0, migrated.stderr
+    reconciled = outbox("reconcile", "--dsn", dsn, "--inbox-dsn", dsn, "--inbox-table",
+                        "outbox_inbox", "--consumer", "bill\x1bing", *window)  # fmt: skip
+    assert reconciled.returncode == 0, reconciled.stderr
+    assert "consumer bill\\x1bing: 1 missing" in reconciled.stdout
+    assert "missing by type: Evil\\x1b[2J\\x1b[31mRED\\u202e 1" in reconciled.stdout
+    for output in (shown.stdout, sent.stdout, reconciled.stdout):
+        assert "\x1b" not in output and "\u202e" not in output

@@ -24,7 +24,7 @@ from outbox.plumbing.dsn import check_dsn, with_pg_environment
 from outbox.plumbing.durations import parse_duration
 from outbox.plumbing.errors import SettingError
 from outbox.plumbing.redact import describe_dsn
-from outbox.plumbing.text import counted, first_control
+from outbox.plumbing.text import counted, first_control, printable
 from outbox.runner import Query, fetch, first_row, perform
 from outbox.table import Table, shown, shown_argument
 
@@ -268,7 +268,7 @@ def _replay(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Tabl
             fail(PROG, str(exc), 1)
         print(
             f"{shown(table)}: replay {progress.number}: going on from id {progress.next_id} "
-            f"({progress.filter.describe()})"
+            f"({printable(progress.filter.describe())})"
         )
         _send(args, conn, table, progress, actor)
         return
@@ -327,7 +327,9 @@ def _send(
             file=sys.stderr,
         )
         raise SystemExit(130) from None
-    by_type = ", ".join(f"{name} {n}" for name, n in sorted(progress.by_type.items()))
+    by_type = ", ".join(
+        f"{name} {n}" for name, n in sorted((printable(t), n) for t, n in progress.by_type.items())
+    )
     print(
         f"{shown(table)}: replay {progress.number}: sent {counted(progress.sent, 'message')} again "
         f"in {counted(progress.batches, 'batch', 'batches')}"

@@ -31,7 +31,7 @@ from psycopg import sql
 
 from outbox.operations import replay
 from outbox.plumbing.dsn import connect_options
-from outbox.plumbing.text import counted
+from outbox.plumbing.text import counted, printable
 from outbox.runner import Query, Row, fetch, first_row, perform
 from outbox.session import session_settings
 from outbox.table import Table, shown
@@ -91,12 +91,18 @@ class Found:
     def lines(self, table: Table) -> list[str]:
         window = f"{self.since.isoformat()} to {self.until.isoformat()}"
         lines = [
-            f"{shown(table)}: {self.delivered} delivered from {window}; consumer {self.consumer}: "
+            f"{shown(table)}: {self.delivered} delivered from {window}; consumer "
+            f"{printable(self.consumer)}: "
             f"{self.missing} missing, {self.extra} extra, {counted(self.foreign, 'key')} that "
             f"{'is' if self.foreign == 1 else 'are'} no id"
         ]
         if self.missing:
-            by_type = ", ".join(f"{t} {n}" for t, n in sorted(self.missing_by_type.items()))
+            # Types and the consumer come from the tables: shown escaped, never as terminal
+            # commands.
+            by_type = ", ".join(
+                f"{t} {n}"
+                for t, n in sorted((printable(name), n) for name, n in self.missing_by_type.items())
+            )
             lines.append(f"missing by type: {by_type}")
             lines.append(
                 f"missing ids: {_text(self.missing_ranges.kept)}{_more(self.missing_ranges)}"

@@ -37,6 +37,7 @@ from psycopg.types.json import Jsonb
 
 from outbox.operations.partition_maintenance import forget_finished
 from outbox.partitions import REPLAY_NOTICE
+from outbox.plumbing.text import printable
 from outbox.runner import Query, Row, Steps, first_row, perform_async, step
 from outbox.table import Table
 from outbox.views.filters import by_type_and_aggregate
@@ -232,13 +233,16 @@ class Preview:
 
     def lines(self) -> list[str]:
         if not self.count:
-            return [f"no message matches ({self.filter.describe()}){self._retired()}"]
+            return [f"no message matches ({printable(self.filter.describe())}){self._retired()}"]
         head = (
             f"{self.count} message{'' if self.count == 1 else 's'} "
-            f"(ids {self.first_id} to {self.last_id}; {self.filter.describe()})"
+            f"(ids {self.first_id} to {self.last_id}; {printable(self.filter.describe())})"
         )
-        width = max(len(t) for t in self.by_type)
-        return [head] + [f"  {name:<{width}}  {n}" for name, n in sorted(self.by_type.items())]
+        # Any producer may have written a type with control characters: escaped, it is
+        # shown as itself, never as a terminal command.
+        by_type = sorted((printable(name), n) for name, n in self.by_type.items())
+        width = max(len(name) for name, _ in by_type)
+        return [head] + [f"  {name:<{width}}  {n}" for name, n in by_type]
 
     def _retired(self) -> str:
         """Why a window may find nothing: retention took its rows (`outbox purge`, or
