@@ -36,13 +36,16 @@ WINDOW_TTL = 5.0
 FLOOR_TTL = 30.0
 # Partitions a reading statement looks in at a time.
 READING_PARTITIONS = 4
-# Readings of the oldest unfinished row kept until every transaction open at theirs has ended
-# (see Settling): more only delay the floor's move, never make it wrong.
+# Readings of the oldest unfinished row kept until every transaction that may hold an id
+# below theirs has ended (see Settling); past it the newest two are merged into one, which
+# settles later, never wrongly.
 SIGHTINGS_KEPT = 16
-# The statement's snapshot: the oldest transaction still open, and the first not yet begun
-# (xid8, read as a number).
+# The statement's snapshot's xmin: no transaction below it is still open (xid8, as a number).
 _XMIN = sql.SQL("pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
-_XMAX = sql.SQL("pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
+# Past every transaction id handed out so far: this statement's own, plus one (it takes one,
+# which costs a commit record and no flush). Not the snapshot's xmax: that is past the newest
+# transaction *ended*, and an open one that began after it is in neither bound nor list.
+_PAST_EVERY_XID = sql.SQL("pg_current_xact_id()::text::bigint + 1")
 # How often a worker on a plain table looks whether it has been converted meanwhile, should it
 # have missed that NOTIFY: its claims through the parent work until then, only slower.
 LAYOUT_TTL = 30.0
@@ -66,10 +69,11 @@ def _ids(within: tuple[int, int]) -> sql.Composable:
     )
 
 
-def _extent(table: Table, *, lowest: bool) -> Query[tuple[int | None, int | None, int]]:
+def _extent(table: Table, *, lowest: bool) -> Query[tuple[int | None, int | None, int, int]]:
     """The first id of the lowest partition (if asked: it reads every partition's bound in
     the catalog, as `read_partitions` does), the last id the sequence gave (None:
-    unreadable, `last_id_given`) and the snapshot's xmin; opening no partition."""
+    unreadable, `last_id_given`), the snapshot's xmin, and past every transaction id handed
+    out once that last id was read (in this order: left to right); opening no partition."""
     lowest_id = (
         sql.SQL(
             """(SELECT min(substring(pg_get_expr(p.relpartbound, 0) FROM {first})::bigint)
@@ -79,15 +83,16 @@ def _extent(table: Table, *, lowest: bool) -> Query[tuple[int | None, int | None
         if lowest
         else sql.SQL("NULL::bigint")
     )
-    statement = sql.SQL("SELECT {lowest_id}, {last}, {xmin}").format(
+    statement = sql.SQL("SELECT {lowest_id}, {last}, {xmin}, {past}").format(
         lowest_id=lowest_id.format(t=table.regclass_literal, first=sql.Literal(FIRST_ID)),
         last=last_id_given(table),
         xmin=_XMIN,
+        past=_PAST_EVERY_XID,
     )
     return Query(statement, None, first_row(_parse_extent))
 
 
-def _parse_extent(row: Row | None) -> tuple[int | None, int | None, int]:
+def _parse_extent(row: Row | None) -> tuple[int | None, int | None, int, int]:
     assert row is not None
     return tuple(None if value is None else int(value) for value in row)  # type: ignore[return-value]
 
@@ -117,35 +122,41 @@ def _window_reading(
     table: Table, within: tuple[int, int], leaves: tuple[Table, ...] | None = None
 ) -> Query[Row]:
     """Where, `within` the live ids, the oldest ready row (or expired lease) and the oldest
-    unfinished row are, and the snapshot's xmax. Each a probe of a partial index per
+    unfinished row are, and the snapshot's xmin. Each a probe of a partial index per
     partition in the range: read after a short claim and once a WINDOW_TTL, never per claim.
     Named by `leaves`, the partitions that make up the range, when given: the same probes
     through the parent planned about 4.7 times as long (ordered mode reads often: dozens of
     times a drain)."""
     statement = sql.SQL(
-        "SELECT least({ready}, {expired}), least({unfinished}, {dead}), {xmax}"
+        "SELECT least({ready}, {expired}), least({unfinished}, {dead}), {xmin}"
     ).format(
         ready=_least(table, within, leaves, "status = 'pending' AND available_at <= now()"),
         expired=_least(table, within, leaves, "status = 'processing' AND lease_until < now()"),
         unfinished=_least(table, within, leaves, "status IN ('pending', 'processing')"),
         dead=_least(table, within, leaves, "status = 'dead'"),
-        xmax=_XMAX,
+        xmin=_XMIN,
     )
-    return Query(statement, None, first_row(lambda row: row or (None, None, 0)))
+    return Query(statement, None, first_row(_one_row))
 
 
 @lru_cache(maxsize=64)
 def _oldest_unfinished(
     table: Table, within: tuple[int, int], leaves: tuple[Table, ...] | None = None
 ) -> Query[Row]:
-    """The oldest unfinished row `within`, and the snapshot's xmin and xmax."""
-    statement = sql.SQL("SELECT least({unfinished}, {dead}), {xmin}, {xmax}").format(
+    """The oldest unfinished row `within`, the snapshot's xmin, and past every transaction id
+    handed out as it ran (taken after the snapshot)."""
+    statement = sql.SQL("SELECT least({unfinished}, {dead}), {xmin}, {past}").format(
         unfinished=_least(table, within, leaves, "status IN ('pending', 'processing')"),
         dead=_least(table, within, leaves, "status = 'dead'"),
         xmin=_XMIN,
-        xmax=_XMAX,
+        past=_PAST_EVERY_XID,
     )
-    return Query(statement, None, first_row(lambda row: row or (None, 0, 0)))
+    return Query(statement, None, first_row(_one_row))
+
+
+def _one_row(row: Row | None) -> Row:
+    assert row is not None, "a SELECT without FROM returns its row"
+    return row
 
 
 def _least(
@@ -171,41 +182,46 @@ class Settling:
     below what it found (taken before, committed after: a producer's transaction that lasts
     while the rows after it are delivered), and that row must be found by the readings
     (which start at the floor) and, in ordered mode, stop its aggregate's later messages
-    (the head check looks from the floor). So a floor found is only a sighting until every
-    transaction open during its reading has ended (a later statement's snapshot xmin at or
-    past that reading's xmax); the floor then moves up to it, but no higher than what that
-    later reading found (it sees the rows those transactions committed). Ids taken after a
-    reading lie past what it found: the sequence only goes up.
+    (the head check looks from the floor). So what a reading finds is a sighting, with a
+    bound past every transaction id handed out before it looked; the floor moves up to it
+    once a later statement's snapshot xmin is at or past that bound (each of those
+    transactions has ended) and no higher than what was found from that statement on (it
+    sees the rows they committed). What a reading finds is never past the partition of the
+    sequence's next id as it began: ids taken later may belong to transactions still open
+    that began after the bound.
 
-    One case stays open: an id taken by an insert whose transaction had no transaction id
-    yet when a reading began (between the sequence's nextval and the row's write, within
-    one statement); the reading from the lowest partition every FLOOR_TTL finds that row.
+    Left open: an id whose transaction had no transaction id yet when the bound was taken
+    (within the insert that took it, between the sequence's nextval and the row's write),
+    and sequences with a CACHE of more than one (a session's cached ids come out of order);
+    the reading from the lowest partition every FLOOR_TTL finds such a row.
     """
 
     def __init__(self) -> None:
         self.floor: int | None = None  # None: none settled, a reading starts at the lowest
-        self._sightings: list[tuple[int, int]] = []  # (floor found, xmax of its reading)
+        self._sightings: list[tuple[int, int]] = []  # (floor found, its transaction bound)
 
     def forget(self) -> None:
         self.floor = None
         self._sightings.clear()
 
-    def settle(self, found: int, start: int, xmin: int, xmax: int) -> int:
+    def settle(self, found: int, start: int, xmin: int, bound: int) -> int:
         """The floor after a reading that looked from `start` and found the oldest unfinished
-        row's partition at `found`; `xmin` is its first statement's, `xmax` its last's."""
+        row's partition at `found`: `bound` is past every transaction id handed out before
+        it looked, `xmin` its first look's snapshot's."""
         floor = start if self.floor is None else self.floor
         kept = []
-        for seen, open_until in self._sightings:
-            if open_until <= xmin:  # every transaction open then has ended
+        for seen, past in [*self._sightings, (found, bound)]:
+            if past <= xmin:  # every transaction that may hold an id below has ended
                 floor = max(floor, min(seen, found))
             else:
-                kept.append((seen, open_until))
-        if xmax <= xmin:  # no transaction was open while this reading ran
-            floor = max(floor, found)
-        else:
-            kept.append((found, xmax))
-        self._sightings = kept[-SIGHTINGS_KEPT:]
-        # A reading that found a row below the floor (one the case above missed): from there.
+                kept.append((seen, past))
+        if len(kept) > SIGHTINGS_KEPT:
+            # The newest two as one: the lower floor, once the later bound is passed. Never
+            # the oldest dropped: those are the first to settle.
+            (older, older_past), (newer, newer_past) = kept[-2:]
+            kept[-2:] = [(min(older, newer), max(older_past, newer_past))]
+        self._sightings = kept
+        # A reading that found a row below the floor (one the cases above leave): from there.
         self.floor = min(floor, found)
         return self.floor
 
@@ -330,7 +346,7 @@ class ClaimWindow:
         self._announced = False  # one heard from here on may be past what this reads
         now = time.monotonic()
         refloor = self._floor is None or now - self._floor_at > FLOOR_TTL
-        lowest, last_id, xmin = await fetch_async(conn, _extent(table, lowest=refloor))
+        lowest, last_id, xmin, bound = await fetch_async(conn, _extent(table, lowest=refloor))
         if last_id is None:
             raise await sequence_unreadable(conn, table)
         floor = self._floor if not refloor and self._floor is not None else lowest or 0
@@ -342,7 +358,8 @@ class ClaimWindow:
             self._made_top = await made_top(conn, table, self.layout)
         top = min(top, self._made_top) if self._made_top else top
         reading_from = min(floor, top)
-        ready, unfinished, xmax = await self._first_ready(conn, table, reading_from, top)
+        ready, unfinished, looked_at = await self._first_ready(conn, table, reading_from, top)
+        xmin = looked_at or xmin  # the first look's, when one was made
         if ready is None and refloor:
             # Nothing ready up to the sequence's partition: a row a producer wrote with an
             # id of its own may wait past it (`written_past`, as outbox stats finds it).
@@ -350,7 +367,8 @@ class ClaimWindow:
             # size cost ten times the rest of a reading that finds nothing.
             past = await fetch_async(conn, _written_past(table, last_id))
             if past is not None and past > top:
-                ready, found, xmax = await self._first_ready(conn, table, top, int(past))
+                ready, found, looked_at = await self._first_ready(conn, table, top, int(past))
+                xmin = min(xmin, looked_at or xmin)
                 unfinished = found if unfinished is None else unfinished
                 top = int(past)
         if forgotten != self._forgotten:
@@ -366,11 +384,12 @@ class ClaimWindow:
         low = int(start) // size * size
         high = max(low + self._width, top) if self._widen else low + self._width
         unfinished_low = int(unfinished) // size * size if unfinished is not None else low
-        found = min(unfinished_low, low)
+        # Never past the partition of the next id as the reading began (see Settling).
+        found = min(unfinished_low, low, (last_id + 1) // size * size)
         # Where this reading looked from, not the ready row it found: with no floor settled
         # yet (a first reading, a forget) the floor must stay there while a transaction open
         # during the reading may still commit a row below what it found.
-        self._floor = self._settling.settle(found, reading_from // size * size, xmin, xmax)
+        self._floor = self._settling.settle(found, reading_from // size * size, xmin, bound)
         self._bounds = Bounds(low, high, self._floor)
         self._read_at = now
         self._fresh, self._widen, self.unfinished_behind = True, False, False
@@ -381,25 +400,26 @@ class ClaimWindow:
         table: Table,
         start: int,
         end: int,
-    ) -> tuple[int | None, int | None, int]:
+    ) -> tuple[int | None, int | None, int | None]:
         """The first ready row (or expired lease) from `start` up to `end`, the first
-        unfinished row of the partitions read until then, and the last statement's xmax.
+        unfinished row of the partitions read until then, and the first look's snapshot's
+        xmin (None: nothing to look at).
         Partition by partition, a few at a time, up to the first ready row: a statement over
         them all would plan every partition (a reading over 30 of them cost more than the
         claims of a 30,000-row drain)."""
         assert self.layout is not None
         size = self.layout.partition_size
-        ready = unfinished = None
-        xmax = 0
+        ready = unfinished = first_xmin = None
         chunk = READING_PARTITIONS * size
         for low in range(start // size * size, end, chunk):
             within = (low, min(low + chunk, end))
             leaves = self.layout.leaves(table, within)
-            ready, found, xmax = await fetch_async(conn, _window_reading(table, within, leaves))
+            ready, found, xmin = await fetch_async(conn, _window_reading(table, within, leaves))
             unfinished = found if unfinished is None else unfinished
+            first_xmin = int(xmin) if first_xmin is None else first_xmin
             if ready is not None:
                 break
-        return ready, unfinished, int(xmax)
+        return ready, unfinished, first_xmin
 
     async def catch_up(
         self, conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table
@@ -414,12 +434,14 @@ class ClaimWindow:
         forgotten = self._forgotten
         behind = (b.unfinished_low, b.low)
         leaves = self.layout.leaves(table, behind)
-        found, xmin, xmax = await fetch_async(conn, _oldest_unfinished(table, behind, leaves))
+        found, xmin, bound = await fetch_async(conn, _oldest_unfinished(table, behind, leaves))
         if forgotten != self._forgotten:
             return
         size = self.layout.partition_size
         unfinished_low = b.low if found is None else int(found) // size * size
-        self._floor = self._settling.settle(unfinished_low, b.unfinished_low, int(xmin), int(xmax))
+        # Ids below the window's low were all taken before this look began, by transactions
+        # whose ids are below its bound (see Settling).
+        self._floor = self._settling.settle(unfinished_low, b.unfinished_low, int(xmin), int(bound))
         self._bounds = Bounds(b.low, b.high, self._floor)
 
     def bounds(self) -> Bounds:

@@ -3,6 +3,7 @@ claimed, finalized and extended partition by partition, in both orderings."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -21,7 +22,7 @@ from test_worker import Scripted
 from workers import dispatching, settings, spawn_worker, stop_worker
 
 from outbox import Event, OutOfPartitions, enqueue, enqueue_many, lease
-from outbox.claim_window import Bounds, ClaimWindow, _window_reading
+from outbox.claim_window import SIGHTINGS_KEPT, Bounds, ClaimWindow, Settling, _window_reading
 from outbox.models import Outcome
 from outbox.operations.replay import ReplayFilter, preview, send_batch, start
 from outbox.operator_reads import read_table
@@ -424,6 +425,139 @@ async def test_a_row_committed_after_the_rows_behind_it_were_delivered_is_claime
 
             await wait_until(settled, what="the floor to move up")
     assert statuses(pconn) == {"done": 252}
+
+
+LATE = {"aggregate_type": "order", "aggregate_id": "late", "event_type": "Tested"}
+OTHER = {"aggregate_type": "order", "aggregate_id": "other", "event_type": "Tested"}
+
+
+def _writing(conn: Any) -> int:
+    """Begin writing in this transaction (as business rows before the event would): its id."""
+    return int(conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0])
+
+
+async def _late_row_goes_first(pconn: Any, aconn: Any, window: ClaimWindow, ordered: bool) -> None:
+    """Once the producer holding id 99 committed: its aggregate's next message (101) is
+    enqueued, and the claims take 99 first (ordered: 101 only after 99 is done)."""
+    assert enqueue(pconn, **LATE, payload=1, lock_aggregate=True) == 101
+    window.announced()
+    claims = await _drain(aconn, ordered=ordered, batch=50, window=window)
+    assert claims[0][0] == 99, claims
+    if ordered:
+        assert claims == [[99], [101]], claims
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+async def test_a_producer_holding_the_newest_transaction_id_keeps_the_floor(
+    pconn, empty_dsn, ordered
+):
+    """The producer holding id 99 open began last, and no newer transaction had ended when
+    the window was read: a snapshot's xmax is past the newest transaction ended, so the
+    reading saw nothing open (xmin = xmax) and took partition 1 for the floor at once. The
+    bound a reading keeps is past every transaction id handed out."""
+    if ordered:
+        migrate(pconn, TABLE, "aggregate")
+    window = ClaimWindow(Layout(SIZE, 3))
+    window.announcing = True
+    seed(pconn, 98, aggregates=10)  # ids 1-98
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        await _drain(aconn, ordered=ordered, batch=50, window=window)
+        with psycopg.connect(empty_dsn) as other, psycopg.connect(empty_dsn) as producer:
+            _writing(other)
+            _writing(producer)  # the newest transaction id
+            assert enqueue(producer, **LATE, payload=0, lock_aggregate=True) == 99
+            assert enqueue(other, **OTHER, payload=0, lock_aggregate=True) == 100
+            other.commit()
+            window.announced()
+            assert await _drain(aconn, ordered=ordered, batch=50, window=window) == [[100]]
+            producer.commit()
+        await _late_row_goes_first(pconn, aconn, window, ordered)
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+async def test_a_sighting_settles_only_once_the_producer_holding_a_row_below_has_ended(
+    pconn, empty_dsn, ordered
+):
+    """A transaction open during the reading makes its finding a sighting; that one ends,
+    later claims commit newer transactions, and the next reading's xmin is the producer's
+    own transaction id (still open): the sighting must not settle on it."""
+    if ordered:
+        migrate(pconn, TABLE, "aggregate")
+    window = ClaimWindow(Layout(SIZE, 3))
+    window.announcing = True
+    seed(pconn, 98, aggregates=10)  # ids 1-98
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        await _drain(aconn, ordered=ordered, batch=50, window=window)
+        with (
+            psycopg.connect(empty_dsn) as unrelated,
+            psycopg.connect(empty_dsn) as other,
+            psycopg.connect(empty_dsn) as producer,
+        ):
+            _writing(unrelated)
+            _writing(other)
+            _writing(producer)
+            assert enqueue(producer, **LATE, payload=0, lock_aggregate=True) == 99
+            assert enqueue(other, **OTHER, payload=0, lock_aggregate=True) == 100
+            other.commit()
+            window.announced()
+            await window.read(aconn, TABLE, 50)
+            assert window.bounds().unfinished_low == 0  # a sighting, no more
+            unrelated.commit()
+            assert await _drain(aconn, ordered=ordered, batch=50, window=window) == [[100]]
+            await window.read(aconn, TABLE, 50)
+            assert window.bounds().unfinished_low == 0
+            producer.commit()
+        await _late_row_goes_first(pconn, aconn, window, ordered)
+
+
+@pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
+async def test_the_first_reading_of_a_window_settles_nothing_while_a_producer_is_open(
+    pconn, empty_dsn, ordered
+):
+    """A fresh window (a worker's start, a forget on a replay or a reconnection) reads while
+    the producer of id 99 is open: it starts at the lowest partition and its floor stays
+    there (it took the window's low, where the ready rows were, for its start)."""
+    if ordered:
+        migrate(pconn, TABLE, "aggregate")
+    seed(pconn, 98, aggregates=10)  # ids 1-98
+    pconn.execute("UPDATE outbox SET status = 'done', done_at = now()")
+    window = ClaimWindow(Layout(SIZE, 3))
+    window.announcing = True
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        with psycopg.connect(empty_dsn) as producer:
+            assert enqueue(producer, **LATE, payload=0, lock_aggregate=True) == 99
+            seed(pconn, 2, aggregates=2)  # ids 100-101, committed
+            await window.read(aconn, TABLE, 50)
+            assert window.bounds() == Bounds(100, 200, 0)
+            assert await _drain(aconn, ordered=ordered, batch=50, window=window) == [[100, 101]]
+            producer.commit()
+        assert enqueue(pconn, **LATE, payload=1, lock_aggregate=True) == 102
+        window.announced()
+        claims = await _drain(aconn, ordered=ordered, batch=50, window=window)
+        assert claims[0][0] == 99, claims
+        if ordered:
+            assert claims == [[99], [102]], claims
+
+
+def test_sightings_past_the_cap_merge_and_the_floor_keeps_moving():
+    """Readings every moment while transactions each last 20 of them: 20 sightings wait at
+    any time. Past the cap the newest two merge (the lower floor, the later bound); dropping
+    the oldest, the first to settle, left the floor at 0 for good. A merged sighting never
+    settles before its later bound is passed."""
+    settling = Settling()
+    assert settling.settle(0, 0, xmin=0, bound=1) == 0
+    floors = [
+        settling.settle(100 * (k // 10), 0, xmin=max(0, k - 20), bound=k + 1)
+        for k in range(1, 2000)
+    ]
+    assert floors[-1] >= 100 * (1979 // 10) - 100  # behind by about the transactions' life
+    assert all(a <= b for a, b in itertools.pairwise(floors))
+    assert len(settling._sightings) <= SIGHTINGS_KEPT
+    # None of them settles before every transaction of its reading has ended.
+    waiting = Settling()
+    waiting.settle(0, 0, xmin=0, bound=1)
+    for k in range(1, 40):
+        assert waiting.settle(100 * k, 0, xmin=1, bound=k + 1) == 0
 
 
 class _CountingWindow(ClaimWindow):

@@ -489,11 +489,12 @@ def _noting(table: Table) -> Steps[int]:
     _, leaves = yield from _layout(table)
     noted = yield from step(_noted(table))
     used = yield from _in_use(table)
+    made_past = max((leaf.high for leaf in leaves), default=0)
     looked = 0
     for leaf in leaves:
         if leaf.name in noted:
             continue
-        state = yield from _state(table, leaf, used)
+        state = yield from _state(table, leaf, used, made_past)
         if not state.retirable:
             break  # the window of unfinished partitions starts here
         yield from step(_note_finished(table, leaf.name))
