@@ -47,9 +47,11 @@ _PICKED_OF_C = sql.SQL(", ").join(sql.Identifier("c", name) for name in _PICKED)
 # (pending, processing or dead). One probe of the `aggregate` partial index. A replayed row
 # (outbox.operations.replay) also waits until no later row of its aggregate is in flight: it is
 # earlier than what was sent while it was done, so it must not overtake a later message already
-# leased; once it is pending, the aggregate's later rows wait behind it as they would behind
-# any earlier row. On a partitioned table a claim checks this within its window; the rest of
-# the table is checked after a claim that took replayed rows (`replays_waiting`).
+# leased, while that lease lasts (a worker that died holding it would stop the aggregate for
+# good: that message is no longer its aggregate's head, so it is never taken over). Once it is
+# pending, the aggregate's later rows wait behind it as they would behind any earlier row. On a
+# partitioned table a claim checks this within its window; the rest of the table is checked
+# after a claim that took replayed rows (`replays_waiting`).
 _HEAD_OF_AGGREGATE = sql.SQL(
     " AND NOT EXISTS (SELECT 1 FROM {t} AS prev WHERE prev.aggregate_id = c.aggregate_id"
     " AND prev.id < c.id AND prev.status <> 'done'{within})"
@@ -57,7 +59,7 @@ _HEAD_OF_AGGREGATE = sql.SQL(
 _REPLAY_WAITS = sql.SQL(
     " AND (c.replay IS NULL OR NOT EXISTS (SELECT 1 FROM {t} AS later"
     " WHERE later.aggregate_id = c.aggregate_id AND later.id > c.id"
-    " AND later.status = 'processing'{within}))"
+    " AND later.status = 'processing' AND later.lease_until >= now(){within}))"
 )
 
 
@@ -538,5 +540,6 @@ def replays_waiting(table: Table, low: int) -> sql.Composed:
         """SELECT r.id FROM unnest(%(ids)s::bigint[], %(aggregates)s::text[]) AS r(id, aggregate_id)
  WHERE EXISTS (SELECT 1 FROM {t} AS later
                 WHERE later.aggregate_id = r.aggregate_id AND later.id > r.id
-                  AND later.status = 'processing' AND later.id >= {low})"""
+                  AND later.status = 'processing' AND later.lease_until >= now()
+                  AND later.id >= {low})"""
     ).format(t=table.ident, low=sql.Literal(low))

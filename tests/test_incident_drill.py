@@ -7,7 +7,6 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import psycopg
-import pytest
 from helpers import seed, serve_ordering
 from test_admin_cli import outbox
 
@@ -93,13 +92,6 @@ def test_names_a_producer_wrote_print_as_themselves_never_as_terminal_commands(c
         assert "\x1b" not in output and "\u202e" not in output
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect: in ordered mode a replayed head waits for a later message in flight "
-    "(queries._REPLAY_WAITS counts any 'processing' row, expired or not), while that later "
-    "message, no longer its aggregate's head, is never taken over when its lease expires: "
-    "a worker that dies holding it stops the aggregate for good",
-)
 async def test_ordered_a_replay_outlives_the_worker_that_held_a_later_message(conn, dsn, table):
     """A worker leases an aggregate's second message and dies (SIGKILL: it never finalizes);
     meanwhile the first is replayed. Once that lease has expired, another worker must be able
