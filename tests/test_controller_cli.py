@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import wait_until
+from helpers import dropping_one_cancellation, wait_until
 from kubernetes.aio.client import ApiClient, Configuration
 
 from outbox.controller.leader import LeaderElector, LeaseThread
@@ -263,25 +263,12 @@ async def test_renewing_ends_when_cancelled_as_a_renewal_is_answered() -> None:
     assert done and holding.cancelled()
 
 
-async def _renewing_that_drops_one_cancellation() -> None:
-    """Renewals as a client library under them may make them: the first cancellation dropped
-    (asyncio.wait_for on Python 3.11), the loop going on."""
-    dropped = False
-    while True:
-        try:
-            await asyncio.sleep(0.01)
-        except asyncio.CancelledError:
-            if dropped:
-                raise
-            dropped = True
-
-
 async def test_the_hand_over_ends_renewals_that_dropped_their_cancellation() -> None:
     settings = load_settings(FAST_RENEWALS, {"POD_NAMESPACE": "ns"})
     elector = LeaseThread(Configuration(host="http://127.0.0.1:1"), settings)
 
     async def renew() -> asyncio.Task[None]:
-        elector._holding = asyncio.create_task(_renewing_that_drops_one_cancellation())
+        elector._holding = asyncio.create_task(dropping_one_cancellation())
         return elector._holding
 
     holding = await elector._run(renew())

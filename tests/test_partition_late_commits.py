@@ -6,17 +6,16 @@ partitions made ahead (their failed inserts spend ids) leaves a partition to go 
 from __future__ import annotations
 
 import re
-from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from helpers import outbox_on as outbox
 from helpers import seed, statuses
+from test_partitions import _drain
 
-from outbox import OutOfPartitions, enqueue, lease
+from outbox import OutOfPartitions, enqueue
 from outbox.claim_window import ClaimWindow
-from outbox.models import Outcome
 from outbox.partitions import Layout, read_partitions
 from outbox.runner import fetch
 from outbox.schema import migrate
@@ -32,30 +31,6 @@ def pconn(empty_dsn: str) -> Any:
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         migrate(conn, TABLE, layout=Layout(SIZE, 3))
         yield conn
-
-
-async def _drain(aconn: Any, *, ordered: bool, window: ClaimWindow) -> list[list[int]]:
-    """Claim and finalize until nothing is left; the ids of each claim."""
-    claims = []
-    while True:
-        got = await lease.claim(
-            aconn,
-            TABLE,
-            owner="w",
-            batch=50,
-            lease=timedelta(minutes=1),
-            max_attempts=5,
-            ordered=ordered,
-            window=window,
-        )
-        if not got:
-            return claims
-        claims.append([m.id for m in got])
-        assert window.layout is not None
-        done = await lease.finalize(
-            aconn, TABLE, [Outcome.done(m) for m in got], layout=window.layout
-        )
-        assert done == {m.id for m in got}
 
 
 @pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
@@ -76,7 +51,8 @@ async def test_a_worker_started_while_a_producer_holds_a_lower_id_claims_it_firs
         assert enqueue(producer, **late, payload=0, lock_aggregate=True) == 1  # uncommitted
         seed(pconn, 250, aggregates=250)  # ids 2-251, committed
         async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
-            drained = await _drain(aconn, ordered=ordered, window=ClaimWindow(Layout(SIZE, 3)))
+            first = ClaimWindow(Layout(SIZE, 3))
+            drained = await _drain(aconn, ordered=ordered, batch=50, window=first)
             assert sorted(i for c in drained for i in c) == list(range(2, 252))
             started = ClaimWindow(Layout(SIZE, 3))
             started.announcing = True  # as the worker's listener sets it
@@ -86,7 +62,7 @@ async def test_a_worker_started_while_a_producer_holds_a_lower_id_claims_it_firs
             # The aggregate's next message: its producer waited for the first one's lock.
             assert enqueue(pconn, **late, payload=1, lock_aggregate=True) == 252
             started.announced()  # the listener heard both
-            claims = await _drain(aconn, ordered=ordered, window=started)
+            claims = await _drain(aconn, ordered=ordered, batch=50, window=started)
             assert claims[0][0] == 1
             if ordered:
                 assert claims == [[1], [252]]

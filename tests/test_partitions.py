@@ -10,6 +10,8 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -436,6 +438,21 @@ def _writing(conn: Any) -> int:
     return int(conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0])
 
 
+@asynccontextmanager
+async def _partition_0_drained(
+    pconn: Any, empty_dsn: str, ordered: bool
+) -> AsyncIterator[tuple[Any, ClaimWindow]]:
+    """Ids 1-98 delivered by a window listening for new rows: a connection and the window."""
+    if ordered:
+        migrate(pconn, TABLE, "aggregate")
+    window = ClaimWindow(Layout(SIZE, 3))
+    window.announcing = True
+    seed(pconn, 98, aggregates=10)
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        await _drain(aconn, ordered=ordered, batch=50, window=window)
+        yield aconn, window
+
+
 async def _late_row_goes_first(pconn: Any, aconn: Any, window: ClaimWindow, ordered: bool) -> None:
     """Once the producer holding id 99 committed: its aggregate's next message (101) is
     enqueued, and the claims take 99 first (ordered: 101 only after 99 is done)."""
@@ -455,13 +472,7 @@ async def test_a_producer_holding_the_newest_transaction_id_keeps_the_floor(
     the window was read: a snapshot's xmax is past the newest transaction ended, so the
     reading saw nothing open (xmin = xmax) and took partition 1 for the floor at once. The
     bound a reading keeps is past every transaction id handed out."""
-    if ordered:
-        migrate(pconn, TABLE, "aggregate")
-    window = ClaimWindow(Layout(SIZE, 3))
-    window.announcing = True
-    seed(pconn, 98, aggregates=10)  # ids 1-98
-    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
-        await _drain(aconn, ordered=ordered, batch=50, window=window)
+    async with _partition_0_drained(pconn, empty_dsn, ordered) as (aconn, window):
         with psycopg.connect(empty_dsn) as other, psycopg.connect(empty_dsn) as producer:
             _writing(other)
             _writing(producer)  # the newest transaction id
@@ -481,13 +492,7 @@ async def test_a_sighting_settles_only_once_the_producer_holding_a_row_below_has
     """A transaction open during the reading makes its finding a sighting; that one ends,
     later claims commit newer transactions, and the next reading's xmin is the producer's
     own transaction id (still open): the sighting must not settle on it."""
-    if ordered:
-        migrate(pconn, TABLE, "aggregate")
-    window = ClaimWindow(Layout(SIZE, 3))
-    window.announcing = True
-    seed(pconn, 98, aggregates=10)  # ids 1-98
-    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
-        await _drain(aconn, ordered=ordered, batch=50, window=window)
+    async with _partition_0_drained(pconn, empty_dsn, ordered) as (aconn, window):
         with (
             psycopg.connect(empty_dsn) as unrelated,
             psycopg.connect(empty_dsn) as other,

@@ -6,26 +6,14 @@ import asyncio
 import gc
 from typing import Any
 
+from helpers import dropping_one_cancellation
+
 from outbox.plumbing.waiting import cancel_and_wait, cancel_soon
-
-
-async def _service_that_drops_one_cancellation(ticks: list[int]) -> None:
-    """A service loop whose first cancellation is dropped, as Python 3.11's asyncio.wait_for
-    drops one that came with its result (gh-86296): it goes on as if none came."""
-    dropped = False
-    while True:
-        try:
-            await asyncio.sleep(0.01)
-        except asyncio.CancelledError:
-            if dropped:
-                raise
-            dropped = True
-        ticks.append(1)
 
 
 async def test_a_task_that_drops_its_cancellation_is_cancelled_again_until_it_ends():
     ticks: list[int] = []
-    service = asyncio.create_task(_service_that_drops_one_cancellation(ticks))
+    service = asyncio.create_task(dropping_one_cancellation(ticks))
     await asyncio.sleep(0.05)
     # Cancelled once and awaited, it would run on for good.
     service.cancel()
@@ -46,7 +34,7 @@ async def test_tasks_ended_already_are_left_as_they_are():
 
 async def test_cancel_soon_cancels_at_once_and_again_until_the_task_ends():
     ticks: list[int] = []
-    service = asyncio.create_task(_service_that_drops_one_cancellation(ticks))
+    service = asyncio.create_task(dropping_one_cancellation(ticks))
     await asyncio.sleep(0.05)
     cancelling = cancel_soon([service])  # from a caller that cannot wait
     assert service.cancelling() == 1
