@@ -6,31 +6,22 @@ partitions made ahead (their failed inserts spend ids) leaves a partition to go 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import psycopg
 import pytest
+import test_partitions
 from helpers import outbox_on as outbox
 from helpers import seed, statuses
-from test_partitions import _drain
+from test_partitions import SIZE, TABLE, _drain
 
 from outbox import OutOfPartitions, enqueue
 from outbox.claim_window import ClaimWindow
 from outbox.partitions import Layout, read_partitions
 from outbox.runner import fetch
 from outbox.schema import migrate
-from outbox.table import Table
 
-TABLE = Table.parse("outbox")
-SIZE = 100
-
-
-@pytest.fixture
-def pconn(empty_dsn: str) -> Any:
-    """A fresh database holding `outbox` partitioned in partitions of SIZE ids, 3 ahead."""
-    with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        migrate(conn, TABLE, layout=Layout(SIZE, 3))
-        yield conn
+# The partitioned table the tests of test_partitions start from.
+pconn = test_partitions.pconn
 
 
 @pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
