@@ -58,7 +58,6 @@ from outbox.operator_reads import (
 from outbox.plumbing import dberrors
 from outbox.plumbing.dsn import DsnError, check_dsn
 from outbox.plumbing.redact import redact_dsn, redact_text
-from outbox.plumbing.waiting import cancel_and_wait, cancel_soon
 from outbox.schema import SchemaError, check_table
 from outbox.stats import QueueStats, queue_stats_async
 from outbox.table import Table
@@ -306,8 +305,12 @@ class Pools:
         if retiring is not None:
             # Nobody serves its table any more: the run stops, at the database too (psycopg
             # sends the server a cancel for the statement in flight when its task is
-            # cancelled), so no DELETE or DETACH goes on waiting or working for nobody.
-            cancel_soon([retiring])  # again, should it drop the cancellation (gh-86296)
+            # cancelled), so no DELETE or DETACH goes on waiting or working for nobody. Once:
+            # cancelled again while psycopg asks the server, that request is cut short and
+            # the statement goes on (cancel_and_wait's repeats would); a run that dropped
+            # this cancellation ends at its own end, bounded by its statement timeout.
+            retiring.cancel()
+            retiring.add_done_callback(lambda task: task.cancelled() or task.exception())
         self._leave(dispatcher)
 
     def _leave(self, dispatcher: Dispatcher) -> None:
@@ -330,9 +333,9 @@ class Pools:
         pools, self._pools = list(self._pools.values()), {}
         self._uses.clear()
         retiring, self._retiring = list(self._retiring.values()), {}
-        # Until each has ended: a run whose wait for a pooled connection dropped its
-        # cancellation (Python 3.11's asyncio.wait_for, gh-86296) would go on retiring.
-        await cancel_and_wait(retiring)
+        for task in retiring:
+            task.cancel()
+        await asyncio.gather(*retiring, return_exceptions=True)
         await asyncio.gather(
             *(pool.pool.close() for pool in pools), *self._closing, return_exceptions=True
         )

@@ -12,7 +12,6 @@ from typing import Any
 
 from kubernetes.aio.client import ApiClient
 
-from outbox.controller.database import Pools
 from outbox.controller.handlers import Supervisor
 from outbox.controller.kube import Kube
 from outbox.controller.metrics import Metrics
@@ -104,29 +103,3 @@ async def test_a_deleted_resources_loop_that_dropped_its_cancellation_ends():
         await supervisor.close()
     finally:
         await api.close()  # type: ignore[no-untyped-call]
-
-
-async def _retention_run_that_drops_one_cancellation(ran_on: asyncio.Event) -> int:
-    """A retention run whose wait for a pooled connection drops the first cancellation."""
-    try:
-        await asyncio.Event().wait()
-    except asyncio.CancelledError:
-        ran_on.set()  # went on retiring, for nobody
-    await asyncio.Event().wait()
-    return 0
-
-
-async def test_a_retention_run_that_dropped_its_cancellation_ends_on_close_and_release():
-    pools = Pools()
-    for release in (False, True):
-        ran_on = asyncio.Event()
-        run = asyncio.create_task(_retention_run_that_drops_one_cancellation(ran_on))
-        dispatcher = ("shop", "orders")
-        pools._retiring[dispatcher] = run
-        await asyncio.sleep(0)  # the run waits
-        if release:
-            pools.release(dispatcher)  # the resource is gone
-            await asyncio.wait_for(asyncio.shield(asyncio.gather(run, return_exceptions=True)), 5)
-        else:
-            await asyncio.wait_for(pools.close(), 5)  # the Lease lost, or a stop
-        assert ran_on.is_set() and run.cancelled()

@@ -22,8 +22,10 @@ async def first_of(*waits: Awaitable[Any]) -> list[asyncio.Future[Any]]:
     return futures
 
 
-# How long a cancelled task may run on before it is cancelled again.
-CANCEL_AGAIN_AFTER = 0.1
+# How long a cancelled task may run on before it is cancelled again: its own cleanup may
+# await (psycopg, cancelled mid-statement, asks the server to cancel it and waits for the
+# answer), and a second cancellation would cut that short, leaving the statement running.
+CANCEL_AGAIN_AFTER = 1.0
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
