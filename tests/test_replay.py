@@ -14,7 +14,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from helpers import RUNNING, seed, serve_ordering, wait_until, wait_until_db
+from helpers import (
+    RUNNING,
+    interrupt_once_waiting,
+    interruptible,
+    seed,
+    serve_ordering,
+    wait_until,
+    wait_until_db,
+)
 from test_admin_cli import BASE_ENV, outbox
 from workers import dispatching, settings
 
@@ -242,6 +250,44 @@ def test_a_stopped_replay_resumes_where_its_last_batch_ended(conn, dsn, table):
     assert unknown.returncode == 1 and "replay 9 recorded no batch" in unknown.stderr
     mixed = outbox("replay", "--dsn", dsn, "--resume", "1", "--since", "1h", "--yes")
     assert mixed.returncode == 2 and "drop --since" in mixed.stderr
+
+
+def _stopped_while_waiting_on(conn, dsn: str, locked: int, *args: str) -> str:
+    """`outbox replay *args`, Ctrl-C'd while a batch waits on a lock of row `locked` (that
+    batch rolled back, those before it sent): what it printed on stderr."""
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT 1 FROM outbox WHERE id = %s FOR UPDATE", (locked,))
+        command = subprocess.Popen(
+            [sys.executable, "-m", "outbox", "replay", "--dsn", dsn, "--yes", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=BASE_ENV,
+            preexec_fn=interruptible,
+        )  # fmt: skip
+        try:
+            interrupt_once_waiting(conn, command)
+            _, stderr = command.communicate(timeout=60)
+        finally:
+            command.kill()
+    assert command.returncode == 130, stderr
+    return stderr
+
+
+def test_a_resumed_replay_keeps_its_batch_size_unless_given_another(conn, dsn):
+    """The batch size is the replay's, kept with its window and filter: a resume without
+    --batch goes on in the size it was started with, not the default; one with --batch takes
+    that size, which a later resume keeps in turn."""
+    ids = _delivered(conn, 60)
+    stopped = _stopped_while_waiting_on(
+        conn, dsn, ids[30], "--since", T0.isoformat(), "--until", "1s", "--batch", "7"
+    )
+    assert "replay 1: stopped after 28 messages (4 batches)" in stopped
+    stopped = _stopped_while_waiting_on(conn, dsn, ids[45], "--resume", "1", "--batch", "3")
+    assert "stopped after 15 messages (5 batches)" in stopped  # ids[28:43]
+    result = outbox("replay", "--dsn", dsn, "--resume", "1", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert f"replay 1: going on from id {ids[43]} in batches of 3 (" in result.stdout
+    sizes = [requested for _, _, _, requested, _ in _audit(conn)]
+    assert sizes == [7] * 4 + [3] * 5 + [3] * 5 + [2]
+    assert sorted(i for r in _audit(conn) for i in r[1]) == ids
 
 
 def test_dead_messages_are_replayed_with_status_dead_only(conn, dsn):

@@ -63,12 +63,14 @@ def add_commands(command: Callable[[str, str], argparse.ArgumentParser]) -> None
     r.add_argument(
         "--resume",
         metavar="N",
-        help="go on with replay N where it stopped (its window and filter are in the audit log)",
+        help="go on with replay N where it stopped (its window, filter and batch size are in "
+        "the audit log)",
     )
     r.add_argument(
         "--batch",
         metavar="N",
-        help=f"messages per batch, 1 to {replay.MAX_BATCH} (default {replay.DEFAULT_BATCH})",
+        help=f"messages per batch, 1 to {replay.MAX_BATCH} (default {replay.DEFAULT_BATCH}; "
+        "with --resume, the replay's own)",
     )
 
     c = command(
@@ -178,9 +180,8 @@ def prepare(args: argparse.Namespace) -> None:
         args.until = resolve(args, "--until", parse_time, Moment())
     if args.command == "replay":
         args.limit = resolve(args, "--limit", int_between(1, MAX_LIMIT), None)
-        args.batch = resolve(
-            args, "--batch", int_between(1, replay.MAX_BATCH), replay.DEFAULT_BATCH
-        )
+        # None when not given: a new replay takes the default, a resumed one its own size.
+        args.batch = resolve(args, "--batch", int_between(1, replay.MAX_BATCH), None)
         args.status = args.status or "done"
         if args.reason is not None:
             args.reason = resolve(args, "--reason", _text("--reason"), None)
@@ -266,9 +267,11 @@ def _replay(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Tabl
             progress = perform(conn, replay.resume_point(table, args.resume))
         except replay.NoSuchReplay as exc:
             fail(PROG, str(exc), 1)
+        if args.batch is not None:
+            progress.batch = args.batch  # recorded with each batch: a later resume keeps it
         print(
             f"{shown(table)}: replay {progress.number}: going on from id {progress.next_id} "
-            f"({printable(progress.filter.describe())})"
+            f"in batches of {progress.batch} ({printable(progress.filter.describe())})"
         )
         _send(args, conn, table, progress, actor)
         return
@@ -295,6 +298,8 @@ def _replay(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Tabl
         if not confirm(preview.count, f"send {counted(preview.count, 'message')} again"):
             fail(PROG, "not confirmed: nothing sent", 1)
     progress = perform(conn, replay.start(table, preview))
+    if args.batch is not None:
+        progress.batch = args.batch
     _send(args, conn, table, progress, actor)
 
 
@@ -312,7 +317,6 @@ def _send(
                 replay.send_batch(
                     table,
                     progress,
-                    batch=args.batch,
                     actor=actor,
                     reason=args.reason or progress.reason,
                 ),

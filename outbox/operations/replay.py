@@ -18,10 +18,11 @@ transactions that stayed open between the two, and every statement then filters 
 
 A replay goes in batches of at most `MAX_BATCH` rows, each one statement: pick the next rows
 of the window by id, send them back to pending, and record the batch in the audit log, with
-the replay's number, its filter and the last id it reached. Nothing is held between batches.
+the replay's number, its filter, its batch size and the last id it reached. Nothing is held
+between batches.
 Stopped anywhere (Ctrl-C, a lost connection, SIGKILL), the batches done are done and
 recorded; `resume_point` reads the audit log and the replay goes on from the next id under
-the same number (`outbox replay --resume N`).
+the same number, in batches of the same size (`outbox replay --resume N`).
 """
 
 from __future__ import annotations
@@ -338,6 +339,7 @@ def _batch_query(
     reason: str | None,
     via: str,
     confirmed: int | None,
+    batch: int,
 ) -> Query[Batch]:
     """Up to `size` rows of the filter from id `after` on (and before `past`), back to
     pending under replay `number`, and the batch's audit record: one statement. A row that
@@ -387,6 +389,7 @@ SELECT (SELECT count(*) FROM changed), (SELECT max(id) FROM picked),
         "reason": reason,
         "past_id": past,
         "confirmed": confirmed,
+        "batch": batch,  # the batch size asked for, which a resume keeps (`size` may be less)
     }
     return Query(
         statement,
@@ -414,6 +417,7 @@ class Progress:
     left: int | None  # rows it may still send, None: no bound
     confirmed: int | None = None  # rows the person confirmed, all batches together
     reason: str | None = None  # why, as recorded (a resumed replay keeps it)
+    batch: int = DEFAULT_BATCH  # rows per batch, as recorded (a resumed replay keeps it)
     sent: int = 0
     batches: int = 0  # counted with `sent`, so the two always tell of the same batches
     by_type: dict[str, int] = field(default_factory=dict)
@@ -436,15 +440,18 @@ def send_batch(
     table: Table,
     progress: Progress,
     *,
-    batch: int = DEFAULT_BATCH,
+    batch: int | None = None,
     actor: str | None = None,
     reason: str | None = None,
     via: str = "outbox replay",
 ) -> Steps[Batch]:
-    """The next batch of a replay; `progress` moves past it. Run it in one transaction
-    (`perform(..., transaction=True)`): the rows sent again and the notes taken off their
-    partitions commit together, so a replay stopped between the two (its session gone)
-    leaves no pending row in a partition `outbox stats` skips."""
+    """The next batch of a replay (`batch` rows, else the replay's own batch size); `progress`
+    moves past it. Run it in one transaction (`perform(..., transaction=True)`): the rows
+    sent again and the notes taken off their partitions commit together, so a replay stopped
+    between the two (its session gone) leaves no pending row in a partition `outbox stats`
+    skips."""
+    if batch is None:
+        batch = progress.batch
     size = batch if progress.left is None else min(batch, progress.left)
     done = yield from step(
         _batch_query(
@@ -458,6 +465,7 @@ def send_batch(
             reason=reason,
             via=via,
             confirmed=progress.confirmed,
+            batch=batch,
         )
     )
     if done.count and done.through_id is not None:
@@ -496,8 +504,9 @@ def _last_record(table: Table, number: int) -> Query[Row | None]:
 
 def resume_point(table: Table, number: int) -> Steps[Progress]:
     """Replay `number` as its last recorded batch left it, to go on from the next id with
-    the same filter and what is left of the count confirmed (NoSuchReplay if it recorded no
-    batch)."""
+    the same filter, reason and batch size and what is left of the count confirmed
+    (NoSuchReplay if it recorded no batch). A record from before batch sizes were kept
+    gives the default."""
     row = yield from step(_last_record(table, number))
     if row is None:
         raise NoSuchReplay(f"replay {number} recorded no batch in {table}'s audit log")
@@ -511,6 +520,7 @@ def resume_point(table: Table, number: int) -> Steps[Progress]:
         left=None if confirmed is None else max(0, int(confirmed) - int(sent or 0)),
         confirmed=confirmed,
         reason=recorded.get("reason"),
+        batch=int(recorded.get("batch", DEFAULT_BATCH)),
     )
 
 
