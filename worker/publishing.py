@@ -223,10 +223,23 @@ class Publishing(Service):
             failure = self.classifier.timed_out
         # None for a delivery or a refusal for the message's own reason: the destination
         # answered.
-        hold = await self.gate.after(message, failure, retry_after)
+        try:
+            hold = await self.gate.after(message, failure, retry_after)
+        except asyncio.CancelledError:
+            # A stop, after the grace period, while the gate reported the result (its write
+            # may wait for the database). The publish happened: its outcome still goes, as
+            # the message's own, rather than be lost to the lease (a delivery sent again, a
+            # failure forgotten); only the gate's bookkeeping is skipped.
+            self._settle_unreported(message, error)
+            raise
         if hold is not None:  # the destination's failure, not the message's
             self.ledger.put_outcome(Outcome.release(message, hold))
             return
+        self._settle_unreported(message, error)
+
+    def _settle_unreported(self, message: Message, error: BaseException | None) -> None:
+        """The outcome of a publish as the message's own, without the destination gate (as
+        when the gate cannot reach the database): done, retried, deferred or dead."""
         try:
             outcome = self.classifier.outcome(message, error)
         except Exception:
@@ -305,15 +318,25 @@ class Publishing(Service):
                 ledger.put_outcomes(Outcome.all_done(messages))
                 self.metrics.publish_seconds.observe_many(elapsed, len(messages))
                 continue
-            observe = self.metrics.publish_seconds.observe
+            self.metrics.publish_seconds.observe_many(elapsed, len(messages))
             delivered = [m for m, error in zip(messages, results, strict=True) if error is None]
             # While this replica probes, every result goes to the gate (one may close the
             # breaker); decided once for the batch, so that no delivery goes unrecorded.
             settle_all = not delivered or not gate.delivered(delivered[-1])
             if not settle_all:
                 ledger.put_outcomes(map(Outcome.done, delivered))
-            for message, error in zip(messages, results, strict=True):
-                observe(elapsed)
-                if error is not None or settle_all:
+            settling = [
+                (message, error)
+                for message, error in zip(messages, results, strict=True)
+                if error is not None or settle_all
+            ]
+            for index, (message, error) in enumerate(settling):
+                try:
                     await self._settle(message, error)
+                except asyncio.CancelledError:
+                    # A stop while the gate heard one of them (`_settle` kept its outcome):
+                    # the results not told yet are outcomes all the same.
+                    for unreported, its_error in settling[index + 1 :]:
+                        self._settle_unreported(unreported, its_error)
+                    raise
         ledger.ran_dry(time.monotonic())
