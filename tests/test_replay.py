@@ -250,6 +250,14 @@ def test_a_stopped_replay_resumes_where_its_last_batch_ended(conn, dsn, table):
     assert unknown.returncode == 1 and "replay 9 recorded no batch" in unknown.stderr
     mixed = outbox("replay", "--dsn", dsn, "--resume", "1", "--since", "1h", "--yes")
     assert mixed.returncode == 2 and "drop --since" in mixed.stderr
+    # Not a reconcile's replay: `outbox reconcile --resume` names the command that goes on.
+    inbox_args = ["--inbox-dsn", dsn, "--inbox-table", "outbox_inbox"]
+    elsewhere = outbox("reconcile", "--dsn", dsn, *inbox_args, "--resume", "1", "--yes")
+    assert elsewhere.returncode == 2
+    assert elsewhere.stderr == (
+        "outbox: error: --resume: replay 1 is an `outbox replay`: go on with `outbox replay "
+        "--table outbox --resume 1`\n"
+    )
 
 
 def _stopped_while_waiting_on(conn, dsn: str, locked: int, *args: str) -> str:
@@ -429,6 +437,9 @@ def test_reconcile_usage_errors_are_one_line_and_exit_2(dsn):
         ([*window], "--inbox-dsn"),
         ([*window, "--inbox-dsn", dsn, "--yes"], "--yes confirms --replay"),
         ([*window, "--inbox-dsn", dsn, "--replay"], "--yes is required without a terminal"),
+        ([*window, "--inbox-dsn", dsn, "--resume", "3", "--yes"], "drop --since"),
+        (["--inbox-table", "i", "--inbox-dsn", dsn, "--resume", "0", "--yes"], "--resume: 0"),
+        (["--inbox-table", "i", "--inbox-dsn", dsn, "--resume", "3"], "--yes is required"),
     ):
         result = outbox("reconcile", "--dsn", dsn, *args)
         assert result.returncode == 2 and reason in result.stderr, result.stderr

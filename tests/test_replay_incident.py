@@ -15,6 +15,10 @@ another consumer's keys kept apart."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,9 +26,9 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import TEST_SETTINGS
-from helpers import serve_ordering, wait_until
+from helpers import interrupt_once_waiting, interruptible, serve_ordering, wait_until
 from psycopg_pool import AsyncConnectionPool
-from test_admin_cli import outbox
+from test_admin_cli import BASE_ENV, outbox
 from test_receiver_http import SECRET, aiohttp_server
 from workers import dispatching, settings
 
@@ -253,3 +257,72 @@ def test_the_comparison_goes_in_small_chunks_and_tells_keys_apart(
     # the window's id range, so it is not looked at.
     assert (found.extra, found.extra_ranges.kept) == (1, [(ids[30], ids[30])])
     assert found.foreign == 2  # "order-17" and "0042"
+
+
+def test_a_reconcile_replay_stopped_past_its_first_chunk_resumes_to_its_windows_end(conn, dsn):
+    """More missing than one chunk of the comparison (`reconcile.CHUNK` ids), the replay
+    stopped by Ctrl-C in its second chunk: the line it prints says what is left, and the
+    command it shows sends all of it (not only the rest of the chunk under way), each missing
+    message once. `outbox replay --resume`, which cannot find what is missing, refuses it."""
+    inbox.migrate(conn)
+    with conn.transaction():
+        ids = enqueue_many(
+            conn,
+            [
+                Event("order", f"o-{i % 40}", TYPES[i % 4], {})
+                for i in range(reconcile.CHUNK * 2 + 500)
+            ],
+            trace_context=False,
+        )
+    conn.execute("UPDATE outbox SET status = 'done', done_at = now()")
+    recorded = ids[::100]  # the rest the inbox never recorded
+    conn.cursor().executemany(
+        "INSERT INTO outbox_inbox (consumer, message_id) VALUES ('billing', %s)",
+        [(str(i),) for i in recorded],
+    )
+    missing = sorted(set(ids) - set(recorded))
+    check = [
+        sys.executable, "-m", "outbox", "reconcile", "--dsn", dsn, "--inbox-dsn", dsn,
+        "--inbox-table", "outbox_inbox", "--since", "1h", "--until", "0s", "--replay", "--yes",
+    ]  # fmt: skip
+    with psycopg.connect(dsn) as holder:
+        # A missing message of the second chunk: its batch waits, and is stopped there.
+        holder.execute("SELECT 1 FROM outbox WHERE id = %s FOR UPDATE", (missing[12_345],))
+        command = subprocess.Popen(
+            check, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=BASE_ENV,
+            preexec_fn=interruptible,
+        )  # fmt: skip
+        try:
+            interrupt_once_waiting(conn, command)
+            _, stderr = command.communicate(timeout=60)
+        finally:
+            command.kill()
+    assert command.returncode == 130, stderr
+    stopped = re.fullmatch(
+        r"outbox: replay 1: stopped after (\d+) missing messages \(12 batches\), (\d+) of the "
+        r"(\d+) confirmed left; go on with `(outbox reconcile [^`]+)` and the same --inbox-dsn\n",
+        stderr,
+    )
+    assert stopped, stderr
+    sent, left, confirmed = (int(n) for n in stopped.groups()[:3])
+    # The first chunk's 9,900 missing (10 batches), then two batches of the second chunk.
+    assert (sent, left, confirmed) == (11_900, len(missing) - 11_900, len(missing))
+
+    refused = outbox("replay", "--dsn", dsn, "--resume", "1", "--yes")
+    assert refused.returncode == 2
+    assert "replay 1 is a `reconcile --replay`: go on with `outbox reconcile" in refused.stderr
+
+    shown = shlex.split(stopped.group(4))
+    other = outbox(*shown[1:], "--dsn", dsn, "--inbox-dsn", dsn, "--yes", "--consumer", "audit")
+    assert other.returncode == 2
+    assert "replay 1 compared consumer billing; drop --consumer" in other.stderr
+    resumed = outbox(*shown[1:], "--dsn", dsn, "--inbox-dsn", dsn, "--yes")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.endswith(f"outbox: replay 1: sent {left} missing messages again\n")
+    batches = conn.execute(
+        "SELECT message_ids FROM outbox_actions WHERE action = 'replay' ORDER BY id"
+    ).fetchall()
+    assert sorted(i for (sent_ids,) in batches for i in sent_ids) == missing  # each once
+    assert conn.execute("SELECT count(*) FROM outbox WHERE replay = 1").fetchone() == (
+        len(missing),
+    )

@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -100,6 +101,12 @@ def add_commands(command: Callable[[str, str], argparse.ArgumentParser]) -> None
         "--replay", action="store_true", help="send the missing messages again (audited)"
     )
     c.add_argument("--yes", action="store_true", help="with --replay: no typed confirmation")
+    c.add_argument(
+        "--resume",
+        metavar="N",
+        help="go on with replay N of a stopped --replay to its window's end (its window and "
+        "consumer are in the audit log)",
+    )
     c.add_argument("--json", action="store_true", help="one JSON object, for scripts")
 
 
@@ -160,11 +167,12 @@ def _interactive() -> bool:
 
 def prepare(args: argparse.Namespace) -> None:
     """Check the flags before connecting: SettingError names the wrong one (exit 2)."""
-    if args.command == "replay" and args.resume is not None:
+    if args.resume is not None:
         args.resume = resolve(args, "--resume", int_between(1, MAX_LIMIT), None)
+        own = ("since", "until", "event_type", "aggregate_type", "aggregate_id")
         extra = [
             flag
-            for flag in ("since", "until", "event_type", "aggregate_type", "aggregate_id")
+            for flag in (own if args.command == "replay" else own[:2])
             if getattr(args, flag) is not None
         ]
         if extra:
@@ -195,6 +203,8 @@ def prepare(args: argparse.Namespace) -> None:
         args.inbox_table = resolve(args, "--inbox-table", Table.parse, Table.default())
         if args.consumer is not None:
             args.consumer = resolve(args, "--consumer", _consumer, None)
+        if args.resume is not None:
+            args.replay = True  # going on with a replay is replaying
         if args.yes and not args.replay:
             raise SettingError("--yes confirms --replay; add --replay, or drop --yes")
         confirming = args.replay
@@ -267,6 +277,15 @@ def _replay(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Tabl
             progress = perform(conn, replay.resume_point(table, args.resume))
         except replay.NoSuchReplay as exc:
             fail(PROG, str(exc), 1)
+        if progress.reconcile is not None:
+            # Its filter holds the missing ids of one chunk only: the rest of its window is
+            # found missing again by comparing it with the inbox.
+            fail(
+                PROG,
+                f"--resume: replay {args.resume} is a `reconcile --replay`: go on with `outbox "
+                f"reconcile --table {shown_argument(table)} --inbox-dsn DSN --inbox-table TABLE "
+                f"--resume {args.resume}`",
+            )
         if args.batch is not None:
             progress.batch = args.batch  # recorded with each batch: a later resume keeps it
         print(
@@ -342,36 +361,30 @@ def _send(
 
 
 def _reconcile(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Table) -> None:
+    if args.resume is not None:
+        _resume_reconcile(args, conn, table)
+        return
     since, until = _window(args, conn)
-    with _inbox_connection(args.inbox_dsn) as inbox_conn:
-        try:
-            found = reconcile.compare(
-                conn,
-                table,
-                inbox_conn,
-                args.inbox_table,
-                consumer=args.consumer,
-                since=since,
-                until=until,
-            )
-        except reconcile.AmbiguousConsumer as exc:
-            fail(PROG, str(exc))
-        except dberrors.MISSING_TABLE:
-            fail(PROG, f"inbox table {args.inbox_table} does not exist at the --inbox-dsn", 1)
-        except psycopg.errors.InsufficientPrivilege as exc:
-            fail(
-                PROG, f"the --inbox-dsn's role cannot read the inbox: {exc.diag.message_primary}", 1
-            )
-        sent: reconcile.Replayed | None = None
+    progress: replay.Progress | None = None
+    with _inbox_connection(args.inbox_dsn) as inbox_conn, _reading_inbox(args):
+        found = reconcile.compare(
+            conn,
+            table,
+            inbox_conn,
+            args.inbox_table,
+            consumer=args.consumer,
+            since=since,
+            until=until,
+        )
         if args.replay and found.missing:
             if not args.yes:
                 for line in found.lines(table):
                     print(line)
                 if not confirm(found.missing, f"send {counted(found.missing, 'message')} again"):
                     fail(PROG, "not confirmed: nothing sent", 1)
-            sent = reconcile.replay_missing(
-                conn, table, inbox_conn, args.inbox_table, found, actor=default_actor()
-            )
+            progress = reconcile.start_replay(conn, table, found)
+            _send_missing(args, conn, table, inbox_conn, progress)
+    sent = None if progress is None else reconcile.Replayed(progress.number, progress.sent)
     if args.json:
         print(json.dumps(found.to_dict(sent)))
         return
@@ -380,3 +393,81 @@ def _reconcile(args: argparse.Namespace, conn: psycopg.Connection[Any], table: T
     if sent is not None:
         sent_again = counted(sent.count, "missing message")
         print(f"{shown(table)}: replay {sent.number}: sent {sent_again} again")
+
+
+@contextmanager
+def _reading_inbox(args: argparse.Namespace) -> Iterator[None]:
+    """What reading the inbox may meet, said in one line."""
+    try:
+        yield
+    except reconcile.AmbiguousConsumer as exc:
+        fail(PROG, str(exc))
+    except dberrors.MISSING_TABLE:
+        fail(PROG, f"inbox table {args.inbox_table} does not exist at the --inbox-dsn", 1)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        fail(PROG, f"the --inbox-dsn's role cannot read the inbox: {exc.diag.message_primary}", 1)
+
+
+def _resume_reconcile(
+    args: argparse.Namespace, conn: psycopg.Connection[Any], table: Table
+) -> None:
+    number = args.resume
+    try:
+        progress = reconcile.resume_point(conn, table, number)
+    except replay.NoSuchReplay as exc:
+        fail(PROG, str(exc), 1)
+    except reconcile.NotReconciling:
+        fail(
+            PROG,
+            f"--resume: replay {number} is an `outbox replay`: go on with `outbox replay "
+            f"--table {shown_argument(table)} --resume {number}`",
+        )
+    assert progress.reconcile is not None
+    recorded = progress.reconcile.get("consumer")
+    if recorded is not None and args.consumer not in (None, recorded):
+        fail(PROG, f"--resume: replay {number} compared consumer {recorded}; drop --consumer")
+    with _inbox_connection(args.inbox_dsn) as inbox_conn, _reading_inbox(args):
+        # A record from before the consumer was kept: the named one, or the inbox's only one.
+        consumer = recorded or reconcile.choose_consumer(
+            inbox_conn, args.inbox_table, args.consumer
+        )
+        progress.reconcile["consumer"] = consumer
+        if not args.json:
+            print(
+                f"{shown(table)}: replay {number}: going on from id {progress.next_id} (missing "
+                f"for consumer {printable(consumer)}; {printable(progress.filter.describe())})"
+            )
+        _send_missing(args, conn, table, inbox_conn, progress)
+    if args.json:
+        print(json.dumps({"replayed": {"replay": number, "count": progress.sent}}))
+        return
+    sent_again = counted(progress.sent, "missing message")
+    print(f"{shown(table)}: replay {number}: sent {sent_again} again")
+
+
+def _send_missing(
+    args: argparse.Namespace,
+    conn: psycopg.Connection[Any],
+    table: Table,
+    inbox_conn: psycopg.Connection[Any],
+    progress: replay.Progress,
+) -> None:
+    try:
+        reconcile.replay_missing(
+            conn, table, inbox_conn, args.inbox_table, progress, actor=default_actor()
+        )
+    except KeyboardInterrupt:
+        stopped = f"{shown(table)}: replay {progress.number}: stopped"
+        if progress.sent == 0 and args.resume is None:
+            # No batch sent, none recorded: there is nothing to resume.
+            print(f"{stopped} before it sent a message; run the comparison again", file=sys.stderr)
+        else:
+            print(
+                f"{stopped} after {counted(progress.sent, 'missing message')} "
+                f"({counted(progress.batches, 'batch', 'batches')}), {progress.left} of the "
+                f"{progress.confirmed} confirmed left; go on with `outbox reconcile --table "
+                f"{shown_argument(table)} --inbox-table {shown_argument(args.inbox_table)} "
+                f"--resume {progress.number}` and the same --inbox-dsn",
+                file=sys.stderr,
+            )
+        raise SystemExit(130) from None

@@ -17,12 +17,15 @@ What is kept across chunks is bounded: counts, counts by type, and the first `MA
 ranges of ids. The inbox is only read: its session is read-only (and a read-only role is
 enough, docs/replay.md). `replay_missing` walks the window again and sends the missing
 messages of each chunk again as one replay (outbox.operations.replay), audited per batch.
+Each batch's record keeps the window, the consumer and the last id reached: a replay
+stopped in any chunk goes on from there to the window's end (`resume_point`), comparing
+again what it had not reached.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -352,49 +355,80 @@ class Replayed:
     count: int
 
 
+class NotReconciling(LookupError):
+    """`outbox reconcile --resume N` names a replay `outbox replay` made."""
+
+
+def start_replay(
+    conn: psycopg.Connection[Any], table: Table, found: Found, *, reason: str | None = None
+) -> replay.Progress:
+    """A new replay of what `found` counts missing, its number drawn: `replay_missing` sends
+    it. What the person confirmed bounds it: `found.missing` messages."""
+    number = fetch(conn, replay.next_number(table))
+    return replay.Progress(
+        number,
+        replay.ReplayFilter(since=found.since, until=found.until),
+        next_id=0,  # from the window's first id
+        past_id=0,  # each chunk sets its own
+        left=found.missing,
+        confirmed=found.missing,
+        reason=reason,
+        reconcile={"consumer": found.consumer},
+    )
+
+
+def resume_point(conn: psycopg.Connection[Any], table: Table, number: int) -> replay.Progress:
+    """Replay `number` of `outbox reconcile --replay` as its last recorded batch left it: its
+    window compared again from the next id on, what is left of the count confirmed
+    (replay.NoSuchReplay if it recorded no batch, NotReconciling if `outbox replay` made
+    it). Its consumer is the recorded one (none in a record from before it was kept)."""
+    progress = perform(conn, replay.resume_point(table, number))
+    if progress.reconcile is None:
+        raise NotReconciling(f"replay {number} was made by `outbox replay`, not by reconcile")
+    progress.filter = replace(progress.filter, ids=None)  # the chunk's ids: found again
+    return progress
+
+
 def replay_missing(
     conn: psycopg.Connection[Any],
     table: Table,
     inbox_conn: psycopg.Connection[Any],
     inbox: Table,
-    found: Found,
+    progress: replay.Progress,
     *,
     actor: str | None,
-    reason: str | None = None,
-) -> Replayed:
-    """Send again exactly what the inbox never recorded, as one replay: the window walked
-    again, each chunk's missing ids sent back in batches recorded in the audit log (via
-    `outbox reconcile`). At most `found.missing` messages (what the person confirmed)."""
-    since, until = found.since, found.until
-    ids = perform(conn, replay.window(table, since, until))
-    number = fetch(conn, replay.next_number(table))
-    left = found.missing
-    sent = 0
-    for _, missing in _missing_rows(
-        conn, table, inbox_conn, inbox, found.consumer, ids, since, until
-    ):
-        if not missing or left <= 0:
+) -> None:
+    """Send again exactly what the inbox never recorded, as replay `progress` (`start_replay`,
+    or `resume_point` to go on with one stopped): its window walked again from
+    `progress.next_id`, each chunk's missing ids sent back in batches recorded in the audit
+    log (via `outbox reconcile`), at most `progress.left` messages. `progress` counts what
+    was sent, so a caller stopped (Ctrl-C) can say how far it went.
+
+    Each batch's record keeps the window, the consumer and the last id reached, so a stop
+    anywhere resumes for the whole window (`resume_point`), not only for the chunk that was
+    being sent. A message sent again before the stop is not missing when the walk comes
+    back to it: it is pending (not delivered), or delivered again and recorded by the inbox."""
+    assert progress.reconcile is not None and "consumer" in progress.reconcile
+    consumer = progress.reconcile["consumer"]
+    whole = replace(progress.filter, ids=None)
+    since, until = whole.since, whole.until
+    window = perform(conn, replay.window(table, since, until))
+    rest = replay.IdRange(max(window.first, progress.next_id), window.past)
+    for _, missing in _missing_rows(conn, table, inbox_conn, inbox, consumer, rest, since, until):
+        if progress.left is not None and progress.left <= 0:
+            break
+        if not missing:
             continue
         ranges = Ranges(keep=len(missing))  # all of them: they are the filter
         for row in missing:
             ranges.add(int(row[0]))
-        chunk_filter = replay.ReplayFilter(since=since, until=until, ids=tuple(ranges.kept))
-        progress = replay.Progress(
-            number,
-            chunk_filter,
-            next_id=int(missing[0][0]),
-            past_id=int(missing[-1][0]) + 1,
-            left=left,
-            confirmed=found.missing,
-        )
+        progress.filter = replay.with_ids(whole, ranges.kept)
+        progress.next_id, progress.past_id = int(missing[0][0]), int(missing[-1][0]) + 1
         while not progress.finished:
             perform(
                 conn,
                 replay.send_batch(
-                    table, progress, actor=actor, reason=reason, via="outbox reconcile"
+                    table, progress, actor=actor, reason=progress.reason, via="outbox reconcile"
                 ),
                 transaction=True,  # the rows and their partitions' notes together
             )
-        sent += progress.sent
-        left -= progress.sent
-    return Replayed(number, sent)

@@ -340,6 +340,7 @@ def _batch_query(
     via: str,
     confirmed: int | None,
     batch: int,
+    reconcile: Mapping[str, Any] | None,
 ) -> Query[Batch]:
     """Up to `size` rows of the filter from id `after` on (and before `past`), back to
     pending under replay `number`, and the batch's audit record: one statement. A row that
@@ -391,6 +392,8 @@ SELECT (SELECT count(*) FROM changed), (SELECT max(id) FROM picked),
         "confirmed": confirmed,
         "batch": batch,  # the batch size asked for, which a resume keeps (`size` may be less)
     }
+    if reconcile is not None:
+        recorded["reconcile"] = dict(reconcile)
     return Query(
         statement,
         {
@@ -418,6 +421,10 @@ class Progress:
     confirmed: int | None = None  # rows the person confirmed, all batches together
     reason: str | None = None  # why, as recorded (a resumed replay keeps it)
     batch: int = DEFAULT_BATCH  # rows per batch, as recorded (a resumed replay keeps it)
+    # A replay of `outbox reconcile --replay`: what its comparison read (the consumer), as
+    # recorded. Its filter holds only the missing ids of the chunk being sent; what it has
+    # left to send is found again by comparing the rest of its window with the inbox.
+    reconcile: dict[str, Any] | None = None
     sent: int = 0
     batches: int = 0  # counted with `sent`, so the two always tell of the same batches
     by_type: dict[str, int] = field(default_factory=dict)
@@ -466,6 +473,7 @@ def send_batch(
             via=via,
             confirmed=progress.confirmed,
             batch=batch,
+            reconcile=progress.reconcile,
         )
     )
     if done.count and done.through_id is not None:
@@ -512,6 +520,9 @@ def resume_point(table: Table, number: int) -> Steps[Progress]:
         raise NoSuchReplay(f"replay {number} recorded no batch in {table}'s audit log")
     recorded, sent = row
     confirmed = recorded.get("confirmed")
+    reconcile = recorded.get("reconcile")
+    if reconcile is None and recorded.get("via") == "outbox reconcile":
+        reconcile = {}  # recorded before the consumer was: a reconcile's replay all the same
     return Progress(
         number,
         ReplayFilter.from_json(recorded["filter"]),
@@ -521,6 +532,7 @@ def resume_point(table: Table, number: int) -> Steps[Progress]:
         confirmed=confirmed,
         reason=recorded.get("reason"),
         batch=int(recorded.get("batch", DEFAULT_BATCH)),
+        reconcile=reconcile,
     )
 
 
