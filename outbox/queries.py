@@ -7,11 +7,13 @@ partial indexes in order and the batched statements join `unnest` arrays to the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache, cached_property, lru_cache
 
 from psycopg import sql
 
 from outbox.limits import MAX_HEADER_COUNT, MAX_HEADERS_BYTES, MAX_NAME_BYTES, format_bytes
+from outbox.stencils import Stencil, stand_in_names
 from outbox.table import Table
 
 REAPED_ERROR = "lease expired on the last attempt (worker crashed, or publish outlived the lease)"
@@ -363,6 +365,20 @@ WITH RECURSIVE {reap}, heads(aggregate_id, id) AS (
     )
 
 
+def _statement(compose: Callable[[Queries], sql.Composed]) -> cached_property[sql.Composed]:
+    """One of the lease protocol's statements, made when first asked for: filled in from its
+    stencil when it names tables only (`Queries._names`), else composed."""
+
+    def statement(self: Queries) -> sql.Composed:
+        if self._names is None:
+            return compose(self)
+        return _stencil(len(self._names), compose.__name__).fill(self._names)
+
+    statement.__name__ = compose.__name__
+    statement.__doc__ = compose.__doc__
+    return cached_property(statement)
+
+
 class Queries:
     """The lease protocol's statements for a table, or for its rows `within` an id range,
     each composed when first asked for: a partitioned table's claim window composes new ones
@@ -370,9 +386,21 @@ class Queries:
     Python time than the claim that used one)."""
 
     def __init__(
-        self, table: Table, within: Within, unfinished_low: int | None, checked: Checked
+        self,
+        table: Table,
+        within: Within,
+        unfinished_low: int | None,
+        checked: Checked,
+        *,
+        stencilled: bool = True,
     ) -> None:
         self._table, self._t, self._within = table, table.ident, within
+        # The tables the statements name, when they name no id range: each statement is then
+        # its shape's stencil filled with them (outbox.stencils), not composed anew.
+        self._names: tuple[sql.Composable, ...] | None = None
+        if stencilled and within is None and (checked is None or checked[2]):
+            leaves = checked[2] if checked is not None else ()
+            self._names = (table.ident, *(leaf.ident for leaf in leaves))
         self._unfinished = within
         if within is not None and unfinished_low is not None:
             self._unfinished = (min(unfinished_low, within[0]), within[1])
@@ -396,11 +424,11 @@ class Queries:
             "o.id = f.id AND o.status = 'processing' AND o.lease_version = f.version{within}"
         ).format(within=_within(within, "o"))
 
-    @cached_property
+    @_statement
     def claim(self) -> sql.Composed:
         return _claim(self._t, False, self._within, self._unfinished)
 
-    @cached_property
+    @_statement
     def claim_ordered(self) -> sql.Composed:
         return _claim(self._t, True, self._within, self._unfinished, self._looks, self._later)
 
@@ -411,7 +439,7 @@ class Queries:
             return _claim_heads(self._checked, self._unfinished)
         return _claim_heads(self._t, self._unfinished)
 
-    @cached_property
+    @_statement
     def finalize_done(self) -> sql.Composed:
         """The common case, kept lean: a batch of successes."""
         return sql.SQL(
@@ -425,7 +453,7 @@ RETURNING o.id, o.lease_version)
 {applied}"""
         ).format(t=self._t, fence=self._fence, applied=_APPLIED)
 
-    @cached_property
+    @_statement
     def finalize(self) -> sql.Composed:
         """Any mix of outcomes, each row fenced on its own lease_version; it returns the
         status each row ended in (a defer past the maximum defer age ends dead)."""
@@ -461,7 +489,7 @@ RETURNING o.id, o.lease_version, o.status"""
             failed=with_error(sql.SQL("f.error")),
         )
 
-    @cached_property
+    @_statement
     def extend(self) -> sql.Composed:
         """The lease keeper's extend: push the expiry of leases still held; a lost one is
         left."""
@@ -477,6 +505,16 @@ RETURNING o.id"""
     def listen(self) -> sql.Composed:
         """Idle workers wake on the insert trigger's NOTIFY on this table's channel."""
         return sql.SQL("LISTEN {}").format(self._table.channel_ident)
+
+
+@cache  # a few shapes: a table, and a partition with its checks' partitions
+def _stencil(count: int, name: str) -> Stencil:
+    """Statement `name` of a table (and, in ordered mode, the `count - 1` partitions its
+    checks look in) composed once with stand-ins for them."""
+    first, *others = (Table(None, stand_in) for stand_in in stand_in_names(count))
+    checked = (first, (0, 1), tuple(others)) if others else None
+    shape = Queries(first, None, None, checked, stencilled=False)
+    return Stencil.of(getattr(shape, name), count)
 
 
 @lru_cache(maxsize=256)
