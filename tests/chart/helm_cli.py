@@ -124,6 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     template = command("template")
     template.add_argument("name")
     template.add_argument("chart")
+    template.add_argument("--skip-tests", action="store_true")
     with_values(template)
     test = command("test")
     test.add_argument("name")
@@ -176,6 +177,17 @@ def _forced(
     return result
 
 
+def _is_test_hook(text: str) -> bool:
+    """A rendered template that is a `helm test` hook (what `--skip-tests` leaves out);
+    `test-success` is the hook's older name, which Helm still reads as `test`."""
+    for obj in yaml.safe_load_all(text):
+        annotations = (obj or {}).get("metadata", {}).get("annotations") or {}
+        hooks = str(annotations.get("helm.sh/hook", "")).replace(" ", "").split(",")
+        if {"test", "test-success"} & set(hooks):
+            return True
+    return False
+
+
 def _summary(release: dict[str, Any], *, upgraded: bool = False) -> str:
     lines = [f'Release "{release["name"]}" has been upgraded. Happy Helming!'] if upgraded else []
     lines += [
@@ -201,7 +213,9 @@ def run(argv: list[str]) -> str:
         return "".join(
             f"---\n# Source: {path}\n{text.strip()}\n"
             for path, text in sorted(rendered.items())
-            if path.endswith((".yaml", ".yml")) and text.strip()
+            if path.endswith((".yaml", ".yml"))
+            and text.strip()
+            and not (args.skip_tests and _is_test_hook(text))
         )
     with helm.Config(
         kubeconfig_path=args.kubeconfig or os.environ.get("KUBECONFIG"),

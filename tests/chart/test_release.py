@@ -64,6 +64,7 @@ KUBECTL_STORY = (
     "kubectl apply --server-side -f crds/outboxdispatchers.yaml",
     "kubectl apply -f examples/kubectl/outbox-dispatcher.yaml",
     "helm template",
+    "kubectl apply -f outbox-dispatcher.yaml",
     "kubectl delete -f examples/kubectl/outbox-dispatcher.yaml",
 )
 
@@ -487,13 +488,21 @@ def test_the_kubectl_install_path(cluster: LocalCluster, tmp_path: Path) -> None
     assert "deployment.apps/outbox-dispatcher created" in applied, applied
     [deployment] = cluster.objects("apps/v1", "deployments", NAMESPACE)
     assert deployment["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kubectl"
-    # A user's own values rendered for kubectl: the served namespaces become Roles.
+    # A user's own values rendered for kubectl and applied instead: the served namespaces
+    # become Roles; like the example, no CRD (applied from crds/) and no `helm test` hook,
+    # whose Pod kubectl would run as a stray test.
     (user.home / "my-values.yaml").write_text("watch:\n  namespaces: [shop]\n")
-    rendered = [o for o in yaml.safe_load_all(user.docs("helm template")) if o]
-    kinds = [o["kind"] for o in rendered]
+    user.sh("kubectl create namespace shop")
+    user.docs("helm template")
+    rendered = yaml.safe_load_all((user.home / "outbox-dispatcher.yaml").read_text())
+    kinds = [o["kind"] for o in rendered if o]
     assert "ClusterRoleBinding" not in kinds and "RoleBinding" in kinds, kinds
-    [operator] = [o for o in rendered if o["kind"] == "Deployment"]
-    assert "--namespace=shop" in operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "CustomResourceDefinition" not in kinds and "Pod" not in kinds, kinds
+    user.docs("kubectl apply -f outbox-dispatcher.yaml")
+    [deployment] = cluster.objects("apps/v1", "deployments", NAMESPACE)
+    assert "--namespace=shop" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert cluster.objects("rbac.authorization.k8s.io/v1", "roles", "shop")
+    assert not cluster.objects("v1", "pods", NAMESPACE)
     user.docs("kubectl delete -f examples/kubectl/outbox-dispatcher.yaml")
     assert not cluster.objects("apps/v1", "deployments", NAMESPACE)
     assert not cluster.objects("rbac.authorization.k8s.io/v1", "clusterroles")
