@@ -18,7 +18,7 @@ from cloudevents.core.bindings.kafka import KafkaMessage, from_kafka
 from cloudevents.core.formats.json import JSONFormat
 from helpers import row, wait_until
 from kafka_mock import MockCluster, mock_cluster
-from test_kafka import consume_all
+from test_kafka import FREED_UNSENT, REFUSED, consume_all
 from test_nats import create_stream, stream_messages
 from wire import Receiver
 from workers import dispatching, settings
@@ -252,10 +252,11 @@ async def test_kafka_failures_reported_later_land_on_their_own_cloudevents(clust
     assert failed
     # Each failure was placed (librdkafka may fail the topic's other requests too).
     assert "could not be placed" not in caplog.text
-    # The injected error; on a loaded machine librdkafka may fail a few more its own way.
-    reasons = {str(r) for r in results if r is not None}
-    assert "Kafka TOPIC_AUTHORIZATION_FAILED: Broker: Topic authorization failed" in reasons
-    assert all(reason.startswith("Kafka ") for reason in reasons), reasons
+    # The injected error, and at most librdkafka's retryable _DESTROY for a message the
+    # topic's removal dropped unsent (test_kafka.py says when): nothing else.
+    outcomes = {(type(r), str(r)) for r in results if r is not None}
+    assert REFUSED in outcomes
+    assert outcomes <= {REFUSED, FREED_UNSENT}, outcomes
     consumed = consume_all(cluster.bootstraps, "order", 40 - len(failed))
     delivered = sorted(int(dict(m.headers())["outbox-id"]) for m in consumed)
     assert delivered == sorted(m.id for m in messages if m.id not in failed)
