@@ -236,6 +236,17 @@ def test_a_stopped_replay_resumes_where_its_last_batch_ended(conn, dsn, table):
     perform(conn, send_batch(table, progress, batch=15, actor="alice", reason="bug"))  # stopped
     # Meanwhile one of the first 15 was delivered again: a resume must not send it a third time.
     conn.execute("UPDATE outbox SET status = 'done' WHERE id = %s", (ids[0],))
+    # What the replay keeps cannot be given again, nor a dry run asked of a resume (it sent).
+    before = _snapshot(conn)
+    for flags, refused in (
+        (["--dry-run"], "drop --dry-run"),
+        (["--status", "dead", "--yes"], "drop --status"),
+        (["--limit", "5", "--yes"], "drop --limit"),
+    ):
+        wrong = outbox("replay", "--dsn", dsn, "--resume", str(progress.number), *flags)
+        assert wrong.returncode == 2 and refused in wrong.stderr, wrong.stderr
+        assert wrong.stderr.count("\n") == 1
+    assert _snapshot(conn) == before
     result = outbox("replay", "--dsn", dsn, "--resume", str(progress.number), "--yes")
     assert result.returncode == 0, result.stderr
     assert f"going on from id {ids[15]}" in result.stdout

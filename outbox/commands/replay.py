@@ -169,7 +169,8 @@ def prepare(args: argparse.Namespace) -> None:
     """Check the flags before connecting: SettingError names the wrong one (exit 2)."""
     if args.resume is not None:
         args.resume = resolve(args, "--resume", int_between(1, MAX_LIMIT), None)
-        own = ("since", "until", "event_type", "aggregate_type", "aggregate_id")
+        # Kept in the audit log, as the window: given again, they would be ignored.
+        own = ("since", "until", "event_type", "aggregate_type", "aggregate_id", "status", "limit")
         extra = [
             flag
             for flag in (own if args.command == "replay" else own[:2])
@@ -177,9 +178,12 @@ def prepare(args: argparse.Namespace) -> None:
         ]
         if extra:
             raise SettingError(
-                f"--resume: goes on with the replay's own window and filter; drop "
+                f"--resume: goes on with the replay's own window, filter and count; drop "
                 f"--{extra[0].replace('_', '-')}"
             )
+        if args.command == "replay" and args.dry_run:
+            # A resume has no preview: it would send, and without the --yes a send needs.
+            raise SettingError("--resume: goes on sending, with no dry run; drop --dry-run")
     else:
         for flag in ("--since", "--until"):
             if getattr(args, flag[2:]) is None:
