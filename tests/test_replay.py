@@ -301,7 +301,8 @@ def test_a_resumed_replay_keeps_its_batch_size_unless_given_another(conn, dsn):
     assert "replay 1: stopped after 28 messages (4 batches)" in stopped
     stopped = _stopped_while_waiting_on(conn, dsn, ids[45], "--resume", "1", "--batch", "3")
     assert "stopped after 15 messages (5 batches)" in stopped  # ids[28:43]
-    result = outbox("replay", "--dsn", dsn, "--resume", "1", "--yes")
+    # Run where a worker's settings are (its pod): their claim batch is not the replay's.
+    result = outbox("replay", "--dsn", dsn, "--resume", "1", "--yes", env={"OUTBOX_BATCH": "25"})
     assert result.returncode == 0, result.stderr
     assert f"replay 1: going on from id {ids[43]} in batches of 3 (" in result.stdout
     sizes = [requested for _, _, _, requested, _ in _audit(conn)]

@@ -193,7 +193,9 @@ def prepare(args: argparse.Namespace) -> None:
     if args.command == "replay":
         args.limit = resolve(args, "--limit", int_between(1, MAX_LIMIT), None)
         # None when not given: a new replay takes the default, a resumed one its own size.
-        args.batch = resolve(args, "--batch", int_between(1, replay.MAX_BATCH), None)
+        # The flag only: OUTBOX_BATCH is the workers' claim batch wherever their settings are
+        # set (a worker's pod, where a replay may be run), not a replay's.
+        args.batch = resolve(args, "--batch", int_between(1, replay.MAX_BATCH), None, env={})
         args.status = args.status or "done"
         if args.reason is not None:
             args.reason = resolve(args, "--reason", _text("--reason"), None)
