@@ -217,11 +217,8 @@ async def test_replay_a_window_then_reconcile_a_restore(conn, dsn, receiving, po
         reader.execute("CREATE TEMP TABLE t (x int)")
 
 
-def test_the_comparison_goes_in_small_chunks_and_tells_keys_apart(
-    conn, dsn, receiving, monkeypatch
-):
+def test_the_comparison_goes_in_small_chunks_and_tells_keys_apart(conn, dsn, receiving):
     receiver_dsn, reader_dsn = receiving
-    monkeypatch.setattr(reconcile, "CHUNK", 7)
     with conn.transaction():
         ids = enqueue_many(
             conn, [Event("order", "o", TYPES[i % 2], {}) for i in range(60)], trace_context=False
@@ -245,10 +242,10 @@ def test_the_comparison_goes_in_small_chunks_and_tells_keys_apart(
     with reconcile.connect_inbox(reader_dsn) as reader:
         with pytest.raises(reconcile.AmbiguousConsumer, match="several consumers"):
             reconcile.compare(conn, table, reader, inbox_table, consumer=None,
-                              since=T0, until=T0 + timedelta(hours=2))  # fmt: skip
+                              since=T0, until=T0 + timedelta(hours=2), chunk=7)  # fmt: skip
         found = reconcile.compare(
             conn, table, reader, inbox_table, consumer="billing", since=T0,
-            until=T0 + timedelta(hours=2),
+            until=T0 + timedelta(hours=2), chunk=7,
         )  # fmt: skip
     assert found.delivered == 59  # one is pending again
     assert (found.missing, found.missing_ranges.kept) == (4, [(ids[3], ids[5]), (ids[40], ids[40])])

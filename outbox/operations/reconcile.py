@@ -34,7 +34,7 @@ from psycopg import sql
 
 from outbox.operations import replay
 from outbox.plumbing.dsn import connect_options
-from outbox.plumbing.text import counted, printable
+from outbox.plumbing.text import counted, printable_name
 from outbox.runner import Query, Row, fetch, first_row, perform
 from outbox.session import session_settings
 from outbox.table import Table, shown
@@ -95,7 +95,7 @@ class Found:
         window = f"{self.since.isoformat()} to {self.until.isoformat()}"
         lines = [
             f"{shown(table)}: {self.delivered} delivered from {window}; consumer "
-            f"{printable(self.consumer)}: "
+            f"{printable_name(self.consumer)}: "
             f"{self.missing} missing, {self.extra} extra, {counted(self.foreign, 'key')} that "
             f"{'is' if self.foreign == 1 else 'are'} no id"
         ]
@@ -104,7 +104,9 @@ class Found:
             # commands.
             by_type = ", ".join(
                 f"{t} {n}"
-                for t, n in sorted((printable(name), n) for name, n in self.missing_by_type.items())
+                for t, n in sorted(
+                    (printable_name(name), n) for name, n in self.missing_by_type.items()
+                )
             )
             lines.append(f"missing by type: {by_type}")
             lines.append(
@@ -150,15 +152,15 @@ def _more(ranges: Ranges) -> str:
 
 
 def _delivered_chunk(
-    table: Table, ids: replay.IdRange, since: datetime, until: datetime, after: int
+    table: Table, ids: replay.IdRange, since: datetime, until: datetime, after: int, chunk: int
 ) -> Query[list[Row]]:
-    """The next CHUNK done rows of the window after id `after`: (id, event_type)."""
+    """The next `chunk` done rows of the window after id `after`: (id, event_type)."""
     statement = sql.SQL(
         "SELECT id, event_type FROM {t} WHERE id > %(after)s AND id < %(past)s "
         "AND created_at >= %(since)s AND created_at < %(until)s AND status = 'done' "
         "ORDER BY id LIMIT %(chunk)s"
     ).format(t=table.ident)
-    params = {"after": after, "past": ids.past, "since": since, "until": until, "chunk": CHUNK}
+    params = {"after": after, "past": ids.past, "since": since, "until": until, "chunk": chunk}
     return Query(statement, params, list)
 
 
@@ -171,14 +173,16 @@ def _recorded(inbox: Table, consumer: str, keys: list[str]) -> Query[set[str]]:
     return Query(statement, {"consumer": consumer, "keys": keys}, lambda rows: {r[0] for r in rows})
 
 
-def _keys_chunk(inbox: Table, consumer: str, low: str, high: str, after: str) -> Query[list[str]]:
-    """The consumer's next CHUNK keys in [low, high] after `after`, along its primary key."""
+def _keys_chunk(
+    inbox: Table, consumer: str, low: str, high: str, after: str, chunk: int
+) -> Query[list[str]]:
+    """The consumer's next `chunk` keys in [low, high] after `after`, along its primary key."""
     statement = sql.SQL(
         "SELECT message_id FROM {t} WHERE consumer = %(consumer)s AND message_id >= %(low)s "
         "AND message_id <= %(high)s AND message_id > %(after)s ORDER BY message_id "
         "LIMIT %(chunk)s"
     ).format(t=inbox.ident)
-    params = {"consumer": consumer, "low": low, "high": high, "after": after, "chunk": CHUNK}
+    params = {"consumer": consumer, "low": low, "high": high, "after": after, "chunk": chunk}
     return Query(statement, params, lambda rows: [r[0] for r in rows])
 
 
@@ -260,10 +264,11 @@ def _delivered_chunks(
     ids: replay.IdRange,
     since: datetime,
     until: datetime,
+    chunk: int,
 ) -> Iterator[list[Row]]:
     after = ids.first - 1
     while True:
-        rows = fetch(conn, _delivered_chunk(table, ids, since, until, after))
+        rows = fetch(conn, _delivered_chunk(table, ids, since, until, after, chunk))
         if not rows:
             return
         yield rows
@@ -279,15 +284,20 @@ def _missing_rows(
     ids: replay.IdRange,
     since: datetime,
     until: datetime,
+    chunk: int,
 ) -> Iterator[tuple[int, list[Row]]]:
     """(done rows in the chunk, the chunk's rows the inbox never recorded), chunk by chunk."""
-    for rows in _delivered_chunks(conn, table, ids, since, until):
+    for rows in _delivered_chunks(conn, table, ids, since, until, chunk):
         recorded = fetch(inbox_conn, _recorded(inbox, consumer, [str(r[0]) for r in rows]))
         yield len(rows), [r for r in rows if str(r[0]) not in recorded]
 
 
 def _id_keys(
-    inbox_conn: psycopg.Connection[Any], inbox: Table, consumer: str, ids: replay.IdRange
+    inbox_conn: psycopg.Connection[Any],
+    inbox: Table,
+    consumer: str,
+    ids: replay.IdRange,
+    chunk: int,
 ) -> Iterator[list[int]]:
     """The consumer's keys that are ids in [ids.first, ids.past), in increasing order, a
     chunk at a time: one walk of the primary key per number of digits."""
@@ -299,7 +309,9 @@ def _id_keys(
         low_text, high_text = str(low), str(high)
         after = ""
         while True:
-            keys = fetch(inbox_conn, _keys_chunk(inbox, consumer, low_text, high_text, after))
+            keys = fetch(
+                inbox_conn, _keys_chunk(inbox, consumer, low_text, high_text, after, chunk)
+            )
             if not keys:
                 break
             after = keys[-1]
@@ -310,7 +322,7 @@ def _id_keys(
             )
             if numbers:
                 yield numbers
-            if len(keys) < CHUNK:
+            if len(keys) < chunk:
                 break
 
 
@@ -323,20 +335,22 @@ def compare(
     consumer: str | None,
     since: datetime,
     until: datetime,
+    chunk: int = CHUNK,
 ) -> Found:
-    """Compare the window's delivered messages with the inbox's keys (see the module)."""
+    """Compare the window's delivered messages with the inbox's keys (see the module), `chunk`
+    ids at a time on each side."""
     name = choose_consumer(inbox_conn, inbox, consumer)
     found = Found(since, until, name)
     ids = perform(conn, replay.window(table, since, until))
     for delivered, missing in _missing_rows(
-        conn, table, inbox_conn, inbox, name, ids, since, until
+        conn, table, inbox_conn, inbox, name, ids, since, until, chunk
     ):
         found.delivered += delivered
         for message_id, event_type in missing:
             found.missing += 1
             found.missing_by_type[event_type] = found.missing_by_type.get(event_type, 0) + 1
             found.missing_ranges.add(int(message_id))
-    for numbers in _id_keys(inbox_conn, inbox, name, ids):
+    for numbers in _id_keys(inbox_conn, inbox, name, ids, chunk):
         in_window = fetch(conn, _delivered_among(table, numbers, since, until))
         unknown = [n for n in numbers if n not in in_window]
         present = fetch(conn, _existing(table, unknown)) if unknown else set()
@@ -397,6 +411,7 @@ def replay_missing(
     progress: replay.Progress,
     *,
     actor: str | None,
+    chunk: int = CHUNK,
 ) -> None:
     """Send again exactly what the inbox never recorded, as replay `progress` (`start_replay`,
     or `resume_point` to go on with one stopped): its window walked again from
@@ -414,7 +429,9 @@ def replay_missing(
     since, until = whole.since, whole.until
     window = perform(conn, replay.window(table, since, until))
     rest = replay.IdRange(max(window.first, progress.next_id), window.past)
-    for _, missing in _missing_rows(conn, table, inbox_conn, inbox, consumer, rest, since, until):
+    for _, missing in _missing_rows(
+        conn, table, inbox_conn, inbox, consumer, rest, since, until, chunk
+    ):
         if progress.left is not None and progress.left <= 0:
             break
         if not missing:
