@@ -55,7 +55,7 @@ from outbox.plumbing.dsn import check_dsn, connect_options, with_pg_environment
 from outbox.plumbing.durations import duration_between, format_duration, parse_duration
 from outbox.plumbing.errors import SettingError
 from outbox.plumbing.redact import describe_dsn
-from outbox.plumbing.text import age, aligned, counted, first_control, printable
+from outbox.plumbing.text import age, aligned, counted, first_control, printable, printable_name
 from outbox.runner import fetch
 from outbox.schema import ORDERINGS, SchemaError, noting_changes, orderings, render_migration
 from outbox.session import session_settings
@@ -326,15 +326,16 @@ def _destinations_summary(states: Sequence[DestinationState]) -> str:
     idle_note = f", {idle} idle" if idle else ""
     if not held:
         return f"{len(states)}, none held{idle_note}" if idle else f"{len(states)}, all closed"
-    named = ", ".join(f"{printable(d.destination)} {d.state}" for d in held)
+    named = ", ".join(f"{printable_name(d.destination)} {d.state}" for d in held)
     return f"{len(states)}: {named}{idle_note} (see outbox destinations)"
 
 
 def print_destinations(table: Table, states: Sequence[DestinationState]) -> None:
     """A table of destinations; under each, why it is held (who paused it and why, or the
-    last error), so the line that matters is next to its destination. Names, reasons and
-    errors are shown `printable`: rows hold what downstreams answered and what older
-    versions or other tools wrote, ESC and line breaks included."""
+    last error), so the line that matters is next to its destination. Reasons and errors
+    are shown `printable`, names `printable_name` (one name never shows as another): rows
+    hold what downstreams answered and what older versions or other tools wrote, ESC and
+    line breaks included."""
     if not states:
         print(
             f"{shown(table)}: no destination recorded: every destination is closed (a row "
@@ -351,7 +352,7 @@ def print_destinations(table: Table, states: Sequence[DestinationState]) -> None
     header = ("DESTINATION", "STATE", "SINCE", "FOR", "FAILURES", "NEXT PROBE")
     rows = [
         (
-            printable(d.destination),
+            printable_name(d.destination),
             d.shown_state,
             d.since.isoformat(sep=" ", timespec="seconds") if d.since else "-",
             age(d.for_seconds),
@@ -368,12 +369,12 @@ def print_destinations(table: Table, states: Sequence[DestinationState]) -> None
         if d.idle:
             print(f"    {idle_text(d)}")
         if d.state == PAUSED:
-            who, why = printable(d.changed_by or "?"), printable(d.reason or "(no reason)")
+            who, why = printable_name(d.changed_by or "?"), printable(d.reason or "(no reason)")
             print(f"    paused by {who}: {why}")
         elif d.reason:
             print(f"    reason: {printable(d.reason)}")
         elif d.sending and d.changed_by:
-            print(f"    resumed by {printable(d.changed_by)}")
+            print(f"    resumed by {printable_name(d.changed_by)}")
         if d.last_error:
             print(f"    last error: {printable(d.last_error)}")
 
@@ -385,7 +386,7 @@ def idle_text(d: DestinationState) -> str:
     else:
         served = f"no worker has served it for {age(d.served_ago)}"
         if d.served_by:
-            served += f" (last {printable(d.served_by)})"
+            served += f" (last {printable_name(d.served_by)})"
     was = "" if d.state == CLOSED else f"; its row still says {d.state} (`outbox resume` closes it)"
     return f"idle: {served}{was}"
 
@@ -394,7 +395,7 @@ def _next_probe(d: DestinationState) -> str:
     if d.state != OPEN or d.idle:
         return "-"
     if d.probing:
-        return f"running ({printable(d.probing)})"
+        return f"running ({printable_name(d.probing)})"
     if d.next_probe_in is None or d.next_probe_in <= 0:
         return "due"
     return f"in {age(d.next_probe_in)}"

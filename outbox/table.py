@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from psycopg import sql
 
 from outbox.plumbing.errors import SettingError
-from outbox.plumbing.text import printable
+from outbox.plumbing.text import printable, printable_name
 
 _MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1
 DEFAULT_TABLE_NAME = "outbox"  # every command's and the producer API's default table
@@ -190,9 +190,10 @@ def clipped(name: str, limit: int = _MAX_IDENTIFIER_BYTES) -> str:
 
 def shown(name: Table | str) -> str:
     """A table's or a partition's name as a line for people shows it: a quoted identifier
-    may hold any character but NUL, and a newline or an escape sequence must not print raw.
-    (Statements, lock keys and JSON output take the name itself.)"""
-    return printable(str(name))
+    may hold any character but NUL, and a newline or an escape sequence must not print raw,
+    nor a name holding the four characters `\\x1b` show as one holding ESC
+    (`printable_name`). (Statements, lock keys and JSON output take the name itself.)"""
+    return printable_name(str(name))
 
 
 def shown_argument(table: Table) -> str:
@@ -212,7 +213,12 @@ def shown_argument(table: Table) -> str:
 
 def _ansi_c(char: str) -> str:
     # C1 controls as \u: bash reads \xHH as one byte, which is not the character in UTF-8.
+    # Past U+FFFF (a tag character) as \U: \u reads four digits only.
     code = ord(char)
     return {10: "\\n", 9: "\\t", 13: "\\r"}.get(code) or (
-        f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}"
+        f"\\x{code:02x}"
+        if code < 0x80
+        else f"\\u{code:04x}"
+        if code <= 0xFFFF
+        else f"\\U{code:08x}"
     )

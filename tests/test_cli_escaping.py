@@ -16,11 +16,16 @@ from helpers import seed
 from outbox import enqueue
 from outbox.cli import main
 from outbox.partitions import Layout
+from outbox.plumbing.text import first_control, printable, printable_name
 from outbox.schema import migrate
 from outbox.table import Table, shown_argument
 
-# Line breaks end lines; the bidirectional overrides reorder them.
-CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# Line breaks end lines; the bidirectional overrides reorder them; the format characters
+# (zero-width, marks, BOM, soft hyphen, tags) and separators are invisible or break lines.
+CONTROL = re.compile(
+    r"[\x00-\x09\x0b-\x1f\x7f-\xa0\xad\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
+    r"\U000e0000-\U000e007f\ud800-\udfff]"
+)
 
 
 def test_a_database_error_is_printed_escaped(conn, dsn, capsys):
@@ -44,10 +49,11 @@ def test_a_database_error_is_printed_escaped(conn, dsn, capsys):
 
 # A quoted identifier may hold any character but NUL: a line break and an ESC in a table's
 # name are legal, and every line that names the table (or one of its partitions) shows them
-# escaped, and so does a right-to-left override (which would show `xob` for `box`).
-# `--json` keeps the name exact.
-ODD = "out\nbox\x1b[2J\u202exob"
-ODD_SHOWN = r"out\nbox\x1b[2J\u202exob"
+# escaped, and so does a right-to-left override (which would show `xob` for `box`) and a
+# zero-width space; a backslash shows doubled, so that the four characters `\x07` do not show
+# as the BEL. `--json` keeps the name exact.
+ODD = "out\nbox\x1b[2J\u202exob\u200b\\x07"
+ODD_SHOWN = r"out\nbox\x1b[2J\u202exob\u200b\\x07"
 
 
 @pytest.mark.parametrize(
@@ -95,7 +101,9 @@ def test_json_keeps_a_table_name_exact(empty_dsn):
     assert found["partitions"][0]["name"] == f"{ODD}_p0"
 
 
-@pytest.mark.parametrize("name", [ODD, "plain", "it's\t\\x\x85", 'app."a.b\nc"'])
+@pytest.mark.parametrize(
+    "name", [ODD, "plain", "it's\t\\x\x85", 'app."a.b\nc"', "tag\U000e0041\u200d\xa0end"]
+)
 def test_a_table_argument_shown_is_read_back_by_the_shell_as_the_table(name):
     """The `--table` argument a line suggests prints no control character, and bash reads
     it back as the same table."""
@@ -106,3 +114,77 @@ def test_a_table_argument_shown_is_read_back_by_the_shell_as_the_table(name):
         ["bash", "-c", f"printf %s {argument}"], capture_output=True, check=True
     ).stdout.decode()
     assert Table.parse(read) == table
+
+
+def test_an_error_line_keeps_the_escapes_of_the_command_it_suggests(empty_dsn):
+    """The error line escapes what it says as a message: the `--table` argument it suggests,
+    written already in the shell's quotes, keeps its escapes (escaped again, its `\\\\x07`
+    would read back as another name), and nothing it quotes reaches the terminal raw."""
+    missing = outbox(empty_dsn, "stats", "--table", ODD)
+    assert missing.returncode == 1, missing
+    [line] = missing.stderr.splitlines()
+    assert not CONTROL.search(line), repr(line)
+    suggested = re.search(r"--table (\$'.*')`$", line)
+    assert suggested is not None, line
+    read = subprocess.run(
+        ["bash", "-c", f"printf %s {suggested[1]}"], capture_output=True, check=True
+    ).stdout.decode()
+    assert read == ODD
+
+
+# What a terminal would not show as itself, and how a line shows it.
+HIDDEN = [
+    ("\u202e", r"\u202e"),  # right-to-left override: `xob` shows as `box`
+    ("\u2067", r"\u2067"),  # right-to-left isolate
+    ("\u200b", r"\u200b"),  # zero-width space: `ord\u200bers` shows as `orders`
+    ("\u200d", r"\u200d"),  # zero-width joiner
+    ("\u200f", r"\u200f"),  # right-to-left mark
+    ("\u061c", r"\u061c"),  # Arabic letter mark
+    ("\ufeff", r"\ufeff"),  # byte order mark
+    ("\xad", r"\xad"),  # soft hyphen
+    ("\U000e0041", r"\U000e0041"),  # tag A: invisible, smuggles ASCII
+    ("\u2028", r"\u2028"),  # line separator
+    ("\u2029", r"\u2029"),  # paragraph separator
+    ("\xa0", r"\xa0"),  # no-break space: reads as a space
+    ("\ue000", r"\ue000"),  # private use
+    ("\udcff", r"\udcff"),  # a lone surrogate (an argument's undecodable byte): unwritable
+    ("\\", "\\\\"),  # the escapes' own mark
+]
+
+
+@pytest.mark.parametrize(("char", "escape"), HIDDEN, ids=[e for _, e in HIDDEN])
+def test_a_character_a_terminal_would_not_show_as_itself_is_shown_escaped(char, escape):
+    name = printable_name(f"ord{char}ers")
+    assert name == f"ord{escape}ers"
+    name.encode()  # writable to a UTF-8 terminal
+    if char != "\\":
+        assert printable(f"ord{char}ers") == name
+        assert first_control(f"ord{char}ers") == escape
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a\x01", "a\\x01", "a\\\\x01", "\\", "\\\\", "x\u202e\\u202e", "\\U000e0041\U000e0041",
+     "é ü 名前 \u0301 \xa0\t\n", "\\N{BEL}\x07"],
+)  # fmt: skip
+def test_a_name_shown_reads_back_as_the_name(text):
+    """Unambiguous: the escapes read back (as Python reads them) as the name, so no two
+    names show alike: the four characters `\\x01` and the character U+0001 differ."""
+    shown = printable_name(text)
+    assert shown.isprintable()
+    assert shown.encode("latin-1", "backslashreplace").decode("unicode_escape") == text
+
+
+def test_a_literal_escape_and_the_character_it_names_show_differently():
+    assert printable_name("a\\x01") == r"a\\x01"
+    assert printable_name("a\x01") == r"a\x01"
+    assert printable_name("app\\u202e") != printable_name("app\u202e")
+
+
+def test_a_message_keeps_the_escapes_of_the_names_it_quotes():
+    """A message quoting a name shown already, or text stored escaped, is escaped again as
+    a whole: its escapes stay as they are, its own controls do not pass."""
+    name = printable_name("out\x1bbox\\x07")
+    message = f"table {name} is gone\x1b[2J\u202e"
+    assert printable(message) == r"table out\x1bbox\\x07 is gone\x1b[2J\u202e"
+    assert printable(printable(message)) == printable(message)

@@ -13,7 +13,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Sparkline, Static
 
-from outbox.plumbing.text import printable
+from outbox.plumbing.text import printable, printable_name
 from outbox.stats import QueueStats
 from outbox.tui import format as fmt
 from outbox.tui.rates import RateHistory
@@ -88,7 +88,7 @@ class TopBar(Static):
     """
 
     def show(self, state: BarState) -> None:
-        table, source = printable(state.table), printable(state.source)
+        table, source = printable_name(state.table), printable(state.source)
         left = Text.assemble(("outbox-tui ", "bold"), (table, "bold"), f" @ {source}")
         right = Text()
         if state.ordered:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Container, Sequence
 
 
@@ -40,29 +39,57 @@ def storable(text: str, limit: int) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-# C0 (newline and tab included), DEL and C1: what a terminal or a log reader takes for a
-# command (ESC starts a sequence that can retitle, clear or recolour a terminal; CR and LF
-# forge a line) rather than for text.
-# The bidirectional embeddings, overrides and isolates too: not controls of the terminal, but
-# they reorder what follows them on the line, so that a name holding one can show as another
-# (CVE-2021-42574, "Trojan Source"). The marks (RLM, LRM) only place the text near them, and
-# right-to-left text may need them: kept.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# What a terminal or a log reader would not show as itself, by Python's own measure (what
+# `repr` escapes; `str.isprintable`): the controls, C0 (newline and tab included), DEL and C1,
+# which a terminal takes for commands (ESC starts a sequence that can retitle, clear or recolour
+# it; CR and LF forge a line); the format characters (Cf): the bidirectional embeddings,
+# overrides and isolates, which reorder what follows them so that a name shows as another
+# (CVE-2021-42574, "Trojan Source"), the marks (LRM, RLM, ALM), the zero-width space and
+# joiners, the BOM, the tags, all invisible, so that two names differing by one print alike;
+# the line and paragraph separators (U+2028, U+2029), which some terminals and log viewers
+# break lines at; the spaces other than the space (a no-break space reads as one); the
+# surrogates, which no UTF-8 stream can write (an argument's undecodable bytes arrive as
+# them); private-use and unassigned characters, which show as a font or a terminal pleases.
+# Right-to-left text and emoji sequences that need a mark or a joiner show it as its escape:
+# a line about a table must say which table it is before it reads well.
+
+
+def _escaped(text: str, keep: str, backslash: bool) -> str:
+    if text.isprintable() and not (backslash and "\\" in text):
+        return text
+    return "".join(
+        c if (c.isprintable() and not (backslash and c == "\\")) or c in keep else repr(c)[1:-1]
+        for c in text
+    )
 
 
 def printable(text: str, *, keep: str = "") -> str:
-    """`text` with every control character (C0, DEL, C1) and bidirectional embedding,
-    override and isolate but those in `keep` shown as its Python escape (`\\x1b`, `\\n`,
-    `\\u202e`), so text from a downstream, a row or an argument prints as itself: no
-    terminal command, no line break, no reordering. Nothing is dropped: the escape says
-    which character was there."""
-    return _CONTROL.sub(lambda m: m[0] if m[0] in keep else repr(m[0])[1:-1], text)
+    """`text` with every character a terminal would not show as itself (see above) but those
+    in `keep` shown as its Python escape (`\\x1b`, `\\n`, `\\u202e`), so that text from a
+    downstream, a row or an argument prints as itself: no terminal command, no line break,
+    no reordering, nothing invisible. Nothing is dropped: the escape says which character
+    was there. Backslashes are left as they are, so a message may quote what was shown
+    already (a table's name, an error stored escaped) and pass through it again unchanged;
+    the four characters `\\x01` and the character U+0001 read alike: a name shown for
+    itself takes `printable_name`."""
+    return _escaped(text, keep, backslash=False)
+
+
+def printable_name(text: str) -> str:
+    """A name (a table's, a destination's, an event type) as a line shows it: escaped as
+    `printable` escapes it, and each backslash doubled, so that no two names show alike
+    (the four characters `\\x01` show as `\\\\x01`, the character U+0001 as `\\x01`) and
+    the escapes read back, as Python reads them, as the name. Once, on the name itself:
+    a message quoting it goes through `printable`, which leaves its escapes as they are."""
+    return _escaped(text, "", backslash=True)
 
 
 def first_control(text: str) -> str | None:
-    """The first control character of `text`, escaped as `printable` shows it; None if none."""
-    found = _CONTROL.search(text)
-    return None if found is None else printable(found[0])
+    """The first character of `text` that `printable` escapes, escaped as it shows it; None
+    if none."""
+    if text.isprintable():
+        return None
+    return printable(next(c for c in text if not c.isprintable()))
 
 
 def aligned(rows: Sequence[Sequence[str]], *, right: Container[int] = ()) -> list[str]:
