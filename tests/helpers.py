@@ -150,6 +150,26 @@ def interrupt_once_waiting(conn: Any, command: subprocess.Popen[str], query: str
     command.send_signal(signal.SIGINT)
 
 
+def interrupted_on_a_locked_row(
+    conn: Any, dsn: str, locked: int, argv: list[str], env: dict[str, str]
+) -> tuple[int, str]:
+    """`argv` run while row `locked` of the outbox is locked elsewhere, Ctrl-C'd once one of
+    its statements waits on that lock (its batch rolled back, those before it done): its
+    exit code and what it printed on stderr."""
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT 1 FROM outbox WHERE id = %s FOR UPDATE", (locked,))
+        command = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            preexec_fn=interruptible,
+        )  # fmt: skip
+        try:
+            interrupt_once_waiting(conn, command)
+            _, stderr = command.communicate(timeout=60)  # the lock still held: cancelled
+        finally:
+            command.kill()
+    return command.returncode, stderr
+
+
 async def dropping_one_cancellation(ticks: list[int] | None = None) -> None:
     """A loop whose first cancellation is dropped and which goes on as if none came, as
     Python 3.11's asyncio.wait_for drops one that came with its result (gh-86296) under a

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from helpers import interrupt_once_waiting, interruptible, seed
+from helpers import interrupted_on_a_locked_row, seed
 
 from outbox import inbox
 
@@ -95,21 +95,14 @@ def stopped_while_waiting_on(
 ) -> tuple[int, str]:
     """A replay in batches of 10, Ctrl-C'd while its batch waits on a lock of row `locked`:
     its exit code and what it printed on stderr."""
-    with psycopg.connect(dsn) as holder:
-        holder.execute("SELECT 1 FROM outbox WHERE id = %s FOR UPDATE", (locked,))
-        replay = subprocess.Popen(
-            [sys.executable, "-m", "outbox", "replay", "--since", "1h", "--until", "0s",
-             "--batch", "10", "--yes", "--reason", "drill"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**BASE_ENV, "OUTBOX_DSN": dsn}, preexec_fn=interruptible,
-        )  # fmt: skip
-        try:
-            interrupt_once_waiting(conn, replay)
-            _, stderr = replay.communicate(timeout=60)  # the lock still held: cancelled
-        finally:
-            replay.kill()
+    stopped = interrupted_on_a_locked_row(
+        conn, dsn, locked,
+        [sys.executable, "-m", "outbox", "replay", "--since", "1h", "--until", "0s",
+         "--batch", "10", "--yes", "--reason", "drill"],
+        env={**BASE_ENV, "OUTBOX_DSN": dsn},
+    )  # fmt: skip
     conn.rollback()
-    return replay.returncode, stderr
+    return stopped
 
 
 def test_a_replay_stopped_by_ctrl_c_says_so_as_shown_and_the_shown_resume_sends_the_rest(

@@ -16,8 +16,7 @@ from typing import Any
 import psycopg
 from helpers import (
     RUNNING,
-    interrupt_once_waiting,
-    interruptible,
+    interrupted_on_a_locked_row,
     seed,
     serve_ordering,
     wait_until,
@@ -274,19 +273,11 @@ def test_a_stopped_replay_resumes_where_its_last_batch_ended(conn, dsn, table):
 def _stopped_while_waiting_on(conn, dsn: str, locked: int, *args: str) -> str:
     """`outbox replay *args`, Ctrl-C'd while a batch waits on a lock of row `locked` (that
     batch rolled back, those before it sent): what it printed on stderr."""
-    with psycopg.connect(dsn) as holder:
-        holder.execute("SELECT 1 FROM outbox WHERE id = %s FOR UPDATE", (locked,))
-        command = subprocess.Popen(
-            [sys.executable, "-m", "outbox", "replay", "--dsn", dsn, "--yes", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=BASE_ENV,
-            preexec_fn=interruptible,
-        )  # fmt: skip
-        try:
-            interrupt_once_waiting(conn, command)
-            _, stderr = command.communicate(timeout=60)
-        finally:
-            command.kill()
-    assert command.returncode == 130, stderr
+    code, stderr = interrupted_on_a_locked_row(
+        conn, dsn, locked,
+        [sys.executable, "-m", "outbox", "replay", "--dsn", dsn, "--yes", *args], env=BASE_ENV,
+    )  # fmt: skip
+    assert code == 130, stderr
     return stderr
 
 

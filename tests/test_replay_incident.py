@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -26,7 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import TEST_SETTINGS
-from helpers import interrupt_once_waiting, interruptible, serve_ordering, wait_until
+from helpers import interrupted_on_a_locked_row, serve_ordering, wait_until
 from psycopg_pool import AsyncConnectionPool
 from test_admin_cli import BASE_ENV, outbox
 from test_receiver_http import SECRET, aiohttp_server
@@ -282,19 +281,9 @@ def test_a_reconcile_replay_stopped_past_its_first_chunk_resumes_to_its_windows_
         sys.executable, "-m", "outbox", "reconcile", "--dsn", dsn, "--inbox-dsn", dsn,
         "--inbox-table", "outbox_inbox", "--since", "1h", "--until", "0s", "--replay", "--yes",
     ]  # fmt: skip
-    with psycopg.connect(dsn) as holder:
-        # A missing message of the second chunk: its batch waits, and is stopped there.
-        holder.execute("SELECT 1 FROM outbox WHERE id = %s FOR UPDATE", (missing[12_345],))
-        command = subprocess.Popen(
-            check, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=BASE_ENV,
-            preexec_fn=interruptible,
-        )  # fmt: skip
-        try:
-            interrupt_once_waiting(conn, command)
-            _, stderr = command.communicate(timeout=60)
-        finally:
-            command.kill()
-    assert command.returncode == 130, stderr
+    # A missing message of the second chunk: its batch waits, and is stopped there.
+    code, stderr = interrupted_on_a_locked_row(conn, dsn, missing[12_345], check, env=BASE_ENV)
+    assert code == 130, stderr
     stopped = re.fullmatch(
         r"outbox: replay 1: stopped after (\d+) missing messages \(12 batches\), (\d+) of the "
         r"(\d+) confirmed left; go on with `(outbox reconcile [^`]+)` and the same --inbox-dsn\n",
