@@ -773,6 +773,42 @@ def partitioning_problem(row: Row | None, layout: Layout | None, table: Table) -
     return None
 
 
+def _shadowed_partition(table: Table) -> Query[str | None]:
+    """Why the statements, naming a partition of a table named without its schema as the
+    table is named, would reach another table: one of that name in a schema before the
+    table's along the search_path (the role's own, say). A claim there would take nothing
+    of the partition's rows, and retention would act on it. None when no name is shadowed."""
+    statement = sql.SQL(
+        """WITH path AS (
+  SELECT nspname, n FROM unnest(current_schemas(true)) WITH ORDINALITY AS s(nspname, n))
+SELECT p.relname::text, fn.nspname::text, tn.nspname::text
+  FROM pg_class t
+  JOIN pg_namespace tn ON tn.oid = t.relnamespace
+  JOIN path home ON home.nspname = tn.nspname
+  JOIN pg_inherits i ON i.inhparent = t.oid
+  JOIN pg_class p ON p.oid = i.inhrelid AND p.relnamespace = t.relnamespace
+  JOIN pg_class f ON f.relname = p.relname AND f.oid <> p.oid
+  JOIN pg_namespace fn ON fn.oid = f.relnamespace
+  JOIN path there ON there.nspname = fn.nspname AND there.n < home.n
+ WHERE t.oid = {t}::regclass
+ ORDER BY there.n, p.relname
+ LIMIT 1"""
+    ).format(t=table.regclass_literal)
+
+    def parse(row: Row | None) -> str | None:
+        if row is None:
+            return None
+        name, there, home = (str(v) for v in row)
+        return (
+            f"its partition {shown(name)} is named by the statements as the table is, without "
+            f"its schema, and the search_path reaches {shown(Table(there, name))} first; "
+            f"name the table with its schema (`--table {shown_argument(Table(home, table.name))}`)"
+            f" or rename or drop {shown(Table(there, name))}"
+        )
+
+    return Query(statement, None, first_row(parse))
+
+
 async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table) -> Layout | None:
     """The table's layout (None: plain); ValueError naming why a partitioned table cannot be
     served."""
@@ -783,6 +819,8 @@ async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table)
         raise ValueError(problem)
     if layout is None:
         return None
+    if table.schema is None and (problem := await fetch_async(conn, _shadowed_partition(table))):
+        raise ValueError(problem)
     problem = await fetch_async(conn, sequence_problem(table))
     if problem:
         raise ValueError(problem)

@@ -273,6 +273,39 @@ async def test_a_partition_in_another_schema_is_reached_through_the_parent_and_m
     assert home == (21, 30)  # ids 100 to 150, moved with their rows as they were
 
 
+async def test_a_partition_shadowed_along_the_search_path_is_refused_in_one_line(
+    empty_dsn: str,
+) -> None:
+    """A table named without its schema: the statements name its partitions without one too,
+    and a table of a partition's name in a schema before the table's (the role's own, made
+    later) would take the claims and retention there, the partition's rows never claimed
+    (claims in batches of 30 took 99 of 150). The check refuses it in one line, saying how
+    to name the table; named with its schema, the table is served whole."""
+    _p4_in_the_way(empty_dsn)  # rows 1 to 150: p0 and p1, in public
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA AUTHORIZATION CURRENT_USER")  # first along "$user", public
+        conn.execute("CREATE TABLE outbox_p1 (LIKE public.outbox INCLUDING ALL)")
+        (role,) = conn.execute("SELECT current_user::text").fetchone() or ("",)
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        with pytest.raises(ValueError) as refused:
+            await check(aconn, TABLE)
+        assert str(refused.value) == (
+            "its partition outbox_p1 is named by the statements as the table is, without its "
+            f"schema, and the search_path reaches {role}.outbox_p1 first; name the table with "
+            f"its schema (`--table public.outbox`) or rename or drop {role}.outbox_p1"
+        )
+        qualified = Table.parse("public.outbox")
+        layout = await check(aconn, qualified)
+        assert layout is not None and layout.named_leaves
+        window, got = ClaimWindow(layout), []
+        for _ in range(8):
+            got += await lease.claim(
+                aconn, qualified, owner="w", batch=30, lease=timedelta(minutes=1),
+                max_attempts=5, window=window,
+            )  # fmt: skip
+        assert sorted(m.id for m in got) == list(range(1, 151))
+
+
 def test_outbox_maintain_moves_a_partition_home_and_partitions_lists_it_before(
     empty_dsn: str,
 ) -> None:
