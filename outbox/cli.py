@@ -55,7 +55,7 @@ from outbox.plumbing.dsn import check_dsn, connect_options, with_pg_environment
 from outbox.plumbing.durations import duration_between, format_duration, parse_duration
 from outbox.plumbing.errors import SettingError
 from outbox.plumbing.redact import describe_dsn
-from outbox.plumbing.text import age, aligned, counted, first_control, printable, printable_name
+from outbox.plumbing.text import age, aligned, counted, first_unsafe, printable, printable_name
 from outbox.runner import fetch
 from outbox.schema import ORDERINGS, SchemaError, noting_changes, orderings, render_migration
 from outbox.session import session_settings
@@ -605,8 +605,8 @@ def _checked(name: str, check: Callable[[str], str], value: str) -> str:
 def _actor(text: str) -> str:
     if not text.strip():
         raise ValueError("an empty name records nobody")
-    if (control := first_control(text)) is not None:
-        raise ValueError(f"holds a control character ({control}): a name is one line of text")
+    if (unsafe := first_unsafe(text)) is not None:
+        raise ValueError(f"holds {unsafe}")
     return text
 
 

@@ -288,6 +288,20 @@ def test_usage_errors_exit_2_with_one_line(args, env, named):
     assert not CONTROL.search(line), line
 
 
+def test_a_reason_in_ordinary_text_is_taken_as_typed_and_shown_escaped(conn, dsn, table):
+    """A no-break space (French puts one before a colon), a joiner or a mark are text, not
+    controls: the pause takes them as typed; the listing shows them escaped."""
+    reason = "en attente\xa0: incident 42 \U0001f469\u200d\U0001f4bb \u200f"
+    paused = outbox("pause", API, "--reason", reason, "--actor", "zoë\xa0m", "--dsn", dsn)
+    assert paused.returncode == 0, paused.stderr
+    assert _rows(conn) == {API: ("paused", reason, "zoë\xa0m")}
+    listed = outbox("destinations", "--dsn", dsn).stdout.splitlines()
+    shown = (
+        "    paused by zoë\\xa0m: en attente\\xa0: incident 42 \U0001f469\\u200d\U0001f4bb \\u200f"
+    )
+    assert shown in listed, listed
+
+
 @pytest.mark.parametrize(
     ("destination", "shown", "secrets", "recorded"),
     [

@@ -411,6 +411,26 @@ def test_limit_and_aggregate_narrow_the_replay(conn, dsn):
     assert other.stdout.startswith("outbox: no message matches")
 
 
+def test_a_filter_matches_ordinary_text_a_line_shows_escaped_and_refuses_the_unsafe(conn, dsn):
+    """A no-break space, a joiner, a mark, a private-use character are text a row may hold,
+    and a filter must match them; only controls, bidirectional overrides and isolates, and
+    lone surrogates are refused, each said for what it is."""
+    ids = _delivered(conn, 6)
+    odd = "order\xa01\u200d\u200f\ue000"
+    conn.execute("UPDATE outbox SET aggregate_id = %s WHERE id = %s", (odd, ids[4]))
+    args = ["replay", "--dsn", dsn, "--since", T0.isoformat(), "--until", "1s", "--dry-run"]
+    found = outbox(*args, "--aggregate-id", odd)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.splitlines()[1:] == ["  A  1"]
+    for text, said in (
+        ("order\x1b[2J", r"holds a control character (\x1b)"),
+        ("order\u202e1", r"holds a bidirectional embedding, override or isolate (\u202e)"),
+    ):
+        refused = outbox(*args, "--aggregate-id", text)
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr
+        assert refused.stderr.count("\n") == 1
+
+
 def test_a_replay_killed_mid_way_resumes_and_sends_each_message_once(conn, dsn):
     """A real process, SIGKILLed between batches (or inside one): what it wrote is whole,
     and --resume sends the rest, none twice."""

@@ -25,7 +25,7 @@ from outbox.plumbing.dsn import check_dsn, with_pg_environment
 from outbox.plumbing.durations import parse_duration
 from outbox.plumbing.errors import SettingError
 from outbox.plumbing.redact import describe_dsn
-from outbox.plumbing.text import counted, first_control, printable
+from outbox.plumbing.text import counted, first_unsafe, printable
 from outbox.runner import Query, fetch, first_row, perform
 from outbox.table import Table, shown, shown_argument
 
@@ -154,8 +154,8 @@ def _text(name: str) -> Callable[[str], str]:
     def check(text: str) -> str:
         if not text:
             raise ValueError("empty")
-        if (control := first_control(text)) is not None:
-            raise ValueError(f"holds a control character ({control})")
+        if (unsafe := first_unsafe(text)) is not None:
+            raise ValueError(f"holds {unsafe}")
         return text
 
     return check

@@ -27,7 +27,7 @@ from psycopg.types.json import Jsonb
 
 from outbox import destinations as dest
 from outbox.plumbing.redact import redact_url
-from outbox.plumbing.text import age, first_control, printable
+from outbox.plumbing.text import age, first_unsafe, printable
 from outbox.runner import Query, Rollback, Row, Steps, first_row, perform, perform_async, step
 from outbox.table import Table
 
@@ -53,15 +53,16 @@ def check_reason(text: str) -> str:
     """A pause's reason as typed (`outbox pause --reason`): required, short enough to show,
     and one line of text (it is printed under its destination and in messages)."""
     _required_reason(text)
-    if (control := first_control(text)) is not None:
-        raise ValueError(f"holds a control character ({control}): a reason is one line of text")
+    if (unsafe := first_unsafe(text)) is not None:
+        raise ValueError(f"holds {unsafe}")
     return text
 
 
 def check_destination(text: str) -> str:
     """A destination's name as the workers write it (`outbox destinations` lists them).
 
-    Never one with a control character, nor a URL with user-info (other than the mask), a
+    Never one with a control character, a bidirectional override or a lone surrogate
+    (`first_unsafe`), nor a URL with user-info (other than the mask), a
     query or a fragment: workers record none (an HTTP destination is its origin, a NATS one
     its servers masked as outbox.plumbing.redact shows them), so such a name would pause nothing,
     and the audit log would keep the secret. The refusal shows the name masked.
@@ -70,8 +71,8 @@ def check_destination(text: str) -> str:
         raise ValueError("a destination is required (`outbox destinations` lists them)")
     if len(text) > MAX_DESTINATION_LENGTH:
         raise ValueError(f"at most {MAX_DESTINATION_LENGTH} characters, got {len(text)}")
-    if (control := first_control(text)) is not None:
-        raise ValueError(f"holds a control character ({control}); no destination's name does")
+    if (unsafe := first_unsafe(text)) is not None:
+        raise ValueError(f"holds {unsafe}; no destination's name does")
     if any(_secretive(url) for url in _URL_WORD.findall(text)):
         masked = _URL_WORD.sub(lambda url: _masked_url(url[0]), text)
         raise ValueError(

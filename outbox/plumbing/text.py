@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Container, Sequence
 
 
@@ -84,12 +85,32 @@ def printable_name(text: str) -> str:
     return _escaped(text, "", backslash=True)
 
 
-def first_control(text: str) -> str | None:
-    """The first character of `text` that `printable` escapes, escaped as it shows it; None
-    if none."""
-    if text.isprintable():
-        return None
-    return printable(next(c for c in text if not c.isprintable()))
+# What an input check refuses in text to be stored or compared (an event type, an aggregate,
+# a reason, an actor, a destination's name): the controls, C0 (newline and tab included), DEL
+# and C1, which a terminal or a log reader takes for commands and line breaks; the
+# bidirectional embeddings, overrides and isolates, which reorder what follows them so that
+# the text shows as other text (CVE-2021-42574); lone surrogates, which are no text at all
+# (an argument's undecodable bytes arrive as them) and which no UTF-8 column or stream takes.
+# Nothing more: a no-break space, a joiner in an emoji sequence, a left-to-right or
+# right-to-left mark, a private-use character are ordinary text, which rows hold and a filter
+# must match; lines for people show them escaped (`printable`), but they are not refused.
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _kind(char: str) -> str:
+    if "\ud800" <= char <= "\udfff":
+        return "a lone surrogate"
+    if char in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069":
+        return "a bidirectional embedding, override or isolate"
+    return "a control character"
+
+
+def first_unsafe(text: str) -> str | None:
+    """The first character of `text` that an input check refuses (see above), said with
+    its kind and escaped as `printable` shows it (`a control character (\\x1b)`); None if
+    none."""
+    found = _UNSAFE.search(text)
+    return None if found is None else f"{_kind(found[0])} ({printable(found[0])})"
 
 
 def aligned(rows: Sequence[Sequence[str]], *, right: Container[int] = ()) -> list[str]:
