@@ -90,6 +90,16 @@ def test_a_table_name_with_control_characters_prints_escaped(empty_dsn, command)
     assert "\nbox" not in done.stdout, done.stdout  # no line begins inside the name
 
 
+def test_a_table_name_with_a_variation_selector_does_not_read_as_another(empty_dsn):
+    """`outbox\ufe0f` shows as nothing more than `outbox` where printed raw."""
+    table = Table(None, "outbox\ufe0f")
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, table)
+    done = outbox(empty_dsn, "stats", "--table", table.name)
+    assert done.returncode == 0, done.stderr
+    assert r"outbox\ufe0f" in done.stdout and "\ufe0f" not in done.stdout, done.stdout
+
+
 def test_json_keeps_a_table_name_exact(empty_dsn):
     table = Table(None, ODD)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
@@ -148,6 +158,20 @@ HIDDEN = [
     ("\xa0", r"\xa0"),  # no-break space: reads as a space
     ("\ue000", r"\ue000"),  # private use
     ("\udcff", r"\udcff"),  # a lone surrogate (an argument's undecodable byte): unwritable
+    # Default-ignorable, shown as nothing, yet letters or marks that repr keeps:
+    ("\ufe0f", r"\ufe0f"),  # variation selector 16: `outbox\ufe0f` reads as `outbox`
+    ("\ufe00", r"\ufe00"),  # variation selector 1
+    ("\U000e0100", r"\U000e0100"),  # variation selector 17
+    ("\U000e01ef", r"\U000e01ef"),  # variation selector 256
+    ("\u034f", r"\u034f"),  # combining grapheme joiner
+    ("\u115f", r"\u115f"),  # Hangul choseong filler
+    ("\u1160", r"\u1160"),  # Hangul jungseong filler
+    ("\u3164", r"\u3164"),  # Hangul filler
+    ("\uffa0", r"\uffa0"),  # halfwidth Hangul filler
+    ("\u17b4", r"\u17b4"),  # Khmer vowel inherent aq
+    ("\u17b5", r"\u17b5"),  # Khmer vowel inherent aa
+    ("\u180b", r"\u180b"),  # Mongolian free variation selector one
+    ("\u180f", r"\u180f"),  # Mongolian free variation selector four
     ("\\", "\\\\"),  # the escapes' own mark
 ]
 
@@ -164,7 +188,7 @@ def test_a_character_a_terminal_would_not_show_as_itself_is_shown_escaped(char, 
 @pytest.mark.parametrize(
     "text",
     ["a\x01", "a\\x01", "a\\\\x01", "\\", "\\\\", "x\u202e\\u202e", "\\U000e0041\U000e0041",
-     "é ü 名前 \u0301 \xa0\t\n", "\\N{BEL}\x07"],
+     "é ü 名前 \u0301 \xa0\t\n", "\\N{BEL}\x07", "outbox\ufe0f\U000e0100\u3164"],
 )  # fmt: skip
 def test_a_name_shown_reads_back_as_the_name(text):
     """Unambiguous: the escapes read back (as Python reads them) as the name, so no two

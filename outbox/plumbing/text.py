@@ -40,48 +40,75 @@ def storable(text: str, limit: int) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-# What a terminal or a log reader would not show as itself, by Python's own measure (what
-# `repr` escapes; `str.isprintable`): the controls, C0 (newline and tab included), DEL and C1,
-# which a terminal takes for commands (ESC starts a sequence that can retitle, clear or recolour
-# it; CR and LF forge a line); the format characters (Cf): the bidirectional embeddings,
-# overrides and isolates, which reorder what follows them so that a name shows as another
-# (CVE-2021-42574, "Trojan Source"), the marks (LRM, RLM, ALM), the zero-width space and
+# What a line escapes, as a terminal or a log reader would not show it as itself: first what
+# Python's `repr` escapes (`str.isprintable`): the controls, C0 (newline and tab included),
+# DEL and C1, which a terminal takes for commands (ESC starts a sequence that can retitle,
+# clear or recolour it; CR and LF forge a line); the format characters (Cf): the bidirectional
+# embeddings, overrides and isolates, which reorder what follows them so that a name shows as
+# another (CVE-2021-42574, "Trojan Source"), the marks (LRM, RLM, ALM), the zero-width space and
 # joiners, the BOM, the tags, all invisible, so that two names differing by one print alike;
 # the line and paragraph separators (U+2028, U+2029), which some terminals and log viewers
 # break lines at; the spaces other than the space (a no-break space reads as one); the
 # surrogates, which no UTF-8 stream can write (an argument's undecodable bytes arrive as
 # them); private-use and unassigned characters, which show as a font or a terminal pleases.
-# Right-to-left text and emoji sequences that need a mark or a joiner show it as its escape:
-# a line about a table must say which table it is before it reads well.
+# Then the default-ignorable characters `repr` leaves as they are, being letters or marks
+# rather than format characters, yet shown as nothing: the combining grapheme joiner, the
+# Hangul fillers, the Khmer inherent vowels, the Mongolian variation selectors and the
+# variation selectors (`outbox\ufe0f` would read as `outbox`).
+# Right-to-left text and emoji sequences that need a mark, a joiner or a variation selector
+# show it as its escape: a line about a table must say which table it is before it reads well.
+# Characters that look like others (the Cyrillic a, U+0430, for the Latin a) are shown as they are.
+_INVISIBLE_PRINTABLE = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u3164\ufe00-\ufe0f\uffa0\U000e0100-\U000e01ef]"
+)
+
+
+def _shows_as_itself(char: str) -> bool:
+    return char.isprintable() and not _INVISIBLE_PRINTABLE.match(char)
+
+
+def _escape(char: str) -> str:
+    """Python's escape for the character, also for the invisible ones `repr` keeps."""
+    if not _INVISIBLE_PRINTABLE.match(char):
+        return repr(char)[1:-1]
+    code = ord(char)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def _escaped(text: str, keep: str, backslash: bool) -> str:
-    if text.isprintable() and not (backslash and "\\" in text):
+    if (
+        text.isprintable()
+        and not _INVISIBLE_PRINTABLE.search(text)
+        and not (backslash and "\\" in text)
+    ):
         return text
     return "".join(
-        c if (c.isprintable() and not (backslash and c == "\\")) or c in keep else repr(c)[1:-1]
+        c if (_shows_as_itself(c) and not (backslash and c == "\\")) or c in keep else _escape(c)
         for c in text
     )
 
 
 def printable(text: str, *, keep: str = "") -> str:
-    """`text` with every character a terminal would not show as itself (see above) but those
-    in `keep` shown as its Python escape (`\\x1b`, `\\n`, `\\u202e`), so that text from a
-    downstream, a row or an argument prints as itself: no terminal command, no line break,
-    no reordering, nothing invisible. Nothing is dropped: the escape says which character
-    was there. Backslashes are left as they are, so a message may quote what was shown
-    already (a table's name, an error stored escaped) and pass through it again unchanged;
-    the four characters `\\x01` and the character U+0001 read alike: a name shown for
-    itself takes `printable_name`."""
+    """`text` with every character listed above but those in `keep` shown as its Python
+    escape (`\\x1b`, `\\n`, `\\u202e`, `\\ufe0f`), so that text from a downstream, a row or
+    an argument prints without terminal commands, line breaks or reordering, and with no
+    control, format or default-ignorable character left invisible. Nothing is dropped: the
+    escape says which character was there. Characters that merely look like others are
+    not told apart. Backslashes are left as they are, so a message may quote what was
+    shown already (a table's name, an error stored escaped) and pass through it again
+    unchanged; the four characters `\\x01` and the character U+0001 read alike:
+    a name shown for itself takes `printable_name`."""
     return _escaped(text, keep, backslash=False)
 
 
 def printable_name(text: str) -> str:
     """A name (a table's, a destination's, an event type) as a line shows it: escaped as
-    `printable` escapes it, and each backslash doubled, so that no two names show alike
-    (the four characters `\\x01` show as `\\\\x01`, the character U+0001 as `\\x01`) and
-    the escapes read back, as Python reads them, as the name. Once, on the name itself:
-    a message quoting it goes through `printable`, which leaves its escapes as they are."""
+    `printable` escapes it, and each backslash doubled, so that an escape and the character
+    it names do not show alike (the four characters `\\x01` show as `\\\\x01`, the
+    character U+0001 as `\\x01`) and the escapes read back, as Python reads them, as the
+    name. Names that differ only by characters that look alike (the Cyrillic a, U+0430, for
+    the Latin a) still show alike. Once, on the name itself: a message quoting it goes through
+    `printable`, which leaves its escapes as they are."""
     return _escaped(text, "", backslash=True)
 
 
