@@ -70,6 +70,10 @@ class Layout:
     # statement naming one fails: `leaves` leaves them out, and the window steps over them.
     # Read by the check, again whenever a statement meets a partition that is gone.
     gaps: frozenset[int] = field(default=frozenset(), compare=False)
+    # The schema the table and its partitions are in, as the check found it: statements name
+    # the partitions in it whatever the search_path reaches first, a table named without
+    # its schema too (None: as the table is named).
+    schema: str | None = field(default=None, compare=False)
 
     def partition_of(self, message_id: int) -> int:
         return message_id // self.partition_size
@@ -83,7 +87,8 @@ class Layout:
             return None
         if low < self.converted_below:
             return None  # inside the converted table: the parent prunes to it
-        return partition_table(table, low // self.partition_size)
+        home = table if self.schema is None else Table(self.schema, table.name)
+        return partition_table(home, low // self.partition_size)
 
     def leaves(self, table: Table, within: tuple[int, int]) -> tuple[Table, ...] | None:
         """The partitions themselves that make up `within` (whole partitions), when each
@@ -726,8 +731,8 @@ def _schema_of(table: Table) -> Query[str]:
 
 def _partitioning(table: Table) -> Query[Row | None]:
     """How a partitioned table is partitioned: (strategy, key columns, has a DEFAULT
-    partition, partitions, the parent's indexes some partition lacks); no row for a table
-    that is not partitioned."""
+    partition, partitions, the parent's indexes some partition lacks, its schema); no row
+    for a table that is not partitioned."""
     statement = sql.SQL(
         """SELECT pt.partstrat::text,
        ARRAY(SELECT coalesce(a.attname::text, 'an expression')
@@ -739,7 +744,9 @@ def _partitioning(table: Table) -> Query[Row | None]:
               WHERE pi.indrelid = pt.partrelid
                 AND (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = pi.indexrelid)
                     < n.partitions
-              ORDER BY c.relname)
+              ORDER BY c.relname),
+       (SELECT n.nspname::text FROM pg_class t JOIN pg_namespace n ON n.oid = t.relnamespace
+         WHERE t.oid = pt.partrelid)
   FROM pg_partitioned_table pt,
        LATERAL (SELECT count(*) AS partitions FROM pg_inherits WHERE inhparent = pt.partrelid) n
  WHERE pt.partrelid = {t}::regclass"""
@@ -751,7 +758,7 @@ def partitioning_problem(row: Row | None, layout: Layout | None, table: Table) -
     """Why a partitioned table cannot be served well, or None (also for a plain table)."""
     if row is None:
         return None
-    strategy, key, has_default, count, lacking = row
+    strategy, key, has_default, count, lacking, _ = row
     if strategy != "r" or list(key) != ["id"]:
         how = {"r": "range", "l": "list", "h": "hash"}.get(str(strategy), str(strategy))
         return (
@@ -773,42 +780,6 @@ def partitioning_problem(row: Row | None, layout: Layout | None, table: Table) -
     return None
 
 
-def _shadowed_partition(table: Table) -> Query[str | None]:
-    """Why the statements, naming a partition of a table named without its schema as the
-    table is named, would reach another table: one of that name in a schema before the
-    table's along the search_path (the role's own, say). A claim there would take nothing
-    of the partition's rows, and retention would act on it. None when no name is shadowed."""
-    statement = sql.SQL(
-        """WITH path AS (
-  SELECT nspname, n FROM unnest(current_schemas(true)) WITH ORDINALITY AS s(nspname, n))
-SELECT p.relname::text, fn.nspname::text, tn.nspname::text
-  FROM pg_class t
-  JOIN pg_namespace tn ON tn.oid = t.relnamespace
-  JOIN path home ON home.nspname = tn.nspname
-  JOIN pg_inherits i ON i.inhparent = t.oid
-  JOIN pg_class p ON p.oid = i.inhrelid AND p.relnamespace = t.relnamespace
-  JOIN pg_class f ON f.relname = p.relname AND f.oid <> p.oid
-  JOIN pg_namespace fn ON fn.oid = f.relnamespace
-  JOIN path there ON there.nspname = fn.nspname AND there.n < home.n
- WHERE t.oid = {t}::regclass
- ORDER BY there.n, p.relname
- LIMIT 1"""
-    ).format(t=table.regclass_literal)
-
-    def parse(row: Row | None) -> str | None:
-        if row is None:
-            return None
-        name, there, home = (str(v) for v in row)
-        return (
-            f"its partition {shown(name)} is named by the statements as the table is, without "
-            f"its schema, and the search_path reaches {shown(Table(there, name))} first; "
-            f"name the table with its schema (`--table {shown_argument(Table(home, table.name))}`)"
-            f" or rename or drop {shown(Table(there, name))}"
-        )
-
-    return Query(statement, None, first_row(parse))
-
-
 async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table) -> Layout | None:
     """The table's layout (None: plain); ValueError naming why a partitioned table cannot be
     served."""
@@ -819,8 +790,6 @@ async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table)
         raise ValueError(problem)
     if layout is None:
         return None
-    if table.schema is None and (problem := await fetch_async(conn, _shadowed_partition(table))):
-        raise ValueError(problem)
     problem = await fetch_async(conn, sequence_problem(table))
     if problem:
         raise ValueError(problem)
@@ -846,7 +815,9 @@ async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table)
         for p in leaves
         if p.high > converted
     )
-    return replace(layout, named_leaves=named, converted_below=converted, gaps=gaps)
+    return replace(
+        layout, named_leaves=named, converted_below=converted, gaps=gaps, schema=str(row[5])
+    )
 
 
 def upkeep_lock(table: Table) -> sql.Composable:

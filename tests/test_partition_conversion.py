@@ -505,7 +505,7 @@ async def test_claims_in_the_converted_partition_plan_it_alone(dsn, generic):
         layout = await _checked(dsn)
         assert layout is not None and layout.named_leaves
         assert layout.leaf_of(TABLE, (100, 200)) is None  # no outbox_p1: inside outbox_p0
-        assert layout.leaf_of(TABLE, (600, 700)) == Table(None, "outbox_p6")
+        assert layout.leaf_of(TABLE, (600, 700)) == Table("public", "outbox_p6")
         args = {
             "max_attempts": "12", "batch": "50", "owner": "w", "lease": "60 seconds",
             "max_payload_bytes": "2097152", "claim_bytes": "16777216",
