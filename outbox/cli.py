@@ -219,7 +219,11 @@ def _parser() -> ArgumentParser:
     ):
         h = command(name, help)
         h.add_argument(
-            "destination", metavar="DESTINATION", help="its name, as `outbox destinations` lists it"
+            "destination",
+            metavar="DESTINATION",
+            help="its name, as workers record it; `outbox destinations` lists it escaped, each "
+            "backslash doubled: a name listed as billing\\\\eu is typed 'billing\\eu', one "
+            "listed as a\\xa0b as $'a\\xa0b'",
         )
         if name == "pause":
             h.add_argument(

@@ -288,6 +288,29 @@ def test_usage_errors_exit_2_with_one_line(args, env, named):
     assert not CONTROL.search(line), line
 
 
+def test_pause_and_resume_name_a_destination_as_destinations_lists_it(conn, dsn, table):
+    """A backslash shows doubled wherever the name is shown, so what `outbox pause` says
+    it paused is what `outbox destinations` lists; the name is typed with one backslash
+    (the escapes read back as the name), and a name typed as listed is another one."""
+    name = "billing\\eu"  # the characters b i l l i n g \ e u
+    listed = "billing\\\\eu"
+    paused = outbox("pause", name, "--reason", "x", "--actor", "ops\\bot", "--dsn", dsn)
+    assert paused.returncode == 0, paused.stderr
+    assert paused.stdout.startswith(f"outbox: paused {listed} (a name no worker"), paused.stdout
+    lines = outbox("destinations", "--dsn", dsn).stdout.splitlines()
+    assert lines[2].split()[0] == listed and "    paused by ops\\\\bot: x" in lines, lines
+    again = outbox("pause", name, "--reason", "y", "--dsn", dsn)
+    assert again.returncode == NOTHING_CHANGED
+    assert again.stderr.startswith(f"outbox: error: {listed} is already paused for "), again
+    assert again.stderr.endswith(" by ops\\\\bot: x; nothing changed\n"), again.stderr
+    as_listed = outbox("resume", listed, "--dsn", dsn)
+    assert as_listed.returncode == NOTHING_CHANGED
+    assert as_listed.stderr.startswith("outbox: error: billing\\\\\\\\eu is closed"), as_listed
+    resumed = outbox("resume", name, "--dsn", dsn)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.startswith(f"outbox: resumed {listed} (it was paused)"), resumed.stdout
+
+
 def test_a_reason_in_ordinary_text_is_taken_as_typed_and_shown_escaped(conn, dsn, table):
     """A no-break space (French puts one before a colon), a joiner or a mark are text, not
     controls: the pause takes them as typed; the listing shows them escaped."""

@@ -25,7 +25,7 @@ from outbox.plumbing.dsn import check_dsn, with_pg_environment
 from outbox.plumbing.durations import parse_duration
 from outbox.plumbing.errors import SettingError
 from outbox.plumbing.redact import describe_dsn
-from outbox.plumbing.text import counted, first_unsafe, printable
+from outbox.plumbing.text import counted, first_unsafe, printable, printable_name
 from outbox.runner import Query, fetch, first_row, perform
 from outbox.table import Table, shown, shown_argument
 
@@ -431,7 +431,11 @@ def _resume_reconcile(
     assert progress.reconcile is not None
     recorded = progress.reconcile.get("consumer")
     if recorded is not None and args.consumer not in (None, recorded):
-        fail(PROG, f"--resume: replay {number} compared consumer {recorded}; drop --consumer")
+        fail(
+            PROG,
+            f"--resume: replay {number} compared consumer {printable_name(recorded)}; drop "
+            "--consumer",
+        )
     with _inbox_connection(args.inbox_dsn) as inbox_conn, _reading_inbox(args):
         # A record from before the consumer was kept: the named one, or the inbox's only one.
         consumer = recorded or reconcile.choose_consumer(
@@ -441,7 +445,7 @@ def _resume_reconcile(
         if not args.json:
             print(
                 f"{shown(table)}: replay {number}: going on from id {progress.next_id} (missing "
-                f"for consumer {printable(consumer)}; {printable(progress.filter.describe())})"
+                f"for consumer {printable_name(consumer)}; {printable(progress.filter.describe())})"
             )
         _send_missing(args, conn, table, inbox_conn, progress)
     if args.json:

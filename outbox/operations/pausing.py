@@ -27,7 +27,7 @@ from psycopg.types.json import Jsonb
 
 from outbox import destinations as dest
 from outbox.plumbing.redact import redact_url
-from outbox.plumbing.text import age, first_unsafe, printable
+from outbox.plumbing.text import age, first_unsafe, printable, printable_name
 from outbox.runner import Query, Rollback, Row, Steps, first_row, perform, perform_async, step
 from outbox.table import Table
 
@@ -115,8 +115,9 @@ class HandChange:
     def summary(self) -> str:
         """One line for people: what changed, or why nothing did."""
         # Names and reasons come from rows, which older versions or other tools may have
-        # written with control characters: shown escaped, the line stays one line.
-        name = printable(self.destination)
+        # written with control characters: shown escaped, the line stays one line. The name
+        # as `outbox destinations` lists it (a backslash doubled), so the two read alike.
+        name = printable_name(self.destination)
         if self.changed:
             done = "paused" if self.action == "pause" else "resumed"
             was = self.before.state if self.before is not None else None
@@ -133,7 +134,7 @@ class HandChange:
 def _state_text(row: dest.Destination, now: datetime) -> str:
     since = f" for {age((now - row.since).total_seconds())}" if row.since is not None else ""
     if row.state == dest.PAUSED:
-        who, why = printable(row.changed_by or "?"), printable(row.reason or "(no reason)")
+        who, why = printable_name(row.changed_by or "?"), printable(row.reason or "(no reason)")
         return f"paused{since} by {who}: {why}"
     return f"{row.state}{since}"
 
