@@ -788,7 +788,7 @@ async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table)
     problem = partitioning_problem(row, layout, table)
     if problem:
         raise ValueError(problem)
-    if layout is None:
+    if row is None or layout is None:
         return None
     problem = await fetch_async(conn, sequence_problem(table))
     if problem:
