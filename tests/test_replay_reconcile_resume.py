@@ -39,7 +39,7 @@ def _stopped_reconcile(conn, dsn: str, consumer: str) -> tuple[list[int], list[i
             since=T0, until=T0 + timedelta(hours=1),
         )  # fmt: skip
         assert found.missing == len(missing) == 9
-        progress = reconcile.start_replay(conn, TABLE, found)
+        progress = reconcile.start_replay(conn, TABLE, found, inbox_table)
         progress.left = 4  # stopped after its first batch of 4
         reconcile.replay_missing(conn, TABLE, reader, inbox_table, progress, actor="test")
     assert progress.sent == 4
@@ -69,3 +69,41 @@ def test_a_resumed_reconcile_names_the_consumer_as_the_comparison_shows_it(conn,
     assert "(missing for consumer bill\\\\ing; " in resumed.stdout, resumed.stdout
     assert resumed.stdout.endswith("outbox: replay 1: sent 5 missing messages again\n")
     assert _replayed(conn) == sorted(sent + left)
+
+
+def test_a_resumed_reconcile_refuses_another_inbox_table(conn, dsn):
+    """Compared with a table where the consumer has no keys, every delivered message would
+    count missing: the resume sent the first 5 of them again (duplicates), and the 5 really
+    missing stayed unsent. The replay's records keep the table; another is refused."""
+    sent, left = _stopped_reconcile(conn, dsn, "billing")
+    inbox.migrate(conn, "other_inbox")  # the consumer has no keys there
+    args = ("--dsn", dsn, "--inbox-dsn", dsn, "--resume", "1", "--yes")
+    other = outbox("reconcile", *args, "--inbox-table", "other_inbox")
+    assert other.returncode == 2
+    assert other.stderr == (
+        "outbox: error: --resume: replay 1 compared inbox table outbox_inbox, not other_inbox; "
+        "give --inbox-table outbox_inbox\n"
+    )
+    assert _replayed(conn) == sent  # nothing more sent
+    resumed = outbox("reconcile", *args, "--inbox-table", "outbox_inbox")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.endswith("outbox: replay 1: sent 5 missing messages again\n")
+    assert _replayed(conn) == sorted(sent + left)  # the missing ones, each once
+
+
+def test_a_record_from_before_the_inbox_table_was_kept_resumes_with_the_one_given(conn, dsn):
+    sent, left = _stopped_reconcile(conn, dsn, "billing")
+    conn.execute(
+        "UPDATE outbox_actions SET filter = filter #- '{reconcile,inbox_table}' "
+        "WHERE action = 'replay'"
+    )
+    args = ("--dsn", dsn, "--inbox-dsn", dsn, "--resume", "1", "--yes")
+    resumed = outbox("reconcile", *args, "--inbox-table", "outbox_inbox")
+    assert resumed.returncode == 0, resumed.stderr
+    assert _replayed(conn) == sorted(sent + left)
+    # Kept from then on: the resumed batches' records name it.
+    (kept,) = conn.execute(
+        "SELECT filter->'reconcile'->'inbox_table' FROM outbox_actions "
+        "WHERE action = 'replay' ORDER BY id DESC LIMIT 1"
+    ).fetchone()
+    assert kept == {"schema": None, "name": "outbox_inbox"}

@@ -388,7 +388,7 @@ def _reconcile(args: argparse.Namespace, conn: psycopg.Connection[Any], table: T
                     print(line)
                 if not confirm(found.missing, f"send {counted(found.missing, 'message')} again"):
                     fail(PROG, "not confirmed: nothing sent", 1)
-            progress = reconcile.start_replay(conn, table, found)
+            progress = reconcile.start_replay(conn, table, found, args.inbox_table)
             _send_missing(args, conn, table, inbox_conn, progress)
     sent = None if progress is None else reconcile.Replayed(progress.number, progress.sent)
     if args.json:
@@ -436,6 +436,17 @@ def _resume_reconcile(
             f"--resume: replay {number} compared consumer {printable_name(recorded)}; drop "
             "--consumer",
         )
+    compared = reconcile.recorded_inbox(progress)
+    if compared is not None and compared != args.inbox_table:
+        # Another table holds other keys (or none of this consumer's): compared with it,
+        # what was delivered would count missing and be sent again.
+        fail(
+            PROG,
+            f"--resume: replay {number} compared inbox table {shown_argument(compared)}, not "
+            f"{shown_argument(args.inbox_table)}; give --inbox-table {shown_argument(compared)}",
+        )
+    # A record from before the inbox table was kept: the one given, kept from now on.
+    reconcile.record_inbox(progress, args.inbox_table)
     with _inbox_connection(args.inbox_dsn) as inbox_conn, _reading_inbox(args):
         # A record from before the consumer was kept: the named one, or the inbox's only one.
         consumer = recorded or reconcile.choose_consumer(

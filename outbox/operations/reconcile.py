@@ -17,9 +17,9 @@ What is kept across chunks is bounded: counts, counts by type, and the first `MA
 ranges of ids. The inbox is only read: its session is read-only (and a read-only role is
 enough, docs/replay.md). `replay_missing` walks the window again and sends the missing
 messages of each chunk again as one replay (outbox.operations.replay), audited per batch.
-Each batch's record keeps the window, the consumer and the last id reached: a replay
-stopped in any chunk goes on from there to the window's end (`resume_point`), comparing
-again what it had not reached.
+Each batch's record keeps the window, the consumer, the inbox table and the last id reached:
+a replay stopped in any chunk goes on from there to the window's end (`resume_point`),
+comparing again what it had not reached, with the same consumer's keys in the same table.
 """
 
 from __future__ import annotations
@@ -374,10 +374,17 @@ class NotReconciling(LookupError):
 
 
 def start_replay(
-    conn: psycopg.Connection[Any], table: Table, found: Found, *, reason: str | None = None
+    conn: psycopg.Connection[Any],
+    table: Table,
+    found: Found,
+    inbox: Table,
+    *,
+    reason: str | None = None,
 ) -> replay.Progress:
-    """A new replay of what `found` counts missing, its number drawn: `replay_missing` sends
-    it. What the person confirmed bounds it: `found.missing` messages."""
+    """A new replay of what `found` counts missing in `inbox`, its number drawn:
+    `replay_missing` sends it. What the person confirmed bounds it: `found.missing`
+    messages. Its records keep the consumer and the inbox table compared: a resume compares
+    the same keys (`recorded_inbox`)."""
     number = fetch(conn, replay.next_number(table))
     return replay.Progress(
         number,
@@ -387,15 +394,34 @@ def start_replay(
         left=found.missing,
         confirmed=found.missing,
         reason=reason,
-        reconcile={"consumer": found.consumer},
+        reconcile={"consumer": found.consumer, "inbox_table": _inbox_record(inbox)},
     )
+
+
+def _inbox_record(inbox: Table) -> dict[str, str | None]:
+    # As given: schema-qualified only if it was (unqualified, the search_path finds it).
+    return {"schema": inbox.schema, "name": inbox.name}
+
+
+def recorded_inbox(progress: replay.Progress) -> Table | None:
+    """The inbox table replay `progress` compared, as its records keep it; None for a record
+    from before it was kept."""
+    recorded = (progress.reconcile or {}).get("inbox_table")
+    return None if recorded is None else Table(recorded["schema"], recorded["name"])
+
+
+def record_inbox(progress: replay.Progress, inbox: Table) -> None:
+    """Keep `inbox` in the records of the batches `progress` sends from now on."""
+    assert progress.reconcile is not None
+    progress.reconcile["inbox_table"] = _inbox_record(inbox)
 
 
 def resume_point(conn: psycopg.Connection[Any], table: Table, number: int) -> replay.Progress:
     """Replay `number` of `outbox reconcile --replay` as its last recorded batch left it: its
     window compared again from the next id on, what is left of the count confirmed
     (replay.NoSuchReplay if it recorded no batch, NotReconciling if `outbox replay` made
-    it). Its consumer is the recorded one (none in a record from before it was kept)."""
+    it). Its consumer and inbox table are the recorded ones (none in a record from before
+    they were kept)."""
     progress = perform(conn, replay.resume_point(table, number))
     if progress.reconcile is None:
         raise NotReconciling(f"replay {number} was made by `outbox replay`, not by reconcile")
@@ -419,7 +445,8 @@ def replay_missing(
     log (via `outbox reconcile`), at most `progress.left` messages. `progress` counts what
     was sent, so a caller stopped (Ctrl-C) can say how far it went.
 
-    Each batch's record keeps the window, the consumer and the last id reached, so a stop
+    Each batch's record keeps the window, the consumer, the inbox table and the last id
+    reached, so a stop
     anywhere resumes for the whole window (`resume_point`), not only for the chunk that was
     being sent. A message sent again before the stop is not missing when the walk comes
     back to it: it is pending (not delivered), or delivered again and recorded by the inbox."""

@@ -421,9 +421,10 @@ class Progress:
     confirmed: int | None = None  # rows the person confirmed, all batches together
     reason: str | None = None  # why, as recorded (a resumed replay keeps it)
     batch: int = DEFAULT_BATCH  # rows per batch, as recorded (a resumed replay keeps it)
-    # A replay of `outbox reconcile --replay`: what its comparison read (the consumer), as
-    # recorded. Its filter holds only the missing ids of the chunk being sent; what it has
-    # left to send is found again by comparing the rest of its window with the inbox.
+    # A replay of `outbox reconcile --replay`: what its comparison read (the consumer and
+    # the inbox table), as recorded. Its filter holds only the missing ids of the chunk
+    # being sent; what it has left to send is found again by comparing the rest of its
+    # window with the inbox.
     reconcile: dict[str, Any] | None = None
     sent: int = 0
     batches: int = 0  # counted with `sent`, so the two always tell of the same batches
