@@ -19,9 +19,12 @@ attached back if a row in it is unfinished.
 The run is written once as `Steps` (outbox.runner), so the CLI runs it on a sync connection
 (`maintain`) and the operator on its pooled async ones (`maintain_async`), both in
 autocommit: DETACH ... CONCURRENTLY cannot run inside a transaction block. One run at a
-time per table: it holds the advisory lock a worker holds while it makes partitions ahead
-(outbox.partitions.upkeep_lock), and releases it before it returns, whatever happened,
-leaving the session's settings as it found them.
+time per table (an advisory lock of its own, `_run_lock`); while it makes partitions ahead it
+also holds the lock a worker holds to make them (outbox.partitions.upkeep_lock), and lets it
+go before it retires any: each DETACH ... CONCURRENTLY waits for every transaction on the
+parent, and the workers' keepers must be able to make partitions meanwhile. Both are
+released before it returns, whatever happened, leaving the session's settings as it found
+them.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from outbox.partitions import (
 from outbox.plumbing.text import counted
 from outbox.runner import Query, Row, Steps, first_row, no_rows, perform, perform_async, step
 from outbox.stats import COUNT_LIMIT, STALE_FRACTION
-from outbox.table import Table, shown, shown_argument
+from outbox.table import Table, shown, shown_argument, text_constant
 
 _DONE_NOTE = FINISHED_NOTE
 _NOTE = re.compile("^" + re.escape(_DONE_NOTE) + r"(.+)$")
@@ -187,8 +190,8 @@ def _state(table: Table, leaf: Partition, used: InUse, made_past: int) -> Steps[
     # outran the partitions) hold no row: the highest partition made holds the newest ids
     # then. Counted from the sequence alone, every partition was finished and old, and a run
     # retired them all, leaving the table none to insert into or claim from.
-    current = min(int(used.last_given or 0), made_past - 1)
-    written = used.written_past is not None and used.written_past.name == leaf.name
+    current = _newest_given(used, made_past)
+    written = _written_past(leaf, used)
     why_not = None
     if written:
         # Never retired while the sequence is behind it: its ids are the producers' next.
@@ -210,6 +213,21 @@ def _state(table: Table, leaf: Partition, used: InUse, made_past: int) -> Steps[
         done, figure, oldest, done_since if not unfinished else None, why_not is None, why_not,
         written,
     )  # fmt: skip
+
+
+def _newest_given(used: InUse, made_past: int) -> int:
+    """The newest id given that a partition made can hold (see `_state`)."""
+    return min(int(used.last_given or 0), made_past - 1)
+
+
+def _written_past(leaf: Partition, used: InUse) -> bool:
+    return used.written_past is not None and used.written_past.name == leaf.name
+
+
+def _made_ahead(leaf: Partition, used: InUse, made_past: int) -> bool:
+    """Wholly past the newest id given, and no row written past it: what `_state` calls
+    made ahead, known without reading the partition."""
+    return leaf.low > _newest_given(used, made_past) and not _written_past(leaf, used)
 
 
 def _noted_since(comment: object) -> datetime | None:
@@ -284,53 +302,71 @@ class UpkeepBusy(RuntimeError):
     another run of `outbox maintain`), and the caller asked not to wait for it."""
 
 
-# The longest any statement of a run may take once it holds the lock. A DETACH ...
+# The longest any statement of a run may take once it holds its lock. A DETACH ...
 # CONCURRENTLY (or its FINALIZE) waits for every transaction older than it on the parent:
-# one session idle in a transaction would hold the run, and with it the upkeep lock the
-# workers need to make partitions ahead, for as long as it lasts. Cancelled there, the
-# partition is left pending detach and the next run finishes it (`_finish_detaches`).
+# one session idle in a transaction would hold the run for as long as it lasts. Cancelled
+# there, the partition is left pending detach and the next run finishes it
+# (`_finish_detaches`).
 STATEMENT_TIMEOUT = timedelta(minutes=1)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Session:
-    """The settings a run changes, as it found them (`_end` puts them back)."""
+    """The settings a run changes, as it found them (`_end` puts them back; None: not read
+    yet), and the advisory locks it holds (`_end` releases those)."""
 
-    synchronous_commit: str
-    statement_timeout: str
+    synchronous_commit: str | None = None
+    statement_timeout: str | None = None
+    holds_run_lock: bool = False
+    holds_upkeep_lock: bool = False
 
 
-def _begin(table: Table, waiting: Callable[[], None] | None) -> Steps[_Session]:
-    """Take the upkeep lock: if another session holds it, raise UpkeepBusy when `waiting`
+def _run_lock(table: Table) -> sql.Composable:
+    """The advisory lock key of a table's `outbox maintain` runs, held for the whole run: one
+    run at a time finishes what an interrupted one left and retires (two would detach the same
+    partition, or finalize one the other is detaching). The workers' keepers never take it:
+    they take the upkeep lock (outbox.partitions.upkeep_lock), which a run holds only while
+    it makes partitions ahead."""
+    return sql.SQL("hashtextextended({name}, 0)").format(
+        name=text_constant(f"outbox-dispatcher maintain {table}")
+    )
+
+
+def _begin(table: Table, waiting: Callable[[], None] | None, session: _Session) -> Steps[None]:
+    """Take the run's lock, then the upkeep lock, noting each in `session` as it is had (for
+    `_end`, whatever happens): if another session holds one, raise UpkeepBusy when `waiting`
     is None (the operator: its next round comes), else call `waiting` (the CLI says what it
     waits for) and wait. Then bound each statement (STATEMENT_TIMEOUT), and commit without
     waiting for the WAL to be flushed: each DDL statement commits on its own, and a flush
     per commit was most of a retirement's time. A commit lost to a crash of the server is
     only maintenance to do again (a partition still attached, or still there), and the
-    producers' own commits flush everything before them. The session's settings are
-    returned, for `_end`."""
-    found = yield from step(
+    producers' own commits flush everything before them."""
+    sync, timeout = yield from step(
         Query(
             sql.SQL(
-                "SELECT current_setting('synchronous_commit'), "
-                "current_setting('statement_timeout'), pg_try_advisory_lock({key})"
-            ).format(key=upkeep_lock(table)),
+                "SELECT current_setting('synchronous_commit'), current_setting('statement_timeout')"
+            ).format(),
             None,
             first_row(lambda row: row or ()),
         )
     )
-    sync, timeout, got = found
-    session = _Session(str(sync), str(timeout))
-    if not got:
+    session.synchronous_commit, session.statement_timeout = str(sync), str(timeout)
+    said: list[bool] = []
+
+    def busy() -> None:  # the lock is taken
         if waiting is None:
             raise UpkeepBusy(
                 f"the partition upkeep lock of table {table} is held (a worker making "
                 "partitions ahead, or another outbox maintain): skipped this round"
             )
-        waiting()
-        yield from step(
-            _statement(sql.SQL("SELECT pg_advisory_lock({key})").format(key=upkeep_lock(table)))
-        )
+        if not said:  # said once, whichever of the two locks it waits for
+            said.append(True)
+            waiting()
+
+    yield from _take(_run_lock(table), busy)
+    session.holds_run_lock = True
+    yield from _take(upkeep_lock(table), busy)
+    session.holds_upkeep_lock = True
     yield from step(
         _statement(
             sql.SQL(
@@ -339,20 +375,51 @@ def _begin(table: Table, waiting: Callable[[], None] | None) -> Steps[_Session]:
             ).format(timeout=sql.Literal(f"{int(STATEMENT_TIMEOUT.total_seconds() * 1000)}ms"))
         )
     )
-    return session
+
+
+def _take(key: sql.Composable, busy: Callable[[], None]) -> Steps[None]:
+    """An advisory lock: tried, and if it is taken, `busy` is called (it raises, or says the
+    run waits) and the lock waited for."""
+    got = yield from step(
+        _value(sql.SQL("SELECT pg_try_advisory_lock({key})").format(key=key), bool)
+    )
+    if not got:
+        busy()
+        yield from step(_statement(sql.SQL("SELECT pg_advisory_lock({key})").format(key=key)))
+
+
+def _let_go_of_upkeep(table: Table, session: _Session) -> Steps[None]:
+    """Release the upkeep lock once the run's partitions are made: what follows (each
+    DETACH ... CONCURRENTLY waiting for every transaction on the parent) would keep the
+    workers' keepers from making partitions ahead for as long as it lasts, and a retirement
+    of many partitions beside a busy table lasts."""
+    yield from step(
+        _statement(sql.SQL("SELECT pg_advisory_unlock({key})").format(key=upkeep_lock(table)))
+    )
+    session.holds_upkeep_lock = False
 
 
 def _end(table: Table, session: _Session) -> Query[None]:
-    """The session as `_begin` found it: its settings back, the lock released."""
-    return _statement(
-        sql.SQL(
-            "SELECT set_config('synchronous_commit', {sync}, false), "
-            "set_config('statement_timeout', {timeout}, false), pg_advisory_unlock({key})"
-        ).format(
-            sync=sql.Literal(session.synchronous_commit),
-            timeout=sql.Literal(session.statement_timeout),
-            key=upkeep_lock(table),
+    """The session as `_begin` found it: its settings back, the locks it holds released."""
+    undo: list[sql.Composable] = []
+    if session.synchronous_commit is not None and session.statement_timeout is not None:
+        undo.append(
+            sql.SQL(
+                "set_config('synchronous_commit', {sync}, false), "
+                "set_config('statement_timeout', {timeout}, false)"
+            ).format(
+                sync=sql.Literal(session.synchronous_commit),
+                timeout=sql.Literal(session.statement_timeout),
+            )
         )
+    for held, key in (
+        (session.holds_upkeep_lock, upkeep_lock(table)),
+        (session.holds_run_lock, _run_lock(table)),
+    ):
+        if held:
+            undo.append(sql.SQL("pg_advisory_unlock({key})").format(key=key))
+    return _statement(
+        sql.SQL("SELECT {undo}").format(undo=sql.SQL(", ").join(undo or [sql.SQL("1")]))
     )
 
 
@@ -364,18 +431,19 @@ def maintain(
     waiting: Callable[[], None] | None = None,
 ) -> Maintained:
     """Make partitions ahead, retire those finished for `retention`, ANALYZE the parent.
-    Another session holding the upkeep lock: UpkeepBusy, or if `waiting` is given, that is
-    called and the run waits for the lock.
+    Another session holding the run's lock or the upkeep lock: UpkeepBusy, or if `waiting`
+    is given, that is called and the run waits for the lock.
 
     `conn` must be in autocommit: DETACH ... CONCURRENTLY runs outside a transaction. A wait
-    for the lock that the session's `lock_timeout` ends raises UpkeepBusy too, nothing
+    for a lock that the session's `lock_timeout` ends raises UpkeepBusy too, nothing
     changed: it is no lock on the table, which PostgreSQL's lock timeout would suggest."""
+    session = _Session()
     try:
-        session = perform(conn, _begin(table, waiting))
-    except psycopg.errors.LockNotAvailable as exc:  # only the upkeep lock's wait takes one
-        raise UpkeepBusy(f"the partition upkeep lock of table {table} is held") from exc
-    try:
-        return perform(conn, _maintaining(table, retention))
+        try:
+            perform(conn, _begin(table, waiting, session))
+        except psycopg.errors.LockNotAvailable as exc:  # only the advisory locks' waits take one
+            raise UpkeepBusy(f"the partition upkeep lock of table {table} is held") from exc
+        return perform(conn, _maintaining(table, retention, session))
     finally:
         perform(conn, step(_end(table, session)))
 
@@ -384,15 +452,16 @@ async def maintain_async(
     conn: psycopg.AsyncConnection[Any], table: Table, *, retention: timedelta
 ) -> Maintained:
     """`maintain` on an async connection in autocommit (the operator's pooled ones); it
-    never waits for the upkeep lock (UpkeepBusy)."""
-    session = await perform_async(conn, _begin(table, None))
+    never waits for a lock (UpkeepBusy)."""
+    session = _Session()
     try:
-        return await perform_async(conn, _maintaining(table, retention))
+        await perform_async(conn, _begin(table, None, session))
+        return await perform_async(conn, _maintaining(table, retention, session))
     finally:
         await perform_async(conn, step(_end(table, session)))
 
 
-def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
+def _maintaining(table: Table, retention: timedelta, session: _Session) -> Steps[Maintained]:
     layout, leaves = yield from _layout(table)
     yield from _owner_check(table)
     moved = yield from move_home(table)
@@ -416,6 +485,11 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
     except TooFarAhead as exc:
         # Said once the run has retired what it may: retention goes on regardless.
         made, too_far = 0, exc
+    # Nothing below makes a partition: the workers' keepers may make theirs while this run
+    # waits on each DETACH ... CONCURRENTLY. Those waits add up (one partition of a table
+    # can be pending detach at a time): beside a session of 0.8 s transactions on the
+    # parent, 99 partitions took 80 s, and the keepers found the lock taken all along.
+    yield from _let_go_of_upkeep(table, session)
     used = yield from _in_use(table)
     # Those this run made ahead lie past it: the highest of the others is kept if the ids
     # went past them all (`_state`), one run's delay, never a partition too few.
@@ -427,6 +501,8 @@ def _maintaining(table: Table, retention: timedelta) -> Steps[Maintained]:
     for leaf in [*leftovers, *leaves]:
         if leaf in leftovers:
             count = yield from _finished_or_attached_back(table, leaf)
+        elif _made_ahead(leaf, used, made_past):
+            continue  # known from its bounds: no statement (a run read every one of them)
         else:
             state = yield from _state(table, leaf, used, made_past)
             if not state.retirable:
