@@ -276,7 +276,7 @@ class OutboxApp(App[None]):
             self.tell(f"{verb} failed, nothing changed: {describe_error(exc)}", severity="error")
             return
         self.tell(
-            result.summary(),
+            result.summary(printable),  # the names as the destinations screen shows them
             title=f"{verb}: {'done' if result.changed else 'nothing changed'}",
             severity="information" if result.changed else "warning",
         )

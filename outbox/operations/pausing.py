@@ -17,6 +17,7 @@ Who: the name given (`--actor`, the TUI's OS user), else the database's current_
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
@@ -112,12 +113,13 @@ class HandChange:
     def changed(self) -> bool:
         return self.after is not None
 
-    def summary(self) -> str:
-        """One line for people: what changed, or why nothing did."""
+    def summary(self, shown: Callable[[str], str] = printable_name) -> str:
+        """One line for people: what changed, or why nothing did. Names as `shown` shows
+        them: by default as `outbox destinations` lists them (a backslash doubled), so the
+        two read alike; the TUI, whose rows come escaped already, passes its own."""
         # Names and reasons come from rows, which older versions or other tools may have
-        # written with control characters: shown escaped, the line stays one line. The name
-        # as `outbox destinations` lists it (a backslash doubled), so the two read alike.
-        name = printable_name(self.destination)
+        # written with control characters: shown escaped, the line stays one line.
+        name = shown(self.destination)
         if self.changed:
             done = "paused" if self.action == "pause" else "resumed"
             was = self.before.state if self.before is not None else None
@@ -128,13 +130,13 @@ class HandChange:
             return f"{done} {name}{note}, recorded as action #{self.audit_id}"
         if self.before is None:
             return f"{name} is closed (no destination of that name has a row); nothing changed"
-        return f"{name} is already {_state_text(self.before, self.now)}; nothing changed"
+        return f"{name} is already {_state_text(self.before, self.now, shown)}; nothing changed"
 
 
-def _state_text(row: dest.Destination, now: datetime) -> str:
+def _state_text(row: dest.Destination, now: datetime, shown: Callable[[str], str]) -> str:
     since = f" for {age((now - row.since).total_seconds())}" if row.since is not None else ""
     if row.state == dest.PAUSED:
-        who, why = printable_name(row.changed_by or "?"), printable(row.reason or "(no reason)")
+        who, why = shown(row.changed_by or "?"), printable(row.reason or "(no reason)")
         return f"paused{since} by {who}: {why}"
     return f"{row.state}{since}"
 
