@@ -134,9 +134,12 @@ def test_every_command_has_its_line():
     assert names == set(_LEFT_BY_AN_INTERRUPT)
 
 
-# The command's stderr pipe, in bytes: some 30 lines of `python -v`, where the command's
-# own modules write some 800 once the first module of `outbox` is done.
-_PIPE = 4096
+# The command's stderr pipe, in bytes: two pages, some 80 lines of `python -v`, where the
+# command's own modules write some 800 once the first module of `outbox` is done. Not one
+# page: the lines read up to that module may have used most of it, and a pipe of one page
+# takes no more than the rest of that page: the command then waited with a few lines in
+# the pipe, never the half the test waited for (a timeout now and then).
+_PIPE = 8192
 
 
 @pytest.mark.parametrize("entry", ["-m outbox", "the installed script"])
@@ -158,9 +161,9 @@ def test_a_ctrl_c_while_the_command_is_importing_ends_it_in_one_line(dsn, entry)
     while not (line := command.stderr.readline()).startswith(b"import 'outbox"):
         assert line, command.communicate()  # one byte at a time: nothing is read ahead
     # The command blocked on its next line: a line is written whole or not at all, so the
-    # pipe holds a little less than it can when its writer waits.
+    # pipe's last page is all but full when its writer waits, whatever was read of the first.
     waiting = array.array("i", [0])
-    while waiting[0] < _PIPE // 2:
+    while waiting[0] < _PIPE // 4:
         assert command.poll() is None, command.communicate()
         fcntl.ioctl(command.stderr.fileno(), termios.FIONREAD, waiting)
         time.sleep(0.01)
