@@ -127,13 +127,9 @@ def _window_reading(
     Named by `leaves`, the partitions that make up the range, when given: the same probes
     through the parent planned about 4.7 times as long (ordered mode reads often: dozens of
     times a drain)."""
-    statement = sql.SQL(
-        "SELECT least({ready}, {expired}), least({unfinished}, {dead}), {xmin}"
-    ).format(
-        ready=_least(table, within, leaves, "status = 'pending' AND available_at <= now()"),
-        expired=_least(table, within, leaves, "status = 'processing' AND lease_until < now()"),
-        unfinished=_least(table, within, leaves, "status IN ('pending', 'processing')"),
-        dead=_least(table, within, leaves, "status = 'dead'"),
+    statement = sql.SQL("SELECT {ready}, {unfinished}, {xmin}").format(
+        ready=_least(table, within, leaves, _READY),
+        unfinished=_least(table, within, leaves, _UNFINISHED),
         xmin=_XMIN,
     )
     return Query(statement, None, first_row(_one_row))
@@ -145,13 +141,21 @@ def _oldest_unfinished(
 ) -> Query[Row]:
     """The oldest unfinished row `within`, the snapshot's xmin, and past every transaction id
     handed out as it ran (taken after the snapshot)."""
-    statement = sql.SQL("SELECT least({unfinished}, {dead}), {xmin}, {past}").format(
-        unfinished=_least(table, within, leaves, "status IN ('pending', 'processing')"),
-        dead=_least(table, within, leaves, "status = 'dead'"),
+    statement = sql.SQL("SELECT {unfinished}, {xmin}, {past}").format(
+        unfinished=_least(table, within, leaves, _UNFINISHED),
         xmin=_XMIN,
         past=_PAST_EVERY_XID,
     )
     return Query(statement, None, first_row(_one_row))
+
+
+# A row a claim may take: pending and due, or an expired lease (each its own partial index).
+_READY = (
+    "status = 'pending' AND available_at <= now()",
+    "status = 'processing' AND lease_until < now()",
+)
+# An unfinished row: pending or processing (one partial index), or dead (another).
+_UNFINISHED = "status IN ('pending', 'processing')", "status = 'dead'"
 
 
 def _one_row(row: Row | None) -> Row:
@@ -160,15 +164,29 @@ def _one_row(row: Row | None) -> Row:
 
 
 def _least(
-    table: Table, within: tuple[int, int], leaves: tuple[Table, ...] | None, where: str
+    table: Table, within: tuple[int, int], leaves: tuple[Table, ...] | None, wheres: tuple[str, ...]
 ) -> sql.Composable:
-    """The lowest id `within` whose row matches `where`: one probe of a partial index per
-    partition, on each of `leaves`, or through the parent with the range as constants."""
+    """The lowest id `within` whose row matches one of `wheres`: a probe of a partial index
+    for each, on each of `leaves` from the lowest up to the first holding such a row
+    (`coalesce` evaluates no further: a later partition's ids are all higher), or through
+    the parent with the range as constants.
+
+    Looking no further is what makes ordered mode's catch-ups cheap: the partitions a
+    catch-up looks in are those the drain has just finished or is finishing, whose indexes
+    hold an entry for each row version no vacuum has removed yet, each visited in the heap.
+    Probing every partition of the range (`least`) cost the ordered drain of 30 partitions of
+    1,000 ids about a tenth of its speed: 0.80x to 0.82x of the plain table against 0.92x to
+    0.98x, three sittings of six alternating rounds."""
     sources = [(t.ident, sql.SQL("")) for t in leaves] if leaves else [(table.ident, _ids(within))]
-    return sql.SQL("least({})").format(
+    return sql.SQL("coalesce({})").format(
         sql.SQL(", ").join(
-            sql.SQL("(SELECT min(id) FROM {t} WHERE {where}{ids})").format(
-                t=t, where=sql.SQL(where), ids=ids
+            sql.SQL("least({})").format(
+                sql.SQL(", ").join(
+                    sql.SQL("(SELECT min(id) FROM {t} WHERE {where}{ids})").format(
+                        t=t, where=sql.SQL(where), ids=ids
+                    )
+                    for where in wheres
+                )
             )
             for t, ids in sources
         )

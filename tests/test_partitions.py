@@ -24,7 +24,14 @@ from test_worker import Scripted
 from workers import dispatching, settings, spawn_worker, stop_worker
 
 from outbox import Event, OutOfPartitions, enqueue, enqueue_many, lease
-from outbox.claim_window import SIGHTINGS_KEPT, Bounds, ClaimWindow, Settling, _window_reading
+from outbox.claim_window import (
+    SIGHTINGS_KEPT,
+    Bounds,
+    ClaimWindow,
+    Settling,
+    _oldest_unfinished,
+    _window_reading,
+)
 from outbox.models import Outcome
 from outbox.operations.replay import ReplayFilter, preview, send_batch, start
 from outbox.operator_reads import read_table
@@ -246,6 +253,38 @@ def test_a_window_reading_names_the_partitions_themselves(pconn):
     assert fetch(pconn, reading)[:2] == through_parent[:2] == (260, 230)
     # A partition named otherwise (or a converted table below the first): the parent.
     assert Layout(SIZE, 40).leaves(TABLE, (0, 400)) is None
+
+
+@pytest.mark.parametrize("reading", ["window", "oldest unfinished"])
+def test_a_reading_looks_in_no_partition_past_the_first_holding_what_it_looks_for(pconn, reading):
+    """A partition the drain has just finished is costly to look in (an index entry for
+    each row version no vacuum has removed yet, each visited in the heap), so a reading
+    stops at the first partition holding what it looks for: the later ones' probes never
+    run. Here partitions 0 and 1 are finished, 2 holds unfinished and ready rows."""
+    migrate(pconn, TABLE, "aggregate", layout=Layout(SIZE, 40))
+    seed(pconn, 450, aggregates=20)
+    pconn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id < 230")
+    leaves = Layout(SIZE, 40, named_leaves=True).leaves(TABLE, (0, 400))
+    read = _window_reading if reading == "window" else _oldest_unfinished
+    query = read(TABLE, (0, 400), leaves)
+    plan = [
+        row[0]
+        for row in pconn.execute(
+            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "
+            + query.statement.as_string(pconn)
+        )
+    ]
+    probes = [re.search(r" on outbox_p(\d+)", line) for line in plan]
+    ran = {
+        int(p[1])
+        for p, line in zip(probes, plan, strict=True)
+        if p and "never executed" not in line
+    }
+    skipped = {
+        int(p[1]) for p, line in zip(probes, plan, strict=True) if p and "never executed" in line
+    }
+    assert ran == {0, 1, 2} and skipped == {3}, "\n".join(plan)
+    assert fetch(pconn, query)[0] == 230
 
 
 async def _drain(
