@@ -4,9 +4,12 @@ components' commands, installed without their extra, name the extra to install."
 
 from __future__ import annotations
 
+import json
+import queue
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -101,3 +104,68 @@ def test_the_component_names_do_not_leak_as_top_level_packages(bare):
         )  # fmt: skip
         assert result.returncode == 1
         assert "ModuleNotFoundError" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def worker_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtual environment with `pip install outbox-dispatcher[worker]`: the worker
+    and its http, log and null publishers, without the brokers' extras."""
+    venv = tmp_path_factory.mktemp("worker_only") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{ROOT}[worker]"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return venv / "bin"
+
+
+def test_the_worker_extra_alone_runs_the_worker_without_the_brokers_extras(worker_only, empty_dsn):
+    """Every built-in publisher's flags used to be loaded at each start, nats' and kafka's
+    too, so with `[worker]` alone every `outbox-worker` stopped on `--publisher kafka: needs
+    the [kafka] extra`, whatever --publisher said."""
+    names = subprocess.run(
+        [str(worker_only / "python"), "-m", "pip", "list", "--format", "freeze"],
+        capture_output=True, text=True, check=True,
+    ).stdout.lower()  # fmt: skip
+    assert "confluent-kafka" not in names and "nats-py" not in names
+    helped = subprocess.run(
+        [str(worker_only / "outbox-worker"), "--help"], capture_output=True, text=True
+    )
+    assert helped.returncode == 0, helped.stderr
+    assert "--http-url" in helped.stdout
+    migrated = subprocess.run(
+        [str(worker_only / "outbox"), "migrate", "--dsn", empty_dsn],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert migrated.returncode == 0, migrated.stderr
+    script = textwrap.dedent(
+        """
+        import sys, psycopg
+        from outbox import enqueue
+        with psycopg.connect(sys.argv[1]) as conn, conn.transaction():
+            print(enqueue(conn, aggregate_type="order", aggregate_id="1",
+                          event_type="OrderPaid", payload={"amount": 42}))
+        """
+    )
+    enqueued = subprocess.run(
+        [str(worker_only / "python"), "-c", script, empty_dsn], capture_output=True, text=True
+    )
+    assert enqueued.returncode == 0, enqueued.stderr
+    message_id = enqueued.stdout.strip()
+    worker = subprocess.Popen(
+        [str(worker_only / "outbox-worker"), "--dsn", empty_dsn, "--publisher", "log"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    assert worker.stdout is not None
+    threading.Thread(target=lambda: lines.put(worker.stdout.readline()), daemon=True).start()
+    try:
+        line = lines.get(timeout=60)  # the log publisher's first message, or "" at its exit
+    except queue.Empty:
+        line = ""
+    finally:
+        worker.terminate()
+        _, errors = worker.communicate(timeout=60)
+    assert line and json.loads(line)["id"] == int(message_id), (line, errors)

@@ -44,7 +44,12 @@ from outbox.publisher_options import Option
 from outbox.schema import ORDERINGS
 from outbox.table import Table
 from outbox.worker.publishers.formats import DEFAULT_FORMAT, cloudevents_source, wire_format
-from outbox.worker.publishers.registry import PublisherFactory, builtin_names, load_publisher
+from outbox.worker.publishers.registry import (
+    PublisherFactory,
+    builtin_installed,
+    builtin_names,
+    load_publisher,
+)
 
 # What a setting may be; beyond these a value fails at every claim (the database cannot hold
 # it) or makes the worker hold more than it can. A lease under a second expires before it
@@ -298,10 +303,11 @@ def _selected_publisher(argv: Sequence[str], env: Mapping[str, str]) -> tuple[st
 def _publishers_to_offer(
     chosen: type[PublisherFactory], explicit: bool, argv: Sequence[str]
 ) -> list[type[PublisherFactory]]:
-    """`--publisher X --help` shows X's options only; otherwise every built-in's too."""
+    """`--publisher X --help` shows X's options only; otherwise every installed built-in's
+    too (a broker's publisher whose extra is missing is left out, not a reason to stop)."""
     if explicit and ("-h" in argv or "--help" in argv):
         return [chosen]
-    offered = [load_publisher(name) for name in builtin_names()]
+    offered = [load_publisher(name) for name in builtin_names() if builtin_installed(name)]
     return offered if chosen in offered else [*offered, chosen]
 
 

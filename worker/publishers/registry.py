@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol
 
-from outbox.extras import MissingExtra, require
+from outbox.extras import MissingExtra, missing_requirement, require
 from outbox.plumbing.errors import SettingError
 from outbox.publisher_options import ENTRY_POINT_GROUP, Option
 from outbox.worker.publishers.base import BatchPublisher, Publisher
@@ -88,6 +88,13 @@ def builtin_names() -> list[str]:
     return sorted(
         ep.name for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.value.startswith(own)
     )
+
+
+def builtin_installed(name: str) -> bool:
+    """Whether a built-in publisher's client library is installed: the `worker` extra alone
+    brings http, log and null, not the brokers' clients."""
+    extra = _EXTRA_OF.get(name)
+    return extra is None or missing_requirement(extra) is None
 
 
 def load_publisher(name: str) -> type[PublisherFactory]:
