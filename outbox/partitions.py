@@ -87,8 +87,7 @@ class Layout:
             return None
         if low < self.converted_below:
             return None  # inside the converted table: the parent prunes to it
-        home = table if self.schema is None else Table(self.schema, table.name)
-        return partition_table(home, low // self.partition_size)
+        return partition_table(table, low // self.partition_size, self.schema)
 
     def leaves(self, table: Table, within: tuple[int, int]) -> tuple[Table, ...] | None:
         """The partitions themselves that make up `within` (whole partitions), when each
@@ -180,8 +179,27 @@ def text_name(table: Table, suffix: str) -> sql.Composable:
     return sibling.regclass_literal
 
 
-def partition_table(table: Table, index: int) -> Table:
-    return Table(table.schema, table.derived_name(f"p{index}"))
+def in_schema(table: Table, schema: str | None) -> Table:
+    """`table` named in `schema`, the one the catalog holds it in (`home_schema`, the check's
+    `Layout.schema`), or as it is named for None. What is named after the table, its
+    partitions and its layout's table, is named in that schema: found there whatever the
+    search_path reaches first. Named without a schema, as the table may be, each was the
+    first table of its name along the search_path, which may be another one in a schema
+    before the table's (the role's own): read, noted, detached, dropped or attached in the
+    partition's stead, or its layout read for the table's."""
+    return table if schema is None else Table(schema, table.name)
+
+
+def partition_table(table: Table, index: int, schema: str | None = None) -> Table:
+    """Partition `index` of `table`, named in `schema` (see `in_schema`), or as the table
+    is named for None."""
+    return Table(in_schema(table, schema).schema, table.derived_name(f"p{index}"))
+
+
+def partition_named(table: Table, name: str, schema: str | None = None) -> Table:
+    """The partition of `table` named `name` (as the catalog holds it), in `schema` (see
+    `in_schema`)."""
+    return Table(in_schema(table, schema).schema, name)
 
 
 # -- reading the partitions ------------------------------------------------------------------
@@ -449,7 +467,9 @@ def missing_ahead(
     return [(k, k * size, (k + 1) * size) for k in range(first, last + 1)]
 
 
-def make_partition(table: Table, index: int, low: int, high: int) -> list[sql.Composed]:
+def make_partition(
+    table: Table, index: int, low: int, high: int, schema: str | None = None
+) -> list[sql.Composed]:
     """A partition made on its own, then attached: ATTACH takes the parent's SHARE UPDATE
     EXCLUSIVE lock (producers and workers go on), where CREATE TABLE ... PARTITION OF takes
     its ACCESS EXCLUSIVE one. The CHECK spares ATTACH its scan (the table is empty anyway);
@@ -459,8 +479,12 @@ def make_partition(table: Table, index: int, low: int, high: int) -> list[sql.Co
 
     A table of the partition's name found first is attached only if it is what these
     statements make and nothing more (`_in_the_way`): what `outbox maintain`, whose statements
-    each commit on their own, left when it was stopped between making and attaching it."""
-    leaf = partition_table(table, index)
+    each commit on their own, left when it was stopped between making and attaching it.
+
+    `schema`: the table's, as found in the catalog (`Layout.schema`): the partition is named
+    in it, so that a table of its name in a schema before it along the search_path is
+    neither taken for it nor attached (see `in_schema`)."""
+    leaf = partition_table(table, index, schema)
     return [
         _in_the_way(table, leaf, index, low, high),
         _create_partition(table, leaf, low, high),
@@ -476,8 +500,8 @@ def _create_partition(table: Table, leaf: Table, low: int, high: int) -> sql.Com
     found along the search_path, but CREATE TABLE puts a table in the path's first schema,
     which may not be the parent's (a schema named after the role, made after the parent):
     there the partition's name would be found by sessions of that role only, and every
-    claim of another that names it would fail. Named without its schema, the parent's is
-    looked up when the statement runs."""
+    claim of another that names it would fail. A partition named without its schema (its
+    table's not known) is made in the parent's, looked up when the statement runs."""
     create = sql.SQL(
         "CREATE TABLE IF NOT EXISTS {leaf} (LIKE {t} INCLUDING DEFAULTS INCLUDING CONSTRAINTS,"
         " CONSTRAINT {check} CHECK (id >= {low} AND id < {high}))"
@@ -488,7 +512,7 @@ def _create_partition(table: Table, leaf: Table, low: int, high: int) -> sql.Com
         "low": sql.Literal(low),
         "high": sql.Literal(high),
     }
-    if table.schema is not None:
+    if leaf.schema is not None:
         return create.format(leaf=leaf.ident, **parts)
     # format()'s template: the schema its %I, every other % doubled.
     template = create.format(leaf=sql.SQL("{schema}.") + leaf.ident, **parts).as_string(None)
@@ -560,8 +584,10 @@ END"""
         check=sql.Literal(range_check_name(leaf.name)),
         deparsed=sql.Literal(deparsed),
         shown=sql.Literal(shown(table)),
+        # Shown as the table is named (`leaf` may be named in the table's schema besides).
         prefix=sql.Literal(
-            f"table {shown(leaf)} is in the way of partition {index} of {shown(table)} "
+            f"table {shown(partition_table(table, index))} is in the way of partition {index} "
+            f"of {shown(table)} "
             f"(ids {low} to {high - 1}): "
         ),
         advice=sql.Literal("; rename or drop it, then run this again"),
@@ -698,7 +724,7 @@ def move_home(table: Table) -> Steps[list[str]]:
     away = [p for p in (yield from step(read_partitions(table))) or () if p.elsewhere]
     if not away:
         return []
-    home = yield from step(_schema_of(table))
+    home = yield from step(home_schema(table))
     moved = []
     for leaf in away:
         there = Table(leaf.elsewhere, leaf.name)
@@ -721,7 +747,8 @@ def _exists(table: Table) -> Query[bool]:
     return Query(statement, None, first_row(lambda row: bool(row and row[0])))
 
 
-def _schema_of(table: Table) -> Query[str]:
+def home_schema(table: Table) -> Query[str]:
+    """The schema the table is in, as the catalog holds it (see `in_schema`)."""
     statement = sql.SQL(
         "SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE c.oid = {t}::regclass"
@@ -784,7 +811,12 @@ async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table)
     """The table's layout (None: plain); ValueError naming why a partitioned table cannot be
     served."""
     row = await fetch_async(conn, _partitioning(table))
-    layout = await fetch_async(conn, read_layout(table)) if row is not None else None
+    # The layout's table in the table's schema (see `in_schema`).
+    layout = (
+        await fetch_async(conn, read_layout(in_schema(table, str(row[5]))))
+        if row is not None
+        else None
+    )
     problem = partitioning_problem(row, layout, table)
     if problem:
         raise ValueError(problem)
@@ -884,7 +916,7 @@ async def keep_ahead(
         now = missing if top - 1 - highest < target * ALL_AT_ONCE_BELOW else missing[:1]
         for index, low, high in now:
             async with conn.transaction():
-                for statement in make_partition(table, index, low, high):
+                for statement in make_partition(table, index, low, high, layout.schema):
                     await conn.execute(statement)
                 top = high
         return TopUp(len(now), max(top - 1 - highest, 0), more=len(now) < len(missing))

@@ -57,7 +57,7 @@ as a `Query` and `snapshot` its statements as `Steps` (outbox.runner), which
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -70,6 +70,7 @@ from outbox.partitions import (
     FIRST_ID,
     PAST_ID,
     last_id_given,
+    partition_named,
     unusable_bound,
     written_past,
 )
@@ -434,7 +435,11 @@ def _statement(
     # A window that is one partition: that partition itself, as a plain table (its rows are
     # all within it); else the parent, every statement bounded to the window's ids.
     leaf = window is not None and window.leaf is not None
-    t = Table(table.schema, window.leaf).ident if window and window.leaf else table.ident
+    t = (
+        partition_named(table, window.leaf, window.schema).ident
+        if window and window.leaf
+        else table.ident
+    )
     ids = _ids(None if leaf or window is None else (window.low, window.high))
 
     def count(where: str, order: str) -> sql.Composed:
@@ -603,8 +608,9 @@ def _query(table: Table, exact: bool, ordered: bool = False) -> sql.Composable:
 # `outbox maintain` sees through max(id); outbox.partitions.written_past, which the claims'
 # window asks too). The others' sizes are not looked at. No row for a plain table.
 _WINDOW = sql.SQL(
-    """SELECT w.relname, w.low, w.high, w.last, {written}, w.bound
+    """SELECT w.relname, w.low, w.high, w.last, {written}, w.bound, w.schema
   FROM (SELECT p.oid, p.relname::text AS relname, pg_get_expr(p.relpartbound, 0) AS bound,
+               (SELECT nspname::text FROM pg_namespace WHERE oid = p.relnamespace) AS schema,
                substring(pg_get_expr(p.relpartbound, 0) FROM {low})::bigint AS low,
                substring(pg_get_expr(p.relpartbound, 0) FROM {high})::bigint AS high,
                (SELECT coalesce({last}, -1)) AS last
@@ -626,6 +632,11 @@ class Window:
     # The partition that is the whole window, if one is: a snapshot then names it itself
     # and plans as on a plain table.
     leaf: str | None = None
+    # The schema `leaf` is in, as the catalog holds it: named there, it is the partition
+    # whatever the search_path reaches first (outbox.partitions.in_schema), where named as a
+    # table named without its schema is, a table of its name in a schema before the table's
+    # (the role's own) was counted in its stead.
+    schema: str | None = field(default=None, compare=False)
 
 
 def unfinished_window(table: Table) -> Query[Window | None]:
@@ -647,10 +658,12 @@ def unfinished_window(table: Table) -> Query[Window | None]:
     )
 
     def parse(rows: list[Row]) -> Window | None:
-        for name, low, high, *_, bound in rows:
+        for name, low, high, *_, bound, _ in rows:
             if low is None or high is None:  # DEFAULT, MINVALUE or MAXVALUE: not a range
                 raise unusable_bound(table, str(name), bound)
-        found = [(str(name), int(low), int(high)) for name, low, high, *_ in rows]
+        found = [
+            (str(name), int(low), int(high), str(schema)) for name, low, high, *_, schema in rows
+        ]
         if not found:
             return None
         last = int(rows[0][3])
@@ -663,7 +676,9 @@ def unfinished_window(table: Table) -> Query[Window | None]:
             key=lambda p: p[1],
             default=first,
         )
-        return Window(first[1], newest[2], newest[0] if first == newest else None)
+        if first != newest:
+            return Window(first[1], newest[2])
+        return Window(first[1], newest[2], newest[0], newest[3])
 
     return Query(statement, None, parse)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -46,10 +46,13 @@ from outbox.partitions import (
     SequenceUnreadable,
     TooFarAhead,
     carry_privileges,
+    home_schema,
+    in_schema,
     in_use,
     make_partition,
     missing_ahead,
     move_home,
+    partition_named,
     read_layout,
     read_partitions,
     sequence_problem,
@@ -123,8 +126,18 @@ def _value(statement: sql.Composed, parse: Callable[[Any], Any] = lambda v: v) -
 
 
 def _layout(table: Table) -> Steps[tuple[Layout, list[Partition]]]:
+    """The layout, with the schema the table is in (`Layout.schema`), read from the layout's
+    table in that schema, and the partitions. Every statement of a run names the partitions
+    in that schema (`_home`, outbox.partitions.in_schema): named as a table named without its
+    schema is, each was the first table of its name along the search_path, maybe another
+    one in a schema before the table's (the role's own), which was read in its stead, noted,
+    detached (the run failed), attached as a partition made ahead, or dropped as one left
+    detached."""
     leaves = yield from step(read_partitions(table))
-    layout = (yield from step(read_layout(table))) if leaves is not None else None
+    schema = (yield from step(home_schema(table))) if leaves is not None else None
+    layout = (
+        (yield from step(read_layout(in_schema(table, schema)))) if leaves is not None else None
+    )
     convert = f"`outbox migrate --table {shown_argument(table)} --partition-size N`"
     if leaves is None:
         raise NotPartitioned(
@@ -136,7 +149,13 @@ def _layout(table: Table) -> Steps[tuple[Layout, list[Partition]]]:
             f"table {shown(table)} is not partitioned by `outbox migrate --partition-size`: "
             f"its partition size is not recorded; run {convert} with its partitions' size"
         )
-    return layout, leaves
+    return replace(layout, schema=schema), leaves
+
+
+def _home(table: Table, layout: Layout) -> Table:
+    """The table named in its schema (`Layout.schema`): what the statements that name a
+    partition are given, so that they name it there (`_leaf`)."""
+    return in_schema(table, layout.schema)
 
 
 def _in_use(table: Table) -> Steps[InUse]:
@@ -152,7 +171,8 @@ def _in_use(table: Table) -> Steps[InUse]:
 
 
 def _leaf(table: Table, name: str) -> sql.Composable:
-    return Table(table.schema, name).ident
+    """The partition `name` of `table`, given in its schema (`_home`)."""
+    return partition_named(table, name).ident
 
 
 def _state_query(table: Table, leaf: Partition) -> Query[Row]:
@@ -162,7 +182,7 @@ def _state_query(table: Table, leaf: Partition) -> Query[Row]:
     PostgreSQL runs it only then."""
     # One an earlier version left in another schema is read there (`outbox maintain` moves
     # it home before it reads).
-    at = Table(leaf.elsewhere or table.schema, leaf.name)
+    at = partition_named(table, leaf.name, leaf.elsewhere)
     leaf_ident, name = at.ident, at.regclass_literal
     statement = sql.SQL(
         """SELECT count(*) FILTER (WHERE status = 'pending'),
@@ -244,12 +264,12 @@ def _noted_since(comment: object) -> datetime | None:
 
 
 def _states(table: Table) -> Steps[list[PartitionState]]:
-    _, leaves = yield from _layout(table)
+    layout, leaves = yield from _layout(table)
     used = yield from _in_use(table)
     made_past = max((leaf.high for leaf in leaves), default=0)
     states = []
     for leaf in leaves:
-        states.append((yield from _state(table, leaf, used, made_past)))
+        states.append((yield from _state(_home(table, layout), leaf, used, made_past)))
     return states
 
 
@@ -467,17 +487,19 @@ def _maintaining(table: Table, retention: timedelta, session: _Session) -> Steps
     moved = yield from move_home(table)
     if moved:
         layout, leaves = yield from _layout(table)
+    # Every statement below that names a partition names it in the table's schema.
+    home = _home(table, layout)
     # What an interrupted run left half-done first: pending detaches finished, then every
     # partition detached and not dropped is dropped (or attached back).
-    half_detached = yield from _finish_detaches(table)
-    leftovers = yield from _detached_orphans(table, layout, leaves)
+    half_detached = yield from _finish_detaches(home)
+    leftovers = yield from _detached_orphans(home, layout, leaves)
     # A detach finished without maintenance's note (a replay took it off while the detach
     # waited, or someone began it by hand) is no leftover to drop; but a row of it that is
     # unfinished must not stay out of the table, undelivered: attached back.
     orphans = {leaf.name for leaf in leftovers}
     for leaf in leaves:
         if leaf.name in half_detached and leaf.name not in orphans:
-            yield from _finished_or_attached_back(table, leaf)
+            yield from _finished_or_attached_back(home, leaf)
     leaves = [leaf for leaf in leaves if leaf.name not in half_detached]
     too_far: TooFarAhead | None = None
     try:
@@ -500,24 +522,24 @@ def _maintaining(table: Table, retention: timedelta, session: _Session) -> Steps
     kept = []
     for leaf in [*leftovers, *leaves]:
         if leaf in leftovers:
-            count = yield from _finished_or_attached_back(table, leaf)
+            count = yield from _finished_or_attached_back(home, leaf)
         elif _made_ahead(leaf, used, made_past):
             continue  # known from its bounds: no statement (a run read every one of them)
         else:
-            state = yield from _state(table, leaf, used, made_past)
+            state = yield from _state(home, leaf, used, made_past)
             if not state.retirable:
                 if state.why_not and "made ahead" not in state.why_not:
-                    yield from _forget_note(table, leaf.name)  # unfinished again (a replay)
+                    yield from _forget_note(home, leaf.name)  # unfinished again (a replay)
                 continue
             if state.done_since is None:
-                yield from step(_note_finished(table, leaf.name))
-                state = yield from _state(table, leaf, used, made_past)
+                yield from step(_note_finished(home, leaf.name))
+                state = yield from _state(home, leaf, used, made_past)
                 if state.done_since is None:
                     continue  # busy, or unfinished after all: looked at again next run
             if state.done_since > (yield from step(now)) - retention:
                 kept.append(state)
                 continue
-            count = yield from _retire(table, leaf)
+            count = yield from _retire(home, leaf)
         if count is not None:
             retired.append(leaf.name)
             rows += count[0]
@@ -526,7 +548,7 @@ def _maintaining(table: Table, retention: timedelta, session: _Session) -> Steps
         # One DROP for them all: a transaction that drops a table always waits for its WAL
         # to be flushed, and a flush per partition was most of the drops' time. A run cut
         # short before it leaves them detached, and the next run drops them.
-        names = sql.SQL(", ").join(_leaf(table, name) for name in retired)
+        names = sql.SQL(", ").join(_leaf(home, name) for name in retired)
         yield from step(_statement(sql.SQL("DROP TABLE {names}").format(names=names)))
     # Autovacuum never analyzes a partitioned parent: the planner's view of it comes from here.
     yield from step(_statement(sql.SQL("ANALYZE {t}").format(t=table.ident)))
@@ -543,7 +565,7 @@ def _make_ahead(table: Table, layout: Layout, leaves: list[Partition]) -> Steps[
     highest = (yield from _in_use(table)).highest
     missing = missing_ahead(table, leaves, int(highest or 0), layout)
     for index, low, high in missing:
-        for statement in make_partition(table, index, low, high):
+        for statement in make_partition(table, index, low, high, layout.schema):
             yield from step(_statement(statement))
     yield from step(_statement(carry_privileges(table)))
     return len(missing)
@@ -562,7 +584,8 @@ def _noted(table: Table) -> Query[set[str]]:
 
 
 def _noting(table: Table) -> Steps[int]:
-    _, leaves = yield from _layout(table)
+    layout, leaves = yield from _layout(table)
+    home = _home(table, layout)
     noted = yield from step(_noted(table))
     used = yield from _in_use(table)
     made_past = max((leaf.high for leaf in leaves), default=0)
@@ -570,10 +593,10 @@ def _noting(table: Table) -> Steps[int]:
     for leaf in leaves:
         if leaf.name in noted:
             continue
-        state = yield from _state(table, leaf, used, made_past)
+        state = yield from _state(home, leaf, used, made_past)
         if not state.retirable:
             break  # the window of unfinished partitions starts here
-        yield from step(_note_finished(table, leaf.name))
+        yield from step(_note_finished(home, leaf.name))
         looked += 1
     return looked
 
@@ -630,7 +653,7 @@ END"""
     ).format(
         timeout=sql.Literal(NOTE_LOCK_TIMEOUT),
         leaf=leaf,
-        name=Table(table.schema, name).regclass_literal,
+        name=partition_named(table, name).regclass_literal,
         note=sql.Literal(_DONE_NOTE),
     )
     # The body holds no placeholder character (identifiers spell theirs escaped).
@@ -640,7 +663,7 @@ END"""
 def _forget_note(table: Table, name: str) -> Steps[None]:
     """Take maintenance's note off (rows in it are unfinished again): always safe, since
     a partition without it is only looked in by `outbox stats` and noted again later."""
-    regclass = Table(table.schema, name).regclass_literal
+    regclass = partition_named(table, name).regclass_literal
     current = yield from step(
         _value(sql.SQL("SELECT obj_description({n}::regclass, 'pg_class')").format(n=regclass))
     )
@@ -683,7 +706,9 @@ def _finished_or_attached_back(table: Table, leaf: Partition) -> Steps[_Held | N
        (SELECT CASE WHEN {trusted} THEN c.reltuples::bigint ELSE -1 END
           FROM pg_class AS c WHERE c.oid = {name}::regclass)"""
             ).format(
-                leaf=ident, name=Table(table.schema, leaf.name).regclass_literal, trusted=_TRUSTED
+                leaf=ident,
+                name=partition_named(table, leaf.name).regclass_literal,
+                trusted=_TRUSTED,
             ),
             None,
             first_row(lambda row: (bool(row[0]), int(row[1])) if row else (False, 0)),
@@ -806,5 +831,6 @@ def forget_finished(table: Table, low: int, high: int) -> Steps[None]:
             lambda rows: [str(row[0]) for row in rows],
         )
     )
+    home = in_schema(table, (yield from step(home_schema(table))) if noted else None)
     for name in noted:
-        yield from _forget_note(table, name)
+        yield from _forget_note(home, name)
