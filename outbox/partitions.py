@@ -707,8 +707,9 @@ def make_ahead(conn: psycopg.Connection[tuple[object, ...]], table: Table, layou
     (`upkeep_lock`), as `outbox migrate` does."""
     existing = fetch(conn, read_partitions(table)) or []
     missing = missing_ahead(table, existing, fetch(conn, _highest_id(table)), layout)
+    schema = fetch(conn, home_schema(table)) if missing else None  # see `in_schema`
     for index, low, high in missing:
-        for statement in make_partition(table, index, low, high):
+        for statement in make_partition(table, index, low, high, schema):
             conn.execute(statement)
     conn.execute(carry_privileges(table))
     return len(missing)

@@ -226,3 +226,18 @@ def test_a_replay_takes_the_note_off_the_tables_partition(empty_dsn: str) -> Non
     stats = outbox(empty_dsn, "stats", "--json")
     assert stats.returncode == 0, stats.stderr
     assert json.loads(stats.stdout)["pending"] == 250
+
+
+def test_migrate_makes_and_attaches_the_tables_own_partition_past_a_shadowing_table(
+    empty_dsn: str,
+) -> None:
+    """`outbox migrate` run again makes the partitions missing ahead as `outbox maintain`
+    does: p3 in the table's schema, attached, past an empty table of its name before it
+    along the search_path (named without its schema, that table was attached)."""
+    _table(empty_dsn)
+    _shadow(empty_dsn, "outbox_p3", rows=False)
+    done = outbox(empty_dsn, "migrate", "--partition-size", "100", "--partitions-ahead", "2")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "made 2 partitions ahead" in done.stdout, done.stdout
+    assert _partitions(empty_dsn) == [f"public.outbox_p{k}" for k in range(5)]
+    assert _shadows(empty_dsn) == {"outbox_p3": (0, None)}
