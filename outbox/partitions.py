@@ -584,10 +584,11 @@ END"""
         check=sql.Literal(range_check_name(leaf.name)),
         deparsed=sql.Literal(deparsed),
         shown=sql.Literal(shown(table)),
-        # Shown as the table is named (`leaf` may be named in the table's schema besides).
+        # The table in the way as the statements name it: in the table's schema when that is
+        # known, so that the advice to drop it can never be taken for a table of its name
+        # earlier on the search_path.
         prefix=sql.Literal(
-            f"table {shown(partition_table(table, index))} is in the way of partition {index} "
-            f"of {shown(table)} "
+            f"table {shown(leaf)} is in the way of partition {index} of {shown(table)} "
             f"(ids {low} to {high - 1}): "
         ),
         advice=sql.Literal("; rename or drop it, then run this again"),

@@ -191,7 +191,7 @@ def test_a_table_in_the_way_of_a_partition_is_refused(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0] == (
-        f"outbox: error: table outbox_p4 is in the way of partition 4 of outbox (ids 400 to "
+        f"outbox: error: table public.outbox_p4 is in the way of partition 4 of outbox (ids 400 to "
         f"499): {why}; rename or drop it, then run this again"
     )
     assert _p4(empty_dsn) == (rows, None)

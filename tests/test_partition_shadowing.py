@@ -134,6 +134,28 @@ def test_maintain_makes_and_attaches_the_tables_own_partition_past_a_shadowing_t
     assert _shadows(empty_dsn) == {"outbox_p3": (0, None)}
 
 
+def test_a_table_in_the_way_is_named_in_the_tables_schema(empty_dsn: str) -> None:
+    """A table of p3's name in the table's schema, holding a row, is in the way of p3; an
+    empty one of the same name before it along the search_path is not. The refusal names
+    the one in the way with its schema: named as the table is, the advice to drop it would
+    have reached the other one, and the next run failed alike."""
+    _table(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.outbox_p3 (LIKE public.outbox INCLUDING DEFAULTS)")
+        conn.execute(
+            "INSERT INTO public.outbox_p3 (id, aggregate_type, aggregate_id, event_type, payload)"
+            " VALUES (350, 'mine', 'm', 'Mine', '{}')"
+        )
+    _shadow(empty_dsn, "outbox_p3", rows=False)
+    done = outbox(empty_dsn, "maintain", "--retention", "7d")
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "table public.outbox_p3 is in the way of partition 3 of outbox" in done.stderr, (
+        done.stderr
+    )
+    assert _shadows(empty_dsn) == {"outbox_p3": (0, None)}
+    assert _partitions(empty_dsn) == [f"public.outbox_p{k}" for k in range(3)]
+
+
 def _noted_and_shadowed(dsn: str) -> None:
     """`_table`, p0 and p1 noted finished by a run, then tables of p1's and p2's names
     before them along the search_path, holding a pending row each."""
