@@ -263,3 +263,24 @@ def test_migrate_makes_and_attaches_the_tables_own_partition_past_a_shadowing_ta
     assert "made 2 partitions ahead" in done.stdout, done.stdout
     assert _partitions(empty_dsn) == [f"public.outbox_p{k}" for k in range(5)]
     assert _shadows(empty_dsn) == {"outbox_p3": (0, None)}
+
+
+def test_a_plain_table_converted_stays_in_its_schema_with_a_schema_of_the_roles_before_it(
+    empty_dsn: str,
+) -> None:
+    """A plain table in public, then a schema of the role's own (first along the
+    search_path, as "$user"), made after it: the conversion makes the partitioned table,
+    its partitions and what goes with them in public, where the table is. Made as the
+    table is named, they went to the role's schema: the new parent there, the old table
+    left in public as its first partition, and the command failed after the swap."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE)
+        seed(conn, 250)
+        conn.execute("CREATE SCHEMA AUTHORIZATION CURRENT_USER")
+    done = outbox(empty_dsn, "migrate", "--table", "outbox", "--partition-size", "100")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert _shadows(empty_dsn) == {}
+    parts = _partitions(empty_dsn)
+    assert parts[0] == "public.outbox_p0" and all(p.startswith("public.") for p in parts), parts
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM public.outbox").fetchone() == (250,)

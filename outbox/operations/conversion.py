@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -54,7 +55,7 @@ from outbox.partitions import (
     record_layout,
 )
 from outbox.plumbing.text import counted
-from outbox.runner import fetch
+from outbox.runner import Query, Row, fetch, first_row
 from outbox.schema import SchemaError, migrate, notify_trigger_statements
 from outbox.table import Table, shown, text_constant
 
@@ -225,9 +226,51 @@ def convert(
     try:
         if fetch(conn, partitions.read_partitions(table)) is not None:
             return None
-        return _convert(conn, table, layout, lock_timeout, attempts, pause, before_swap)
+        with _home_first(conn, table):
+            return _convert(conn, table, layout, lock_timeout, attempts, pause, before_swap)
     finally:
         conn.execute(sql.SQL("SELECT pg_advisory_unlock({l})").format(l=lock))
+
+
+@contextmanager
+def _home_first(conn: Conn, table: Table) -> Iterator[None]:
+    """For a table named without its schema, the schema it is in first along the session's
+    search_path while it is converted. What the conversion makes is named as the table is
+    (the partitioned table, its sequence, its partitions, the tables and functions that go
+    with it), and CREATE puts a table named without its schema in the path's first schema,
+    which may not be the table's: a schema of the role's own ("$user") made after the table
+    took the new parent and its partitions, the old table staying behind as the first
+    partition, and the command failed after the swap. What a name the conversion reads finds
+    is unchanged for the table itself (it is the first of its name along the path), and is
+    the table's own for the rest."""
+    if table.schema is not None:
+        yield
+        return
+    home = fetch(conn, partitions.home_schema(table))
+    path = fetch(conn, _SEARCH_PATH)
+    first = sql.SQL("{home}, ").format(home=sql.Identifier(home)).as_string(conn)
+    conn.execute(_set_search_path(first + path))
+    try:
+        yield
+    finally:
+        # Not over a failure that broke the connection: it is not used again, and its own
+        # error is the one to tell.
+        with suppress(psycopg.OperationalError):
+            conn.execute(_set_search_path(path))
+
+
+def _setting(row: Row | None) -> str:
+    assert row is not None, "a SELECT without FROM returns its row"
+    return str(row[0])
+
+
+_SEARCH_PATH: Query[str] = Query(
+    sql.Composed([sql.SQL("SELECT current_setting('search_path')")]), None, first_row(_setting)
+)
+
+
+def _set_search_path(path: str) -> sql.Composed:
+    return sql.SQL("SELECT set_config('search_path', {p}, false)").format(p=sql.Literal(path))
 
 
 def _convert(
