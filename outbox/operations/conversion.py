@@ -57,6 +57,7 @@ from outbox.partitions import (
 from outbox.plumbing.text import counted
 from outbox.runner import Query, Row, fetch, first_row
 from outbox.schema import SchemaError, migrate, notify_trigger_statements
+from outbox.session import session_settings
 from outbox.table import Table, shown, text_constant
 
 Conn = psycopg.Connection[Any]
@@ -249,14 +250,14 @@ def _home_first(conn: Conn, table: Table) -> Iterator[None]:
     home = fetch(conn, partitions.home_schema(table))
     path = fetch(conn, _SEARCH_PATH)
     first = sql.SQL("{home}, ").format(home=sql.Identifier(home)).as_string(conn)
-    conn.execute(_set_search_path(first + path))
+    fetch(conn, session_settings({"search_path": first + path}))
     try:
         yield
     finally:
         # Not over a failure that broke the connection: it is not used again, and its own
         # error is the one to tell.
         with suppress(psycopg.OperationalError):
-            conn.execute(_set_search_path(path))
+            fetch(conn, session_settings({"search_path": path}))
 
 
 def _setting(row: Row | None) -> str:
@@ -267,10 +268,6 @@ def _setting(row: Row | None) -> str:
 _SEARCH_PATH: Query[str] = Query(
     sql.Composed([sql.SQL("SELECT current_setting('search_path')")]), None, first_row(_setting)
 )
-
-
-def _set_search_path(path: str) -> sql.Composed:
-    return sql.SQL("SELECT set_config('search_path', {p}, false)").format(p=sql.Literal(path))
 
 
 def _convert(
