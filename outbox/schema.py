@@ -637,14 +637,17 @@ def migrate(
         if ordering is not None:
             _serve_ordering(conn, table, ordering)
         if layout is not None:
-            recorded = fetch(conn, partitions.read_layout(table))
+            # The layout's table in the table's schema, whatever the search_path reaches
+            # first (see `partitions.in_schema`).
+            home = partitions.in_schema(table, fetch(conn, partitions.home_schema(table)))
+            recorded = fetch(conn, partitions.read_layout(home))
             if recorded is not None and recorded.partition_size != layout.partition_size:
                 raise SchemaError(
                     f"table {table} has partitions of {recorded.partition_size} ids; "
                     f"--partition-size {layout.partition_size} cannot change that"
                 )
             if recorded != layout:
-                conn.execute(partitions.record_layout(table, layout))
+                conn.execute(partitions.record_layout(home, layout))
                 was = f" (was {recorded.partitions_ahead})" if recorded is not None else ""
                 _changed(
                     f"recorded the layout: partitions of {layout.partition_size} ids, "

@@ -284,3 +284,38 @@ def test_a_plain_table_converted_stays_in_its_schema_with_a_schema_of_the_roles_
     assert parts[0] == "public.outbox_p0" and all(p.startswith("public.") for p in parts), parts
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM public.outbox").fetchone() == (250,)
+
+
+def _shadow_layout(dsn: str, *rows: str) -> None:
+    """A table of the layout table's name in the role's own schema, first along the
+    search_path ("$user"), holding `rows`."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS AUTHORIZATION CURRENT_USER")
+        conn.execute("CREATE TABLE outbox_layout (LIKE public.outbox_layout INCLUDING ALL)")
+        for values in rows:
+            conn.execute(f"INSERT INTO outbox_layout VALUES ({values})")
+
+
+def _layouts(dsn: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(the table's layout rows, the other table's), as (size, ahead)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        read = "SELECT partition_size::int, partitions_ahead FROM {}"
+        return (
+            conn.execute(read.format("public.outbox_layout")).fetchall(),
+            conn.execute(read.format("outbox_layout")).fetchall(),
+        )
+
+
+def test_migrate_reads_and_records_the_tables_own_layout(empty_dsn: str) -> None:
+    """`outbox migrate` run again with 3 ahead reads the table's own layout (partitions of
+    100 ids) and records 3 ahead there, past a table of the layout table's name before it
+    along the search_path recording partitions of 1,000 ids: named without its schema, that
+    one was read (the run refused --partition-size 100 as a change of size) and written."""
+    _table(empty_dsn)
+    _shadow_layout(empty_dsn, "true, 1000, 50")
+    done = outbox(empty_dsn, "migrate", "--partition-size", "100", "--partitions-ahead", "3")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "recorded the layout: partitions of 100 ids, 3 kept ahead (was 2)" in done.stdout
+    assert "made 3 partitions ahead" in done.stdout, done.stdout
+    assert _layouts(empty_dsn) == ([(100, 3)], [(1000, 50)])
+    assert _partitions(empty_dsn) == [f"public.outbox_p{k}" for k in range(6)]
