@@ -8,8 +8,11 @@ they reached the first table of the name along the search_path."""
 from __future__ import annotations
 
 import json
+import logging
+from datetime import timedelta
 
 import psycopg
+import pytest
 from helpers import outbox_on as outbox
 from helpers import seed
 
@@ -319,3 +322,39 @@ def test_migrate_reads_and_records_the_tables_own_layout(empty_dsn: str) -> None
     assert "made 3 partitions ahead" in done.stdout, done.stdout
     assert _layouts(empty_dsn) == ([(100, 3)], [(1000, 50)])
     assert _partitions(empty_dsn) == [f"public.outbox_p{k}" for k in range(6)]
+
+
+async def test_the_operators_retention_retires_the_partitions_past_an_empty_layout_table(
+    empty_dsn: str,
+) -> None:
+    """The operator's retention reads the table's own layout: past an empty table of the
+    layout table's name before it along the search_path, the partitioned table is
+    maintained, p0 and p1 dropped whole (named without its schema, the empty table was read,
+    and the rows were deleted as from a plain table, the partitions left in place)."""
+    from outbox.operations.maintenance import retire_done_async
+
+    _table(empty_dsn)
+    _shadow_layout(empty_dsn)
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        assert await retire_done_async(aconn, TABLE, older_than=timedelta(0)) == 199
+    assert _partitions(empty_dsn) == [f"public.outbox_p{k}" for k in (2, 3, 4)]
+    assert _layouts(empty_dsn) == ([(100, 2)], [])
+
+
+async def test_the_operators_retention_purges_a_plain_table_past_a_layout_tables_row(
+    empty_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plain table whose own layout table is empty is purged without a word, past a table
+    of the layout table's name before it along the search_path holding a row: named without
+    its schema, that row was read, and the purge warned of a conversion undone by hand."""
+    from outbox.operations.maintenance import retire_done_async
+
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, TABLE)
+        seed(conn, 10)
+        conn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id <= 4")
+    _shadow_layout(empty_dsn, "true, 100, 2")
+    with caplog.at_level(logging.WARNING, logger="outbox.maintenance"):
+        async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+            assert await retire_done_async(aconn, TABLE, older_than=timedelta(0)) == 4
+    assert [r.getMessage() for r in caplog.records] == []

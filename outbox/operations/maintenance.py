@@ -12,7 +12,7 @@ import psycopg
 from psycopg import sql
 
 from outbox.operations.partition_maintenance import maintain_async
-from outbox.partitions import read_layout, read_partitions
+from outbox.partitions import home_schema, in_schema, read_layout, read_partitions
 from outbox.runner import fetch_async
 from outbox.table import Table
 
@@ -89,7 +89,11 @@ async def retire_done_async(
 
     A plain table whose `<table>_layout` still holds a row (a conversion undone by hand that
     left it) is purged as the plain table it is, with a warning."""
-    if await fetch_async(conn, read_layout(table)) is None:
+    # The layout's table in the table's schema, whatever the search_path reaches first
+    # (see `in_schema`).
+    schema = await fetch_async(conn, home_schema(table))
+    home = in_schema(table, schema)
+    if await fetch_async(conn, read_layout(home)) is None:
         return await purge_done_async(conn, table, older_than=older_than)
     if await fetch_async(conn, read_partitions(table)) is None:
         log.warning(
