@@ -56,9 +56,9 @@ from outbox.plumbing.durations import duration_between, format_duration, parse_d
 from outbox.plumbing.errors import SettingError
 from outbox.plumbing.redact import describe_dsn
 from outbox.plumbing.text import age, aligned, counted, first_unsafe, printable, printable_name
-from outbox.runner import fetch
+from outbox.runner import fetch, perform
 from outbox.schema import ORDERINGS, SchemaError, noting_changes, orderings, render_migration
-from outbox.session import session_settings
+from outbox.session import home_first, session_settings
 from outbox.siblings import SIBLINGS
 from outbox.stats import DestinationState, QueueStats, destination_states, queue_stats
 from outbox.table import Table, shown, shown_argument
@@ -508,6 +508,8 @@ def _main(args: argparse.Namespace) -> None:
         try:
             settings = {name: _milliseconds(value) for name, value in timeouts.items()}
             fetch(conn, session_settings(settings))
+            # What is named after the table, in the table's schema (see `home_first`).
+            perform(conn, home_first(table))
             _run(args, conn, table, purge_options)
         except SchemaError as exc:
             # A conversion stopped by Ctrl-C says itself what it left (its CHECK, dropped or not).

@@ -1,6 +1,7 @@
 """A session's settings, set once it connects: the bounded waits of the tools people run
-against a table (`outbox`, `outbox-tui`), the TUI's read-only session, and the time zone of
-the worker's pooled sessions."""
+against a table (`outbox`, `outbox-tui`), the TUI's read-only session, the time zone of the
+worker's pooled sessions, and the table's schema first along the search_path (`home_first`)
+for the commands' sessions and the worker's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from outbox.runner import Query, fetch_async, no_rows
+from outbox.runner import Query, Row, Steps, fetch_async, first_row, no_rows, step
+from outbox.table import Table
 
 # Other names of UTC (initdb takes the system's zone, often "Etc/UTC"). psycopg makes the
 # timestamps of a session in "UTC" datetime.timezone.utc ones and those of any other zone
@@ -45,3 +47,35 @@ async def utc_by_name(conn: psycopg.AsyncConnection[Any]) -> None:
     new connection); a session in any other zone is left as it is."""
     if conn.info.parameter_status("TimeZone") in UTC_ALIASES:
         await fetch_async(conn, session_settings({"TimeZone": "UTC"}))
+
+
+def home_first(table: Table) -> Steps[None]:
+    """For a table named without its schema, the schema it is in first along the session's
+    search_path, for the rest of the session (nothing for a table not made yet). What is
+    named after the table is named as the table is (its destinations, its audit log, its
+    replay counter, its layout's table, its partitions, its notify function): without a
+    schema, each was the first of its name along the search_path, maybe another one in a
+    schema before the table's (the role's own, "$user"), read and written in its stead, by
+    one role's sessions and not another's. The table itself is found as before: it was the
+    first of its name along the path. Its name as the user gave it (its NOTIFY channel, its
+    metrics' labels, what is said of it) is unchanged."""
+    if table.schema is not None:
+        return
+    found = yield from step(_home_and_path(table))
+    if found is None:
+        return
+    home, path = found
+    first = sql.Identifier(home).as_string(None)
+    yield from step(session_settings({"search_path": f"{first}, {path}"}))
+
+
+def _home_and_path(table: Table) -> Query[tuple[str, str] | None]:
+    statement = sql.SQL(
+        "SELECT n.nspname::text, current_setting('search_path') FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass({t})"
+    ).format(t=table.regclass_literal)
+    return Query(statement, None, first_row(_parse_home))
+
+
+def _parse_home(row: Row | None) -> tuple[str, str] | None:
+    return None if row is None else (str(row[0]), str(row[1]))

@@ -31,8 +31,9 @@ from outbox.plumbing.dsn import connect_options, connect_timeout, with_pg_enviro
 from outbox.plumbing.errors import SettingError
 from outbox.plumbing.redact import describe_dsn, redact_dsn, redact_url
 from outbox.plumbing.waiting import cancel_and_wait
+from outbox.runner import perform_async
 from outbox.schema import check_table
-from outbox.session import utc_by_name
+from outbox.session import home_first, utc_by_name
 from outbox.worker import tracing
 from outbox.worker.claimer import Claimer
 from outbox.worker.destination_gate import DestinationGate
@@ -88,7 +89,7 @@ class Replica:
             max_size=POOL_MAX,
             open=False,
             name="outbox-worker",
-            configure=utc_by_name,
+            configure=self._configure,
             kwargs={
                 "autocommit": True,
                 "prepare_threshold": EXPLICIT_PREPARE_ONLY if s.prepared_statements else None,
@@ -197,7 +198,14 @@ class Replica:
         async with await psycopg.AsyncConnection.connect(
             s.dsn, autocommit=True, application_name=s.owner, **connect_options(s.dsn)
         ) as conn:
+            await perform_async(conn, home_first(s.table))
             self.window.layout = await check_table(conn, s.table, ordered=s.ordered)
+
+    async def _configure(self, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
+        """Each new pooled connection: its time zone (`utc_by_name`), and what is named
+        after the table in the table's schema (`home_first`)."""
+        await utc_by_name(conn)
+        await perform_async(conn, home_first(self.settings.table))
 
     def _log_start(self) -> None:
         s = self.settings

@@ -1,0 +1,115 @@
+"""A table named without its schema (`outbox`, in public) and tables of its sibling tables'
+names (`outbox_destinations`, `outbox_actions`) in a schema before it along the search_path
+(the role's own, first as "$user"): the commands and the workers read and write the table's
+own, in the schema the table is in, and leave the others alone. Named as the table was
+named, without a schema, each was the first table of its name along the search_path: a
+pause recorded, and an action logged, where no worker of another role looks, and a worker
+held back by a pause the table's own destinations do not hold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from helpers import outbox_on as outbox
+from helpers import seed, wait_until
+from workers import dispatching, settings
+
+from outbox.models import Message
+from outbox.schema import migrate
+from outbox.table import Table
+
+TABLE = Table.parse("outbox")
+
+
+def _table_and_shadows(dsn: str) -> None:
+    """The table in public, then the role's own schema holding an empty copy of its
+    destinations and of its audit log."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn, TABLE)
+        conn.execute("CREATE SCHEMA AUTHORIZATION CURRENT_USER")
+        for sibling in ("destinations", "actions"):
+            conn.execute(
+                f"CREATE TABLE outbox_{sibling} (LIKE public.outbox_{sibling} INCLUDING ALL)"
+            )
+
+
+def _rows(dsn: str, statement: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(statement).fetchall()
+
+
+def test_a_pause_is_recorded_in_the_tables_own_destinations_and_audit_log(
+    empty_dsn: str,
+) -> None:
+    """`outbox pause` records the pause in the table's destinations and its action in the
+    table's audit log, past tables of their names before them along the search_path, and
+    `outbox resume` finds it there. Named without its schema, both went to the other
+    tables: a worker of a role without a schema of its own sent on."""
+    _table_and_shadows(empty_dsn)
+    done = outbox(empty_dsn, "pause", "billing", "--reason", "maintenance window")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert _rows(empty_dsn, "SELECT destination, state FROM public.outbox_destinations") == [
+        ("billing", "paused")
+    ]
+    assert _rows(empty_dsn, "SELECT count(*) FROM public.outbox_actions") == [(1,)]
+    resumed = outbox(empty_dsn, "resume", "billing")
+    assert resumed.returncode == 0, (resumed.stdout, resumed.stderr)
+    assert _rows(empty_dsn, "SELECT destination, state FROM public.outbox_destinations") == [
+        ("billing", "closed")
+    ]
+    assert _rows(empty_dsn, "SELECT count(*) FROM public.outbox_actions") == [(2,)]
+    shadows = (
+        "SELECT (SELECT count(*) FROM outbox_destinations), (SELECT count(*) FROM outbox_actions)"
+    )
+    assert _rows(empty_dsn, shadows) == [(0, 0)]
+
+
+class Routed:
+    """A plugin-style publisher with one destination per event type."""
+
+    name = "routed"
+
+    def destination_of(self, message: Message) -> str:
+        return f"routed {message.event_type}"
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def publish(self, message: Message) -> None: ...
+
+
+async def test_a_worker_serves_by_the_tables_own_destinations(empty_dsn: str) -> None:
+    """A worker delivers to a destination the table's own destinations do not hold paused,
+    and stamps it served there, past a table of their name before them along the
+    search_path that holds it paused: named without its schema, the worker read that one
+    and held the messages back."""
+    _table_and_shadows(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO outbox_destinations (destination, state, reason, changed_by)"
+            " VALUES ('routed orders', 'paused', 'not the table''s', 'someone')"
+        )
+        served = "SELECT destination, state, served_by FROM {} ORDER BY destination"
+        async with dispatching(settings(empty_dsn, owner="router-1"), Routed()):
+            seed(conn, 3, event_type="orders")
+            await wait_until(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM public.outbox WHERE status = 'done'"
+                    ).fetchone()
+                    == (3,)
+                ),
+                what="the messages delivered",
+            )
+            await wait_until(
+                lambda: (
+                    conn.execute(served.format("public.outbox_destinations")).fetchall()
+                    == [("routed orders", "closed", "router-1")]
+                ),
+                what="the destination stamped served in the table's own destinations",
+            )
+        assert conn.execute(served.format("outbox_destinations")).fetchall() == [
+            ("routed orders", "paused", None)
+        ]
