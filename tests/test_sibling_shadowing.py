@@ -113,3 +113,28 @@ async def test_a_worker_serves_by_the_tables_own_destinations(empty_dsn: str) ->
         assert conn.execute(served.format("outbox_destinations")).fetchall() == [
             ("routed orders", "paused", None)
         ]
+
+
+async def test_the_tui_shows_and_pauses_the_tables_own_destinations(empty_dsn: str) -> None:
+    """The TUI lists the table's own destinations and records a pause in them and in the
+    table's audit log, past tables of their names before them along the search_path: named
+    without its schema, it listed the other table's and paused there."""
+    from outbox.tui.source import PgSource
+
+    _table_and_shadows(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO public.outbox_destinations (destination) VALUES ('billing')")
+        conn.execute("INSERT INTO outbox_destinations (destination) VALUES ('elsewhere')")
+    source = PgSource(empty_dsn, TABLE)
+    try:
+        assert [d.destination for d in await source.destinations()] == ["billing"]
+        await source.change_destination("pause", "billing", "maintenance window")
+    finally:
+        await source.close()
+    assert _rows(empty_dsn, "SELECT destination, state FROM public.outbox_destinations") == [
+        ("billing", "paused")
+    ]
+    assert _rows(empty_dsn, "SELECT count(*) FROM public.outbox_actions") == [(1,)]
+    assert _rows(empty_dsn, "SELECT destination, state FROM outbox_destinations") == [
+        ("elsewhere", "closed")
+    ]

@@ -33,6 +33,7 @@ from outbox.plumbing.redact import address_label, dsn_label
 from outbox.plumbing.text import first_line, printable
 from outbox.runner import Query, fetch_async, perform_async
 from outbox.schema import SchemaError, check_table, serves_ordering
+from outbox.session import home_first
 from outbox.stats import DestinationState, QueueStats, destination_states, queue_stats_async
 from outbox.table import Table
 from outbox.tui.session import configure_session
@@ -159,6 +160,8 @@ class PgSource:
             application_name=APPLICATION_NAME,
         )
         await configure_session(conn, read_only=self.read_only)
+        # What is named after the table, in the table's schema (see `home_first`).
+        await perform_async(conn, home_first(self.table))
         info = conn.info
         self._label = address_label(info.user, info.host, str(info.port), info.dbname)
         self._connections[channel] = conn
