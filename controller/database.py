@@ -58,7 +58,9 @@ from outbox.operator_reads import (
 from outbox.plumbing import dberrors
 from outbox.plumbing.dsn import DsnError, check_dsn
 from outbox.plumbing.redact import redact_dsn, redact_text
+from outbox.runner import fetch_async, perform_async
 from outbox.schema import SchemaError, check_table
+from outbox.session import RESET_SEARCH_PATH, home_first
 from outbox.stats import QueueStats, queue_stats_async
 from outbox.table import Table
 
@@ -162,6 +164,7 @@ class _Pool:
             # A connection the server dropped (a restart) is replaced before it is used.
             check=AsyncConnectionPool.check_connection,
             configure=self._opened,
+            reset=_path_as_it_was,
             num_workers=1,
             open=False,
         )
@@ -181,6 +184,12 @@ class _Pool:
         if time.monotonic() - found.at >= RECHECK_SECONDS:
             return None
         return found.identity
+
+
+async def _path_as_it_was(conn: psycopg.AsyncConnection[Any]) -> None:
+    """A connection back in the pool: its search_path as the session began, whatever table's
+    schema `home_first` put first (the next use may serve a table of another schema)."""
+    await fetch_async(conn, RESET_SEARCH_PATH)
 
 
 @asynccontextmanager
@@ -249,6 +258,9 @@ class Pools:
             async with _answers(target, pool), pool.pool.connection() as conn:
                 pool.served_at = time.monotonic()
                 async with asyncio.timeout(PASS_TIMEOUT_SECONDS):
+                    # What is named after the table, in the table's schema (`home_first`),
+                    # until the connection goes back to the pool (`_path_as_it_was`).
+                    await perform_async(conn, home_first(table))
                     identity = pool.check(table, ordered)
                     if identity is not None and not await still_the_table(conn, table, identity):
                         identity = None  # converted to partitions: a new table, checked anew
@@ -294,6 +306,7 @@ class Pools:
         async with _answers(target, pool), pool.pool.connection() as conn:
             pool.served_at = time.monotonic()
             try:
+                await perform_async(conn, home_first(table))  # as `read` does
                 return await retire_done_async(conn, table, older_than=older_than)
             except UpkeepBusy as exc:
                 # The workers' partition keeper holds it for a moment; `outbox maintain`

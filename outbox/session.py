@@ -79,3 +79,9 @@ def _home_and_path(table: Table) -> Query[tuple[str, str] | None]:
 
 def _parse_home(row: Row | None) -> tuple[str, str] | None:
     return None if row is None else (str(row[0]), str(row[1]))
+
+
+# The search_path as the session began (its connection's options, the role's or the
+# database's setting): what `home_first` set is undone, for a pooled connection that serves
+# tables of other schemas next (the operator's).
+RESET_SEARCH_PATH: Query[None] = Query(sql.Composed([sql.SQL("RESET search_path")]), None, no_rows)

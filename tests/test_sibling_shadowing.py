@@ -138,3 +138,31 @@ async def test_the_tui_shows_and_pauses_the_tables_own_destinations(empty_dsn: s
     assert _rows(empty_dsn, "SELECT destination, state FROM outbox_destinations") == [
         ("elsewhere", "closed")
     ]
+
+
+async def test_the_operator_reads_the_tables_own_destinations(empty_dsn: str) -> None:
+    """The operator's read of the table counts the table's own destinations (billing
+    paused), past a table of their name before them along the search_path holding another
+    one paused (named without its schema, the operator read that one). The pooled
+    connection goes back with its search_path as it was: once a table of the name is made
+    in the role's schema, the next read finds that table, and its destinations."""
+    from outbox.controller.database import Pools, Target
+
+    _table_and_shadows(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        insert = "INSERT INTO {} (destination, state) VALUES (%s, 'paused')"
+        conn.execute(insert.format("public.outbox_destinations"), ("billing",))
+        conn.execute(insert.format("outbox_destinations"), ("elsewhere",))
+    pools, target = Pools(max_connections=1), Target(empty_dsn, "1")
+    try:
+        reading = await pools.read(("ns", "d"), target, TABLE, ordered=False)
+        assert [d.destination for d in reading.stats.destinations] == ["billing"]
+        with psycopg.connect(empty_dsn, autocommit=True) as conn:
+            user = conn.execute("SELECT current_user").fetchone()[0]  # type: ignore[index]
+            migrate(conn, Table(str(user), "outbox"))
+        # The same connection (one at most): its search_path back as it was, the role's
+        # schema first. Left with public first, the read found public.outbox again.
+        reading = await pools.read(("ns", "d"), target, TABLE, ordered=False)
+        assert [d.destination for d in reading.stats.destinations] == ["elsewhere"]
+    finally:
+        await pools.close()
