@@ -397,6 +397,7 @@ async def read_table(
         _answers(Target(dsn, "")),
         await psycopg.AsyncConnection.connect(dsn, **CONNECTION) as conn,
     ):
+        await perform_async(conn, home_first(table))  # as `Pools.read` does
         return await operator_reads.read_table(conn, table, ordered=ordered)
 
 

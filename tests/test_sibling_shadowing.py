@@ -146,13 +146,15 @@ async def test_the_operator_reads_the_tables_own_destinations(empty_dsn: str) ->
     one paused (named without its schema, the operator read that one). The pooled
     connection goes back with its search_path as it was: once a table of the name is made
     in the role's schema, the next read finds that table, and its destinations."""
-    from outbox.controller.database import Pools, Target
+    from outbox.controller.database import Pools, Target, read_table
 
     _table_and_shadows(empty_dsn)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         insert = "INSERT INTO {} (destination, state) VALUES (%s, 'paused')"
         conn.execute(insert.format("public.outbox_destinations"), ("billing",))
         conn.execute(insert.format("outbox_destinations"), ("elsewhere",))
+    stats, _ = await read_table(empty_dsn, TABLE)  # the one-shot form
+    assert [d.destination for d in stats.destinations] == ["billing"]
     pools, target = Pools(max_connections=1), Target(empty_dsn, "1")
     try:
         reading = await pools.read(("ns", "d"), target, TABLE, ordered=False)
