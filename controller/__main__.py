@@ -1,3 +1,3 @@
-from outbox.controller.cli import main
+from outbox.entry import controller
 
-main()
+controller()

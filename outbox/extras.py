@@ -84,18 +84,11 @@ def load(module: str, extra: str) -> object:
         raise MissingExtra(extra, missing) from None
 
 
-def _entry(prog: str, module: str, extra: str) -> Callable[[], None]:
-    def main() -> None:
-        try:
-            component = load(module, extra)
-        except MissingExtra as exc:
-            fail(prog, str(exc))
-        component.main()  # type: ignore[attr-defined]
-
-    main.__doc__ = f"`{prog}`: runs {module}.main, or names the [{extra}] extra if missing."
-    return main
-
-
-worker = _entry("outbox-worker", "outbox.worker.cli", "worker")
-tui = _entry("outbox-tui", "outbox.tui.app", "tui")
-controller = _entry("outbox-controller", "outbox.controller.cli", "operator")
+def component(prog: str, module: str, extra: str) -> Callable[[], None]:
+    """The main of the command `prog` (outbox.entry): `module`'s, or one line naming the
+    missing `extra`, exit 2."""
+    try:
+        loaded = load(module, extra)
+    except MissingExtra as exc:
+        fail(prog, str(exc))
+    return loaded.main  # type: ignore[attr-defined, no-any-return]

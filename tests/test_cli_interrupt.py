@@ -142,17 +142,28 @@ def test_every_command_has_its_line():
 _PIPE = 8192
 
 
-@pytest.mark.parametrize("entry", ["-m outbox", "the installed script"])
-def test_a_ctrl_c_while_the_command_is_importing_ends_it_in_one_line(dsn, entry):
+_SCRIPTS = Path(sys.executable).parent
+
+
+@pytest.mark.parametrize(
+    ("prog", "start"),
+    [
+        ("outbox", ["-m", "outbox", "stats"]),
+        ("outbox", [str(_SCRIPTS / "outbox"), "stats"]),
+        ("outbox-worker", [str(_SCRIPTS / "outbox-worker"), "--publisher", "null"]),
+        ("outbox-worker", ["-m", "outbox.worker", "--publisher", "null"]),
+    ],
+    ids=["-m outbox", "the installed script", "outbox-worker", "-m outbox.worker"],
+)
+def test_a_ctrl_c_while_the_command_is_importing_ends_it_in_one_line(dsn, prog, start):
     """Ctrl-C before the command has loaded (its imports take a few hundred milliseconds):
-    one line, exit 130, as once it runs, where Python printed a KeyboardInterrupt traceback.
+    one line, exit 130, as once it runs, where Python printed a KeyboardInterrupt traceback
+    (the worker's, or one of the error an import cut short raised, its cause the Ctrl-C).
     `python -v` writes lines as it imports each module, to a pipe the test reads up to the
     first module of `outbox` done and then leaves: once it is full, the command waits in the
     middle of its imports, and gets the signal there."""
-    script = Path(sys.executable).parent / "outbox"
-    start = ["-m", "outbox"] if entry == "-m outbox" else [str(script)]
     command = subprocess.Popen(
-        [sys.executable, "-v", *start, "stats", "--dsn", dsn],
+        [sys.executable, "-v", *start, "--dsn", dsn],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, env=BASE_ENV,
         preexec_fn=interruptible,
     )  # fmt: skip
@@ -170,10 +181,11 @@ def test_a_ctrl_c_while_the_command_is_importing_ends_it_in_one_line(dsn, entry)
     command.send_signal(signal.SIGINT)
     stdout, err = command.communicate(timeout=60)
     rest = err.decode()
-    assert "import 'outbox.cli'" not in rest  # stopped before it was loaded
+    if prog == "outbox":
+        assert "import 'outbox.cli'" not in rest  # stopped before it was loaded
     # The line may follow a line of `-v` the signal cut short (its write interrupted).
     assert (command.returncode, stdout) == (INTERRUPTED, b""), rest[-2000:]
-    assert rest.count("outbox: interrupted; nothing was started\n") == 1, rest[-2000:]
+    assert rest.count(f"{prog}: interrupted; nothing was started\n") == 1, rest[-2000:]
     assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest[-2000:]
 
 

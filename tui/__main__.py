@@ -1,3 +1,3 @@
-from outbox.extras import tui
+from outbox.entry import tui
 
 tui()

@@ -1,3 +1,3 @@
-from outbox.extras import worker
+from outbox.entry import worker
 
 worker()
