@@ -103,7 +103,24 @@ class Bench:
             "event_loop": _event_loop(),
             "commit": _commit(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "data_file_system": file_system(self.server.data_dir),
         }
+
+
+def file_system(path: Path) -> str:
+    """The file system `path` is on and how it is mounted, as /proc/mounts says (`ext4
+    rw,relatime,discard`): what a DROP's or a fsync's time depends on. Unknown elsewhere."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    resolved, best = path.resolve(), ("", "unknown")
+    for line in mounts:
+        _device, point, kind, options, *_ = line.split()
+        point = point.replace("\\040", " ")
+        if resolved.is_relative_to(point) and len(point) > len(best[0]):
+            best = (point, f"{kind} {options}")
+    return best[1]
 
 
 def _event_loop() -> str:

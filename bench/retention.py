@@ -165,6 +165,9 @@ def render(report: dict[str, Any]) -> str:
         f"(DETACH ... CONCURRENTLY, DROP) on a table of {report['partition_size']:,}-id "
         "partitions. Database time is the wall time of the retirement's statements on one "
         "connection; WAL from pg_current_wal_lsn(); size is the table with its indexes after.",
+        f"The server's data directory is on {env.get('data_file_system', 'unknown')} (a DROP "
+        "gives its files' space back to the file system before it returns: with `discard` "
+        "among the options, each freed extent is trimmed on the disk first).",
         "",
         "| | rows retired | database time | WAL written | size after |",
         "|---|---|---|---|---|",
