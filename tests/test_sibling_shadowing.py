@@ -13,9 +13,9 @@ from typing import Any
 import psycopg
 from helpers import outbox_on as outbox
 from helpers import seed, wait_until
+from test_destinations_served import Routed
 from workers import dispatching, settings
 
-from outbox.models import Message
 from outbox.schema import migrate
 from outbox.table import Table
 
@@ -63,21 +63,6 @@ def test_a_pause_is_recorded_in_the_tables_own_destinations_and_audit_log(
         "SELECT (SELECT count(*) FROM outbox_destinations), (SELECT count(*) FROM outbox_actions)"
     )
     assert _rows(empty_dsn, shadows) == [(0, 0)]
-
-
-class Routed:
-    """A plugin-style publisher with one destination per event type."""
-
-    name = "routed"
-
-    def destination_of(self, message: Message) -> str:
-        return f"routed {message.event_type}"
-
-    async def start(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    async def publish(self, message: Message) -> None: ...
 
 
 async def test_a_worker_serves_by_the_tables_own_destinations(empty_dsn: str) -> None:
