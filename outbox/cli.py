@@ -531,8 +531,8 @@ def _main(args: argparse.Namespace) -> None:
                 PROG,
                 f"gave up after waiting {format_duration(timeouts['lock_timeout'])} for the "
                 f"partition upkeep lock of table {table}, held by a worker making partitions "
-                "ahead or another outbox maintain (an advisory lock: see pg_locks); nothing was "
-                "changed (raise --lock-timeout, or 0 to wait for it)",
+                "ahead, another outbox maintain or a replay's batch (an advisory lock: see "
+                "pg_locks); nothing was changed (raise --lock-timeout, or 0 to wait for it)",
                 1,
             )
         except psycopg.errors.LockNotAvailable:

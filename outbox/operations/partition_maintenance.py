@@ -19,7 +19,7 @@ attached back if a row in it is unfinished.
 The run is written once as `Steps` (outbox.runner), so the CLI runs it on a sync connection
 (`maintain`) and the operator on its pooled async ones (`maintain_async`), both in
 autocommit: DETACH ... CONCURRENTLY cannot run inside a transaction block. One run at a
-time per table (an advisory lock of its own, `_run_lock`); while it makes partitions ahead it
+time per table (an advisory lock of its own, `run_lock`); while it makes partitions ahead it
 also holds the lock a worker holds to make them (outbox.partitions.upkeep_lock), and lets it
 go before it retires any: each DETACH ... CONCURRENTLY waits for every transaction on the
 parent, and the workers' keepers must be able to make partitions meanwhile. Both are
@@ -319,7 +319,8 @@ def _owner_check(table: Table) -> Steps[None]:
 
 class UpkeepBusy(RuntimeError):
     """Another session holds the table's upkeep lock (a worker making partitions ahead, or
-    another run of `outbox maintain`), and the caller asked not to wait for it."""
+    another run of `outbox maintain`) or its run lock (another run, or a replay's batch),
+    and the caller asked not to wait for it."""
 
 
 # The longest any statement of a run may take once it holds its lock. A DETACH ...
@@ -341,12 +342,13 @@ class _Session:
     holds_upkeep_lock: bool = False
 
 
-def _run_lock(table: Table) -> sql.Composable:
+def run_lock(table: Table) -> sql.Composable:
     """The advisory lock key of a table's `outbox maintain` runs, held for the whole run: one
     run at a time finishes what an interrupted one left and retires (two would detach the same
     partition, or finalize one the other is detaching). The workers' keepers never take it:
     they take the upkeep lock (outbox.partitions.upkeep_lock), which a run holds only while
-    it makes partitions ahead."""
+    it makes partitions ahead. A replay's batches hold it shared (outbox.operations.replay):
+    a run does not detach a partition under one."""
     return sql.SQL("hashtextextended({name}, 0)").format(
         name=text_constant(f"outbox-dispatcher maintain {table}")
     )
@@ -377,13 +379,14 @@ def _begin(table: Table, waiting: Callable[[], None] | None, session: _Session) 
         if waiting is None:
             raise UpkeepBusy(
                 f"the partition upkeep lock of table {table} is held (a worker making "
-                "partitions ahead, or another outbox maintain): skipped this round"
+                "partitions ahead, another outbox maintain, or a replay's batch): skipped "
+                "this round"
             )
         if not said:  # said once, whichever of the two locks it waits for
             said.append(True)
             waiting()
 
-    yield from _take(_run_lock(table), busy)
+    yield from _take(run_lock(table), busy)
     session.holds_run_lock = True
     yield from _take(upkeep_lock(table), busy)
     session.holds_upkeep_lock = True
@@ -434,7 +437,7 @@ def _end(table: Table, session: _Session) -> Query[None]:
         )
     for held, key in (
         (session.holds_upkeep_lock, upkeep_lock(table)),
-        (session.holds_run_lock, _run_lock(table)),
+        (session.holds_run_lock, run_lock(table)),
     ):
         if held:
             undo.append(sql.SQL("pg_advisory_unlock({key})").format(key=key))

@@ -36,8 +36,9 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from outbox.operations.partition_maintenance import forget_finished
-from outbox.partitions import REPLAY_NOTICE
+from outbox.operations.partition_maintenance import forget_finished, run_lock
+from outbox.partitions import FIRST_ID, PAST_ID, REPLAY_NOTICE
+from outbox.plumbing.errors import SchemaError
 from outbox.plumbing.text import printable
 from outbox.runner import Query, Row, Steps, first_row, perform_async, step
 from outbox.table import Table
@@ -409,6 +410,38 @@ SELECT (SELECT count(*) FROM changed), (SELECT max(id) FROM picked),
     )
 
 
+def _beside_retirement(table: Table, low: int, past: int) -> Query[str | None]:
+    """Wait for a run of `outbox maintain` to end, and keep the next from beginning until
+    the batch's transaction ends (its lock, shared: replays go on side by side); then the
+    partitions of the table pending detach that hold ids from `low` to before `past`, if
+    any (None: none).
+
+    A batch reads its rows through the table, in id order, and the replay moves past the
+    last id it read. A partition a run is detaching (DETACH ... CONCURRENTLY) is left out
+    of what the table holds for the detach's length: a batch then read past its ids, and
+    when the run found a row there unfinished after all (one this replay had just sent
+    again) and attached it back, its other rows stayed done, never sent again. A partition
+    still pending detach while no run holds the lock is one an interrupted run left."""
+    statement = sql.SQL(
+        """SELECT pg_advisory_xact_lock_shared({run}), (
+  SELECT string_agg(c.relname::text, ', ' ORDER BY c.relname)
+    FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+   WHERE i.inhparent = {t}::regclass AND i.inhdetachpending
+     AND substring(pg_get_expr(c.relpartbound, c.oid) FROM {first})::bigint < %(past)s
+     AND substring(pg_get_expr(c.relpartbound, c.oid) FROM {to})::bigint > %(low)s)"""
+    ).format(
+        run=run_lock(table),
+        t=table.regclass_literal,
+        first=sql.Literal(FIRST_ID),
+        to=sql.Literal(PAST_ID),
+    )
+    return Query(
+        statement,
+        {"low": low, "past": past},
+        first_row(lambda row: None if row is None else row[1]),
+    )
+
+
 @dataclass
 class Progress:
     """A replay under way: its number, where it stands, what it sent."""
@@ -461,6 +494,14 @@ def send_batch(
     if batch is None:
         batch = progress.batch
     size = batch if progress.left is None else min(batch, progress.left)
+    half_detached = yield from step(_beside_retirement(table, progress.next_id, progress.past_id))
+    if half_detached:
+        raise SchemaError(
+            f"replay {progress.number}: partition {half_detached} of table {table} is half "
+            "detached (a run of outbox maintain was interrupted), so its rows cannot be read "
+            f"through the table; run `outbox maintain --table {table.argument}` to finish it, "
+            f"then go on with `outbox replay --table {table.argument} --resume {progress.number}`"
+        )
     done = yield from step(
         _batch_query(
             table,
