@@ -702,7 +702,7 @@ def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: 
         if args.command == "maintain":
             done = maintain(conn, table, retention=args.retention, waiting=lambda: print(
                 f"{PROG}: waiting for the partition upkeep lock of table {shown(table)} (held by a "
-                "worker making partitions ahead, or another outbox maintain)",
+                "worker making partitions ahead, another outbox maintain, or a replay's batch)",
                 file=sys.stderr, flush=True,
             ))  # fmt: skip
             moved = f"moved {', '.join(done.moved)} into the table's schema; " if done.moved else ""
