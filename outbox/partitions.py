@@ -65,9 +65,10 @@ class Layout:
     # A plain table converted in place (outbox.operations.conversion) is one partition,
     # `<table>_p0`, holding every id below this (a multiple of the size); 0 when there is none.
     converted_below: int = field(default=0, compare=False)
-    # The partitions missing between the lowest and the highest, by number: retired while
-    # one below them was pinned (a dead row), or dropped by hand. They hold no row, and a
-    # statement naming one fails: `leaves` leaves them out, and the window steps over them.
+    # The partitions missing between the lowest and the highest, by number (from the
+    # converted table's bound when it is there): retired while one below them was pinned
+    # (a dead row), or dropped by hand. They hold no row, and a statement naming one
+    # fails: `leaves` leaves them out, and the window steps over them.
     # Read by the check, again whenever a statement meets a partition that is gone.
     gaps: frozenset[int] = field(default=frozenset(), compare=False)
     # The schema the table and its partitions are in, as the check found it: statements name
@@ -840,7 +841,12 @@ async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table)
         else 0
     )
     numbers = {p.low // size for p in leaves if p.high > converted and p.low % size == 0}
-    gaps = frozenset(range(min(numbers), max(numbers))) - numbers if numbers else frozenset()
+    # Missing from the first partition past the converted table on when it is there (a dead
+    # row pins it while those right above it are retired): they lie between two partitions
+    # like any other gap, where counted from the lowest one left past it they were named by
+    # every reading from the converted table up, and every claim failed on them for good.
+    lowest = converted // size if converted else min(numbers, default=0)
+    gaps = frozenset(range(lowest, max(numbers))) - numbers if numbers else frozenset()
     named = all(
         p.elsewhere is None
         and p.name == table.derived_name(f"p{p.low // size}")
