@@ -863,8 +863,22 @@ async def check(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table)
 def upkeep_lock(table: Table) -> sql.Composable:
     """The advisory lock key of a table's partition upkeep: a worker making partitions ahead
     and `outbox maintain` hold it, so that one of them at a time makes or retires them."""
-    return sql.SQL("hashtextextended({name}, 0)").format(
-        name=text_constant(f"outbox-dispatcher partitions {table}")
+    return table_lock_key(table, "outbox-dispatcher partitions ")
+
+
+def table_lock_key(table: Table, purpose: str) -> sql.Composable:
+    """An advisory lock key of `purpose` for the table, the same however each session names
+    it: `outbox` and `public.outbox` are one table, and a worker, an `outbox maintain` and a
+    replay given either spelling must meet on one lock. The table's schema and name as the
+    catalog holds them; as given while there is no such table yet (a first migrate)."""
+    return sql.SQL(
+        "hashtextextended({purpose} || coalesce((SELECT quote_ident(n.nspname) || '.' ||"
+        " quote_ident(c.relname) FROM pg_class AS c JOIN pg_namespace AS n"
+        " ON n.oid = c.relnamespace WHERE c.oid = to_regclass({t})), {given}), 0)"
+    ).format(
+        purpose=text_constant(purpose),
+        t=table.regclass_literal,
+        given=text_constant(str(table)),
     )
 
 

@@ -16,7 +16,7 @@ import pytest
 from helpers import outbox_on as outbox
 from helpers import seed, wait_until_db
 
-from outbox.partitions import Layout, read_partitions
+from outbox.partitions import Layout, read_partitions, upkeep_lock
 from outbox.runner import fetch
 from outbox.schema import migrate
 from outbox.table import Table
@@ -446,7 +446,7 @@ def test_a_replay_whose_session_ends_before_the_note_is_off_sends_nothing(dsn):
         assert conn.execute("SELECT obj_description('outbox_p0'::regclass)").fetchone()[0]
 
 
-_UPKEEP_LOCK = "SELECT pg_advisory_lock(hashtextextended('outbox-dispatcher partitions outbox', 0))"
+_UPKEEP_LOCK = psycopg.sql.SQL("SELECT pg_advisory_lock({key})").format(key=upkeep_lock(TABLE))
 
 
 async def test_the_operator_skips_a_round_while_the_upkeep_lock_is_held(history, empty_dsn):

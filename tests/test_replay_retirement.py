@@ -35,9 +35,12 @@ def _delivered(conn: psycopg.Connection[tuple[object, ...]]) -> ReplayFilter:
     return ReplayFilter(since=now - timedelta(hours=1), until=now + timedelta(minutes=1))
 
 
-def test_a_replay_batch_waits_for_a_run_of_maintenance_to_end(empty_dsn):
+@pytest.mark.parametrize("run_names", ["outbox", "public.outbox"])
+def test_a_replay_batch_waits_for_a_run_of_maintenance_to_end(empty_dsn, run_names):
     """A run holds its lock from its start to its end (as `outbox maintain` does, detaching
-    partitions meanwhile): the batch waits for it, and sends its rows once it has ended."""
+    partitions meanwhile): the batch waits for it, and sends its rows once it has ended;
+    whether the run was given the table's name with its schema or without."""
+    run_lock_key = run_lock(Table.parse(run_names))
     with (
         psycopg.connect(empty_dsn, autocommit=True) as conn,
         psycopg.connect(empty_dsn, autocommit=True) as run,
@@ -45,7 +48,7 @@ def test_a_replay_batch_waits_for_a_run_of_maintenance_to_end(empty_dsn):
     ):
         f = _delivered(conn)
         progress = perform(conn, start(TABLE, perform(conn, preview(TABLE, f))))
-        run.execute(psycopg.sql.SQL("SELECT pg_advisory_lock({})").format(run_lock(TABLE)))
+        run.execute(psycopg.sql.SQL("SELECT pg_advisory_lock({})").format(run_lock_key))
         failures: list[BaseException] = []
 
         def batch() -> None:
@@ -64,7 +67,7 @@ def test_a_replay_batch_waits_for_a_run_of_maintenance_to_end(empty_dsn):
             )
             assert statuses(conn) == {"done": 250}  # nothing sent while the run goes on
         finally:
-            run.execute(psycopg.sql.SQL("SELECT pg_advisory_unlock({})").format(run_lock(TABLE)))
+            run.execute(psycopg.sql.SQL("SELECT pg_advisory_unlock({})").format(run_lock_key))
             sender.join(30)
         assert not failures, failures
         assert progress.sent == 100 and statuses(conn) == {"done": 150, "pending": 100}

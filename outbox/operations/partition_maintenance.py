@@ -56,12 +56,13 @@ from outbox.partitions import (
     read_layout,
     read_partitions,
     sequence_problem,
+    table_lock_key,
     upkeep_lock,
 )
 from outbox.plumbing.text import counted
 from outbox.runner import Query, Row, Steps, first_row, no_rows, perform, perform_async, step
 from outbox.stats import COUNT_LIMIT, STALE_FRACTION
-from outbox.table import Table, shown, shown_argument, text_constant
+from outbox.table import Table, shown, shown_argument
 
 _DONE_NOTE = FINISHED_NOTE
 _NOTE = re.compile("^" + re.escape(_DONE_NOTE) + r"(.+)$")
@@ -349,9 +350,7 @@ def run_lock(table: Table) -> sql.Composable:
     they take the upkeep lock (outbox.partitions.upkeep_lock), which a run holds only while
     it makes partitions ahead. A replay's batches hold it shared (outbox.operations.replay):
     a run does not detach a partition under one."""
-    return sql.SQL("hashtextextended({name}, 0)").format(
-        name=text_constant(f"outbox-dispatcher maintain {table}")
-    )
+    return table_lock_key(table, "outbox-dispatcher maintain ")
 
 
 def _begin(table: Table, waiting: Callable[[], None] | None, session: _Session) -> Steps[None]:
