@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from functools import partial
-from itertools import repeat
+from itertools import pairwise, repeat
 from operator import attrgetter, itemgetter
 from typing import NamedTuple, TypeVar
 
@@ -363,6 +363,7 @@ async def finalize_applied(
     """
     if not outcomes:
         return {}
+    outcomes = _in_id_order(outcomes, _message_id)
     held = list(map(_message_id, outcomes))
     ids = _bigint_array(held)
     versions = _bigint_array(map(_lease_version, outcomes))
@@ -437,6 +438,21 @@ async def finalize(
     return {message_id for message_id, _ in applied}
 
 
+def _in_id_order(items: Sequence[T], key: Callable[[T], int]) -> Sequence[T]:
+    """`items` by id: a statement on rows held (finalize, extend) probes, and so locks, its
+    rows in its arrays' order (a Nested Loop over them: tests/test_query_plans.py). The
+    lease keeper's extend (its ids as claimed) and a finalize of the same rows (as their
+    deliveries ended) run at once on two connections; in two orders, each held a row the
+    other waited for, and PostgreSQL failed one (`deadlock detected`): an extension lost
+    (a second delivery, once the lease ran out) or a finalize retried. Sorted here, on the
+    worker, rather than locked in order by the statement (a SELECT ... ORDER BY id FOR NO
+    KEY UPDATE before the UPDATE): that cost each row a lock record of its own, 56 bytes of
+    WAL and 15% of the finalize's time."""
+    if all(key(a) < key(b) for a, b in pairwise(items)):
+        return items  # already: a claim's messages come in id order
+    return sorted(items, key=key)
+
+
 def _storable(error: str | None) -> str | None:
     return None if error is None else storable(error, MAX_ERROR_LENGTH)
 
@@ -458,6 +474,7 @@ async def extend(
     """The lease keeper's extend: renew the leases still held; the ids renewed."""
     if not messages:
         return set()
+    messages = _in_id_order(messages, _row_id)
     held = [m.id for m in messages]
     params = {"ids": held, "versions": [m.lease_version for m in messages], "lease": lease}
     return await _held_rows(conn, table, layout, held, lambda q: Query(q.extend, params, _renewed))

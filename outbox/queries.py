@@ -96,30 +96,6 @@ _APPLIED = sql.SQL(
 )
 
 
-# A worker's statements on the rows it holds (finalize, extend, and so release and the
-# replay hold-back) first lock them in id order, then update them. The lease keeper's extend
-# and a finalize of the same rows run at once on two connections, each with its ids in its
-# own order (the keeper's as claimed, a finalize's as deliveries ended), and an UPDATE joined
-# to `unnest` locks its rows in the order it probes them, the arrays' order: two of them met
-# with locks taken in opposite orders, and PostgreSQL failed one (`deadlock detected`), an
-# extension lost or a finalize retried. `held` locks the rows (the Sort sits below the
-# LockRows: locked as sorted), with the lock the UPDATE takes; the UPDATE runs it to the end
-# first (a one-time filter) and then finds its rows locked by its own statement. It picks
-# the rows by `= ANY`, not by joining the arrays: on a partitioned parent, a row lock that
-# waited for a concurrent update and re-checked the row (EvalPlanQual) with the arrays
-# joined dropped a row still held (PostgreSQL 18). A row taken over by another claim is
-# locked too, and left as it is. The claim's own locks are taken SKIP LOCKED: never waiting.
-_HELD_CTE = sql.SQL(
-    """held AS (
-    SELECT o.id FROM {t} AS o
-     WHERE o.id = ANY(%(ids)s::bigint[]) AND o.status = 'processing'{within}
-     ORDER BY o.id
-       FOR NO KEY UPDATE OF o
-)"""
-)
-_HELD_FIRST = sql.SQL(" AND (SELECT count(*) FROM held) > 0")
-
-
 # Every claim first sends rows whose lease expired on their last attempt to dead: a message
 # that kills its worker each time never reaches a finalize, so the claim must end it.
 _REAP_CTE = sql.SQL(
@@ -463,38 +439,26 @@ class Queries:
             return _claim_heads(self._checked, self._unfinished)
         return _claim_heads(self._t, self._unfinished)
 
-    @cached_property
-    def _held(self) -> sql.Composed:
-        """The rows of `ids` still leased, locked in id order (_HELD_CTE)."""
-        return _HELD_CTE.format(t=self._t, within=_within(self._within, "o"))
-
     @_statement
     def finalize_done(self) -> sql.Composed:
         """The common case, kept lean: a batch of successes."""
         return sql.SQL(
-            """WITH {held}, applied AS (
+            """WITH applied AS (
 UPDATE {t} AS o
    SET status = 'done', done_at = now(), last_error = NULL,
        lease_owner = NULL, lease_until = NULL
   FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[]) AS f(id, version)
- WHERE {fence}{held_first}
+ WHERE {fence}
 RETURNING o.id, o.lease_version)
 {applied}"""
-        ).format(
-            held=self._held,
-            t=self._t,
-            fence=self._fence,
-            held_first=_HELD_FIRST,
-            applied=_APPLIED,
-        )
+        ).format(t=self._t, fence=self._fence, applied=_APPLIED)
 
     @_statement
     def finalize(self) -> sql.Composed:
         """Any mix of outcomes, each row fenced on its own lease_version; it returns the
         status each row ended in (a defer past the maximum defer age ends dead)."""
         return sql.SQL(
-            """WITH {held}
-UPDATE {t} AS o
+            """UPDATE {t} AS o
    SET status = CASE WHEN f.deferred AND o.created_at < now() - %(max_defer_age)s::interval
                      THEN 'dead' ELSE f.status END,
        available_at = CASE WHEN f.status = 'pending'
@@ -515,11 +479,9 @@ UPDATE {t} AS o
               %(delays)s::float8[], %(errors)s::text[], %(refunds)s::bool[],
               %(deferreds)s::bool[])
        AS f(id, version, status, delay, error, refund, deferred)
- WHERE {fence}{held_first}
+ WHERE {fence}
 RETURNING o.id, o.lease_version, o.status"""
         ).format(
-            held=self._held,
-            held_first=_HELD_FIRST,
             t=self._t,
             fence=self._fence,
             # A defer is not a failure, unless it runs past the maximum defer age.
@@ -532,13 +494,12 @@ RETURNING o.id, o.lease_version, o.status"""
         """The lease keeper's extend: push the expiry of leases still held; a lost one is
         left."""
         return sql.SQL(
-            """WITH {held}
-UPDATE {t} AS o
+            """UPDATE {t} AS o
    SET lease_until = now() + %(lease)s::interval
   FROM unnest(%(ids)s::bigint[], %(versions)s::bigint[]) AS f(id, version)
- WHERE {fence}{held_first}
+ WHERE {fence}
 RETURNING o.id"""
-        ).format(held=self._held, t=self._t, fence=self._fence, held_first=_HELD_FIRST)
+        ).format(t=self._t, fence=self._fence)
 
     @cached_property
     def listen(self) -> sql.Composed:
