@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from outbox.runner import Query, Row, Steps, fetch_async, first_row, no_rows, step
+from outbox.runner import Query, Steps, fetch_async, first_row, no_rows, step
 from outbox.table import Table
 
 # Other names of UTC (initdb takes the system's zone, often "Etc/UTC"). psycopg makes the
@@ -49,36 +49,31 @@ async def utc_by_name(conn: psycopg.AsyncConnection[Any]) -> None:
         await fetch_async(conn, session_settings({"TimeZone": "UTC"}))
 
 
-def home_first(table: Table) -> Steps[None]:
+def home_first(table: Table) -> Steps[str | None]:
     """For a table named without its schema, the schema it is in first along the session's
-    search_path, for the rest of the session (nothing for a table not made yet). What is
-    named after the table is named as the table is (its destinations, its audit log, its
-    replay counter, its layout's table, its partitions, its notify function): without a
-    schema, each was the first of its name along the search_path, maybe another one in a
-    schema before the table's (the role's own, "$user"), read and written in its stead, by
-    one role's sessions and not another's. The table itself is found as before: it was the
+    search_path, for the rest of the session; the search_path as it was (None: nothing was
+    set, for a table named with its schema or not made yet). One statement. What is named
+    after the table is named as the table is (its destinations, its audit log, its replay
+    counter, its layout's table, its partitions, its notify function): without a schema,
+    each was the first of its name along the search_path, maybe another one in a schema
+    before the table's (the role's own, "$user"), read and written in its stead, by one
+    role's sessions and not another's. The table itself is found as before: it was the
     first of its name along the path. Its name as the user gave it (its NOTIFY channel, its
     metrics' labels, what is said of it) is unchanged."""
     if table.schema is not None:
-        return
-    found = yield from step(_home_and_path(table))
-    if found is None:
-        return
-    home, path = found
-    first = sql.Identifier(home).as_string(None)
-    yield from step(session_settings({"search_path": f"{first}, {path}"}))
+        return None
+    return (yield from step(_home_put_first(table)))
 
 
-def _home_and_path(table: Table) -> Query[tuple[str, str] | None]:
+def _home_put_first(table: Table) -> Query[str | None]:
+    # OFFSET 0: `was` is read before set_config changes it.
     statement = sql.SQL(
-        "SELECT n.nspname::text, current_setting('search_path') FROM pg_class c"
-        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass({t})"
+        "SELECT h.was, set_config('search_path', quote_ident(h.home) || ', ' || h.was, false)"
+        " FROM (SELECT n.nspname::text AS home, current_setting('search_path') AS was"
+        " FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+        " WHERE c.oid = to_regclass({t}) OFFSET 0) AS h"
     ).format(t=table.regclass_literal)
-    return Query(statement, None, first_row(_parse_home))
-
-
-def _parse_home(row: Row | None) -> tuple[str, str] | None:
-    return None if row is None else (str(row[0]), str(row[1]))
+    return Query(statement, None, first_row(lambda row: None if row is None else str(row[0])))
 
 
 # The search_path as the session began (its connection's options, the role's or the

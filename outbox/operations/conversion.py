@@ -55,9 +55,9 @@ from outbox.partitions import (
     record_layout,
 )
 from outbox.plumbing.text import counted
-from outbox.runner import Query, Row, fetch, first_row
+from outbox.runner import fetch, perform
 from outbox.schema import SchemaError, migrate, notify_trigger_statements
-from outbox.session import session_settings
+from outbox.session import home_first, session_settings
 from outbox.table import Table, shown, text_constant
 
 Conn = psycopg.Connection[Any]
@@ -244,30 +244,15 @@ def _home_first(conn: Conn, table: Table) -> Iterator[None]:
     partition, and the command failed after the swap. What a name the conversion reads finds
     is unchanged for the table itself (it is the first of its name along the path), and is
     the table's own for the rest."""
-    if table.schema is not None:
-        yield
-        return
-    home = fetch(conn, partitions.home_schema(table))
-    path = fetch(conn, _SEARCH_PATH)
-    first = sql.SQL("{home}, ").format(home=sql.Identifier(home)).as_string(conn)
-    fetch(conn, session_settings({"search_path": first + path}))
+    path = perform(conn, home_first(table))
     try:
         yield
     finally:
         # Not over a failure that broke the connection: it is not used again, and its own
         # error is the one to tell.
-        with suppress(psycopg.OperationalError):
-            fetch(conn, session_settings({"search_path": path}))
-
-
-def _setting(row: Row | None) -> str:
-    assert row is not None, "a SELECT without FROM returns its row"
-    return str(row[0])
-
-
-_SEARCH_PATH: Query[str] = Query(
-    sql.Composed([sql.SQL("SELECT current_setting('search_path')")]), None, first_row(_setting)
-)
+        if path is not None:
+            with suppress(psycopg.OperationalError):
+                fetch(conn, session_settings({"search_path": path}))
 
 
 def _convert(
