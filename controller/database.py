@@ -62,7 +62,7 @@ from outbox.runner import fetch_async, perform_async
 from outbox.schema import SchemaError, check_table
 from outbox.session import RESET_SEARCH_PATH, home_first
 from outbox.stats import QueueStats, queue_stats_async
-from outbox.table import Table
+from outbox.table import Table, shown
 
 log = logging.getLogger("outbox.controller")
 
@@ -294,7 +294,7 @@ class Pools:
         done, _ = await asyncio.wait({running}, timeout=PASS_TIMEOUT_SECONDS)
         if not done:
             raise RetentionRunning(
-                f"the retention run on {table} is still going on after "
+                f"the retention run on {shown(table)} is still going on after "
                 f"{PASS_TIMEOUT_SECONDS:g} s: reported by a later pass"
             )
         del self._retiring[dispatcher]

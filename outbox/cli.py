@@ -522,32 +522,32 @@ def _main(args: argparse.Namespace) -> None:
             primary = exc.diag.message_primary or "a column is missing"
             fail(
                 PROG,
-                f"table {table} is at an older schema ({primary}); run `outbox migrate --table "
-                f"{shown_argument(table)}`",
+                f"table {shown(table)} is at an older schema ({primary}); run `outbox migrate "
+                f"--table {shown_argument(table)}`",
                 1,
             )
         except UpkeepBusy:
             fail(
                 PROG,
                 f"gave up after waiting {format_duration(timeouts['lock_timeout'])} for the "
-                f"partition upkeep lock of table {table}, held by a worker making partitions "
-                "ahead, another outbox maintain or a replay's batch (an advisory lock: see "
-                "pg_locks); nothing was changed (raise --lock-timeout, or 0 to wait for it)",
+                f"partition upkeep lock of table {shown(table)}, held by a worker making "
+                "partitions ahead, another outbox maintain or a replay's batch (an advisory lock: "
+                "see pg_locks); nothing was changed (raise --lock-timeout, or 0 to wait for it)",
                 1,
             )
         except psycopg.errors.LockNotAvailable:
             fail(
                 PROG,
                 f"gave up after waiting {format_duration(timeouts['lock_timeout'])} for a lock "
-                f"on {table} (or its audit log) held by another session, e.g. a LOCK TABLE, a "
-                f"migration or a long transaction; {_left_as_it_was(args)} (see pg_locks, or "
+                f"on {shown(table)} (or its audit log) held by another session, e.g. a LOCK TABLE, "
+                f"a migration or a long transaction; {_left_as_it_was(args)} (see pg_locks, or "
                 "raise --lock-timeout)",
                 1,
             )
         except psycopg.errors.QueryCanceled:
             fail(
                 PROG,
-                f"gave up after a statement on {table} ran for "
+                f"gave up after a statement on {shown(table)} ran for "
                 f"{format_duration(timeouts['statement_timeout'])}; "
                 f"{_left_as_it_was(args, 'by it')} (raise --statement-timeout)",
                 1,
@@ -621,8 +621,8 @@ def _missing(table: Table, exc: psycopg.Error) -> str:
     primary = exc.diag.message_primary or ""
     for sibling, _ in SIBLINGS:
         if f'{table.derived_name(sibling)}"' in primary:
-            return f"table {table} is at an older schema ({primary})"
-    return f"table {table} does not exist"
+            return f"table {shown(table)} is at an older schema ({primary})"
+    return f"table {shown(table)} does not exist"
 
 
 def _milliseconds(value: timedelta) -> str:

@@ -42,7 +42,7 @@ from psycopg import sql
 from outbox.operations.maintenance import PURGE_BATCH
 from outbox.runner import Query, Row, fetch, first_row, run
 from outbox.schema import SchemaError
-from outbox.table import Table, shown, text_constant
+from outbox.table import Table, shown, shown_argument, text_constant
 
 DEFAULT_INBOX_TABLE = "outbox_inbox"  # `outbox inbox …`'s and `record`'s default table
 INBOX_VERSION = 2  # v2: `replay`, the last replay applied (record's `replay`)
@@ -156,16 +156,16 @@ def _no_purge_index(table: Table, state: _State) -> str | None:
     name = _purge_index_name(table)
     if state.index_name_taken:
         return (
-            f"inbox table {table} has no usable index on received_at for `outbox inbox "
-            f"purge`: {name} is not one (invalid, as a failed CREATE INDEX CONCURRENTLY leaves "
-            f"it, or on other columns); drop it, then run `outbox inbox migrate --table "
-            f"{table.argument}`"
+            f"inbox table {shown(table)} has no usable index on received_at for `outbox inbox "
+            f"purge`: {shown(name)} is not one (invalid, as a failed CREATE INDEX CONCURRENTLY "
+            f"leaves it, or on other columns); drop it, then run `outbox inbox migrate --table "
+            f"{shown_argument(table)}`"
         )
     return (
-        f"inbox table {table} lacks the index on received_at that `outbox inbox purge` walks "
-        f"(without it every batch reads the whole table); run `outbox inbox migrate --table "
-        f"{table.argument}` (it builds {name}; on a large table in use, CREATE INDEX "
-        f"CONCURRENTLY {name} ON {table} (received_at) first)"
+        f"inbox table {shown(table)} lacks the index on received_at that `outbox inbox purge` "
+        f"walks (without it every batch reads the whole table); run `outbox inbox migrate "
+        f"--table {shown_argument(table)}` (it builds {shown(name)}; on a large table in use, "
+        f"CREATE INDEX CONCURRENTLY {shown(name)} ON {shown(table)} (received_at) first)"
     )
 
 
@@ -224,19 +224,19 @@ def _check_comment(table: Table, comment: str, *, upgradable: bool = False) -> i
     if match is None:
         what = "an outbox table" if comment.startswith("outbox-dispatcher schema") else "a table"
         raise SchemaError(
-            f"{table} is {what}, not an inbox table (made by `outbox inbox migrate`); "
+            f"{shown(table)} is {what}, not an inbox table (made by `outbox inbox migrate`); "
             "choose another --table"
         )
     version = int(match.group(1))
     if version > INBOX_VERSION:
         raise SchemaError(
-            f"inbox table {table} is at v{version}, newer than this outbox-dispatcher "
+            f"inbox table {shown(table)} is at v{version}, newer than this outbox-dispatcher "
             f"supports (v{INBOX_VERSION}); upgrade outbox-dispatcher"
         )
     if version < INBOX_VERSION and not upgradable:
         raise SchemaError(
-            f"inbox table {table} is at v{version}, this outbox-dispatcher needs "
-            f"v{INBOX_VERSION}; run `outbox inbox migrate --table {table.argument}`"
+            f"inbox table {shown(table)} is at v{version}, this outbox-dispatcher needs "
+            f"v{INBOX_VERSION}; run `outbox inbox migrate --table {shown_argument(table)}`"
         )
     return version
 
@@ -259,7 +259,8 @@ def check(
         state = _parse_state(rows[0] if rows else None)
         if not state.exists:
             raise SchemaError(
-                f"inbox table {t} does not exist; run `outbox inbox migrate --table {t.argument}`"
+                f"inbox table {shown(t)} does not exist; run `outbox inbox migrate --table "
+                f"{shown_argument(t)}`"
             )
         _check_comment(t, state.comment)
         missing = _no_purge_index(t, state)

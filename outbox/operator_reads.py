@@ -14,7 +14,7 @@ from psycopg import sql
 
 from outbox.schema import SchemaError, check_table
 from outbox.stats import QueueStats, queue_stats_async
-from outbox.table import Table
+from outbox.table import Table, shown
 
 AsyncConnection = psycopg.AsyncConnection[tuple[object, ...]]
 
@@ -77,11 +77,11 @@ async def table_identity(conn: AsyncConnection, table: Table) -> TableIdentity:
     cursor = await conn.execute(_IDENTITY.format(started=started, t=table.regclass_literal))
     row = await cursor.fetchone()
     if row is None:  # checked just before, so only a concurrent drop: the next pass says so
-        raise SchemaError(f"table {table} does not exist")
+        raise SchemaError(f"table {shown(table)} does not exist")
     server, database_oid, table_oid, database, schema, name = (str(v) for v in row)
     return TableIdentity(
         f"{server}/{database_oid}/{table_oid}",
-        f"table {schema}.{name} of database {database}",
+        f"table {shown(Table(schema, name))} of database {database}",
         table_oid,
     )
 

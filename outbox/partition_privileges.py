@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from psycopg import sql
 
 from outbox.runner import Query, Row
-from outbox.table import Table
+from outbox.table import Table, shown, shown_argument
 
 # What a worker does to a partition it names: reads rows (claims, window readings) and
 # updates them (claims, finalizes, lease extensions).
@@ -40,26 +40,27 @@ class Refused:
     def advice(self, table: Table) -> str:
         """One line: which partition, which privileges, and the fix."""
         privileges = ", ".join(self.privileges)
-        grant = f"GRANT {privileges} ON {self.partition} TO {self.role}"
+        partition = shown(self.partition)
+        grant = f"GRANT {privileges} ON {partition} TO {self.role}"
         fix = (
-            f"run `outbox maintain --table {table.argument}` as the table's owner (it carries "
-            "the parent's grants to every partition)"
+            f"run `outbox maintain --table {shown_argument(table)}` as the table's owner (it "
+            "carries the parent's grants to every partition)"
         )
         if not self.on_the_parent:
-            fix = f"GRANT {privileges} ON {table} TO {self.role}, then {fix}"
+            fix = f"GRANT {privileges} ON {shown(table)} TO {self.role}, then {fix}"
         if self.other_owner is not None:
             fix = (
                 f"it belongs to {self.other_owner}, not to the table's owner {self.table_owner}: "
-                f"as {self.other_owner} (or a superuser) ALTER TABLE {self.partition} OWNER TO "
+                f"as {self.other_owner} (or a superuser) ALTER TABLE {partition} OWNER TO "
                 f"{self.table_owner}, then {fix}; or, as {self.other_owner}, {grant}"
             )
         else:
             fix = f"{fix}; or {grant}"
         return (
-            f"this worker's role {self.role} lacks {privileges} on partition {self.partition} "
-            f"of {table} (made without the parent's grants: by hand, or by a role that is not "
-            f"the table's owner), so claims that reach it are refused; {fix}. Claims are retried "
-            "meanwhile"
+            f"this worker's role {self.role} lacks {privileges} on partition {partition} "
+            f"of {shown(table)} (made without the parent's grants: by hand, or by a role that is "
+            f"not the table's owner), so claims that reach it are refused; {fix}. Claims are "
+            "retried meanwhile"
         )
 
 

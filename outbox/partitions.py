@@ -257,9 +257,9 @@ def unusable_bound(table: Table, name: str, bound: object) -> SchemaError:
     reason = (
         _DEFAULT_PARTITION
         if str(bound).strip().upper() == "DEFAULT"
-        else f"partition {name} is not a range of ids ({bound})"
+        else f"partition {shown(name)} is not a range of ids ({bound})"
     )
-    return SchemaError(f"table {table} cannot be served: {reason}")
+    return SchemaError(f"table {shown(table)} cannot be served: {reason}")
 
 
 def last_id_given(table: Table) -> sql.Composable:
@@ -376,6 +376,7 @@ def sequence_problem(table: Table) -> Query[str | None]:
             )
         if readable:
             return None
+        name = shown(str(name))
         return (
             f"role {role} may not read {name}, the sequence its ids come from, which the "
             f"claims and the partitions ahead are read from; GRANT SELECT ON SEQUENCE {name} "
@@ -390,7 +391,7 @@ async def sequence_unreadable(
     conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table
 ) -> SequenceUnreadable:
     problem = await fetch_async(conn, sequence_problem(table))
-    return SequenceUnreadable(f"table {table} cannot be served: {problem or 'no last id'}")
+    return SequenceUnreadable(f"table {shown(table)} cannot be served: {problem or 'no last id'}")
 
 
 def _highest_id(table: Table) -> Query[int]:
@@ -733,9 +734,9 @@ def move_home(table: Table) -> Steps[list[str]]:
         there = Table(leaf.elsewhere, leaf.name)
         if (yield from step(_exists(Table(home, leaf.name)))):
             raise SchemaError(
-                f"partition {shown(there)} of table {table} belongs in schema {shown(home)}, "
-                f"where another table named {shown(leaf.name)} is in the way; rename or drop "
-                "one of the two"
+                f"partition {shown(there)} of table {shown(table)} belongs in schema "
+                f"{shown(home)}, where another table named {shown(leaf.name)} is in the way; "
+                "rename or drop one of the two"
             )
         move = sql.SQL("ALTER TABLE {leaf} SET SCHEMA {home}").format(
             leaf=there.ident, home=sql.Identifier(home)
@@ -799,8 +800,8 @@ def partitioning_problem(row: Row | None, layout: Layout | None, table: Table) -
         return _DEFAULT_PARTITION
     if lacking:
         return (
-            f"index {', '.join(lacking)} is missing on some of its {count} partitions; "
-            "create it on each partition and ATTACH it"
+            f"index {', '.join(shown(str(n)) for n in lacking)} is missing on some of its "
+            f"{count} partitions; create it on each partition and ATTACH it"
         )
     if layout is None:
         return (

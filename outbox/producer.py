@@ -74,7 +74,7 @@ from outbox.limits import (
 )
 from outbox.models import Event
 from outbox.runner import Query, Row, fetch, fetch_async, first_row, run
-from outbox.table import DEFAULT_TABLE_NAME, Table, text_constant
+from outbox.table import DEFAULT_TABLE_NAME, Table, shown, shown_argument, text_constant
 
 T = TypeVar("T")
 
@@ -97,8 +97,8 @@ def _out_of_partitions(exc: psycopg.errors.CheckViolation, table: Table) -> Exce
     found = _FAILING_ID.search(exc.diag.message_detail or "")
     at = f" for id {found.group(1)}" if found else ""
     return OutOfPartitions(
-        f"table {table} has no partition{at}: the producers outran the partitions made "
-        f"ahead; run `outbox maintain --table {table.argument}` now, and raise "
+        f"table {shown(table)} has no partition{at}: the producers outran the partitions made "
+        f"ahead; run `outbox maintain --table {shown_argument(table)}` now, and raise "
         "--partitions-ahead (`outbox migrate --partition-size N --partitions-ahead M`) or "
         "run maintenance more often (docs/partitioning.md)"
     )

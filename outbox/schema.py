@@ -20,7 +20,7 @@ from outbox import destinations, partitions, siblings
 from outbox.plumbing.errors import SchemaError as SchemaError
 from outbox.plumbing.text import counted
 from outbox.runner import Query, Row, fetch, fetch_async, first_row, perform
-from outbox.table import Table, text_constant
+from outbox.table import Table, shown, shown_argument, text_constant
 
 SCHEMA_VERSION = 7
 _VERSION_COMMENT = re.compile(r"^outbox-dispatcher schema v(\d+)$")
@@ -241,8 +241,8 @@ def _keep_one_notify_trigger(conn: psycopg.Connection[tuple[object, ...]], table
     kept = 1 if found and found[0][2] else 0
     wrong = found[kept:]
     if wrong or not kept:
-        instead = f" in place of {', '.join(str(row[0]) for row in wrong)}" if wrong else ""
-        _changed(f"made the NOTIFY trigger {_notify_trigger_name(table)}{instead}")
+        instead = f" in place of {', '.join(shown(str(row[0])) for row in wrong)}" if wrong else ""
+        _changed(f"made the NOTIFY trigger {shown(_notify_trigger_name(table))}{instead}")
     for name, _, _ in wrong:
         conn.execute(
             sql.SQL("DROP TRIGGER {trg} ON {t}").format(
@@ -422,13 +422,13 @@ def _serve_ordering(
         if ordering == "none":
             return  # not ours to drop
         raise SchemaError(
-            f"index {name} on {table} is not ordered mode's ((aggregate_id, id) WHERE status "
-            "<> 'done'); drop or rename it, then run this again"
+            f"index {shown(name)} on {shown(table)} is not ordered mode's ((aggregate_id, id) "
+            "WHERE status <> 'done'); drop or rename it, then run this again"
         )
     if ordering == "none":
         if state is not None:
             conn.execute(_drop_ordering_index(table))
-            _changed(f"dropped ordered mode's index {name}")
+            _changed(f"dropped ordered mode's index {shown(name)}")
         return
     if state == _USABLE:
         return
@@ -441,19 +441,19 @@ def _serve_ordering(
         ).fetchone()
         if building == (True,):
             raise SchemaError(
-                f"index {name} on {table} is being built (a CREATE INDEX CONCURRENTLY?); run "
-                "this again once that has ended"
+                f"index {shown(name)} on {shown(table)} is being built (a CREATE INDEX "
+                "CONCURRENTLY?); run this again once that has ended"
             )
         conn.execute(_drop_ordering_index(table))  # left by a failed build: IF NOT EXISTS keeps it
     for statement in ordering_statements(table, ordering):
         conn.execute(statement)
     if fetch(conn, _ordering_index(table)) != _USABLE:  # the name is another relation's
         raise SchemaError(
-            f"could not build index {name} on {table}: another relation in its schema has "
-            "that name; rename it, then run this again"
+            f"could not build index {shown(name)} on {shown(table)}: another relation in its "
+            "schema has that name; rename it, then run this again"
         )
     again = " again (it was invalid)" if state == _INVALID else ""
-    _changed(f"built ordered mode's index {name}{again}")
+    _changed(f"built ordered mode's index {shown(name)}{again}")
 
 
 # Index i holds the statements that bring a table from version i to version i + 1.
@@ -506,7 +506,7 @@ def render_migration(
     # The conversion of an existing plain table depends on what the table holds (its highest
     # id, its indexes, its grants), so only the command itself, connected, can do it.
     return (
-        f"-- A new partitioned table. This SQL does not convert an existing plain {table}:\n"
+        f"-- A new partitioned table. This SQL does not convert an existing plain {shown(table)}:\n"
         "-- `outbox migrate --partition-size N` does that itself, online (docs/partitioning.md)"
         ".\n\n" + text
     )
@@ -608,7 +608,9 @@ def migrate(
         if exists and version is None:
             problems = shape_problems(fetch(conn, _columns(table)))
             if problems:
-                raise SchemaError(f"table {table} exists but is not an outbox table ({problems})")
+                raise SchemaError(
+                    f"table {shown(table)} exists but is not an outbox table ({problems})"
+                )
             version = 0  # adopt a hand-made table of the right shape: every step is idempotent
         current = version or 0
         if layout is not None:
@@ -619,18 +621,18 @@ def migrate(
                     conn.execute(statement)
             elif fetch(conn, partitions.read_partitions(table)) is None:
                 raise SchemaError(
-                    f"table {table} exists and is not partitioned; `outbox migrate "
+                    f"table {shown(table)} exists and is not partitioned; `outbox migrate "
                     "--partition-size` converts it (outbox.operations.conversion)"
                 )
         if current > SCHEMA_VERSION:
             raise SchemaError(
-                f"table {table} is at schema v{current}, newer than this outbox-dispatcher "
+                f"table {shown(table)} is at schema v{current}, newer than this outbox-dispatcher "
                 f"supports (v{SCHEMA_VERSION}); upgrade outbox-dispatcher"
             )
         if exists:
             _keep_siblings(conn, table, current)
             for moved in perform(conn, partitions.move_home(table)):
-                _changed(f"moved partition {moved} into the table's schema")
+                _changed(f"moved partition {shown(moved)} into the table's schema")
         for statement in migration_statements(table, current):
             conn.execute(statement)
         _keep_one_notify_trigger(conn, table)
@@ -643,7 +645,7 @@ def migrate(
             recorded = fetch(conn, partitions.read_layout(home))
             if recorded is not None and recorded.partition_size != layout.partition_size:
                 raise SchemaError(
-                    f"table {table} has partitions of {recorded.partition_size} ids; "
+                    f"table {shown(table)} has partitions of {recorded.partition_size} ids; "
                     f"--partition-size {layout.partition_size} cannot change that"
                 )
             if recorded != layout:
@@ -683,11 +685,11 @@ def _keep_siblings(
             conn.execute(statement)
     old = found.old_name
     why = (
-        f"those named {old} serve the table of that name now"
+        f"those named {shown(old)} serve the table of that name now"
         if found.taken
-        else f"none left under {old}"
+        else f"none left under {shown(old)}"
     )
-    _changed(f"made {', '.join(lacking)} anew ({why})")
+    _changed(f"made {', '.join(map(shown, lacking))} anew ({why})")
 
 
 async def check_table(
@@ -700,13 +702,14 @@ async def check_table(
     exists, version = await fetch_async(conn, _state(table))
     if not exists:
         raise SchemaError(
-            f"table {table} does not exist; run `outbox migrate --table {table.argument}`"
+            f"table {shown(table)} does not exist; run `outbox migrate --table "
+            f"{shown_argument(table)}`"
         )
     if version is None:
-        raise SchemaError(f"table {table} was not created by `outbox migrate`; run it first")
+        raise SchemaError(f"table {shown(table)} was not created by `outbox migrate`; run it first")
     if version != SCHEMA_VERSION:
         raise SchemaError(
-            f"table {table} is at schema v{version}, this outbox-dispatcher needs "
+            f"table {shown(table)} is at schema v{version}, this outbox-dispatcher needs "
             f"v{SCHEMA_VERSION}; run `outbox migrate` with the newer of the two"
         )
     # The comment says "ours", but a column may have been dropped or altered since: every
@@ -714,21 +717,21 @@ async def check_table(
     rows = await fetch_async(conn, _columns(table))
     missing = _missing(rows, migrated=True)
     if missing:
-        raise SchemaError(f"table {table} lacks required columns: {', '.join(missing)}")
+        raise SchemaError(f"table {shown(table)} lacks required columns: {', '.join(missing)}")
     misshapen = _misshapen(rows)
     if misshapen:
-        raise SchemaError(f"table {table} has wrong columns: {'; '.join(misshapen)}")
+        raise SchemaError(f"table {shown(table)} has wrong columns: {'; '.join(misshapen)}")
     try:
         layout = await partitions.check(conn, table)
     except ValueError as exc:
-        raise SchemaError(f"table {table} cannot be served: {exc}") from None
+        raise SchemaError(f"table {shown(table)} cannot be served: {exc}") from None
     if ordered:
         state = await fetch_async(conn, _ordering_index(table))
         if state != _USABLE:
             what = {None: "no index", _INVALID: "no valid index", _OTHER: "another index as"}
             raise SchemaError(
-                f"table {table} has {what[state]} {_ordering_index_name(table)}, which "
-                f"--ordering aggregate needs; run `outbox migrate --table {table.argument} "
-                "--ordering aggregate`"
+                f"table {shown(table)} has {what[state]} {shown(_ordering_index_name(table))}, "
+                "which --ordering aggregate needs; run `outbox migrate --table "
+                f"{shown_argument(table)} --ordering aggregate`"
             )
     return layout

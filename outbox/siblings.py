@@ -22,7 +22,7 @@ from psycopg import sql
 from outbox.partitions import range_check_name
 from outbox.plumbing.text import counted
 from outbox.runner import Query, Row, fetch
-from outbox.table import Table
+from outbox.table import Table, shown
 
 # The objects of their own named after the table: (suffix, the schema version that makes it).
 SIBLINGS = (("actions", 2), ("destinations", 4), ("replays", 6), ("layout", 7))
@@ -154,7 +154,7 @@ def renamed_text(found: Found) -> str:
     assert found.old_name is not None
     old = Table(found.renames[0].schema if found.renames else None, found.old_name)
     named = {old.derived_name(suffix) for suffix, _ in SIBLINGS}
-    own = [f"{r.old} to {r.new}" for r in found.renames if r.old in named]
+    own = [f"{shown(r.old)} to {shown(r.new)}" for r in found.renames if r.old in named]
     along = [r for r in found.renames if r.old not in named]
     counts = [
         counted(n, noun, plural)
@@ -165,7 +165,7 @@ def renamed_text(found: Found) -> str:
         )
         if n
     ]
-    return f"renamed what it had as {found.old_name}: " + ", ".join(
+    return f"renamed what it had as {shown(found.old_name)}: " + ", ".join(
         [*own, *([f"with {_listed(counts)}"] if counts else [])]
     )
 
@@ -185,9 +185,9 @@ def refusal(table: Table, lacking: list[str]) -> str:
         for name in lacking
     )
     return (
-        f"table {table} lacks {', '.join(lacking)}, which its schema version has, and its "
-        "indexes name no other name it had; if it was renamed, rename its old name's to "
-        f"these, then run this again: {statements}"
+        f"table {shown(table)} lacks {', '.join(map(shown, lacking))}, which its schema version "
+        "has, and its indexes name no other name it had; if it was renamed, rename its old "
+        f"name's to these, then run this again: {statements}"
     )
 
 

@@ -22,6 +22,7 @@ import psycopg
 from outbox import lease
 from outbox.models import Message
 from outbox.plumbing.waiting import first_of
+from outbox.table import shown
 from outbox.worker.destination_gate import DestinationGate
 from outbox.worker.retry import Stopped
 from outbox.worker.service import Service, Shared
@@ -131,7 +132,7 @@ class Claimer(Service):
         if layout is not None:
             log.info(
                 "table %s is partitioned now (partitions of %d ids): claims address its "
-                "partitions", self.settings.table, layout.partition_size,
+                "partitions", shown(self.settings.table), layout.partition_size,
             )  # fmt: skip
 
     async def _claim_or_say_why_refused(self, want: int) -> tuple[list[Message], bool]:

@@ -32,6 +32,7 @@ from outbox import partitions
 from outbox.operations.partition_maintenance import note_finished_async
 from outbox.partition_privileges import refused_partitions
 from outbox.runner import fetch_async
+from outbox.table import shown
 from outbox.worker.service import Service, Shared
 
 log = logging.getLogger("outbox.worker")
@@ -94,7 +95,9 @@ class PartitionKeeper(Service):
                         )
                         topping_up, made, left = kept.more, made + kept.made, kept.left
                         if made and not topping_up:
-                            log.info("made %d partitions ahead of %s", made, self.settings.table)
+                            log.info(
+                                "made %d partitions ahead of %s", made, shown(self.settings.table)
+                            )
                             made = 0
                     else:
                         left = await partitions.ids_ahead(conn, self.settings.table, layout)
@@ -111,7 +114,7 @@ class PartitionKeeper(Service):
                         "this worker's role may not make partitions of %s (%s; that takes the "
                         "table's owner or a member of its role): partitions ahead are left to "
                         "`outbox maintain` (or the operator)",
-                        self.settings.table,
+                        shown(self.settings.table),
                         exc.diag.message_primary or type(exc).__name__,
                     )
                     # At once, this first time only: the ids left ahead, read without making
@@ -145,7 +148,7 @@ class PartitionKeeper(Service):
                 "this worker's role does not own %s: finished partitions are noted by `outbox "
                 "maintain` (or the operator) only, and outbox stats looks through every "
                 "partition until then",
-                self.settings.table,
+                shown(self.settings.table),
             )
             return False
         return True

@@ -34,6 +34,7 @@ from outbox.plumbing.waiting import cancel_and_wait
 from outbox.runner import perform_async
 from outbox.schema import check_table
 from outbox.session import home_first, utc_by_name
+from outbox.table import shown
 from outbox.worker import tracing
 from outbox.worker.claimer import Claimer
 from outbox.worker.destination_gate import DestinationGate
@@ -212,7 +213,7 @@ class Replica:
         log.info(
             "worker %s dispatching %s from %s (%s publisher%s, format %s%s, %s, ordering %s, "
             "%s event loop)",
-            s.owner, s.table, redact_dsn(s.dsn) or "PG* environment", self.publisher.name,
+            s.owner, shown(s.table), redact_dsn(s.dsn) or "PG* environment", self.publisher.name,
             self._publisher_options(), s.format, _signing(s.publisher_options),
             _traces(os.environ, s.otel_parent), s.ordering, _loop_name(),
         )  # fmt: skip

@@ -112,21 +112,23 @@ def run(args: argparse.Namespace, conn: psycopg.Connection[Any]) -> None:
             return
         inbox.check(conn, t)
         if args.inbox_command == "check":
-            print(f"{t}: ready (inbox v{inbox.INBOX_VERSION}, purge index on received_at)")
+            print(f"{shown(t)}: ready (inbox v{inbox.INBOX_VERSION}, purge index on received_at)")
             return
         result = inbox.purge(
             conn, t, older_than=args.older_than, batch=args.batch, dry_run=args.dry_run
         )
     except dberrors.MISSING_TABLE:
         raise SchemaError(
-            f"inbox table {t} does not exist; run "
+            f"inbox table {shown(t)} does not exist; run "
             f"`outbox inbox migrate --table {shown_argument(t)}`"
         ) from None
     before = result.cutoff.isoformat(sep=" ", timespec="seconds")
     verb = "would delete" if args.dry_run else "deleted"
-    print(f"{t}: {verb} {counted(result.deleted, 'message id')} received before {before}")
+    print(f"{shown(t)}: {verb} {counted(result.deleted, 'message id')} received before {before}")
     if result.busy:
-        print(f"{t}: another purge of this table is running; stopped and left the rest to it")
+        print(
+            f"{shown(t)}: another purge of this table is running; stopped and left the rest to it"
+        )
 
 
 __all__ = ["add_commands", "prepare", "run", "table"]

@@ -268,7 +268,7 @@ def _convert(
     refused = refusals(conn, table)
     if refused:
         raise SchemaError(
-            f"table {table} cannot be converted to partitions: it has {'; '.join(refused)}; "
+            f"table {shown(table)} cannot be converted to partitions: it has {'; '.join(refused)}; "
             "drop it, convert, and make it again on the partitioned table"
         )
     try:
@@ -290,7 +290,7 @@ def _convert(
             swapped, outcome = False, _bound_left(table, None, certain=False)
         if swapped:  # stopped as the swap committed: the command's own line says what stays
             raise exc from None
-        raise SchemaError(f"table {table}: interrupted; {outcome}") from exc
+        raise SchemaError(f"table {shown(table)}: interrupted; {outcome}") from exc
 
 
 def _steps(
@@ -312,9 +312,9 @@ def _steps(
         if bound is None or bound[0] - last < room // 2:
             if bounds_added == BOUND_RUNS:
                 raise SchemaError(
-                    f"table {table}: producers took the ids up to the first partition's bound "
-                    f"before it could be validated, {BOUND_RUNS} times; run this again with a "
-                    "larger --partitions-ahead (the room left for them), or when they are "
+                    f"table {shown(table)}: producers took the ids up to the first partition's "
+                    f"bound before it could be validated, {BOUND_RUNS} times; run this again with "
+                    "a larger --partitions-ahead (the room left for them), or when they are "
                     "quieter"
                 )
             bounds_added += 1
@@ -362,7 +362,7 @@ def _take_bound_off(
         _locked(conn, table, [drop], lock_timeout, UNDO_ATTEMPTS, pause)
     except (SchemaError, psycopg.Error):
         return True, _bound_left(table, bound)
-    return False, f"the CHECK {name} was dropped again: the table is as it was"
+    return False, f"the CHECK {shown(name)} was dropped again: the table is as it was"
 
 
 def _bound_left(table: Table, bound: tuple[int, bool] | None, *, certain: bool = True) -> str:
@@ -374,8 +374,8 @@ def _bound_left(table: Table, bound: tuple[int, bool] | None, *, certain: bool =
     )
     reach = f"reach {bound[0]}" if bound is not None else "reach its bound"
     return (
-        f"the CHECK {name} {'is' if certain else 'may be'} left on it, and inserts will fail "
-        f"on it once the ids {reach}: "
+        f"the CHECK {shown(name)} {'is' if certain else 'may be'} left on it, and inserts will "
+        f"fail on it once the ids {reach}: "
         f"drop it ({by_hand.as_string(None)}) or run this again to finish the conversion"
     )
 
@@ -409,8 +409,8 @@ def _bound(conn: Conn, table: Table) -> tuple[int, bool] | None:
     match = _BOUND.search(str(row[0]))
     if match is None:
         raise SchemaError(
-            f"table {table} has a constraint {_bound_name(table)} that is not the conversion's "
-            f"({row[0]}); drop or rename it, then run this again"
+            f"table {shown(table)} has a constraint {shown(_bound_name(table))} that is not the "
+            f"conversion's ({row[0]}); drop or rename it, then run this again"
         )
     return int(match.group(1)), bool(row[1])
 
@@ -434,8 +434,8 @@ def _refuse_negative_ids(conn: Conn, table: Table) -> None:
     lowest = None if row is None else row[0]
     if lowest is not None and int(lowest) < 0:
         raise SchemaError(
-            f"table {table} cannot be converted to partitions: its lowest id is {lowest}, and "
-            "the partitions hold ids from 0 up; give those rows ids of 0 or more (or delete "
+            f"table {shown(table)} cannot be converted to partitions: its lowest id is {lowest}, "
+            "and the partitions hold ids from 0 up; give those rows ids of 0 or more (or delete "
             "them) and run this again; nothing was changed"
         )
 
@@ -482,7 +482,7 @@ def _locked(
             if attempt < attempts:
                 time.sleep(pause.total_seconds())
     raise SchemaError(
-        f"table {table}: could not take its exclusive lock within {timeout} in {attempts} "
+        f"table {shown(table)}: could not take its exclusive lock within {timeout} in {attempts} "
         "attempts (a long transaction on it? see pg_locks and pg_stat_activity)"
     )
 
@@ -699,7 +699,7 @@ def _grant_statements(
     statements = []
     for grantee, privilege, grantable in grants:
         if privilege not in _PRIVILEGES:
-            raise SchemaError(f"table {table} has a grant of {privilege!r}, unknown here")
+            raise SchemaError(f"table {shown(table)} has a grant of {privilege!r}, unknown here")
         to = sql.SQL("PUBLIC") if grantee is None else sql.Identifier(grantee)
         option = sql.SQL(" WITH GRANT OPTION") if grantable else sql.SQL("")
         statements.append(

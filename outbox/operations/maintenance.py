@@ -14,7 +14,7 @@ from psycopg import sql
 from outbox.operations.partition_maintenance import maintain_async
 from outbox.partitions import home_schema, in_schema, read_layout, read_partitions
 from outbox.runner import fetch_async
-from outbox.table import Table
+from outbox.table import Table, shown
 
 log = logging.getLogger("outbox.maintenance")
 
@@ -99,7 +99,7 @@ async def retire_done_async(
         log.warning(
             "table %s is not partitioned but %s holds a partition layout (a conversion undone "
             "by hand?): purged as a plain table; delete that row (docs/partitioning.md)",
-            table, table.derived_name("layout"),
+            shown(table), shown(table.derived_name("layout")),
         )  # fmt: skip
         return await purge_done_async(conn, table, older_than=older_than)
     done = await maintain_async(conn, table, retention=older_than)

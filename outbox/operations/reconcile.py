@@ -247,11 +247,11 @@ def choose_consumer(inbox_conn: psycopg.Connection[Any], inbox: Table, consumer:
     if len(found) == 1:
         return found[0]
     if not found:
-        raise AmbiguousConsumer(f"inbox table {inbox} holds no key: name the --consumer")
+        raise AmbiguousConsumer(f"inbox table {shown(inbox)} holds no key: name the --consumer")
     # `found` holds at most three: the third only says there are more than two.
     named = ", ".join(found[:2]) + (", ..." if len(found) > 2 else "")
     raise AmbiguousConsumer(
-        f"inbox table {inbox} holds several consumers ({named}): name one with --consumer"
+        f"inbox table {shown(inbox)} holds several consumers ({named}): name one with --consumer"
     )
 
 
