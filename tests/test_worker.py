@@ -376,12 +376,17 @@ async def test_an_idle_worker_has_its_claim_and_finalize_connections_open_before
     owner = "connections-worker"
     query = "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s"
     async with dispatching(settings(dsn, owner=owner), NullPublisher()) as d:
+        # Idle: it has claimed, and found nothing. Waited for with the rest: the listener's
+        # connection may be up before the first claim's answer has reached the claimer.
         await wait_until(
-            lambda: d.listening and conn.execute(query, (owner + "%",)).fetchone()[0] >= 3,
+            lambda: (
+                d.listening
+                and _claims(d) >= 1
+                and conn.execute(query, (owner + "%",)).fetchone()[0] >= 3
+            ),
             timeout=30,
-            what="two pooled connections and the listener's",
+            what="a claim, two pooled connections and the listener's",
         )
-        assert _claims(d) >= 1  # idle: it has claimed, and found nothing
 
 
 async def test_a_stop_ends_an_idle_wait_at_once(dsn):
