@@ -460,7 +460,9 @@ def test_heads_freed_on_many_aggregates_count_from_their_predecessors(conn, tabl
     _set(conn, ids[:20], "status = 'done', done_at = now() - interval '2 seconds'")
     stats = queue_stats(conn, table, ordered=True)
     assert stats.claimable_heads == 20
-    assert stats.oldest_claimable_age == pytest.approx(2, abs=2)
+    # Two seconds, and however long a loaded machine took between the two statements: not
+    # the hour since `available_at`.
+    assert stats.oldest_claimable_age is not None and 1 <= stats.oldest_claimable_age < 600
     assert stats.oldest_ready_age == pytest.approx(3600, abs=5)
     bounded = queue_stats(conn, table, ordered=True, count_limit=5)
     assert bounded.oldest_claimable_age == pytest.approx(3600, abs=5)
