@@ -25,6 +25,10 @@ def _replicas(cluster: LocalCluster) -> int | None:
     return int(found["spec"]["replicas"]) if found else None
 
 
+def _passes(operator: Operator) -> float:
+    return operator.metric("outbox_controller_passes_total", dispatcher="orders") or 0.0
+
+
 def _scaled_by_hand_and_put_back(cluster: LocalCluster) -> None:
     cluster.kubectl("scale", "deployment", "orders-worker", "--replicas=3")
     # The policy's one worker again: the pass saw the hand's 3 in its cache, from the watch.
@@ -54,6 +58,10 @@ def test_the_informer_follows_the_watch_and_lists_again_after_a_cut(
         "the informer listing again",
         lambda: "listed the Deployments in every namespace again" in operator.log(),
     )
+    # A pass that looked before the list was done GETs, and its GET may reach the server
+    # after the line is logged: counted once the pass under way has ended, and the next.
+    start = _passes(operator)
+    wait_for("two more passes", lambda: _passes(operator) >= start + 2)
     gets = _gets(cluster, "deployments")
     _scaled_by_hand_and_put_back(cluster)
     assert _gets(cluster, "deployments") == gets
