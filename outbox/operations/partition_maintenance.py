@@ -59,8 +59,10 @@ from outbox.partitions import (
     table_lock_key,
     upkeep_lock,
 )
+from outbox.plumbing.errors import SchemaError
 from outbox.plumbing.text import counted
 from outbox.runner import Query, Row, Steps, first_row, no_rows, perform, perform_async, step
+from outbox.schema import shape_problems
 from outbox.stats import COUNT_LIMIT, STALE_FRACTION
 from outbox.table import Table, shown, shown_argument
 
@@ -135,6 +137,9 @@ def _layout(table: Table) -> Steps[tuple[Layout, list[Partition]]]:
     detached (the run failed), attached as a partition made ahead, or dropped as one left
     detached."""
     leaves = yield from step(read_partitions(table))
+    # Before the layout is read: on a partitioned table that is no outbox table its table is
+    # missing, and that was said as a table at an older schema, to be migrated.
+    yield from _outbox_table(table)
     schema = (yield from step(home_schema(table))) if leaves is not None else None
     layout = (
         (yield from step(read_layout(in_schema(table, schema)))) if leaves is not None else None
@@ -151,6 +156,39 @@ def _layout(table: Table) -> Steps[tuple[Layout, list[Partition]]]:
             f"its partition size is not recorded; run {convert} with its partitions' size"
         )
     return replace(layout, schema=schema), leaves
+
+
+def _outbox_table(table: Table) -> Steps[None]:
+    """Refuse, as `outbox migrate` refuses it, a table that is no outbox table (no schema
+    version of ours, and columns an outbox table cannot have: `CREATE TABLE orders (id
+    int)`). Told it was a plain table that `outbox migrate --partition-size` converts (or, a
+    partitioned one, a table at an older schema), one ran that, which then refused it. One
+    catalog statement."""
+    rows = yield from step(
+        Query(
+            sql.SQL(
+                """SELECT v.ours, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+       a.attidentity <> '' OR a.atthasdef
+  FROM (SELECT coalesce(obj_description({t}::regclass, 'pg_class') ~ {version}, false)
+               AS ours) AS v
+  LEFT JOIN pg_attribute AS a
+    ON a.attrelid = {t}::regclass AND a.attnum > 0 AND NOT a.attisdropped"""
+            ).format(t=table.regclass_literal, version=sql.Literal(_SCHEMA_VERSION_COMMENT)),
+            None,
+            list,
+        )
+    )
+    ours = not rows or bool(rows[0][0])
+    # (name, type, NOT NULL, has a default) of each column, as outbox.schema reads them.
+    columns = [tuple(row[1:]) for row in rows if row[1] is not None]
+    problems = None if ours else shape_problems(columns)
+    if problems:
+        raise SchemaError(f"table {shown(table)} exists but is not an outbox table ({problems})")
+
+
+# The comment `outbox migrate` gives an outbox table (outbox.schema): a table holding it is
+# one, whatever its columns now (as `outbox migrate` takes it).
+_SCHEMA_VERSION_COMMENT = "^outbox-dispatcher schema v[0-9]+$"
 
 
 def _home(table: Table, layout: Layout) -> Table:
