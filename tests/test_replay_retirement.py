@@ -75,14 +75,16 @@ def test_a_replay_batch_waits_for_a_run_of_maintenance_to_end(empty_dsn, run_nam
 
 def test_a_replay_stops_at_a_partition_an_interrupted_run_left_half_detached(empty_dsn):
     """p1 pending detach (a DETACH ... CONCURRENTLY cancelled while it waited for a
-    transaction on the table): the replay's window holds it, so the replay stops with what to
-    do before it sends a row, rather than reading past p1 to p2."""
+    transaction on the table) after the replay was previewed: the replay's window holds it,
+    so the replay stops with what to do before it sends a row, rather than reading past p1
+    to p2. (A preview after it says so itself: tests/test_replay_preview_detaching.py.)"""
     with (
         psycopg.connect(empty_dsn, autocommit=True) as conn,
         psycopg.connect(empty_dsn) as reader,
         psycopg.connect(empty_dsn, autocommit=True) as detacher,
     ):
         f = _delivered(conn)
+        progress = perform(conn, start(TABLE, perform(conn, preview(TABLE, f))))
         reader.execute("SELECT count(*) FROM outbox")  # a transaction the detach waits for
         errors: list[BaseException] = []
 
@@ -104,7 +106,6 @@ def test_a_replay_stops_at_a_partition_an_interrupted_run_left_half_detached(emp
         assert errors and isinstance(errors[0], psycopg.errors.QueryCanceled)
         reader.rollback()
 
-        progress = perform(conn, start(TABLE, perform(conn, preview(TABLE, f))))
         with pytest.raises(SchemaError) as stopped:
             perform(conn, send_batch(TABLE, progress, batch=100), transaction=True)
         message = str(stopped.value)

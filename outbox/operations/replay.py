@@ -41,7 +41,7 @@ from outbox.partitions import FIRST_ID, PAST_ID, REPLAY_NOTICE
 from outbox.plumbing.errors import SchemaError
 from outbox.plumbing.text import printable
 from outbox.runner import Query, Row, Steps, first_row, perform_async, step
-from outbox.table import Table
+from outbox.table import Table, shown, shown_argument
 from outbox.views.filters import by_type_and_aggregate
 
 STATUSES = ("done", "dead")  # what a replay may send again
@@ -288,14 +288,95 @@ def _preview_query(table: Table, f: ReplayFilter, ids: IdRange, limit: int | Non
     )
 
 
+class HalfDetached(SchemaError):
+    """A partition of the table is pending detach (a run of `outbox maintain` was
+    interrupted in its DETACH ... CONCURRENTLY, or its session ended there) where a replay
+    reads: the table leaves its rows out while it is so. `outbox maintain` finishes it."""
+
+
+def _half_detached(table: Table, names: Sequence[str], then: str) -> str:
+    """What a preview and a replay say of partitions `names` pending detach, and what to do
+    once `outbox maintain` has finished them: `then`."""
+    return (
+        f"partition {', '.join(shown(name) for name in names)} of table {shown(table)} is half "
+        "detached (a run of outbox maintain was interrupted), so its rows cannot be read "
+        f"through the table; run `outbox maintain --table {shown_argument(table)}` to finish "
+        f"it, then {then}"
+    )
+
+
+@dataclass(frozen=True)
+class _Detaching:
+    """A partition pending detach: its schema and name, and its ids [low, past)."""
+
+    schema: str
+    name: str
+    low: int
+    past: int
+
+
+def _detaching(table: Table) -> Query[list[_Detaching]]:
+    """The table's partitions pending detach (none, but for an interrupted run), from the
+    catalog: no partition is opened."""
+    statement = sql.SQL(
+        """SELECT n.nspname, c.relname,
+       substring(pg_get_expr(c.relpartbound, c.oid) FROM {first})::bigint,
+       substring(pg_get_expr(c.relpartbound, c.oid) FROM {to})::bigint
+  FROM pg_inherits AS i
+  JOIN pg_class AS c ON c.oid = i.inhrelid
+  JOIN pg_namespace AS n ON n.oid = c.relnamespace
+ WHERE i.inhparent = {t}::regclass AND i.inhdetachpending
+ ORDER BY 3"""
+    ).format(t=table.regclass_literal, first=sql.Literal(FIRST_ID), to=sql.Literal(PAST_ID))
+    return Query(
+        statement,
+        None,
+        lambda rows: [_Detaching(str(a), str(b), int(c), int(d)) for a, b, c, d in rows],
+    )
+
+
+def _holds_any(leaf: _Detaching, f: ReplayFilter) -> Query[bool]:
+    """Whether the partition, read itself (the table leaves it out), holds a row of `f`: a
+    scan of that partition at worst, made only in the state an interrupted run left."""
+    where, params = _where(f)
+    statement = sql.SQL("SELECT EXISTS (SELECT FROM {leaf} WHERE {where})").format(
+        leaf=sql.Identifier(leaf.schema, leaf.name), where=where
+    )
+    return Query(
+        statement,
+        {**params, "first": leaf.low, "past": leaf.past},
+        first_row(lambda row: bool(row and row[0])),
+    )
+
+
+def _none_half_detached(
+    table: Table, f: ReplayFilter, first: int | None, last: int | None
+) -> Steps[None]:
+    """HalfDetached, unless no partition pending detach holds a row of `f` or lies between
+    the ids `first` and `last` the replay would go through (where `send_batch` stops).
+    Counted without its rows, a window across such a partition was shown smaller than it
+    is, and one it alone held was said to match nothing, or to be gone."""
+    for leaf in (yield from step(_detaching(table))):
+        between = first is not None and last is not None and leaf.low <= last and first < leaf.past
+        if between or (yield from step(_holds_any(leaf, f))):
+            raise HalfDetached(_half_detached(table, [leaf.name], "run this replay again"))
+
+
 def preview(table: Table, f: ReplayFilter, *, limit: int | None = None) -> Steps[Preview]:
     """Count what `f` matches (at most `limit`), by type, with the first and last ids: one
-    read of the window's id range, changing nothing."""
+    read of the window's id range, changing nothing. HalfDetached when a partition an
+    interrupted run of `outbox maintain` left pending detach holds rows `f` matches, or
+    lies between the first and the last id the replay would send: the count would leave its
+    rows out, and the replay stops there (`send_batch`)."""
     ids = yield from window(table, f.since, f.until)
+    by_type: dict[str, int] = {}
+    count, first, last = 0, None, None
     if not ids.empty:
-        by_type, count, first, last = yield from step(_preview_query(table, f, ids, limit))
-        if count:
-            return Preview(f, ids, int(count), dict(by_type), first, last)
+        found, count, first, last = yield from step(_preview_query(table, f, ids, limit))
+        by_type, count = dict(found), int(count)
+    yield from _none_half_detached(table, f, first, last)
+    if count:
+        return Preview(f, ids, count, by_type, first, last)
     oldest = yield from step(_oldest_kept(table))
     if oldest is None:
         return Preview(f, ids, 0, emptied=True)
@@ -410,7 +491,7 @@ SELECT (SELECT count(*) FROM changed), (SELECT max(id) FROM picked),
     )
 
 
-def _beside_retirement(table: Table, low: int, past: int) -> Query[str | None]:
+def _beside_retirement(table: Table, low: int, past: int) -> Query[list[str] | None]:
     """Wait for a run of `outbox maintain` to end, and keep the next from beginning until
     the batch's transaction ends (its lock, shared: replays go on side by side); then the
     partitions of the table pending detach that hold ids from `low` to before `past`, if
@@ -424,7 +505,7 @@ def _beside_retirement(table: Table, low: int, past: int) -> Query[str | None]:
     still pending detach while no run holds the lock is one an interrupted run left."""
     statement = sql.SQL(
         """SELECT pg_advisory_xact_lock_shared({run}), (
-  SELECT string_agg(c.relname::text, ', ' ORDER BY c.relname)
+  SELECT array_agg(c.relname::text ORDER BY c.relname)
     FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
    WHERE i.inhparent = {t}::regclass AND i.inhdetachpending
      AND substring(pg_get_expr(c.relpartbound, c.oid) FROM {first})::bigint < %(past)s
@@ -496,11 +577,10 @@ def send_batch(
     size = batch if progress.left is None else min(batch, progress.left)
     half_detached = yield from step(_beside_retirement(table, progress.next_id, progress.past_id))
     if half_detached:
-        raise SchemaError(
-            f"replay {progress.number}: partition {half_detached} of table {table} is half "
-            "detached (a run of outbox maintain was interrupted), so its rows cannot be read "
-            f"through the table; run `outbox maintain --table {table.argument}` to finish it, "
-            f"then go on with `outbox replay --table {table.argument} --resume {progress.number}`"
+        go_on = f"outbox replay --table {shown_argument(table)} --resume {progress.number}"
+        raise HalfDetached(
+            f"replay {progress.number}: "
+            + _half_detached(table, half_detached, f"go on with `{go_on}`")
         )
     done = yield from step(
         _batch_query(

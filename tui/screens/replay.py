@@ -20,6 +20,7 @@ from textual.widgets import Input, Static
 
 from outbox.commands.replay import parse_time
 from outbox.operations.replay import DoneRow, Preview, ReplayFilter
+from outbox.plumbing.errors import SchemaError
 from outbox.tui import format as fmt
 from outbox.tui.errors import DATABASE_ERRORS
 from outbox.tui.screens.base import BaseScreen
@@ -27,6 +28,10 @@ from outbox.tui.screens.confirm import ConfirmScreen
 from outbox.tui.source import ReadOnlyError
 from outbox.tui.widgets import RowTable
 from outbox.views.filters import FilterError, parse_filter
+
+# What reading the window may meet besides the database's errors: a partition an interrupted
+# `outbox maintain` left half detached (outbox.operations.replay.HalfDetached).
+_READ_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, SchemaError)
 
 FILTER_HELP = "type:OrderPaid aggtype:order agg:o-1 (enter to show)"
 
@@ -114,7 +119,7 @@ class ReplayScreen(BaseScreen):
             return
         try:
             preview, rows = await self.outbox.source.done_messages(f)
-        except DATABASE_ERRORS as exc:
+        except _READ_ERRORS as exc:
             self.preview = None
             summary.update(Text(f"cannot read: {exc}", "bold red"))
             return
