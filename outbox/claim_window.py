@@ -289,10 +289,6 @@ class ClaimWindow:
         # The last claim came back short only because it took its partition's last id: the
         # window has moved to the next partition, and the next claim should go at once.
         self.ran_out_of_ids = False
-        # Ordered mode: whether the head check's start is caught up beside the claims (a
-        # worker's claimer does it on a connection of its own, so that no claim waits for
-        # it), rather than before the next claim.
-        self.catching_up_aside = False
         # Whether new rows announce themselves (the worker's listener is up), and whether one
         # has since the last reading began: see `claimed`, ordered mode.
         self.announcing = False
@@ -346,13 +342,12 @@ class ClaimWindow:
         ordered: bool,
     ) -> Bounds:
         """The bounds the next claim is composed with: read again when stale (or forgotten
-        meanwhile), the head check's start caught up in ordered mode (unless that is done
-        beside the claims: `catching_up_aside`)."""
+        meanwhile), the head check's start caught up in ordered mode."""
         while True:
             forgotten = self._forgotten
             if self.stale():
                 await self.read(conn, table, batch)
-            elif ordered and self.unfinished_behind and not self.catching_up_aside:
+            elif ordered and self.unfinished_behind:
                 await self.catch_up(conn, table)
             if forgotten == self._forgotten and self._bounds is not None:
                 return self._bounds
@@ -448,14 +443,12 @@ class ClaimWindow:
         self, conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table
     ) -> None:
         """Ordered mode, after the window moved: the head check starts from the oldest
-        unfinished row again, so it probes no partition finished meanwhile. Beside the claims
-        (`catching_up_aside`), the window may move while it looks: what it finds is where
-        the head check starts for whatever the window is then (claims meanwhile checked
-        from the start they had, lower: never wrongly)."""
+        unfinished row again, so it probes no partition finished meanwhile."""
         b = self._bounds
+        assert b is not None and self.layout is not None
         self.unfinished_behind = False
-        if b is None or self.layout is None or b.unfinished_low >= b.low:
-            return  # none to catch up: the next claim reads the window first
+        if b.unfinished_low >= b.low:
+            return
         forgotten = self._forgotten
         behind = (b.unfinished_low, b.low)
         leaves = self.layout.leaves(table, behind)
@@ -467,9 +460,7 @@ class ClaimWindow:
         # Ids below the window's low were all taken before this look began, by transactions
         # whose ids are below its bound (see Settling).
         self._floor = self._settling.settle(unfinished_low, b.unfinished_low, int(xmin), int(bound))
-        now = self._bounds
-        if now is not None:
-            self._bounds = Bounds(now.low, now.high, min(self._floor, now.low))
+        self._bounds = Bounds(b.low, b.high, self._floor)
 
     def bounds(self) -> Bounds:
         assert self._bounds is not None, "read the window first"

@@ -21,7 +21,7 @@ import psycopg
 
 from outbox import lease
 from outbox.models import Message
-from outbox.plumbing.waiting import cancel_and_wait, first_of
+from outbox.plumbing.waiting import first_of
 from outbox.table import shown
 from outbox.worker.destination_gate import DestinationGate
 from outbox.worker.retry import Stopped
@@ -53,11 +53,6 @@ class Claimer(Service):
         self.on_refused = on_refused  # says which partition lacks which privilege, and the fix
         self._ordered_claims = lease.OrderedClaims()
         self._sent = 0.0  # monotonic time the last claim was sent
-        # Ordered mode on a partitioned table: the head check's start is caught up beside
-        # the claims (see `_catch_up_aside`).
-        self._catching_up: asyncio.Task[None] | None = None
-        if shared.settings.ordered:
-            self.window.catching_up_aside = True
 
     async def run(self, stop: asyncio.Event) -> None:
         """Claim until `stop` is set."""
@@ -71,8 +66,6 @@ class Claimer(Service):
             pass
         finally:
             stopping.cancel()
-            if self._catching_up is not None:
-                await cancel_and_wait([self._catching_up])
 
     async def _claim_until(self, stop: asyncio.Event) -> None:
         s, ledger = self.settings, self.ledger
@@ -99,7 +92,6 @@ class Claimer(Service):
                 "claim", partial(self._claim_or_say_why_refused, want), stop=stop
             )
             self.metrics.ready = True  # whichever operation failed before, claiming works
-            self._catch_up_aside()
             if limit == 1 and messages:
                 self.gate.probe_claimed(messages[0])
             if messages:
@@ -131,29 +123,6 @@ class Claimer(Service):
                     await self.wakeup.wait()
             if self.wakeup.is_set():
                 empty_claims = 0
-
-    def _catch_up_aside(self) -> None:
-        """Ordered mode, once a claim has moved the window on: the head check's start is
-        caught up on a pooled connection of its own while the claimed messages publish and
-        the next claim goes (from the start it had: lower, never wrong). Before the claim,
-        its look into the partitions the drain had just finished (their indexes' entries
-        for every row version no vacuum has removed yet) was a tenth of a partitioned
-        ordered drain's time."""
-        window = self.window
-        if not window.catching_up_aside or not window.unfinished_behind:
-            return
-        if self._catching_up is not None and not self._catching_up.done():
-            return  # one at a time: the next claim starts another if the window moved on
-        self._catching_up = asyncio.create_task(self._catch_up())
-
-    async def _catch_up(self) -> None:
-        try:
-            async with self.connection() as conn:
-                await self.window.catch_up(conn, self.settings.table)
-        except psycopg.Error as exc:  # a pool timeout too
-            # The claims go on checking from where they did; the next one tries again.
-            self.window.unfinished_behind = True
-            log.debug("catching up the head check's start failed: %s", exc)
 
     async def _learn_layout(self, conn: Any) -> None:
         """A plain table may have been converted to the partitioned layout since the start
