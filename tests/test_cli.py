@@ -930,8 +930,10 @@ def test_password_in_a_malformed_dsn_is_not_echoed():
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
+    # A generous timeout: the worker answers at once, but on a loaded 2-core machine its
+    # process may wait for a core longer than a couple of seconds.
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=15) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
