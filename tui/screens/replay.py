@@ -166,6 +166,14 @@ class ReplayScreen(BaseScreen):
         except DATABASE_ERRORS as exc:
             self.outbox.tell(f"replay failed: {exc}")
             return
+        except (SchemaError, ValueError) as exc:
+            # Refused by what changed since the preview (a partition an interrupted `outbox
+            # maintain` left half detached: HalfDetached): its line where the preview was,
+            # which no longer holds.
+            self.preview = None
+            self.query_one("#replay-summary", Static).update(Text(str(exc), "bold red"))
+            self.outbox.tell(f"replay refused: {exc}")
+            return
         self.outbox.tell(
             f"replay {progress.number}: sent {fmt.count(progress.sent)} messages again"
         )
