@@ -32,6 +32,7 @@ from outbox.operations.partition_maintenance import (
     UpkeepBusy,
     maintain,
     partition_states,
+    refuse_no_outbox_table,
 )
 from outbox.operations.repair import Action, default_actor, repair, select_targets
 from outbox.partitions import (
@@ -515,9 +516,11 @@ def _main(args: argparse.Namespace) -> None:
             # A conversion stopped by Ctrl-C says itself what it left (its CHECK, dropped or not).
             fail(PROG, str(exc), INTERRUPTED if isinstance(exc.__cause__, KeyboardInterrupt) else 1)
         except dberrors.MISSING_TABLE as exc:
+            _refuse_no_outbox_table(conn, table)  # a sibling missing, of no outbox table
             migrate_it = f"outbox migrate --table {shown_argument(table)}"
             fail(PROG, f"{_missing(table, exc)}; run `{migrate_it}`", 1)
         except psycopg.errors.UndefinedColumn as exc:
+            _refuse_no_outbox_table(conn, table)
             # A column a later schema adds (the destinations' served_at: v5).
             primary = exc.diag.message_primary or "a column is missing"
             fail(
@@ -623,6 +626,18 @@ def _missing(table: Table, exc: psycopg.Error) -> str:
         if f'{table.derived_name(sibling)}"' in primary:
             return f"table {shown(table)} is at an older schema ({primary})"
     return f"table {shown(table)} does not exist"
+
+
+def _refuse_no_outbox_table(conn: psycopg.Connection[Any], table: Table) -> None:
+    """Before a missing column or sibling is said to be a table at an older schema, to be
+    migrated: fail, as `outbox migrate` refuses it, on a table that is no outbox table at all
+    (`CREATE TABLE orders (id int)`), which that migration would not take."""
+    try:
+        perform(conn, refuse_no_outbox_table(table))
+    except SchemaError as exc:
+        fail(PROG, str(exc), 1)
+    except psycopg.Error:
+        pass  # the catalog could not be read: the older schema's line it is
 
 
 def _milliseconds(value: timedelta) -> str:

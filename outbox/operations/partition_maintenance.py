@@ -139,7 +139,7 @@ def _layout(table: Table) -> Steps[tuple[Layout, list[Partition]]]:
     leaves = yield from step(read_partitions(table))
     # Before the layout is read: on a partitioned table that is no outbox table its table is
     # missing, and that was said as a table at an older schema, to be migrated.
-    yield from _outbox_table(table)
+    yield from refuse_no_outbox_table(table)
     schema = (yield from step(home_schema(table))) if leaves is not None else None
     layout = (
         (yield from step(read_layout(in_schema(table, schema)))) if leaves is not None else None
@@ -158,7 +158,7 @@ def _layout(table: Table) -> Steps[tuple[Layout, list[Partition]]]:
     return replace(layout, schema=schema), leaves
 
 
-def _outbox_table(table: Table) -> Steps[None]:
+def refuse_no_outbox_table(table: Table) -> Steps[None]:
     """Refuse, as `outbox migrate` refuses it, a table that is no outbox table (no schema
     version of ours, and columns an outbox table cannot have: `CREATE TABLE orders (id
     int)`). Told it was a plain table that `outbox migrate --partition-size` converts (or, a
