@@ -23,7 +23,7 @@ from psycopg import sql
 
 from outbox.plumbing.errors import SchemaError
 from outbox.runner import Query, Row, Steps, fetch, fetch_async, first_row, no_rows, step
-from outbox.table import Table, clipped, shown, shown_argument, text_constant
+from outbox.table import Table, clipped, shown, shown_argument, shown_sql_name, text_constant
 
 # A partition holds a million ids by default: at 1,000 messages a second, a partition every
 # 17 minutes, so a retention of hours retires a few dozen at a time and the claim's window
@@ -361,14 +361,20 @@ class SequenceUnreadable(psycopg.errors.InsufficientPrivilege):
 def sequence_problem(table: Table) -> Query[str | None]:
     """Why this role cannot read the last id the table's sequence gave, naming the GRANT
     that fixes it; None when it can."""
+    # The sequence's schema and name apart: the GRANT offered names it as SQL reads it, on
+    # one line (shown_sql_name), whatever characters the table's name holds.
     statement = sql.SQL(
-        "SELECT s.name, quote_ident(current_user), has_sequence_privilege(s.name, 'SELECT, USAGE')"
+        "SELECT s.name, has_sequence_privilege(s.name, 'SELECT, USAGE'),"
+        " quote_ident(n.nspname), n.nspname, quote_ident(c.relname), c.relname,"
+        " quote_ident(current_user), current_user"
         " FROM (SELECT pg_get_serial_sequence({t}, 'id') AS name) AS s"
+        " LEFT JOIN pg_class AS c ON c.oid = s.name::regclass"
+        " LEFT JOIN pg_namespace AS n ON n.oid = c.relnamespace"
     ).format(t=table.regclass_literal)
 
     def parse(row: Row | None) -> str | None:
         assert row is not None
-        name, role, readable = row
+        name, readable, *names = row
         if name is None:
             return (
                 "its id has no sequence of its own (pg_get_serial_sequence finds none), "
@@ -376,7 +382,8 @@ def sequence_problem(table: Table) -> Query[str | None]:
             )
         if readable:
             return None
-        name = shown(str(name))
+        schema, relname, role = (shown_sql_name(*map(str, names[i : i + 2])) for i in (0, 2, 4))
+        name = f"{schema}.{relname}"
         return (
             f"role {role} may not read {name}, the sequence its ids come from, which the "
             f"claims and the partitions ahead are read from; GRANT SELECT ON SEQUENCE {name} "

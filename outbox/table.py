@@ -211,6 +211,31 @@ def shown_argument(table: Table) -> str:
     return f"$'{body}'"
 
 
+def shown_sql_name(quoted: str, name: str) -> str:
+    """A name as SQL to paste, on one line: `quoted`, PostgreSQL's quote_ident of `name`, or,
+    when it holds a character a line must not show raw (`printable`), `name` as a
+    Unicode-escaped identifier (`U&"out\\000abox"`), which names the same object. (`shown`
+    suits a name told to people; a statement offered to run needs it as SQL reads it.)"""
+    if printable(quoted) == quoted:
+        return quoted
+    body = "".join(
+        "\\\\"
+        if c == "\\"
+        else '""'
+        if c == '"'
+        else _unicode_escape(c)
+        if printable(c) != c
+        else c
+        for c in name
+    )
+    return f'U&"{body}"'
+
+
+def _unicode_escape(char: str) -> str:
+    code = ord(char)
+    return f"\\{code:04x}" if code <= 0xFFFF else f"\\+{code:06x}"
+
+
 def _ansi_c(char: str) -> str:
     # C1 controls as \u: bash reads \xHH as one byte, which is not the character in UTF-8.
     # Past U+FFFF (a tag character) as \U: \u reads four digits only.
