@@ -13,6 +13,13 @@ walk in id order, `CHUNK` ids at a time, never the whole window in memory:
 - **foreign**: keys that are no id at all (another producer's), counted by the database
   among those received since the window began.
 
+Each chunk read from the outbox is read beside `outbox maintain` as a replay's batch is
+(`replay._beside_retirement`): in a transaction holding the run's lock shared, so that no run
+detaches a partition (which leaves its rows out of the table) while the chunk is read, and
+refused with `replay.HalfDetached` when a partition an interrupted run left pending detach
+lies in what is left of the window: read through the table, its rows were neither delivered
+nor missing, and the inbox's keys of them counted extra.
+
 What is kept across chunks is bounded: counts, counts by type, and the first `MAX_RANGES`
 ranges of ids. The inbox is only read: its session is read-only (and a read-only role is
 enough, docs/replay.md). `replay_missing` walks the window again and sends the missing
@@ -24,20 +31,23 @@ comparing again what it had not reached, with the same consumer's keys in the sa
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
 
 from outbox.operations import replay
+from outbox.operations.partition_maintenance import run_lock
 from outbox.plumbing.dsn import connect_options
 from outbox.plumbing.text import counted, printable_name
-from outbox.runner import Query, Row, fetch, first_row, perform
+from outbox.runner import Query, Row, Steps, fetch, first_row, perform, step
 from outbox.session import session_settings
-from outbox.table import Table, shown
+from outbox.table import Table, shown, shown_argument
+
+T = TypeVar("T")
 
 CHUNK = 10_000  # ids per lookup, on each side: what bounds the memory of a comparison
 MAX_RANGES = 1000  # ranges of ids kept for the report; the counts go on past them
@@ -255,6 +265,57 @@ def choose_consumer(inbox_conn: psycopg.Connection[Any], inbox: Table, consumer:
     )
 
 
+# -- beside `outbox maintain` ------------------------------------------------------------
+
+AGAIN = "run this comparison again"  # what to do once `outbox maintain` finished a detach
+
+
+def _none_half_detached(
+    table: Table, ids: replay.IdRange, since: datetime, until: datetime
+) -> Steps[None]:
+    """HalfDetached, unless no partition an interrupted run of `outbox maintain` left pending
+    detach lies in the window's id range or holds a done row created in the window (the
+    range is found through the table, which leaves such a partition out: a window it alone
+    holds, or begins or ends in, is found narrower, or empty)."""
+    whole = replay.ReplayFilter(since=since, until=until)
+    for leaf in (yield from step(replay._detaching(table))):
+        within = leaf.low < ids.past and ids.first < leaf.past
+        if within or (yield from step(replay._holds_any(leaf, whole))):
+            raise replay.HalfDetached(replay._half_detached(table, [leaf.name], AGAIN))
+
+
+def _shared_run_lock(table: Table) -> Query[None]:
+    statement = sql.SQL("SELECT pg_advisory_xact_lock_shared({run})").format(run=run_lock(table))
+    return Query(statement, None, lambda rows: None)
+
+
+def _window(table: Table, since: datetime, until: datetime, *, after: int) -> Steps[replay.IdRange]:
+    """The window's id range from id `after` on, found once a run of `outbox maintain` has
+    ended (in the caller's transaction, which keeps the next from beginning), and refused
+    (`_none_half_detached`) when `after` is 0 and a partition pending detach holds a part of
+    it."""
+    yield from step(_shared_run_lock(table))
+    window = yield from replay.window(table, since, until)
+    ids = replay.IdRange(max(window.first, after), window.past)
+    if after == 0:
+        yield from _none_half_detached(table, ids, since, until)
+    return ids
+
+
+def _beside_maintenance(
+    table: Table, low: int, past: int, then: Callable[[], str], query: Query[T]
+) -> Steps[T]:
+    """`query`, read as a replay's batch is sent: in the caller's transaction, once a run of
+    `outbox maintain` has ended and keeping the next from beginning until it commits (so no
+    partition is being detached, left out of the table, while it reads), and refused
+    (HalfDetached, saying to run `outbox maintain`, then `then`) when a partition an
+    interrupted run left pending detach holds ids from `low` to before `past`."""
+    half_detached = yield from step(replay._beside_retirement(table, low, past))
+    if half_detached:
+        raise replay.HalfDetached(replay._half_detached(table, half_detached, then()))
+    return (yield from step(query))
+
+
 # -- the walks ---------------------------------------------------------------------------
 
 
@@ -265,10 +326,23 @@ def _delivered_chunks(
     since: datetime,
     until: datetime,
     chunk: int,
+    then: Callable[[], str],
 ) -> Iterator[list[Row]]:
+    """The window's done rows from `ids.first` on, `chunk` at a time; each chunk read when
+    no partition from there to the window's end is pending detach (`_beside_maintenance`)."""
     after = ids.first - 1
     while True:
-        rows = fetch(conn, _delivered_chunk(table, ids, since, until, after, chunk))
+        rows = perform(
+            conn,
+            _beside_maintenance(
+                table,
+                after + 1,
+                ids.past,
+                then,
+                _delivered_chunk(table, ids, since, until, after, chunk),
+            ),
+            transaction=True,
+        )
         if not rows:
             return
         yield rows
@@ -285,9 +359,10 @@ def _missing_rows(
     since: datetime,
     until: datetime,
     chunk: int,
+    then: Callable[[], str],
 ) -> Iterator[tuple[int, list[Row]]]:
     """(done rows in the chunk, the chunk's rows the inbox never recorded), chunk by chunk."""
-    for rows in _delivered_chunks(conn, table, ids, since, until, chunk):
+    for rows in _delivered_chunks(conn, table, ids, since, until, chunk, then):
         recorded = fetch(inbox_conn, _recorded(inbox, consumer, [str(r[0]) for r in rows]))
         yield len(rows), [r for r in rows if str(r[0]) not in recorded]
 
@@ -341,9 +416,9 @@ def compare(
     ids at a time on each side."""
     name = choose_consumer(inbox_conn, inbox, consumer)
     found = Found(since, until, name)
-    ids = perform(conn, replay.window(table, since, until))
+    ids = perform(conn, _window(table, since, until, after=0), transaction=True)
     for delivered, missing in _missing_rows(
-        conn, table, inbox_conn, inbox, name, ids, since, until, chunk
+        conn, table, inbox_conn, inbox, name, ids, since, until, chunk, lambda: AGAIN
     ):
         found.delivered += delivered
         for message_id, event_type in missing:
@@ -351,9 +426,9 @@ def compare(
             found.missing_by_type[event_type] = found.missing_by_type.get(event_type, 0) + 1
             found.missing_ranges.add(int(message_id))
     for numbers in _id_keys(inbox_conn, inbox, name, ids, chunk):
-        in_window = fetch(conn, _delivered_among(table, numbers, since, until))
-        unknown = [n for n in numbers if n not in in_window]
-        present = fetch(conn, _existing(table, unknown)) if unknown else set()
+        in_window, present = perform(
+            conn, _looked_up(table, numbers, since, until), transaction=True
+        )
         for n in numbers:
             # Extra: in the window but not done, or no row at all (purged, or never ours).
             if (n in in_window and not in_window[n]) or (n not in in_window and n not in present):
@@ -361,6 +436,23 @@ def compare(
                 found.extra_ranges.add(n)
     found.foreign = fetch(inbox_conn, _not_ids(inbox, name, since))
     return found
+
+
+def _looked_up(
+    table: Table, numbers: list[int], since: datetime, until: datetime
+) -> Steps[tuple[dict[int, bool], set[int]]]:
+    """Of the keys `numbers` (increasing), those of rows created in the window (whether each
+    is done), and those of rows created outside it; read beside `outbox maintain`."""
+    in_window = yield from _beside_maintenance(
+        table,
+        numbers[0],
+        numbers[-1] + 1,
+        lambda: AGAIN,
+        _delivered_among(table, numbers, since, until),
+    )
+    unknown = [n for n in numbers if n not in in_window]
+    present = (yield from step(_existing(table, unknown))) if unknown else set()
+    return in_window, present
 
 
 @dataclass(frozen=True)
@@ -454,10 +546,22 @@ def replay_missing(
     consumer = progress.reconcile["consumer"]
     whole = replace(progress.filter, ids=None)
     since, until = whole.since, whole.until
-    window = perform(conn, replay.window(table, since, until))
-    rest = replay.IdRange(max(window.first, progress.next_id), window.past)
+    resumed = progress.next_id > 0  # from its recorded batches' next id
+
+    def then() -> str:
+        """What to do once `outbox maintain` has finished a detach: a replay that recorded a
+        batch goes on under its number, one that recorded none is compared again."""
+        if not (resumed or progress.sent):
+            return AGAIN
+        resume = (
+            f"outbox reconcile --table {shown_argument(table)} --inbox-table "
+            f"{shown_argument(inbox)} --resume {progress.number}"
+        )
+        return f"go on with `{resume}` and the same --inbox-dsn"
+
+    rest = perform(conn, _window(table, since, until, after=progress.next_id), transaction=True)
     for _, missing in _missing_rows(
-        conn, table, inbox_conn, inbox, consumer, rest, since, until, chunk
+        conn, table, inbox_conn, inbox, consumer, rest, since, until, chunk, then
     ):
         if progress.left is not None and progress.left <= 0:
             break
