@@ -7,13 +7,15 @@ or (the four characters `\\x07`) show as another name."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import psycopg
 import pytest
 from helpers import outbox_on as outbox
 
 from outbox import enqueue
-from outbox.partitions import Layout
+from outbox.operations.partition_maintenance import UpkeepBusy, maintain
+from outbox.partitions import Layout, upkeep_lock
 from outbox.producer import OutOfPartitions
 from outbox.schema import migrate
 from outbox.table import Table, shown, shown_argument
@@ -104,3 +106,60 @@ def test_the_producer_names_a_table_out_of_partitions_escaped(empty_dsn):
     assert not CONTROL.search(said), repr(said)
     assert said.startswith(f"table {ODD_SHOWN} has no partition for id 1000001"), said
     assert f"run `outbox maintain --table {shown_argument(table)}` now" in said, said
+
+
+def test_a_replay_never_recorded_names_the_table_escaped(empty_dsn):
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, Table(None, ODD))
+    never = outbox(empty_dsn, "replay", "--table", ODD, "--resume", "5", "--yes")
+    assert never.returncode == 1, never
+    line = _one_line(never.stderr)
+    assert f"replay 5 recorded no batch in {ODD_SHOWN}'s audit log" in line, line
+
+
+def test_a_missing_inbox_table_is_named_escaped(empty_dsn):
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, Table(None, ODD))
+    no_inbox = outbox(
+        empty_dsn, "reconcile", "--table", ODD, "--inbox-dsn", empty_dsn,
+        "--inbox-table", ODD + "i", "--consumer", "c", "--since", "1h", "--until", "0s",
+    )  # fmt: skip
+    assert no_inbox.returncode == 1, no_inbox
+    line = _one_line(no_inbox.stderr)
+    assert f"inbox table {ODD_SHOWN}i does not exist at the --inbox-dsn" in line, line
+
+
+def test_a_keepers_skipped_round_names_the_table_escaped(empty_dsn):
+    table = Table(None, ODD)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, table, layout=Layout(100, 2))
+        # A keeper's round while another session holds the upkeep lock: skipped, said so.
+        with psycopg.connect(empty_dsn, autocommit=True) as holder:
+            holder.execute(
+                psycopg.sql.SQL("SELECT pg_advisory_lock({key})").format(key=upkeep_lock(table))
+            )
+            with pytest.raises(UpkeepBusy) as busy:
+                maintain(conn, table, retention=timedelta(days=7))
+    said = str(busy.value)
+    assert not CONTROL.search(said), repr(said)
+    assert said.startswith(f"the partition upkeep lock of table {ODD_SHOWN} is held"), said
+
+
+def test_a_role_that_does_not_own_the_table_is_refused_by_its_escaped_name(empty_dsn):
+    table = Table(None, ODD)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, table, layout=Layout(100, 2))
+        conn.execute(
+            "DO $$BEGIN CREATE ROLE shown_maintainer LOGIN PASSWORD 'm';"
+            " EXCEPTION WHEN duplicate_object THEN NULL; END$$"
+        )
+        # All it needs but the table's ownership.
+        conn.execute("GRANT ALL ON ALL TABLES IN SCHEMA public TO shown_maintainer")
+        conn.execute("GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO shown_maintainer")
+        other = psycopg.conninfo.make_conninfo(
+            conn.info.dsn, user="shown_maintainer", password="m", dbname=conn.info.dbname
+        )
+    refused = outbox(other, "maintain", "--table", ODD)
+    assert refused.returncode == 1, refused
+    line = _one_line(refused.stderr)
+    assert f"role shown_maintainer does not own table {ODD_SHOWN}: outbox maintain" in line, line

@@ -409,7 +409,7 @@ def _reading_inbox(args: argparse.Namespace) -> Iterator[None]:
     except reconcile.AmbiguousConsumer as exc:
         fail(PROG, str(exc))
     except dberrors.MISSING_TABLE:
-        fail(PROG, f"inbox table {args.inbox_table} does not exist at the --inbox-dsn", 1)
+        fail(PROG, f"inbox table {shown(args.inbox_table)} does not exist at the --inbox-dsn", 1)
     except psycopg.errors.InsufficientPrivilege as exc:
         fail(PROG, f"the --inbox-dsn's role cannot read the inbox: {exc.diag.message_primary}", 1)
 

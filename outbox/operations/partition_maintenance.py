@@ -60,7 +60,7 @@ from outbox.partitions import (
     upkeep_lock,
 )
 from outbox.plumbing.errors import SchemaError
-from outbox.plumbing.text import counted
+from outbox.plumbing.text import counted, printable_name
 from outbox.runner import Query, Row, Steps, first_row, no_rows, perform, perform_async, step
 from outbox.schema import shape_problems
 from outbox.stats import COUNT_LIMIT, STALE_FRACTION
@@ -205,7 +205,7 @@ def _in_use(table: Table) -> Steps[InUse]:
     found = yield from step(in_use(table))
     if found.last_given is None:
         problem = yield from step(sequence_problem(table))
-        raise SequenceUnreadable(f"table {table} cannot be served: {problem}")
+        raise SequenceUnreadable(f"table {shown(table)} cannot be served: {problem}")
     return found
 
 
@@ -350,9 +350,10 @@ def _owner_check(table: Table) -> Steps[None]:
     )
     if not owns:
         raise NotTableOwner(
-            f"role {role} does not own table {table}: outbox maintain makes, detaches and drops "
-            f"its partitions and analyzes it, which only its owner may; run it as {owner} (or "
-            f"a role that is a member of {owner})"
+            f"role {printable_name(str(role))} does not own table {shown(table)}: outbox "
+            "maintain makes, detaches and drops its partitions and analyzes it, which only its "
+            f"owner may; run it as {printable_name(str(owner))} (or a role that is a member of "
+            f"{printable_name(str(owner))})"
         )
 
 
@@ -415,7 +416,7 @@ def _begin(table: Table, waiting: Callable[[], None] | None, session: _Session) 
     def busy() -> None:  # the lock is taken
         if waiting is None:
             raise UpkeepBusy(
-                f"the partition upkeep lock of table {table} is held (a worker making "
+                f"the partition upkeep lock of table {shown(table)} is held (a worker making "
                 "partitions ahead, another outbox maintain, or a replay's batch): skipped "
                 "this round"
             )
@@ -502,7 +503,7 @@ def maintain(
         try:
             perform(conn, _begin(table, waiting, session))
         except psycopg.errors.LockNotAvailable as exc:  # only the advisory locks' waits take one
-            raise UpkeepBusy(f"the partition upkeep lock of table {table} is held") from exc
+            raise UpkeepBusy(f"the partition upkeep lock of table {shown(table)} is held") from exc
         return perform(conn, _maintaining(table, retention, session))
     finally:
         perform(conn, step(_end(table, session)))

@@ -639,7 +639,7 @@ def resume_point(table: Table, number: int) -> Steps[Progress]:
     gives the default."""
     row = yield from step(_last_record(table, number))
     if row is None:
-        raise NoSuchReplay(f"replay {number} recorded no batch in {table}'s audit log")
+        raise NoSuchReplay(f"replay {number} recorded no batch in {shown(table)}'s audit log")
     recorded, sent = row
     confirmed = recorded.get("confirmed")
     reconcile = recorded.get("reconcile")
