@@ -17,6 +17,7 @@ from helpers import seed, wait_until_db
 from test_tui import SIZE, _app, screen_text, until
 from textual.widgets import Input
 
+from outbox import Event, enqueue_many
 from outbox.operations.replay import HalfDetached, ReplayFilter, preview
 from outbox.partitions import Layout
 from outbox.runner import perform
@@ -181,3 +182,55 @@ async def test_the_tuis_done_screen_says_so_too(empty_dsn: str):
             await pilot.press("R")
             await until(pilot, lambda: "nothing to replay" in screen_text(app), "no replay")
         assert conn.execute("SELECT count(*) FROM outbox_actions").fetchone() == (0,)
+
+
+def test_a_table_whose_name_holds_a_percent_sign_is_previewed_beside_a_half_detached_partition(
+    empty_dsn: str,
+):
+    """Table `ev%t`, its p1 pending detach, a window of p2 alone: the preview reads p1 itself
+    to see whether it holds a row of the window, and counts p2's rows. The partition named
+    in a statement with parameters must not read as one (`%t`): it failed with
+    `positional and named placeholders cannot be mixed`."""
+    table = Table(None, "ev%t")
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrate(conn, table, layout=Layout(100, 2))
+        with conn.transaction():
+            enqueue_many(
+                conn, [Event("order", "a", "Tested", {"n": i}) for i in range(250)], table=table
+            )
+        conn.execute(
+            "UPDATE \"ev%t\" SET status = 'done', done_at = now(), created_at = now() - CASE"
+            " WHEN id < 200 THEN interval '2 hours' ELSE interval '0 hours' END"
+        )
+        with psycopg.connect(empty_dsn) as reader, psycopg.connect(empty_dsn, autocommit=True) as d:
+            reader.execute('SELECT count(*) FROM "ev%t"')  # a transaction the detach waits for
+            detaching = threading.Thread(
+                target=lambda: _cancelled(
+                    d, 'ALTER TABLE "ev%t" DETACH PARTITION "ev%t_p1" CONCURRENTLY'
+                )
+            )
+            detaching.start()
+            wait_until_db(
+                conn,
+                "EXISTS (SELECT FROM pg_inherits WHERE inhrelid = '\"ev%t_p1\"'::regclass"
+                " AND inhdetachpending)",
+            )
+            conn.execute("SELECT pg_cancel_backend(%s)", (d.info.backend_pid,))
+            detaching.join(30)
+            reader.rollback()
+        now = conn.execute("SELECT now()").fetchone()
+        assert now is not None
+        since, until = now[0] - timedelta(minutes=30), now[0] + timedelta(minutes=1)
+        shown = outbox(
+            empty_dsn, "replay", "--table", "ev%t", "--since", since.isoformat(),
+            "--until", until.isoformat(), "--dry-run",
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.startswith("ev%t: would send again 51 messages (ids 200 to 250"), (
+            shown.stdout
+        )
+
+
+def _cancelled(conn: Conn, statement: str) -> None:
+    with pytest.raises(psycopg.errors.QueryCanceled):
+        conn.execute(statement)

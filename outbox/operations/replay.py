@@ -340,7 +340,7 @@ def _holds_any(leaf: _Detaching, f: ReplayFilter) -> Query[bool]:
     scan of that partition at worst, made only in the state an interrupted run left."""
     where, params = _where(f)
     statement = sql.SQL("SELECT EXISTS (SELECT FROM {leaf} WHERE {where})").format(
-        leaf=sql.Identifier(leaf.schema, leaf.name), where=where
+        leaf=Table(leaf.schema, leaf.name).ident, where=where
     )
     return Query(
         statement,
