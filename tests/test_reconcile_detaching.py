@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import psycopg
 from helpers import outbox_on as outbox
 from helpers import wait_until_db
 from test_replay_preview_detaching import _delivered, _left_half_detached
+from test_replay_preview_detaching import _refusal as replay_refusal
 
 from outbox import inbox
 from outbox.operations import reconcile
@@ -25,12 +26,21 @@ from outbox.table import Table
 TABLE = Table.parse("outbox")
 
 
-def _refusal(partition: str) -> str:
-    return (
-        f"outbox: error: partition {partition} of table outbox is half detached (a run of "
-        "outbox maintain was interrupted), so its rows cannot be read through the table; run "
-        "`outbox maintain --table outbox` to finish it, then run this comparison again\n"
+def _delivered_but_missing(conn: psycopg.Connection[tuple[object, ...]]) -> datetime:
+    """`_delivered`'s rows 1 to 250, the inbox holding all but 5 of p0's (10 to 14) and 30
+    of p1's (120 to 149); the database's now."""
+    now = _delivered(conn)
+    inbox.migrate(conn)
+    missing = [*range(10, 15), *range(120, 150)]
+    conn.cursor().executemany(
+        "INSERT INTO outbox_inbox (consumer, message_id) VALUES ('billing', %s)",
+        [(str(i),) for i in range(1, 251) if i not in missing],
     )
+    return now
+
+
+def _refusal(partition: str) -> str:
+    return replay_refusal(partition, then="run this comparison again")
 
 
 def test_a_reconcile_across_a_half_detached_partition_says_so(empty_dsn: str):
@@ -39,13 +49,7 @@ def test_a_reconcile_across_a_half_detached_partition_says_so(empty_dsn: str):
     extra (p1's keys: no row through the table). It refuses instead, sends nothing, and once
     `outbox maintain` has finished the detach compares what the table holds."""
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        now = _delivered(conn)
-        inbox.migrate(conn)
-        missing = [*range(10, 15), *range(120, 150)]
-        conn.cursor().executemany(
-            "INSERT INTO outbox_inbox (consumer, message_id) VALUES ('billing', %s)",
-            [(str(i),) for i in range(1, 251) if i not in missing],
-        )
+        now = _delivered_but_missing(conn)
         _left_half_detached(empty_dsn, conn, "outbox_p1")
         since, until = now - timedelta(hours=4), now + timedelta(minutes=1)
         args = (
@@ -145,13 +149,7 @@ def test_a_resumed_reconcile_replay_across_a_half_detached_partition_says_how_to
     then p1 left pending detach: the resume read past p1 and sent p0's missing messages only,
     and ended as if it had sent all. It refuses, saying to go on under the same number."""
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        now = _delivered(conn)
-        inbox.migrate(conn)
-        missing = [*range(10, 15), *range(120, 150)]
-        conn.cursor().executemany(
-            "INSERT INTO outbox_inbox (consumer, message_id) VALUES ('billing', %s)",
-            [(str(i),) for i in range(1, 251) if i not in missing],
-        )
+        now = _delivered_but_missing(conn)
         since, until = now - timedelta(hours=4), now + timedelta(minutes=1)
         inbox_table = Table.parse("outbox_inbox")
         with reconcile.connect_inbox(empty_dsn) as reader:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from datetime import datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -80,11 +81,11 @@ def _dry_run(dsn: str, since: datetime, until: datetime):  # type: ignore[no-unt
     )
 
 
-def _refusal(partition: str) -> str:
+def _refusal(partition: str, then: str = "run this replay again") -> str:
     return (
         f"outbox: error: partition {partition} of table outbox is half detached (a run of "
         "outbox maintain was interrupted), so its rows cannot be read through the table; run "
-        "`outbox maintain --table outbox` to finish it, then run this replay again\n"
+        f"`outbox maintain --table outbox` to finish it, then {then}\n"
     )
 
 
@@ -170,12 +171,7 @@ async def test_the_tuis_done_screen_says_so_too(empty_dsn: str):
         app = _app(empty_dsn)
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: "dead" in screen_text(app), "the dashboard")
-            await pilot.press("o")
-            await until(pilot, lambda: isinstance(app.screen, ReplayScreen), "the done screen")
-            screen = app.screen
-            assert isinstance(screen, ReplayScreen)
-            screen.query_one("#since", Input).value = "4h"
-            screen.load()
+            screen = await done_screen(app, pilot)
             await until(pilot, lambda: "half detached" in screen_text(app), "the line")
             assert "partition outbox_p1 of table outbox is half" in screen_text(app)
             assert screen.preview is None
@@ -234,3 +230,14 @@ def test_a_table_whose_name_holds_a_percent_sign_is_previewed_beside_a_half_deta
 def _cancelled(conn: Conn, statement: str) -> None:
     with pytest.raises(psycopg.errors.QueryCanceled):
         conn.execute(statement)
+
+
+async def done_screen(app: Any, pilot: Any) -> ReplayScreen:
+    """The TUI's screen of done messages (`o`), previewing the last 4 hours."""
+    await pilot.press("o")
+    await until(pilot, lambda: isinstance(app.screen, ReplayScreen), "the done screen")
+    screen = app.screen
+    assert isinstance(screen, ReplayScreen)
+    screen.query_one("#since", Input).value = "4h"
+    screen.load()
+    return screen

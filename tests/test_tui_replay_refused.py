@@ -5,12 +5,11 @@ The replay's line is shown on the screen, as the preview shows it, and the TUI g
 from __future__ import annotations
 
 import psycopg
-from test_replay_preview_detaching import _delivered, _left_half_detached
+from test_replay_preview_detaching import _delivered, _left_half_detached, done_screen
 from test_tui import SIZE, _app, screen_text, until
 from textual.widgets import Input, Static
 
 from outbox.tui.screens.confirm import ConfirmScreen
-from outbox.tui.screens.replay import ReplayScreen
 
 
 async def test_a_replay_refused_after_its_preview_shows_the_line_and_the_tui_goes_on(
@@ -21,12 +20,7 @@ async def test_a_replay_refused_after_its_preview_shows_the_line_and_the_tui_goe
         app = _app(empty_dsn)
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: "dead" in screen_text(app), "the dashboard")
-            await pilot.press("o")
-            await until(pilot, lambda: isinstance(app.screen, ReplayScreen), "the done screen")
-            screen = app.screen
-            assert isinstance(screen, ReplayScreen)
-            screen.query_one("#since", Input).value = "4h"
-            screen.load()
+            screen = await done_screen(app, pilot)
             await until(pilot, lambda: "250 messages (ids" in screen_text(app), "the preview")
             await pilot.press("R")
             await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the dialog")
