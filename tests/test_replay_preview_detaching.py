@@ -19,7 +19,14 @@ from test_tui import SIZE, _app, screen_text, until
 from textual.widgets import Input
 
 from outbox import Event, enqueue_many
-from outbox.operations.replay import HalfDetached, ReplayFilter, preview
+from outbox.operations.replay import (
+    HalfDetached,
+    ReplayFilter,
+    preview,
+    resume_point,
+    send_batch,
+    start,
+)
 from outbox.partitions import Layout
 from outbox.runner import perform
 from outbox.schema import migrate
@@ -241,3 +248,20 @@ async def done_screen(app: Any, pilot: Any) -> ReplayScreen:
     screen.query_one("#since", Input).value = "4h"
     screen.load()
     return screen
+
+
+def test_a_replay_stopped_at_a_half_detached_partition_says_how_to_go_on(empty_dsn: str):
+    """A replay that recorded a batch, stopped at p1 pending detach: go on under the same
+    number, once `outbox maintain` has finished p1 (read back with `--resume`, the same)."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        now = _delivered(conn)
+        f = ReplayFilter(since=now - timedelta(hours=4), until=now + timedelta(minutes=1))
+        progress = perform(conn, start(TABLE, perform(conn, preview(TABLE, f))))
+        perform(conn, send_batch(TABLE, progress, batch=50), transaction=True)
+        assert progress.batches == 1
+        _left_half_detached(empty_dsn, conn, "outbox_p1")
+        go_on = f"then go on with `outbox replay --table outbox --resume {progress.number}`"
+        for replay in (progress, perform(conn, resume_point(TABLE, progress.number))):
+            with pytest.raises(HalfDetached) as stopped:
+                perform(conn, send_batch(TABLE, replay, batch=50), transaction=True)
+            assert str(stopped.value).endswith(go_on), stopped.value

@@ -542,6 +542,7 @@ class Progress:
     reconcile: dict[str, Any] | None = None
     sent: int = 0
     batches: int = 0  # counted with `sent`, so the two always tell of the same batches
+    resumed: bool = False  # read back from the audit log (`resume_point`): batches recorded
     by_type: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -577,10 +578,14 @@ def send_batch(
     size = batch if progress.left is None else min(batch, progress.left)
     half_detached = yield from step(_beside_retirement(table, progress.next_id, progress.past_id))
     if half_detached:
-        go_on = f"outbox replay --table {shown_argument(table)} --resume {progress.number}"
+        # A replay that recorded no batch yet has nothing to resume (`--resume` would answer
+        # NoSuchReplay): it is run again.
+        then = "run this replay again"
+        if progress.batches or progress.resumed:
+            go_on = f"outbox replay --table {shown_argument(table)} --resume {progress.number}"
+            then = f"go on with `{go_on}`"
         raise HalfDetached(
-            f"replay {progress.number}: "
-            + _half_detached(table, half_detached, f"go on with `{go_on}`")
+            f"replay {progress.number}: " + _half_detached(table, half_detached, then)
         )
     done = yield from step(
         _batch_query(
@@ -655,6 +660,7 @@ def resume_point(table: Table, number: int) -> Steps[Progress]:
         reason=recorded.get("reason"),
         batch=int(recorded.get("batch", DEFAULT_BATCH)),
         reconcile=reconcile,
+        resumed=True,
     )
 
 
