@@ -23,7 +23,10 @@ from outbox.runner import Query, Row, fetch, fetch_async, first_row, perform
 from outbox.table import Table, shown, shown_argument, text_constant
 
 SCHEMA_VERSION = 7
-_VERSION_COMMENT = re.compile(r"^outbox-dispatcher schema v(\d+)$")
+# The table comment that says it is an outbox table, and at which version (a regular
+# expression Python and PostgreSQL read alike).
+VERSION_COMMENT = r"^outbox-dispatcher schema v(\d+)$"
+_VERSION_COMMENT = re.compile(VERSION_COMMENT)
 
 # What `migrate` changed beyond the version steps, one phrase each, for the line `outbox
 # migrate` prints (`noting_changes`): a table at the current version may still have had its

@@ -62,7 +62,7 @@ from outbox.partitions import (
 from outbox.plumbing.errors import SchemaError
 from outbox.plumbing.text import counted, printable_name
 from outbox.runner import Query, Row, Steps, first_row, no_rows, perform, perform_async, step
-from outbox.schema import shape_problems
+from outbox.schema import VERSION_COMMENT, shape_problems
 from outbox.stats import COUNT_LIMIT, STALE_FRACTION
 from outbox.table import Table, shown, shown_argument
 
@@ -173,7 +173,7 @@ def refuse_no_outbox_table(table: Table) -> Steps[None]:
                AS ours) AS v
   LEFT JOIN pg_attribute AS a
     ON a.attrelid = {t}::regclass AND a.attnum > 0 AND NOT a.attisdropped"""
-            ).format(t=table.regclass_literal, version=sql.Literal(_SCHEMA_VERSION_COMMENT)),
+            ).format(t=table.regclass_literal, version=sql.Literal(VERSION_COMMENT)),
             None,
             list,
         )
@@ -184,11 +184,6 @@ def refuse_no_outbox_table(table: Table) -> Steps[None]:
     problems = None if ours else shape_problems(columns)
     if problems:
         raise SchemaError(f"table {shown(table)} exists but is not an outbox table ({problems})")
-
-
-# The comment `outbox migrate` gives an outbox table (outbox.schema): a table holding it is
-# one, whatever its columns now (as `outbox migrate` takes it).
-_SCHEMA_VERSION_COMMENT = "^outbox-dispatcher schema v[0-9]+$"
 
 
 def _home(table: Table, layout: Layout) -> Table:
