@@ -14,7 +14,7 @@ walk in id order, `CHUNK` ids at a time, never the whole window in memory:
   among those received since the window began.
 
 Each chunk read from the outbox is read beside `outbox maintain` as a replay's batch is
-(`replay._beside_retirement`): in a transaction holding the run's lock shared, so that no run
+(`replay.beside_retirement`): in a transaction holding the run's lock shared, so that no run
 detaches a partition (which leaves its rows out of the table) while the chunk is read, and
 refused with `replay.HalfDetached` when a partition an interrupted run left pending detach
 lies in what is left of the window: read through the table, its rows were neither delivered
@@ -270,20 +270,6 @@ def choose_consumer(inbox_conn: psycopg.Connection[Any], inbox: Table, consumer:
 AGAIN = "run this comparison again"  # what to do once `outbox maintain` finished a detach
 
 
-def _none_half_detached(
-    table: Table, ids: replay.IdRange, since: datetime, until: datetime
-) -> Steps[None]:
-    """HalfDetached, unless no partition an interrupted run of `outbox maintain` left pending
-    detach lies in the window's id range or holds a done row created in the window (the
-    range is found through the table, which leaves such a partition out: a window it alone
-    holds, or begins or ends in, is found narrower, or empty)."""
-    whole = replay.ReplayFilter(since=since, until=until)
-    for leaf in (yield from step(replay._detaching(table))):
-        within = leaf.low < ids.past and ids.first < leaf.past
-        if within or (yield from step(replay._holds_any(leaf, whole))):
-            raise replay.HalfDetached(replay._half_detached(table, [leaf.name], AGAIN))
-
-
 def _shared_run_lock(table: Table) -> Query[None]:
     statement = sql.SQL("SELECT pg_advisory_xact_lock_shared({run})").format(run=run_lock(table))
     return Query(statement, None, lambda rows: None)
@@ -292,13 +278,14 @@ def _shared_run_lock(table: Table) -> Query[None]:
 def _window(table: Table, since: datetime, until: datetime, *, after: int) -> Steps[replay.IdRange]:
     """The window's id range from id `after` on, found once a run of `outbox maintain` has
     ended (in the caller's transaction, which keeps the next from beginning), and refused
-    (`_none_half_detached`) when `after` is 0 and a partition pending detach holds a part of
-    it."""
+    (`replay.refuse_half_detached`) when `after` is 0 and a partition pending detach holds a
+    part of it."""
     yield from step(_shared_run_lock(table))
     window = yield from replay.window(table, since, until)
     ids = replay.IdRange(max(window.first, after), window.past)
     if after == 0:
-        yield from _none_half_detached(table, ids, since, until)
+        whole = replay.ReplayFilter(since=since, until=until)
+        yield from replay.refuse_half_detached(table, whole, ids.first, ids.past - 1, AGAIN)
     return ids
 
 
@@ -310,9 +297,9 @@ def _beside_maintenance(
     partition is being detached, left out of the table, while it reads), and refused
     (HalfDetached, saying to run `outbox maintain`, then `then`) when a partition an
     interrupted run left pending detach holds ids from `low` to before `past`."""
-    half_detached = yield from step(replay._beside_retirement(table, low, past))
+    half_detached = yield from step(replay.beside_retirement(table, low, past))
     if half_detached:
-        raise replay.HalfDetached(replay._half_detached(table, half_detached, then()))
+        raise replay.HalfDetached(replay.half_detached_message(table, half_detached, then()))
     return (yield from step(query))
 
 

@@ -294,7 +294,7 @@ class HalfDetached(SchemaError):
     reads: the table leaves its rows out while it is so. `outbox maintain` finishes it."""
 
 
-def _half_detached(table: Table, names: Sequence[str], then: str) -> str:
+def half_detached_message(table: Table, names: Sequence[str], then: str) -> str:
     """What a preview and a replay say of partitions `names` pending detach, and what to do
     once `outbox maintain` has finished them: `then`."""
     return (
@@ -349,8 +349,12 @@ def _holds_any(leaf: _Detaching, f: ReplayFilter) -> Query[bool]:
     )
 
 
-def _none_half_detached(
-    table: Table, f: ReplayFilter, first: int | None, last: int | None
+def refuse_half_detached(
+    table: Table,
+    f: ReplayFilter,
+    first: int | None,
+    last: int | None,
+    then: str = "run this replay again",
 ) -> Steps[None]:
     """HalfDetached, unless no partition pending detach holds a row of `f` or lies between
     the ids `first` and `last` the replay would go through (where `send_batch` stops).
@@ -359,7 +363,7 @@ def _none_half_detached(
     for leaf in (yield from step(_detaching(table))):
         between = first is not None and last is not None and leaf.low <= last and first < leaf.past
         if between or (yield from step(_holds_any(leaf, f))):
-            raise HalfDetached(_half_detached(table, [leaf.name], "run this replay again"))
+            raise HalfDetached(half_detached_message(table, [leaf.name], then))
 
 
 def preview(table: Table, f: ReplayFilter, *, limit: int | None = None) -> Steps[Preview]:
@@ -374,7 +378,7 @@ def preview(table: Table, f: ReplayFilter, *, limit: int | None = None) -> Steps
     if not ids.empty:
         found, count, first, last = yield from step(_preview_query(table, f, ids, limit))
         by_type, count = dict(found), int(count)
-    yield from _none_half_detached(table, f, first, last)
+    yield from refuse_half_detached(table, f, first, last)
     if count:
         return Preview(f, ids, count, by_type, first, last)
     oldest = yield from step(_oldest_kept(table))
@@ -491,7 +495,7 @@ SELECT (SELECT count(*) FROM changed), (SELECT max(id) FROM picked),
     )
 
 
-def _beside_retirement(table: Table, low: int, past: int) -> Query[list[str] | None]:
+def beside_retirement(table: Table, low: int, past: int) -> Query[list[str] | None]:
     """Wait for a run of `outbox maintain` to end, and keep the next from beginning until
     the batch's transaction ends (its lock, shared: replays go on side by side); then the
     partitions of the table pending detach that hold ids from `low` to before `past`, if
@@ -576,7 +580,7 @@ def send_batch(
     if batch is None:
         batch = progress.batch
     size = batch if progress.left is None else min(batch, progress.left)
-    half_detached = yield from step(_beside_retirement(table, progress.next_id, progress.past_id))
+    half_detached = yield from step(beside_retirement(table, progress.next_id, progress.past_id))
     if half_detached:
         # A replay that recorded no batch yet has nothing to resume (`--resume` would answer
         # NoSuchReplay): it is run again.
@@ -585,7 +589,7 @@ def send_batch(
             go_on = f"outbox replay --table {shown_argument(table)} --resume {progress.number}"
             then = f"go on with `{go_on}`"
         raise HalfDetached(
-            f"replay {progress.number}: " + _half_detached(table, half_detached, then)
+            f"replay {progress.number}: " + half_detached_message(table, half_detached, then)
         )
     done = yield from step(
         _batch_query(
