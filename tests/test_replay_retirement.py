@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 from helpers import seed, statuses, wait_until_db
+from test_replay_preview_detaching import _left_half_detached
 
 from outbox.operations.partition_maintenance import run_lock
 from outbox.operations.replay import ReplayFilter, preview, send_batch, start
@@ -78,33 +79,10 @@ def test_a_replay_stops_at_a_partition_an_interrupted_run_left_half_detached(emp
     transaction on the table) after the replay was previewed: the replay's window holds it,
     so the replay stops with what to do before it sends a row, rather than reading past p1
     to p2. (A preview after it says so itself: tests/test_replay_preview_detaching.py.)"""
-    with (
-        psycopg.connect(empty_dsn, autocommit=True) as conn,
-        psycopg.connect(empty_dsn) as reader,
-        psycopg.connect(empty_dsn, autocommit=True) as detacher,
-    ):
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
         f = _delivered(conn)
         progress = perform(conn, start(TABLE, perform(conn, preview(TABLE, f))))
-        reader.execute("SELECT count(*) FROM outbox")  # a transaction the detach waits for
-        errors: list[BaseException] = []
-
-        def detach() -> None:
-            try:
-                detacher.execute("ALTER TABLE outbox DETACH PARTITION outbox_p1 CONCURRENTLY")
-            except psycopg.Error as exc:
-                errors.append(exc)
-
-        detaching = threading.Thread(target=detach)
-        detaching.start()
-        wait_until_db(
-            conn,
-            "EXISTS (SELECT FROM pg_inherits WHERE inhrelid = 'outbox_p1'::regclass"
-            " AND inhdetachpending)",
-        )
-        conn.execute("SELECT pg_cancel_backend(%s)", (detacher.info.backend_pid,))
-        detaching.join(30)
-        assert errors and isinstance(errors[0], psycopg.errors.QueryCanceled)
-        reader.rollback()
+        _left_half_detached(empty_dsn, conn, "outbox_p1")
 
         with pytest.raises(SchemaError) as stopped:
             perform(conn, send_batch(TABLE, progress, batch=100), transaction=True)
