@@ -563,7 +563,12 @@ def replay_missing(
             perform(
                 conn,
                 replay.send_batch(
-                    table, progress, actor=actor, reason=progress.reason, via="outbox reconcile"
+                    table,
+                    progress,
+                    actor=actor,
+                    reason=progress.reason,
+                    via="outbox reconcile",
+                    then=then,  # its own resume, never `outbox replay`'s (which refuses it)
                 ),
                 transaction=True,  # the rows and their partitions' notes together
             )

@@ -27,7 +27,7 @@ the same number, in batches of the same size (`outbox replay --resume N`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -571,25 +571,25 @@ def send_batch(
     actor: str | None = None,
     reason: str | None = None,
     via: str = "outbox replay",
+    then: Callable[[], str] | None = None,
 ) -> Steps[Batch]:
     """The next batch of a replay (`batch` rows, else the replay's own batch size); `progress`
     moves past it. Run it in one transaction (`perform(..., transaction=True)`): the rows
     sent again and the notes taken off their partitions commit together, so a replay stopped
     between the two (its session gone) leaves no pending row in a partition `outbox stats`
-    skips."""
+    skips. Refused at a half-detached partition (HalfDetached), it says what to do once
+    `outbox maintain` has finished it: `then()`, the caller's own way to go on (`outbox
+    reconcile --replay` resumes by its own command), else `outbox replay`'s."""
     if batch is None:
         batch = progress.batch
     size = batch if progress.left is None else min(batch, progress.left)
     half_detached = yield from step(beside_retirement(table, progress.next_id, progress.past_id))
     if half_detached:
-        # A replay that recorded no batch yet has nothing to resume (`--resume` would answer
-        # NoSuchReplay): it is run again.
-        then = "run this replay again"
-        if progress.batches or progress.resumed:
-            go_on = f"outbox replay --table {shown_argument(table)} --resume {progress.number}"
-            then = f"go on with `{go_on}`"
         raise HalfDetached(
-            f"replay {progress.number}: " + half_detached_message(table, half_detached, then)
+            f"replay {progress.number}: "
+            + half_detached_message(
+                table, half_detached, _going_on(table, progress) if then is None else then()
+            )
         )
     done = yield from step(
         _batch_query(
@@ -623,6 +623,16 @@ def send_batch(
         if progress.left is not None:
             progress.left -= done.count
     return done
+
+
+def _going_on(table: Table, progress: Progress) -> str:
+    """What `outbox replay` does once `outbox maintain` has finished a detach. A replay that
+    recorded no batch yet has nothing to resume (`--resume` would answer NoSuchReplay): it
+    is run again."""
+    if progress.batches or progress.resumed:
+        go_on = f"outbox replay --table {shown_argument(table)} --resume {progress.number}"
+        return f"go on with `{go_on}`"
+    return "run this replay again"
 
 
 # -- resuming ----------------------------------------------------------------------------
