@@ -27,10 +27,11 @@ producers or workers.
 Every step finds out from the catalog whether it is done, so the command run again after a
 crash at any point goes on from where it stopped. A constraint left by a run that stopped
 before the swap is replaced when the ids have come near its bound (producers would fail on
-it), and it can be dropped by hand to undo the conversion until the swap. A run that gives
-up before the swap (the lock not had, the bound overtaken, an error) drops its constraint
-itself, for nothing else would until inserts failed on it; if even that fails, its error
-says the constraint is left, and how to drop it.
+it) or when its bound is no partition boundary of the layout asked for (a run with another
+--partition-size), and it can be dropped by hand to undo the conversion until the swap. A
+run that gives up before the swap (the lock not had, the bound overtaken, an error) drops
+its constraint itself, for nothing else would until inserts failed on it; if even that
+fails, its error says the constraint is left, and how to drop it.
 """
 
 from __future__ import annotations
@@ -309,7 +310,10 @@ def _steps(
         bound = _bound(conn, table)
         last = _last_id(conn, table)
         room = layout.partition_size * layout.partitions_ahead
-        if bound is None or bound[0] - last < room // 2:
+        # A bound left by a stopped run asked for another --partition-size may be no
+        # boundary of this layout: the first partition would end inside the one the swap
+        # makes next, whose ATTACH fails on the overlap. Replaced too.
+        if bound is None or bound[0] - last < room // 2 or bound[0] % layout.partition_size:
             if bounds_added == BOUND_RUNS:
                 raise SchemaError(
                     f"table {shown(table)}: producers took the ids up to the first partition's "
