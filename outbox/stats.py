@@ -6,7 +6,8 @@ scanning anything (see `rates`).
 
 What a snapshot costs does not grow with the backlog: every count stops at `count_limit`
 (`COUNT_LIMIT` unless asked otherwise; `exact=True` lifts it), and a count that reached it
-reads "at least" (`QueueStats.at_least`). Past that size exact counts change no decision: the
+reads "at least" (`QueueStats.at_least`; for people `≥N`, and `unknown` where that bound is
+0, `QueueStats.count_text`). Past that size exact counts change no decision: the
 claimable backlog is then estimated from the id span between the head of the claim order
 and `max_id` (`QueueStats.ready_estimate`), and completions from how far that head moved.
 The attempts distribution covers the oldest `count_limit` waiting messages. Done rows are
@@ -261,8 +262,16 @@ class QueueStats:
         return max(self.ready, self.max_id - self.oldest_ready_id + 1)
 
     def count_text(self, name: str) -> str:
-        """A count for people: `≥10000` where it stopped at the limit."""
-        return ("≥" if self.at_least(name) else "") + str(getattr(self, name))
+        """A count for people: `≥10000` where it stopped at the limit. A lower bound of 0
+        bounds nothing (the done rows not counted past a backlog at the limit, or none of
+        the rows walked in backoff) and `≥0` read as none: it is `unknown`, the done rows'
+        with what counts them."""
+        value = getattr(self, name)
+        if not self.at_least(name):
+            return str(value)
+        if value == 0:
+            return "unknown (--exact counts them)" if name == "done" else "unknown"
+        return f"≥{value}"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

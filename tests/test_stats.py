@@ -14,6 +14,7 @@ from psycopg import sql
 from outbox import Outcome, queue_stats, queue_stats_async, rates
 from outbox import destinations as dest
 from outbox.cli import main as cli_main
+from outbox.cli import print_stats
 from outbox.lease import claim, finalize
 from outbox.partitions import Layout
 from outbox.runner import fetch
@@ -75,16 +76,28 @@ def test_done_is_estimated_from_planner_statistics_unless_exact(conn, table):
     assert estimate.pending == 4  # the other counts are exact either way
 
 
-def test_done_is_no_estimate_past_a_count_stopped_at_the_limit(conn, table):
+def test_done_is_no_estimate_past_a_count_stopped_at_the_limit(conn, table, capsys):
     """The estimate less a count that stopped at the limit (a lower bound) was too high:
-    a backlog of pending rows, none done, showed thousands done. It says at least 0."""
+    a backlog of pending rows, none done, showed thousands done. All that is known is at
+    least 0, which `outbox stats` showed as `done ≥0` beside `pending ≥100`, on a table of
+    300 done rows: read as none done. It says the figure is unknown and what counts it;
+    the JSON keeps the lower bound 0, flagged as one."""
+    _set(conn, seed(conn, 300), "status = 'done', done_at = now(), attempts = 1")
     seed(conn, 500)
     conn.execute("SELECT pg_stat_force_next_flush()")
     conn.execute("ANALYZE outbox")
     stats = queue_stats(conn, table, count_limit=100)
     assert stats.count_text("pending") == "≥100"
     assert (stats.done, stats.done_is_estimate, stats.done_at_least) == (0, False, True)
-    assert stats.count_text("done") == "≥0"
+    assert stats.count_text("done") == "unknown (--exact counts them)"
+    print_stats(stats)
+    out = capsys.readouterr().out
+    assert re.search(r"^pending\s+≥100 \(≥100 ready\)$", out, re.MULTILINE), out
+    assert re.search(r"^done\s+unknown \(--exact counts them\)$", out, re.MULTILINE), out
+    data = stats.to_dict()
+    assert (data["done"], data["done_at_least"]) == (0, True) and "done" in data["at_least"]
+    exact = queue_stats(conn, table, exact=True)
+    assert exact.count_text("done") == "300"
 
 
 def _deliver(conn, count: int) -> None:
@@ -540,6 +553,19 @@ def test_retrying_is_a_lower_bound_when_the_walk_stops_at_the_limit(conn, table)
     assert {"waiting", "retrying"} <= set(stats.to_dict()["at_least"])
     exact = queue_stats(conn, table, exact=True)
     assert (exact.waiting, exact.retrying) == (6, 4) and not exact.at_least("retrying")
+
+
+def test_retrying_none_among_the_rows_walked_is_unknown(conn, table):
+    """The walk of the waiting rows stopped at the limit among deferred rows only: none of
+    them in backoff, 3 retrying past them. `retrying ≥0` read as none retrying."""
+    ids = seed(conn, 6)
+    _set(conn, ids, "available_at = now() + interval '1 minute', attempts = 1")
+    _set(conn, ids[:3], "available_at = now() + interval '1 second', attempts = 0")
+    stats = queue_stats(conn, table, count_limit=3)
+    assert (stats.waiting, stats.retrying) == (3, 0) and stats.at_least("retrying")
+    assert stats.count_text("retrying") == "unknown"
+    exact = queue_stats(conn, table, exact=True)
+    assert exact.retrying == 3 and exact.count_text("retrying") == "3"
 
 
 def test_each_destinations_state_with_its_error_redacted(conn, table):
