@@ -4,7 +4,8 @@ id, so that a deployment without the operator never runs out of them (outbox.par
 One replica at a time makes them (the others find the advisory lock taken and only read how
 many ids are left ahead, for the metric). A role that may not make partitions (the table's
 owner or a member of its role may) is told once, and the partitions are left to `outbox
-maintain`.
+maintain`. How many partitions ahead is read from the table's layout at each pass: `outbox
+migrate --partitions-ahead M` changes it while the workers run.
 
 It also says, once per partition, which of a worker's privileges this worker's role lacks on
 a partition and what fixes it (outbox.partition_privileges): a partition made without the
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 
@@ -80,7 +82,6 @@ class PartitionKeeper(Service):
         while layout is None:
             await asyncio.sleep(LAYOUT_WAIT)
             layout = self.window.layout
-        self.metrics.partition_ids_target.set(layout.partition_size * layout.partitions_ahead)
         may_create = may_note = True
         topping_up, made = False, 0  # a top-up under way, made a partition a pass
         too_far_told = ""  # the last TooFarAhead said, said again only when it changes
@@ -89,6 +90,11 @@ class PartitionKeeper(Service):
             full_pass = not topping_up  # a pass of a top-up only makes a partition
             try:
                 async with self.connection() as conn:
+                    if full_pass:
+                        layout = await self._recorded(conn, layout)
+                        self.metrics.partition_ids_target.set(
+                            layout.partition_size * layout.partitions_ahead
+                        )
                     if may_create:
                         kept = await partitions.keep_ahead(
                             conn, self.settings.table, layout, topping_up=topping_up
@@ -137,6 +143,21 @@ class PartitionKeeper(Service):
                 continue
             await self.tell_refused()  # apart: its failure is no failure to keep partitions
             await asyncio.sleep(KEEP_INTERVAL)
+
+    async def _recorded(
+        self, conn: psycopg.AsyncConnection[tuple[object, ...]], layout: partitions.Layout
+    ) -> partitions.Layout:
+        """The claimer's layout (what the claims last learnt of the partitions' names and
+        gaps) with the partitions ahead recorded now: `outbox migrate --partitions-ahead M`
+        changes them while the workers run, the fix the producers' OutOfPartitions and the
+        alert advise. Read once at the start, a raised number was kept by the migrate's own
+        top-up only; the keepers went on keeping the old one, and the alert's target with it."""
+        current = self.window.layout or layout
+        home = partitions.in_schema(self.settings.table, current.schema)
+        recorded = await fetch_async(conn, partitions.read_layout(home))
+        if recorded is None or recorded.partitions_ahead == current.partitions_ahead:
+            return current
+        return dataclasses.replace(current, partitions_ahead=recorded.partitions_ahead)
 
     async def _note_finished(self, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> bool:
         """Note the partitions finished since the last pass; False once this worker's role
