@@ -41,6 +41,12 @@ PARTITIONS_AHEAD_RANGE = (1, 10_000)
 # leave such partitions out (outbox.stats.unfinished_window), and a replay that sends rows of
 # one again takes the note off first.
 FINISHED_NOTE = "outbox-dispatcher: nothing unfinished since "
+# What `outbox maintain` adds to that note, in the same comment, just before it detaches the
+# partition to retire it: a table detached (or left pending detach) that carries it was
+# detached by a run that had found it finished for the retention, and the next run may drop
+# it (once nothing in it is unfinished). A partition without it, detached by hand (or noted
+# finished by a worker's keeper and then detached by hand), is never a run's to drop.
+RETIRING_MARK = "; retiring"
 
 # Why a table with a DEFAULT partition is refused (the check, and every reader of the bounds).
 _DEFAULT_PARTITION = (

@@ -12,9 +12,11 @@ in it is older than that, so it can go once the note is older than the retention
 reading a row.
 
 A run interrupted half-way is finished by the next: a partition left pending detach (the
-DETACH ... CONCURRENTLY cancelled or its session gone) is finalized, and one detached but
-not dropped (`<table>_p<k>` below the newest partition, attached to nothing) is dropped, or
-attached back if a row in it is unfinished.
+DETACH ... CONCURRENTLY cancelled or its session gone) is finalized, and one a run detached
+and did not drop (`<table>_p<k>` below the newest partition, attached to nothing, its note
+marked retiring: a run marks it just before its detach) is dropped, or attached back if a
+row in it is unfinished. A detach no run began (by hand) is never dropped: finalized, it is
+attached back; detached by hand, it is left so unless a row in it is unfinished.
 
 The run is written once as `Steps` (outbox.runner), so the CLI runs it on a sync connection
 (`maintain`) and the operator on its pooled async ones (`maintain_async`), both in
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -40,6 +42,7 @@ from psycopg import sql
 
 from outbox.partitions import (
     FINISHED_NOTE,
+    RETIRING_MARK,
     InUse,
     Layout,
     Partition,
@@ -67,7 +70,8 @@ from outbox.stats import COUNT_LIMIT, STALE_FRACTION
 from outbox.table import Table, shown, shown_argument
 
 _DONE_NOTE = FINISHED_NOTE
-_NOTE = re.compile("^" + re.escape(_DONE_NOTE) + r"(.+)$")
+# The note's time, and the mark a run adds to it as it detaches the partition to retire it.
+_NOTE = re.compile("^" + re.escape(_DONE_NOTE) + r"(.+?)(?:" + re.escape(RETIRING_MARK) + ")?$")
 
 Conn = psycopg.Connection[Any]
 
@@ -320,6 +324,9 @@ class Maintained:
     rows_estimated: bool  # some of them from the planner's statistics (`~` in the listing)
     kept: list[PartitionState]  # finished, but not for the retention yet
     moved: list[str]  # partitions moved into the table's schema (outbox.partitions.move_home)
+    # Partitions found detached or pending detach and attached back: one a row in it is
+    # unfinished, or one whose detach no run began (by hand), which is not a run's to drop.
+    attached_back: list[str] = field(default_factory=list)
 
 
 class NotTableOwner(psycopg.errors.InsufficientPrivilege):
@@ -526,17 +533,29 @@ def _maintaining(table: Table, retention: timedelta, session: _Session) -> Steps
     # Every statement below that names a partition names it in the table's schema.
     home = _home(table, layout)
     # What an interrupted run left half-done first: pending detaches finished, then every
-    # partition detached and not dropped is dropped (or attached back).
+    # partition a run detached to retire and did not drop is dropped (or attached back).
     half_detached = yield from _finish_detaches(home)
-    leftovers = yield from _detached_orphans(home, layout, leaves)
-    # A detach finished without maintenance's note (a replay took it off while the detach
-    # waited, or someone began it by hand) is no leftover to drop; but a row of it that is
-    # unfinished must not stay out of the table, undelivered: attached back.
+    found = yield from _detached_orphans(home, layout, leaves)
+    leftovers = [leaf for leaf, marked in found if marked]
+    # Detached by hand before this run (noted, not marked): kept detached, but a row in it
+    # that is unfinished must not stay out of the table, undelivered.
+    attached_back = []
+    for leaf in [leaf for leaf, marked in found if not marked]:
+        if leaf.name in half_detached:
+            continue  # attached back below, whatever its rows
+        if (yield from _finished_or_attached_back(home, leaf, counted_rows=False)) is None:
+            attached_back.append(leaf.name)
+    # A detach finished that no run began (no retiring mark: someone began it by hand, or a
+    # run of an earlier version that marked nothing) is no leftover to drop, whatever its
+    # rows: it is attached back whole, and retired below like any other partition when it
+    # is finished for the retention. Finished and dropped as it was, a partition a keeper
+    # had noted finished a minute before went at once whatever the retention.
     orphans = {leaf.name for leaf in leftovers}
     for leaf in leaves:
         if leaf.name in half_detached and leaf.name not in orphans:
-            yield from _finished_or_attached_back(home, leaf)
-    leaves = [leaf for leaf in leaves if leaf.name not in half_detached]
+            yield from _attach_back(home, leaf)
+            attached_back.append(leaf.name)
+    leaves = [leaf for leaf in leaves if leaf.name not in orphans]
     too_far: TooFarAhead | None = None
     try:
         made = yield from _make_ahead(table, layout, leaves)
@@ -559,6 +578,8 @@ def _maintaining(table: Table, retention: timedelta, session: _Session) -> Steps
     for leaf in [*leftovers, *leaves]:
         if leaf in leftovers:
             count = yield from _finished_or_attached_back(home, leaf)
+            if count is None:
+                attached_back.append(leaf.name)
         elif _made_ahead(leaf, used, made_past):
             continue  # known from its bounds: no statement (a run read every one of them)
         else:
@@ -575,7 +596,9 @@ def _maintaining(table: Table, retention: timedelta, session: _Session) -> Steps
             if state.done_since > (yield from step(now)) - retention:
                 kept.append(state)
                 continue
-            count = yield from _retire(home, leaf)
+            count = yield from _retire(home, leaf, state.done_since)
+            if count is None:
+                attached_back.append(leaf.name)
         if count is not None:
             retired.append(leaf.name)
             rows += count[0]
@@ -590,7 +613,7 @@ def _maintaining(table: Table, retention: timedelta, session: _Session) -> Steps
     yield from step(_statement(sql.SQL("ANALYZE {t}").format(t=table.ident)))
     if too_far is not None:
         raise too_far
-    return Maintained(made, retired, rows, estimated, kept, moved)
+    return Maintained(made, retired, rows, estimated, kept, moved, attached_back)
 
 
 def _make_ahead(table: Table, layout: Layout, leaves: list[Partition]) -> Steps[int]:
@@ -671,14 +694,20 @@ def _note_finished(table: Table, name: str) -> Query[None]:
     after it (a statement in the microseconds between, or a producer that draws ids ahead
     and inserts them later) lands in a noted partition. The next run finds it unfinished
     and takes the note off, and retiring never drops it (`_finished_or_attached_back`
-    looks again after the detach): `outbox stats` leaves that row out until then."""
+    looks again after the detach): `outbox stats` leaves that row out until then.
+
+    A note a run marked retiring is kept as it is: a worker's keeper that read the
+    partitions before the run marked and detached one would take the mark off, and the
+    run's leftover would never be dropped."""
     leaf = _leaf(table, name)
     body = sql.SQL(
         """BEGIN
   PERFORM set_config('lock_timeout', {timeout}, true);
   LOCK TABLE {leaf} IN SHARE MODE;
   IF NOT EXISTS (SELECT FROM {leaf} WHERE status IN ('pending', 'processing'))
-     AND NOT EXISTS (SELECT FROM {leaf} WHERE status = 'dead') THEN
+     AND NOT EXISTS (SELECT FROM {leaf} WHERE status = 'dead')
+     AND right(coalesce(obj_description({name}::regclass, 'pg_class'), ''), {marked})
+         <> {mark} THEN
     EXECUTE 'COMMENT ON TABLE ' || {name}::regclass::text || ' IS '
       || quote_literal({note} || to_char(clock_timestamp() AT TIME ZONE 'UTC',
                                          'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'));
@@ -691,6 +720,8 @@ END"""
         leaf=leaf,
         name=partition_named(table, name).regclass_literal,
         note=sql.Literal(_DONE_NOTE),
+        marked=sql.Literal(len(RETIRING_MARK)),
+        mark=sql.Literal(RETIRING_MARK),
     )
     # The body holds no placeholder character (identifiers spell theirs escaped).
     return _statement(sql.SQL("DO {body}").format(body=sql.Literal(body.as_string(None))))
@@ -714,9 +745,20 @@ def _forget_note(table: Table, name: str) -> Steps[None]:
 _Held = tuple[int, bool]
 
 
-def _retire(table: Table, leaf: Partition) -> Steps[_Held | None]:
-    """Detach without blocking the parent's users and check again; the rows it held, or
-    None if a row became unfinished meanwhile (attached back)."""
+def _retire(table: Table, leaf: Partition, since: datetime) -> Steps[_Held | None]:
+    """Mark the partition's note as retiring (`since`, the note's own time), detach without
+    blocking the parent's users and check again; the rows it held, or None if a row became
+    unfinished meanwhile (attached back). The mark is what lets the next run drop it if
+    this one stops before it does (`_detached_orphans`): a table detached without it, by
+    hand, is never dropped."""
+    yield from step(
+        _statement(
+            sql.SQL("COMMENT ON TABLE {leaf} IS {note}").format(
+                leaf=_leaf(table, leaf.name),
+                note=sql.Literal(_DONE_NOTE + since.isoformat() + RETIRING_MARK),
+            )
+        )
+    )
     yield from step(
         _statement(
             sql.SQL("ALTER TABLE {t} DETACH PARTITION {leaf} CONCURRENTLY").format(
@@ -727,9 +769,11 @@ def _retire(table: Table, leaf: Partition) -> Steps[_Held | None]:
     return (yield from _finished_or_attached_back(table, leaf))
 
 
-def _finished_or_attached_back(table: Table, leaf: Partition) -> Steps[_Held | None]:
-    """A detached partition: the rows it holds if none is unfinished (it is to be dropped),
-    else None, attached back."""
+def _finished_or_attached_back(
+    table: Table, leaf: Partition, *, counted_rows: bool = True
+) -> Steps[_Held | None]:
+    """A detached partition: the rows it holds if none is unfinished (it is to be dropped;
+    not counted unless `counted_rows`: 0 then), else None, attached back."""
     ident = _leaf(table, leaf.name)
     # Through the partial indexes, and the row count from the statistics when they are to be
     # trusted (`_TRUSTED`): counting a partition of a million rows would cost more than
@@ -751,27 +795,40 @@ def _finished_or_attached_back(table: Table, leaf: Partition) -> Steps[_Held | N
         )
     )
     estimated = total >= 0
-    if not estimated:  # never analyzed, or changed much since: count it
+    if not estimated and counted_rows:  # never analyzed, or changed much since: count it
         total = yield from step(
             _value(sql.SQL("SELECT count(*) FROM {leaf}").format(leaf=ident), int)
         )
     if unfinished:
-        yield from step(
-            _statement(
-                sql.SQL(
-                    "ALTER TABLE {t} ATTACH PARTITION {leaf} FOR VALUES FROM ({l}) TO ({h})"
-                ).format(
-                    t=table.ident, leaf=ident, l=sql.Literal(leaf.low), h=sql.Literal(leaf.high)
-                )
-            )
-        )
+        yield from _attach_back(table, leaf)
         return None
     return int(total), estimated
 
 
+def _attach_back(table: Table, leaf: Partition) -> Steps[None]:
+    """Attach a detached partition back where it was, without maintenance's note (a row in
+    it is unfinished, or no run meant to retire it): `outbox stats` looks in it again, and
+    a run notes it again once it is finished."""
+    yield from step(
+        _statement(
+            sql.SQL(
+                "ALTER TABLE {t} ATTACH PARTITION {leaf} FOR VALUES FROM ({l}) TO ({h})"
+            ).format(
+                t=table.ident,
+                leaf=_leaf(table, leaf.name),
+                l=sql.Literal(leaf.low),
+                h=sql.Literal(leaf.high),
+            )
+        )
+    )
+    yield from _forget_note(table, leaf.name)
+
+
 def _finish_detaches(table: Table) -> Steps[set[str]]:
     """A DETACH ... CONCURRENTLY interrupted (a cancel, a crash) leaves its partition
-    half-detached: finish it, so that the run retires it like any other."""
+    half-detached: finish it (a second one fails while it is so), the names finished. One a
+    run marked retiring is then dropped or attached back as a run's leftover; any other is
+    attached back (`_maintaining`)."""
     pending = yield from step(
         Query(
             sql.SQL(
@@ -795,35 +852,48 @@ def _finish_detaches(table: Table) -> Steps[set[str]]:
 
 def _detached_orphans(
     table: Table, layout: Layout, leaves: list[Partition]
-) -> Steps[list[Partition]]:
-    """Partitions a run detached and did not drop (its session ended between the two):
-    tables named as partition k (`<table>_p<k>`, or its shortened form for a long table
-    name) below the newest partition, attached to nothing, that carry maintenance's note (a
-    run notes a partition before it detaches it; a partition someone detached by hand to
-    keep is not ours to drop unless it does). Its ids, and so k, are those of its range
-    CHECK (which every partition made or converted carries, under a name shortened as its
-    table's may be: a converted table's first partition holds many partition sizes), else k
-    is read from the name's end. Read by the name's prefix alone, a long table name's
-    partitions (`<prefix>_<digest>`) were never found, and were left detached for good."""
+) -> Steps[list[tuple[Partition, bool]]]:
+    """Partitions detached and not dropped that carry maintenance's note, each with whether
+    its note carries the retiring mark: tables named as partition k (`<table>_p<k>`, or its
+    shortened form for a long table name) below the newest partition, attached to nothing.
+    Marked, a run detached it to retire it and did not drop it (its session ended between
+    the two): it is the next run's to drop. Unmarked, someone detached it by hand (a
+    partition the workers' keepers or a run had noted finished): not ours to drop, kept
+    detached unless a row in it is unfinished. Read by the note alone, one detached by hand
+    a minute after a keeper noted it was dropped by the next run whatever the retention.
+    Its ids, and so
+    k, are those of its range CHECK (which every partition made or converted carries, under
+    a name shortened as its table's may be: a converted table's first partition holds many
+    partition sizes), else k is read from the name's end. Read by the name's prefix alone,
+    a long table name's partitions (`<prefix>_<digest>`) were never found, and were left
+    detached for good."""
     if not leaves:
         return []
     candidates = yield from step(
         Query(
             sql.SQL(
                 "SELECT c.relname, ARRAY(SELECT pg_get_constraintdef(k.oid)"
-                " FROM pg_constraint k WHERE k.conrelid = c.oid AND k.contype = 'c')"
+                " FROM pg_constraint k WHERE k.conrelid = c.oid AND k.contype = 'c'),"
+                " right(obj_description(c.oid, 'pg_class'), {marked}) = {mark}"
                 " FROM pg_class c WHERE c.relkind = 'r' AND NOT c.relispartition "
                 "AND c.relnamespace = "
                 "(SELECT relnamespace FROM pg_class WHERE oid = {t}::regclass) "
                 "AND starts_with(obj_description(c.oid, 'pg_class'), {note})"
-            ).format(t=table.regclass_literal, note=sql.Literal(_DONE_NOTE)),
+            ).format(
+                t=table.regclass_literal,
+                note=sql.Literal(_DONE_NOTE),
+                marked=sql.Literal(len(RETIRING_MARK)),
+                mark=sql.Literal(RETIRING_MARK),
+            ),
             None,
-            lambda rows: [(str(row[0]), [str(c) for c in row[1] or []]) for row in rows],
+            lambda rows: [
+                (str(row[0]), [str(c) for c in row[1] or []], bool(row[2])) for row in rows
+            ],
         )
     )
     size, top = layout.partition_size, leaves[-1].low
     found = []
-    for name, checks in candidates:
+    for name, checks, marked in candidates:
         bounds = [b for b in map(_RANGE_CHECK.search, checks) if b is not None]
         if bounds:
             low, high = int(bounds[0].group(1)), int(bounds[0].group(2))
@@ -835,8 +905,8 @@ def _detached_orphans(
             index = int(suffix)
             low, high = index * size, (index + 1) * size
         if table.derived_name(f"p{index}") == name and low < top:
-            found.append(Partition(name, low, high))
-    return sorted(found, key=lambda p: p.low)
+            found.append((Partition(name, low, high), marked))
+    return sorted(found, key=lambda p: p[0].low)
 
 
 # A range CHECK as pg_get_constraintdef shows it: CHECK (((id >= 0) AND (id < 400))).
