@@ -73,6 +73,9 @@ POOL_MAX_IDLE_SECONDS = 300.0  # a connection unused this long closes
 PASS_TIMEOUT_SECONDS = 10.0  # one pass's statements, once it has a connection
 WAIT_SECONDS = 10.0  # the longest a pass waits for its turn on its database's pool
 RECHECK_SECONDS = 300.0  # the table's check is read again at least this often
+# A kept connection's check before a pass uses it (an empty statement): a server that
+# answers does so at once, like a connection's start.
+ALIVE_SECONDS = float(CONNECT_TIMEOUT_SECONDS)
 Dispatcher = tuple[str, str]  # (namespace, name): who uses a pool
 CONNECTION: dict[str, Any] = {
     "autocommit": True,
@@ -153,6 +156,9 @@ class _Pool:
         self.server: str | None = None
         self.era = 0
         self.served_at = -math.inf  # monotonic: when a connection was last handed out
+        # Monotonic: when a kept connection last went unanswered (`_alive`): the pool's
+        # connections are then not busy but stalled, and a pass waiting for one is told so.
+        self.unanswered_at = -math.inf
         self.checked: dict[tuple[Table, bool], _Checked] = {}
         self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             target.dsn,
@@ -161,16 +167,32 @@ class _Pool:
             max_size=max_connections,
             max_idle=POOL_MAX_IDLE_SECONDS,
             timeout=WAIT_SECONDS,  # to get a connection; then DatabaseBusy or a Problem
-            # A connection the server dropped (a restart) is replaced before it is used.
-            check=AsyncConnectionPool.check_connection,
+            # A connection the server dropped (a restart), or one it no longer answers, is
+            # replaced before it is used.
+            check=self._alive,
             configure=self._opened,
             reset=_path_as_it_was,
             num_workers=1,
             open=False,
         )
 
+    async def _alive(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """The pool's check of a kept connection before it is handed out, bounded: a server
+        frozen, or a network that drops every packet while the connection stays open,
+        never answers it, and the pass waiting for it would wait for ever (the pool's own
+        check has no deadline), its status left as the last answered pass wrote it. An
+        unanswered check is a connection the pool closes and replaces, and the pass ends
+        at its wait as for any database that does not answer (`DatabaseUnreachable`)."""
+        try:
+            async with asyncio.timeout(ALIVE_SECONDS):
+                await AsyncConnectionPool.check_connection(conn)
+        except TimeoutError:
+            self.unanswered_at = time.monotonic()
+            raise
+
     async def _opened(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        started = await server_started(conn)
+        async with asyncio.timeout(ALIVE_SECONDS):  # a new connection's first statement
+            started = await server_started(conn)
         # A role denied the start time cannot tell a restart: every new connection may be one.
         if self.server is not None and (started != self.server or started == "unknown"):
             self.era += 1
@@ -204,7 +226,11 @@ async def _answers(target: Target, pool: _Pool | None = None) -> AsyncIterator[N
         reason = "TableMissing" if missing else "TableInvalid"
         raise Problem(reason, str(exc), database=True) from None
     except PoolTimeout:
-        if pool is not None and time.monotonic() - pool.served_at < 2 * WAIT_SECONDS:
+        if (
+            pool is not None
+            and time.monotonic() - pool.served_at < 2 * WAIT_SECONDS
+            and pool.unanswered_at < pool.served_at  # its connections answer: in use
+        ):
             raise DatabaseBusy(
                 f"every connection to {redact_dsn(target.dsn)} was in use for {WAIT_SECONDS:g} "
                 f"s (at most {pool.pool.max_size} per database)"
