@@ -85,6 +85,7 @@ class PartitionKeeper(Service):
         may_create = may_note = True
         topping_up, made = False, 0  # a top-up under way, made a partition a pass
         too_far_told = ""  # the last TooFarAhead said, said again only when it changes
+        in_the_way_told = ""  # the last table in the way said, again only when it changes
         while True:
             began = time.monotonic()
             full_pass = not topping_up  # a pass of a top-up only makes a partition
@@ -127,7 +128,23 @@ class PartitionKeeper(Service):
                     # any. A refusal after it waits for the next pass (it went round at once).
                     continue
                 self.metrics.db_errors.labels("keep partitions").inc()
-                log.warning("could not keep partitions ahead: %s", exc)
+                if isinstance(exc, psycopg.errors.DuplicateTable):
+                    # A table of the next partition's name in its way (`make_partition`):
+                    # the same refusal every pass until someone renames or drops it. Said
+                    # once (again when it changes), in its one line: PL/pgSQL's context
+                    # followed it, every 30 seconds.
+                    said = exc.diag.message_primary or str(exc)
+                    if said != in_the_way_told:
+                        log.warning(
+                            "could not keep partitions ahead: %s (this worker tries again at "
+                            "each pass)",
+                            said,
+                        )
+                    in_the_way_told = said
+                else:
+                    log.warning("could not keep partitions ahead: %s", exc)
+                if not isinstance(exc, psycopg.OperationalError):
+                    await self._measure_ahead(layout)
             except partitions.TooFarAhead as exc:
                 # The sequence jumped past what is made: no id is left ahead (the alert
                 # fires), and the same refusal comes every pass until someone acts.
@@ -136,6 +153,8 @@ class PartitionKeeper(Service):
                 if str(exc) != too_far_told:
                     log.warning("%s", exc)
                     too_far_told = str(exc)
+            else:
+                in_the_way_told = ""  # made, or none to make: a table in the way since is new
             if topping_up:
                 # Paced: the database's cores serve the drain, a top-up takes what is left.
                 spent = time.monotonic() - began
@@ -143,6 +162,16 @@ class PartitionKeeper(Service):
                 continue
             await self.tell_refused()  # apart: its failure is no failure to keep partitions
             await asyncio.sleep(KEEP_INTERVAL)
+
+    async def _measure_ahead(self, layout: partitions.Layout) -> None:
+        """After a pass refused (a table in the way, say): the ids left ahead read on their
+        own, so that the metric, and the alert on it, follow the producers while no
+        partition is made. It kept the last pass's figure, and the alert stayed silent
+        until inserts failed. A failure here is the pass's own, told already."""
+        with contextlib.suppress(psycopg.Error, OSError):
+            async with self.connection() as conn:
+                left = await partitions.ids_ahead(conn, self.settings.table, layout)
+                self.metrics.partition_ids_ahead.set(left)
 
     async def _recorded(
         self, conn: psycopg.AsyncConnection[tuple[object, ...]], layout: partitions.Layout
