@@ -34,7 +34,14 @@ from outbox.plumbing.text import first_line, printable
 from outbox.runner import Query, fetch_async, perform_async
 from outbox.schema import SchemaError, check_table, serves_ordering
 from outbox.session import home_first
-from outbox.stats import DestinationState, QueueStats, destination_states, queue_stats_async
+from outbox.stats import (
+    DestinationState,
+    QueueStats,
+    Window,
+    destination_states,
+    queue_stats_async,
+    unfinished_window,
+)
 from outbox.table import Table
 from outbox.tui.session import configure_session
 from outbox.views import dashboard, dead_letters
@@ -183,6 +190,17 @@ class PgSource:
     async def _fetch(self, channel: str, query: Query[T]) -> T:
         return await self._run(channel, lambda conn: fetch_async(conn, query))
 
+    async def _windowed(self, channel: str, query: Callable[[Window | None], Query[T]]) -> T:
+        """`query` within the window of a partitioned table's unfinished rows
+        (outbox.views.window), read from the catalog first: one small statement, where a
+        read over the parent would plan every partition, hundreds of them, on each refresh."""
+
+        async def work(conn: psycopg.AsyncConnection[Any]) -> T:
+            window = await fetch_async(conn, unfinished_window(self.table))
+            return await fetch_async(conn, query(window))
+
+        return await self._run(channel, work)
+
     async def check(self, ordered: bool) -> str | None:
         async def work(conn: psycopg.AsyncConnection[Any]) -> str | None:
             try:
@@ -197,17 +215,19 @@ class PgSource:
         async def work(conn: psycopg.AsyncConnection[Any]) -> Overview:
             nonlocal ordered
             ordered = ordered and await serves_ordering(conn, self.table)
+            window = await fetch_async(conn, unfinished_window(self.table))
+            # A partitioned table's done rows stay the statistics' estimate: counting them
+            # exactly would read every partition, hundreds of them, on each poll.
+            exact = self._small_table and window is None
             # Ordered: the claimable figures too (rows behind an unfinished head are not claimable).
             try:
-                stats = await queue_stats_async(
-                    conn, self.table, exact=self._small_table, ordered=ordered
-                )
+                stats = await queue_stats_async(conn, self.table, exact=exact, ordered=ordered)
             except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
                 # A table at a schema before v4 has no destinations table yet, one before v5
                 # no served_at in it; the status line says what to run, and the figures it
                 # has are still shown.
                 stats = await queue_stats_async(
-                    conn, self.table, exact=self._small_table, ordered=ordered, destinations=False
+                    conn, self.table, exact=exact, ordered=ordered, destinations=False
                 )
             # Exact from the next poll on while counting done rows costs next to nothing: a
             # count that stopped at its limit says the table may be far bigger.
@@ -215,10 +235,12 @@ class PgSource:
             self._small_table = (
                 counted < EXACT_DONE_BELOW and stats.counts_exact and not stats.at_least("done")
             )
-            holders = await fetch_async(conn, dashboard.lease_holders(self.table))
+            holders = await fetch_async(conn, dashboard.lease_holders(self.table, window=window))
             blocked: Blocked | None = None
             if ordered:
-                blocked = await fetch_async(conn, dashboard.blocked_aggregates(self.table))
+                blocked = await fetch_async(
+                    conn, dashboard.blocked_aggregates(self.table, window=window)
+                )
             return Overview(stats, holders, blocked)
 
         return await self._run("overview", work)
@@ -226,12 +248,17 @@ class PgSource:
     async def dead_page(
         self, f: DeadFilter, *, before: int | None, after: int | None, limit: int
     ) -> DeadPage:
-        return await self._fetch(
-            "dead", dead_letters.dead_page(self.table, f, before=before, after=after, limit=limit)
+        return await self._windowed(
+            "dead",
+            lambda window: dead_letters.dead_page(
+                self.table, f, before=before, after=after, limit=limit, window=window
+            ),
         )
 
     async def dead_count(self, f: DeadFilter) -> int:
-        return await self._fetch("dead", dead_letters.dead_count(self.table, f))
+        return await self._windowed(
+            "dead", lambda window: dead_letters.dead_count(self.table, f, window=window)
+        )
 
     async def check_filter(self, f: DeadFilter) -> str | None:
         if f.payload_path is None:
@@ -245,24 +272,30 @@ class PgSource:
         return None
 
     async def error_groups(self, f: DeadFilter) -> list[ErrorGroup]:
-        return await self._fetch("groups", dead_letters.error_groups(self.table, f))
+        return await self._windowed(
+            "groups", lambda window: dead_letters.error_groups(self.table, f, window=window)
+        )
 
     async def blocking_heads(self) -> list[BlockingHead] | None:
         async def work(conn: psycopg.AsyncConnection[Any]) -> list[BlockingHead] | None:
             if not await serves_ordering(conn, self.table):
                 return None  # not read without ordered mode's index (see overview)
-            return await fetch_async(conn, dashboard.blocking_heads(self.table))
+            window = await fetch_async(conn, unfinished_window(self.table))
+            return await fetch_async(conn, dashboard.blocking_heads(self.table, window=window))
 
         return await self._run("blocked", work)
 
     async def sessions(self) -> list[Session]:
-        return await self._fetch("sessions", dashboard.sessions(self.table))
+        return await self._windowed(
+            "sessions", lambda window: dashboard.sessions(self.table, window=window)
+        )
 
     async def message(self, message_id: int) -> MessageDetail | None:
         async def work(conn: psycopg.AsyncConnection[Any]) -> MessageDetail | None:
             ordered = await serves_ordering(conn, self.table)
+            window = await fetch_async(conn, unfinished_window(self.table)) if ordered else None
             return await fetch_async(
-                conn, dead_letters.message(self.table, message_id, ordered=ordered)
+                conn, dead_letters.message(self.table, message_id, ordered=ordered, window=window)
             )
 
         return await self._run("detail", work)

@@ -17,9 +17,11 @@ from psycopg import sql
 from outbox.operations.repair import Seen
 from outbox.plumbing.jsontext import loads_bounded
 from outbox.runner import Query, Row
+from outbox.stats import Window
 from outbox.table import Table
 from outbox.views.error_groups import ERROR_GROUP
 from outbox.views.filters import DeadFilter, where
+from outbox.views.window import within
 
 MAX_ID = 2**63 - 1
 PAGE_SIZE = 50
@@ -60,13 +62,15 @@ def dead_page(
     before: int | None = None,
     after: int | None = None,
     limit: int = PAGE_SIZE,
+    window: Window | None = None,
 ) -> Query[DeadPage]:
     """A page of matching dead messages, newest first, keyset-paged on id.
 
     `before=None` is the newest page; `before=<last id shown>` the next older one;
     `after=<first id shown>` the page just newer than it (read upwards, shown newest first).
+    Within a partitioned table's `window` if given (outbox.views.window).
     """
-    clause, params = where(f or DeadFilter())
+    clause, params = where(f or DeadFilter(), window)
     upwards = after is not None
     statement = sql.SQL(
         """SELECT {columns}, (SELECT EXISTS (SELECT 1 FROM {t} WHERE {where} AND {other_side}))
@@ -100,8 +104,10 @@ def dead_page(
     return Query(statement, params, parse)
 
 
-def dead_count(table: Table, f: DeadFilter | None = None) -> Query[int]:
-    clause, params = where(f or DeadFilter())
+def dead_count(
+    table: Table, f: DeadFilter | None = None, *, window: Window | None = None
+) -> Query[int]:
+    clause, params = where(f or DeadFilter(), window)
     statement = sql.SQL("SELECT count(*) FROM {t} WHERE {where}").format(
         t=table.ident, where=clause
     )
@@ -123,18 +129,19 @@ def error_groups(
     f: DeadFilter | None = None,
     *,
     limit: int = 200,
+    window: Window | None = None,
 ) -> Query[list[ErrorGroup]]:
     """Matching dead messages grouped by normalised error, biggest group first."""
-    clause, params = where(f or DeadFilter())
+    clause, params = where(f or DeadFilter(), window)
     statement = sql.SQL(
-        """SELECT g.key, g.n, (SELECT last_error FROM {t} WHERE id = g.newest), g.newest,
+        """SELECT g.key, g.n, (SELECT last_error FROM {t} WHERE id = g.newest{ids}), g.newest,
        g.oldest_at, g.newest_at
   FROM (SELECT {group} AS key, count(*) AS n, max(id) AS newest,
                min(created_at) AS oldest_at, max(created_at) AS newest_at
           FROM {t} WHERE {where} GROUP BY 1) AS g
  ORDER BY g.n DESC, g.newest DESC
  LIMIT %(limit)s::int"""
-    ).format(t=table.ident, group=ERROR_GROUP, where=clause)
+    ).format(t=table.ident, group=ERROR_GROUP, where=clause, ids=within(window))
     return Query(
         statement,
         {**params, "limit": limit},
@@ -182,20 +189,24 @@ class MessageDetail:
 
 
 _PLACE_IN_AGGREGATE = """NOT EXISTS (SELECT 1 FROM {t} AS p WHERE p.aggregate_id = o.aggregate_id
-                     AND p.id < o.id AND p.status <> 'done'),
+                     AND p.id < o.id AND p.status <> 'done'{p_ids}),
        (SELECT count(*) FROM {t} AS w WHERE w.aggregate_id = o.aggregate_id
-                     AND w.id > o.id AND w.status <> 'done'),
+                     AND w.id > o.id AND w.status <> 'done'{w_ids}),
        n.id, n.status"""
 _NEXT_IN_AGGREGATE = """LEFT JOIN LATERAL (SELECT id, status FROM {t} AS w
                      WHERE w.aggregate_id = o.aggregate_id AND w.id > o.id
-                       AND w.status <> 'done' ORDER BY w.id LIMIT 1) AS n ON true"""
+                       AND w.status <> 'done'{w_ids} ORDER BY w.id LIMIT 1) AS n ON true"""
 
 
-def message(table: Table, message_id: int, *, ordered: bool = True) -> Query[MessageDetail | None]:
+def message(
+    table: Table, message_id: int, *, ordered: bool = True, window: Window | None = None
+) -> Query[MessageDetail | None]:
     """One message, every column; with `ordered` (the table has ordered mode's index, whose
     probes these are) also its place in its aggregate. The payload comes bounded, as text:
     its first characters (PAYLOAD_PREVIEW) and its length; the row's other columns come
-    from a copy of the row without it (`jsonb_populate_record` keeps every column's type)."""
+    from a copy of the row without it (`jsonb_populate_record` keeps every column's type).
+    The unfinished messages around it are looked for within a partitioned table's `window`
+    if given (outbox.views.window): the row itself is found by its id, wherever it is."""
     place = sql.SQL(_PLACE_IN_AGGREGATE if ordered else "NULL, NULL, NULL, NULL")
     join = sql.SQL(_NEXT_IN_AGGREGATE if ordered else "")
     statement = sql.SQL(
@@ -211,8 +222,8 @@ def message(table: Table, message_id: int, *, ordered: bool = True) -> Query[Mes
   {join}
  WHERE o.id = %(id)s::bigint"""
     ).format(
-        place=place.format(t=table.ident),
-        join=join.format(t=table.ident),
+        place=place.format(t=table.ident, p_ids=within(window, "p"), w_ids=within(window, "w")),
+        join=join.format(t=table.ident, w_ids=within(window, "w")),
         t=table.ident,
         group=ERROR_GROUP,
         rc=table.regclass_literal,

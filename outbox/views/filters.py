@@ -17,7 +17,9 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from outbox.runner import Query
+from outbox.stats import Window
 from outbox.views.error_groups import ERROR_GROUP
+from outbox.views.window import within
 
 
 class FilterError(ValueError):
@@ -186,12 +188,13 @@ def by_type_and_aggregate(
     return clauses, params
 
 
-def where(f: DeadFilter) -> tuple[sql.Composable, dict[str, Any]]:
+def where(f: DeadFilter, window: Window | None = None) -> tuple[sql.Composable, dict[str, Any]]:
     """The WHERE clause for dead rows matching `f`; always led by the partial index's
-    predicate so that the planner walks `outbox_dead`."""
+    predicate so that the planner walks `outbox_dead`; within a partitioned table's
+    `window` if given (outbox.views.window)."""
     event_types = () if f.event_type is None else (f.event_type,)
     chosen, params = by_type_and_aggregate(event_types, f.aggregate_type, f.aggregate_id)
-    clauses: list[sql.Composable] = [sql.SQL("status = 'dead'"), *chosen]
+    clauses: list[sql.Composable] = [sql.SQL("status = 'dead'") + within(window), *chosen]
     if f.error is not None:
         clauses.append(sql.SQL("last_error ILIKE %(f_error)s"))
         params["f_error"] = _like(f.error)
