@@ -26,7 +26,7 @@ from psycopg.conninfo import make_conninfo
 from test_replay import _on_terminal as on_terminal
 
 from outbox import Event, enqueue_many
-from outbox.partitions import Layout, upkeep_lock
+from outbox.partitions import RETIRING_MARK, Layout, upkeep_lock
 from outbox.schema import migrate
 from outbox.table import Table
 
@@ -196,6 +196,16 @@ def test_a_partition_left_detached_by_a_run_is_finished_whatever_the_tables_name
         assert "2 finished but within the retention" in noted.stdout, noted.stderr
         first = table.derived_name("p0")
         leaf = Table(None, first).ident
+        # A run marks its note retiring just before its detach.
+        comment = conn.execute(
+            sql.SQL("SELECT obj_description({r}::regclass, 'pg_class')").format(
+                r=Table(None, first).regclass_literal
+            )
+        ).fetchone()
+        assert comment is not None
+        conn.execute(
+            sql.SQL("COMMENT ON TABLE {p} IS {c}").format(p=leaf, c=f"{comment[0]}{RETIRING_MARK}")
+        )
         conn.execute(sql.SQL("ALTER TABLE {t} DETACH PARTITION {p}").format(t=table.ident, p=leaf))
         if row == "unfinished":
             conn.execute(sql.SQL("UPDATE {p} SET status = 'pending' WHERE id = 50").format(p=leaf))

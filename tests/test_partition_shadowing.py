@@ -16,7 +16,7 @@ import pytest
 from helpers import outbox_on as outbox
 from helpers import seed
 
-from outbox.partitions import Layout, check, keep_ahead
+from outbox.partitions import RETIRING_MARK, Layout, check, keep_ahead
 from outbox.schema import migrate
 from outbox.table import Table
 
@@ -112,6 +112,15 @@ def test_maintain_drops_the_partition_a_run_left_detached_not_the_shadowing_tabl
     done = outbox(empty_dsn, "maintain", "--retention", "7d")  # notes p0 and p1 finished
     assert done.returncode == 0, (done.stdout, done.stderr)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        comment = conn.execute(
+            "SELECT obj_description('public.outbox_p1'::regclass, 'pg_class')"
+        ).fetchone()
+        assert comment is not None  # a run marks its note retiring just before its detach
+        conn.execute(
+            psycopg.sql.SQL("COMMENT ON TABLE public.outbox_p1 IS {}").format(
+                f"{comment[0]}{RETIRING_MARK}"
+            )
+        )
         conn.execute("ALTER TABLE public.outbox DETACH PARTITION public.outbox_p1")
     _shadow(empty_dsn, "outbox_p1", rows=False)
     done = outbox(empty_dsn, "maintain", "--retention", "0s")

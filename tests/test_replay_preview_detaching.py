@@ -8,7 +8,7 @@ is half detached, and to run `outbox maintain`, then the replay."""
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -27,7 +27,7 @@ from outbox.operations.replay import (
     send_batch,
     start,
 )
-from outbox.partitions import Layout
+from outbox.partitions import FINISHED_NOTE, RETIRING_MARK, Layout
 from outbox.runner import perform
 from outbox.schema import migrate
 from outbox.table import Table
@@ -53,9 +53,18 @@ def _delivered(conn: Conn) -> datetime:
     return now[0]
 
 
-def _left_half_detached(dsn: str, conn: Conn, partition: str) -> None:
+def _left_half_detached(dsn: str, conn: Conn, partition: str, *, by_run: bool = True) -> None:
     """What a run of `outbox maintain` cancelled in its DETACH ... CONCURRENTLY (while it
-    waited for a transaction on the table) leaves: the partition pending detach."""
+    waited for a transaction on the table) leaves: the partition pending detach, its note
+    marked retiring as a run marks it before its detach (`by_run`; else a detach begun by
+    hand, its comment as it was)."""
+    if by_run:
+        conn.execute(
+            psycopg.sql.SQL("COMMENT ON TABLE {} IS {}").format(
+                psycopg.sql.Identifier(partition),
+                f"{FINISHED_NOTE}{datetime.now(UTC).isoformat()}{RETIRING_MARK}",
+            )
+        )
     with (
         psycopg.connect(dsn) as reader,
         psycopg.connect(dsn, autocommit=True) as detacher,

@@ -62,7 +62,7 @@ def _count(conn: Conn, relation: str) -> int:
 
 
 def test_a_partition_begun_detaching_by_hand_is_attached_back_not_dropped(noted, empty_dsn):
-    _left_half_detached(empty_dsn, noted, "outbox_p0")
+    _left_half_detached(empty_dsn, noted, "outbox_p0", by_run=False)
     result = outbox(empty_dsn, "maintain", "--retention", "7d")
     assert result.returncode == 0, result.stderr
     assert "retired 0 (0 rows), 2 finished but within the retention of 7d" in result.stdout
@@ -82,7 +82,7 @@ def test_a_partition_detached_by_hand_is_left_detached_not_dropped(noted, empty_
 
 def test_a_partition_begun_detaching_by_hand_with_a_pending_row_keeps_it(noted, empty_dsn):
     noted.execute("UPDATE outbox SET status = 'pending', done_at = NULL WHERE id = 50")
-    _left_half_detached(empty_dsn, noted, "outbox_p0")
+    _left_half_detached(empty_dsn, noted, "outbox_p0", by_run=False)
     result = outbox(empty_dsn, "maintain", "--retention", "0s")
     assert result.returncode == 0, result.stderr
     assert re.search(r"retired 1 \(~?100 rows\)", result.stdout), result.stdout  # p1 only
@@ -91,14 +91,11 @@ def test_a_partition_begun_detaching_by_hand_with_a_pending_row_keeps_it(noted, 
     assert not _comment(noted, "outbox_p0").startswith("outbox-dispatcher")  # no note on it
 
 
-def test_a_half_detached_partition_noted_by_hand_as_retiring_is_checked_before_the_drop(
-    noted, empty_dsn
-):
+def test_a_partition_a_run_left_half_detached_is_checked_before_the_drop(noted, empty_dsn):
     """What a run leaves when it is stopped in its detach (its note marked retiring), with a
     row in it unfinished again: attached back, never dropped."""
-    noted.execute(f"COMMENT ON TABLE outbox_p0 IS '{_comment(noted, 'outbox_p0')}{RETIRING_MARK}'")
     noted.execute("UPDATE outbox SET status = 'dead', done_at = NULL WHERE id = 7")
-    _left_half_detached(empty_dsn, noted, "outbox_p0")
+    _left_half_detached(empty_dsn, noted, "outbox_p0")  # marked as a run marks it
     result = outbox(empty_dsn, "maintain", "--retention", "0s")
     assert result.returncode == 0, result.stderr
     assert _attached(noted, "outbox_p0")
