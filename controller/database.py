@@ -117,6 +117,13 @@ class Database(Protocol):
         partitions dropped, `outbox maintain`'s way); how many went; a Problem on failure."""
         ...
 
+    def keep_retention(
+        self, dispatcher: Dispatcher, table: Table | None, older_than: timedelta | None
+    ) -> None:
+        """The dispatcher's retention as its spec says now (`older_than` None: off): a run
+        in flight for another table or another age is cancelled, its statement with it."""
+        ...
+
     def release(self, dispatcher: Dispatcher) -> None:
         """The dispatcher is gone: its retention run in flight is cancelled, and a pool it
         was the last user of closes."""
@@ -264,6 +271,8 @@ class Pools:
         self._uses: dict[Dispatcher, Target] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._retiring: dict[Dispatcher, asyncio.Task[int]] = {}  # retention runs (`purge`)
+        # What each run is for: its table and age, as the spec said when it started.
+        self._retiring_for: dict[Dispatcher, tuple[Table, timedelta]] = {}
 
     async def _pool(self, dispatcher: Dispatcher, target: Target) -> _Pool:
         if self._uses.get(dispatcher) != target:
@@ -310,6 +319,7 @@ class Pools:
         # a purge of many batches), and it holds one of the pool's connections, never the
         # others' passes. This pass waits for it at most PASS_TIMEOUT_SECONDS; a later pass
         # collects what it did.
+        self.keep_retention(dispatcher, table, older_than)
         running = self._retiring.get(dispatcher)
         if running is None:
             running = asyncio.create_task(
@@ -317,13 +327,16 @@ class Pools:
                 name=f"retention of {dispatcher[0]}/{dispatcher[1]}",
             )
             self._retiring[dispatcher] = running
+            self._retiring_for[dispatcher] = (table, older_than)
         done, _ = await asyncio.wait({running}, timeout=PASS_TIMEOUT_SECONDS)
         if not done:
             raise RetentionRunning(
                 f"the retention run on {shown(table)} is still going on after "
                 f"{PASS_TIMEOUT_SECONDS:g} s: reported by a later pass"
             )
-        del self._retiring[dispatcher]
+        if self._retiring.get(dispatcher) is running:
+            del self._retiring[dispatcher]
+            del self._retiring_for[dispatcher]
         return running.result()
 
     async def _retire(
@@ -339,8 +352,29 @@ class Pools:
                 # run by hand for its run: this round is skipped, the next pass tries again.
                 raise Problem("UpkeepBusy", str(exc), database=True) from None
 
+    def keep_retention(
+        self, dispatcher: Dispatcher, table: Table | None, older_than: timedelta | None
+    ) -> None:
+        # A run is for the spec that started it: one whose retention was shortened by
+        # mistake and then put right, or taken off, must not go on deleting what the
+        # spec keeps now (a batched purge of many rows, or a DELETE waiting for a lock,
+        # may last long past the change).
+        wanted = None if table is None or older_than is None else (table, older_than)
+        running = self._retiring_for.get(dispatcher)
+        if running is not None and running != wanted:
+            log.info(
+                "%s/%s: the retention run on %s stopped: the spec's retention changed",
+                dispatcher[0], dispatcher[1], shown(running[0]),
+            )  # fmt: skip
+            self._stop_retention(dispatcher)
+
     def release(self, dispatcher: Dispatcher) -> None:
+        self._stop_retention(dispatcher)
+        self._leave(dispatcher)
+
+    def _stop_retention(self, dispatcher: Dispatcher) -> None:
         retiring = self._retiring.pop(dispatcher, None)
+        self._retiring_for.pop(dispatcher, None)
         if retiring is not None:
             # Nobody serves its table any more: the run stops, at the database too (psycopg
             # sends the server a cancel for the statement in flight when its task is
@@ -350,7 +384,6 @@ class Pools:
             # this cancellation ends at its own end, bounded by its statement timeout.
             retiring.cancel()
             retiring.add_done_callback(lambda task: task.cancelled() or task.exception())
-        self._leave(dispatcher)
 
     def _leave(self, dispatcher: Dispatcher) -> None:
         """The dispatcher uses its pool no more (gone, or its Secret rotated): a pool left
@@ -372,6 +405,7 @@ class Pools:
         pools, self._pools = list(self._pools.values()), {}
         self._uses.clear()
         retiring, self._retiring = list(self._retiring.values()), {}
+        self._retiring_for.clear()
         for task in retiring:
             task.cancel()
         await asyncio.gather(*retiring, return_exceptions=True)

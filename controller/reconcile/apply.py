@@ -97,6 +97,8 @@ async def apply(
         with step(f"resizing Deployment {spec.namespace}/{name}"):
             await context.kube.scale_deployment(spec.namespace, name, decision.replicas)
     purged = None
+    # A run in flight under a retention the spec no longer has (or for another table) stops.
+    context.database.keep_retention((spec.namespace, spec.name), spec.table, spec.retention)
     if reading.problem is None and spec.retention is not None and _purge_due(reading, purged_at):
         purged = await _purge(context, reading)
         if purged is not None:
