@@ -220,9 +220,12 @@ def convert(
     if not conn.autocommit:
         raise ValueError("convert needs an autocommit connection")
     # One conversion of a table at a time (every replica may run `outbox migrate` at start):
-    # the others wait, then find it partitioned.
+    # the others wait, then find it partitioned. Keyed on the table as the catalog holds it,
+    # not as it was named: a run given `outbox` and one given `public.outbox` went on at
+    # once, and the later swap failed on the first's (relation "outbox_p0" already exists).
+    home = partitions.in_schema(table, fetch(conn, partitions.home_schema(table)) or None)
     lock = sql.SQL("hashtextextended({n}, 0)").format(
-        n=text_constant(f"outbox-dispatcher convert {table}")
+        n=text_constant(f"outbox-dispatcher convert {home}")
     )
     conn.execute(sql.SQL("SELECT pg_advisory_lock({l})").format(l=lock))
     try:
