@@ -40,7 +40,6 @@ import psycopg
 from psycopg import sql
 
 from outbox.operations import replay
-from outbox.operations.partition_maintenance import run_lock
 from outbox.plumbing.dsn import connect_options
 from outbox.plumbing.text import counted, printable_name
 from outbox.runner import Query, Row, Steps, fetch, first_row, perform, step
@@ -270,17 +269,12 @@ def choose_consumer(inbox_conn: psycopg.Connection[Any], inbox: Table, consumer:
 AGAIN = "run this comparison again"  # what to do once `outbox maintain` finished a detach
 
 
-def _shared_run_lock(table: Table) -> Query[None]:
-    statement = sql.SQL("SELECT pg_advisory_xact_lock_shared({run})").format(run=run_lock(table))
-    return Query(statement, None, lambda rows: None)
-
-
 def _window(table: Table, since: datetime, until: datetime, *, after: int) -> Steps[replay.IdRange]:
     """The window's id range from id `after` on, found once a run of `outbox maintain` has
     ended (in the caller's transaction, which keeps the next from beginning), and refused
     (`replay.refuse_half_detached`) when `after` is 0 and a partition pending detach holds a
     part of it."""
-    yield from step(_shared_run_lock(table))
+    yield from step(replay.shared_run_lock(table))
     window = yield from replay.window(table, since, until)
     ids = replay.IdRange(max(window.first, after), window.past)
     if after == 0:
@@ -297,7 +291,7 @@ def _beside_maintenance(
     partition is being detached, left out of the table, while it reads), and refused
     (HalfDetached, saying to run `outbox maintain`, then `then`) when a partition an
     interrupted run left pending detach holds ids from `low` to before `past`."""
-    half_detached = yield from step(replay.beside_retirement(table, low, past))
+    half_detached = yield from replay.beside_retirement(table, low, past)
     if half_detached:
         raise replay.HalfDetached(replay.half_detached_message(table, half_detached, then()))
     return (yield from step(query))

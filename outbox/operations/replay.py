@@ -495,7 +495,7 @@ SELECT (SELECT count(*) FROM changed), (SELECT max(id) FROM picked),
     )
 
 
-def beside_retirement(table: Table, low: int, past: int) -> Query[list[str] | None]:
+def beside_retirement(table: Table, low: int, past: int) -> Steps[list[str] | None]:
     """Wait for a run of `outbox maintain` to end, and keep the next from beginning until
     the batch's transaction ends (its lock, shared: replays go on side by side); then the
     partitions of the table pending detach that hold ids from `low` to before `past`, if
@@ -506,25 +506,35 @@ def beside_retirement(table: Table, low: int, past: int) -> Query[list[str] | No
     of what the table holds for the detach's length: a batch then read past its ids, and
     when the run found a row there unfinished after all (one this replay had just sent
     again) and attached it back, its other rows stayed done, never sent again. A partition
-    still pending detach while no run holds the lock is one an interrupted run left."""
+    still pending detach while no run holds the lock is one an interrupted run left.
+
+    The catalog is read in a statement of its own, begun once the lock is held: a statement
+    sees what was committed when it began (READ COMMITTED), and the one that waited would
+    miss a partition the run it waited for left pending detach as it ended."""
+    yield from step(shared_run_lock(table))
     statement = sql.SQL(
-        """SELECT pg_advisory_xact_lock_shared({run}), (
-  SELECT array_agg(c.relname::text ORDER BY c.relname)
-    FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
-   WHERE i.inhparent = {t}::regclass AND i.inhdetachpending
-     AND substring(pg_get_expr(c.relpartbound, c.oid) FROM {first})::bigint < %(past)s
-     AND substring(pg_get_expr(c.relpartbound, c.oid) FROM {to})::bigint > %(low)s)"""
-    ).format(
-        run=run_lock(table),
-        t=table.regclass_literal,
-        first=sql.Literal(FIRST_ID),
-        to=sql.Literal(PAST_ID),
+        """SELECT array_agg(c.relname::text ORDER BY c.relname)
+  FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+ WHERE i.inhparent = {t}::regclass AND i.inhdetachpending
+   AND substring(pg_get_expr(c.relpartbound, c.oid) FROM {first})::bigint < %(past)s
+   AND substring(pg_get_expr(c.relpartbound, c.oid) FROM {to})::bigint > %(low)s"""
+    ).format(t=table.regclass_literal, first=sql.Literal(FIRST_ID), to=sql.Literal(PAST_ID))
+    found = yield from step(
+        Query(
+            statement,
+            {"low": low, "past": past},
+            first_row(lambda row: None if row is None else row[0]),
+        )
     )
-    return Query(
-        statement,
-        {"low": low, "past": past},
-        first_row(lambda row: None if row is None else row[1]),
-    )
+    return found
+
+
+def shared_run_lock(table: Table) -> Query[None]:
+    """The run's lock, shared, until the transaction ends: waits for a run of `outbox
+    maintain` to end and keeps the next from beginning (replays and comparisons go on side
+    by side). Whatever is to see what the run left is read in a later statement."""
+    statement = sql.SQL("SELECT pg_advisory_xact_lock_shared({run})").format(run=run_lock(table))
+    return Query(statement, None, lambda rows: None)
 
 
 @dataclass
@@ -583,7 +593,7 @@ def send_batch(
     if batch is None:
         batch = progress.batch
     size = batch if progress.left is None else min(batch, progress.left)
-    half_detached = yield from step(beside_retirement(table, progress.next_id, progress.past_id))
+    half_detached = yield from beside_retirement(table, progress.next_id, progress.past_id)
     if half_detached:
         raise HalfDetached(
             f"replay {progress.number}: "
