@@ -167,6 +167,10 @@ class _Pool:
         # connections are then not busy but stalled, and a pass waiting for one is told so.
         self.unanswered_at = -math.inf
         self.checked: dict[tuple[Table, bool], _Checked] = {}
+        # Retention runs may wait long (a DELETE or a DETACH waiting for a lock): they take
+        # all but one of the pool's connections at most, so that the passes of every
+        # dispatcher on the database always have one to read their backlog with.
+        self.retention_turns = asyncio.Semaphore(max(1, max_connections - 1))
         self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             target.dsn,
             kwargs=CONNECTION,
@@ -342,7 +346,8 @@ class Pools:
     async def _retire(
         self, pool: _Pool, target: Target, table: Table, older_than: timedelta
     ) -> int:
-        async with _answers(target, pool), pool.pool.connection() as conn:
+        # Its turn first (`_Pool.retention_turns`): a run waiting for one holds no connection.
+        async with pool.retention_turns, _answers(target, pool), pool.pool.connection() as conn:
             pool.served_at = time.monotonic()
             try:
                 await perform_async(conn, home_first(table))  # as `read` does
