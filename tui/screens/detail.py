@@ -114,7 +114,10 @@ class DetailScreen(BaseScreen):
             Text.assemble(
                 (f"message {detail.id} ", "bold"),
                 (f" {status} ", f"reverse {_STATUS_STYLE.get(status, '')}"),
-                f"  {c.get('aggregate_type')}/{c.get('aggregate_id')} · {c.get('event_type')}",
+                _bounded(
+                    f"  {c.get('aggregate_type')}/{c.get('aggregate_id')} · {c.get('event_type')}",
+                    SHOWN_TEXT,
+                ),
                 (f"  {self.stale_note()}" if self.stale_since else "", "bold yellow"),
             )
         )
@@ -122,7 +125,9 @@ class DetailScreen(BaseScreen):
         error = c.get("last_error")
         self.query_one("#error", Static).update(
             Group(
-                Text(printable(str(error), keep="\n"), "red") if error else Text("(none)", "dim"),
+                Text(printable(_bounded(str(error), SHOWN_ERROR), keep="\n"), "red")
+                if error
+                else Text("(none)", "dim"),
                 Text(f"error group: {detail.error_group or '(no error)'}", "dim"),
             )
         )
@@ -194,19 +199,26 @@ def _value(name: str, value: Any, now: datetime) -> RenderableType:
     if name == "status":
         return Text(str(value), _STATUS_STYLE.get(str(value), ""))
     if isinstance(value, dict | list):
-        return Text(json.dumps(value, ensure_ascii=False))
+        return Text(_bounded(json.dumps(value, ensure_ascii=False)))
     return Text(printable(_bounded(str(value))))
 
 
-def _bounded(text: str) -> str:
-    if len(text) <= SHOWN_TEXT:
+def _bounded(text: str, limit: int | None = None) -> str:
+    """`text`, or its first `limit` characters (SHOWN_TEXT) and how long it is: laying out
+    a value of megabytes (an error holding a whole response body, written by any tool)
+    would hold the screen for seconds on every refresh."""
+    limit = SHOWN_TEXT if limit is None else limit
+    if len(text) <= limit:
         return text
-    return f"{text[:SHOWN_TEXT]}… ({fmt.count(len(text))} characters)"
+    return f"{text[:limit]}… ({fmt.count(len(text))} characters)"
 
 
-# Other json columns (`headers`, the application's own) and an `errors` too deep to decode
-# are shown as their text, this much of it: the payload gets the room.
+# Other json columns (`headers`, the application's own), the other columns, each failed
+# attempt's error and an `errors` too deep to decode are shown as their text, this much of
+# it: the payload gets the room.
 SHOWN_TEXT = 1_000
+# The last error, in full up to this many characters.
+SHOWN_ERROR = 16_000
 
 
 def _payload(detail: MessageDetail) -> RenderableType:
@@ -246,7 +258,7 @@ def _attempts(errors: Any, now: datetime) -> RenderableType:
             Text(fmt.timestamp(at) if at else "?"),
             Text(f"#{entry.get('attempt', '?')}", "dim"),
             Text.assemble(
-                (str(entry.get("error", "")), "red"),
+                (_bounded(str(entry.get("error", ""))), "red"),
                 (f"  {fmt.since(at, now)} ago" if at else "", "dim"),
             ),
         )
