@@ -83,6 +83,8 @@ LAYOUT_NOTICE = partitions.LAYOUT_NOTICE
 _PRIVILEGES = frozenset(
     ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER", "MAINTAIN")
 )
+# A partition's bounds are bigints (outbox.partitions makes none past this either).
+_TOP_ID = 2**63 - 1
 _BOUND = re.compile(r"id >= 0\)? AND \(?id < '?(\d+)'?")
 
 
@@ -312,11 +314,22 @@ def _steps(
     while True:
         bound = _bound(conn, table)
         last = _last_id(conn, table)
-        room = layout.partition_size * layout.partitions_ahead
+        size = layout.partition_size
+        # The first partition's bound leaves a whole partition of bigint ids past it, for
+        # the ids after the swap (outbox.partitions makes none past 2**63 - 1 either): a bound
+        # past bigint became a numeric CHECK, which the next step could not read as its own.
+        ceiling = (_TOP_ID // size - 1) * size
+        if last >= ceiling:
+            raise SchemaError(
+                f"table {shown(table)} cannot be converted to partitions of {size} ids: its "
+                f"highest id, {last}, leaves no whole partition of bigint ids after the first "
+                "(ids up to 2^63 - 1); give a smaller --partition-size"
+            )
+        room = min(size * layout.partitions_ahead, ceiling - last)
         # A bound left by a stopped run asked for another --partition-size may be no
         # boundary of this layout: the first partition would end inside the one the swap
         # makes next, whose ATTACH fails on the overlap. Replaced too.
-        if bound is None or bound[0] - last < room // 2 or bound[0] % layout.partition_size:
+        if bound is None or bound[0] - last < room // 2 or bound[0] % size:
             if bounds_added == BOUND_RUNS:
                 raise SchemaError(
                     f"table {shown(table)}: producers took the ids up to the first partition's "
@@ -325,8 +338,7 @@ def _steps(
                     "quieter"
                 )
             bounds_added += 1
-            high = last // layout.partition_size + 1 + layout.partitions_ahead
-            high *= layout.partition_size
+            high = min((last // size + 1 + layout.partitions_ahead) * size, ceiling)
             done.bound_lock_seconds = _locked(
                 conn, table, _bound_statements(table, bound, high), lock_timeout, attempts, pause
             )[0]
