@@ -7,8 +7,9 @@ one has finished, so a slow query stretches the interval instead of piling up qu
 "refresh now" during a poll runs one more poll right after it instead of a second one at
 the same time.
 
-Database errors do not stop the poller: they are reported (`Poller.Polled` with the error,
-shown in the status line) and the next poll, on a fresh connection, is the reconnect.
+Database errors (and a table in a shape it cannot be read in) do not stop the poller: they
+are reported (`Poller.Polled` with the error, shown in the status line) and the next poll,
+on a fresh connection, is the reconnect.
 Anything else is a bug and is left to crash the app loudly.
 """
 
@@ -22,7 +23,13 @@ from textual.timer import Timer
 from textual.widget import Widget
 from textual.worker import Worker
 
+from outbox.schema import SchemaError
 from outbox.tui.errors import DATABASE_ERRORS
+
+# What a poll reports and survives: the database's errors, and a table in a shape it cannot
+# be read in (a partition whose bound is not a range of ids, met where a read looks the
+# partitions up), which someone may fix while the app runs.
+POLL_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, SchemaError)
 
 
 class Poller(Widget):
@@ -105,7 +112,7 @@ class Poller(Widget):
         error: BaseException | None = None
         try:
             await self._poll_fetch()
-        except DATABASE_ERRORS as exc:
+        except POLL_ERRORS as exc:
             error = exc
         finally:
             self._in_flight = False
