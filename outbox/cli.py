@@ -269,6 +269,10 @@ def _error_text(text: str) -> str:
     # requeue them all (that is --all-dead, said on purpose).
     if not text:
         raise argparse.ArgumentTypeError("empty (every dead message is --all-dead)")
+    # An argument's undecodable bytes arrive as lone surrogates: no stored error holds one
+    # (rows take UTF-8), and the query could not even be sent with it.
+    if (unsafe := first_unsafe(text)) is not None and "surrogate" in unsafe:
+        raise argparse.ArgumentTypeError(f"holds {unsafe}; no error text does")
     return text
 
 

@@ -40,6 +40,7 @@ from outbox.plumbing.durations import (
     parse_duration,
 )
 from outbox.plumbing.errors import SettingError
+from outbox.plumbing.text import first_unsafe
 from outbox.publisher_options import Option
 from outbox.schema import ORDERINGS
 from outbox.table import Table
@@ -197,6 +198,10 @@ def _owner(text: str) -> str:
     # lease_owner is how people and the TUI tell replicas apart: never blank.
     if not text.strip():
         raise ValueError("must not be blank")
+    # It is the session's application_name too: an undecodable byte (a lone surrogate)
+    # could not be sent, and the connection would fail on it with a traceback.
+    if (unsafe := first_unsafe(text)) is not None and "surrogate" in unsafe:
+        raise ValueError(f"holds {unsafe}")
     return text
 
 

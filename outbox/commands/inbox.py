@@ -5,7 +5,6 @@ table, from the same `outbox` command (its connection, timeouts and error handli
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +15,6 @@ from outbox.operations.maintenance import MAX_PURGE_BATCH, PURGE_BATCH_ENV
 from outbox.plumbing import dberrors
 from outbox.plumbing.cliutil import add_dsn_and_table, int_between, resolve
 from outbox.plumbing.durations import format_duration, parse_duration
-from outbox.plumbing.errors import SettingError
 from outbox.plumbing.text import counted
 from outbox.schema import SchemaError
 from outbox.table import Table, shown, shown_argument
@@ -76,12 +74,9 @@ def add_commands(
 
 def table(args: argparse.Namespace) -> Table:
     default = Table.parse(inbox.DEFAULT_INBOX_TABLE)
-    if args.table is None and os.environ.get(TABLE_ENV):
-        try:
-            return Table.parse(os.environ[TABLE_ENV])
-        except SettingError as exc:
-            raise SettingError(f"{TABLE_ENV}: {exc}") from None
-    return resolve(args, "--table", Table.parse, default, env={})
+    # The flag, else its own variable (resolve names either in an error, and refuses what
+    # is no text: an undecodable byte), else the default.
+    return resolve(args, "--table", Table.parse, default, variable=TABLE_ENV)
 
 
 def prepare(args: argparse.Namespace) -> bool:

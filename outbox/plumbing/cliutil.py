@@ -62,8 +62,20 @@ def resolve(
         return raw  # type: ignore[no-any-return]
     try:
         return convert(raw)
+    except UnicodeError:
+        # An argument's or a variable's undecodable bytes arrive as lone surrogates, which
+        # Python's codec then names in its own words; said here without quoting the value
+        # (it may be a DSN, with its password).
+        raise SettingError(f"{source}: {not_utf8(raw)}") from None
     except (ValueError, SettingError) as exc:
         raise SettingError(f"{source}: {exc}") from None
+
+
+def not_utf8(text: str) -> str:
+    """What is wrong with text holding an undecodable byte, where, quoting none of it."""
+    at = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
+    where = f" at character {at + 1}" if at is not None else ""
+    return f"not UTF-8 text (an undecodable byte{where})"
 
 
 def positive_int(text: str) -> int:

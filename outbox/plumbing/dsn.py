@@ -244,11 +244,18 @@ def with_pg_environment(dsn: str) -> str:
     except psycopg.ProgrammingError:
         return dsn
     taken = {
-        keyword: os.environ[variable]
+        # libpq reads a variable's bytes as they are; one that is no UTF-8 (PGDATABASE=$'\xff')
+        # is shown with its bytes escaped, not refused by the UTF-8 a DSN is written in.
+        keyword: _shown_bytes(os.environ[variable])
         for keyword, variable in _SERVER_VARIABLES.items()
         if not given.get(keyword) and os.environ.get(variable)
     }
     return make_conninfo(dsn, **taken) if taken else dsn
+
+
+def _shown_bytes(value: str) -> str:
+    """A variable's value with its undecodable bytes (lone surrogates) as `\\xff` escapes."""
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def connect_timeout(dsn: str) -> int:
