@@ -135,22 +135,44 @@ class StatusLine(Static):
         self.update(text)
 
 
+def count_cell(stats: QueueStats, name: str) -> tuple[str, str]:
+    """The count `name` as `outbox stats` shows it (`QueueStats.count_text`, the one source:
+    `≥N` where it stopped at the limit, `unknown` where that bound is 0, which read as none),
+    its figure grouped by thousands; and a note for the panel's last column (what counts an
+    unknown figure: `outbox stats --exact`, the TUI has no such switch)."""
+    text = stats.count_text(name)
+    value = getattr(stats, name)
+    if text.startswith("unknown"):
+        return "unknown", "outbox stats --exact counts them" if name == "done" else ""
+    if text.startswith("≥"):
+        return "≥" + fmt.count(value), "at least"
+    return fmt.count(value), ""
+
+
 class CountsPanel(Static):
     """Messages per status."""
 
     def show(self, stats: QueueStats) -> None:
         grid = _grid()
-        grid.add_row("pending", fmt.count(stats.pending), f"{fmt.count(stats.ready)} ready")
-        expired = Text(f"{fmt.count(stats.expired_leases)} lease expired")
+        pending, _ = count_cell(stats, "pending")
+        grid.add_row("pending", pending, f"{count_cell(stats, 'ready')[0]} ready")
+        expired = Text(f"{count_cell(stats, 'expired_leases')[0]} lease expired")
         if stats.expired_leases:
             expired.stylize("bold red")
-        grid.add_row("processing", fmt.count(stats.processing), expired)
-        dead = Text(fmt.count(stats.dead), style="bold red" if stats.dead else "")
+        grid.add_row("processing", count_cell(stats, "processing")[0], expired)
+        dead = Text(count_cell(stats, "dead")[0], style="bold red" if stats.dead else "")
         grid.add_row("dead", dead, "press d" if stats.dead else "")
-        # The planner's estimate, or counted (at least, where the count stopped).
-        mark = "~" if stats.done_is_estimate else "≥" if stats.at_least("done") else ""
-        note = "estimate" if stats.done_is_estimate else "at least" if mark else ""
-        grid.add_row("done", mark + fmt.short_count(stats.done), note)
+        # The planner's estimate, or counted: exactly, at least where the count stopped, or
+        # unknown where all that is known is at least 0 (as `outbox stats` says).
+        if stats.done_is_estimate:
+            done, note = "~" + fmt.short_count(stats.done), "estimate"
+        else:
+            done, note = count_cell(stats, "done")
+            if done.startswith("≥"):
+                done = "≥" + fmt.short_count(stats.done)
+            elif not note:
+                done = fmt.short_count(stats.done)
+        grid.add_row("done", done, note)
         self.update(grid)
 
 
@@ -181,7 +203,7 @@ class AgesPanel(Static):
             grid.add_row(label, Text(fmt.age(value), style=slo_style(value, slo)), note)
         # Waiting out a backoff: a message's own failures, or a downstream failing too few
         # messages to open its breaker (an open one holds its messages back unsent instead).
-        retrying = ("≥" if stats.at_least("retrying") else "") + fmt.count(stats.retrying)
+        retrying = count_cell(stats, "retrying")[0]
         grid.add_row("retrying", Text(retrying, "yellow" if stats.retrying else ""), "")
         grid.add_row(
             "expired leases",
@@ -195,7 +217,9 @@ class AgesPanel(Static):
                 f"{fmt.count(blocked.waiting)} behind" if blocked.aggregates else "",
             )
         else:
-            grid.add_row("backlog", fmt.count(stats.backlog), "")
+            # Pending and processing: at least, where either count stopped at the limit.
+            capped = stats.at_least("pending") or stats.at_least("processing")
+            grid.add_row("backlog", ("≥" if capped else "") + fmt.count(stats.backlog), "")
         self.update(grid)
 
 
