@@ -60,6 +60,8 @@ def _fields_of(section: str, text: str, fields: Sequence[str]) -> dict[str, Any]
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON ({exc.msg})") from None
+    except RecursionError:  # the parser recurses once per level: `[[[[...` thousands deep
+        raise ValueError("not JSON this program reads (nested too deeply)") from None
     if not isinstance(value, dict):
         raise ValueError(f"expected a JSON object of {section} fields")
     unknown = sorted(set(value) - set(fields))

@@ -79,6 +79,8 @@ def peers(text: str) -> tuple[Mapping[str, Any], ...]:
         peers = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON ({exc.msg})") from None
+    except RecursionError:  # the parser recurses once per level: `[[[[...` thousands deep
+        raise ValueError("not JSON this program reads (nested too deeply)") from None
     if not isinstance(peers, list) or not all(
         isinstance(p, dict) and p and set(p) <= _PEER_KEYS for p in peers
     ):
