@@ -11,7 +11,8 @@ hold secrets, `is_secret_name`; and one function per form a secret comes in:
   (outbox.plumbing.dsn says what is wrong with it).
 - URLs (`redact_url`): the whole user-info (`user:password@`, or a token as the user), the
   values of the query and the fragment; scheme, host, port and path stay readable. A URL not
-  well formed (no `scheme://`, a password holding `/`, `?` or `#`) loses all before its last `@`.
+  well formed (no `scheme://`, a password holding `/`, `?` or `#`) loses all before its last `@`;
+  one refused with neither `scheme://` nor `@` is not quoted at all (`refused_url`).
 - free text (`redact_text`): every URL in it, PEM blocks, JWTs, NATS seeds, `Bearer`/`Basic`
   credentials and `name=value` / `name: value` pairs whose name is a secret's; plus, when the
   caller knows them, given secret values and a DSN's.
@@ -249,6 +250,16 @@ _NAME_SEP = re.compile(r"""(?P<name>[A-Za-z_][\w.-]*)["']?\s*[=:]\s*""")
 _VALUE = re.compile(
     r""""[^"]*"|'[^']*'|(?:(?i:bearer|basic|digest|token|negotiate|apikey)\s+)?[^\s"',;&)}\]]+"""
 )
+
+
+def refused_url(url: str) -> str:
+    """How an error refusing `url` names it: quoted and redacted (`redact_url`) when it has a
+    `scheme://` or an `@` to tell a secret's place by; else not at all. A value with neither
+    is no URL, and may well be a secret given to the wrong flag (a token as the URL): it is
+    described, never quoted."""
+    if _SCHEME.search(url) or "@" in url:
+        return repr(redact_url(url))
+    return "the value (not shown: no scheme://)"
 
 
 def mask_values(text: str, values: Iterable[str]) -> str:

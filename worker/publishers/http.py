@@ -39,7 +39,7 @@ from yarl import URL
 
 from outbox.models import REPLAY_HEADER, Message
 from outbox.plumbing.errors import SettingError
-from outbox.plumbing.redact import redact_text, redact_url
+from outbox.plumbing.redact import redact_text, refused_url
 from outbox.plumbing.text import printable
 from outbox.publisher_options import Carried, Field, Option
 from outbox.signing_keys import signing_key
@@ -128,15 +128,15 @@ def _url(text: str) -> str:
         # urllib's words quote what it could not read, e.g. as a port the password whose `/`,
         # `?` or `#` ended the authority early: none of them is passed on.
         raise ValueError(
-            f"{redact_url(text)!r} is not a valid URL (its host or port cannot be read)"
+            f"{refused_url(text)} is not a valid URL (its host or port cannot be read)"
         ) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{redact_url(text)!r} is not an http:// or https:// URL")
+        raise ValueError(f"{refused_url(text)} is not an http:// or https:// URL")
     # Accepted, these would fail every publish as "retryable" until each message is dead. The
     # class is the CRD pattern's too (formats.NOT_IN_URI): the two refuse the same URLs.
     if NOT_IN_URI.search(text):
         raise ValueError(
-            f"{redact_url(text)!r} contains whitespace or control characters, or characters "
+            f"{refused_url(text)} contains whitespace or control characters, or characters "
             "outside ASCII (percent-encode them; an international host in its xn-- form)"
         )
     return text

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from outbox.plumbing.errors import SettingError
-from outbox.plumbing.redact import redact_url
+from outbox.plumbing.redact import refused_url
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 SCHEMES = ("nats", "tls", "ws", "wss")
@@ -25,17 +25,17 @@ def server_urls(text: str) -> tuple[str, ...]:
             parts = urllib.parse.urlsplit(url)
             parts.port  # noqa: B018 - raises ValueError for a port that is not a number
         except ValueError:
-            raise ValueError(f"{redact_url(url)!r} is not a URL") from None
+            raise ValueError(f"{refused_url(url)} is not a URL") from None
         if parts.scheme not in SCHEMES:
             # Without `scheme://`, urllib takes a user name for the scheme (`tok:en@h`): named
             # only when the URL has its `://`, which redact_url then masks behind.
             scheme = parts.scheme if "://" in url else ""
+            said = f": scheme {scheme!r} is not" if scheme else " needs"
             raise ValueError(
-                f"{redact_url(url)!r}: scheme {scheme or '(none)'!r} is not one of "
-                + ", ".join(f"{s}://" for s in SCHEMES)
+                f"{refused_url(url)}{said} one of " + ", ".join(f"{s}://" for s in SCHEMES)
             )
         if not parts.hostname:
-            raise ValueError(f"{redact_url(url)!r} has no host")
+            raise ValueError(f"{refused_url(url)} has no host")
     return urls
 
 
