@@ -309,21 +309,28 @@ class PgSource:
     async def targets(
         self, f: DeadFilter | None = None, ids: Sequence[int] | None = None
     ) -> list[Seen]:
-        return await self._fetch("action", repair.select_targets(self.table, f, ids=ids))
+        if ids is not None:  # read wherever they are
+            return await self._fetch("action", repair.select_targets(self.table, ids=ids))
+        return await self._windowed(
+            "action", lambda window: repair.select_targets(self.table, f, window=window)
+        )
 
     async def apply(
         self, action: Action, seen: Sequence[Seen], recorded: dict[str, Any]
     ) -> ActionResult:
         if self.read_only:
             raise ReadOnlyError(f"read-only: {action} refused")
-        return await self._fetch(
+        # The window says only whether the table is partitioned: the statement's range is
+        # the rows' own ids, wherever the window is now.
+        return await self._windowed(
             "action",
-            repair.repair(
+            lambda window: repair.repair(
                 self.table,
                 action,
                 seen,
                 actor=repair.default_actor(),
                 filter={**recorded, "via": APPLICATION_NAME},
+                partitioned=window is not None,
             ),
         )
 

@@ -23,6 +23,7 @@ from psycopg.types.json import Jsonb
 
 from outbox import queries
 from outbox.runner import Query, Row
+from outbox.stats import Window
 from outbox.table import Table
 from outbox.views.filters import DeadFilter, where
 
@@ -66,9 +67,15 @@ def select_targets(
     f: DeadFilter | None = None,
     *,
     ids: Sequence[int] | None = None,
+    window: Window | None = None,
 ) -> Query[list[Seen]]:
     """The current (id, status, lease_version) of the rows an action would touch: the dead
-    rows matching `f`, or the rows `ids` names (whatever their status, to report them)."""
+    rows matching `f`, or the rows `ids` names (whatever their status, to report them).
+
+    `window`: a partitioned table's `outbox.stats.unfinished_window`, which every dead row
+    is in; the dead rows matching `f` are read within it, as constants the planner prunes
+    the other partitions by (outbox.views.window). None (a plain table) leaves the
+    statement as it was. The rows `ids` names are read wherever they are."""
     if ids is not None:
         statement = sql.SQL(
             "SELECT id, status, lease_version FROM {t} WHERE id = ANY(%(ids)s::bigint[]) "
@@ -76,7 +83,7 @@ def select_targets(
         ).format(t=table.ident)
         params: dict[str, Any] = {"ids": list(ids)}
     else:
-        clause, params = where(f or DeadFilter())
+        clause, params = where(f or DeadFilter(), window)
         statement = sql.SQL(
             "SELECT id, status, lease_version FROM {t} WHERE {where} ORDER BY id DESC"
         ).format(t=table.ident, where=clause)
@@ -92,11 +99,16 @@ def repair(
     *,
     actor: str | None = None,
     filter: Mapping[str, Any] | None = None,
+    partitioned: bool = False,
 ) -> Query[ActionResult]:
     """Requeue or skip the rows the operator saw, fenced, and record it: one statement.
 
     `actor` None records the database's current_user; `filter` is what the audit log
-    keeps besides the ids (the filter or selection the rows came from)."""
+    keeps besides the ids (the filter or selection the rows came from). `partitioned`: the
+    statement names the range of the rows' own ids as constants, so that only the partitions
+    they are in are planned and locked (the unfinished rows' window may have moved past a
+    row the operator saw since: it bounds the reads, never this); a plain table's statement
+    is unchanged."""
     dead = [s for s in seen if s.status == "dead"]
     params = {
         "ids": [s.id for s in dead],
@@ -119,7 +131,11 @@ def repair(
             audit_id=int(audit_id) if audit_id is not None else None,
         )
 
-    return Query(queries.repair(table, action), params, parse)
+    statement = queries.repair(table, action)
+    if partitioned and dead:
+        ids = [s.id for s in dead]
+        statement = queries.repair_between(table, action, min(ids), max(ids) + 1)
+    return Query(statement, params, parse)
 
 
 def default_actor() -> str | None:
