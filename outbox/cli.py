@@ -731,6 +731,8 @@ def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: 
                 f"{counted(done.rows_retired, 'row')}), {len(done.kept)} "
                 f"finished but within the retention of {format_duration(args.retention)}; analyzed"
             )
+            if done.held_off:
+                print(f"{shown(table)}: {done.held_off}")
             return
         states = partition_states(conn, table)
     except NotPartitioned as exc:

@@ -270,6 +270,18 @@ def confirm(count: int, what: str) -> bool:
 
 
 def run(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Table) -> None:
+    sends = not args.dry_run if args.command == "replay" else args.replay
+    if not sends:
+        _run(args, conn, table)
+        return
+    # From before the preview (or the comparison) the user confirms to the last batch, no
+    # run of `outbox maintain` retires a partition: its rows would go between two batches,
+    # and fewer be sent than were confirmed.
+    with replay.holding_off_retirement(conn, table):
+        _run(args, conn, table)
+
+
+def _run(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Table) -> None:
     if args.command == "replay":
         _replay(args, conn, table)
     else:
@@ -362,7 +374,7 @@ def _send(
     print(
         f"{shown(table)}: replay {progress.number}: sent {counted(progress.sent, 'message')} again "
         f"in {counted(progress.batches, 'batch', 'batches')}"
-        f"{f' ({by_type})' if by_type else ''}"
+        f"{f' ({by_type})' if by_type else ''}{progress.shortfall()}"
     )
 
 

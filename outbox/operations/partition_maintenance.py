@@ -327,6 +327,9 @@ class Maintained:
     # Partitions found detached or pending detach and attached back: one a row in it is
     # unfinished, or one whose detach no run began (by hand), which is not a run's to drop.
     attached_back: list[str] = field(default_factory=list)
+    # Why this run retired no partition though it may have (a replay running: see
+    # `replays_lock`), in one line; None: it retired what retention allowed.
+    held_off: str | None = None
 
 
 class NotTableOwner(psycopg.errors.InsufficientPrivilege):
@@ -382,6 +385,7 @@ class _Session:
     statement_timeout: str | None = None
     holds_run_lock: bool = False
     holds_upkeep_lock: bool = False
+    holds_replays_lock: bool = False
 
 
 def run_lock(table: Table) -> sql.Composable:
@@ -392,6 +396,50 @@ def run_lock(table: Table) -> sql.Composable:
     it makes partitions ahead. A replay's batches hold it shared (outbox.operations.replay):
     a run does not detach a partition under one."""
     return table_lock_key(table, "outbox-dispatcher maintain ")
+
+
+def replays_lock(table: Table) -> sql.Composable:
+    """The advisory lock key of a table's running replays (outbox.operations.replay): each
+    holds it shared on its own session from before its preview to its last batch, and a run
+    of `outbox maintain` tries it exclusively before it retires a partition. Held by a
+    replay, the run retires nothing (`Maintained.held_off`): the replay may still send rows
+    of any partition in its window. A replay stopped and never resumed holds nothing: the
+    lock goes with its session."""
+    return table_lock_key(table, "outbox-dispatcher replays ")
+
+
+def _replays_running(table: Table) -> Query[list[int]]:
+    """The sessions (their pids) holding the table's replays lock: the replays running."""
+    statement = sql.SQL(
+        """SELECT coalesce(array_agg(DISTINCT pid ORDER BY pid), '{{}}') FROM pg_locks
+ WHERE locktype = 'advisory' AND granted AND objsubid = 1
+   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND ((classid::bigint << 32) | objid::bigint) = {key}"""
+    ).format(key=replays_lock(table))
+    return Query(statement, None, first_row(lambda row: [int(p) for p in row[0]] if row else []))
+
+
+def _hold_off_replays(table: Table, session: _Session) -> Steps[str | None]:
+    """The replays lock, tried (never waited for): None once this run holds it (until its
+    end: a replay beginning meanwhile waits for the run to end before its preview), else
+    which replay keeps this run from retiring."""
+    got = yield from step(
+        _value(sql.SQL("SELECT pg_try_advisory_lock({key})").format(key=replays_lock(table)), bool)
+    )
+    if got:
+        session.holds_replays_lock = True
+        return None
+    pids = yield from step(_replays_running(table))
+    which = (
+        f" (the session{'s' if len(pids) > 1 else ''} of pid{'s' if len(pids) > 1 else ''} "
+        f"{', '.join(map(str, pids))})"
+        if pids
+        else ""
+    )
+    return (
+        f"a replay is running{which}, which may still send rows of any partition in its "
+        "window; the next run after it ends retires them"
+    )
 
 
 def _begin(table: Table, waiting: Callable[[], None] | None, session: _Session) -> Steps[None]:
@@ -476,6 +524,7 @@ def _end(table: Table, session: _Session) -> Query[None]:
             )
         )
     for held, key in (
+        (session.holds_replays_lock, replays_lock(table)),
         (session.holds_upkeep_lock, upkeep_lock(table)),
         (session.holds_run_lock, run_lock(table)),
     ):
@@ -567,6 +616,11 @@ def _maintaining(table: Table, retention: timedelta, session: _Session) -> Steps
     # can be pending detach at a time): beside a session of 0.8 s transactions on the
     # parent, 99 partitions took 80 s, and the keepers found the lock taken all along.
     yield from _let_go_of_upkeep(table, session)
+    # A replay running may still send rows of any partition in its window, between two of
+    # its batches: none is retired under it. What an interrupted run left detached is out of
+    # the table already, and finished below as ever.
+    replaying = yield from _hold_off_replays(table, session)
+    held: list[str] = []
     used = yield from _in_use(table)
     # Those this run made ahead lie past it: the highest of the others is kept if the ids
     # went past them all (`_state`), one run's delay, never a partition too few.
@@ -596,6 +650,9 @@ def _maintaining(table: Table, retention: timedelta, session: _Session) -> Steps
             if state.done_since > (yield from step(now)) - retention:
                 kept.append(state)
                 continue
+            if replaying is not None:
+                held.append(leaf.name)
+                continue
             count = yield from _retire(home, leaf, state.done_since)
             if count is None:
                 attached_back.append(leaf.name)
@@ -613,7 +670,11 @@ def _maintaining(table: Table, retention: timedelta, session: _Session) -> Steps
     yield from step(_statement(sql.SQL("ANALYZE {t}").format(t=table.ident)))
     if too_far is not None:
         raise too_far
-    return Maintained(made, retired, rows, estimated, kept, moved, attached_back)
+    held_off = None
+    if held:
+        kept_back = ", ".join(shown(name) for name in held)
+        held_off = f"kept {kept_back}, finished for the retention: {replaying}"
+    return Maintained(made, retired, rows, estimated, kept, moved, attached_back, held_off)
 
 
 def _make_ahead(table: Table, layout: Layout, leaves: list[Partition]) -> Steps[int]:

@@ -522,7 +522,24 @@ def replay_missing(
     reached, so a stop
     anywhere resumes for the whole window (`resume_point`), not only for the chunk that was
     being sent. A message sent again before the stop is not missing when the walk comes
-    back to it: it is pending (not delivered), or delivered again and recorded by the inbox."""
+    back to it: it is pending (not delivered), or delivered again and recorded by the inbox.
+
+    No run of `outbox maintain` retires a partition meanwhile (`replay.holding_off_retirement`,
+    which `outbox reconcile --replay` takes before its comparison already)."""
+    with replay.holding_off_retirement(conn, table):
+        _replay_missing(conn, table, inbox_conn, inbox, progress, actor=actor, chunk=chunk)
+
+
+def _replay_missing(
+    conn: psycopg.Connection[Any],
+    table: Table,
+    inbox_conn: psycopg.Connection[Any],
+    inbox: Table,
+    progress: replay.Progress,
+    *,
+    actor: str | None,
+    chunk: int,
+) -> None:
     assert progress.reconcile is not None and "consumer" in progress.reconcile
     consumer = progress.reconcile["consumer"]
     whole = replace(progress.filter, ids=None)

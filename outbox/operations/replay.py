@@ -18,8 +18,10 @@ transactions that stayed open between the two, and every statement then filters 
 
 A replay goes in batches of at most `MAX_BATCH` rows, each one statement: pick the next rows
 of the window by id, send them back to pending, and record the batch in the audit log, with
-the replay's number, its filter, its batch size and the last id it reached. Nothing is held
-between batches.
+the replay's number, its filter, its batch size and the last id it reached. Between batches
+a replay holds one thing, on its own session, from before its preview to its end: the
+table's replays lock, shared (`holding_off_retirement`), under which no run of `outbox
+maintain` retires a partition, so that none of the window's rows goes between two batches.
 Stopped anywhere (Ctrl-C, a lost connection, SIGKILL), the batches done are done and
 recorded; `resume_point` reads the audit log and the replay goes on from the next id under
 the same number, in batches of the same size (`outbox replay --resume N`).
@@ -27,7 +29,8 @@ the same number, in batches of the same size (`outbox replay --resume N`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,11 +39,11 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from outbox.operations.partition_maintenance import forget_finished, run_lock
+from outbox.operations.partition_maintenance import forget_finished, replays_lock, run_lock
 from outbox.partitions import FIRST_ID, PAST_ID, REPLAY_NOTICE
 from outbox.plumbing.errors import SchemaError
 from outbox.plumbing.text import printable
-from outbox.runner import Query, Row, Steps, first_row, perform_async, step
+from outbox.runner import Query, Row, Steps, first_row, perform, perform_async, step
 from outbox.table import Table, shown, shown_argument
 from outbox.views.filters import by_type_and_aggregate
 
@@ -537,6 +540,44 @@ def shared_run_lock(table: Table) -> Query[None]:
     return Query(statement, None, lambda rows: None)
 
 
+def _hold_off(table: Table) -> Query[None]:
+    statement = sql.SQL("SELECT pg_advisory_lock_shared({key})").format(key=replays_lock(table))
+    return Query(statement, None, lambda rows: None)
+
+
+def _let_go(table: Table) -> Query[None]:
+    statement = sql.SQL("SELECT pg_advisory_unlock_shared({key})").format(key=replays_lock(table))
+    return Query(statement, None, lambda rows: None)
+
+
+@contextmanager
+def holding_off_retirement(conn: psycopg.Connection[Any], table: Table) -> Iterator[None]:
+    """A replay running on `conn` (autocommit; its preview, its batches): the table's
+    replays lock held shared (partition_maintenance.replays_lock), so that no run of `outbox
+    maintain` retires a partition meanwhile; replays go on side by side. A run retiring
+    when it is asked for is waited for (its retirement is what the preview must see). The
+    lock goes with the session if it ends first."""
+    perform(conn, step(_hold_off(table)))
+    try:
+        yield
+    finally:
+        if not conn.closed and not conn.broken:
+            perform(conn, step(_let_go(table)))
+
+
+@asynccontextmanager
+async def holding_off_retirement_async(
+    conn: psycopg.AsyncConnection[Any], table: Table
+) -> AsyncIterator[None]:
+    """`holding_off_retirement` on an async connection."""
+    await perform_async(conn, step(_hold_off(table)))
+    try:
+        yield
+    finally:
+        if not conn.closed and not conn.broken:
+            await perform_async(conn, step(_let_go(table)))
+
+
 @dataclass
 class Progress:
     """A replay under way: its number, where it stands, what it sent."""
@@ -562,6 +603,17 @@ class Progress:
     @property
     def finished(self) -> bool:
         return self.next_id >= self.past_id or (self.left is not None and self.left <= 0)
+
+    def shortfall(self) -> str:
+        """What the closing line adds when the replay sent fewer rows than were confirmed
+        (its window walked to its end): how many, and why; else nothing."""
+        if self.confirmed is None or self.left is None or self.left <= 0:
+            return ""
+        return (
+            f"; {self.left} of the {self.confirmed} confirmed not sent: they no longer matched "
+            "when their batch came (sent again by another replay, requeued, or deleted: "
+            "`outbox purge`, a partition dropped by hand)"
+        )
 
 
 def start(table: Table, shown: Preview) -> Steps[Progress]:
@@ -741,9 +793,11 @@ async def replay_confirmed(
     via: str = "outbox replay",
 ) -> Progress:
     """Send again what `shown` previewed (and a person confirmed), every batch in turn,
-    each in a transaction of its own (`send_batch`)."""
-    progress = await perform_async(conn, start(table, shown))
-    while not progress.finished:
-        steps = send_batch(table, progress, batch=batch, actor=actor, reason=reason, via=via)
-        await perform_async(conn, steps, transaction=True)
+    each in a transaction of its own (`send_batch`), retirement held off meanwhile
+    (`holding_off_retirement`)."""
+    async with holding_off_retirement_async(conn, table):
+        progress = await perform_async(conn, start(table, shown))
+        while not progress.finished:
+            steps = send_batch(table, progress, batch=batch, actor=actor, reason=reason, via=via)
+            await perform_async(conn, steps, transaction=True)
     return progress
