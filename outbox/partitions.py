@@ -14,7 +14,7 @@ which holds the schema version, so that it is typed and checked by constraints.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import partial
 
@@ -407,23 +407,12 @@ async def sequence_unreadable(
     return SequenceUnreadable(f"table {shown(table)} cannot be served: {problem or 'no last id'}")
 
 
-def _highest_id(table: Table) -> Query[int]:
-    # The sequence's last value, not max(id): it is never behind an insert in flight. Run by
-    # `outbox migrate` (the table's owner), where max(id) covers a sequence it cannot read.
-    statement = sql.SQL("SELECT coalesce((SELECT max(id) FROM {t}), 0), {last}").format(
-        t=table.ident, last=last_id_given(table)
-    )
-    return Query(
-        statement, None, first_row(lambda row: max(int(row[0]), int(row[1] or 0)) if row else 0)
-    )
-
-
 def _last_id_given(table: Table) -> Query[int | None]:
     """The sequence's last value alone: what a worker's upkeep reads every 30 seconds. It
     opens no partition, where max(id) over the parent opens every one (in a new session,
     the first such statement over 230 partitions cost about 100 ms of planning, as a drain
     began). Ids a producer wrote of its own past the sequence are seen by `outbox maintain`
-    (`_highest_id`)."""
+    (`_highest_apart`)."""
     statement = sql.SQL("SELECT {last}").format(last=last_id_given(table))
     return Query(statement, None, first_row(lambda row: None if row is None else row[0]))
 
@@ -716,19 +705,100 @@ _SEQUENCE_TO_UPDATERS = sql.SQL(
 )
 
 
-def make_ahead(conn: psycopg.Connection[tuple[object, ...]], table: Table, layout: Layout) -> int:
-    """Make the partitions missing ahead of the highest id, and give every partition the
+def make_first(conn: psycopg.Connection[tuple[object, ...]], table: Table, layout: Layout) -> int:
+    """For a table without partitions (a new one), make the one the next id goes to, so
+    that the table takes inserts from the caller's commit on; and give every partition the
     privileges on the parent it lacks (`outbox migrate` run again after a GRANT on the
-    parent); how many partitions were made. The caller's transaction holds the upkeep lock
-    (`upkeep_lock`), as `outbox migrate` does."""
+    parent). How many partitions were made (0 or 1). The caller's transaction holds the
+    upkeep lock (`upkeep_lock`), as `outbox migrate` does. The partitions ahead come after
+    it commits, each in a transaction of its own (`make_ahead_apart`)."""
     existing = fetch(conn, read_partitions(table)) or []
-    missing = missing_ahead(table, existing, fetch(conn, _highest_id(table)), layout)
+    missing = [] if existing else missing_ahead(table, [], _given_or_zero(conn, table), layout)
     schema = fetch(conn, home_schema(table)) if missing else None  # see `in_schema`
-    for index, low, high in missing:
+    for index, low, high in missing[:1]:
         for statement in make_partition(table, index, low, high, schema):
             conn.execute(statement)
     conn.execute(carry_privileges(table))
-    return len(missing)
+    return len(missing[:1])
+
+
+# How often `make_ahead_apart` tells its progress, in partitions made.
+PROGRESS_EVERY = 1000
+# How many partitions one statement of `_highest_apart` reads the highest id of.
+_READ_AT_ONCE = 8
+
+
+def make_ahead_apart(
+    conn: psycopg.Connection[tuple[object, ...]],
+    table: Table,
+    layout: Layout,
+    progress: Callable[[int, int], None] | None = None,
+) -> int:
+    """Make the partitions missing ahead of the highest id each in a transaction of its own,
+    as the workers' keepers and `outbox maintain` do, and read that id a few partitions a
+    statement. Made all in one transaction, every partition's locks (the table, its TOAST
+    table, the indexes ATTACH builds) were held to its end, and so were those of every
+    partition max(id) over the parent opened: --partitions-ahead 10000, the most allowed,
+    ran out of the server's lock table (`out of shared memory`, max_locks_per_transaction
+    64) after 1m40s and made none, and a rerun on a table with thousands of partitions
+    failed in its max(id). Now no transaction holds the locks of more than a few, and a run
+    stopped half way leaves a table served by what it made, which the next run completes.
+
+    `conn` is in no transaction (autocommit): the upkeep lock (`upkeep_lock`) is held for
+    the session meanwhile, so that no keeper or `outbox maintain` makes one of them at the
+    same time. `progress(made, of)` is called every PROGRESS_EVERY partitions made. How
+    many were made."""
+    lock = upkeep_lock(table)
+    with conn.transaction():  # a session's lock, held past this transaction's end
+        conn.execute(sql.SQL("SELECT pg_advisory_lock({l})").format(l=lock))
+    try:
+        existing = fetch(conn, read_partitions(table)) or []
+        schema = fetch(conn, home_schema(table))  # see `in_schema`
+        highest = _highest_apart(conn, table, existing, schema)
+        missing = missing_ahead(table, existing, highest, layout)
+        for made, (index, low, high) in enumerate(missing, 1):
+            with conn.transaction():
+                for statement in make_partition(table, index, low, high, schema):
+                    conn.execute(statement)
+            if progress is not None and made % PROGRESS_EVERY == 0 and made < len(missing):
+                progress(made, len(missing))
+        return len(missing)
+    finally:
+        if not conn.closed:
+            with conn.transaction():
+                conn.execute(sql.SQL("SELECT pg_advisory_unlock({l})").format(l=lock))
+
+
+def _given_or_zero(conn: psycopg.Connection[tuple[object, ...]], table: Table) -> int:
+    return int(fetch(conn, _last_id_given(table)) or 0)
+
+
+def _highest_apart(
+    conn: psycopg.Connection[tuple[object, ...]],
+    table: Table,
+    existing: list[Partition],
+    schema: str,
+) -> int:
+    """The highest id given: the sequence's last value, or a higher id in the table (one a
+    producer wrote of its own; every id when the role may not read the sequence). max(id)
+    over the parent plans, and locks to its transaction's end, every partition and its
+    indexes: here the partitions past the sequence's last id are read from the top down,
+    _READ_AT_ONCE a statement (each pruned to them by its constant range), until one holds
+    a row."""
+    floor = _given_or_zero(conn, table)
+    above = [p for p in existing if p.high - 1 > floor]
+    while above:
+        chunk, above = above[-_READ_AT_ONCE:], above[:-_READ_AT_ONCE]
+        statement = sql.SQL("SELECT max(id) FROM {t} WHERE id >= {low} AND id < {high}").format(
+            t=in_schema(table, schema).ident,
+            low=sql.Literal(chunk[0].low),
+            high=sql.Literal(chunk[-1].high),
+        )
+        with conn.transaction():
+            found = fetch(conn, Query(statement, None, _first))
+        if isinstance(found, int):
+            return max(found, floor)
+    return floor
 
 
 def move_home(table: Table) -> Steps[list[str]]:

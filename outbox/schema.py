@@ -9,9 +9,11 @@ Migrations run under a transaction-scoped advisory lock so that many replicas ma
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import partial
 
 import psycopg
 from psycopg import sql
@@ -34,16 +36,28 @@ _VERSION_COMMENT = re.compile(VERSION_COMMENT)
 # the command reaches `migrate` through the conversion (outbox.operations.conversion), which
 # returns the versions only.
 _CHANGES: ContextVar[list[str] | None] = ContextVar("outbox_migrate_changes", default=None)
+# Where a long `migrate` tells how far it is meanwhile (thousands of partitions made ahead
+# take minutes): a line to standard error within `noting_changes`, nothing outside it.
+_PROGRESS: ContextVar[Callable[[str], None] | None] = ContextVar(
+    "outbox_migrate_progress", default=None
+)
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 @contextmanager
-def noting_changes() -> Iterator[list[str]]:
-    """The changes the `migrate` calls made within, in order (committed once they return)."""
+def noting_changes(progress: Callable[[str], None] | None = _to_stderr) -> Iterator[list[str]]:
+    """The changes the `migrate` calls made within, in order (committed once they return);
+    `progress` hears a line now and then while a long one runs."""
     changes: list[str] = []
     token = _CHANGES.set(changes)
+    told = _PROGRESS.set(progress)
     try:
         yield changes
     finally:
+        _PROGRESS.reset(told)
         _CHANGES.reset(token)
 
 
@@ -176,16 +190,28 @@ def notify_trigger_statements(table: Table) -> list[sql.Composed]:
             + _NOTIFY_BODY
             + "$$"
         ).format(f=table.sibling("notify")),
-        sql.SQL(
-            "CREATE OR REPLACE TRIGGER {trg} AFTER INSERT ON {t} "
-            "FOR EACH STATEMENT EXECUTE FUNCTION {f}({channel})"
-        ).format(
-            trg=sql.Identifier(_notify_trigger_name(table)),
-            t=table.ident,
-            f=table.sibling("notify"),
-            channel=sql.Literal(table.channel),
-        ),
+        _notify_trigger(table),
     ]
+
+
+def _notify_trigger(table: Table) -> sql.Composed:
+    """The trigger, notifying the table's channel as `Table.channel_sql` finds it when the
+    statement runs (one for every spelling of the table): a trigger's argument is a
+    constant, so the statement is made and run by a DO block."""
+    create = sql.SQL(
+        "CREATE OR REPLACE TRIGGER {trg} AFTER INSERT ON {t} "
+        "FOR EACH STATEMENT EXECUTE FUNCTION {f}(%L)"
+    ).format(
+        trg=sql.Identifier(_notify_trigger_name(table)),
+        t=table.ident,
+        f=table.sibling("notify"),
+    )
+    # format()'s template: the channel its %L, no other % (identifiers holding one are
+    # written Unicode-escaped, outbox.table._identifier).
+    body = sql.SQL("BEGIN EXECUTE format({template}, {channel}); END").format(
+        template=sql.Literal(create.as_string(None)), channel=table.channel_sql
+    )
+    return sql.SQL("DO {body}").format(body=sql.Literal(body.as_string(None)))
 
 
 def _notify_trigger_name(table: Table) -> str:
@@ -213,7 +239,7 @@ def _notify_triggers(table: Table) -> Query[list[Row]]:
         name=text_constant(_notify_trigger_name(table)),
         f=function,
         type=sql.Literal(_AFTER_INSERT_STATEMENT),
-        channel=text_constant(table.channel),
+        channel=table.channel_sql,
         t=table.regclass_literal,
         body=sql.Literal(_NOTIFY_BODY),
     )
@@ -658,10 +684,20 @@ def migrate(
                     f"recorded the layout: partitions of {layout.partition_size} ids, "
                     f"{layout.partitions_ahead} kept ahead{was}"
                 )
-            made = partitions.make_ahead(conn, table, layout)
-            if made:
-                _changed(f"made {counted(made, 'partition')} ahead")
-        return current, SCHEMA_VERSION
+            # A new table's first partition with the rest (it takes inserts from the
+            # commit on); those ahead each in a transaction of its own, below.
+            made = partitions.make_first(conn, table, layout)
+    if layout is not None:
+        made += partitions.make_ahead_apart(conn, table, layout, partial(_making, table))
+        if made:
+            _changed(f"made {counted(made, 'partition')} ahead")
+    return current, SCHEMA_VERSION
+
+
+def _making(table: Table, made: int, of: int) -> None:
+    progress = _PROGRESS.get()
+    if progress is not None:
+        progress(f"{shown(table)}: made {made} of {of} partitions ahead")
 
 
 def _keep_siblings(

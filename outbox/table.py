@@ -159,18 +159,51 @@ class Table:
     @property
     def channel_ident(self) -> sql.Composable:
         """The channel as an identifier, for LISTEN."""
-        return _identifier(self.channel)
+        return channel_identifier(self.channel)
 
     def _parts(self, name: str) -> tuple[str, ...]:
         return (self.schema, name) if self.schema else (name,)
 
     @property
     def channel(self) -> str:
-        """The LISTEN/NOTIFY channel; bounded to an identifier's length, stable for a table."""
+        """The LISTEN/NOTIFY channel of the table named as here; bounded to an identifier's
+        length. The table's own channel is `channel_sql`'s, the same however it is named:
+        this is it for a table named as the catalog holds it (`catalog_named`)."""
         channel = f"outbox:{self}"
         if len(channel.encode()) <= _MAX_IDENTIFIER_BYTES:
             return channel
         return "outbox:" + hashlib.sha256(str(self).encode()).hexdigest()[:32]
+
+    @classmethod
+    def catalog_named(cls, schema: str, name: str) -> Table:
+        """The table in `schema` named as its channel names it: without its schema when that
+        is `public`, the channel every table named so had before it was made the same for
+        every spelling (a deployment on the default schema keeps its channel)."""
+        return cls(None if schema == "public" else schema, name)
+
+    @property
+    def channel_sql(self) -> sql.Composable:
+        """SQL: the table's LISTEN/NOTIFY channel, one for the table however it is named.
+        As named, `outbox` and `public.outbox` were two channels: a worker given one spelling
+        never heard the trigger `outbox migrate` made with the other, and waited for its
+        polls. It is `channel` of the table as the catalog names it (`catalog_named`: its
+        schema and name, the schema left out when it is `public`), or of the table as named
+        while there is no such table."""
+        name = sql.SQL(
+            "coalesce((SELECT CASE WHEN n.nspname = 'public' THEN '' ELSE n.nspname || '.' END"
+            " || c.relname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+            " WHERE c.oid = to_regclass({t})), {given})"
+        ).format(t=self.regclass_literal, given=text_constant(str(self)))
+        return sql.SQL(
+            "(SELECT CASE WHEN octet_length('outbox:' || name) <= {limit} THEN 'outbox:' || name"
+            " ELSE 'outbox:' || left(encode(sha256(convert_to(name, 'UTF8')), 'hex'), 32) END"
+            " FROM (SELECT {name} AS name) AS table_name)"
+        ).format(limit=sql.Literal(_MAX_IDENTIFIER_BYTES), name=name)
+
+
+def channel_identifier(channel: str) -> sql.Composable:
+    """A channel as an identifier, for LISTEN (free of placeholder characters)."""
+    return _identifier(channel)
 
 
 def _bounded(name: str) -> str:

@@ -601,7 +601,7 @@ def _swap(
                 for statement in make_partition(table, k, k * size, (k + 1) * size)
             ),
             sql.SQL("SELECT pg_notify({c}, {p})").format(
-                c=text_constant(table.channel), p=sql.Literal(LAYOUT_NOTICE)
+                c=table.channel_sql, p=sql.Literal(LAYOUT_NOTICE)
             ),
         ]
         _all(conn, after)
