@@ -42,23 +42,26 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 import psycopg
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from outbox import operator_reads
-from outbox.controller.problem import Problem
+from outbox.controller.problem import RETENTION_FAILED, Problem
 from outbox.controller.settings import DATABASE_CONNECTIONS
 from outbox.operations.maintenance import retire_done_async
-from outbox.operations.partition_maintenance import UpkeepBusy
+from outbox.operations.partition_maintenance import STATEMENT_TIMEOUT, NotTableOwner, UpkeepBusy
 from outbox.operator_reads import (
     TableIdentity,
     server_started,
     still_the_table,
     table_identity,
 )
+from outbox.partitions import SequenceUnreadable
 from outbox.plumbing import dberrors
 from outbox.plumbing.dsn import DsnError, check_dsn
+from outbox.plumbing.durations import format_duration
 from outbox.plumbing.redact import redact_dsn, redact_text
-from outbox.runner import fetch_async, perform_async
+from outbox.runner import Query, fetch_async, first_row, no_rows, perform_async
 from outbox.schema import SchemaError, check_table
 from outbox.session import RESET_SEARCH_PATH, home_first
 from outbox.stats import QueueStats, queue_stats_async
@@ -77,6 +80,10 @@ RECHECK_SECONDS = 300.0  # the table's check is read again at least this often
 # answers does so at once, like a connection's start.
 ALIVE_SECONDS = float(CONNECT_TIMEOUT_SECONDS)
 Dispatcher = tuple[str, str]  # (namespace, name): who uses a pool
+# A retention run's statements, each (a purge's DELETE waiting for a row lock included):
+# the bound `outbox maintain` puts on its own, so that a plain table's purge and a
+# partitioned table's run alike end, fail (`RETENTION_FAILED`) and are tried again.
+RETENTION_STATEMENT_TIMEOUT = STATEMENT_TIMEOUT
 CONNECTION: dict[str, Any] = {
     "autocommit": True,
     "connect_timeout": CONNECT_TIMEOUT_SECONDS,
@@ -117,6 +124,12 @@ class Database(Protocol):
         partitions dropped, `outbox maintain`'s way); how many went; a Problem on failure."""
         ...
 
+    def purged_unreported(self, dispatcher: Dispatcher) -> int:
+        """Rows deleted by the dispatcher's retention runs that failed or were stopped
+        part-way (a purge's batches before its failure or cancellation), not reported yet:
+        counted once, by the caller."""
+        ...
+
     def keep_retention(
         self, dispatcher: Dispatcher, table: Table | None, older_than: timedelta | None
     ) -> None:
@@ -150,6 +163,31 @@ class DatabaseBusy(Exception):
 class RetentionRunning(Exception):
     """The dispatcher's retention run (`purge`) outlasted the pass's deadline: it goes on
     beside the passes, and a later pass reports what it did."""
+
+
+@dataclass
+class _Run:
+    """A retention run in flight: what it is for, and the rows its batches deleted so far
+    (each batch's DELETE commits on its own)."""
+
+    table: Table
+    older_than: timedelta
+    task: asyncio.Task[int] | None = None
+    deleted: int = 0
+
+
+def _counting(run: _Run) -> type[psycopg.AsyncCursor[Any]]:
+    """A cursor class that adds the rows each DELETE it runs deleted to `run.deleted`: a
+    purge stopped or failed after some batches has deleted them."""
+
+    class Counting(psycopg.AsyncCursor[Any]):
+        async def execute(self, *args: Any, **kwargs: Any) -> Any:
+            done = await super().execute(*args, **kwargs)
+            if (self.statusmessage or "").startswith("DELETE "):
+                run.deleted += max(self.rowcount, 0)
+            return done
+
+    return Counting
 
 
 class _Pool:
@@ -221,8 +259,13 @@ class _Pool:
 
 async def _path_as_it_was(conn: psycopg.AsyncConnection[Any]) -> None:
     """A connection back in the pool: its search_path as the session began, whatever table's
-    schema `home_first` put first (the next use may serve a table of another schema)."""
+    schema `home_first` put first (the next use may serve a table of another schema), and
+    its statement_timeout (a retention run's, `_retire`)."""
     await fetch_async(conn, RESET_SEARCH_PATH)
+    await fetch_async(conn, _RESET_TIMEOUT)
+
+
+_RESET_TIMEOUT: Query[None] = Query(sql.SQL("RESET statement_timeout").format(), None, no_rows)
 
 
 @asynccontextmanager
@@ -274,9 +317,10 @@ class Pools:
         self._pools: dict[Target, _Pool] = {}
         self._uses: dict[Dispatcher, Target] = {}
         self._closing: set[asyncio.Task[None]] = set()
-        self._retiring: dict[Dispatcher, asyncio.Task[int]] = {}  # retention runs (`purge`)
-        # What each run is for: its table and age, as the spec said when it started.
-        self._retiring_for: dict[Dispatcher, tuple[Table, timedelta]] = {}
+        # Retention runs (`purge`), each for its table and age as the spec said at its start.
+        self._retiring: dict[Dispatcher, _Run] = {}
+        # Rows deleted by runs that stopped or failed part-way, for the next pass to report.
+        self._unreported: dict[Dispatcher, int] = {}
 
     async def _pool(self, dispatcher: Dispatcher, target: Target) -> _Pool:
         if self._uses.get(dispatcher) != target:
@@ -324,38 +368,59 @@ class Pools:
         # others' passes. This pass waits for it at most PASS_TIMEOUT_SECONDS; a later pass
         # collects what it did.
         self.keep_retention(dispatcher, table, older_than)
-        running = self._retiring.get(dispatcher)
-        if running is None:
-            running = asyncio.create_task(
-                self._retire(pool, target, table, older_than),
+        run = self._retiring.get(dispatcher)
+        if run is None:
+            run = _Run(table, older_than)
+            run.task = asyncio.create_task(
+                self._retire(pool, target, run),
                 name=f"retention of {dispatcher[0]}/{dispatcher[1]}",
             )
-            self._retiring[dispatcher] = running
-            self._retiring_for[dispatcher] = (table, older_than)
-        done, _ = await asyncio.wait({running}, timeout=PASS_TIMEOUT_SECONDS)
+            self._retiring[dispatcher] = run
+        assert run.task is not None
+        done, _ = await asyncio.wait({run.task}, timeout=PASS_TIMEOUT_SECONDS)
         if not done:
             raise RetentionRunning(
                 f"the retention run on {shown(table)} is still going on after "
                 f"{PASS_TIMEOUT_SECONDS:g} s: reported by a later pass"
             )
-        if self._retiring.get(dispatcher) is running:
+        if self._retiring.get(dispatcher) is run:
             del self._retiring[dispatcher]
-            del self._retiring_for[dispatcher]
-        return running.result()
+        try:
+            return run.task.result()
+        except Problem:
+            # Its batches before the failure (a statement timeout on the third) are gone.
+            self._unreported[dispatcher] = self._unreported.get(dispatcher, 0) + run.deleted
+            raise
 
-    async def _retire(
-        self, pool: _Pool, target: Target, table: Table, older_than: timedelta
-    ) -> int:
+    def purged_unreported(self, dispatcher: Dispatcher) -> int:
+        return self._unreported.pop(dispatcher, 0)
+
+    async def _retire(self, pool: _Pool, target: Target, run: _Run) -> int:
+        table = run.table
         # Its turn first (`_Pool.retention_turns`): a run waiting for one holds no connection.
         async with pool.retention_turns, _answers(target, pool), pool.pool.connection() as conn:
             pool.served_at = time.monotonic()
+            # Each DELETE's rows counted as it returns (`_counting`; its batch commits
+            # next); the statement timeout undone as the connection goes back to the pool
+            # (`_path_as_it_was`).
+            conn.cursor_factory = _counting(run)
             try:
                 await perform_async(conn, home_first(table))  # as `read` does
-                return await retire_done_async(conn, table, older_than=older_than)
+                await fetch_async(conn, _statement_timeout())
+                return await retire_done_async(conn, table, older_than=run.older_than)
             except UpkeepBusy as exc:
                 # The workers' partition keeper holds it for a moment; `outbox maintain`
                 # run by hand for its run: this round is skipped, the next pass tries again.
                 raise Problem("UpkeepBusy", str(exc), database=True) from None
+            except (psycopg.errors.InsufficientPrivilege, psycopg.errors.QueryCanceled,
+                    psycopg.errors.UndefinedTable) as exc:  # fmt: skip
+                raise await _retention_problem(conn, table, exc, target.dsn) from None
+            except psycopg.Error as exc:
+                if conn.closed or isinstance(exc, psycopg.OperationalError):
+                    raise  # the database gone: `_answers` names it
+                raise await _retention_problem(conn, table, exc, target.dsn) from None
+            finally:
+                conn.cursor_factory = psycopg.AsyncCursor
 
     def keep_retention(
         self, dispatcher: Dispatcher, table: Table | None, older_than: timedelta | None
@@ -365,30 +430,36 @@ class Pools:
         # spec keeps now (a batched purge of many rows, or a DELETE waiting for a lock,
         # may last long past the change).
         wanted = None if table is None or older_than is None else (table, older_than)
-        running = self._retiring_for.get(dispatcher)
-        if running is not None and running != wanted:
+        running = self._retiring.get(dispatcher)
+        if running is not None and (running.table, running.older_than) != wanted:
             log.info(
                 "%s/%s: the retention run on %s stopped: the spec's retention changed",
-                dispatcher[0], dispatcher[1], shown(running[0]),
+                dispatcher[0], dispatcher[1], shown(running.table),
             )  # fmt: skip
-            self._stop_retention(dispatcher)
+            stopped = self._stop_retention(dispatcher)
+            # What its batches deleted before it stopped is reported by this pass.
+            self._unreported[dispatcher] = self._unreported.get(dispatcher, 0) + stopped
 
     def release(self, dispatcher: Dispatcher) -> None:
         self._stop_retention(dispatcher)
+        self._unreported.pop(dispatcher, None)  # nobody to report it to
         self._leave(dispatcher)
 
-    def _stop_retention(self, dispatcher: Dispatcher) -> None:
-        retiring = self._retiring.pop(dispatcher, None)
-        self._retiring_for.pop(dispatcher, None)
-        if retiring is not None:
-            # Nobody serves its table any more: the run stops, at the database too (psycopg
-            # sends the server a cancel for the statement in flight when its task is
-            # cancelled), so no DELETE or DETACH goes on waiting or working for nobody. Once:
-            # cancelled again while psycopg asks the server, that request is cut short and
-            # the statement goes on (cancel_and_wait's repeats would); a run that dropped
-            # this cancellation ends at its own end, bounded by its statement timeout.
-            retiring.cancel()
-            retiring.add_done_callback(lambda task: task.cancelled() or task.exception())
+    def _stop_retention(self, dispatcher: Dispatcher) -> int:
+        """Cancel the dispatcher's run in flight; the rows its batches deleted so far."""
+        run = self._retiring.pop(dispatcher, None)
+        if run is None or run.task is None:
+            return 0
+        # Nobody serves its table any more: the run stops, at the database too (psycopg
+        # sends the server a cancel for the statement in flight when its task is
+        # cancelled), so no DELETE or DETACH goes on waiting or working for nobody. Once:
+        # cancelled again while psycopg asks the server, that request is cut short and
+        # the statement goes on (cancel_and_wait's repeats would); a run that dropped
+        # this cancellation ends at its own end, bounded by its statement timeout. A batch
+        # whose DELETE had not returned is rolled back: `deleted` holds the ones before.
+        run.task.cancel()
+        run.task.add_done_callback(lambda task: task.cancelled() or task.exception())
+        return run.deleted
 
     def _leave(self, dispatcher: Dispatcher) -> None:
         """The dispatcher uses its pool no more (gone, or its Secret rotated): a pool left
@@ -409,14 +480,75 @@ class Pools:
         operator stops, or lost its Lease and may not act any more."""
         pools, self._pools = list(self._pools.values()), {}
         self._uses.clear()
-        retiring, self._retiring = list(self._retiring.values()), {}
-        self._retiring_for.clear()
+        runs, self._retiring = list(self._retiring.values()), {}
+        retiring = [run.task for run in runs if run.task is not None]
         for task in retiring:
             task.cancel()
         await asyncio.gather(*retiring, return_exceptions=True)
         await asyncio.gather(
             *(pool.pool.close() for pool in pools), *self._closing, return_exceptions=True
         )
+
+
+def _statement_timeout() -> Query[None]:
+    milliseconds = int(RETENTION_STATEMENT_TIMEOUT.total_seconds() * 1000)
+    return Query(
+        sql.SQL("SELECT set_config('statement_timeout', {ms}, false)").format(
+            ms=sql.Literal(f"{milliseconds}ms")
+        ),
+        None,
+        no_rows,
+    )
+
+
+async def _retention_problem(
+    conn: psycopg.AsyncConnection[Any], table: Table, exc: psycopg.Error, dsn: str
+) -> Problem:
+    """A retention run's failure in one line for people (`RETENTION_FAILED`): what failed
+    and how to fix it; never a piece of the DSN."""
+    what = f"the retention run on {shown(table)} failed"
+    said = dberrors.describe(exc).strip()
+    first = redact_text(said.splitlines()[0] if said else type(exc).__name__, dsn=dsn)
+    if isinstance(exc, NotTableOwner | SequenceUnreadable):
+        message = f"{what}: {first}"  # outbox maintain's own words name the fix
+    elif isinstance(exc, psycopg.errors.QueryCanceled):
+        limit = format_duration(RETENTION_STATEMENT_TIMEOUT)
+        message = (
+            f"{what}: a statement ran past its limit of {limit} (statement_timeout), most "
+            "likely waiting for a lock another session holds on done rows (a long "
+            "transaction); tried again at the next pass"
+        )
+    elif isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        message = f"{what}: {first}; {await _grant(conn, table)}"
+    else:
+        message = f"{what}: {first}; tried again at the next pass"
+    return Problem(RETENTION_FAILED, message, database=True)
+
+
+async def _grant(conn: psycopg.AsyncConnection[Any], table: Table) -> str:
+    """The GRANT a purge of `table` by this connection's role lacks (it deletes the rows its
+    own SELECT finds)."""
+    try:
+        role, select, delete = await fetch_async(
+            conn,
+            Query(
+                sql.SQL(
+                    "SELECT current_user, has_table_privilege({t}::regclass, 'SELECT'),"
+                    " has_table_privilege({t}::regclass, 'DELETE')"
+                ).format(t=table.regclass_literal),
+                None,
+                first_row(lambda row: row or ("", False, False)),
+            ),
+        )
+    except psycopg.Error:
+        role, select, delete = "", False, False
+    lacking = [name for name, has in (("SELECT", select), ("DELETE", delete)) if not has]
+    privileges = ", ".join(lacking or ["SELECT", "DELETE"])
+    grantee = sql.Identifier(str(role)).as_string(conn) if role else "<its role>"
+    return (
+        f"grant the dispatcher's database role what a purge needs: GRANT {privileges} ON "
+        f"{table.ident.as_string(conn)} TO {grantee}"
+    )
 
 
 def parse_dsn(dsn: str, source: str) -> str:
@@ -467,6 +599,7 @@ async def read_table(
 
 
 __all__ = [
+    "RETENTION_FAILED",
     "Database",
     "DatabaseBusy",
     "Pools",

@@ -7,6 +7,10 @@ none of them should import the report module to say what went wrong.
 
 from __future__ import annotations
 
+# A retention run's failure: the reason of its Problem, of RetentionHealthy=False and of the
+# Warning Event (controller/status.py).
+RETENTION_FAILED = "RetentionFailed"
+
 
 class Problem(Exception):
     """Why a resource cannot be served: a CamelCase reason and a message for people.

@@ -18,7 +18,7 @@ from typing import Any
 
 from outbox import destinations as dest
 from outbox.controller.decision import Decision
-from outbox.controller.problem import Problem
+from outbox.controller.problem import RETENTION_FAILED, Problem
 from outbox.controller.resource import selector_string
 from outbox.plumbing.redact import redact_text
 from outbox.stats import DestinationState, QueueStats, Rates, rates
@@ -29,6 +29,11 @@ DESTINATION_REACHABLE = "DestinationReachable"
 SCALING = "Scaling"
 PAUSED = "Paused"
 WORKERS_READY = "WorkersReady"
+# The retention runs: True once one succeeded, False with RETENTION_FAILED while they fail;
+# present only while spec.retention is set, and from the first run's end.
+RETENTION_HEALTHY = "RetentionHealthy"
+RETENTION_SUCCEEDED = "RetentionSucceeded"
+RETENTION_RECOVERED = "RetentionRecovered"  # the Normal Event when a run succeeds again
 CONDITION_TYPES = (
     READY,
     WORKERS_READY,
@@ -37,6 +42,8 @@ CONDITION_TYPES = (
     SCALING,
     PAUSED,
 )
+# Their order in status; RETENTION_HEALTHY is there only with a retention (above).
+CONDITION_ORDER = (*CONDITION_TYPES, RETENTION_HEALTHY)
 WORKERS_STARTING = "WorkersStarting"  # Ready=False that is no problem: pods on their way
 # WorkersReady=False (and Ready=False) reasons read from the worker pods: what keeps them
 # from running, by the container's waiting reason (kubelet's words), worst first.
@@ -99,7 +106,7 @@ def merge_conditions(
             else before.get("lastTransitionTime", timestamp(now)),  # type: ignore[union-attr]
             "observedGeneration": generation,
         }
-    order = {t: i for i, t in enumerate(CONDITION_TYPES)}
+    order = {t: i for i, t in enumerate(CONDITION_ORDER)}
     return sorted(by_type.values(), key=lambda c: (order.get(c["type"], len(order)), c["type"]))
 
 
@@ -424,11 +431,41 @@ def _destination_changed(was: Mapping[str, Any], now: Mapping[str, Any]) -> Even
     return None
 
 
+def retention_condition(
+    purged: int | None, failed: Problem | None, older_than: str
+) -> Condition | None:
+    """RetentionHealthy from the run that ended this pass (None: none did): True after a
+    run that succeeded, False with RETENTION_FAILED and the failure in one line."""
+    if failed is not None:
+        return Condition(RETENTION_HEALTHY, False, RETENTION_FAILED, redact_text(failed.message))
+    if purged is None:
+        return None
+    message = f"the last run deleted {purged} done messages older than {older_than}"
+    return Condition(RETENTION_HEALTHY, True, RETENTION_SUCCEEDED, message)
+
+
+def _retention_changed(was: Mapping[str, Any], now: Mapping[str, Any]) -> Event | None:
+    # Once per failure (a new one, e.g. a privilege granted and then a timeout, again), not
+    # at every run that fails the same way; once when a run succeeds again.
+    if now.get("status") == "False":
+        if was.get("status") == "False" and was.get("message") == now.get("message"):
+            return None
+        return Event("Warning", RETENTION_FAILED, now["message"])
+    if now.get("status") == "True" and was.get("status") == "False":
+        message = f"a retention run succeeded again; it was failing: {was.get('message')}"
+        return Event("Normal", RETENTION_RECOVERED, message)
+    return None
+
+
 # Per condition type: the Event its change posts, if any (from the condition before and after).
 ON_CHANGE: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any]], Event | None]] = {
     READY: _ready_changed,
     DESTINATION_REACHABLE: _destination_changed,
+    RETENTION_HEALTHY: _retention_changed,
 }
+# Types whose message is part of what changes (a new failure is a new Event): the others'
+# messages quote figures that move at every pass.
+MESSAGE_CHANGES = frozenset({RETENTION_HEALTHY})
 
 
 def change_events(
@@ -438,7 +475,10 @@ def change_events(
     found = []
     for type_, on_change in ON_CHANGE.items():
         was, now = condition(before, type_), condition(after, type_)
-        if (was.get("reason"), was.get("status")) == (now.get("reason"), now.get("status")):
+        if not now:
+            continue
+        same = (was.get("reason"), was.get("status")) == (now.get("reason"), now.get("status"))
+        if same and (type_ not in MESSAGE_CHANGES or was.get("message") == now.get("message")):
             continue
         event = on_change(was, now)
         if event is not None:

@@ -67,6 +67,11 @@ class Applied:
     budget: Kept | None = None
     # The NetworkPolicy as this loop last found or made it as rendered (None: none known).
     network_policy: Kept | None = None
+    # Why this pass's retention run failed (status.RETENTION_HEALTHY False), None when it
+    # did not fail or none ended this pass.
+    retention_failed: Problem | None = None
+    # Rows deleted by runs that failed or were stopped part-way (their batches before).
+    purged_partly: int = 0
 
 
 async def apply(
@@ -96,16 +101,27 @@ async def apply(
         name = deployment_name(spec.name)
         with step(f"resizing Deployment {spec.namespace}/{name}"):
             await context.kube.scale_deployment(spec.namespace, name, decision.replicas)
-    purged = None
+    purged, failed = None, None
+    dispatcher = (spec.namespace, spec.name)
     # A run in flight under a retention the spec no longer has (or for another table) stops.
-    context.database.keep_retention((spec.namespace, spec.name), spec.table, spec.retention)
+    context.database.keep_retention(dispatcher, spec.table, spec.retention)
     if reading.problem is None and spec.retention is not None and _purge_due(reading, purged_at):
-        purged = await _purge(context, reading)
+        purged, failed = await _purge(context, reading)
         if purged is not None:
             purged_at = reading.now
+    partly = context.database.purged_unreported(dispatcher)
     scaled = deployment is not None and decision.replicas != reading.replicas
     return Applied(
-        deployment, scaled, purged, drift, server_made, purged_at, budget, network_policy
+        deployment,
+        scaled,
+        purged,
+        drift,
+        server_made,
+        purged_at,
+        budget,
+        network_policy,
+        retention_failed=failed,
+        purged_partly=partly,
     )
 
 
@@ -217,18 +233,24 @@ def _purge_due(reading: Reading, purged_at: datetime | None) -> bool:
     return purged_at is None or reading.now - purged_at >= every
 
 
-async def _purge(context: Context, reading: Reading) -> int | None:
-    """Purge done rows past spec.retention; how many went (None: it failed, logged)."""
+async def _purge(context: Context, reading: Reading) -> tuple[int | None, Problem | None]:
+    """Purge done rows past spec.retention; how many went (None: none ended this pass, or
+    it failed), and why it failed (a skipped round, UpkeepBusy, is no failure)."""
     spec = reading.spec
     assert spec.table is not None and spec.retention is not None
     try:
         target = Target(reading.dsn, reading.secret_version)
-        return await context.database.purge(
+        purged = await context.database.purge(
             (spec.namespace, spec.name), target, spec.table, spec.retention
         )
     except RetentionRunning as exc:
         log.info("%s/%s: %s", spec.namespace, spec.name, exc)
-        return None
+        return None, None
     except Problem as exc:
-        log.warning("%s/%s: purge failed: %s", spec.namespace, spec.name, exc.message)
-        return None
+        if exc.reason == "UpkeepBusy":  # its turn comes at the next pass
+            log.info("%s/%s: purge skipped: %s", spec.namespace, spec.name, exc.message)
+            return None, None
+        # Said in status and once in an Event (report.py), not in the log at every pass.
+        log.info("%s/%s: purge failed: %s", spec.namespace, spec.name, exc.message)
+        return None, exc
+    return purged, None

@@ -51,6 +51,10 @@ def status(
         reading.pods,
         paused=spec.paused,
     )
+    older = format_duration(spec.retention) if spec.retention is not None else ""
+    retention = st.retention_condition(applied.purged, applied.retention_failed, older)
+    if retention is not None:
+        found.append(retention)
     written = st.resource_status(
         name=spec.name,
         generation=spec.generation,
@@ -62,9 +66,16 @@ def status(
         stats=reading.stats,
         previous=previous,
     )
+    if spec.retention is None:  # no retention, nothing to say of it
+        written["conditions"] = [
+            c for c in written["conditions"] if c.get("type") != st.RETENTION_HEALTHY
+        ]
     if applied.purged is not None:
         written["lastPurgeTime"] = st.timestamp(reading.now)
-        written["purgedTotal"] = int(before.get("purgedTotal") or 0) + applied.purged
+    if applied.purged is not None or applied.purged_partly:
+        # A run stopped or failed part-way deleted its batches before: they count too.
+        total = int(before.get("purgedTotal") or 0)
+        written["purgedTotal"] = total + (applied.purged or 0) + applied.purged_partly
     if applied.scaled:
         written["lastScaleTime"] = st.timestamp(reading.now)
     return written
@@ -83,6 +94,12 @@ def events(
     if applied.purged and reading.spec.retention is not None:
         older = format_duration(reading.spec.retention)
         message = f"deleted {applied.purged} done messages older than {older}"
+        found.append(st.Event("Normal", "Purged", message))
+    if applied.purged_partly:
+        message = (
+            f"deleted {applied.purged_partly} done messages before the retention run "
+            "stopped (the spec's retention changed) or failed"
+        )
         found.append(st.Event("Normal", "Purged", message))
     before = reading.status_before.get("conditions")
     return [*found, *st.change_events(before, written["conditions"])]
