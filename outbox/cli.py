@@ -731,6 +731,13 @@ def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: 
                 f"{counted(done.rows_retired, 'row')}), {len(done.kept)} "
                 f"finished but within the retention of {format_duration(args.retention)}; analyzed"
             )
+            if done.attached_back:
+                names = ", ".join(map(shown, done.attached_back))
+                print(
+                    f"{shown(table)}: attached back {names}, found detached or pending detach "
+                    "by no run of outbox maintain (by hand) or holding an unfinished row; "
+                    "retired like any other once finished for the retention"
+                )
             if done.held_off:
                 print(f"{shown(table)}: {done.held_off}")
             return

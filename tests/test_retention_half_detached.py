@@ -86,6 +86,7 @@ def test_a_partition_begun_detaching_by_hand_with_a_pending_row_keeps_it(noted, 
     result = outbox(empty_dsn, "maintain", "--retention", "0s")
     assert result.returncode == 0, result.stderr
     assert re.search(r"retired 1 \(~?100 rows\)", result.stdout), result.stdout  # p1 only
+    assert "outbox: attached back outbox_p0, found detached" in result.stdout, result.stdout
     assert _attached(noted, "outbox_p0")
     assert noted.execute("SELECT status FROM outbox WHERE id = 50").fetchone() == ("pending",)
     assert not _comment(noted, "outbox_p0").startswith("outbox-dispatcher")  # no note on it
