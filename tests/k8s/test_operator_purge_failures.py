@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from outbox.controller import status as st
+from outbox.controller.reconcile.report import DRIFT_CORRECTED
 from outbox.models import Event
 from outbox.producer import enqueue_many
 from outbox.table import Table
@@ -181,3 +184,15 @@ def test_the_batches_a_stopped_purge_deleted_reach_purged_total(
     purged = wait_for("a Purged Event", lambda: _of(cluster, "Purged"))
     assert "deleted 5000 done messages" in purged[0]["message"]
     assert _count(dsn) == total - deleted
+
+
+def test_the_docs_list_every_event_reason_and_the_retention_condition() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "operator.md").read_text()
+    table = doc.split("<!-- event reasons -->")[1].split("<!-- end of event reasons -->")[0]
+    posted = {
+        st.RETENTION_FAILED, st.RETENTION_RECOVERED, DRIFT_CORRECTED, "Purged", "Recovered",
+        "DestinationDown", "DestinationRecovered", "ScaledUp", "ScaledDown",
+    }  # fmt: skip
+    assert {reason for reason in posted if f"`{reason}`" not in table} == set()
+    for name in (st.RETENTION_HEALTHY, st.RETENTION_SUCCEEDED, st.RETENTION_FAILED):
+        assert f"`{name}`" in doc.split("## Status and conditions")[1], name
