@@ -74,7 +74,7 @@ from outbox.limits import (
 )
 from outbox.models import Event
 from outbox.runner import Query, Row, fetch, fetch_async, first_row, run
-from outbox.table import DEFAULT_TABLE_NAME, Table, shown, shown_argument, text_constant
+from outbox.table import DEFAULT_TABLE_NAME, Table, shown, shown_argument
 
 T = TypeVar("T")
 
@@ -368,7 +368,11 @@ def _insert(
     insert = _INSERT if headers is None else _INSERT_WITH_HEADERS
     statement = insert.format(
         t=t.ident,
-        locks=_LOCK_AGGREGATES.format(ns=text_constant(f"outbox:{t}:"))
+        # Keyed on the table as the catalog names it: producers given `outbox` and
+        # `public.outbox` took two locks for one aggregate and wrote it out of order.
+        locks=_LOCK_AGGREGATES.format(
+            ns=sql.SQL("('outbox:' || {n} || ':')").format(n=t.catalog_name_sql)
+        )
         if lock_aggregate
         else sql.SQL(""),
         after_locks=_AFTER_LOCKS if lock_aggregate else sql.SQL(""),

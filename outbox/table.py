@@ -182,6 +182,18 @@ class Table:
         return cls(None if schema == "public" else schema, name)
 
     @property
+    def catalog_name_sql(self) -> sql.Composable:
+        """SQL: `str()` of the table as the catalog names it (`catalog_named`), the same
+        however it is spelled, or of the table as named while there is none: for what every
+        session on the table must derive alike from its name (its channel, the producers'
+        aggregate locks)."""
+        return sql.SQL(
+            "coalesce((SELECT CASE WHEN n.nspname = 'public' THEN '' ELSE n.nspname || '.' END"
+            " || c.relname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+            " WHERE c.oid = to_regclass({t})), {given})"
+        ).format(t=self.regclass_literal, given=text_constant(str(self)))
+
+    @property
     def channel_sql(self) -> sql.Composable:
         """SQL: the table's LISTEN/NOTIFY channel, one for the table however it is named.
         As named, `outbox` and `public.outbox` were two channels: a worker given one spelling
@@ -189,11 +201,7 @@ class Table:
         polls. It is `channel` of the table as the catalog names it (`catalog_named`: its
         schema and name, the schema left out when it is `public`), or of the table as named
         while there is no such table."""
-        name = sql.SQL(
-            "coalesce((SELECT CASE WHEN n.nspname = 'public' THEN '' ELSE n.nspname || '.' END"
-            " || c.relname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
-            " WHERE c.oid = to_regclass({t})), {given})"
-        ).format(t=self.regclass_literal, given=text_constant(str(self)))
+        name = self.catalog_name_sql
         return sql.SQL(
             "(SELECT CASE WHEN octet_length('outbox:' || name) <= {limit} THEN 'outbox:' || name"
             " ELSE 'outbox:' || left(encode(sha256(convert_to(name, 'UTF8')), 'hex'), 32) END"

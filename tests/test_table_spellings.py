@@ -9,6 +9,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from outbox.producer import enqueue
 from outbox.table import Table
 from outbox.worker.listener import listen
 from tests.helpers import outbox_on
@@ -103,3 +104,19 @@ def test_a_long_name_hashes_in_sql_as_it_did_in_python(empty_dsn: str) -> None:
         conn.execute(sql.SQL("CREATE TABLE {t} ()").format(t=plain.ident))
         found = conn.execute(sql.SQL("SELECT {c}").format(c=plain.channel_sql)).fetchone()
         assert found == (plain.channel,)
+
+
+def test_producers_of_two_spellings_take_one_aggregate_lock(dsn: str) -> None:
+    """`lock_aggregate=True` keyed its advisory lock on the table as named: a producer
+    given `public.outbox` did not wait for one given `outbox` holding the same aggregate,
+    and their rows could commit out of order. It waits now (its lock_timeout ends it)."""
+    event = {"aggregate_type": "order", "aggregate_id": "o-1", "event_type": "Placed"}
+    with psycopg.connect(dsn) as first, psycopg.connect(dsn) as second:
+        enqueue(first, **event, payload={}, table="outbox", lock_aggregate=True)
+        second.execute("SET lock_timeout = '500ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            enqueue(second, **event, payload={}, table="public.outbox", lock_aggregate=True)
+        second.rollback()
+        first.commit()
+        assert enqueue(second, **event, payload={}, table="public.outbox", lock_aggregate=True)
+        second.commit()
