@@ -21,6 +21,7 @@ from textual.widgets import Input, Static
 from outbox.commands.replay import parse_time
 from outbox.operations.replay import DoneRow, Preview, ReplayFilter
 from outbox.plumbing.errors import SchemaError
+from outbox.plumbing.text import first_line, printable
 from outbox.tui import format as fmt
 from outbox.tui.errors import DATABASE_ERRORS
 from outbox.tui.screens.base import BaseScreen
@@ -121,7 +122,9 @@ class ReplayScreen(BaseScreen):
             preview, rows = await self.outbox.source.done_messages(f)
         except _READ_ERRORS as exc:
             self.preview = None
-            summary.update(Text(f"cannot read: {exc}", "bold red"))
+            # The error's first line, escaped (an ESC in it would drive the terminal); Text
+            # shows markup in it as written.
+            summary.update(Text(f"cannot read: {printable(first_line(exc))}", "bold red"))
             return
         self.preview, self.rows = preview, rows
         summary.update(Text("\n".join(preview.lines())))
