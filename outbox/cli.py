@@ -319,12 +319,22 @@ def print_stats(stats: QueueStats) -> None:
         ("oldest unfinished age", age(stats.oldest_unfinished_age)),
         ("oldest ready age", age(stats.oldest_ready_age)),
         ("highest id", str(stats.max_id)),
-        ("attempts", ", ".join(f"{k}: {v}" for k, v in stats.attempts.items()) or "-"),
+        ("attempts", _attempts_text(stats)),
         ("destinations", _destinations_summary(stats.destinations)),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
+
+
+def _attempts_text(stats: QueueStats) -> str:
+    """Messages by attempts so far; over the oldest `count_limit` waiting ones only when
+    there are more (said, or a bounded distribution reads as the whole backlog's)."""
+    text = ", ".join(f"{k}: {v}" for k, v in stats.attempts.items()) or "-"
+    limit = stats.count_limit
+    if limit is not None and sum(stats.attempts.values()) >= limit:
+        text += f" (the oldest {limit:,} pending and processing only)"
+    return text
 
 
 def _destinations_summary(states: Sequence[DestinationState]) -> str:

@@ -94,6 +94,9 @@ def test_done_is_no_estimate_past_a_count_stopped_at_the_limit(conn, table, caps
     out = capsys.readouterr().out
     assert re.search(r"^pending\s+≥100 \(≥100 ready\)$", out, re.MULTILINE), out
     assert re.search(r"^done\s+unknown \(--exact counts them\)$", out, re.MULTILINE), out
+    assert re.search(
+        r"^attempts\s+0: 100 \(the oldest 100 pending and processing only\)$", out, re.MULTILINE
+    ), out
     data = stats.to_dict()
     assert (data["done"], data["done_at_least"]) == (0, True) and "done" in data["at_least"]
     exact = queue_stats(conn, table, exact=True)
