@@ -103,4 +103,12 @@ async def retire_done_async(
         )  # fmt: skip
         return await purge_done_async(conn, table, older_than=older_than)
     done = await maintain_async(conn, table, retention=older_than)
+    if done.attached_back:
+        log.warning(
+            "table %s: attached back %s, found detached or pending detach by no run of "
+            "outbox maintain (by hand) or holding an unfinished row",
+            shown(table), ", ".join(map(shown, done.attached_back)),
+        )  # fmt: skip
+    if done.held_off:  # a replay running: retired at a later pass
+        log.info("table %s: %s", shown(table), done.held_off)
     return done.rows_retired
