@@ -200,16 +200,16 @@ def _notify_trigger(table: Table) -> sql.Composed:
     constant, so the statement is made and run by a DO block."""
     create = sql.SQL(
         "CREATE OR REPLACE TRIGGER {trg} AFTER INSERT ON {t} "
-        "FOR EACH STATEMENT EXECUTE FUNCTION {f}(%L)"
+        "FOR EACH STATEMENT EXECUTE FUNCTION {f}"
     ).format(
         trg=sql.Identifier(_notify_trigger_name(table)),
         t=table.ident,
         f=table.sibling("notify"),
     )
-    # format()'s template: the channel its %L, no other % (identifiers holding one are
-    # written Unicode-escaped, outbox.table._identifier).
+    # format()'s template: the channel its %L, every other % doubled.
+    template = create.as_string(None).replace("%", "%%") + "(%L)"
     body = sql.SQL("BEGIN EXECUTE format({template}, {channel}); END").format(
-        template=sql.Literal(create.as_string(None)), channel=table.channel_sql
+        template=sql.Literal(template), channel=table.channel_sql
     )
     return sql.SQL("DO {body}").format(body=sql.Literal(body.as_string(None)))
 
