@@ -52,6 +52,8 @@ from outbox.operations.maintenance import retire_done_async
 from outbox.operations.partition_maintenance import STATEMENT_TIMEOUT, NotTableOwner, UpkeepBusy
 from outbox.operator_reads import (
     TableIdentity,
+    bound_statements,
+    purge_privileges,
     server_started,
     still_the_table,
     table_identity,
@@ -61,7 +63,7 @@ from outbox.plumbing import dberrors
 from outbox.plumbing.dsn import DsnError, check_dsn
 from outbox.plumbing.durations import format_duration
 from outbox.plumbing.redact import redact_dsn, redact_text
-from outbox.runner import Query, fetch_async, first_row, no_rows, perform_async
+from outbox.runner import Query, fetch_async, no_rows, perform_async
 from outbox.schema import SchemaError, check_table
 from outbox.session import RESET_SEARCH_PATH, home_first
 from outbox.stats import QueueStats, queue_stats_async
@@ -406,7 +408,7 @@ class Pools:
             conn.cursor_factory = _counting(run)
             try:
                 await perform_async(conn, home_first(table))  # as `read` does
-                await fetch_async(conn, _statement_timeout())
+                await bound_statements(conn, RETENTION_STATEMENT_TIMEOUT)
                 return await retire_done_async(conn, table, older_than=run.older_than)
             except UpkeepBusy as exc:
                 # The workers' partition keeper holds it for a moment; `outbox maintain`
@@ -490,17 +492,6 @@ class Pools:
         )
 
 
-def _statement_timeout() -> Query[None]:
-    milliseconds = int(RETENTION_STATEMENT_TIMEOUT.total_seconds() * 1000)
-    return Query(
-        sql.SQL("SELECT set_config('statement_timeout', {ms}, false)").format(
-            ms=sql.Literal(f"{milliseconds}ms")
-        ),
-        None,
-        no_rows,
-    )
-
-
 async def _retention_problem(
     conn: psycopg.AsyncConnection[Any], table: Table, exc: psycopg.Error, dsn: str
 ) -> Problem:
@@ -529,17 +520,7 @@ async def _grant(conn: psycopg.AsyncConnection[Any], table: Table) -> str:
     """The GRANT a purge of `table` by this connection's role lacks (it deletes the rows its
     own SELECT finds)."""
     try:
-        role, select, delete = await fetch_async(
-            conn,
-            Query(
-                sql.SQL(
-                    "SELECT current_user, has_table_privilege({t}::regclass, 'SELECT'),"
-                    " has_table_privilege({t}::regclass, 'DELETE')"
-                ).format(t=table.regclass_literal),
-                None,
-                first_row(lambda row: row or ("", False, False)),
-            ),
-        )
+        role, select, delete = await purge_privileges(conn, table)
     except psycopg.Error:
         role, select, delete = "", False, False
     lacking = [name for name, has in (("SELECT", select), ("DELETE", delete)) if not has]

@@ -8,6 +8,7 @@ its backlog, which table it is); its retention is `outbox.operations.maintenance
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import psycopg
 from psycopg import sql
@@ -105,3 +106,31 @@ async def read_table(
     await check_table(conn, table, ordered=ordered)
     stats = await queue_stats_async(conn, table, ordered=ordered)
     return stats, await table_identity(conn, table)
+
+
+async def bound_statements(conn: AsyncConnection, limit: timedelta) -> None:
+    """Every later statement of the session may run `limit` at most (`statement_timeout`):
+    a retention run's DELETE waiting for a row lock is cut as `outbox maintain`'s are. The
+    caller puts the session back as it was (`RESET statement_timeout`, or its pool's reset)."""
+    milliseconds = int(limit.total_seconds() * 1000)
+    await conn.execute(
+        sql.SQL("SELECT set_config('statement_timeout', {ms}, false)").format(
+            ms=sql.Literal(f"{milliseconds}ms")
+        )
+    )
+
+
+async def purge_privileges(conn: AsyncConnection, table: Table) -> tuple[str, bool, bool]:
+    """The session's role, and whether it may SELECT and DELETE `table` (a purge deletes
+    what its own SELECT finds)."""
+    cursor = await conn.execute(
+        sql.SQL(
+            "SELECT current_user, has_table_privilege({t}::regclass, 'SELECT'),"
+            " has_table_privilege({t}::regclass, 'DELETE')"
+        ).format(t=table.regclass_literal)
+    )
+    row = await cursor.fetchone()
+    if row is None:
+        return "", False, False
+    role, select, delete = row
+    return str(role), bool(select), bool(delete)
