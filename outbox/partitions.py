@@ -34,7 +34,12 @@ DEFAULT_PARTITION_SIZE = 1_000_000
 # between two maintenance runs (the operator's purge timer, the workers' own check).
 DEFAULT_PARTITIONS_AHEAD = 16
 PARTITION_SIZE_RANGE = (100, 10**12)
-PARTITIONS_AHEAD_RANGE = (1, 10_000)
+# At most a thousand ahead: each ATTACH makes every session reload the parent's partitions,
+# so making them slows as they grow (10,000 took 24 minutes on 2 cores), and a statement on
+# the parent not bounded to a few partitions locks them all, past the default lock table
+# (max_locks_per_transaction 64 a session) long before 10,000. A thousand at the default
+# size is a billion ids.
+PARTITIONS_AHEAD_RANGE = (1, 1_000)
 
 # The comment `outbox maintain` gives a partition in which it found nothing unfinished, with
 # the time it found so (outbox.operations.partition_maintenance): a snapshot's statements

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import cache, cached_property, lru_cache
 
+import psycopg
 from psycopg import sql
 
 from outbox.limits import MAX_HEADER_COUNT, MAX_HEADERS_BYTES, MAX_NAME_BYTES, format_bytes
 from outbox.stencils import Stencil, stand_in_names
-from outbox.table import Table
+from outbox.table import Table, channel_identifier
 
 REAPED_ERROR = "lease expired on the last attempt (worker crashed, or publish outlived the lease)"
 ERROR_HISTORY = 10  # failed attempts kept per message in `errors` (schema v3), newest last
@@ -505,6 +506,15 @@ RETURNING o.id"""
     def listen(self) -> sql.Composed:
         """Idle workers wake on the insert trigger's NOTIFY on this table's channel."""
         return sql.SQL("LISTEN {}").format(self._table.channel_ident)
+
+
+async def listen(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table) -> sql.Composed:
+    """LISTEN on the table's channel as the catalog names it (`Table.channel_sql`), the one
+    the trigger notifies however `outbox migrate` and the worker were each given the
+    table's name (`outbox`, `public.outbox`). Read at each (re)connection."""
+    found = await (await conn.execute(sql.SQL("SELECT {c}").format(c=table.channel_sql))).fetchone()
+    channel = str(found[0]) if found and found[0] is not None else table.channel
+    return sql.SQL("LISTEN {}").format(channel_identifier(channel))
 
 
 @cache  # a few shapes: a table, and a partition with its checks' partitions

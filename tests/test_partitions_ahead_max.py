@@ -1,6 +1,6 @@
 """`outbox migrate --partition-size N --partitions-ahead K` makes its partitions ahead each in a
 transaction of its own: made all in one, every partition's locks were held to the end, and
---partitions-ahead 10000 (the documented maximum) ran out of the server's lock table
+--partitions-ahead 10000 (then the documented maximum, now 1000) ran out of the server's lock table
 (`out of shared memory`, max_locks_per_transaction 64) after 1m40s and made nothing.
 
 Shown on a server of its own whose lock table is a small fraction of the default one

@@ -14,23 +14,13 @@ from __future__ import annotations
 import asyncio
 
 import psycopg
-from psycopg import sql
 
 from outbox.claim_window import ClaimWindow
 from outbox.partitions import LAYOUT_NOTICE, REPLAY_NOTICE
 from outbox.plumbing.dsn import connect_options
-from outbox.table import Table, channel_identifier
+from outbox.queries import listen
 from outbox.worker.retry import DatabaseErrors, DatabaseRetry
 from outbox.worker.settings import WorkerSettings
-
-
-async def listen(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table) -> sql.Composed:
-    """LISTEN on the table's channel as the catalog names it (`Table.channel_sql`), the one
-    the trigger notifies however `outbox migrate` and this worker were each given the
-    table's name (`outbox`, `public.outbox`). Read at each (re)connection."""
-    found = await (await conn.execute(sql.SQL("SELECT {c}").format(c=table.channel_sql))).fetchone()
-    channel = str(found[0]) if found and found[0] is not None else table.channel
-    return sql.SQL("LISTEN {}").format(channel_identifier(channel))
 
 
 class Listener:

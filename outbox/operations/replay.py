@@ -469,7 +469,7 @@ SELECT (SELECT count(*) FROM changed), (SELECT max(id) FROM picked),
         where=where,
         a=table.sibling("actions"),
         action=sql.Literal(ACTION),
-        channel=sql.Literal(table.channel),
+        channel=table.channel_sql,  # the trigger's, however the table is spelled
         notice=sql.Literal(REPLAY_NOTICE),
     )
     recorded = {
