@@ -52,7 +52,7 @@ from outbox.operations.maintenance import retire_done_async
 from outbox.operations.partition_maintenance import STATEMENT_TIMEOUT, NotTableOwner, UpkeepBusy
 from outbox.operator_reads import (
     TableIdentity,
-    bound_statements,
+    bound_lock_waits,
     purge_privileges,
     server_started,
     still_the_table,
@@ -82,10 +82,11 @@ RECHECK_SECONDS = 300.0  # the table's check is read again at least this often
 # answers does so at once, like a connection's start.
 ALIVE_SECONDS = float(CONNECT_TIMEOUT_SECONDS)
 Dispatcher = tuple[str, str]  # (namespace, name): who uses a pool
-# A retention run's statements, each (a purge's DELETE waiting for a row lock included):
-# the bound `outbox maintain` puts on its own, so that a plain table's purge and a
-# partitioned table's run alike end, fail (`RETENTION_FAILED`) and are tried again.
-RETENTION_STATEMENT_TIMEOUT = STATEMENT_TIMEOUT
+# How long a retention run's statement waits for a lock (a purge's DELETE for a row a long
+# transaction holds): as long as `outbox maintain` lets each of its statements run, so that a
+# plain table's purge and a partitioned table's run alike end, fail (`RETENTION_FAILED`) and
+# are tried again. A lock wait only: a purge's batches may read long on a large table.
+RETENTION_LOCK_WAIT = STATEMENT_TIMEOUT
 CONNECTION: dict[str, Any] = {
     "autocommit": True,
     "connect_timeout": CONNECT_TIMEOUT_SECONDS,
@@ -262,12 +263,12 @@ class _Pool:
 async def _path_as_it_was(conn: psycopg.AsyncConnection[Any]) -> None:
     """A connection back in the pool: its search_path as the session began, whatever table's
     schema `home_first` put first (the next use may serve a table of another schema), and
-    its statement_timeout (a retention run's, `_retire`)."""
+    its lock_timeout (a retention run's, `_retire`)."""
     await fetch_async(conn, RESET_SEARCH_PATH)
     await fetch_async(conn, _RESET_TIMEOUT)
 
 
-_RESET_TIMEOUT: Query[None] = Query(sql.SQL("RESET statement_timeout").format(), None, no_rows)
+_RESET_TIMEOUT: Query[None] = Query(sql.SQL("RESET lock_timeout").format(), None, no_rows)
 
 
 @asynccontextmanager
@@ -403,18 +404,19 @@ class Pools:
         async with pool.retention_turns, _answers(target, pool), pool.pool.connection() as conn:
             pool.served_at = time.monotonic()
             # Each DELETE's rows counted as it returns (`_counting`; its batch commits
-            # next); the statement timeout undone as the connection goes back to the pool
+            # next); the lock timeout undone as the connection goes back to the pool
             # (`_path_as_it_was`).
             conn.cursor_factory = _counting(run)
             try:
                 await perform_async(conn, home_first(table))  # as `read` does
-                await bound_statements(conn, RETENTION_STATEMENT_TIMEOUT)
+                await bound_lock_waits(conn, RETENTION_LOCK_WAIT)
                 return await retire_done_async(conn, table, older_than=run.older_than)
             except UpkeepBusy as exc:
                 # The workers' partition keeper holds it for a moment; `outbox maintain`
                 # run by hand for its run: this round is skipped, the next pass tries again.
                 raise Problem("UpkeepBusy", str(exc), database=True) from None
             except (psycopg.errors.InsufficientPrivilege, psycopg.errors.QueryCanceled,
+                    psycopg.errors.LockNotAvailable,
                     psycopg.errors.UndefinedTable) as exc:  # fmt: skip
                 raise await _retention_problem(conn, table, exc, target.dsn) from None
             except psycopg.Error as exc:
@@ -502,8 +504,14 @@ async def _retention_problem(
     first = redact_text(said.splitlines()[0] if said else type(exc).__name__, dsn=dsn)
     if isinstance(exc, NotTableOwner | SequenceUnreadable):
         message = f"{what}: {first}"  # outbox maintain's own words name the fix
+    elif isinstance(exc, psycopg.errors.LockNotAvailable):
+        message = (
+            f"{what}: it waited {format_duration(RETENTION_LOCK_WAIT)} for a lock another "
+            "session holds on its rows (lock_timeout), most likely a long transaction; "
+            "tried again at the next pass"
+        )
     elif isinstance(exc, psycopg.errors.QueryCanceled):
-        limit = format_duration(RETENTION_STATEMENT_TIMEOUT)
+        limit = format_duration(STATEMENT_TIMEOUT)
         message = (
             f"{what}: a statement ran past its limit of {limit} (statement_timeout), most "
             "likely waiting for a lock another session holds on done rows (a long "

@@ -108,13 +108,16 @@ async def read_table(
     return stats, await table_identity(conn, table)
 
 
-async def bound_statements(conn: AsyncConnection, limit: timedelta) -> None:
-    """Every later statement of the session may run `limit` at most (`statement_timeout`):
-    a retention run's DELETE waiting for a row lock is cut as `outbox maintain`'s are. The
-    caller puts the session back as it was (`RESET statement_timeout`, or its pool's reset)."""
+async def bound_lock_waits(conn: AsyncConnection, limit: timedelta) -> None:
+    """Every later statement of the session waits `limit` at most for a lock (`lock_timeout`):
+    a retention run's DELETE waiting for a row lock a long transaction holds fails, and is
+    tried again, instead of waiting on. Only lock waits: a purge's last batch reads the whole
+    table (no index finds done rows by age), which on a large table takes longer than any
+    bound that suits a lock wait. The caller puts the session back as it was (`RESET
+    lock_timeout`, or its pool's reset)."""
     milliseconds = int(limit.total_seconds() * 1000)
     await conn.execute(
-        sql.SQL("SELECT set_config('statement_timeout', {ms}, false)").format(
+        sql.SQL("SELECT set_config('lock_timeout', {ms}, false)").format(
             ms=sql.Literal(f"{milliseconds}ms")
         )
     )

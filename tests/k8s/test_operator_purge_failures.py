@@ -1,8 +1,8 @@
 """A retention run that fails says so where a user looks: `RetentionHealthy=False` with
 reason `RetentionFailed` in status and one Warning Event of that reason naming what failed
 and the fix, not one per pass; a run that succeeds again clears it (`RetentionRecovered`).
-A purge's DELETE is bounded as `outbox maintain`'s statements are, and the batches a run
-deleted before it was stopped reach `status.purgedTotal`.
+A purge's DELETE waits for a row lock as long as `outbox maintain`'s statements run, and the
+batches a run deleted before it was stopped reach `status.purgedTotal`.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def test_a_purge_refused_a_privilege_says_so_once_with_the_grant_and_recovers(
     wait_for("the condition gone", lambda: not condition(cluster, "orders", "RetentionHealthy"))
 
 
-def test_a_purge_waiting_for_a_lock_stops_at_the_statement_timeout_and_says_so(
+def test_a_purge_waiting_for_a_lock_stops_at_the_lock_timeout_and_says_so(
     cluster: LocalCluster, operators: Callable[..., Operator], dsn: str
 ) -> None:
     _done(dsn, 3)
@@ -150,10 +150,10 @@ def test_a_purge_waiting_for_a_lock_stops_at_the_statement_timeout_and_says_so(
                 (c := condition(cluster, "orders", "RetentionHealthy")).get("status") == "False"
                 and c
             ),
-            timeout=120,  # the statement timeout is one minute
+            timeout=120,  # the lock timeout is one minute
         )
         assert failed["reason"] == "RetentionFailed"
-        assert "past its limit of 1m (statement_timeout)" in failed["message"], failed
+        assert "waited 1m for a lock another session holds" in failed["message"], failed
         assert _of(cluster, "RetentionFailed")
         locker.rollback()
     wait_for(
