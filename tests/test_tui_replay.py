@@ -79,3 +79,23 @@ async def test_read_only_and_a_bad_window_change_nothing(conn, dsn):
         screen.load()
         await until(pilot, lambda: "by type:, aggtype: and agg: only" in screen_text(app), "error")
     assert conn.execute("SELECT count(*) FROM outbox WHERE status <> 'done'").fetchone() == (0,)
+
+
+async def test_a_replay_that_sends_fewer_than_confirmed_says_how_many_and_why(conn, dsn):
+    """Rows gone between the preview and the typed count (a purge; on a partitioned table a
+    retention run, which the TUI's replay holds off only from its confirmation on): the
+    closing line says how many of those confirmed were not sent, as `outbox replay` does."""
+    ids = _done(conn)
+    app = _app(dsn)
+    async with app.run_test(size=SIZE) as pilot:
+        await _open(pilot, app, "type:OrderPaid")
+        await until(pilot, lambda: "5 messages (ids" in screen_text(app), "the preview")
+        await pilot.press("R")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the dialog")
+        conn.execute("DELETE FROM outbox WHERE id = ANY(%s)", (ids[1:3],))
+        app.screen.query_one("#typed-count", Input).value = "5"
+        await pilot.press("enter")
+        await until(
+            pilot, lambda: "replay 1: sent 3 messages again" in screen_text(app), "the line"
+        )
+        assert "2 of the 5 confirmed not sent" in screen_text(app)

@@ -179,5 +179,6 @@ class ReplayScreen(BaseScreen):
             return
         self.outbox.tell(
             f"replay {progress.number}: sent {fmt.count(progress.sent)} messages again"
+            + progress.shortfall()  # fewer than confirmed: how many, and why
         )
         self.load()
