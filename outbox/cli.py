@@ -50,7 +50,9 @@ from outbox.plumbing.cliutil import (
     choice,
     fail,
     int_between,
+    not_utf8,
     resolve,
+    undecodable_at,
 )
 from outbox.plumbing.dsn import check_dsn, connect_options, with_pg_environment
 from outbox.plumbing.durations import duration_between, format_duration, parse_duration
@@ -271,8 +273,8 @@ def _error_text(text: str) -> str:
         raise argparse.ArgumentTypeError("empty (every dead message is --all-dead)")
     # An argument's undecodable bytes arrive as lone surrogates: no stored error holds one
     # (rows take UTF-8), and the query could not even be sent with it.
-    if (unsafe := first_unsafe(text)) is not None and "surrogate" in unsafe:
-        raise argparse.ArgumentTypeError(f"holds {unsafe}; no error text does")
+    if undecodable_at(text) is not None:
+        raise argparse.ArgumentTypeError(f"{not_utf8(text)}; no error text holds one")
     return text
 
 

@@ -37,7 +37,8 @@ def test_requeue_error_text_with_an_undecodable_byte_is_refused(dsn: str):
     result = _run("outbox", "requeue", "--error", UNDECODABLE, "--dry-run", "--dsn", dsn)
     err = _one_line(result, 2)
     assert err == (
-        "outbox: error: argument --error: holds a lone surrogate (\\udcff); no error text does\n"
+        "outbox: error: argument --error: not UTF-8 text (an undecodable byte at character 2); "
+        "no error text holds one\n"
     )
 
 
@@ -78,4 +79,16 @@ def test_a_pg_variable_with_an_undecodable_byte_is_shown_escaped_when_connecting
 def test_worker_owner_with_an_undecodable_byte_is_refused_before_connecting(dsn: str):
     result = _run("worker", "--owner", UNDECODABLE, "--dsn", dsn)
     err = _one_line(result, 2)
-    assert err == "outbox-worker: error: --owner: holds a lone surrogate (\\udcff)\n"
+    assert err == (
+        "outbox-worker: error: --owner: not UTF-8 text (an undecodable byte at character 2)\n"
+    )
+
+
+def test_an_undecodable_byte_after_a_control_character_is_found_too(dsn: str):
+    """The check looks for an undecodable byte itself, not at the first character a line
+    must not show raw (an ESC before it hid it, and the connection failed on it)."""
+    result = _run("worker", "--owner", b"w\x1b" + UNDECODABLE, "--dsn", dsn)
+    err = _one_line(result, 2)
+    assert err == (
+        "outbox-worker: error: --owner: not UTF-8 text (an undecodable byte at character 4)\n"
+    )

@@ -28,9 +28,11 @@ from outbox.plumbing.cliutil import (
     field_help,
     int_between,
     listen_address,
+    not_utf8,
     on_off,
     port,
     resolve,
+    undecodable_at,
 )
 from outbox.plumbing.dsn import check_dsn
 from outbox.plumbing.durations import (
@@ -40,7 +42,6 @@ from outbox.plumbing.durations import (
     parse_duration,
 )
 from outbox.plumbing.errors import SettingError
-from outbox.plumbing.text import first_unsafe
 from outbox.publisher_options import Option
 from outbox.schema import ORDERINGS
 from outbox.table import Table
@@ -200,8 +201,8 @@ def _owner(text: str) -> str:
         raise ValueError("must not be blank")
     # It is the session's application_name too: an undecodable byte (a lone surrogate)
     # could not be sent, and the connection would fail on it with a traceback.
-    if (unsafe := first_unsafe(text)) is not None and "surrogate" in unsafe:
-        raise ValueError(f"holds {unsafe}")
+    if undecodable_at(text) is not None:
+        raise ValueError(not_utf8(text))
     return text
 
 

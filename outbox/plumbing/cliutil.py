@@ -71,9 +71,15 @@ def resolve(
         raise SettingError(f"{source}: {exc}") from None
 
 
+def undecodable_at(text: str) -> int | None:
+    """Where the first undecodable byte of an argument or a variable is (Python hands them
+    over as lone surrogates, which no query, DSN or connection can carry), or None."""
+    return next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
+
+
 def not_utf8(text: str) -> str:
     """What is wrong with text holding an undecodable byte, where, quoting none of it."""
-    at = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
+    at = undecodable_at(text)
     where = f" at character {at + 1}" if at is not None else ""
     return f"not UTF-8 text (an undecodable byte{where})"
 
