@@ -37,7 +37,7 @@ import psycopg
 from bench.env import uvloop_run
 from outbox.lease import OrderedClaims, claim, finalize
 from outbox.models import Message, Outcome
-from outbox.queries import queries
+from outbox.queries import listen
 from outbox.table import Table
 from outbox.worker.publishers.envelope import envelope
 
@@ -91,7 +91,7 @@ async def dispatch(
     ):
         # UTC by name, as the worker's pool sets it: timestamps decode without a zone lookup.
         await conn.execute("SET TimeZone = 'UTC'")
-        await conn.execute(queries(TABLE).listen)
+        await conn.execute(await listen(conn, TABLE))
         plan = OrderedClaims()
         while True:
             messages = await claim(

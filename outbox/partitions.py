@@ -437,7 +437,8 @@ async def _last_id(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Tab
 # a billion), and at the top of the bigint range an error that stopped every run.
 MAKE_AT_ONCE_FACTOR = 4
 # A partition's bounds are bigints: the last one ends at most here.
-_TOP_ID = 2**63 - 1
+# The highest id a bigint holds: no partition may reach past it.
+TOP_ID = 2**63 - 1
 
 
 class TooFarAhead(SchemaError):
@@ -459,7 +460,7 @@ def missing_ahead(
     TooFarAhead when that is more than MAKE_AT_ONCE_FACTOR times the target."""
     size = layout.partition_size
     first = existing[-1].high // size if existing else 0
-    last = min(highest_id // size + layout.partitions_ahead, _TOP_ID // size - 1)
+    last = min(highest_id // size + layout.partitions_ahead, TOP_ID // size - 1)
     limit = MAKE_AT_ONCE_FACTOR * (layout.partitions_ahead + 1)
     if last + 1 - first > limit:
         top = first * size
@@ -728,7 +729,7 @@ def make_first(conn: psycopg.Connection[tuple[object, ...]], table: Table, layou
 
 
 # How often `make_ahead_apart` tells its progress, in partitions made.
-PROGRESS_EVERY = 1000
+PROGRESS_EVERY = 100
 # How many partitions one statement of `_highest_apart` reads the highest id of.
 _READ_AT_ONCE = 8
 
@@ -743,7 +744,7 @@ def make_ahead_apart(
     as the workers' keepers and `outbox maintain` do, and read that id a few partitions a
     statement. Made all in one transaction, every partition's locks (the table, its TOAST
     table, the indexes ATTACH builds) were held to its end, and so were those of every
-    partition max(id) over the parent opened: --partitions-ahead 10000, the most allowed,
+    partition max(id) over the parent opened: --partitions-ahead 10000, then the most allowed,
     ran out of the server's lock table (`out of shared memory`, max_locks_per_transaction
     64) after 1m40s and made none, and a rerun on a table with thousands of partitions
     failed in its max(id). Now no transaction holds the locks of more than a few, and a run

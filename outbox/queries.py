@@ -502,11 +502,6 @@ RETURNING o.id, o.lease_version, o.status"""
 RETURNING o.id"""
         ).format(t=self._t, fence=self._fence)
 
-    @cached_property
-    def listen(self) -> sql.Composed:
-        """Idle workers wake on the insert trigger's NOTIFY on this table's channel."""
-        return sql.SQL("LISTEN {}").format(self._table.channel_ident)
-
 
 async def listen(conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table) -> sql.Composed:
     """LISTEN on the table's channel as the catalog names it (`Table.channel_sql`), the one

@@ -49,6 +49,7 @@ from psycopg import sql
 
 from outbox import partitions
 from outbox.partitions import (
+    TOP_ID,
     Layout,
     make_partition,
     partition_table,
@@ -83,8 +84,6 @@ LAYOUT_NOTICE = partitions.LAYOUT_NOTICE
 _PRIVILEGES = frozenset(
     ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER", "MAINTAIN")
 )
-# A partition's bounds are bigints (outbox.partitions makes none past this either).
-_TOP_ID = 2**63 - 1
 _BOUND = re.compile(r"id >= 0\)? AND \(?id < '?(\d+)'?")
 
 
@@ -318,7 +317,7 @@ def _steps(
         # The first partition's bound leaves a whole partition of bigint ids past it, for
         # the ids after the swap (outbox.partitions makes none past 2**63 - 1 either): a bound
         # past bigint became a numeric CHECK, which the next step could not read as its own.
-        ceiling = (_TOP_ID // size - 1) * size
+        ceiling = (TOP_ID // size - 1) * size
         if last >= ceiling:
             raise SchemaError(
                 f"table {shown(table)} cannot be converted to partitions of {size} ids: its "
