@@ -117,7 +117,6 @@ class EmbeddedPostgres:
         self.data_dir.chmod(0o755)
         if self._user:
             shutil.chown(self.data_dir, self._user)
-            _make_traversable(self.data_dir.parent)
         result = subprocess.run(
             [str(self._bin / "initdb"), "-D", str(self.pgdata), "-U", "postgres",
              "--auth=trust", "--encoding=UTF8", "--no-sync", "--no-instructions"],
@@ -127,6 +126,12 @@ class EmbeddedPostgres:
             raise RuntimeError(f"initdb failed: {result.stderr.strip() or result.stdout.strip()}")
 
     def start(self, *, timeout: float = 60.0) -> EmbeddedPostgres:
+        if self._user:
+            # At every start, not once: a directory above may have been closed to others
+            # meanwhile (a pytest session starting takes its own temporary root back to
+            # 0700), and a server restarted on its data would fail "Permission denied".
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            _make_traversable(self.data_dir.parent)
         self._initdb()
         command = [
             str(self._bin / "postgres"), "-D", str(self.pgdata), "-p", str(self.port),
