@@ -53,13 +53,29 @@ def _started_component(prog: str, module: str, extra: str) -> None:
 
 
 def _started(prog: str, command: Callable[[], Callable[[], None]]) -> None:
-    """Import the command (`command` returns its main), then run it."""
+    """Import the command (`command` returns its main), then run it.
+
+    While the import runs, a Ctrl-C is noted before its KeyboardInterrupt is raised, and a
+    second one is ignored: the import machinery may turn the interrupt into another error, or
+    lose it and raise one of its own, and a pending signal could otherwise raise a second
+    KeyboardInterrupt in this handler itself (exit -2, a traceback)."""
+    ctrl_c: list[bool] = []
+
+    def on_sigint(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        ctrl_c.append(True)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
     try:
         run = command()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     except BaseException as exc:
-        if _ctrl_c(exc):
+        if ctrl_c or _ctrl_c(exc):
             interrupted(prog)
         raise
+    if ctrl_c:  # the import swallowed it and went on
+        interrupted(prog)
     run()
 
 

@@ -9,6 +9,7 @@ holds nothing off."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -127,7 +128,8 @@ def test_a_replay_whose_session_ended_holds_nothing_off(empty_dsn: str) -> None:
         blocker.rollback()
         wait_until_db(conn, "NOT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory')")
         ran = outbox_on(empty_dsn, "maintain", "--retention", "0s")
-        assert ran.returncode == 0 and "retired 1 (100 rows)" in ran.stdout, ran.stdout
+        assert ran.returncode == 0, ran.stderr
+        assert re.search(r"retired 1 \(~?100 rows\)", ran.stdout), ran.stdout
         assert "replay" not in ran.stdout
 
 
