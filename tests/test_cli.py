@@ -766,6 +766,23 @@ def test_outbox_usage_errors_exit_2_with_one_line(args, env, named):
 
 
 @pytest.mark.parametrize(
+    ("command", "args", "says"),
+    [
+        ("outbox", ["maintain", "--retention", "-1s"], "--retention: '-1s' is negative"),
+        ("outbox", ["purge", "--older-than", "-2h"], "--older-than: '-2h' is negative"),
+        ("outbox", ["purge", "--older-than", "7d", "--batch", "-5"], "--batch: -5 is out of"),
+        ("outbox.worker", ["--lease", "-5s"], "--lease: '-5s' is negative"),
+    ],
+)
+def test_a_negative_value_after_its_flag_is_refused_for_what_it_is(command, args, says):
+    """A value starting with a minus is the flag's, refused with its reason: argparse took
+    `-1s` for a flag of its own and said only `expected one argument`."""
+    result = run(command, *args, "--dsn", "host=x", timeout=20)
+    assert result.returncode == 2, result
+    assert says in one_line(result.stderr)
+
+
+@pytest.mark.parametrize(
     ("args", "env", "named"),
     [
         (["--lease", "5x"], {}, "--lease"),

@@ -10,6 +10,7 @@ import inspect
 import ipaddress
 import itertools
 import os
+import re
 import sys
 import textwrap
 from collections.abc import Callable, Mapping
@@ -27,7 +28,16 @@ USAGE_ERROR = 2
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse with a one-line error (no usage dump) and exit code 2."""
+    """argparse with a one-line error (no usage dump) and exit code 2.
+
+    A value that starts with a minus and a digit (`--retention -1s`, `--batch -5`) is the
+    flag's value, to be refused by its conversion with the reason, not taken for an unknown
+    flag (argparse's own rule admits plain negative numbers only: `-1s` got "expected one
+    argument"). No flag of these commands starts with a digit."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")

@@ -19,6 +19,8 @@ MAX_DURATION = timedelta(days=36500)
 def parse_duration(text: str) -> timedelta:
     """Parse `250ms`, `60s`, `5m`, `2h`, `7d`; a bare number means seconds."""
     match = _DURATION.match(text)
+    if match is None and _DURATION.match(text.strip().removeprefix("-")):
+        raise ValueError(f"{text!r} is negative (a duration is 0s or more)")
     if match is None:
         raise ValueError(f"{text!r} is not a duration (use e.g. 250ms, 60s, 5m, 2h, 7d)")
     number, unit = match.groups()
