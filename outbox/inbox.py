@@ -40,6 +40,7 @@ import psycopg
 from psycopg import sql
 
 from outbox.operations.maintenance import PURGE_BATCH
+from outbox.partitions import table_lock_key
 from outbox.runner import Query, Row, fetch, first_row, run
 from outbox.schema import SchemaError
 from outbox.table import Table, shown, shown_argument, text_constant
@@ -398,7 +399,10 @@ class PurgeResult:
 
 
 _CUTOFF = sql.SQL("SELECT now() - %(age)s::interval")
-_TRY_LOCK = sql.SQL("SELECT pg_try_advisory_xact_lock(hashtextextended({key}, 0))")
+_TRY_LOCK = sql.SQL("SELECT pg_try_advisory_xact_lock({key})")
+# The key names the table as the catalog does, resolved in the statement that takes the lock:
+# keyed by the name as given, purges of `inbox` and `public.inbox` both ran, twice the work.
+_PURGE_LOCK = "outbox-dispatcher inbox purge "
 # A batch: the oldest keys from where the last batch ended, as physical row addresses (a TID
 # scan deletes them without a second index probe). Rows someone else locked are skipped, not
 # waited for: the purge never takes part in a lock cycle.
@@ -451,7 +455,7 @@ def purge(
     if dry_run:
         row = conn.execute(_PURGE_COUNT.format(t=t.ident), {"cutoff": cutoff}).fetchone()
         return PurgeResult(int(row[0]) if row else 0, cutoff)
-    lock = _TRY_LOCK.format(key=text_constant(f"outbox-dispatcher inbox purge {t}"))
+    lock = _TRY_LOCK.format(key=table_lock_key(t, _PURGE_LOCK))
     after = _BEFORE_ANY_KEY
     total = 0
     while True:

@@ -225,10 +225,14 @@ def test_many_parallel_deliveries_of_each_message_give_one_effect_each(dsn, inbo
 # -- retention -------------------------------------------------------------------------------
 
 
-def _received(conn: psycopg.Connection[Any], consumer: str, ids: range, ago: str) -> None:
+def _received(
+    conn: psycopg.Connection[Any], consumer: str, ids: range, ago: str, table: str = T
+) -> None:
     conn.execute(
-        "INSERT INTO outbox_inbox (consumer, message_id, received_at) "
-        "SELECT %s, i::text, now() - %s::interval FROM generate_series(%s::int, %s::int) i",
+        psycopg.sql.SQL(
+            "INSERT INTO {} (consumer, message_id, received_at) "
+            "SELECT %s, i::text, now() - %s::interval FROM generate_series(%s::int, %s::int) i"
+        ).format(Table.parse(table).ident),
         (consumer, ago, ids.start, ids.stop - 1),
     )
 
@@ -267,16 +271,73 @@ def test_purge_in_any_session_time_zone(inbox_conn, zone):
     assert keys(inbox_conn) == [("c", "3")]
 
 
-def test_one_purger_at_a_time(dsn, inbox_conn):
-    _received(inbox_conn, "c", range(0, 5), "30 days")
-    with psycopg.connect(dsn) as other:  # another purge, mid-batch
-        other.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended("
-            "'outbox-dispatcher inbox purge outbox_inbox', 0))"
+# The gate a purge held mid-batch waits at (a session advisory lock the test holds).
+_GATE = 4711
+
+
+@pytest.mark.parametrize(
+    ("table", "running", "started", "search_path"),
+    [
+        ("outbox_inbox", "outbox_inbox", "outbox_inbox", None),
+        ("outbox_inbox", "outbox_inbox", "public.outbox_inbox", None),
+        ("outbox_inbox", "public.outbox_inbox", '"outbox_inbox"', None),
+        ("app.seen", "app.seen", "seen", "app, public"),
+    ],
+)
+def test_one_purger_at_a_time_however_the_table_is_named(
+    dsn, inbox_conn, table, running, started, search_path
+):
+    """A purge runs while another holds the table's purge lock mid-batch: the second stops
+    as busy whichever way each names the table (schema-qualified or not, quoted, or found
+    through the search_path), and the first finishes the work."""
+    conn = inbox_conn
+    inbox.migrate(conn, table)
+    _received(conn, "c", range(0, 5), "30 days", table)
+    if search_path:  # the command's session finds the table through it
+        conn.execute(
+            psycopg.sql.SQL("ALTER DATABASE {} SET search_path = {}").format(
+                psycopg.sql.Identifier(conn.info.dbname), psycopg.sql.SQL(search_path)
+            )
         )
-        result = inbox.purge(inbox_conn)
-        assert (result.deleted, result.busy) == (0, True)
-    assert inbox.purge(inbox_conn).deleted == 5
+    # Deleting a row waits at the gate: the first purge stops there, its lock held.
+    conn.execute(
+        "CREATE FUNCTION pass_gate() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        f"PERFORM pg_advisory_xact_lock({_GATE}); RETURN OLD; END $$"
+    )
+    conn.execute(
+        psycopg.sql.SQL(
+            "CREATE TRIGGER gate BEFORE DELETE ON {} FOR EACH ROW EXECUTE FUNCTION pass_gate()"
+        ).format(Table.parse(table).ident)
+    )
+
+    def purge_through_the_gate() -> inbox.PurgeResult:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            return inbox.purge(c, running)
+
+    with psycopg.connect(dsn, autocommit=True) as gate, ThreadPoolExecutor(1) as pool:
+        gate.execute(f"SELECT pg_advisory_lock({_GATE})")
+        first = pool.submit(purge_through_the_gate)
+        wait_until_db(
+            conn,
+            "EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            f" AND objid = {_GATE} AND objsubid = 1)",
+        )
+        second = outbox_cli("inbox", "purge", "--table", started, "--dsn", dsn)
+        gate.execute(f"SELECT pg_advisory_unlock({_GATE})")
+        done = first.result(timeout=60)
+    assert second.returncode == 0, second.stderr
+    assert "deleted 0 message ids" in second.stdout
+    assert "another purge of this table is running; stopped" in second.stdout, second.stdout
+    assert (done.deleted, done.busy) == (5, False)
+    assert keys(conn, table) == []
+
+
+@pytest.mark.parametrize("table", ["seen", "nowhere.seen"])
+def test_purge_of_a_missing_table_fails_on_the_table(conn, table):
+    """The purge lock's key, named as the catalog names the table, falls back to the name
+    given: the purge gets as far as the table and fails there (the command says to migrate)."""
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        inbox.purge(conn, table)
 
 
 def test_purge_never_waits_for_a_receiver(dsn, inbox_conn):
