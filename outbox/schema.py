@@ -8,6 +8,7 @@ Migrations run under a transaction-scoped advisory lock so that many replicas ma
 
 from __future__ import annotations
 
+import itertools
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -208,10 +209,14 @@ def _notify_trigger(table: Table) -> sql.Composed:
     )
     # format()'s template: the channel its %L, every other % doubled.
     template = create.as_string(None).replace("%", "%%") + "(%L)"
-    body = sql.SQL("BEGIN EXECUTE format({template}, {channel}); END").format(
+    body = sql.SQL("BEGIN\n  EXECUTE format({template},\n    {channel});\nEND").format(
         template=sql.Literal(template), channel=table.channel_sql
     )
-    return sql.SQL("DO {body}").format(body=sql.Literal(body.as_string(None)))
+    text = body.as_string(None)
+    # Dollar-quoted, so that `outbox migrate --print` shows the body as it runs, not with
+    # every quote doubled; the tag is one the body (a table's name) does not hold.
+    tag = next(t for n in itertools.count() if (t := f"$trigger{n or ''}$") not in text)
+    return sql.SQL("DO {tag}\n{body}\n{tag}").format(tag=sql.SQL(tag), body=sql.SQL(text))
 
 
 def _notify_trigger_name(table: Table) -> str:

@@ -241,7 +241,8 @@ def test_migrate_print_shows_quoted_sql_and_touches_no_database(empty_dsn):
     assert 'CREATE OR REPLACE FUNCTION "x_notify"()' in sql_text
     # The channel is the table's as the catalog names it, found where the script runs.
     assert 'CREATE OR REPLACE TRIGGER "x_notify" AFTER INSERT ON "x"' in sql_text
-    assert 'EXECUTE FUNCTION "x_notify"(%L)' in sql_text and "''outbox:''" in sql_text
+    assert 'EXECUTE FUNCTION "x_notify"(%L)' in sql_text and "'outbox:'" in sql_text
+    assert "''outbox:''" not in sql_text, "the DO block's body reads as it runs, quotes single"
     assert "COMMENT ON TABLE \"x\" IS 'outbox-dispatcher schema v1'" in sql_text
     # v2: the audit log of operator actions, named after the table.
     assert 'CREATE TABLE IF NOT EXISTS "x_actions" (' in sql_text

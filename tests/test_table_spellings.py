@@ -44,7 +44,13 @@ def test_two_spellings_of_migrate_agree_on_the_trigger(empty_dsn: str) -> None:
 
 @pytest.mark.parametrize(
     ("migrated", "worker"),
-    [("outbox", "public.outbox"), ("public.outbox", "outbox"), ("app.events", "app.events")],
+    [
+        ("outbox", "public.outbox"),
+        ("public.outbox", "outbox"),
+        ("app.events", "app.events"),
+        # The trigger is made by a dollar-quoted DO block: a name holding its first tag.
+        ("a$trigger$b", "public.a$trigger$b"),
+    ],
 )
 async def test_a_worker_hears_the_trigger_whatever_the_spelling(
     empty_dsn: str, migrated: str, worker: str
