@@ -63,7 +63,13 @@ from outbox.runner import fetch, perform
 from outbox.schema import ORDERINGS, SchemaError, noting_changes, orderings, render_migration
 from outbox.session import home_first, session_settings
 from outbox.siblings import SIBLINGS
-from outbox.stats import DestinationState, QueueStats, destination_states, queue_stats
+from outbox.stats import (
+    DestinationState,
+    QueueStats,
+    destination_states,
+    queue_stats,
+    unfinished_window,
+)
 from outbox.table import Table, shown, shown_argument
 from outbox.views.dead_letters import MAX_ID
 from outbox.views.filters import DeadFilter
@@ -808,14 +814,20 @@ def _repair(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Tabl
     """`outbox requeue` / `outbox skip`: the TUI's actions, fenced and recorded the same way."""
     action: Action = args.command
     ids: list[int] | None = args.id
+    # A partitioned table's dead rows are all within the window of its unfinished rows (the
+    # snapshot's and the TUI's): the dead rows are read within it, and changed within the
+    # range of their own ids, as constants, so that only the partitions the rows can be in
+    # are planned and locked, not the hundreds made ahead. Rows named by id are read wherever
+    # they are (the ids, given as values, prune the partitions they are not in).
+    window = fetch(conn, unfinished_window(table))
     if ids is not None:
         query = select_targets(table, ids=ids)
         recorded: dict[str, Any] = {"ids": ids}
     elif args.error is not None:
-        query = select_targets(table, DeadFilter(error=args.error))
+        query = select_targets(table, DeadFilter(error=args.error), window=window)
         recorded = {"error": args.error}
     else:
-        query = select_targets(table)
+        query = select_targets(table, window=window)
         recorded = {"all_dead": True}
     seen = fetch(conn, query)
     dead = [s for s in seen if s.status == "dead"]
@@ -840,6 +852,7 @@ def _repair(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Tabl
             dead,
             actor=default_actor(),
             filter={**recorded, "via": f"outbox {action}"},
+            partitioned=window is not None,
         ),
     )
     done = "requeued" if action == "requeue" else "skipped"
