@@ -818,8 +818,13 @@ def _repair(args: argparse.Namespace, conn: psycopg.Connection[Any], table: Tabl
     # snapshot's and the TUI's): the dead rows are read within it, and changed within the
     # range of their own ids, as constants, so that only the partitions the rows can be in
     # are planned and locked, not the hundreds made ahead. Rows named by id are read wherever
-    # they are (the ids, given as values, prune the partitions they are not in).
-    window = fetch(conn, unfinished_window(table))
+    # they are (the ids, given as values, prune the partitions they are not in). A table
+    # partitioned in a way the workers refuse (a DEFAULT partition) has no window: its dead
+    # rows are still put right, through the parent, as before.
+    try:
+        window = fetch(conn, unfinished_window(table))
+    except SchemaError:
+        window = None
     if ids is not None:
         query = select_targets(table, ids=ids)
         recorded: dict[str, Any] = {"ids": ids}

@@ -148,3 +148,16 @@ def test_requeue_and_skip_act_on_every_dead_row_and_only_those(pconn, empty_dsn)
     assert _status(pconn, (*EARLY, *LATE, PAST)) == dict.fromkeys((*EARLY, *LATE, PAST), "pending")
     again = outbox_on(empty_dsn, "requeue", "--all-dead")
     assert again.stdout == "outbox: requeued 0 dead messages\n"
+
+
+def test_a_table_with_a_default_partition_still_gets_its_dead_rows_requeued(
+    pconn: psycopg.Connection[Any], empty_dsn: str
+) -> None:
+    """A DEFAULT partition someone added by hand: the workers refuse the table (the check's
+    reason), and the window cannot be read, but its dead rows are still put right, through
+    the parent, as before the window: the commands that repair must not be refused too."""
+    pconn.execute("CREATE TABLE outbox_rest PARTITION OF outbox DEFAULT")
+    ran = outbox_on(empty_dsn, "requeue", "--all-dead")
+    assert ran.returncode == 0, ran.stderr
+    assert "requeued 4" in ran.stdout, ran.stdout
+    assert set(_status(pconn, (*EARLY, *LATE)).values()) == {"pending"}
