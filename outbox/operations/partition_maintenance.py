@@ -16,7 +16,10 @@ DETACH ... CONCURRENTLY cancelled or its session gone) is finalized, and one a r
 and did not drop (`<table>_p<k>` below the newest partition, attached to nothing, its note
 marked retiring: a run marks it just before its detach) is dropped, or attached back if a
 row in it is unfinished. A detach no run began (by hand) is never dropped: finalized, it is
-attached back; detached by hand, it is left so unless a row in it is unfinished.
+attached back; detached by hand, it is left so unless a row in it is unfinished. A detach
+that fails before it begins (a lock waited for in vain, a cancel) leaves the partition
+attached: its mark is taken off as the run ends, or else as the next one begins, so that a
+detach by hand later is not taken for a run's leftover.
 
 The run is written once as `Steps` (outbox.runner), so the CLI runs it on a sync connection
 (`maintain`) and the operator on its pooled async ones (`maintain_async`), both in
@@ -386,6 +389,10 @@ class _Session:
     holds_run_lock: bool = False
     holds_upkeep_lock: bool = False
     holds_replays_lock: bool = False
+    # The table (in its schema, `_home`) of which this run marked a partition retiring and
+    # has not seen its DETACH end: if the run stops there, the mark is taken off a partition
+    # still attached (`_unmark_attached`).
+    retiring_in: Table | None = None
 
 
 def run_lock(table: Table) -> sql.Composable:
@@ -557,7 +564,11 @@ def maintain(
             raise UpkeepBusy(f"the partition upkeep lock of table {shown(table)} is held") from exc
         return perform(conn, _maintaining(table, retention, session))
     finally:
-        perform(conn, step(_end(table, session)))
+        try:
+            if session.retiring_in is not None:
+                perform(conn, step(_unmark_attached(session.retiring_in)))
+        finally:
+            perform(conn, step(_end(table, session)))
 
 
 async def maintain_async(
@@ -570,7 +581,11 @@ async def maintain_async(
         await perform_async(conn, _begin(table, None, session))
         return await perform_async(conn, _maintaining(table, retention, session))
     finally:
-        await perform_async(conn, step(_end(table, session)))
+        try:
+            if session.retiring_in is not None:
+                await perform_async(conn, step(_unmark_attached(session.retiring_in)))
+        finally:
+            await perform_async(conn, step(_end(table, session)))
 
 
 def _maintaining(table: Table, retention: timedelta, session: _Session) -> Steps[Maintained]:
@@ -581,8 +596,10 @@ def _maintaining(table: Table, retention: timedelta, session: _Session) -> Steps
         layout, leaves = yield from _layout(table)
     # Every statement below that names a partition names it in the table's schema.
     home = _home(table, layout)
-    # What an interrupted run left half-done first: pending detaches finished, then every
-    # partition a run detached to retire and did not drop is dropped (or attached back).
+    # What an interrupted run left half-done first: a mark its failed detach left on a
+    # partition still attached taken off, pending detaches finished, then every partition a
+    # run detached to retire and did not drop is dropped (or attached back).
+    yield from step(_unmark_attached(home))
     half_detached = yield from _finish_detaches(home)
     found = yield from _detached_orphans(home, layout, leaves)
     leftovers = [leaf for leaf, marked in found if marked]
@@ -653,7 +670,7 @@ def _maintaining(table: Table, retention: timedelta, session: _Session) -> Steps
             if replaying is not None:
                 held.append(leaf.name)
                 continue
-            count = yield from _retire(home, leaf, state.done_since)
+            count = yield from _retire(home, leaf, state.done_since, session)
             if count is None:
                 attached_back.append(leaf.name)
         if count is not None:
@@ -806,12 +823,16 @@ def _forget_note(table: Table, name: str) -> Steps[None]:
 _Held = tuple[int, bool]
 
 
-def _retire(table: Table, leaf: Partition, since: datetime) -> Steps[_Held | None]:
+def _retire(
+    table: Table, leaf: Partition, since: datetime, session: _Session
+) -> Steps[_Held | None]:
     """Mark the partition's note as retiring (`since`, the note's own time), detach without
     blocking the parent's users and check again; the rows it held, or None if a row became
     unfinished meanwhile (attached back). The mark is what lets the next run drop it if
     this one stops before it does (`_detached_orphans`): a table detached without it, by
-    hand, is never dropped."""
+    hand, is never dropped. A DETACH that fails ends the run (its error is not sent here),
+    and the run's end takes the mark off if the partition is still attached
+    (`session.retiring_in`)."""
     yield from step(
         _statement(
             sql.SQL("COMMENT ON TABLE {leaf} IS {note}").format(
@@ -820,6 +841,7 @@ def _retire(table: Table, leaf: Partition, since: datetime) -> Steps[_Held | Non
             )
         )
     )
+    session.retiring_in = table
     yield from step(
         _statement(
             sql.SQL("ALTER TABLE {t} DETACH PARTITION {leaf} CONCURRENTLY").format(
@@ -827,7 +849,52 @@ def _retire(table: Table, leaf: Partition, since: datetime) -> Steps[_Held | Non
             )
         )
     )
+    session.retiring_in = None
     return (yield from _finished_or_attached_back(table, leaf))
+
+
+# How long taking a retiring mark off waits for a partition's lock (`_unmark_attached`): a
+# session holding one that COMMENT ON waits for leaves the mark to the next run's start. An
+# autovacuum of the partition gives way to a lock request waiting deadlock_timeout (1s by
+# default).
+UNMARK_LOCK_TIMEOUT = "2s"
+
+
+def _unmark_attached(table: Table) -> Query[None]:
+    """Take the retiring mark off the note of every partition still attached and not
+    pending detach, in one transaction (a DO block): a run marked it and its DETACH failed
+    before it began (a lock waited for in vain, a cancel, PostgreSQL refusing it), or the
+    run ended between the two. Left on, a detach by hand later looked like a run's leftover
+    and the next run dropped the partition. Pending detach, the mark stays: that is the
+    run's leftover, finished and dropped by the next run. Only a run holding the run's lock
+    calls it: no other run is between its mark and its detach."""
+    body = sql.SQL(
+        """DECLARE
+  marked record;
+BEGIN
+  PERFORM set_config('lock_timeout', {timeout}, true);
+  FOR marked IN
+    SELECT i.inhrelid::regclass AS leaf, d.description AS note FROM pg_inherits AS i
+      JOIN pg_description AS d
+        ON d.objoid = i.inhrelid AND d.classoid = 'pg_class'::regclass AND d.objsubid = 0
+     WHERE i.inhparent = {t}::regclass AND NOT i.inhdetachpending
+       AND starts_with(d.description, {note}) AND right(d.description, {marked}) = {mark}
+  LOOP
+    EXECUTE 'COMMENT ON TABLE ' || marked.leaf::text || ' IS '
+      || quote_literal(left(marked.note, -{marked}));
+  END LOOP;
+EXCEPTION WHEN lock_not_available THEN
+  NULL;  -- a partition locked meanwhile: its mark is taken off at the next run's start
+END"""
+    ).format(
+        timeout=sql.Literal(UNMARK_LOCK_TIMEOUT),
+        t=table.regclass_literal,
+        note=sql.Literal(_DONE_NOTE),
+        marked=sql.Literal(len(RETIRING_MARK)),
+        mark=sql.Literal(RETIRING_MARK),
+    )
+    # The body holds no placeholder character (identifiers spell theirs escaped).
+    return _statement(sql.SQL("DO {body}").format(body=sql.Literal(body.as_string(None))))
 
 
 def _finished_or_attached_back(
