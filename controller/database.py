@@ -128,9 +128,9 @@ class Database(Protocol):
         ...
 
     def purged_unreported(self, dispatcher: Dispatcher) -> int:
-        """Rows deleted by the dispatcher's retention runs that failed or were stopped
-        part-way (a purge's batches before its failure or cancellation), not reported yet:
-        counted once, by the caller."""
+        """Rows removed by the dispatcher's retention runs that failed or were stopped
+        part-way (a purge's batches, a partitioned table's partitions dropped, before its
+        failure or cancellation), not reported yet: counted once, by the caller."""
         ...
 
     def keep_retention(
@@ -170,27 +170,17 @@ class RetentionRunning(Exception):
 
 @dataclass
 class _Run:
-    """A retention run in flight: what it is for, and the rows its batches deleted so far
-    (each batch's DELETE commits on its own)."""
+    """A retention run in flight: what it is for, and the rows it removed so far (a purge's
+    batches, each committed on its own; a partitioned table's partitions dropped): a run
+    stopped or failed after them has removed them all the same."""
 
     table: Table
     older_than: timedelta
     task: asyncio.Task[int] | None = None
     deleted: int = 0
 
-
-def _counting(run: _Run) -> type[psycopg.AsyncCursor[Any]]:
-    """A cursor class that adds the rows each DELETE it runs deleted to `run.deleted`: a
-    purge stopped or failed after some batches has deleted them."""
-
-    class Counting(psycopg.AsyncCursor[Any]):
-        async def execute(self, *args: Any, **kwargs: Any) -> Any:
-            done = await super().execute(*args, **kwargs)
-            if (self.statusmessage or "").startswith("DELETE "):
-                run.deleted += max(self.rowcount, 0)
-            return done
-
-    return Counting
+    def gone(self, rows: int) -> None:
+        self.deleted += max(rows, 0)
 
 
 class _Pool:
@@ -391,7 +381,8 @@ class Pools:
         try:
             return run.task.result()
         except Problem:
-            # Its batches before the failure (a statement timeout on the third) are gone.
+            # What it removed before the failure is gone (a purge's batches before a
+            # statement timeout on the third; partitions dropped before a failure after).
             self._unreported[dispatcher] = self._unreported.get(dispatcher, 0) + run.deleted
             raise
 
@@ -403,14 +394,14 @@ class Pools:
         # Its turn first (`_Pool.retention_turns`): a run waiting for one holds no connection.
         async with pool.retention_turns, _answers(target, pool), pool.pool.connection() as conn:
             pool.served_at = time.monotonic()
-            # Each DELETE's rows counted as it returns (`_counting`; its batch commits
-            # next); the lock timeout undone as the connection goes back to the pool
+            # The lock timeout undone as the connection goes back to the pool
             # (`_path_as_it_was`).
-            conn.cursor_factory = _counting(run)
             try:
                 await perform_async(conn, home_first(table))  # as `read` does
                 await bound_lock_waits(conn, RETENTION_LOCK_WAIT)
-                return await retire_done_async(conn, table, older_than=run.older_than)
+                return await retire_done_async(
+                    conn, table, older_than=run.older_than, gone=run.gone
+                )
             except UpkeepBusy as exc:
                 # The workers' partition keeper holds it for a moment; `outbox maintain`
                 # run by hand for its run: this round is skipped, the next pass tries again.
@@ -423,8 +414,6 @@ class Pools:
                 if conn.closed or isinstance(exc, psycopg.OperationalError):
                     raise  # the database gone: `_answers` names it
                 raise await _retention_problem(conn, table, exc, target.dsn) from None
-            finally:
-                conn.cursor_factory = psycopg.AsyncCursor
 
     def keep_retention(
         self, dispatcher: Dispatcher, table: Table | None, older_than: timedelta | None
@@ -441,7 +430,7 @@ class Pools:
                 dispatcher[0], dispatcher[1], shown(running.table),
             )  # fmt: skip
             stopped = self._stop_retention(dispatcher)
-            # What its batches deleted before it stopped is reported by this pass.
+            # What it removed before it stopped is reported by this pass.
             self._unreported[dispatcher] = self._unreported.get(dispatcher, 0) + stopped
 
     def release(self, dispatcher: Dispatcher) -> None:
@@ -450,7 +439,7 @@ class Pools:
         self._leave(dispatcher)
 
     def _stop_retention(self, dispatcher: Dispatcher) -> int:
-        """Cancel the dispatcher's run in flight; the rows its batches deleted so far."""
+        """Cancel the dispatcher's run in flight; the rows it removed so far."""
         run = self._retiring.pop(dispatcher, None)
         if run is None or run.task is None:
             return 0
@@ -460,7 +449,8 @@ class Pools:
         # cancelled again while psycopg asks the server, that request is cut short and
         # the statement goes on (cancel_and_wait's repeats would); a run that dropped
         # this cancellation ends at its own end, bounded by its statement timeout. A batch
-        # whose DELETE had not returned is rolled back: `deleted` holds the ones before.
+        # not committed is rolled back, partitions detached and not dropped yet are the
+        # next run's to drop: `deleted` holds what went before.
         run.task.cancel()
         run.task.add_done_callback(lambda task: task.cancelled() or task.exception())
         return run.deleted

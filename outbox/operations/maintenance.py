@@ -5,6 +5,7 @@ partitioned table, retire finished partitions whole (outbox.operations.partition
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -66,26 +67,38 @@ async def purge_done_async(
     *,
     older_than: timedelta,
     batch: int = PURGE_BATCH,
+    gone: Callable[[int], None] | None = None,
 ) -> int:
-    """`purge_done` on an async connection (the operator's pooled ones); how many went."""
+    """`purge_done` on an async connection (the operator's pooled ones); how many went.
+    `gone` is told each batch's rows once its transaction committed."""
     delete = _delete_done(table)
     total = 0
     while True:
         async with conn.transaction():
             cursor = await conn.execute(delete, {"age": older_than, "batch": batch})
         total += cursor.rowcount
+        if gone is not None:
+            gone(cursor.rowcount)
         if cursor.rowcount < batch:
             return total
 
 
 async def retire_done_async(
-    conn: psycopg.AsyncConnection[Any], table: Table, *, older_than: timedelta
+    conn: psycopg.AsyncConnection[Any],
+    table: Table,
+    *,
+    older_than: timedelta,
+    gone: Callable[[int], None] | None = None,
 ) -> int:
     """The operator's retention: done rows older than `older_than` gone, how many. A plain
     table is purged in batches (`purge_done_async`); a partitioned one is maintained as
     `outbox maintain --retention` does (partitions made ahead, finished ones detached
     concurrently and dropped, the parent analyzed), and the rows counted are those of the
     partitions dropped. `conn` is in autocommit and is left so, outside any transaction.
+
+    `gone` is told the rows as they go, each batch's as it commits, the partitions' as they
+    are dropped: a run that fails or is cancelled part-way has removed those all the same,
+    and its caller counts them without the total it never returns.
 
     A plain table whose `<table>_layout` still holds a row (a conversion undone by hand that
     left it) is purged as the plain table it is, with a warning."""
@@ -94,15 +107,15 @@ async def retire_done_async(
     schema = await fetch_async(conn, home_schema(table))
     home = in_schema(table, schema)
     if await fetch_async(conn, read_layout(home)) is None:
-        return await purge_done_async(conn, table, older_than=older_than)
+        return await purge_done_async(conn, table, older_than=older_than, gone=gone)
     if await fetch_async(conn, read_partitions(table)) is None:
         log.warning(
             "table %s is not partitioned but %s holds a partition layout (a conversion undone "
             "by hand?): purged as a plain table; delete that row (docs/partitioning.md)",
             shown(table), shown(table.derived_name("layout")),
         )  # fmt: skip
-        return await purge_done_async(conn, table, older_than=older_than)
-    done = await maintain_async(conn, table, retention=older_than)
+        return await purge_done_async(conn, table, older_than=older_than, gone=gone)
+    done = await maintain_async(conn, table, retention=older_than, dropped=gone)
     if done.attached_back:
         log.warning(
             "table %s: attached back %s, found detached or pending detach by no run of "

@@ -572,14 +572,19 @@ def maintain(
 
 
 async def maintain_async(
-    conn: psycopg.AsyncConnection[Any], table: Table, *, retention: timedelta
+    conn: psycopg.AsyncConnection[Any],
+    table: Table,
+    *,
+    retention: timedelta,
+    dropped: Callable[[int], None] | None = None,
 ) -> Maintained:
     """`maintain` on an async connection in autocommit (the operator's pooled ones); it
-    never waits for a lock (UpkeepBusy)."""
+    never waits for a lock (UpkeepBusy). `dropped` is told the rows of the partitions
+    retired once they are dropped: gone, even if the run fails or is cancelled after."""
     session = _Session()
     try:
         await perform_async(conn, _begin(table, None, session))
-        return await perform_async(conn, _maintaining(table, retention, session))
+        return await perform_async(conn, _maintaining(table, retention, session, dropped))
     finally:
         try:
             if session.retiring_in is not None:
@@ -588,7 +593,12 @@ async def maintain_async(
             await perform_async(conn, step(_end(table, session)))
 
 
-def _maintaining(table: Table, retention: timedelta, session: _Session) -> Steps[Maintained]:
+def _maintaining(
+    table: Table,
+    retention: timedelta,
+    session: _Session,
+    dropped: Callable[[int], None] | None = None,
+) -> Steps[Maintained]:
     layout, leaves = yield from _layout(table)
     yield from _owner_check(table)
     moved = yield from move_home(table)
@@ -683,6 +693,8 @@ def _maintaining(table: Table, retention: timedelta, session: _Session) -> Steps
         # short before it leaves them detached, and the next run drops them.
         names = sql.SQL(", ").join(_leaf(home, name) for name in retired)
         yield from step(_statement(sql.SQL("DROP TABLE {names}").format(names=names)))
+        if dropped is not None:
+            dropped(rows)
     # Autovacuum never analyzes a partitioned parent: the planner's view of it comes from here.
     yield from step(_statement(sql.SQL("ANALYZE {t}").format(t=table.ident)))
     if too_far is not None:

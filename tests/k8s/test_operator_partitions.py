@@ -1,15 +1,17 @@
 """The real operator on a partitioned table: its retention timer runs `outbox maintain`
 (partitions made ahead, finished ones detached concurrently and dropped, the parent
 analyzed) where a plain table's is purged with DELETE, and reports it as the purge does:
-status.purgedTotal and lastPurgeTime, a Purged Event."""
+status.purgedTotal and lastPurgeTime, a Purged Event; the partitions a run dropped before it
+failed or was stopped count as a purge's batches do."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from outbox.partitions import Layout, read_partitions
+from outbox.partitions import FINISHED_NOTE, Layout, read_partitions
 from outbox.runner import fetch
 from outbox.schema import migrate
 from outbox.table import Table
@@ -18,6 +20,7 @@ from .cluster import LocalCluster
 from .test_operator import (
     Operator,
     apply,
+    condition,
     dispatcher_manifest,
     enqueue,
     events,
@@ -28,6 +31,10 @@ from .test_operator import (
 
 TABLE = Table.parse("outbox")
 ANALYZED = "SELECT last_analyze FROM pg_stat_user_tables WHERE relname = 'outbox'"
+ANALYZE_WAITING = (
+    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'outbox-controller' "
+    "AND query LIKE 'ANALYZE %' AND wait_event_type = 'Lock'"
+)
 
 
 def _leaves(dsn: str) -> list[str]:
@@ -82,3 +89,104 @@ def test_the_retention_timer_retires_finished_partitions_and_makes_partitions_ah
         lambda: [e for e in events(cluster, "orders") if e["reason"] == "Purged"],
     )
     assert "199" in purged[0]["message"]
+
+
+def _two_finished(dsn: str) -> None:
+    """Partitions 0 to 2 (ids 0 to 299), rows 1 to 250; 0 and 1 done (199 rows, the
+    partitions' statistics read), 2 holding the newest ids and pending rows."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate(conn, TABLE, layout=Layout(100, 2))
+    enqueue(dsn, 250)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE outbox SET status = 'done', done_at = now() WHERE id < 200")
+        conn.execute("ANALYZE outbox")
+
+
+def _purged(cluster: LocalCluster) -> list[dict[str, object]]:
+    return [e for e in events(cluster, "orders") if e["reason"] == "Purged"]
+
+
+def test_the_partitions_a_failed_run_dropped_reach_purged_total(
+    cluster: LocalCluster, operators: Callable[..., Operator], empty_dsn: str
+) -> None:
+    """The sequence moved far past the partitions: each run drops what it may, then fails
+    (`TooFarAhead`, said once it retired). The partitions it dropped are gone all the same."""
+    dsn = empty_dsn
+    _two_finished(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT setval('outbox_id_seq', 1000000000)")
+    operators()
+    apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest(retention="1s"))
+    failed = wait_for(
+        "RetentionHealthy=False",
+        lambda: (
+            (c := condition(cluster, "orders", "RetentionHealthy")).get("status") == "False" and c
+        ),
+    )
+    assert "making them all is refused" in str(failed["message"]), failed
+    # Noted finished by the first run, dropped by one a second later, which fails as well.
+    wait_for("the finished partitions dropped", lambda: _leaves(dsn) == ["outbox_p2"])
+    status = wait_for(
+        "the dropped partitions counted",
+        lambda: (
+            (b := get(cluster, "outboxdispatchers", "orders"))
+            and "purgedTotal" in b["status"]
+            and b["status"]
+        ),
+    )
+    assert status["purgedTotal"] == 199, status
+    assert "lastPurgeTime" not in status  # no run ended well
+    purged = wait_for("a Purged Event", lambda: _purged(cluster))
+    assert "deleted 199 done messages before the retention run" in purged[0]["message"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT min(id), count(*) FROM outbox").fetchone() == (200, 51)
+
+
+def test_the_partitions_a_stopped_run_dropped_reach_purged_total(
+    cluster: LocalCluster, operators: Callable[..., Operator], empty_dsn: str
+) -> None:
+    """A run that dropped its partitions and waits for a lock on its ANALYZE of the parent is
+    cancelled (the spec's retention changed): the rows it dropped count."""
+    dsn = empty_dsn
+    _two_finished(dsn)
+    noted = (datetime.now(UTC) - timedelta(hours=2)).isoformat()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for leaf in ("outbox_p0", "outbox_p1"):  # finished two hours ago: the first run retires
+            conn.execute(f"COMMENT ON TABLE {leaf} IS '{FINISHED_NOTE}{noted}'")
+    # A lock on the partition kept (not on the parent: the run's DETACH goes on) holds up
+    # the run's ANALYZE of the parent, which takes each partition's too, after the DROP.
+    with psycopg.connect(dsn) as locker:
+        locker.execute("LOCK TABLE outbox_p2 IN SHARE UPDATE EXCLUSIVE MODE")
+        operators()
+        apply(cluster, secret_manifest("orders-db", dsn=dsn), dispatcher_manifest(retention="1h"))
+        wait_for("the run's ANALYZE waiting for the lock", lambda: _count(dsn, ANALYZE_WAITING))
+        assert _leaves(dsn)[:1] == ["outbox_p2"]  # p0 and p1 dropped already
+        apply(cluster, dispatcher_manifest(retention="7d"))
+        status = wait_for(
+            "the new spec served",
+            lambda: (
+                (b := get(cluster, "outboxdispatchers", "orders"))
+                and b["status"].get("observedGeneration") == 2
+                and b["status"]
+            ),
+        )
+        # Reported by the pass that stopped the run.
+        assert status.get("purgedTotal") == 199, status
+        locker.rollback()
+    purged = wait_for("a Purged Event", lambda: _purged(cluster))
+    assert "deleted 199 done messages before the retention run stopped" in purged[0]["message"]
+    status = wait_for(
+        "a run under the new retention",
+        lambda: (
+            (b := get(cluster, "outboxdispatchers", "orders"))
+            and "lastPurgeTime" in b["status"]
+            and b["status"]
+        ),
+    )
+    assert status["purgedTotal"] == 199, status  # counted once
+
+
+def _count(dsn: str, query: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(query).fetchone()
+    return int(row[0]) if row else 0
