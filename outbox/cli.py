@@ -737,11 +737,21 @@ def _partitions(args: argparse.Namespace, conn: psycopg.Connection[Any], table: 
     """`outbox partitions` and `outbox maintain`."""
     try:
         if args.command == "maintain":
-            done = maintain(conn, table, retention=args.retention, waiting=lambda: print(
-                f"{PROG}: waiting for the partition upkeep lock of table {shown(table)} (held by a "
-                "worker making partitions ahead, another outbox maintain, or a replay's batch)",
-                file=sys.stderr, flush=True,
-            ))  # fmt: skip
+
+            def waiting() -> None:
+                print(
+                    f"{PROG}: waiting for the partition upkeep lock of table {shown(table)} "
+                    "(held by a worker making partitions ahead, another outbox maintain, or a "
+                    "replay's batch)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+            # Each statement bounded as the command's --statement-timeout says (the session's
+            # setting): the error it ends in tells the user to raise that.
+            done = maintain(
+                conn, table, retention=args.retention, waiting=waiting, sessions_timeout=True
+            )
             moved = f"moved {', '.join(done.moved)} into the table's schema; " if done.moved else ""
             print(
                 f"{shown(table)}: {moved}made {counted(done.made, 'partition')} ahead, retired "

@@ -114,3 +114,25 @@ def test_a_detach_cancelled_once_begun_keeps_its_mark_and_is_dropped_next(
     assert re.search(r"retired 1 \(~?99 rows\)", again.stdout), again.stdout
     assert noted.execute("SELECT to_regclass('outbox_p0')").fetchone() == (None,)
     assert _count(noted, "outbox") == 151
+
+
+def test_outbox_maintain_bounds_its_statements_by_its_own_statement_timeout(
+    noted: Any, empty_dsn: str
+):
+    """`--statement-timeout` is the bound of each of the run's statements: the run put its
+    own minute in its place, so a DETACH held longer ran for that minute, and the error then
+    said it ran for the flag's value and to raise the flag, which changed nothing."""
+    with psycopg.connect(empty_dsn) as reader:
+        reader.execute("SELECT count(*) FROM outbox")  # idle in transaction: holds the DETACH
+        run = _maintain(
+            empty_dsn, "--retention", "0s", "--lock-timeout", "0", "--statement-timeout", "2s"
+        )
+        wait_until_db(noted, f"{_DETACHING} IS NOT NULL", timeout=60)
+        out, err = run.communicate(timeout=40)  # well before the run's own minute
+        reader.rollback()
+    assert run.returncode == 1, out + err
+    assert "ran for 2s" in err and "raise --statement-timeout" in err, err
+    # Stopped in its wait, the partition is left pending detach: the next run finishes it.
+    result = outbox(empty_dsn, "maintain", "--retention", "0s")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"retired 2 \(~?199 rows\)", result.stdout), result.stdout

@@ -449,11 +449,17 @@ def _hold_off_replays(table: Table, session: _Session) -> Steps[str | None]:
     )
 
 
-def _begin(table: Table, waiting: Callable[[], None] | None, session: _Session) -> Steps[None]:
+def _begin(
+    table: Table,
+    waiting: Callable[[], None] | None,
+    session: _Session,
+    sessions_timeout: bool = False,
+) -> Steps[None]:
     """Take the run's lock, then the upkeep lock, noting each in `session` as it is had (for
     `_end`, whatever happens): if another session holds one, raise UpkeepBusy when `waiting`
     is None (the operator: its next round comes), else call `waiting` (the CLI says what it
-    waits for) and wait. Then bound each statement (STATEMENT_TIMEOUT), and commit without
+    waits for) and wait. Then bound each statement (STATEMENT_TIMEOUT, or as the session has
+    it if `sessions_timeout`: the command's --statement-timeout), and commit without
     waiting for the WAL to be flushed: each DDL statement commits on its own, and a flush
     per commit was most of a retirement's time. A commit lost to a crash of the server is
     only maintenance to do again (a partition still attached, or still there), and the
@@ -485,12 +491,17 @@ def _begin(table: Table, waiting: Callable[[], None] | None, session: _Session) 
     session.holds_run_lock = True
     yield from _take(upkeep_lock(table), busy)
     session.holds_upkeep_lock = True
+    bound = (
+        session.statement_timeout
+        if sessions_timeout
+        else f"{int(STATEMENT_TIMEOUT.total_seconds() * 1000)}ms"
+    )
     yield from step(
         _statement(
             sql.SQL(
                 "SELECT set_config('synchronous_commit', 'off', false), "
                 "set_config('statement_timeout', {timeout}, false)"
-            ).format(timeout=sql.Literal(f"{int(STATEMENT_TIMEOUT.total_seconds() * 1000)}ms"))
+            ).format(timeout=sql.Literal(bound))
         )
     )
 
@@ -548,10 +559,13 @@ def maintain(
     *,
     retention: timedelta,
     waiting: Callable[[], None] | None = None,
+    sessions_timeout: bool = False,
 ) -> Maintained:
     """Make partitions ahead, retire those finished for `retention`, ANALYZE the parent.
     Another session holding the run's lock or the upkeep lock: UpkeepBusy, or if `waiting`
-    is given, that is called and the run waits for the lock.
+    is given, that is called and the run waits for the lock. Each of the run's statements
+    is bounded by STATEMENT_TIMEOUT, or if `sessions_timeout` by the session's own setting
+    (a command's --statement-timeout: the user's bound, which the run must not replace).
 
     `conn` must be in autocommit: DETACH ... CONCURRENTLY runs outside a transaction. A wait
     for a lock that the session's `lock_timeout` ends raises UpkeepBusy too, nothing
@@ -559,7 +573,7 @@ def maintain(
     session = _Session()
     try:
         try:
-            perform(conn, _begin(table, waiting, session))
+            perform(conn, _begin(table, waiting, session, sessions_timeout))
         except psycopg.errors.LockNotAvailable as exc:  # only the advisory locks' waits take one
             raise UpkeepBusy(f"the partition upkeep lock of table {shown(table)} is held") from exc
         return perform(conn, _maintaining(table, retention, session))
