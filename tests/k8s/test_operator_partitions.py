@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 
@@ -102,6 +103,18 @@ def _two_finished(dsn: str) -> None:
         conn.execute("ANALYZE outbox")
 
 
+def _status_when(
+    cluster: LocalCluster, what: str, ready: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """The dispatcher's status once `ready` says so."""
+
+    def status() -> dict[str, Any] | None:
+        found = get(cluster, "outboxdispatchers", "orders")
+        return found["status"] if found and ready(found["status"]) else None
+
+    return wait_for(what, status)
+
+
 def _purged(cluster: LocalCluster) -> list[dict[str, object]]:
     return [e for e in events(cluster, "orders") if e["reason"] == "Purged"]
 
@@ -126,14 +139,7 @@ def test_the_partitions_a_failed_run_dropped_reach_purged_total(
     assert "making them all is refused" in str(failed["message"]), failed
     # Noted finished by the first run, dropped by one a second later, which fails as well.
     wait_for("the finished partitions dropped", lambda: _leaves(dsn) == ["outbox_p2"])
-    status = wait_for(
-        "the dropped partitions counted",
-        lambda: (
-            (b := get(cluster, "outboxdispatchers", "orders"))
-            and "purgedTotal" in b["status"]
-            and b["status"]
-        ),
-    )
+    status = _status_when(cluster, "the dropped partitions counted", lambda s: "purgedTotal" in s)
     assert status["purgedTotal"] == 199, status
     assert "lastPurgeTime" not in status  # no run ended well
     purged = wait_for("a Purged Event", lambda: _purged(cluster))
@@ -162,27 +168,15 @@ def test_the_partitions_a_stopped_run_dropped_reach_purged_total(
         wait_for("the run's ANALYZE waiting for the lock", lambda: _count(dsn, ANALYZE_WAITING))
         assert _leaves(dsn)[:1] == ["outbox_p2"]  # p0 and p1 dropped already
         apply(cluster, dispatcher_manifest(retention="7d"))
-        status = wait_for(
-            "the new spec served",
-            lambda: (
-                (b := get(cluster, "outboxdispatchers", "orders"))
-                and b["status"].get("observedGeneration") == 2
-                and b["status"]
-            ),
+        status = _status_when(
+            cluster, "the new spec served", lambda s: s.get("observedGeneration") == 2
         )
         # Reported by the pass that stopped the run.
         assert status.get("purgedTotal") == 199, status
         locker.rollback()
     purged = wait_for("a Purged Event", lambda: _purged(cluster))
     assert "deleted 199 done messages before the retention run stopped" in purged[0]["message"]
-    status = wait_for(
-        "a run under the new retention",
-        lambda: (
-            (b := get(cluster, "outboxdispatchers", "orders"))
-            and "lastPurgeTime" in b["status"]
-            and b["status"]
-        ),
-    )
+    status = _status_when(cluster, "a run under the new retention", lambda s: "lastPurgeTime" in s)
     assert status["purgedTotal"] == 199, status  # counted once
 
 
