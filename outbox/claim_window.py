@@ -283,6 +283,9 @@ class ClaimWindow:
         self._top = 0  # past the last id given at the last reading, rounded to a partition
         self._made_top = 0  # past the highest partition made, as last looked at
         self.unfinished_behind = False  # the window moved on: the head check's start may too
+        # Where the claim that moved the window took rows (leased: unfinished, as far as any
+        # look could tell): a catch-up looks no further (see `catch_up`).
+        self._claimed_low: int | None = None
         self._forgotten = 0  # how many times `forget` was called: a reading under way is void
         self._layout_at = time.monotonic()  # when a plain table's layout was last looked at
         self._relearn = False  # told to look again (a forget)
@@ -411,6 +414,7 @@ class ClaimWindow:
         self._bounds = Bounds(low, high, self._floor)
         self._read_at = now
         self._fresh, self._widen, self.unfinished_behind = True, False, False
+        self._claimed_low = None
 
     async def _first_ready(
         self,
@@ -443,20 +447,28 @@ class ClaimWindow:
         self, conn: psycopg.AsyncConnection[tuple[object, ...]], table: Table
     ) -> None:
         """Ordered mode, after the window moved: the head check starts from the oldest
-        unfinished row again, so it probes no partition finished meanwhile."""
+        unfinished row again, so it probes no partition finished meanwhile.
+
+        It looks below the partition where the claim that moved the window took rows, not
+        up to the window: that partition holds rows this worker has just leased, so a look
+        into it could only find them, after walking its index's entries of the rows done
+        before them (in a drain, the partition just left: most of the rows the look
+        visited)."""
         b = self._bounds
         assert b is not None and self.layout is not None
         self.unfinished_behind = False
-        if b.unfinished_low >= b.low:
+        below = b.low if self._claimed_low is None else min(b.low, self._claimed_low)
+        self._claimed_low = None
+        if b.unfinished_low >= below:
             return
         forgotten = self._forgotten
-        behind = (b.unfinished_low, b.low)
+        behind = (b.unfinished_low, below)
         leaves = self.layout.leaves(table, behind)
         found, xmin, bound = await fetch_async(conn, _oldest_unfinished(table, behind, leaves))
         if forgotten != self._forgotten:
             return
         size = self.layout.partition_size
-        unfinished_low = b.low if found is None else int(found) // size * size
+        unfinished_low = below if found is None else int(found) // size * size
         # Ids below the window's low were all taken before this look began, by transactions
         # whose ids are below its bound (see Settling).
         self._floor = self._settling.settle(unfinished_low, b.unfinished_low, int(xmin), int(bound))
@@ -492,6 +504,9 @@ class ClaimWindow:
             low = self.layout.present_from(b.high)
             self._bounds = Bounds(low, low + self._width, b.unfinished_low)
             self.unfinished_behind = b.unfinished_low < low
+            if ids:
+                size = self.layout.partition_size
+                self._claimed_low = min(ids) // size * size
             self.ran_out_of_ids = took_last and short
             return
         if short:

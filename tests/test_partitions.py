@@ -426,6 +426,46 @@ async def test_ordered_mode_keeps_an_aggregates_order_across_a_partition_boundar
         assert [m.id for m in after] == [100]  # the next head, in the next partition
 
 
+async def test_an_ordered_catch_up_looks_only_below_the_partition_its_claim_took_rows_in(
+    pconn, empty_dsn, monkeypatch
+):
+    """A claim that took its partition's last id moved the window on, and the next claim's
+    catch-up looked up to the window: into the partition just left, whose rows that claim
+    holds, walking the entries of the rows done before them to find one of those. It looks
+    below it only: with partition 0 in flight, not at all; then partition 0 alone."""
+    from outbox import claim_window
+
+    looked: list[tuple[int, int]] = []
+    oldest_unfinished = claim_window._oldest_unfinished
+
+    def spied(table: Table, behind: tuple[int, int], leaves: Any) -> Any:
+        looked.append(behind)
+        return oldest_unfinished(table, behind, leaves)
+
+    monkeypatch.setattr(claim_window, "_oldest_unfinished", spied)
+    migrate(pconn, TABLE, "aggregate")
+    seed(pconn, 299, aggregates=299)  # ids 1-299, an aggregate each: every row a head
+    async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
+        window = ClaimWindow(Layout(SIZE, 3))
+
+        async def claim(batch: int) -> list[Any]:
+            return await lease.claim(
+                aconn, TABLE, owner="w", batch=batch, lease=timedelta(minutes=1),
+                max_attempts=5, ordered=True, window=window,
+            )  # fmt: skip
+
+        first = await claim(99)
+        assert [m.id for m in first] == list(range(1, 100))
+        assert window.bounds() == Bounds(100, 200, 0)
+        second = await claim(100)  # partition 0 in flight: no look behind
+        assert [m.id for m in second] == list(range(100, 200))
+        assert looked == []
+        await lease.finalize(aconn, TABLE, [Outcome.done(m) for m in first], layout=window.layout)
+        third = await claim(100)  # partition 0 done: looked into, below partition 1 only
+        assert [m.id for m in third] == list(range(200, 300))
+        assert looked == [(0, 100)]
+
+
 @pytest.mark.parametrize("ordered", [False, True], ids=["unordered", "ordered"])
 async def test_a_row_committed_after_the_rows_behind_it_were_delivered_is_claimed_first(
     pconn, empty_dsn, ordered
