@@ -60,16 +60,19 @@ def _started(prog: str, command: Callable[[], Callable[[], None]]) -> None:
     lose it and raise one of its own, and a pending signal could otherwise raise a second
     KeyboardInterrupt in this handler itself (exit -2, a traceback)."""
     ctrl_c: list[bool] = []
+    # A command started with SIGINT ignored (in the background of a script) keeps it so.
+    previous = signal.getsignal(signal.SIGINT) or signal.default_int_handler
 
     def on_sigint(signum: int, frame: object) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         ctrl_c.append(True)
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, on_sigint)
+    if previous is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, on_sigint)
     try:
         run = command()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, previous)
     except BaseException as exc:
         if ctrl_c or _ctrl_c(exc):
             interrupted(prog)

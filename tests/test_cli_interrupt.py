@@ -206,3 +206,20 @@ def test_the_package_loads_its_api_and_submodules_when_first_asked_for():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "module 'outbox' has no attribute 'no_such_name'\n"
+
+
+def test_a_command_started_with_ctrl_c_ignored_keeps_it_ignored():
+    """Started in the background of a script, a command inherits SIGINT ignored: a Ctrl-C
+    meant for the script must not stop it. The guard around the command's import put
+    Python's handler in place after it, whatever was there."""
+    code = (
+        "import signal\n"
+        "from outbox import entry\n"
+        "entry._started('outbox', lambda: lambda: print("
+        "signal.getsignal(signal.SIGINT) is signal.SIG_IGN))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=BASE_ENV,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    assert (result.returncode, result.stdout) == (0, "True\n"), result.stderr

@@ -34,6 +34,7 @@ them.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -580,7 +581,10 @@ def maintain(
     finally:
         try:
             if session.retiring_in is not None:
-                perform(conn, step(_unmark_attached(session.retiring_in)))
+                # Failing, the run's own error is the one to say: the next run's start
+                # takes the mark off (`_maintaining`).
+                with contextlib.suppress(psycopg.Error):
+                    perform(conn, step(_unmark_attached(session.retiring_in)))
         finally:
             perform(conn, step(_end(table, session)))
 
@@ -602,7 +606,10 @@ async def maintain_async(
     finally:
         try:
             if session.retiring_in is not None:
-                await perform_async(conn, step(_unmark_attached(session.retiring_in)))
+                # Failing, the run's own error is the one to say: the next run's start
+                # takes the mark off (`_maintaining`).
+                with contextlib.suppress(psycopg.Error):
+                    await perform_async(conn, step(_unmark_attached(session.retiring_in)))
         finally:
             await perform_async(conn, step(_end(table, session)))
 
@@ -859,6 +866,9 @@ def _retire(
     hand, is never dropped. A DETACH that fails ends the run (its error is not sent here),
     and the run's end takes the mark off if the partition is still attached
     (`session.retiring_in`)."""
+    # Noted before the mark is written: a run stopped while the COMMENT is under way (and
+    # committed) still takes the mark off as it ends.
+    session.retiring_in = table
     yield from step(
         _statement(
             sql.SQL("COMMENT ON TABLE {leaf} IS {note}").format(
@@ -867,7 +877,6 @@ def _retire(
             )
         )
     )
-    session.retiring_in = table
     yield from step(
         _statement(
             sql.SQL("ALTER TABLE {t} DETACH PARTITION {leaf} CONCURRENTLY").format(
