@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -396,6 +397,14 @@ async def test_a_look_after_the_first_that_fails_returns_what_the_first_leased(p
     assert statuses(pconn) == {"processing": 98, "done": 1, "pending": 51}
 
 
+async def _ordered_claim(aconn: Any, window: ClaimWindow, batch: int) -> list[Any]:
+    """An ordered claim of up to `batch` through `window`."""
+    return await lease.claim(
+        aconn, TABLE, owner="w", batch=batch, lease=timedelta(minutes=1),
+        max_attempts=5, ordered=True, window=window,
+    )  # fmt: skip
+
+
 async def test_ordered_mode_keeps_an_aggregates_order_across_a_partition_boundary(pconn, empty_dsn):
     """An aggregate's first message is in partition 0 and still in flight; its next ones sit
     in partition 1, which the window has moved to: they wait for it."""
@@ -404,12 +413,7 @@ async def test_ordered_mode_keeps_an_aggregates_order_across_a_partition_boundar
     seed(pconn, 60, aggregates=1)  # ids 100-159: agg-0's next messages, in partition 1
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
         window = ClaimWindow(Layout(SIZE, 3))
-
-        async def claim(batch: int) -> list[Any]:
-            return await lease.claim(
-                aconn, TABLE, owner="w", batch=batch, lease=timedelta(minutes=1),
-                max_attempts=5, ordered=True, window=window,
-            )  # fmt: skip
+        claim = partial(_ordered_claim, aconn, window)
 
         first = await claim(99)  # every head: agg-0's id 1 among them, held
         assert [m.id for m in first] == list(range(1, 100))
@@ -447,12 +451,7 @@ async def test_an_ordered_catch_up_looks_only_below_the_partition_its_claim_took
     seed(pconn, 299, aggregates=299)  # ids 1-299, an aggregate each: every row a head
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as aconn:
         window = ClaimWindow(Layout(SIZE, 3))
-
-        async def claim(batch: int) -> list[Any]:
-            return await lease.claim(
-                aconn, TABLE, owner="w", batch=batch, lease=timedelta(minutes=1),
-                max_attempts=5, ordered=True, window=window,
-            )  # fmt: skip
+        claim = partial(_ordered_claim, aconn, window)
 
         first = await claim(99)
         assert [m.id for m in first] == list(range(1, 100))
