@@ -41,9 +41,15 @@ def test_a_duration_is_shown_as_it_is_written(text):
     assert format_duration(parse_duration(text)) == text
 
 
-@pytest.mark.parametrize("text", ["5x", "-1s", "", "s", "1.s", "5 minutes", "1e3"])
+@pytest.mark.parametrize("text", ["5x", "", "s", "1.s", "5 minutes", "1e3", "-1x"])
 def test_parse_duration_rejects_garbage(text):
     with pytest.raises(ValueError, match="not a duration"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize("text", ["-1s", " -250ms", "-7d", "-3"])
+def test_parse_duration_refuses_a_negative_one_for_what_it_is(text):
+    with pytest.raises(ValueError, match=r"is negative \(a duration is 0s or more\)"):
         parse_duration(text)
 
 
